@@ -1,0 +1,91 @@
+/* tally.h - public API of the tally communicator: collectives over shared memory and TCP.
+ * Every fallible call returns 0 or a negative TALLY_E_* code; tally_last_error() says more. */
+#ifndef TALLY_H
+#define TALLY_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TALLY_VERSION_MAJOR 0
+#define TALLY_VERSION_MINOR 1
+#define TALLY_VERSION_PATCH 0
+
+#if defined(__GNUC__)
+#define TALLY_API __attribute__((visibility("default")))
+#else
+#define TALLY_API
+#endif
+
+typedef struct tally_comm tally_comm; /* opaque */
+
+typedef enum { TALLY_F32, TALLY_F64, TALLY_F16, TALLY_BF16, TALLY_I32, TALLY_I64, TALLY_U8 } tally_dtype;
+typedef enum { TALLY_SUM, TALLY_AVG, TALLY_PROD, TALLY_MIN, TALLY_MAX } tally_op;
+
+#define TALLY_DTYPE_COUNT 7
+#define TALLY_OP_COUNT 5
+
+/* One table makes the error enum and its strings (as libuv's UV_ERRNO_MAP). */
+#define TALLY_ERRNO_MAP(X)                                                                     \
+    X(INVALID, -1, "invalid argument")                                                         \
+    X(NOMEM, -2, "out of memory")                                                              \
+    X(SYSTEM, -3, "system call failed")                                                        \
+    X(TIMEOUT, -4, "timed out waiting for a peer")                                             \
+    X(PEER_LOST, -5, "a peer process died or closed its connection")                          \
+    X(MISMATCH, -6, "ranks called different collectives, counts, dtypes, ops or roots")        \
+    X(AUTH, -7, "peer authentication failed (wrong TALLY_TOKEN?)")                             \
+    X(PROTOCOL, -8, "malformed or unexpected message from a peer")                             \
+    X(BOOT, -9, "rendezvous failed: rank, world size or address missing or inconsistent")     \
+    X(ABORTED, -10, "the communicator was aborted")                                            \
+    X(UNSUPPORTED, -11, "not supported on this system or build")
+
+typedef enum {
+    TALLY_OK = 0,
+#define TALLY__ERR_ENUM(name, code, text) TALLY_E_##name = (code),
+    TALLY_ERRNO_MAP(TALLY__ERR_ENUM)
+#undef TALLY__ERR_ENUM
+} tally_err;
+
+/* Communicator lifetime. Rank, size, address and token come from the environment
+ * (TALLY_*, or Open MPI / PMI / Slurm / torchrun variables). Collective over all ranks. */
+TALLY_API int tally_comm_init(tally_comm **comm);
+TALLY_API int tally_comm_rank(const tally_comm *comm);
+TALLY_API int tally_comm_size(const tally_comm *comm);
+TALLY_API int tally_comm_free(tally_comm *comm);
+
+/* Collectives. send == recv means in place; count 0 is valid; counts need not divide by the size.
+ * reduce_scatter: send holds size*recvcount elements, rank r receives the reduction of block r.
+ * allgather: recv holds size*sendcount elements, rank-major. */
+TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);
+TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                         tally_op op);
+TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t);
+TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root);
+TALLY_API int tally_barrier(tally_comm *c);
+
+/* Short description of an error code. */
+TALLY_API const char *tally_strerror(int err);
+
+/* The detailed message of the last failed call on this thread (which rank, which collective, what
+ * to do), or "" when none failed. Valid until the next failing call on this thread. */
+TALLY_API const char *tally_last_error(void);
+
+/* Name of the transport in use ("shm", "tcp" or "self") and of the algorithm the next allreduce of
+ * `bytes` bytes would use; for logs and benchmarks. */
+TALLY_API const char *tally_comm_transport(const tally_comm *comm);
+TALLY_API const char *tally_comm_algo_for(const tally_comm *comm, size_t bytes);
+
+/* Size in bytes of one element of a dtype, 0 for an invalid dtype. */
+TALLY_API size_t tally_dtype_size(tally_dtype t);
+/* Names as the CLI spells them ("f32", "sum"), and the reverse; parse returns -1 when unknown. */
+TALLY_API const char *tally_dtype_name(tally_dtype t);
+TALLY_API const char *tally_op_name(tally_op op);
+TALLY_API int tally_dtype_parse(const char *name);
+TALLY_API int tally_op_parse(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,58 @@
+/* coll.h - what the collective algorithms see: a rank, a size, a transport; and the algorithms
+ * themselves, one file each (ring.c, tree.c, rhd.c, direct.c), plus the cost model that picks one. */
+#ifndef TALLY_COLL_COLL_H
+#define TALLY_COLL_COLL_H
+
+#include <stddef.h>
+#include <tally.h>
+#include "../transport/transport.h"
+
+typedef enum { TALLY__ALGO_AUTO, TALLY__ALGO_RING, TALLY__ALGO_TREE, TALLY__ALGO_RHD, TALLY__ALGO_DIRECT,
+               TALLY__ALGO_COUNT } tally__algo;
+
+typedef struct tally__ctx {
+    int rank, size;
+    tally__tp *tp;
+} tally__ctx;
+
+/* One exchange on the context's transport (see transport.h for the rules). */
+static inline int tally__xchg(const tally__ctx *c, const tally__send *s, int ns, const tally__recv *r,
+                              int nr) {
+    return c->tp->ops->exchange(c->tp, s, ns, r, nr);
+}
+
+/* Every algorithm implements every collective with the same contract as the public call, except:
+ * op is never AVG (the entry point reduces AVG as SUM and divides after), arguments are valid,
+ * size >= 2, count >= 1. In place when send == recv (for allgather: send == recv + rank*count*esize;
+ * for reduce_scatter: recv == send + rank*count*esize). Results are identical on every rank. */
+#define TALLY__ALGO_DECL(name)                                                                          \
+    int tally__##name##_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count,        \
+                                  tally_dtype t, tally_op op);                                          \
+    int tally__##name##_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count,   \
+                                       tally_dtype t, tally_op op);                                     \
+    int tally__##name##_allgather(const tally__ctx *c, const void *send, void *recv, size_t count,        \
+                                  tally_dtype t);                                                       \
+    int tally__##name##_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root); \
+    int tally__##name##_barrier(const tally__ctx *c);
+TALLY__ALGO_DECL(ring)
+TALLY__ALGO_DECL(tree)
+TALLY__ALGO_DECL(rhd)
+TALLY__ALGO_DECL(direct)
+#undef TALLY__ALGO_DECL
+
+/* The alpha-beta-gamma model of DESIGN.md, with parameters measured on the links in use. */
+typedef struct tally__cost {
+    double alpha; /* seconds per message */
+    double beta;  /* seconds per byte on a link */
+    double gamma; /* seconds per byte reduced */
+} tally__cost;
+
+const char *tally__algo_name(int algo);
+int tally__algo_parse(const char *name); /* -1 when unknown */
+/* Predicted seconds for a collective of `bytes` (the full vector for allreduce/broadcast, the
+ * per-rank block times size for reduce_scatter/allgather) on n ranks. */
+double tally__algo_cost(const tally__cost *m, int algo, int coll, int n, size_t bytes);
+/* The cheapest algorithm by the model (never AUTO). Deterministic: equal inputs, equal choice. */
+int tally__algo_choose(const tally__cost *m, int coll, int n, size_t bytes);
+
+#endif

@@ -1,0 +1,287 @@
+/* comm.c - the communicator: init from the environment (rendezvous, transport, measured cost model,
+ * monitor) and the public collective entry points that validate, fingerprint and dispatch. */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../boot/boot.h"
+#include "../core/clock.h"
+#include "../core/dtype.h"
+#include "../core/env.h"
+#include "../core/log.h"
+#include "../core/reduce.h"
+#include "coll.h"
+#include "measure.h"
+
+struct tally_comm {
+    tally__ctx ctx;
+    tally__fault fault;
+    tally__boot *boot;
+    tally__sig sig;        /* the collective in flight; the transport stamps it on every message */
+    uint64_t seq;
+    int forced_algo;       /* TALLY_ALGO, or TALLY__ALGO_AUTO */
+    tally__cost cost;
+    uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
+};
+
+static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp) {
+    tally__tp_ctx tctx = {.rank = c->ctx.rank, .size = c->ctx.size, .boot = c->boot, .fault = &c->fault,
+                          .timeout_s = timeout_s, .sig = &c->sig};
+    if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
+    const char *want = tally__env_str("TALLY_TRANSPORT");
+    int single_host = tally__boot_single_host(c->boot);
+    if (!want || !strcasecmp(want, "auto")) want = single_host ? "shm" : "tcp";
+    if (!strcasecmp(want, "shm")) {
+        if (!single_host)
+            return tally__seterr(TALLY_E_INVALID,
+                                 "rank %d: TALLY_TRANSPORT=shm but the ranks are on more than one host; "
+                                 "use tcp or auto",
+                                 c->ctx.rank);
+        return tally__shm_create(&tctx, tp);
+    }
+    if (!strcasecmp(want, "tcp")) return tally__tcp_create(&tctx, tp);
+    return tally__seterr(TALLY_E_INVALID, "rank %d: TALLY_TRANSPORT='%s' is not one of auto, shm, tcp",
+                         c->ctx.rank, want);
+}
+
+static int tally__read_algo(int rank, int *algo) {
+    const char *s = tally__env_str("TALLY_ALGO");
+    *algo = TALLY__ALGO_AUTO;
+    if (!s) return 0;
+    int a = tally__algo_parse(s);
+    if (a < 0)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: TALLY_ALGO='%s' is not one of auto, ring, tree, rhd, direct", rank, s);
+    *algo = a;
+    return 0;
+}
+
+static void tally__comm_destroy(tally_comm *c) {
+    if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
+    if (c->boot) tally__boot_free(c->boot);
+    free(c);
+}
+
+static int tally__comm_setup(tally_comm *c) {
+    tally__boot_env env;
+    double timeout_s = tally__timeout_s();
+    int rc = tally__boot_env_read(&env);
+    if (rc) return rc;
+    c->ctx.rank = env.rank;
+    c->ctx.size = env.size;
+    tally__log_set_rank(env.rank);
+    if ((rc = tally__read_algo(env.rank, &c->forced_algo))) return rc;
+    if ((rc = tally__boot_init(&c->boot, &env, &c->fault, timeout_s))) return rc;
+    if ((rc = tally__pick_transport(c, timeout_s, &c->ctx.tp))) return rc;
+    c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
+    if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
+    if ((rc = tally__boot_start_monitor(c->boot))) return rc;
+    tally__log_debug(1, "rank %d of %d: transport %s, alpha %.2f us, beta %.3f GB/s, gamma %.3f GB/s, algo %s",
+                     c->ctx.rank, c->ctx.size, c->ctx.tp->ops->name, c->cost.alpha * 1e6,
+                     1e-9 / (c->cost.beta > 0 ? c->cost.beta : 1e-30),
+                     1e-9 / (c->cost.gamma > 0 ? c->cost.gamma : 1e-30), tally__algo_name(c->forced_algo));
+    return 0;
+}
+
+TALLY_API int tally_comm_init(tally_comm **out) {
+    tally__clearerr();
+    if (!out) return tally__seterr(TALLY_E_INVALID, "tally_comm_init: comm pointer is NULL");
+    *out = NULL;
+    tally_comm *c = calloc(1, sizeof *c);
+    if (!c) return tally__seterr(TALLY_E_NOMEM, "tally_comm_init: out of memory");
+    tally__fault_init(&c->fault);
+    int rc = tally__comm_setup(c);
+    if (rc) {
+        tally__comm_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+TALLY_API int tally_comm_rank(const tally_comm *c) { return c ? c->ctx.rank : TALLY_E_INVALID; }
+TALLY_API int tally_comm_size(const tally_comm *c) { return c ? c->ctx.size : TALLY_E_INVALID; }
+
+TALLY_API int tally_comm_free(tally_comm *c) {
+    tally__clearerr();
+    if (!c) return 0;
+    tally__comm_destroy(c);
+    return 0;
+}
+
+TALLY_API const char *tally_comm_transport(const tally_comm *c) {
+    return c && c->ctx.tp ? c->ctx.tp->ops->name : "none";
+}
+
+static int tally__choose(const tally_comm *c, int coll, size_t bytes) {
+    if (c->forced_algo != TALLY__ALGO_AUTO) return c->forced_algo;
+    return tally__algo_choose(&c->cost, coll, c->ctx.size, bytes);
+}
+
+TALLY_API const char *tally_comm_algo_for(const tally_comm *c, size_t bytes) {
+    if (!c) return "none";
+    return tally__algo_name(tally__choose(c, TALLY__ALLREDUCE, bytes));
+}
+
+static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
+    if (tally__debug_level() < 1) return;
+    int bucket = 0;
+    while (bucket < 63 && ((size_t)1 << bucket) < bytes) bucket++;
+    if (c->logged[coll] & (1ull << bucket)) return;
+    c->logged[coll] |= 1ull << bucket;
+    if (c->forced_algo != TALLY__ALGO_AUTO) {
+        tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (forced by TALLY_ALGO)", tally__coll_name(coll),
+                         bytes, c->ctx.size, tally__algo_name(algo));
+        return;
+    }
+    char model[256];
+    size_t used = 0;
+    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT && used < sizeof model; a++)
+        used += (size_t)snprintf(model + used, sizeof model - used, "%s%s %.1f us", used ? ", " : "",
+                                 tally__algo_name(a), 1e6 * tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes));
+    tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (model: %s)", tally__coll_name(coll), bytes,
+                     c->ctx.size, tally__algo_name(algo), model);
+}
+
+/* Checks the arguments every collective shares and that the communicator is healthy. */
+static int tally__check_common(tally_comm *c, const char *fn, size_t count, int dtype, int op) {
+    tally__clearerr();
+    if (!c) return tally__seterr(TALLY_E_INVALID, "%s: communicator is NULL", fn);
+    if (!tally__dtype_valid(dtype))
+        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: invalid dtype %d", fn, c->ctx.rank, dtype);
+    if (!tally__op_valid(op))
+        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: invalid op %d", fn, c->ctx.rank, op);
+    if (count > ((size_t)1 << 50) / tally_dtype_size((tally_dtype)dtype))
+        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: count %zu is too large", fn, c->ctx.rank, count);
+    int f = tally__fault_check(&c->fault);
+    if (f) return f; /* a fault is sticky: the communicator cannot be used again */
+    return 0;
+}
+
+static int tally__need_buf(const tally_comm *c, const char *fn, const char *what, const void *p, size_t count) {
+    if (count > 0 && !p)
+        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: %s buffer is NULL with count %zu", fn, c->ctx.rank,
+                             what, count);
+    return 0;
+}
+
+/* Stamps the fingerprint and picks the algorithm of the collective about to start. */
+static int tally__begin(tally_comm *c, int coll, size_t count, int dtype, int op, int root, size_t bytes) {
+    int algo = tally__choose(c, coll, bytes);
+    c->sig = (tally__sig){.seq = ++c->seq, .count = count, .root = root, .coll = (uint8_t)coll,
+                          .dtype = (uint8_t)dtype, .op = (uint8_t)op, .algo = (uint8_t)algo};
+    tally__log_choice(c, coll, bytes, algo);
+    return algo;
+}
+
+/* A collective with nothing to move still meets its peers, so a mismatch is caught, not hidden. */
+static int tally__empty(tally_comm *c, int algo) {
+    switch (algo) {
+    case TALLY__ALGO_RING: return tally__ring_barrier(&c->ctx);
+    case TALLY__ALGO_TREE: return tally__tree_barrier(&c->ctx);
+    case TALLY__ALGO_DIRECT: return tally__direct_barrier(&c->ctx);
+    default: return tally__rhd_barrier(&c->ctx);
+    }
+}
+
+static void tally__copy_if_apart(void *dst, const void *src, size_t bytes) {
+    if (dst != src && bytes) memmove(dst, src, bytes);
+}
+
+TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t,
+                              tally_op op) {
+    static const char fn[] = "tally_allreduce";
+    int rc = tally__check_common(c, fn, count, t, op);
+    if (!rc) rc = tally__need_buf(c, fn, "send", send, count);
+    if (!rc) rc = tally__need_buf(c, fn, "recv", recv, count);
+    if (rc) return rc;
+    size_t bytes = count * tally_dtype_size(t);
+    int algo = tally__begin(c, TALLY__ALLREDUCE, count, t, op, -1, bytes);
+    if (c->ctx.size == 1) {
+        tally__copy_if_apart(recv, send, bytes);
+        return 0;
+    }
+    if (count == 0) return tally__empty(c, algo);
+    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
+    switch (algo) {
+    case TALLY__ALGO_RING: rc = tally__ring_allreduce(&c->ctx, send, recv, count, t, rop); break;
+    case TALLY__ALGO_TREE: rc = tally__tree_allreduce(&c->ctx, send, recv, count, t, rop); break;
+    case TALLY__ALGO_DIRECT: rc = tally__direct_allreduce(&c->ctx, send, recv, count, t, rop); break;
+    default: rc = tally__rhd_allreduce(&c->ctx, send, recv, count, t, rop); break;
+    }
+    if (!rc && op == TALLY_AVG) tally__avg_finish(recv, count, t, c->ctx.size);
+    return rc;
+}
+
+TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                                   tally_op op) {
+    static const char fn[] = "tally_reduce_scatter";
+    int rc = tally__check_common(c, fn, recvcount, t, op);
+    if (!rc) rc = tally__need_buf(c, fn, "send", send, recvcount);
+    if (!rc) rc = tally__need_buf(c, fn, "recv", recv, recvcount);
+    if (rc) return rc;
+    size_t esize = tally_dtype_size(t), n = (size_t)c->ctx.size;
+    int algo = tally__begin(c, TALLY__REDUCE_SCATTER, recvcount, t, op, -1, recvcount * esize * n);
+    if (c->ctx.size == 1) {
+        tally__copy_if_apart(recv, send, recvcount * esize);
+        return 0;
+    }
+    if (recvcount == 0) return tally__empty(c, algo);
+    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
+    switch (algo) {
+    case TALLY__ALGO_RING: rc = tally__ring_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
+    case TALLY__ALGO_TREE: rc = tally__tree_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
+    case TALLY__ALGO_DIRECT: rc = tally__direct_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
+    default: rc = tally__rhd_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
+    }
+    if (!rc && op == TALLY_AVG) tally__avg_finish(recv, recvcount, t, c->ctx.size);
+    return rc;
+}
+
+TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
+    static const char fn[] = "tally_allgather";
+    int rc = tally__check_common(c, fn, sendcount, t, TALLY_SUM);
+    if (!rc) rc = tally__need_buf(c, fn, "send", send, sendcount);
+    if (!rc) rc = tally__need_buf(c, fn, "recv", recv, sendcount);
+    if (rc) return rc;
+    size_t esize = tally_dtype_size(t), n = (size_t)c->ctx.size;
+    int algo = tally__begin(c, TALLY__ALLGATHER, sendcount, t, TALLY_SUM, -1, sendcount * esize * n);
+    if (c->ctx.size == 1) {
+        tally__copy_if_apart(recv, send, sendcount * esize);
+        return 0;
+    }
+    if (sendcount == 0) return tally__empty(c, algo);
+    switch (algo) {
+    case TALLY__ALGO_RING: return tally__ring_allgather(&c->ctx, send, recv, sendcount, t);
+    case TALLY__ALGO_TREE: return tally__tree_allgather(&c->ctx, send, recv, sendcount, t);
+    case TALLY__ALGO_DIRECT: return tally__direct_allgather(&c->ctx, send, recv, sendcount, t);
+    default: return tally__rhd_allgather(&c->ctx, send, recv, sendcount, t);
+    }
+}
+
+TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
+    static const char fn[] = "tally_broadcast";
+    int rc = tally__check_common(c, fn, count, t, TALLY_SUM);
+    if (!rc) rc = tally__need_buf(c, fn, "data", buf, count);
+    if (!rc && (root < 0 || root >= c->ctx.size))
+        rc = tally__seterr(TALLY_E_INVALID, "%s on rank %d: root %d is out of range [0, %d)", fn, c->ctx.rank, root,
+                           c->ctx.size);
+    if (rc) return rc;
+    int algo = tally__begin(c, TALLY__BROADCAST, count, t, TALLY_SUM, root, count * tally_dtype_size(t));
+    if (c->ctx.size == 1) return 0;
+    if (count == 0) return tally__empty(c, algo);
+    switch (algo) {
+    case TALLY__ALGO_RING: return tally__ring_broadcast(&c->ctx, buf, count, t, root);
+    case TALLY__ALGO_TREE: return tally__tree_broadcast(&c->ctx, buf, count, t, root);
+    case TALLY__ALGO_DIRECT: return tally__direct_broadcast(&c->ctx, buf, count, t, root);
+    default: return tally__rhd_broadcast(&c->ctx, buf, count, t, root);
+    }
+}
+
+TALLY_API int tally_barrier(tally_comm *c) {
+    int rc = tally__check_common(c, "tally_barrier", 0, TALLY_U8, TALLY_SUM);
+    if (rc) return rc;
+    int algo = tally__begin(c, TALLY__BARRIER, 0, TALLY_U8, TALLY_SUM, -1, 0);
+    if (c->ctx.size == 1) return 0;
+    return tally__empty(c, algo);
+}

@@ -1,0 +1,13 @@
+/* measure.h - measures the cost model's alpha, beta (ping-pong between ranks 0 and 1 on the transport
+ * in use) and gamma (reduction speed) at init, and shares rank 0's figures so every rank chooses alike. */
+#ifndef TALLY_COLL_MEASURE_H
+#define TALLY_COLL_MEASURE_H
+
+#include "../boot/boot.h"
+#include "coll.h"
+
+/* Collective. TALLY_COST="alpha_us,beta_GBps,gamma_GBps" replaces the measurement (for tests and
+ * for modelling another machine). */
+int tally__measure_cost(const tally__ctx *c, tally__boot *boot, tally__cost *out);
+
+#endif

@@ -1,0 +1,89 @@
+/* err.c - the error table's strings, the per-thread detailed message, and the sticky fault record
+ * shared by waiters, transports and the monitor thread. */
+#include "err.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static _Thread_local char tally__errmsg[1024];
+
+TALLY_API const char *tally_strerror(int err) {
+    switch (err) {
+    case TALLY_OK: return "success";
+#define TALLY__ERR_CASE(name, code, text) \
+    case TALLY_E_##name: return "TALLY_E_" #name ": " text;
+        TALLY_ERRNO_MAP(TALLY__ERR_CASE)
+#undef TALLY__ERR_CASE
+    default: return "unknown tally error";
+    }
+}
+
+TALLY_API const char *tally_last_error(void) { return tally__errmsg; }
+
+void tally__clearerr(void) { tally__errmsg[0] = '\0'; }
+
+int tally__vseterr(int code, const char *fmt, va_list ap) {
+    vsnprintf(tally__errmsg, sizeof tally__errmsg, fmt, ap);
+    return code;
+}
+
+int tally__seterr(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tally__vseterr(code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void tally__fault_init(tally__fault *f) {
+    memset(f, 0, sizeof *f);
+    f->culprit = -1;
+    f->wake_fd = -1;
+}
+
+static void tally__fault_wake(tally__fault *f) {
+    if (f->wake_fd >= 0) {
+        uint64_t one = 1;
+        ssize_t rc = write(f->wake_fd, &one, sizeof one);
+        (void)rc; /* a full eventfd is already awake */
+    }
+}
+
+/* Writes the record once; returns 1 if this call was the first. */
+static int tally__fault_record(tally__fault *f, int code, int culprit, const char *msg) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&f->claimed, &expected, 1)) return 0;
+    f->culprit = culprit;
+    snprintf(f->msg, sizeof f->msg, "%s", msg);
+    atomic_store_explicit(&f->code, code, memory_order_release);
+    tally__fault_wake(f);
+    return 1;
+}
+
+int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, ...) {
+    char msg[sizeof f->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (tally__fault_record(f, code, culprit, msg)) {
+        tally__log_warn("%s", msg);
+        if (f->propagate) f->propagate(f->propagate_arg, code, culprit, msg);
+    }
+    return tally__fault_check(f);
+}
+
+void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg) {
+    if (tally__fault_record(f, code, culprit, msg)) tally__log_warn("%s", msg);
+}
+
+int tally__fault_report(tally__fault *f) {
+    /* The code is published after msg is written, so msg is complete here. */
+    int c = atomic_load_explicit(&f->code, memory_order_acquire);
+    snprintf(tally__errmsg, sizeof tally__errmsg, "%s", f->msg);
+    return c;
+}

@@ -1,0 +1,45 @@
+/* err.h - error codes, the per-thread detailed error message, and the communicator's fault record.
+ * A fault is sticky: once raised (by a waiter, a transport or the monitor thread) every wait returns it. */
+#ifndef TALLY_CORE_ERR_H
+#define TALLY_CORE_ERR_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <tally.h>
+
+/* Sets this thread's detailed message (the text of tally_last_error()) and returns `code`.
+ * The message should say what went wrong, on which rank, and what to do. */
+int tally__seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int tally__vseterr(int code, const char *fmt, va_list ap);
+/* Clears this thread's message (called at the start of each public call). */
+void tally__clearerr(void);
+
+/* The first fault wins; later ones are ignored. Waiters poll `code` (one relaxed load). */
+typedef struct tally__fault {
+    _Atomic int code;        /* 0 while healthy, else a TALLY_E_* code */
+    int culprit;             /* rank blamed, -1 if none */
+    char msg[768];           /* full message, written before `code` is published */
+    _Atomic int claimed;     /* guards msg while the first raiser writes it */
+    /* Called once by the first raiser (not by adopters) so the fault reaches the other ranks;
+     * set by the boot layer after rendezvous. */
+    void (*propagate)(void *arg, int code, int culprit, const char *msg);
+    void *propagate_arg;
+    int wake_fd;             /* eventfd written when a fault is raised (-1 if none): wakes poll() */
+} tally__fault;
+
+void tally__fault_init(tally__fault *f);
+/* Raises a fault seen on this rank: records it, propagates it to every rank, wakes pollers, and sets
+ * this thread's message. Returns the fault's code (the first one raised if one already was). */
+int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Records a fault reported by another rank (no propagation). */
+void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg);
+/* 0 if healthy; else copies the fault into this thread's message and returns its code. */
+static inline int tally__fault_check(tally__fault *f) {
+    int c = atomic_load_explicit(&f->code, memory_order_acquire);
+    if (c == 0) return 0;
+    extern int tally__fault_report(tally__fault *f);
+    return tally__fault_report(f);
+}
+
+#endif

@@ -1,0 +1,63 @@
+/* transport.h - the one interface every backend implements: an exchange of point-to-point sends and
+ * receives (optionally reducing on arrival), progressed together, bounded by the timeout. */
+#ifndef TALLY_TRANSPORT_TRANSPORT_H
+#define TALLY_TRANSPORT_TRANSPORT_H
+
+#include <stddef.h>
+#include <tally.h>
+#include "../core/err.h"
+#include "../core/sig.h"
+
+struct tally__boot;
+
+typedef struct tally__send {
+    int peer;
+    const void *buf;
+    size_t len; /* bytes; 0 is a valid (header-only) message */
+} tally__send;
+
+typedef struct tally__recv {
+    int peer;
+    void *dst;
+    const void *src; /* NULL: dst = incoming bytes. Else dst = src (op) incoming, elementwise. */
+    size_t len;      /* bytes; must equal the matching send's len (else TALLY_E_PROTOCOL) */
+    tally_dtype dtype;
+    tally_op op;     /* SUM, PROD, MIN or MAX when src != NULL */
+} tally__recv;
+
+/* What every backend is created with. `sig` points at the communicator's current collective
+ * fingerprint: each message carries a copy and the receiver compares it with its own; when the
+ * sequence numbers match and anything else differs, it raises TALLY_E_MISMATCH naming both sides. */
+typedef struct tally__tp_ctx {
+    int rank, size;
+    struct tally__boot *boot;
+    tally__fault *fault;
+    double timeout_s;
+    const tally__sig *sig;
+} tally__tp_ctx;
+
+typedef struct tally__tp tally__tp;
+
+typedef struct tally__tp_ops {
+    const char *name;
+    /* Posts every send and receive and progresses them together; returns when all are complete (send
+     * buffers reusable, receive buffers final). Messages between two ranks match in FIFO order.
+     * Rules for callers: at most one send and one receive per peer in one exchange; no two reducing
+     * receives of one exchange may write overlapping bytes; a recv's dst may equal its src (in place).
+     * Returns 0, or the fault code (TALLY_E_PEER_LOST, _TIMEOUT, _MISMATCH, ...) once one is raised. */
+    int (*exchange)(tally__tp *tp, const tally__send *s, int ns, const tally__recv *r, int nr);
+    void (*destroy)(tally__tp *tp);
+} tally__tp_ops;
+
+struct tally__tp {
+    const tally__tp_ops *ops;
+    tally__tp_ctx ctx;
+};
+
+/* Backends. Each is collective over all ranks (uses the boot layer's bootstrap collectives). */
+int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out);
+int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
+/* The world of one rank: exchanges are never called (every algorithm returns early for size 1). */
+int tally__self_create(const tally__tp_ctx *ctx, tally__tp **out);
+
+#endif

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: a release build, then the same tests under AddressSanitizer+UBSan.
+# TALLY_TEST_QUICK=1 skips the sanitizer build.
+set -eu
+cd "$(dirname "$0")"
+bash scripts/deps.sh
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure --timeout 900)
+if [ "${TALLY_TEST_QUICK:-0}" != 1 ]; then
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTALLY_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j"$jobs"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900)
+fi

@@ -1,0 +1,62 @@
+/* harness.h - multi-process test runner: forks N ranks with the TALLY_* environment set, runs a
+ * function in each, and reaps them all within a bound (stragglers are killed and reported). */
+#ifndef TALLY_TEST_HARNESS_H
+#define TALLY_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#define TH_MAX_RANKS 64
+
+typedef int (*th_rank_fn)(int rank, int size, void *arg);
+
+typedef struct th_opts {
+    const char *transport;  /* TALLY_TRANSPORT, NULL = leave unset */
+    const char *algo;       /* TALLY_ALGO, NULL = leave unset */
+    double timeout_s;       /* TALLY_TIMEOUT, 0 = leave unset */
+    double wall_s;          /* ranks still running after this are killed (default 120) */
+    /* Called in each child after the TALLY_* variables are set, before fn: adjust the env. */
+    void (*child_env)(int rank, void *arg);
+} th_opts;
+
+typedef struct th_job {
+    int n;
+    pid_t pid[TH_MAX_RANKS];
+    int status[TH_MAX_RANKS];     /* as from waitpid */
+    double exit_s[TH_MAX_RANKS];  /* seconds from start to exit */
+    int killed_by_harness[TH_MAX_RANKS];
+    double t0;
+} th_job;
+
+/* Forks n ranks. Returns 0, or -1 if a fork failed (the ones started are killed and reaped). */
+int th_start(th_job *job, int n, const th_opts *o, th_rank_fn fn, void *arg);
+/* Reaps every rank; kills those alive after wall_s. Returns the number of ranks that did not exit 0. */
+int th_wait(th_job *job, double wall_s);
+/* th_start + th_wait; prints each failing rank. Returns 0 when all ranks exited 0. */
+int th_run(int n, const th_opts *o, th_rank_fn fn, void *arg);
+
+/* Memory shared between the parent and the ranks (MAP_SHARED), for results. Zeroed. */
+void *th_shared_alloc(size_t bytes);
+void th_shared_free(void *p, size_t bytes);
+
+/* A free TCP port on 127.0.0.1 (bind to port 0, read it, close). */
+int th_free_port(void);
+double th_now(void);
+
+/* Test bookkeeping: counts and a verdict line "NAME: N passed, M failed". */
+extern int th_passed, th_failed;
+#define TH_CHECK(cond, ...)                                                       \
+    do {                                                                          \
+        if (cond) {                                                               \
+            th_passed++;                                                          \
+        } else {                                                                  \
+            th_failed++;                                                          \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                  \
+            fprintf(stderr, __VA_ARGS__);                                         \
+            fputc('\n', stderr);                                                  \
+        }                                                                         \
+    } while (0)
+int th_verdict(const char *name); /* prints the verdict; returns the process exit code */
+
+#endif

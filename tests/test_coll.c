@@ -1,0 +1,248 @@
+/* test_coll.c - every public collective x algorithm x transport x dtype x op x count x world size,
+ * through the public API in real processes, checked exactly against a reference computed here. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tally.h>
+
+#include "core/dtype.h"
+#include "harness.h"
+
+/* Inputs are small integers, so every sum, product, min and max is exact in every dtype (f16 and bf16
+ * included) and the reference can demand bitwise equality: the bound for floats is 0. One element of
+ * the float inputs is NaN on one rank, to check that min and max propagate it. */
+#define NAN_INDEX 5
+
+static double input(int rank, size_t i, int op) {
+    if (op == TALLY_PROD) return (double)(1 + ((rank + i) % 3 == 0)); /* 1 or 2: 2^8 at most */
+    return (double)((int)((rank * 7 + i * 3) % 11) - 3);              /* -3..7 */
+}
+
+static int is_float(int t) { return t == TALLY_F32 || t == TALLY_F64 || t == TALLY_F16 || t == TALLY_BF16; }
+
+static void store(void *buf, size_t i, int t, double v) {
+    switch (t) {
+    case TALLY_F32: ((float *)buf)[i] = (float)v; break;
+    case TALLY_F64: ((double *)buf)[i] = v; break;
+    case TALLY_F16: ((uint16_t *)buf)[i] = tally__f32_to_f16((float)v); break;
+    case TALLY_BF16: ((uint16_t *)buf)[i] = tally__f32_to_bf16((float)v); break;
+    case TALLY_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TALLY_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TALLY_U8: ((uint8_t *)buf)[i] = (uint8_t)(int)v; break;
+    }
+}
+
+static double load(const void *buf, size_t i, int t) {
+    switch (t) {
+    case TALLY_F32: return ((const float *)buf)[i];
+    case TALLY_F64: return ((const double *)buf)[i];
+    case TALLY_F16: return tally__f16_to_f32(((const uint16_t *)buf)[i]);
+    case TALLY_BF16: return tally__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case TALLY_I32: return ((const int32_t *)buf)[i];
+    case TALLY_I64: return (double)((const int64_t *)buf)[i];
+    default: return ((const uint8_t *)buf)[i];
+    }
+}
+
+/* The value rank `rank` contributes at element i, as stored in dtype t (u8 wraps negatives). */
+static double contribution(int rank, size_t i, int t, int op, int with_nan) {
+    double v = input(rank, i, op);
+    if (with_nan && is_float(t) && i == NAN_INDEX && rank == 1 && (op == TALLY_MIN || op == TALLY_MAX))
+        return NAN;
+    if (t == TALLY_U8) v = (double)(uint8_t)(int)v;
+    return v;
+}
+
+static double reference(int n, size_t i, int t, int op, int with_nan) {
+    double acc = contribution(0, i, t, op, with_nan);
+    for (int r = 1; r < n; r++) {
+        double v = contribution(r, i, t, op, with_nan);
+        switch (op) {
+        case TALLY_PROD: acc *= v; break;
+        case TALLY_MIN: acc = (isnan(acc) || isnan(v)) ? NAN : (v < acc ? v : acc); break;
+        case TALLY_MAX: acc = (isnan(acc) || isnan(v)) ? NAN : (v > acc ? v : acc); break;
+        default: acc += v;
+        }
+    }
+    if (t == TALLY_U8) acc = (double)(uint8_t)(uint64_t)(int64_t)acc;
+    if (op == TALLY_AVG) {
+        if (is_float(t)) {
+            /* as the library does it: sum exactly, divide once (f16/bf16 in f32), round to the dtype */
+            char tmp[8];
+            store(tmp, 0, t, acc);
+            double s = load(tmp, 0, t);
+            acc = t == TALLY_F64 ? s / n : (double)((float)s / (float)n);
+        } else {
+            acc = (double)((int64_t)acc / n); /* truncating division of the (wrapped) integer sum */
+        }
+    }
+    char tmp[8];
+    store(tmp, 0, t, acc);
+    return load(tmp, 0, t);
+}
+
+static int same(double got, double want) { return (isnan(got) && isnan(want)) || got == want; }
+
+typedef struct {
+    int failures; /* written by ranks: shared memory */
+    char first[512];
+} shared_result;
+
+static shared_result *g_result;
+
+static void fail(int rank, const char *what, int t, int op, size_t count, size_t i, double got, double want) {
+    if (__sync_fetch_and_add(&g_result->failures, 1) == 0)
+        snprintf(g_result->first, sizeof g_result->first,
+                 "rank %d: %s %s/%s count %zu: element %zu is %g, expected %g", rank, what,
+                 tally_dtype_name((tally_dtype)t), tally_op_name((tally_op)op), count, i, got, want);
+}
+
+static void fail_rc(int rank, const char *what, int rc) {
+    if (__sync_fetch_and_add(&g_result->failures, 1) == 0)
+        snprintf(g_result->first, sizeof g_result->first, "rank %d: %s returned %s: %s", rank, what,
+                 tally_strerror(rc), tally_last_error());
+}
+
+static int check_allreduce(tally_comm *c, int t, int op, size_t count, int in_place) {
+    int rank = tally_comm_rank(c), n = tally_comm_size(c);
+    size_t es = tally_dtype_size((tally_dtype)t);
+    char *send = malloc(count * es + 1), *recv = in_place ? send : malloc(count * es + 1);
+    for (size_t i = 0; i < count; i++) store(send, i, t, contribution(rank, i, t, op, 1));
+    int rc = tally_allreduce(c, send, recv, count, (tally_dtype)t, (tally_op)op);
+    if (rc) fail_rc(rank, "allreduce", rc);
+    for (size_t i = 0; i < count && !rc; i++) {
+        double want = reference(n, i, t, op, 1), got = load(recv, i, t);
+        if (!same(got, want)) {
+            fail(rank, in_place ? "allreduce in place" : "allreduce", t, op, count, i, got, want);
+            break;
+        }
+    }
+    if (!in_place) free(recv);
+    free(send);
+    return rc;
+}
+
+static int check_reduce_scatter(tally_comm *c, int t, int op, size_t count, int in_place) {
+    int rank = tally_comm_rank(c), n = tally_comm_size(c);
+    size_t es = tally_dtype_size((tally_dtype)t), total = count * (size_t)n;
+    char *send = malloc(total * es + 1), *own = malloc(count * es + 1);
+    char *recv = in_place ? send + (size_t)rank * count * es : own;
+    for (size_t i = 0; i < total; i++) store(send, i, t, contribution(rank, i, t, op, 1));
+    int rc = tally_reduce_scatter(c, send, recv, count, (tally_dtype)t, (tally_op)op);
+    if (rc) fail_rc(rank, "reduce_scatter", rc);
+    for (size_t i = 0; i < count && !rc; i++) {
+        double want = reference(n, (size_t)rank * count + i, t, op, 1), got = load(recv, i, t);
+        if (!same(got, want)) {
+            fail(rank, in_place ? "reduce_scatter in place" : "reduce_scatter", t, op, count, i, got, want);
+            break;
+        }
+    }
+    free(send);
+    free(own);
+    return rc;
+}
+
+static int check_allgather(tally_comm *c, int t, size_t count, int in_place) {
+    int rank = tally_comm_rank(c), n = tally_comm_size(c);
+    size_t es = tally_dtype_size((tally_dtype)t), total = count * (size_t)n;
+    char *recv = malloc(total * es + 1), *own = malloc(count * es + 1);
+    char *send = in_place ? recv + (size_t)rank * count * es : own;
+    memset(recv, 0xA5, total * es);
+    for (size_t i = 0; i < count; i++) store(send, i, t, contribution(rank, i, t, TALLY_SUM, 0));
+    int rc = tally_allgather(c, send, recv, count, (tally_dtype)t);
+    if (rc) fail_rc(rank, "allgather", rc);
+    for (size_t i = 0; i < total && !rc; i++) {
+        double want = contribution((int)(i / count), i % count, t, TALLY_SUM, 0), got = load(recv, i, t);
+        if (!same(got, want)) {
+            fail(rank, in_place ? "allgather in place" : "allgather", t, TALLY_SUM, count, i, got, want);
+            break;
+        }
+    }
+    free(recv);
+    free(own);
+    return rc;
+}
+
+static int check_broadcast(tally_comm *c, int t, size_t count, int root) {
+    int rank = tally_comm_rank(c);
+    size_t es = tally_dtype_size((tally_dtype)t);
+    char *buf = malloc(count * es + 1);
+    for (size_t i = 0; i < count; i++) store(buf, i, t, contribution(rank, i, t, TALLY_SUM, 0));
+    int rc = tally_broadcast(c, buf, count, (tally_dtype)t, root);
+    if (rc) fail_rc(rank, "broadcast", rc);
+    for (size_t i = 0; i < count && !rc; i++) {
+        double want = contribution(root, i, t, TALLY_SUM, 0), got = load(buf, i, t);
+        if (!same(got, want)) {
+            fail(rank, "broadcast", t, root, count, i, got, want);
+            break;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* The big count runs for f32 and i32 (all ops) and once per other dtype (sum), to keep CI short. */
+static int big_count_wanted(int t, int op) { return t == TALLY_F32 || t == TALLY_I32 || op == TALLY_SUM; }
+
+static int rank_main(int rank, int n, void *arg) {
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) {
+        fail_rc(rank, "tally_comm_init", rc);
+        return 1;
+    }
+    size_t counts[] = {0, 1, 7, (size_t)(n > 1 ? n - 1 : 0), (size_t)n + 1, 1000003};
+    int ncounts = sizeof counts / sizeof *counts;
+    for (int ci = 0; ci < ncounts && !g_result->failures; ci++) {
+        size_t count = counts[ci];
+        int big = count > 100000;
+        for (int t = 0; t < TALLY_DTYPE_COUNT && !g_result->failures; t++) {
+            for (int op = 0; op < TALLY_OP_COUNT && !g_result->failures; op++) {
+                if (big && !big_count_wanted(t, op)) continue;
+                for (int ip = 0; ip < 2; ip++) {
+                    if (big && ip && t != TALLY_F32) continue;
+                    check_allreduce(c, t, op, count, ip);
+                    check_reduce_scatter(c, t, op, big ? count / 8 : count, ip);
+                }
+            }
+            for (int ip = 0; ip < 2 && !g_result->failures; ip++) check_allgather(c, t, big ? count / 8 : count, ip);
+            for (int root = 0; root < n && !g_result->failures; root++) {
+                if (big && root != n - 1) continue;
+                check_broadcast(c, t, count, root);
+            }
+        }
+    }
+    /* Many small calls in a row, with varying sizes, stay correct. */
+    for (int k = 0; k < 1000 && !g_result->failures; k++) check_allreduce(c, TALLY_I32, TALLY_SUM, 1 + k % 9, k & 1);
+    for (int k = 0; k < 50 && !g_result->failures; k++)
+        if ((rc = tally_barrier(c))) fail_rc(rank, "barrier", rc);
+    tally_comm_free(c);
+    return g_result->failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    const char *transports[] = {"shm", "tcp"};
+    const char *algos[] = {"ring", "tree", "rhd", "direct"};
+    int sizes[] = {1, 2, 3, 4, 5, 8};
+    const char *only_transport = argc > 1 ? argv[1] : NULL;
+    g_result = th_shared_alloc(sizeof *g_result);
+    for (int ti = 0; ti < 2; ti++) {
+        if (only_transport && strcmp(only_transport, transports[ti])) continue;
+        for (int ai = 0; ai < 4; ai++)
+            for (int si = 0; si < 6; si++) {
+                int n = sizes[si];
+                if (n == 1 && (ti || ai)) continue; /* one rank needs no transport or algorithm */
+                memset(g_result, 0, sizeof *g_result);
+                th_opts o = {.transport = transports[ti], .algo = algos[ai], .timeout_s = 60, .wall_s = 300};
+                double t0 = th_now();
+                int bad = th_run(n, &o, rank_main, NULL);
+                TH_CHECK(bad == 0 && g_result->failures == 0, "%s/%s n=%d: %s", transports[ti], algos[ai], n,
+                         g_result->first[0] ? g_result->first : "a rank failed");
+                printf("  %s %-6s n=%d: %s (%.1f s)\n", transports[ti], algos[ai], n,
+                       bad || g_result->failures ? "FAIL" : "ok", th_now() - t0);
+                fflush(stdout);
+            }
+    }
+    return th_verdict("test_coll");
+}

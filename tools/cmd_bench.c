@@ -1,0 +1,344 @@
+/* cmd_bench.c - `tally bench`: times a collective over a range of sizes and prints the nccl-tests
+ * table (time, algbw, busbw, #wrong for out-of-place and in-place) and the average bus bandwidth. */
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tally.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/core/dtype.h"
+#include "../src/core/env.h"
+#include "cmd.h"
+#include "launch.h"
+
+typedef enum { B_ALLREDUCE, B_REDUCE_SCATTER, B_ALLGATHER, B_BROADCAST } bench_coll;
+static const char *bench_coll_names[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+
+typedef struct {
+    bench_coll coll;
+    int n;
+    size_t minb, maxb;
+    double factor;
+    tally_dtype dtype;
+    tally_op op;
+    int root, iters, warmup, check;
+    const char *algo, *transport;
+} bench_opts;
+
+typedef struct {
+    tally_comm *c;
+    int rank, size;
+    size_t esize;
+    char *send, *recv; /* max-size buffers */
+} bench_ctx;
+
+static double bench_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int bench_usage(void) {
+    fprintf(stderr,
+            "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
+            "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
+            "                   [--algo auto|ring|tree|rhd|direct] [--transport auto|shm|tcp]\n"
+            "                   [--iters I] [--warmup W] [-c]\n"
+            "Sizes accept K/M/G (powers of 1024). -c checks every result and counts wrong elements.\n"
+            "With -n N (and no rank environment) it starts N local ranks of itself.\n");
+    return 2;
+}
+
+static int bench_parse_coll(const char *s, bench_coll *out) {
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, bench_coll_names[i])) return *out = (bench_coll)i, 0;
+    return -1;
+}
+
+static int bench_parse(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.n = 0, .minb = 8, .maxb = 64u << 20, .factor = 2, .dtype = TALLY_F32, .op = TALLY_SUM,
+                      .iters = 20, .warmup = 5};
+    if (argc < 2 || bench_parse_coll(argv[1], &o->coll)) return -1;
+    static const struct option longs[] = {{"algo", required_argument, 0, 'A'},
+                                          {"transport", required_argument, 0, 'T'},
+                                          {"iters", required_argument, 0, 'I'},
+                                          {"warmup", required_argument, 0, 'W'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    optind = 2;
+    int ch;
+    long long v;
+    while ((ch = getopt_long(argc, argv, "n:b:e:f:t:o:r:ch", longs, NULL)) != -1) {
+        switch (ch) {
+        case 'n': o->n = atoi(optarg); if (o->n < 1) return -1; break;
+        case 'b': if ((v = tally__parse_size(optarg)) < 0) return -1; o->minb = (size_t)v; break;
+        case 'e': if ((v = tally__parse_size(optarg)) < 0) return -1; o->maxb = (size_t)v; break;
+        case 'f': o->factor = atof(optarg); if (o->factor <= 1) return -1; break;
+        case 't': if ((v = tally_dtype_parse(optarg)) < 0) return -1; o->dtype = (tally_dtype)v; break;
+        case 'o': if ((v = tally_op_parse(optarg)) < 0) return -1; o->op = (tally_op)v; break;
+        case 'r': o->root = atoi(optarg); break;
+        case 'c': o->check = 1; break;
+        case 'A': o->algo = optarg; break;
+        case 'T': o->transport = optarg; break;
+        case 'I': o->iters = atoi(optarg); if (o->iters < 1) return -1; break;
+        case 'W': o->warmup = atoi(optarg); if (o->warmup < 0) return -1; break;
+        default: return -1;
+        }
+    }
+    if (optind != argc || o->minb > o->maxb) return -1;
+    return 0;
+}
+
+/* Elements each rank contributes and receives at a size, as nccl-tests counts them. */
+static void bench_counts(const bench_opts *o, const bench_ctx *b, size_t bytes, size_t *count, size_t *per_rank) {
+    size_t total = bytes / b->esize;
+    if (o->coll == B_REDUCE_SCATTER || o->coll == B_ALLGATHER) {
+        *per_rank = total / (size_t)b->size;
+        *count = *per_rank * (size_t)b->size;
+    } else {
+        *per_rank = *count = total;
+    }
+}
+
+static double bench_busbw_factor(bench_coll coll, int n) {
+    if (coll == B_ALLREDUCE) return 2.0 * (n - 1) / n;
+    if (coll == B_BROADCAST) return 1.0;
+    return (double)(n - 1) / n;
+}
+
+static void bench_store(void *buf, size_t i, tally_dtype t, double v) {
+    switch (t) {
+    case TALLY_F32: ((float *)buf)[i] = (float)v; break;
+    case TALLY_F64: ((double *)buf)[i] = v; break;
+    case TALLY_F16: ((uint16_t *)buf)[i] = tally__f32_to_f16((float)v); break;
+    case TALLY_BF16: ((uint16_t *)buf)[i] = tally__f32_to_bf16((float)v); break;
+    case TALLY_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TALLY_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TALLY_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    }
+}
+
+static double bench_load(const void *buf, size_t i, tally_dtype t) {
+    switch (t) {
+    case TALLY_F32: return ((const float *)buf)[i];
+    case TALLY_F64: return ((const double *)buf)[i];
+    case TALLY_F16: return tally__f16_to_f32(((const uint16_t *)buf)[i]);
+    case TALLY_BF16: return tally__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case TALLY_I32: return ((const int32_t *)buf)[i];
+    case TALLY_I64: return (double)((const int64_t *)buf)[i];
+    default: return ((const uint8_t *)buf)[i];
+    }
+}
+
+/* Small integers (1 or 2 for prod) keep every reduction exact in every dtype, so -c can demand
+ * equality. */
+static double bench_input(int rank, size_t i, tally_op op) {
+    return op == TALLY_PROD ? (double)(1 + ((rank + i) % 4 == 0)) : (double)((rank + i) % 3);
+}
+
+static int bench_is_float(tally_dtype t) { return t == TALLY_F32 || t == TALLY_F64 || t == TALLY_F16 || t == TALLY_BF16; }
+
+static double bench_expected_reduce(const bench_opts *o, int n, size_t i) {
+    double acc = bench_input(0, i, o->op);
+    for (int r = 1; r < n; r++) {
+        double v = bench_input(r, i, o->op);
+        if (o->op == TALLY_PROD) acc *= v;
+        else if (o->op == TALLY_MIN) acc = v < acc ? v : acc;
+        else if (o->op == TALLY_MAX) acc = v > acc ? v : acc;
+        else acc += v;
+    }
+    if (o->dtype == TALLY_U8) acc = (double)(uint8_t)(uint64_t)acc;
+    char tmp[8];
+    bench_store(tmp, 0, o->dtype, acc);
+    acc = bench_load(tmp, 0, o->dtype);
+    if (o->op == TALLY_AVG) {
+        if (o->dtype == TALLY_F64) acc /= n;
+        else if (bench_is_float(o->dtype)) acc = (double)((float)acc / (float)n);
+        else acc = (double)((int64_t)acc / n);
+        bench_store(tmp, 0, o->dtype, acc);
+        acc = bench_load(tmp, 0, o->dtype);
+    }
+    return acc;
+}
+
+/* Value expected at element i of the output on this rank. */
+static double bench_expected(const bench_opts *o, const bench_ctx *b, size_t per_rank, size_t i) {
+    switch (o->coll) {
+    case B_ALLREDUCE: return bench_expected_reduce(o, b->size, i);
+    case B_REDUCE_SCATTER: return bench_expected_reduce(o, b->size, (size_t)b->rank * per_rank + i);
+    case B_ALLGATHER: return bench_input((int)(i / per_rank), i % per_rank, TALLY_SUM);
+    default: return bench_input(o->root, i, TALLY_SUM);
+    }
+}
+
+/* Where one call reads and writes, out of place or in place. */
+static void bench_buffers(const bench_opts *o, const bench_ctx *b, int in_place, size_t per_rank, char **send,
+                          char **recv) {
+    size_t block = per_rank * b->esize * (size_t)b->rank;
+    *send = b->send;
+    *recv = in_place ? b->send : b->recv;
+    if (in_place && o->coll == B_REDUCE_SCATTER) *recv = b->send + block;
+    if (in_place && o->coll == B_ALLGATHER) *send = b->send + block, *recv = b->send;
+    if (o->coll == B_BROADCAST) *send = *recv;
+}
+
+static void bench_fill(const bench_opts *o, const bench_ctx *b, char *send, size_t per_rank) {
+    size_t n = o->coll == B_REDUCE_SCATTER ? per_rank * (size_t)b->size : per_rank;
+    int who = o->coll == B_BROADCAST ? (b->rank == o->root ? o->root : -1) : b->rank;
+    for (size_t i = 0; i < n; i++)
+        bench_store(send, i, o->dtype, who < 0 ? 0 : bench_input(who, i, o->op));
+}
+
+static int bench_call(const bench_opts *o, const bench_ctx *b, char *send, char *recv, size_t per_rank) {
+    switch (o->coll) {
+    case B_ALLREDUCE: return tally_allreduce(b->c, send, recv, per_rank, o->dtype, o->op);
+    case B_REDUCE_SCATTER: return tally_reduce_scatter(b->c, send, recv, per_rank, o->dtype, o->op);
+    case B_ALLGATHER: return tally_allgather(b->c, send, recv, per_rank, o->dtype);
+    default: return tally_broadcast(b->c, recv, per_rank, o->dtype, o->root);
+    }
+}
+
+static int bench_report_error(const bench_ctx *b, const char *what, int rc) {
+    fprintf(stderr, "tally bench: rank %d: %s failed: %s\n%s\n", b->rank, what, tally_strerror(rc), tally_last_error());
+    return rc;
+}
+
+/* Runs the check once; returns the wrong elements summed over all ranks, or -1 on error. */
+static long long bench_check(const bench_opts *o, const bench_ctx *b, int in_place, size_t per_rank) {
+    char *send, *recv;
+    bench_buffers(o, b, in_place, per_rank, &send, &recv);
+    bench_fill(o, b, send, per_rank);
+    if (bench_call(o, b, send, recv, per_rank)) return -1;
+    size_t n = o->coll == B_ALLGATHER ? per_rank * (size_t)b->size : per_rank;
+    long long wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        double got = bench_load(recv, i, o->dtype), want = bench_expected(o, b, per_rank, i);
+        wrong += !(got == want || (isnan(got) && isnan(want)));
+    }
+    if (tally_allreduce(b->c, &wrong, &wrong, 1, TALLY_I64, TALLY_SUM)) return -1;
+    return wrong;
+}
+
+/* Mean seconds per call, the slowest rank's. */
+static int bench_time(const bench_opts *o, const bench_ctx *b, int in_place, size_t per_rank, double *sec) {
+    char *send, *recv;
+    bench_buffers(o, b, in_place, per_rank, &send, &recv);
+    int rc;
+    for (int i = 0; i < o->warmup; i++)
+        if ((rc = bench_call(o, b, send, recv, per_rank))) return bench_report_error(b, "warm-up", rc);
+    if ((rc = tally_barrier(b->c))) return bench_report_error(b, "barrier", rc);
+    double t0 = bench_now();
+    for (int i = 0; i < o->iters; i++)
+        if ((rc = bench_call(o, b, send, recv, per_rank))) return bench_report_error(b, bench_coll_names[o->coll], rc);
+    *sec = (bench_now() - t0) / o->iters;
+    if ((rc = tally_allreduce(b->c, sec, sec, 1, TALLY_F64, TALLY_MAX))) return bench_report_error(b, "timing", rc);
+    return 0;
+}
+
+static void bench_header(const bench_opts *o, const bench_ctx *b) {
+    printf("# tally bench %s: %d ranks, transport %s, algo %s, %s %s, iters %d, warmup %d, check %s\n",
+           bench_coll_names[o->coll], b->size, tally_comm_transport(b->c), o->algo ? o->algo : "auto",
+           tally_dtype_name(o->dtype), o->coll <= B_REDUCE_SCATTER ? tally_op_name(o->op) : "-", o->iters, o->warmup,
+           o->check ? "on" : "off");
+    printf("#\n");
+    printf("# %76s %30s\n", "out-of-place", "in-place");
+    printf("# %10s %12s %6s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s  %s\n", "size", "count", "type", "redop", "root",
+           "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
+    printf("# %10s %12s %6s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
+           "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+static void bench_cell(double sec, size_t bytes, double factor, long long wrong, int check) {
+    double algbw = sec > 0 ? bytes / sec / 1e9 : 0;
+    char w[24];
+    if (check) snprintf(w, sizeof w, "%lld", wrong);
+    else snprintf(w, sizeof w, "N/A");
+    printf(" %9.2f %7.2f %7.2f %6s", sec * 1e6, algbw, algbw * factor, w);
+}
+
+static int bench_run(const bench_opts *o, bench_ctx *b) {
+    double factor = bench_busbw_factor(o->coll, b->size), sum_busbw = 0;
+    long long total_wrong = 0;
+    int rows = 0;
+    if (b->rank == 0) bench_header(o, b);
+    for (double s = (double)o->minb; s <= (double)o->maxb * 1.0000001; s *= o->factor) {
+        size_t bytes = (size_t)s, count, per_rank;
+        bench_counts(o, b, bytes, &count, &per_rank);
+        bytes = count * b->esize;
+        double sec[2];
+        long long wrong[2] = {0, 0};
+        for (int ip = 0; ip < 2; ip++) {
+            if (bench_time(o, b, ip, per_rank, &sec[ip])) return 1;
+            if (o->check && (wrong[ip] = bench_check(o, b, ip, per_rank)) < 0)
+                return bench_report_error(b, "check", -1), 1;
+            total_wrong += wrong[ip];
+            sum_busbw += sec[ip] > 0 ? bytes / sec[ip] / 1e9 * factor : 0;
+        }
+        rows += 2;
+        if (b->rank == 0) {
+            printf("  %10zu %12zu %6s %6s %6d", bytes, count, tally_dtype_name(o->dtype),
+                   o->coll <= B_REDUCE_SCATTER ? tally_op_name(o->op) : "none", o->coll == B_BROADCAST ? o->root : -1);
+            bench_cell(sec[0], bytes, factor, wrong[0], o->check);
+            bench_cell(sec[1], bytes, factor, wrong[1], o->check);
+            printf("  %s\n", tally_comm_algo_for(b->c, bytes));
+            fflush(stdout);
+        }
+    }
+    if (b->rank == 0) {
+        printf("# Out of bounds values : %lld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g\n", rows ? sum_busbw / rows : 0.0);
+        printf("#\n");
+    }
+    return total_wrong ? 1 : 0;
+}
+
+static int bench_as_rank(const bench_opts *o) {
+    bench_ctx b = {0};
+    int rc = tally_comm_init(&b.c);
+    if (rc) {
+        fprintf(stderr, "tally bench: tally_comm_init failed: %s\n%s\n", tally_strerror(rc), tally_last_error());
+        return 1;
+    }
+    b.rank = tally_comm_rank(b.c);
+    b.size = tally_comm_size(b.c);
+    b.esize = tally_dtype_size(o->dtype);
+    int bad = 0;
+    if (o->root < 0 || o->root >= b.size) {
+        if (b.rank == 0) fprintf(stderr, "tally bench: root %d is out of range for %d ranks\n", o->root, b.size);
+        bad = 1;
+    }
+    size_t span = o->maxb + (size_t)b.size * b.esize + 64; /* reduce_scatter/allgather use whole blocks */
+    if (!bad) {
+        b.send = malloc(span);
+        b.recv = malloc(span);
+        if (!b.send || !b.recv) {
+            fprintf(stderr, "tally bench: rank %d: cannot allocate 2 x %zu bytes\n", b.rank, span);
+            bad = 1;
+        } else {
+            memset(b.send, 0, span);
+            memset(b.recv, 0, span);
+        }
+    }
+    if (!bad) bad = bench_run(o, &b);
+    free(b.send);
+    free(b.recv);
+    tally_comm_free(b.c);
+    return bad;
+}
+
+int tally_cmd_bench(int argc, char **argv) {
+    bench_opts o;
+    if (bench_parse(argc, argv, &o)) return bench_usage();
+    if (o.algo) setenv("TALLY_ALGO", o.algo, 1);
+    if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
+    if (!tally_launch_in_rank()) {
+        tally_launch_opts lo = {.n = o.n ? o.n : 2, .transport = o.transport, .prefix_output = 0,
+                                .name = "tally bench"};
+        return tally_launch_self(&lo, argc, argv);
+    }
+    return bench_as_rank(&o);
+}

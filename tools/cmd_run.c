@@ -1,0 +1,124 @@
+/* cmd_run.c - `tally run -n N [--transport T] [--timeout S] [--no-prefix] [--] PROG ARGS...`:
+ * parses the flags and hands the program to the launcher (launch.c). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "launch.h"
+
+static const char run_usage[] =
+    "usage: tally run -n N [--transport shm|tcp|auto] [--timeout S] [--no-prefix] [--] PROG [ARGS...]\n"
+    "\n"
+    "Starts N ranks of PROG on this machine and waits for them. Each rank gets TALLY_RANK,\n"
+    "TALLY_WORLD_SIZE, TALLY_ADDR, TALLY_TOKEN, LOCAL_RANK and LOCAL_WORLD_SIZE; its output lines\n"
+    "are prefixed with \"[rank] \". When one rank fails the others are stopped.\n"
+    "\n"
+    "  -n, --nproc N        number of ranks (1..4096)\n"
+    "  --transport T        sets TALLY_TRANSPORT for the ranks: shm, tcp or auto\n"
+    "  --timeout S          sets TALLY_TIMEOUT: seconds a collective waits for a peer\n"
+    "  --no-prefix          let the ranks write to the terminal directly, unprefixed\n"
+    "  -h, --help           this text\n"
+    "\n"
+    "Exit status: 0 when every rank exits 0, else the first failing rank's status (128+signal\n"
+    "when it was killed), 127 when PROG cannot be executed, 2 for bad flags.\n";
+
+/* The usage line only; the whole text is one --help away. */
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "tally run: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n%.*s", (int)(strchr(run_usage, '\n') - run_usage + 1), run_usage);
+    fprintf(stderr, "Try 'tally run --help' for more.\n");
+    return 2;
+}
+
+/* "--flag value" or "--flag=value" (and "-nVALUE" for -n); NULL when this argument is another flag.
+ * *i moves past a separate value. */
+static const char *flag_value(int argc, char **argv, int *i, const char *shortf, const char *longf,
+                              int *missing) {
+    const char *a = argv[*i];
+    size_t ll = strlen(longf);
+    const char *v = NULL;
+    if (strcmp(a, longf) == 0 || (shortf && strcmp(a, shortf) == 0)) {
+        if (*i + 1 >= argc) {
+            *missing = 1;
+            return NULL;
+        }
+        v = argv[++*i];
+    } else if (strncmp(a, longf, ll) == 0 && a[ll] == '=') {
+        v = a + ll + 1;
+    } else if (shortf && strncmp(a, shortf, 2) == 0 && a[2] != '\0') {
+        v = a + 2;
+    }
+    return v;
+}
+
+static int parse_ranks(const char *s, int *n) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > TALLY_LAUNCH_MAX_RANKS) return -1;
+    *n = (int)v;
+    return 0;
+}
+
+static int parse_seconds(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0) || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* One flag at argv[*i]; returns 0, 1 for --help, or 2 after printing a usage error. */
+static int parse_flag(int argc, char **argv, int *i, tally_launch_opts *o, int *have_n) {
+    const char *a = argv[*i], *v;
+    int missing = 0;
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
+    if (strcmp(a, "--no-prefix") == 0) {
+        o->prefix_output = 0;
+        return 0;
+    }
+    if ((v = flag_value(argc, argv, i, "-n", "--nproc", &missing))) {
+        if (parse_ranks(v, &o->n) < 0) return usage_error("-n wants a whole number of ranks 1..4096, not '%s'", v);
+        *have_n = 1;
+        return 0;
+    }
+    if (!missing && (v = flag_value(argc, argv, i, NULL, "--transport", &missing))) {
+        if (strcmp(v, "shm") && strcmp(v, "tcp") && strcmp(v, "auto"))
+            return usage_error("--transport wants shm, tcp or auto, not '%s'", v);
+        o->transport = v;
+        return 0;
+    }
+    if (!missing && (v = flag_value(argc, argv, i, NULL, "--timeout", &missing))) {
+        if (parse_seconds(v, &o->timeout_s) < 0)
+            return usage_error("--timeout wants a positive number of seconds, not '%s'", v);
+        return 0;
+    }
+    if (missing) return usage_error("%s needs a value", a);
+    return usage_error("unknown flag '%s'", a);
+}
+
+int tally_cmd_run(int argc, char **argv) {
+    tally_launch_opts o = {.n = 1, .prefix_output = 1, .name = "tally run"};
+    int have_n = 0, i = 1;
+    /* Flags end at "--" or at the first word that is not a flag: `tally run -n 2 hostname` works. */
+    for (; i < argc && argv[i][0] == '-' && argv[i][1] != '\0'; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            i++;
+            break;
+        }
+        int rc = parse_flag(argc, argv, &i, &o, &have_n);
+        if (rc == 1) {
+            fputs(run_usage, stdout);
+            return 0;
+        }
+        if (rc) return rc;
+    }
+    if (!have_n) return usage_error("%s", "-n N is required");
+    if (i >= argc) return usage_error("%s", "no program given");
+    return tally_launch(&o, argv + i);
+}

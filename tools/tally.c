@@ -1,0 +1,64 @@
+/* tally.c - main() of the tally tool: picks the subcommand (run, bench, train, plan) and hands it
+ * its arguments; --help and --version. Each subcommand lives in its own cmd_*.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include <tally.h>
+
+#include "cmd.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv); /* NULL while the subcommand is not built (see cmd.h) */
+    const char *summary;
+} tally_command;
+
+static const tally_command commands[] = {
+    {"run", tally_cmd_run, "start N local ranks of a program: tally run -n N [--] PROG [ARGS...]"},
+    {"bench", tally_cmd_bench, "measure collectives across N ranks: tally bench -n N ..."},
+    {"train", tally_cmd_train, "train a model data-parallel across N ranks: tally train -n N ..."},
+    {"plan", tally_cmd_plan, "predict the cost of a training run before starting it"},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tally <command> [options]\n"
+               "       tally --help | --version\n"
+               "\n"
+               "commands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'tally <command> --help' describes a command's options.\n");
+}
+
+static const tally_command *find_command(const char *name) {
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (strcmp(commands[i].name, name) == 0) return &commands[i];
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
+        printf("tally %d.%d.%d\n", TALLY_VERSION_MAJOR, TALLY_VERSION_MINOR, TALLY_VERSION_PATCH);
+        return 0;
+    }
+    const tally_command *c = find_command(cmd);
+    if (!c) {
+        fprintf(stderr, "tally: unknown %s '%s'\n", cmd[0] == '-' ? "option" : "command", cmd);
+        usage(stderr);
+        return 2;
+    }
+    if (!c->fn) {
+        fprintf(stderr, "tally %s: not built yet\n", c->name);
+        return 2;
+    }
+    return c->fn(argc - 1, argv + 1);
+}

@@ -57,7 +57,11 @@ TALLY_API int tally_comm_free(tally_comm *comm);
 
 /* Collectives. send == recv means in place; count 0 is valid; counts need not divide by the size.
  * reduce_scatter: send holds size*recvcount elements, rank r receives the reduction of block r.
- * allgather: recv holds size*sendcount elements, rank-major. */
+ * allgather: recv holds size*sendcount elements, rank-major.
+ * Ranks that disagree on the collective, count, dtype, op or root get TALLY_E_MISMATCH naming both
+ * calls, never wrong data. A broadcast root, which needs nothing from its peers, may return before the
+ * disagreement is seen; its next call then returns the error. After TALLY_E_MISMATCH, _PEER_LOST or
+ * _TIMEOUT the communicator is broken on every rank: only tally_comm_free may follow. */
 TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);
 TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                          tally_op op);

@@ -69,7 +69,7 @@ static double reference(int n, size_t i, int t, int op, int with_nan) {
     if (op == TALLY_AVG) {
         if (is_float(t)) {
             /* as the library does it: sum exactly, divide once (f16/bf16 in f32), round to the dtype */
-            char tmp[8];
+            char tmp[8] = {0};
             store(tmp, 0, t, acc);
             double s = load(tmp, 0, t);
             acc = t == TALLY_F64 ? s / n : (double)((float)s / (float)n);
@@ -77,7 +77,7 @@ static double reference(int n, size_t i, int t, int op, int with_nan) {
             acc = (double)((int64_t)acc / n); /* truncating division of the (wrapped) integer sum */
         }
     }
-    char tmp[8];
+    char tmp[8] = {0};
     store(tmp, 0, t, acc);
     return load(tmp, 0, t);
 }

@@ -91,7 +91,12 @@ static int mismatch_rank(int rank, int n, void *arg) {
     case MIS_COLL:
         rc = odd ? tally_broadcast(c, buf, 1000, TALLY_F32, 0) : tally_allreduce(c, buf, buf, 1000, TALLY_F32, TALLY_SUM);
         break;
-    default: rc = tally_broadcast(c, buf, 1000, TALLY_F32, odd ? 1 : 0); break;
+    default:
+        /* A broadcast root needs nothing from its peers, so it may finish before the mismatch is seen;
+         * it then learns of it from its next call. */
+        rc = tally_broadcast(c, buf, 1000, TALLY_F32, odd ? 1 : 0);
+        if (!rc) rc = tally_barrier(c);
+        break;
     }
     record(rank, rc);
     tally_comm_free(c);

@@ -1,5 +1,6 @@
 /* comm.c - the communicator: init from the environment (rendezvous, transport, measured cost model,
  * monitor) and the public collective entry points that validate, fingerprint and dispatch. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>

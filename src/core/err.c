@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -79,6 +80,15 @@ int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, 
 
 void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg) {
     if (tally__fault_record(f, code, culprit, msg)) tally__log_warn("%s", msg);
+}
+
+int tally__fault_await(tally__fault *f, double grace_s) {
+    struct timespec nap = {0, 1000000};
+    for (double waited = 0; waited < grace_s; waited += 1e-3) {
+        if (atomic_load_explicit(&f->code, memory_order_acquire)) return tally__fault_report(f);
+        nanosleep(&nap, NULL);
+    }
+    return tally__fault_check(f);
 }
 
 int tally__fault_report(tally__fault *f) {

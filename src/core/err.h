@@ -34,11 +34,18 @@ int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, 
     __attribute__((format(printf, 4, 5)));
 /* Records a fault reported by another rank (no propagation). */
 void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg);
+/* A peer that left may have left because of a fault it already reported (a mismatch, a timeout): waits
+ * up to grace_s for that report to arrive, so every rank names the cause rather than its consequence.
+ * Returns the fault's code, or 0 if none came. */
+int tally__fault_await(tally__fault *f, double grace_s);
+/* Grace used by transports before reporting a vanished peer. */
+#define TALLY__LOST_GRACE_S 0.5
+/* Copies the fault into this thread's message and returns its code (the slow half of fault_check). */
+int tally__fault_report(tally__fault *f);
 /* 0 if healthy; else copies the fault into this thread's message and returns its code. */
 static inline int tally__fault_check(tally__fault *f) {
     int c = atomic_load_explicit(&f->code, memory_order_acquire);
     if (c == 0) return 0;
-    extern int tally__fault_report(tally__fault *f);
     return tally__fault_report(f);
 }
 

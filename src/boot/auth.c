@@ -1,0 +1,103 @@
+/* auth.c - mutual HMAC-SHA256 challenge/response over the shared token, run on every connection
+ * before any other byte is parsed. Both sides prove the token without sending it. */
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <string.h>
+
+#include "boot.h"
+#include "net.h"
+
+/* Wire protocol (all fixed lengths, so nothing needs parsing):
+ *   connector -> acceptor : nc[32]                      fresh nonce
+ *   acceptor  -> connector: na[32] macA[32]              macA = H(token, label | role | 'A' | nc | na)
+ *   connector -> acceptor : macC[32]                     macC = H(token, label | role | 'C' | nc | na)
+ *   acceptor  -> connector: verdict[1]                   1 accepted, 0 refused
+ * The direction letter stops a reflected proof; both nonces make every proof fresh; the role keeps a
+ * proof for one kind of connection from being replayed on another. The verdict byte lets a refused
+ * connector say "wrong token" instead of "connection closed". */
+#define AUTH_NONCE 32
+#define AUTH_MAC 32
+#define AUTH_ROLE_MAX 32
+#define AUTH_LABEL "tally-auth-v1"
+
+static int auth_mac(const void *token, size_t token_len, const char *role, char dir, const unsigned char *nc,
+                    const unsigned char *na, unsigned char out[AUTH_MAC]) {
+    unsigned char msg[sizeof AUTH_LABEL + AUTH_ROLE_MAX + 2 + 2 * AUTH_NONCE];
+    size_t rl = strlen(role), n = 0;
+    if (rl > AUTH_ROLE_MAX) return -1;
+    memcpy(msg, AUTH_LABEL, sizeof AUTH_LABEL); /* includes the NUL: label and role stay separate */
+    n += sizeof AUTH_LABEL;
+    memcpy(msg + n, role, rl);
+    n += rl;
+    msg[n++] = 0;
+    msg[n++] = (unsigned char)dir;
+    memcpy(msg + n, nc, AUTH_NONCE);
+    n += AUTH_NONCE;
+    memcpy(msg + n, na, AUTH_NONCE);
+    n += AUTH_NONCE;
+    unsigned int len = 0;
+    static const unsigned char empty = 0;
+    if (!HMAC(EVP_sha256(), token_len ? token : &empty, (int)token_len, msg, n, out, &len) || len != AUTH_MAC)
+        return -1;
+    return 0;
+}
+
+/* Message for an I/O failure during the handshake, naming the other end. */
+static int auth_io_err(int rc, int fd, const char *role) {
+    char peer[TALLY__NET_ADDRSTR];
+    tally__net_peer_str(fd, peer, sizeof peer);
+    if (rc == TALLY_E_TIMEOUT)
+        return tally__seterr(rc, "authentication (%s) with %s timed out: the peer sent nothing in time", role, peer);
+    if (rc == TALLY_E_PEER_LOST)
+        return tally__seterr(rc, "authentication (%s) with %s failed: the peer closed the connection", role, peer);
+    return tally__seterr(TALLY_E_SYSTEM, "authentication (%s) with %s failed: socket error", role, peer);
+}
+
+int tally__auth_accept(int fd, const void *token, size_t token_len, const char *role, uint64_t deadline) {
+    unsigned char nc[AUTH_NONCE], out[AUTH_NONCE + AUTH_MAC], proof[AUTH_MAC], expect[AUTH_MAC];
+    int rc = tally__net_recv_all(fd, nc, sizeof nc, deadline);
+    if (rc) return auth_io_err(rc, fd, role);
+    if (RAND_bytes(out, AUTH_NONCE) != 1 || auth_mac(token, token_len, role, 'A', nc, out, out + AUTH_NONCE) ||
+        auth_mac(token, token_len, role, 'C', nc, out, expect))
+        return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL RAND_bytes/HMAC failed", role);
+    if ((rc = tally__net_send_all(fd, out, sizeof out, deadline)) ||
+        (rc = tally__net_recv_all(fd, proof, sizeof proof, deadline)))
+        return auth_io_err(rc, fd, role);
+    unsigned char ok = CRYPTO_memcmp(proof, expect, AUTH_MAC) == 0; /* constant time: no timing oracle */
+    rc = tally__net_send_all(fd, &ok, 1, deadline);
+    if (!ok) {
+        char peer[TALLY__NET_ADDRSTR];
+        tally__net_peer_str(fd, peer, sizeof peer);
+        return tally__seterr(TALLY_E_AUTH, "authentication (%s) with %s failed: its proof does not match our "
+                                           "TALLY_TOKEN (a process with a different token, or not a tally process)",
+                             role, peer);
+    }
+    return rc ? auth_io_err(rc, fd, role) : 0;
+}
+
+int tally__auth_connect(int fd, const void *token, size_t token_len, const char *role, uint64_t deadline) {
+    unsigned char nc[AUTH_NONCE], in[AUTH_NONCE + AUTH_MAC], expect[AUTH_MAC], proof[AUTH_MAC], verdict = 0;
+    if (RAND_bytes(nc, sizeof nc) != 1)
+        return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL RAND_bytes failed", role);
+    int rc = tally__net_send_all(fd, nc, sizeof nc, deadline);
+    if (!rc) rc = tally__net_recv_all(fd, in, sizeof in, deadline);
+    if (rc) return auth_io_err(rc, fd, role);
+    if (auth_mac(token, token_len, role, 'A', nc, in, expect) || auth_mac(token, token_len, role, 'C', nc, in, proof))
+        return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL HMAC failed", role);
+    int peer_ok = CRYPTO_memcmp(in + AUTH_NONCE, expect, AUTH_MAC) == 0;
+    /* An unproven peer gets no proof from us (zeros), so it learns nothing it could replay. */
+    if (!peer_ok) memset(proof, 0, sizeof proof);
+    rc = tally__net_send_all(fd, proof, sizeof proof, deadline);
+    if (peer_ok && !rc) rc = tally__net_recv_all(fd, &verdict, 1, deadline);
+    if (!peer_ok || (!rc && verdict != 1)) {
+        char peer[TALLY__NET_ADDRSTR];
+        tally__net_peer_str(fd, peer, sizeof peer);
+        return tally__seterr(TALLY_E_AUTH,
+                             "authentication (%s) with %s failed: this process's TALLY_TOKEN does not match the "
+                             "peer's; every rank of a job must have the same TALLY_TOKEN",
+                             role, peer);
+    }
+    return rc ? auth_io_err(rc, fd, role) : 0;
+}

@@ -1,0 +1,77 @@
+/* boot_int.h - private to src/boot: the boot handle, the control-connection frame format shared by
+ * the rendezvous (boot.c) and the monitor (monitor.c). Transports use boot.h only. */
+#ifndef TALLY_BOOT_BOOT_INT_H
+#define TALLY_BOOT_BOOT_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "boot.h"
+
+/* Control frame: 16-byte header (network byte order) then `len` payload bytes.
+ *   magic u32 | type u8 | 3 zero bytes | aux u32 | len u32 */
+#define CTL_MAGIC 0x544c5946u /* "TLYF" */
+#define CTL_HDR 16
+enum {
+    CTL_HELLO = 1, /* connector -> rank 0 after auth: who I am (fixed layout, HELLO_LEN) */
+    CTL_TABLE,     /* rank 0 -> all: the peer table; aux = size */
+    CTL_REFUSE,    /* rank 0 -> connector: aux = -code, payload = message */
+    CTL_DATA,      /* bootstrap collective payload; aux = sequence number */
+    CTL_FAULT,     /* payload: code i32, culprit i32, message */
+    CTL_BYE,       /* clean goodbye: the close that follows is not a death */
+    CTL_TYPE_MAX
+};
+#define CTL_MSG_MAX 767 /* fault/refusal text, as tally__fault.msg without the NUL */
+#define CTL_FAULT_MAX (8 + CTL_MSG_MAX)
+
+typedef struct ctl_frame {
+    int type;
+    uint32_t aux, len;
+} ctl_frame;
+
+struct tally__boot {
+    int rank, size;
+    tally__fault *fault;
+    double timeout_s;
+    tally__peer *peers;      /* [size] */
+    int *ctl;                /* [size]: fd of the control connection to that rank, -1 if none/self */
+    char token[TALLY__TOKEN_MAX];
+    size_t token_len;
+    uint32_t seq;            /* bootstrap collectives done: every rank counts the same */
+    pthread_mutex_t wlock;   /* one frame at a time on the control sockets, from any thread */
+    int monitor_on;          /* the monitor thread was started (it then owns every read) */
+    pthread_t monitor;
+    int stop_fd;             /* eventfd that tells the monitor to exit */
+    struct ctl_mon *mon;     /* the monitor thread's poll set and read buffers */
+    int own_wake_fd;         /* we created fault->wake_fd and close it in free */
+};
+
+/* Frames (monitor.c). send takes wlock so frames from several threads never interleave. */
+void tally__ctl_hdr_put(unsigned char h[CTL_HDR], int type, uint32_t aux, uint32_t len);
+int tally__ctl_hdr_get(const unsigned char h[CTL_HDR], ctl_frame *f); /* 0 or TALLY_E_PROTOCOL */
+int tally__ctl_send(tally__boot *b, int peer, int type, uint32_t aux, const void *p, size_t len, uint64_t deadline);
+/* Reads a header with the deadline. 0, TALLY_E_TIMEOUT, _PEER_LOST, _SYSTEM or _PROTOCOL. */
+int tally__ctl_recv_hdr(int fd, ctl_frame *f, uint64_t deadline);
+/* A FAULT payload from `from`: adopts it and, on rank 0, relays it to every other rank if it is the
+ * first fault here. Returns the fault's code (TALLY_E_PROTOCOL if the payload is malformed). */
+int tally__ctl_on_fault(tally__boot *b, int from, const unsigned char *p, size_t len);
+/* fault->propagate: sends FAULT to rank 0 (non-zero rank) or to every rank (rank 0). */
+void tally__ctl_propagate(void *arg, int code, int culprit, const char *msg);
+/* "rank 3 (pid 1234 on host foo)" */
+void tally__ctl_who(const tally__boot *b, int rank, char *buf, size_t n);
+/* Stops and joins the monitor if it runs (free). */
+void tally__ctl_stop_monitor(tally__boot *b);
+
+static inline void ctl_put32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+static inline uint32_t ctl_get32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline void ctl_put64(unsigned char *p, uint64_t v) {
+    ctl_put32(p, (uint32_t)(v >> 32));
+    ctl_put32(p + 4, (uint32_t)v);
+}
+static inline uint64_t ctl_get64(const unsigned char *p) { return (uint64_t)ctl_get32(p) << 32 | ctl_get32(p + 4); }
+
+#endif

@@ -1,0 +1,240 @@
+/* env.c - who am I: rank, world size, rank 0's address and the token, from TALLY_* or from the
+ * launcher that started us (Open MPI, PMI, Slurm, torchrun). Validates everything it reads. */
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/env.h"
+#include "../core/log.h"
+#include "boot.h"
+
+#define BOOT_MAX_SIZE 4096
+/* Derived ports fall in [29500, 39499]: torchrun's customary 29500 upwards, below the usual
+ * ephemeral range (32768+ overlaps, but a listener that fails to bind says so). */
+#define BOOT_PORT_BASE 29500
+#define BOOT_PORT_SPAN 10000
+
+typedef enum { L_NONE, L_OMPI, L_PMI, L_SLURM, L_TORCHRUN } boot_launcher;
+
+/* Checked in this order: a process started by mpirun inside a Slurm allocation also sees SLURM_*,
+ * but its ranks are Open MPI's. */
+static const struct {
+    const char *name, *rank_var, *size_var;
+} launchers[] = {
+    [L_NONE] = {"TALLY", "TALLY_RANK", "TALLY_WORLD_SIZE"},
+    [L_OMPI] = {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+    [L_PMI] = {"PMI", "PMI_RANK", "PMI_SIZE"},
+    [L_SLURM] = {"Slurm", "SLURM_PROCID", "SLURM_NTASKS"},
+    [L_TORCHRUN] = {"torchrun", "RANK", "WORLD_SIZE"},
+};
+
+static boot_launcher boot_detect(void) {
+    for (int l = L_OMPI; l <= L_TORCHRUN; l++)
+        if (tally__env_str(launchers[l].rank_var)) return (boot_launcher)l;
+    return L_NONE;
+}
+
+/* Strict integer in [lo, hi]; the message names the variable and its value. */
+static int boot_int(const char *var, long lo, long hi, const char *range_txt, long *out) {
+    const char *s = tally__env_str(var);
+    if (!s) return tally__seterr(TALLY_E_BOOT, "%s is not set", var);
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end)
+        return tally__seterr(TALLY_E_BOOT, "%s='%s' is not an integer", var, s);
+    if (v < lo || v > hi)
+        return tally__seterr(TALLY_E_BOOT, "%s=%ld is out of range: it must be %s", var, v, range_txt);
+    *out = v;
+    return 0;
+}
+
+static int boot_port(const char *var, const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > 65535)
+        return tally__seterr(TALLY_E_BOOT, "%s: port '%s' is not a number in 1..65535", var, s);
+    *out = (int)v;
+    return 0;
+}
+
+/* "host:port" or "[v6]:port" into env->host / env->port. */
+static int boot_parse_addr(const char *var, const char *val, tally__boot_env *env) {
+    const char *host = val, *colon;
+    size_t hl;
+    if (val[0] == '[') {
+        const char *rb = strchr(val, ']');
+        if (!rb || rb[1] != ':')
+            return tally__seterr(TALLY_E_BOOT, "%s='%s' is not [ipv6]:port", var, val);
+        host = val + 1;
+        hl = (size_t)(rb - host);
+        colon = rb + 1;
+    } else {
+        colon = strrchr(val, ':');
+        if (!colon)
+            return tally__seterr(TALLY_E_BOOT, "%s='%s' has no port: use host:port (e.g. node0:29500)", var, val);
+        hl = (size_t)(colon - val);
+        if (memchr(val, ':', hl))
+            return tally__seterr(TALLY_E_BOOT, "%s='%s': write IPv6 addresses in brackets, [addr]:port", var, val);
+    }
+    if (hl == 0) return tally__seterr(TALLY_E_BOOT, "%s='%s' has an empty host: use host:port", var, val);
+    if (hl >= sizeof env->host) return tally__seterr(TALLY_E_BOOT, "%s: host name is longer than 255 bytes", var);
+    memcpy(env->host, host, hl);
+    env->host[hl] = '\0';
+    char label[64];
+    snprintf(label, sizeof label, "%s='%s'", var, val);
+    return boot_port(label, colon + 1, &env->port);
+}
+
+/* Something that is equal on every rank of one launch and differs between launches, or 0 if none. */
+static int boot_job_identity(char *buf, size_t n) {
+    static const char *vars[] = {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = tally__env_str(vars[i]);
+        if (v) return snprintf(buf, n, "%s=%s", vars[i], v), 1;
+    }
+    const char *job = tally__env_str("SLURM_JOB_ID"), *step = tally__env_str("SLURM_STEP_ID");
+    if (job) return snprintf(buf, n, "SLURM_JOB_ID=%s SLURM_STEP_ID=%s", job, step ? step : "-"), 1;
+    const char *ma = tally__env_str("MASTER_ADDR"), *mp = tally__env_str("MASTER_PORT");
+    const char *run = tally__env_str("TORCHELASTIC_RUN_ID");
+    if (ma && mp) return snprintf(buf, n, "MASTER_ADDR=%s MASTER_PORT=%s TORCHELASTIC_RUN_ID=%s", ma, mp, run ? run : "-"), 1;
+    return 0;
+}
+
+static int boot_derived_port(const char *identity) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a: stable across processes and builds */
+    for (const unsigned char *p = (const unsigned char *)identity; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    return BOOT_PORT_BASE + (int)(h % BOOT_PORT_SPAN);
+}
+
+/* 1 if the launcher says every rank is on this host; 0 if they span hosts or it does not say. */
+static int boot_one_host(boot_launcher l, int size, const char **why) {
+    static const char *ompi[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+    static const char *pmi[] = {"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "PMIX_LOCAL_SIZE", NULL};
+    const char **vars = l == L_OMPI ? ompi : l == L_PMI ? pmi : NULL;
+    for (int i = 0; vars && vars[i]; i++) {
+        const char *v = tally__env_str(vars[i]);
+        if (v) return *why = vars[i], atol(v) == size;
+    }
+    const char *nodes = l == L_OMPI ? tally__env_str("OMPI_MCA_orte_num_nodes")
+                        : l == L_SLURM ? (tally__env_str("SLURM_STEP_NUM_NODES") ? tally__env_str("SLURM_STEP_NUM_NODES")
+                                                                                 : tally__env_str("SLURM_NNODES"))
+                                       : NULL;
+    *why = "the node count";
+    return nodes && atol(nodes) == 1;
+}
+
+static int boot_need_addr(const char *launcher, const char *why) {
+    return tally__seterr(TALLY_E_BOOT,
+                         "no rendezvous address: TALLY_ADDR is not set and %s (%s); export TALLY_ADDR=<rank 0's "
+                         "host>:<port> to every rank, e.g. `mpirun -x TALLY_ADDR=node0:29500 ...`",
+                         launcher, why);
+}
+
+/* Rank 0's address: TALLY_ADDR, else what the launcher implies. */
+static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
+    const char *a = tally__env_str("TALLY_ADDR");
+    if (a) {
+        tally__log_debug(1, "rendezvous address %s from TALLY_ADDR", a);
+        return boot_parse_addr("TALLY_ADDR", a, env);
+    }
+    if (l == L_TORCHRUN) {
+        const char *ma = tally__env_str("MASTER_ADDR"), *mp = tally__env_str("MASTER_PORT");
+        if (!ma || !mp) return boot_need_addr("torchrun", !ma ? "MASTER_ADDR is not set" : "MASTER_PORT is not set");
+        if (strlen(ma) >= sizeof env->host) return tally__seterr(TALLY_E_BOOT, "MASTER_ADDR is longer than 255 bytes");
+        snprintf(env->host, sizeof env->host, "%s", ma);
+        int rc = boot_port("MASTER_PORT", mp, &env->port);
+        if (rc) return rc;
+        const char *agent = tally__env_str("TORCHELASTIC_USE_AGENT_STORE");
+        if (agent && (!strcmp(agent, "True") || !strcmp(agent, "1"))) {
+            /* torchrun's agent already listens on MASTER_PORT with its own store; take the next one. */
+            env->port = env->port == 65535 ? 65534 : env->port + 1;
+        }
+        tally__log_debug(1, "rendezvous address %s:%d from torchrun's MASTER_ADDR/MASTER_PORT", env->host, env->port);
+        return 0;
+    }
+    char id[512];
+    const char *why = "";
+    int have_id = boot_job_identity(id, sizeof id);
+    int local = boot_one_host(l, env->size, &why);
+    if (l == L_NONE)
+        return boot_need_addr("no launcher was detected", "TALLY_WORLD_SIZE > 1 needs rank 0's address");
+    if (!have_id) return boot_need_addr(launchers[l].name, "it gives no job id to derive a port from");
+    if (local) {
+        snprintf(env->host, sizeof env->host, "127.0.0.1");
+        env->port = boot_derived_port(id);
+        tally__log_debug(1, "rendezvous address 127.0.0.1:%d: all ranks on one host (%s), port derived from %s",
+                         env->port, why, id);
+        return 0;
+    }
+    const char *launch_ip = l == L_SLURM ? tally__env_str("SLURM_LAUNCH_NODE_IPADDR") : NULL;
+    if (launch_ip && strlen(launch_ip) < sizeof env->host) {
+        snprintf(env->host, sizeof env->host, "%s", launch_ip);
+        env->port = boot_derived_port(id);
+        tally__log_debug(1, "rendezvous address %s:%d from SLURM_LAUNCH_NODE_IPADDR, port derived from %s",
+                         env->host, env->port, id);
+        return 0;
+    }
+    return boot_need_addr(launchers[l].name, "its ranks span several hosts or it does not say they share one");
+}
+
+static int boot_env_token(tally__boot_env *env) {
+    const char *t = tally__env_str("TALLY_TOKEN");
+    if (t) {
+        env->token_len = strlen(t);
+        if (env->token_len >= sizeof env->token)
+            return tally__seterr(TALLY_E_BOOT, "TALLY_TOKEN is %zu bytes long; at most %d are allowed", env->token_len,
+                                 TALLY__TOKEN_MAX - 1);
+        memcpy(env->token, t, env->token_len + 1);
+        return 0;
+    }
+    char id[512], seed[600];
+    if (!boot_job_identity(id, sizeof id))
+        return tally__seterr(TALLY_E_BOOT, "TALLY_TOKEN is not set and the launcher gives no job id to derive one "
+                                           "from: export TALLY_TOKEN=<secret> to every rank (e.g. "
+                                           "TALLY_TOKEN=$(openssl rand -hex 16))");
+    int n = snprintf(seed, sizeof seed, "tally-derived-token|%s", id);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    if (!EVP_Digest(seed, (size_t)n, md, &mdlen, EVP_sha256(), NULL))
+        return tally__seterr(TALLY_E_SYSTEM, "OpenSSL SHA-256 failed while deriving a token");
+    for (unsigned i = 0; i < mdlen && 2 * i + 2 < sizeof env->token; i++) snprintf(env->token + 2 * i, 3, "%02x", md[i]);
+    env->token_len = strlen(env->token);
+    env->token_derived = 1;
+    tally__log_debug(1, "TALLY_TOKEN is not set: using a token derived from %s; it is NOT a secret (anyone who "
+                        "can read the job id can join), so set TALLY_TOKEN for security",
+                     id);
+    return 0;
+}
+
+int tally__boot_env_read(tally__boot_env *env) {
+    memset(env, 0, sizeof *env);
+    boot_launcher l = boot_detect();
+    int tally = tally__env_str("TALLY_RANK") || tally__env_str("TALLY_WORLD_SIZE");
+    boot_launcher from = tally ? L_NONE : l;
+    if (!tally && l == L_NONE)
+        return tally__seterr(TALLY_E_BOOT, "cannot tell this process's rank: set TALLY_RANK and TALLY_WORLD_SIZE "
+                                           "(or start it with tally run, mpirun, srun or torchrun)");
+    env->source = launchers[from].name;
+    long size, rank;
+    char range[96];
+    int rc = boot_int(launchers[from].size_var, 1, BOOT_MAX_SIZE, "in 1..4096", &size);
+    if (rc) return rc;
+    snprintf(range, sizeof range, "in [0, %s=%ld)", launchers[from].size_var, size);
+    if ((rc = boot_int(launchers[from].rank_var, 0, size - 1, range, &rank))) return rc;
+    env->rank = (int)rank;
+    env->size = (int)size;
+    tally__log_debug(1, "rank %d of %d from %s (%s, %s)", env->rank, env->size, env->source,
+                     launchers[from].rank_var, launchers[from].size_var);
+    if (size == 1) { /* a world of one needs no address and no token, but a given one must be valid */
+        const char *a = tally__env_str("TALLY_ADDR"), *t = tally__env_str("TALLY_TOKEN");
+        if (a && (rc = boot_parse_addr("TALLY_ADDR", a, env))) return rc;
+        if (t && (rc = boot_env_token(env))) return rc;
+        return 0;
+    }
+    if ((rc = boot_env_addr(env, l))) return rc;
+    return boot_env_token(env);
+}

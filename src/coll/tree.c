@@ -1,0 +1,218 @@
+/* tree.c - the pipelined binary tree: allreduce as a reduction up the tree and a broadcast down it, in
+ * segments so every level works at once; reduce-scatter, all-gather, broadcast and barrier built on it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "coll.h"
+
+/* The tree is a heap over virtual ranks v = rank - root (mod n): v's children are 2v+1 and 2v+2.
+ *
+ * Schedule (one exchange per step; every rank derives every peer's timing from n alone, so the steps
+ * of a send and of its receive always agree):
+ *   up:   v sends segment j to its parent at step j + E(v). Its first child sends one step before
+ *         that, its second child two steps before, so a rank never reduces two messages into the same
+ *         segment in one exchange (transport.h forbids it) and needs no scratch buffer.
+ *         E(v) = M - off(v), off(root) = 0, off(child) = off(parent) + 1 (first) or + 2 (second).
+ *   down: the root has segment j final after step j + M - 1 and sends it at step j + M; a rank at
+ *         depth d receives it at step j + M + d - 1 and forwards it at step j + M + d.
+ * Within one exchange a rank touches segments that are pairwise distinct (it reduces j+1 or j+2 while
+ * it sends j up, and receives from its parent a segment it sent up earlier), so sends never read bytes
+ * a receive of the same exchange writes. Every segment is reduced to its final value once, at the
+ * root, and copied down: all ranks end bit-identical. */
+typedef struct tree_plan {
+    int n, v, root;
+    int parent, kid[2], nkids; /* virtual ranks; kid[0] is 2v+1 */
+    long e_up;                 /* E(v) */
+    long e_kid[2];             /* E of each child */
+    long top;                  /* M: the root's segment j is final after step j + M - 1 */
+    int depth;
+} tree_plan;
+
+static int tree_depth(int v) {
+    int d = 0;
+    for (v = v + 1; v > 1; v >>= 1) d++;
+    return d;
+}
+
+/* off(v): steps between v's upward send of a segment and the root's last receive of it. */
+static long tree_off(int v) {
+    long off = 0;
+    for (; v > 0; v = (v - 1) / 2) off += (v % 2 == 1) ? 1 : 2;
+    return off;
+}
+
+static void tree_plan_init(tree_plan *p, int n, int rank, int root) {
+    p->n = n;
+    p->root = root;
+    p->v = (rank - root + n) % n;
+    p->parent = p->v > 0 ? (p->v - 1) / 2 : -1;
+    p->nkids = 0;
+    for (int k = 0; k < 2; k++)
+        if (2 * p->v + 1 + k < n) p->kid[p->nkids++] = 2 * p->v + 1 + k;
+    p->top = 0;
+    for (int u = 0; u < n; u++)
+        if (tree_off(u) > p->top) p->top = tree_off(u);
+    p->e_up = p->top - tree_off(p->v);
+    for (int k = 0; k < p->nkids; k++) p->e_kid[k] = p->top - tree_off(p->kid[k]);
+    p->depth = tree_depth(p->v);
+}
+
+static int tree_real(const tree_plan *p, int v) { return (v + p->root) % p->n; }
+
+/* A segment of the vector: element offset and length. */
+typedef struct seg {
+    size_t off, len;
+} seg;
+
+static int seg_of(long j, long m, size_t count, size_t per, seg *s) {
+    if (j < 0 || j >= m) return 0;
+    s->off = (size_t)j * per;
+    s->len = count - s->off < per ? count - s->off : per;
+    return 1;
+}
+
+/* One pipelined pass. up: reduce `send` into `buf` towards the root (buf holds partial sums at inner
+ * ranks and the result at the root); down: broadcast the root's buf to every buf. */
+typedef struct tree_pass {
+    const void *send;
+    void *buf;
+    size_t count, es;
+    tally_dtype t;
+    tally_op op;
+    int up, down;
+} tree_pass;
+
+/* The up-phase part of step `step`: receive from children, send to the parent. */
+static void tree_step_up(const tree_plan *p, const tree_pass *x, long step, long m, size_t per, tally__send *s,
+                         int *ns, tally__recv *r, int *nr) {
+    seg g;
+    for (int k = 0; k < p->nkids; k++) {
+        if (!seg_of(step - p->e_kid[k], m, x->count, per, &g)) continue;
+        /* The second child's message arrives first, so it is the one that reads our own contribution. */
+        int first = (k == p->nkids - 1);
+        r[(*nr)++] = (tally__recv){.peer = tree_real(p, p->kid[k]), .dst = tally__at(x->buf, g.off, x->es),
+                                   .src = tally__at(first ? x->send : x->buf, g.off, x->es), .len = g.len * x->es,
+                                   .dtype = x->t, .op = x->op};
+    }
+    if (p->parent >= 0 && seg_of(step - p->e_up, m, x->count, per, &g)) {
+        const void *from = p->nkids ? x->buf : x->send; /* a leaf sends its own data */
+        s[(*ns)++] = (tally__send){.peer = tree_real(p, p->parent), .buf = tally__at(from, g.off, x->es),
+                                   .len = g.len * x->es};
+    }
+}
+
+/* The down-phase part of step `step`: receive from the parent, forward to the children. */
+static void tree_step_down(const tree_plan *p, const tree_pass *x, long step, long m, size_t per, long top,
+                           tally__send *s, int *ns, tally__recv *r, int *nr) {
+    seg g;
+    if (p->parent >= 0 && seg_of(step - top - p->depth + 1, m, x->count, per, &g))
+        r[(*nr)++] = (tally__recv){.peer = tree_real(p, p->parent), .dst = tally__at(x->buf, g.off, x->es),
+                                   .len = g.len * x->es, .dtype = x->t};
+    if (seg_of(step - top - p->depth, m, x->count, per, &g))
+        for (int k = 0; k < p->nkids; k++)
+            s[(*ns)++] = (tally__send){.peer = tree_real(p, p->kid[k]), .buf = tally__at(x->buf, g.off, x->es),
+                                       .len = g.len * x->es};
+}
+
+static int tree_run(const tally__ctx *c, int root, const tree_pass *x) {
+    tree_plan p;
+    tree_plan_init(&p, c->size, c->rank, root);
+    size_t per = tally__seg_elems(x->es);
+    long m = (long)tally__seg_count(x->count, x->es);
+    long top = x->up ? p.top : 0; /* a broadcast starts at once */
+    long last = m + top + 2 * (long)tree_depth(c->size - 1) + 1;
+    for (long step = 0; step <= last; step++) {
+        tally__send s[3];
+        tally__recv r[3];
+        int ns = 0, nr = 0;
+        if (x->up) tree_step_up(&p, x, step, m, per, s, &ns, r, &nr);
+        if (x->down) tree_step_down(&p, x, step, m, per, top, s, &ns, r, &nr);
+        if (ns + nr == 0) continue;
+        int rc = tally__xchg(c, s, ns, r, nr);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int tally__tree_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+                          tally_op op) {
+    tree_pass x = {.send = send, .buf = recv, .count = count, .es = tally_dtype_size(t), .t = t, .op = op,
+                   .up = 1, .down = 1};
+    return tree_run(c, 0, &x);
+}
+
+int tally__tree_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+    tree_pass x = {.send = buf, .buf = buf, .count = count, .es = tally_dtype_size(t), .t = t, .down = 1};
+    return tree_run(c, root, &x);
+}
+
+/* Reduce-scatter: the whole vector is reduced up the tree to rank 0 (inner ranks accumulate in a
+ * scratch vector), then rank 0 hands every rank its block in one exchange. Chosen over "broadcast
+ * everything, keep your block" because it moves each block down once instead of the whole vector. */
+int tally__tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+                               tally_op op) {
+    int n = c->size, r = c->rank, rc;
+    size_t es = tally_dtype_size(t), bytes = count * es, total = (size_t)n * count;
+    int inner = 2 * r + 1 < n; /* rank 0 is the root: virtual ranks are real ranks */
+    char *work = inner ? malloc(total * es) : NULL;
+    if (inner && !work)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree reduce_scatter: no memory for %zu bytes", r, total * es);
+    tree_pass x = {.send = send, .buf = work, .count = total, .es = es, .t = t, .op = op, .up = 1};
+    rc = tree_run(c, 0, &x);
+    if (!rc && r == 0) {
+        tally__send *s = malloc((size_t)(n - 1) * sizeof *s);
+        if (!s) rc = tally__seterr(TALLY_E_NOMEM, "rank 0: tree reduce_scatter: no memory");
+        for (int k = 1; s && k < n; k++)
+            s[k - 1] = (tally__send){.peer = k, .buf = work + (size_t)k * bytes, .len = bytes};
+        if (!rc) rc = tally__xchg(c, s, n - 1, NULL, 0);
+        if (!rc) memcpy(recv, work, bytes);
+        free(s);
+    } else if (!rc) {
+        tally__recv rv = {.peer = 0, .dst = recv, .len = bytes, .dtype = t};
+        rc = tally__xchg(c, NULL, 0, &rv, 1);
+    }
+    free(work);
+    return rc;
+}
+
+/* All-gather: every rank sends its block to rank 0 in one exchange, then rank 0 broadcasts the whole
+ * vector down the pipelined tree. */
+int tally__tree_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
+    int n = c->size, r = c->rank, rc;
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    if (r == 0) {
+        tally__recv *rv = malloc((size_t)(n - 1) * sizeof *rv);
+        if (!rv) return tally__seterr(TALLY_E_NOMEM, "rank 0: tree allgather: no memory");
+        if (recv != send) memcpy(recv, send, bytes);
+        for (int k = 1; k < n; k++)
+            rv[k - 1] = (tally__recv){.peer = k, .dst = (char *)recv + (size_t)k * bytes, .len = bytes, .dtype = t};
+        rc = tally__xchg(c, NULL, 0, rv, n - 1);
+        free(rv);
+    } else {
+        tally__send s = {.peer = 0, .buf = send, .len = bytes};
+        rc = tally__xchg(c, &s, 1, NULL, 0);
+    }
+    if (rc) return rc;
+    return tally__tree_broadcast(c, recv, (size_t)n * count, t, 0);
+}
+
+/* Empty messages up the tree (a rank reports once its children have), then down (the release). */
+int tally__tree_barrier(const tally__ctx *c) {
+    static const char none;
+    char sink[3];
+    tree_plan p;
+    tree_plan_init(&p, c->size, c->rank, 0);
+    tally__send s[2];
+    tally__recv r[2];
+    int rc;
+    for (int k = 0; k < p.nkids; k++) r[k] = (tally__recv){.peer = p.kid[k], .dst = &sink[k], .dtype = TALLY_U8};
+    if (p.nkids && (rc = tally__xchg(c, NULL, 0, r, p.nkids))) return rc;
+    if (p.parent >= 0) {
+        tally__send up = {.peer = p.parent, .buf = &none};
+        tally__recv down = {.peer = p.parent, .dst = &sink[2], .dtype = TALLY_U8};
+        if ((rc = tally__xchg(c, &up, 1, &down, 1))) return rc;
+    }
+    for (int k = 0; k < p.nkids; k++) s[k] = (tally__send){.peer = p.kid[k], .buf = &none};
+    return p.nkids ? tally__xchg(c, s, p.nkids, NULL, 0) : 0;
+}

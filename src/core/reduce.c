@@ -1,0 +1,180 @@
+/* reduce.c - reduction entry points: picks the SIMD level once (CPU check, TALLY_ISA) and holds the
+ * scalar kernels, which are the fallback, the tails of the SIMD loops, and the definition they match. */
+#include "reduce.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#include "dtype.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
+/* Env knobs read here:
+ * TALLY_ISA  scalar | avx2 | avx512: use at most this instruction set (never more than the CPU has). */
+#define TALLY_ENV_ISA "TALLY_ISA"
+
+enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512 };
+static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
+static _Atomic int isa_chosen = -1;
+
+static int isa_of_cpu(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init(); /* we may run before libgcc's own constructor */
+    /* Older clang cannot name "f16c" in __builtin_cpu_supports, so ask CPUID (leaf 1, ECX bit 29). */
+    unsigned eax, ebx, ecx = 0, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 29))) return ISA_SCALAR;
+    if (!__builtin_cpu_supports("avx2")) return ISA_SCALAR;
+    /* Every CPU with AVX512BW (Skylake-SP on) also has VL and DQ; the kernels use all four. */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return ISA_AVX512;
+    return ISA_AVX2;
+#else
+    return ISA_SCALAR;
+#endif
+}
+
+static int isa_choose(const char *want) {
+    int cpu = isa_of_cpu();
+    if (!want || !*want) want = getenv(TALLY_ENV_ISA);
+    if (!want || !*want) return cpu;
+    for (int l = ISA_SCALAR; l <= ISA_AVX512; l++)
+        if (!strcasecmp(want, isa_names[l])) return l < cpu ? l : cpu;
+    return cpu; /* an unknown name must not cost speed; "auto" lands here too */
+}
+
+static int isa_level(void) {
+    int l = atomic_load_explicit(&isa_chosen, memory_order_relaxed);
+    if (l < 0) { /* racing first callers compute the same answer */
+        l = isa_choose(NULL);
+        atomic_store_explicit(&isa_chosen, l, memory_order_relaxed);
+    }
+    return l;
+}
+
+void tally__reduce_set_isa(const char *isa) { atomic_store(&isa_chosen, isa_choose(isa)); }
+
+const char *tally__reduce_isa(void) { return isa_names[isa_level()]; }
+
+/* IEEE 754-2019 minimum/maximum: NaN if either is NaN, and -0 < +0 so the answer does not depend on
+ * the order the ranks' contributions arrive in. p + q turns a NaN quiet and keeps its payload. */
+static inline float min_f32(float p, float q) {
+    if (p != p || q != q) return p + q;
+    if (p == q) return signbit(p) ? p : q;
+    return p < q ? p : q;
+}
+static inline float max_f32(float p, float q) {
+    if (p != p || q != q) return p + q;
+    if (p == q) return signbit(p) ? q : p;
+    return p > q ? p : q;
+}
+static inline double min_f64(double p, double q) {
+    if (p != p || q != q) return p + q;
+    if (p == q) return signbit(p) ? p : q;
+    return p < q ? p : q;
+}
+static inline double max_f64(double p, double q) {
+    if (p != p || q != q) return p + q;
+    if (p == q) return signbit(p) ? q : p;
+    return p > q ? p : q;
+}
+
+/* One loop per (dtype, op): T the element type, EXPR computes from p and q. */
+#define LOOP(T, EXPR)                                                                               \
+    do {                                                                                            \
+        T *d_ = dst;                                                                                \
+        const T *x_ = a, *y_ = b;                                                                   \
+        for (size_t i_ = 0; i_ < n; i_++) {                                                         \
+            T p = x_[i_], q = y_[i_];                                                               \
+            d_[i_] = (T)(EXPR);                                                                     \
+        }                                                                                           \
+    } while (0)
+
+#define FLOAT_OPS(T, MINF, MAXF)                                                                    \
+    switch (op) {                                                                                   \
+    case TALLY_PROD: LOOP(T, p * q); break;                                                         \
+    case TALLY_MIN: LOOP(T, MINF(p, q)); break;                                                     \
+    case TALLY_MAX: LOOP(T, MAXF(p, q)); break;                                                     \
+    default: LOOP(T, p + q); break;                                                                 \
+    }
+
+/* f16/bf16: widen both to f32, combine, round once. */
+#define HALF_OPS(TO32, FROM32)                                                                      \
+    switch (op) {                                                                                   \
+    case TALLY_PROD: LOOP(uint16_t, FROM32(TO32(p) * TO32(q))); break;                              \
+    case TALLY_MIN: LOOP(uint16_t, FROM32(min_f32(TO32(p), TO32(q)))); break;                       \
+    case TALLY_MAX: LOOP(uint16_t, FROM32(max_f32(TO32(p), TO32(q)))); break;                       \
+    default: LOOP(uint16_t, FROM32(TO32(p) + TO32(q))); break;                                      \
+    }
+
+/* Integers wrap: U, the unsigned type, makes overflow defined. */
+#define INT_OPS(T, U)                                                                               \
+    switch (op) {                                                                                   \
+    case TALLY_PROD: LOOP(T, (U)p * (U)q); break;                                                   \
+    case TALLY_MIN: LOOP(T, p < q ? p : q); break;                                                  \
+    case TALLY_MAX: LOOP(T, p > q ? p : q); break;                                                  \
+    default: LOOP(T, (U)p + (U)q); break;                                                           \
+    }
+
+static void reduce_scalar(void *dst, const void *a, const void *b, size_t n, tally_dtype t, tally_op op) {
+    switch (t) {
+    case TALLY_F32: FLOAT_OPS(float, min_f32, max_f32); break;
+    case TALLY_F64: FLOAT_OPS(double, min_f64, max_f64); break;
+    case TALLY_F16: HALF_OPS(tally__f16_to_f32, tally__f32_to_f16); break;
+    case TALLY_BF16: HALF_OPS(tally__bf16_to_f32, tally__f32_to_bf16); break;
+    case TALLY_I32: INT_OPS(int32_t, uint32_t); break;
+    case TALLY_I64: INT_OPS(int64_t, uint64_t); break;
+    case TALLY_U8: INT_OPS(uint8_t, unsigned); break;
+    }
+}
+
+void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op) {
+    if (op == TALLY_AVG) op = TALLY_SUM;
+    if (count == 0 || !tally__dtype_valid((int)t) || !tally__op_valid((int)op)) return;
+    size_t done = 0;
+    switch (isa_level()) {
+    case ISA_AVX512: done = tally__reduce_avx512(dst, a, b, count, t, op); break;
+    case ISA_AVX2: done = tally__reduce_avx2(dst, a, b, count, t, op); break;
+    }
+    if (done < count) {
+        size_t off = done * tally_dtype_size(t);
+        reduce_scalar((char *)dst + off, (const char *)a + off, (const char *)b + off, count - done, t, op);
+    }
+}
+
+#define AVG_LOOP(T, EXPR)                                                                           \
+    do {                                                                                            \
+        T *d_ = buf;                                                                                \
+        for (size_t i_ = 0; i_ < n; i_++) {                                                         \
+            T p = d_[i_];                                                                           \
+            d_[i_] = (T)(EXPR);                                                                     \
+        }                                                                                           \
+    } while (0)
+
+static void avg_scalar(void *buf, size_t n, tally_dtype t, int nranks) {
+    switch (t) {
+    case TALLY_F32: AVG_LOOP(float, p / (float)nranks); break;
+    case TALLY_F64: AVG_LOOP(double, p / (double)nranks); break;
+    case TALLY_F16: AVG_LOOP(uint16_t, tally__f32_to_f16(tally__f16_to_f32(p) / (float)nranks)); break;
+    case TALLY_BF16: AVG_LOOP(uint16_t, tally__f32_to_bf16(tally__bf16_to_f32(p) / (float)nranks)); break;
+    case TALLY_I32: AVG_LOOP(int32_t, p / nranks); break;
+    case TALLY_I64: AVG_LOOP(int64_t, p / (int64_t)nranks); break;
+    case TALLY_U8: AVG_LOOP(uint8_t, p / nranks); break;
+    }
+}
+
+void tally__avg_finish(void *buf, size_t count, tally_dtype t, int n) {
+    /* Dividing by 1 changes nothing; n < 1 is no world size, and INT_MIN / -1 would trap. */
+    if (count == 0 || n <= 1 || !tally__dtype_valid((int)t)) return;
+    size_t done = 0;
+    switch (isa_level()) {
+    case ISA_AVX512: done = tally__avg_finish_avx512(buf, count, t, n); break;
+    case ISA_AVX2: done = tally__avg_finish_avx2(buf, count, t, n); break;
+    }
+    if (done < count) avg_scalar((char *)buf + done * tally_dtype_size(t), count - done, t, n);
+}

@@ -1,0 +1,435 @@
+/* test_algos.c - every algorithm x collective x dtype x op x count x world size x in/out of place on the
+ * threaded mock transport, checked bit for bit against a reference; plus barrier and the cost model. */
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll/blocks.h"
+#include "coll/coll.h"
+#include "core/dtype.h"
+#include "harness.h"
+#include "mock_tp.h"
+
+/* Inputs are small integers (sums within +-32), powers of two with signs (products within 2^+-2) and
+ * integers within +-30 (min, max), so every partial result is exact in every dtype, f16 and bf16
+ * included, whatever order an algorithm combines in: the bound for floats is 0 and we demand
+ * bitwise equality. Integers wrap identically in any order. */
+enum { GUARD = 64, MAXN = 16 };
+enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_COUNT };
+static const char *const coll_names[C_COUNT] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+
+typedef struct algo {
+    const char *name;
+    int (*allreduce)(const tally__ctx *, const void *, void *, size_t, tally_dtype, tally_op);
+    int (*reduce_scatter)(const tally__ctx *, const void *, void *, size_t, tally_dtype, tally_op);
+    int (*allgather)(const tally__ctx *, const void *, void *, size_t, tally_dtype);
+    int (*broadcast)(const tally__ctx *, void *, size_t, tally_dtype, int);
+    int (*barrier)(const tally__ctx *);
+} algo;
+
+#define ALGO(x) {#x, tally__##x##_allreduce, tally__##x##_reduce_scatter, tally__##x##_allgather, \
+                 tally__##x##_broadcast, tally__##x##_barrier}
+static const algo algos[] = {ALGO(ring), ALGO(tree), ALGO(rhd), ALGO(direct)};
+#define NALGOS ((int)(sizeof algos / sizeof algos[0]))
+
+static int is_int(tally_dtype t) { return t == TALLY_I32 || t == TALLY_I64 || t == TALLY_U8; }
+
+static double input(tally_op op, int rank, size_t i, tally_dtype t) {
+    static const double int_prod[4] = {1, 2, -1, 3};
+    switch (op) {
+    case TALLY_SUM: return (double)((int)((i * 7 + (size_t)rank * 13) % 5) - 2);
+    case TALLY_PROD: {
+        if (is_int(t)) return int_prod[(i * 5 + (size_t)rank * 3) % 4];
+        double v = (i + (size_t)rank) % 8 == 0 ? 2 : (i + 3 * (size_t)rank) % 8 == 4 ? 0.5 : 1;
+        return (i * 3 + (size_t)rank) % 5 == 0 ? -v : v;
+    }
+    default: return (double)((int)((i * 31 + (size_t)rank * 17) % 61) - 30);
+    }
+}
+
+static void store(void *buf, size_t i, tally_dtype t, double v) {
+    switch (t) {
+    case TALLY_F32: ((float *)buf)[i] = (float)v; break;
+    case TALLY_F64: ((double *)buf)[i] = v; break;
+    case TALLY_F16: ((uint16_t *)buf)[i] = tally__f32_to_f16((float)v); break;
+    case TALLY_BF16: ((uint16_t *)buf)[i] = tally__f32_to_bf16((float)v); break;
+    case TALLY_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TALLY_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case TALLY_U8: ((uint8_t *)buf)[i] = (uint8_t)(int)v; break;
+    }
+}
+
+/* Every input is periodic in i with period 2440 (lcm of 5, 8, 61), and so is every reference: the test
+ * computes one period per rank and tiles it, so filling and checking cost no more than a copy. */
+enum { PERIOD = 2440 };
+
+/* Copies elements [start, start + len) of the periodic sequence whose first period is `pat`. */
+static void tile(void *dst, const void *pat, size_t es, size_t start, size_t len) {
+    char *d = dst;
+    size_t k = start % PERIOD;
+    while (len) {
+        size_t run = PERIOD - k < len ? PERIOD - k : len;
+        memcpy(d, (const char *)pat + k * es, run * es);
+        d += run * es;
+        len -= run;
+        k = 0;
+    }
+}
+
+/* Integers as the kernel sees them (u8 unsigned), widened. */
+static int64_t load_int(const void *buf, size_t i, tally_dtype t) {
+    switch (t) {
+    case TALLY_I32: return ((const int32_t *)buf)[i];
+    case TALLY_I64: return ((const int64_t *)buf)[i];
+    default: return ((const uint8_t *)buf)[i];
+    }
+}
+
+/* The reference of one element over ranks 0..n-1: exact in double for floats (see above), in
+ * wrapping 64-bit arithmetic for integers (truncation commutes with + and *). */
+static void reference(void *out, size_t oi, tally_op op, int n, size_t i, tally_dtype t) {
+    if (is_int(t)) {
+        unsigned char one[8];
+        store(one, 0, t, input(op, 0, i, t));
+        int64_t acc = load_int(one, 0, t);
+        for (int r = 1; r < n; r++) {
+            store(one, 0, t, input(op, r, i, t));
+            int64_t v = load_int(one, 0, t);
+            if (op == TALLY_SUM) acc = (int64_t)((uint64_t)acc + (uint64_t)v);
+            else if (op == TALLY_PROD) acc = (int64_t)((uint64_t)acc * (uint64_t)v);
+            else if (op == TALLY_MIN) acc = v < acc ? v : acc;
+            else acc = v > acc ? v : acc;
+        }
+        switch (t) {
+        case TALLY_I32: ((int32_t *)out)[oi] = (int32_t)(uint32_t)(uint64_t)acc; break;
+        case TALLY_I64: ((int64_t *)out)[oi] = acc; break;
+        default: ((uint8_t *)out)[oi] = (uint8_t)(uint64_t)acc; break;
+        }
+        return;
+    }
+    double acc = input(op, 0, i, t);
+    for (int r = 1; r < n; r++) {
+        double v = input(op, r, i, t);
+        acc = op == TALLY_SUM ? acc + v : op == TALLY_PROD ? acc * v : op == TALLY_MIN ? (v < acc ? v : acc)
+                                                                                       : (v > acc ? v : acc);
+    }
+    store(out, oi, t, acc);
+}
+
+/* One test case and its per-rank buffers. base[r] is the allocation (GUARD bytes each side). */
+typedef struct job {
+    const algo *a;
+    int coll, n, root, inplace;
+    tally_dtype t;
+    tally_op op;
+    size_t count, es;
+    size_t in_elems, out_elems; /* per rank */
+    char *base[MAXN], *send[MAXN], *recv[MAXN];
+    size_t alloc; /* bytes between the guards */
+} job;
+
+static int run_rank(const tally__ctx *c, void *arg) {
+    job *j = arg;
+    int r = c->rank;
+    switch (j->coll) {
+    case C_ALLREDUCE: return j->a->allreduce(c, j->send[r], j->recv[r], j->count, j->t, j->op);
+    case C_REDUCE_SCATTER: return j->a->reduce_scatter(c, j->send[r], j->recv[r], j->count, j->t, j->op);
+    case C_ALLGATHER: return j->a->allgather(c, j->send[r], j->recv[r], j->count, j->t);
+    default: return j->a->broadcast(c, j->recv[r], j->count, j->t, j->root);
+    }
+}
+
+/* One period of each rank's input and of the reduction, for the case being run. */
+static unsigned char pat_in[MAXN][PERIOD * 8], pat_ref[PERIOD * 8];
+
+static void make_patterns(const job *j) {
+    for (int r = 0; r < j->n; r++)
+        for (size_t i = 0; i < PERIOD; i++) store(pat_in[r], i, j->t, input(j->op, r, i, j->t));
+    for (size_t i = 0; i < PERIOD; i++) reference(pat_ref, i, j->op, j->n, i, j->t);
+}
+
+static void fill_input(const job *j, void *buf, int r) {
+    size_t off = j->coll == C_ALLGATHER && j->inplace ? (size_t)r * j->count : 0;
+    tile((char *)buf + off * j->es, pat_in[r], j->es, 0, j->in_elems);
+}
+
+/* Lays out send/recv for the collective; in place as coll.h defines it. */
+static int setup(job *j) {
+    size_t es = j->es, n = (size_t)j->n;
+    j->in_elems = j->coll == C_REDUCE_SCATTER ? n * j->count : j->count;
+    j->out_elems = j->coll == C_ALLGATHER ? n * j->count : j->count;
+    int separate = !j->inplace && j->coll != C_BROADCAST;
+    make_patterns(j);
+    size_t big = j->in_elems > j->out_elems ? j->in_elems : j->out_elems;
+    j->alloc = (separate ? j->in_elems + j->out_elems : big) * es;
+    for (int r = 0; r < j->n; r++) {
+        char *b = malloc(j->alloc + 2 * GUARD);
+        if (!b) return -1;
+        memset(b, 0xA5, j->alloc + 2 * GUARD);
+        j->base[r] = b;
+        char *p = b + GUARD;
+        if (separate) {
+            j->send[r] = p;
+            j->recv[r] = p + j->in_elems * es;
+            fill_input(j, j->send[r], r);
+        } else if (j->coll == C_BROADCAST) {
+            j->send[r] = j->recv[r] = p;
+            if (r == j->root) fill_input(j, p, r);
+        } else if (j->coll == C_ALLGATHER) {
+            j->recv[r] = p;
+            j->send[r] = p + (size_t)r * j->count * es;
+            fill_input(j, p, r);
+        } else { /* allreduce, reduce_scatter: the input is the buffer */
+            j->send[r] = p;
+            j->recv[r] = p + (j->coll == C_REDUCE_SCATTER ? (size_t)r * j->count * es : 0);
+            fill_input(j, p, r);
+        }
+    }
+    return 0;
+}
+
+static void teardown(job *j) {
+    for (int r = 0; r < j->n; r++) free(j->base[r]);
+}
+
+/* The expected output of rank r (identical on every rank except for reduce_scatter). */
+static void expect(const job *j, int r, void *out) {
+    switch (j->coll) {
+    case C_ALLREDUCE: tile(out, pat_ref, j->es, 0, j->count); break;
+    case C_REDUCE_SCATTER: tile(out, pat_ref, j->es, (size_t)r * j->count, j->count); break;
+    case C_ALLGATHER:
+        for (int q = 0; q < j->n; q++) tile((char *)out + (size_t)q * j->count * j->es, pat_in[q], j->es, 0, j->count);
+        break;
+    default: tile(out, pat_in[j->root], j->es, 0, j->count); break;
+    }
+}
+
+static int guards_intact(const job *j, int r) {
+    const unsigned char *b = (const unsigned char *)j->base[r];
+    for (size_t k = 0; k < GUARD; k++)
+        if (b[k] != 0xA5 || b[GUARD + j->alloc + k] != 0xA5) return 0;
+    return 1;
+}
+
+static void describe(const job *j, char *s, size_t len) {
+    snprintf(s, len, "%s %s n=%d %s %s count=%zu %s root=%d", j->a->name, coll_names[j->coll], j->n,
+             tally_dtype_name(j->t), tally_op_name(j->op), j->count, j->inplace ? "in-place" : "out-of-place",
+             j->root);
+}
+
+/* Runs one case and checks: every rank returned 0, rank 0 matches the reference bitwise, every rank
+ * matches rank 0 bitwise (reduce_scatter: its own reference), out-of-place inputs are untouched, and
+ * nothing was written outside the buffers. */
+static void check_case(mock_world *w, job *j, char *want, char *scratch) {
+    char what[160];
+    int rc[MAXN];
+    describe(j, what, sizeof what);
+    if (setup(j)) {
+        TH_CHECK(0, "%s: test out of memory", what);
+        teardown(j);
+        return;
+    }
+    int bad = mock_run(w, run_rank, j, rc);
+    TH_CHECK(!bad, "%s: %s", what, mock_failure(w));
+    size_t out_bytes = j->out_elems * j->es;
+    int ok = !bad;
+    for (int r = 0; r < j->n && ok; r++) {
+        ok = rc[r] == 0;
+        TH_CHECK(ok, "%s: rank %d returned %d", what, r, rc[r]);
+        if (!ok) break;
+        if (r == 0 || j->coll == C_REDUCE_SCATTER) expect(j, r, want);
+        ok = !memcmp(j->recv[r], want, out_bytes);
+        if (!ok && r > 0 && j->coll != C_REDUCE_SCATTER && !memcmp(j->recv[0], want, out_bytes))
+            TH_CHECK(0, "%s: rank %d differs from rank 0", what, r);
+        else
+            TH_CHECK(ok, "%s: rank %d differs from the reference", what, r);
+        if (ok && !j->inplace && j->coll != C_BROADCAST) {
+            fill_input(j, scratch, r);
+            ok = !memcmp(j->send[r], scratch, j->in_elems * j->es);
+            TH_CHECK(ok, "%s: rank %d's send buffer was modified", what, r);
+        }
+        if (ok) {
+            ok = guards_intact(j, r);
+            TH_CHECK(ok, "%s: rank %d wrote outside its buffers", what, r);
+        }
+    }
+    teardown(j);
+}
+
+/* Counts per (dtype, collective, n): 1, 7, n-1, n+1 and a large one. f32 and i32 get ~1M elements in
+ * all (reduce_scatter and allgather: per rank, so ~1M/n each); the rest ~20k, still past rhd's small
+ * threshold. Duplicates are dropped. */
+static int counts_for(tally_dtype t, int coll, int n, size_t *out) {
+    size_t big = (t == TALLY_F32 || t == TALLY_I32) ? 1000003 : 20011;
+    if (coll == C_REDUCE_SCATTER || coll == C_ALLGATHER) big = big / (size_t)n + 1;
+    size_t cand[5] = {1, 7, (size_t)n - 1, (size_t)n + 1, big};
+    int k = 0;
+    for (int i = 0; i < 5; i++) {
+        int dup = 0;
+        for (int q = 0; q < k; q++) dup |= out[q] == cand[i];
+        if (!dup) out[k++] = cand[i];
+    }
+    return k;
+}
+
+static void test_collectives(void) {
+    static const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 16};
+    static const tally_op ops[] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX};
+    size_t cap = 2000000 * 8;
+    char *want = malloc(cap), *scratch = malloc(cap);
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        int n = sizes[si];
+        mock_world *w = mock_world_new(n, 20.0);
+        for (int a = 0; a < NALGOS; a++)
+            for (int coll = 0; coll < C_COUNT; coll++)
+                for (int t = 0; t < TALLY_DTYPE_COUNT; t++) {
+                    size_t counts[5];
+                    int nc = counts_for((tally_dtype)t, coll, n, counts);
+                    for (int ci = 0; ci < nc; ci++) {
+                        int big = counts[ci] > 10000;
+                        if (coll == C_BROADCAST) {
+                            /* Every root; only two for the large count to bound the time. */
+                            for (int root = 0; root < n; root++) {
+                                if (big && root != 0 && root != n - 1) continue;
+                                job j = {.a = &algos[a], .coll = coll, .n = n, .root = root, .inplace = 1,
+                                         .t = (tally_dtype)t, .op = TALLY_SUM, .count = counts[ci],
+                                         .es = tally_dtype_size((tally_dtype)t)};
+                                check_case(w, &j, want, scratch);
+                            }
+                            continue;
+                        }
+                        for (int oi = 0; oi < 4; oi++)
+                            for (int inplace = 0; inplace < 2; inplace++) {
+                                /* allgather ignores the op: one is enough. */
+                                if (coll == C_ALLGATHER && oi > 0) continue;
+                                job j = {.a = &algos[a], .coll = coll, .n = n, .root = -1, .inplace = inplace,
+                                         .t = (tally_dtype)t, .op = ops[oi], .count = counts[ci],
+                                         .es = tally_dtype_size((tally_dtype)t)};
+                                check_case(w, &j, want, scratch);
+                            }
+                    }
+                }
+        mock_world_free(w);
+    }
+    free(want);
+    free(scratch);
+}
+
+static int barrier_rank(const tally__ctx *c, void *arg) {
+    const algo *a = arg;
+    for (int i = 0; i < 3; i++) {
+        int rc = a->barrier(c);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Barriers complete on every size, and take the number of rounds their pattern promises. */
+static void test_barriers(void) {
+    for (int n = 2; n <= MAXN; n++) {
+        mock_world *w = mock_world_new(n, 5.0);
+        for (int a = 0; a < NALGOS; a++) {
+            int rc[MAXN];
+            int bad = mock_run(w, barrier_rank, (void *)&algos[a], rc);
+            TH_CHECK(!bad, "%s barrier n=%d: %s", algos[a].name, n, mock_failure(w));
+            for (int r = 0; r < n && !bad; r++) TH_CHECK(rc[r] == 0, "%s barrier n=%d rank %d: %d", algos[a].name, n, r, rc[r]);
+            unsigned long long x = mock_stats_of(w, n - 1).exchanges;
+            if (!strcmp(algos[a].name, "rhd"))
+                TH_CHECK(x == 3ull * (unsigned)tally__log2_ceil(n), "rhd barrier n=%d: %llu exchanges", n, x);
+            if (!strcmp(algos[a].name, "ring"))
+                TH_CHECK(x == 3ull * (unsigned)(n - 1), "ring barrier n=%d: %llu exchanges", n, x);
+        }
+        mock_world_free(w);
+    }
+}
+
+/* The mock itself: a broken rule and a missing message are reported, not hung on. */
+static int broken_rank(const tally__ctx *c, void *arg) {
+    int v = 0, rc = 0;
+    if (*(int *)arg == 0 && c->rank == 0) { /* two sends to one peer in one exchange */
+        tally__send s[2] = {{1, &v, sizeof v}, {1, &v, sizeof v}};
+        rc = tally__xchg(c, s, 2, NULL, 0);
+    } else if (*(int *)arg == 1 && c->rank == 0) { /* waits for a message nobody sends */
+        tally__recv r = {.peer = 1, .dst = &v, .len = sizeof v, .dtype = TALLY_I32};
+        rc = tally__xchg(c, NULL, 0, &r, 1);
+    }
+    return rc;
+}
+
+static void test_mock(void) {
+    mock_world *w = mock_world_new(2, 0.3);
+    int rc[2], what = 0;
+    TH_CHECK(mock_run(w, broken_rank, &what, rc) == -1 && strstr(mock_failure(w), "two sends to one peer"),
+             "mock: a rule violation was not reported (%s)", mock_failure(w));
+    what = 1;
+    TH_CHECK(mock_run(w, broken_rank, &what, rc) == -1 && strstr(mock_failure(w), "from rank 1") &&
+                 rc[0] == TALLY_E_TIMEOUT,
+             "mock: a hang was not reported (%s)", mock_failure(w));
+    mock_world_free(w);
+}
+
+static const int model_colls[] = {TALLY__ALLREDUCE, TALLY__REDUCE_SCATTER, TALLY__ALLGATHER, TALLY__BROADCAST};
+
+static void test_cost_model(void) {
+    /* A shared-memory-like machine: 1 us per message, 10 GB/s links, 20 GB/s reduction. */
+    tally__cost m = {.alpha = 1e-6, .beta = 1e-10, .gamma = 5e-11};
+    for (int a = 0; a < TALLY__ALGO_COUNT; a++)
+        TH_CHECK(tally__algo_parse(tally__algo_name(a)) == a, "algo %d does not round-trip its name", a);
+    TH_CHECK(tally__algo_parse("RING") == TALLY__ALGO_RING && tally__algo_parse("bogus") == -1 &&
+                 tally__algo_parse(NULL) == -1,
+             "algo_parse");
+    for (int n = 2; n <= 64; n++)
+        for (size_t bytes = 1; bytes <= ((size_t)1 << 30); bytes *= 4)
+            for (int coll = 0; coll <= TALLY__BARRIER; coll++) {
+                int x = tally__algo_choose(&m, coll, n, bytes), y = tally__algo_choose(&m, coll, n, bytes);
+                TH_CHECK(x == y && x > TALLY__ALGO_AUTO && x < TALLY__ALGO_COUNT, "choose not deterministic");
+                double cx = tally__algo_cost(&m, x, coll, n, bytes);
+                for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++)
+                    if (tally__algo_cost(&m, a, coll, n, bytes) < cx)
+                        TH_CHECK(0, "choose picked %s, %s is cheaper (coll %d, n %d, %zu bytes)",
+                                 tally__algo_name(x), tally__algo_name(a), coll, n, bytes);
+            }
+    /* Direct never beats ring for many ranks and large vectors. */
+    for (int n = 8; n <= 64; n *= 2)
+        for (size_t bytes = (size_t)1 << 24; bytes <= ((size_t)1 << 30); bytes <<= 3)
+            for (size_t k = 0; k < sizeof model_colls / sizeof *model_colls; k++) {
+                int coll = model_colls[k];
+                TH_CHECK(tally__algo_cost(&m, TALLY__ALGO_DIRECT, coll, n, bytes) >
+                             tally__algo_cost(&m, TALLY__ALGO_RING, coll, n, bytes),
+                         "direct beats ring: coll %d n %d bytes %zu", coll, n, bytes);
+                TH_CHECK(tally__algo_choose(&m, coll, n, bytes) != TALLY__ALGO_DIRECT, "direct chosen for %zu bytes",
+                         bytes);
+            }
+    /* Small messages go to a log-latency algorithm (tree or rhd), never ring or direct. */
+    for (int n = 4; n <= 64; n++) {
+        int x = tally__algo_choose(&m, TALLY__ALLREDUCE, n, 8);
+        TH_CHECK(x == TALLY__ALGO_RHD || x == TALLY__ALGO_TREE, "allreduce of 8 bytes on %d ranks: %s", n,
+                 tally__algo_name(x));
+        x = tally__algo_choose(&m, TALLY__BARRIER, n, 0);
+        TH_CHECK(x == TALLY__ALGO_RHD, "barrier on %d ranks: %s", n, tally__algo_name(x));
+    }
+    /* Large allreduce: a bandwidth-optimal algorithm. */
+    for (int n = 2; n <= 64; n++) {
+        int x = tally__algo_choose(&m, TALLY__ALLREDUCE, n, (size_t)1 << 28);
+        TH_CHECK(x == TALLY__ALGO_RING || x == TALLY__ALGO_RHD, "allreduce of 256 MiB on %d ranks: %s", n,
+                 tally__algo_name(x));
+    }
+    /* With no information every cost is 0: the fixed order decides. */
+    tally__cost zero = {0, 0, 0};
+    TH_CHECK(tally__algo_choose(&zero, TALLY__ALLREDUCE, 8, 1 << 20) == TALLY__ALGO_RING, "tie not broken by order");
+    TH_CHECK(tally__algo_cost(&m, TALLY__ALGO_RING, TALLY__ALLREDUCE, 1, 1 << 20) == 0, "one rank costs nothing");
+}
+
+int main(void) {
+    /* Keep freed big buffers in the heap: the mock allocates a copy of every message, and fresh mmaps
+     * would make page faults the main cost of the test. */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+    test_mock();
+    test_cost_model();
+    test_barriers();
+    test_collectives();
+    return th_verdict("test_algos");
+}

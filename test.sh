@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: a release build, then the same tests under AddressSanitizer+UBSan.
+# The sanitizer pass runs the same tests with TALLY_TEST_LIGHT=1 (largest sizes trimmed).
 # TALLY_TEST_QUICK=1 skips the sanitizer build.
 set -eu
 cd "$(dirname "$0")"
@@ -11,5 +12,5 @@ cmake --build build -j"$jobs"
 if [ "${TALLY_TEST_QUICK:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTALLY_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"
-  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900)
+  (cd build-asan && TALLY_TEST_LIGHT=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900)
 fi

@@ -16,10 +16,10 @@ mpicc -O2 -o "$tmp/mpi_ar" "$peers/mpi_allreduce_bench.c"
 echo "## memory bandwidth (stream.c)"; "$tmp/stream"
 for n in $ranks; do
   echo "## $n ranks, f32 sum"
-  echo "### Open MPI, shared memory"; mpirun --oversubscribe -np "$n" "$tmp/mpi_ar" 8 67108864 20 2>&1 | grep -v '^$'
-  echo "### tally, shm"; "$tally" bench allreduce -n "$n" --transport shm -b 8 -e 64M -f 4 --iters 20 -c
-  echo "### Open MPI, tcp"; mpirun --oversubscribe --mca btl self,tcp -np "$n" "$tmp/mpi_ar" 8 67108864 20 2>&1 | grep -v '^$'
-  echo "### tally, tcp"; "$tally" bench allreduce -n "$n" --transport tcp -b 8 -e 64M -f 4 --iters 20 -c
+  echo "### Open MPI, shared memory"; mpirun --oversubscribe -np "$n" "$tmp/mpi_ar" 16 67108864 20 2>&1 | grep -v '^$'
+  echo "### tally, shm"; "$tally" bench allreduce -n "$n" --transport shm -b 16 -e 64M -f 4 --iters 20 -c
+  echo "### Open MPI, tcp"; mpirun --oversubscribe --mca btl self,tcp -np "$n" "$tmp/mpi_ar" 16 67108864 20 2>&1 | grep -v '^$'
+  echo "### tally, tcp"; "$tally" bench allreduce -n "$n" --transport tcp -b 16 -e 64M -f 4 --iters 20 -c
   if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "### Gloo"; /usr/bin/python3 "$peers/gloo_allreduce_bench.py" "$n" 67108864 1024 2>&1 | grep -v Warning
   fi

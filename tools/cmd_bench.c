@@ -110,30 +110,6 @@ static double bench_busbw_factor(bench_coll coll, int n) {
     return (double)(n - 1) / n;
 }
 
-static void bench_store(void *buf, size_t i, tally_dtype t, double v) {
-    switch (t) {
-    case TALLY_F32: ((float *)buf)[i] = (float)v; break;
-    case TALLY_F64: ((double *)buf)[i] = v; break;
-    case TALLY_F16: ((uint16_t *)buf)[i] = tally__f32_to_f16((float)v); break;
-    case TALLY_BF16: ((uint16_t *)buf)[i] = tally__f32_to_bf16((float)v); break;
-    case TALLY_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
-    case TALLY_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    case TALLY_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
-    }
-}
-
-static double bench_load(const void *buf, size_t i, tally_dtype t) {
-    switch (t) {
-    case TALLY_F32: return ((const float *)buf)[i];
-    case TALLY_F64: return ((const double *)buf)[i];
-    case TALLY_F16: return tally__f16_to_f32(((const uint16_t *)buf)[i]);
-    case TALLY_BF16: return tally__bf16_to_f32(((const uint16_t *)buf)[i]);
-    case TALLY_I32: return ((const int32_t *)buf)[i];
-    case TALLY_I64: return (double)((const int64_t *)buf)[i];
-    default: return ((const uint8_t *)buf)[i];
-    }
-}
-
 /* Small integers (1 or 2 for prod) keep every reduction exact in every dtype, so -c can demand
  * equality. */
 static double bench_input(int rank, size_t i, tally_op op) {
@@ -153,14 +129,14 @@ static double bench_expected_reduce(const bench_opts *o, int n, size_t i) {
     }
     if (o->dtype == TALLY_U8) acc = (double)(uint8_t)(uint64_t)acc;
     char tmp[8];
-    bench_store(tmp, 0, o->dtype, acc);
-    acc = bench_load(tmp, 0, o->dtype);
+    tally__dtype_store(tmp, 0, o->dtype, acc);
+    acc = tally__dtype_load(tmp, 0, o->dtype);
     if (o->op == TALLY_AVG) {
         if (o->dtype == TALLY_F64) acc /= n;
         else if (bench_is_float(o->dtype)) acc = (double)((float)acc / (float)n);
         else acc = (double)((int64_t)acc / n);
-        bench_store(tmp, 0, o->dtype, acc);
-        acc = bench_load(tmp, 0, o->dtype);
+        tally__dtype_store(tmp, 0, o->dtype, acc);
+        acc = tally__dtype_load(tmp, 0, o->dtype);
     }
     return acc;
 }
@@ -190,7 +166,7 @@ static void bench_fill(const bench_opts *o, const bench_ctx *b, char *send, size
     size_t n = o->coll == B_REDUCE_SCATTER ? per_rank * (size_t)b->size : per_rank;
     int who = o->coll == B_BROADCAST ? (b->rank == o->root ? o->root : -1) : b->rank;
     for (size_t i = 0; i < n; i++)
-        bench_store(send, i, o->dtype, who < 0 ? 0 : bench_input(who, i, o->op));
+        tally__dtype_store(send, i, o->dtype, who < 0 ? 0 : bench_input(who, i, o->op));
 }
 
 static int bench_call(const bench_opts *o, const bench_ctx *b, char *send, char *recv, size_t per_rank) {
@@ -216,7 +192,7 @@ static long long bench_check(const bench_opts *o, const bench_ctx *b, int in_pla
     size_t n = o->coll == B_ALLGATHER ? per_rank * (size_t)b->size : per_rank;
     long long wrong = 0;
     for (size_t i = 0; i < n; i++) {
-        double got = bench_load(recv, i, o->dtype), want = bench_expected(o, b, per_rank, i);
+        double got = tally__dtype_load(recv, i, o->dtype), want = bench_expected(o, b, per_rank, i);
         wrong += !(got == want || (isnan(got) && isnan(want)));
     }
     if (tally_allreduce(b->c, &wrong, &wrong, 1, TALLY_I64, TALLY_SUM)) return -1;

@@ -21,6 +21,17 @@ static inline int tally__xchg(const tally__ctx *c, const tally__send *s, int ns,
     return c->tp->ops->exchange(c->tp, s, ns, r, nr);
 }
 
+/* An exchange of a single send, or of a single (optionally reducing) receive. */
+static inline int tally__send_one(const tally__ctx *c, int peer, const void *buf, size_t len) {
+    tally__send s = {.peer = peer, .buf = buf, .len = len};
+    return tally__xchg(c, &s, 1, NULL, 0);
+}
+static inline int tally__recv_one(const tally__ctx *c, int peer, void *dst, const void *src, size_t len,
+                                  tally_dtype t, tally_op op) {
+    tally__recv r = {.peer = peer, .dst = dst, .src = src, .len = len, .dtype = t, .op = op};
+    return tally__xchg(c, NULL, 0, &r, 1);
+}
+
 /* Every algorithm implements every collective with the same contract as the public call, except:
  * op is never AVG (the entry point reduces AVG as SUM and divides after), arguments are valid,
  * size >= 2, count >= 1. In place when send == recv (for allgather: send == recv + rank*count*esize;

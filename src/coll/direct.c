@@ -5,23 +5,12 @@
 
 #include "coll.h"
 
-static int send_one(const tally__ctx *c, int peer, const void *buf, size_t len) {
-    tally__send s = {.peer = peer, .buf = buf, .len = len};
-    return tally__xchg(c, &s, 1, NULL, 0);
-}
-
-static int recv_one(const tally__ctx *c, int peer, void *dst, const void *src, size_t len, tally_dtype t,
-                    tally_op op) {
-    tally__recv r = {.peer = peer, .dst = dst, .src = src, .len = len, .dtype = t, .op = op};
-    return tally__xchg(c, NULL, 0, &r, 1);
-}
-
 /* Rank 0 reduces the peers' vectors into dst one at a time, in rank order: one exchange each, since
  * two reducing receives into the same bytes may not share an exchange, and a fixed order makes the
  * result reproducible. */
 static int root_reduce(const tally__ctx *c, const void *mine, void *dst, size_t bytes, tally_dtype t, tally_op op) {
     for (int k = 1; k < c->size; k++) {
-        int rc = recv_one(c, k, dst, k == 1 ? mine : dst, bytes, t, op);
+        int rc = tally__recv_one(c, k, dst, k == 1 ? mine : dst, bytes, t, op);
         if (rc) return rc;
     }
     return 0;
@@ -48,8 +37,8 @@ int tally__direct_allreduce(const tally__ctx *c, const void *send, void *recv, s
         if ((rc = root_reduce(c, send, recv, bytes, t, op))) return rc;
         return root_scatter(c, recv, 0, bytes);
     }
-    if ((rc = send_one(c, 0, send, bytes))) return rc;
-    return recv_one(c, 0, recv, NULL, bytes, t, op);
+    if ((rc = tally__send_one(c, 0, send, bytes))) return rc;
+    return tally__recv_one(c, 0, recv, NULL, bytes, t, op);
 }
 
 /* Rank 0 reduces the whole vector into scratch and sends each rank its block. */
@@ -58,8 +47,8 @@ int tally__direct_reduce_scatter(const tally__ctx *c, const void *send, void *re
     size_t bytes = count * tally_dtype_size(t), total = (size_t)c->size * bytes;
     int rc;
     if (c->rank != 0) {
-        if ((rc = send_one(c, 0, send, total))) return rc;
-        return recv_one(c, 0, recv, NULL, bytes, t, op);
+        if ((rc = tally__send_one(c, 0, send, total))) return rc;
+        return tally__recv_one(c, 0, recv, NULL, bytes, t, op);
     }
     char *work = malloc(total);
     if (!work) return tally__seterr(TALLY_E_NOMEM, "rank 0: direct reduce_scatter: no memory for %zu bytes", total);
@@ -75,8 +64,8 @@ int tally__direct_allgather(const tally__ctx *c, const void *send, void *recv, s
     size_t bytes = count * tally_dtype_size(t), total = (size_t)c->size * bytes;
     int n = c->size, rc;
     if (c->rank != 0) {
-        if ((rc = send_one(c, 0, send, bytes))) return rc;
-        return recv_one(c, 0, recv, NULL, total, t, TALLY_SUM);
+        if ((rc = tally__send_one(c, 0, send, bytes))) return rc;
+        return tally__recv_one(c, 0, recv, NULL, total, t, TALLY_SUM);
     }
     tally__recv *r = malloc((size_t)(n - 1) * sizeof *r);
     if (!r) return tally__seterr(TALLY_E_NOMEM, "rank 0: direct allgather: no memory");
@@ -91,7 +80,7 @@ int tally__direct_allgather(const tally__ctx *c, const void *send, void *recv, s
 /* The root sends to everyone at once (routing through rank 0 would only add a hop). */
 int tally__direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     size_t bytes = count * tally_dtype_size(t);
-    if (c->rank != root) return recv_one(c, root, buf, NULL, bytes, t, TALLY_SUM);
+    if (c->rank != root) return tally__recv_one(c, root, buf, NULL, bytes, t, TALLY_SUM);
     tally__send *s = malloc((size_t)(c->size - 1) * sizeof *s);
     if (!s) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct broadcast: no memory", c->rank);
     for (int k = 0, i = 0; k < c->size; k++)
@@ -106,8 +95,8 @@ int tally__direct_barrier(const tally__ctx *c) {
     static const char none;
     char sink;
     if (c->rank != 0) {
-        int rc = send_one(c, 0, &none, 0);
-        return rc ? rc : recv_one(c, 0, &sink, NULL, 0, TALLY_U8, TALLY_SUM);
+        int rc = tally__send_one(c, 0, &none, 0);
+        return rc ? rc : tally__recv_one(c, 0, &sink, NULL, 0, TALLY_U8, TALLY_SUM);
     }
     tally__recv *r = malloc((size_t)(c->size - 1) * sizeof *r);
     if (!r) return tally__seterr(TALLY_E_NOMEM, "rank 0: direct barrier: no memory");

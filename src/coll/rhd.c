@@ -32,17 +32,6 @@ static void fold_init(rhd_fold *f, int n, int rank) {
 
 static int real_of(const rhd_fold *f, int nr) { return nr < f->extra ? 2 * nr : nr + f->extra; }
 
-static int send_one(const tally__ctx *c, int peer, const void *buf, size_t len) {
-    tally__send s = {.peer = peer, .buf = buf, .len = len};
-    return tally__xchg(c, &s, 1, NULL, 0);
-}
-
-static int recv_one(const tally__ctx *c, int peer, void *dst, const void *src, size_t len, tally_dtype t,
-                    tally_op op) {
-    tally__recv r = {.peer = peer, .dst = dst, .src = src, .len = len, .dtype = t, .op = op};
-    return tally__xchg(c, NULL, 0, &r, 1);
-}
-
 /* One round with a partner: send slen bytes at sbuf; receive rlen bytes into dst, reduced with src
  * when src != NULL. */
 static int swap(const tally__ctx *c, int peer, const void *sbuf, size_t slen, void *dst, const void *src,
@@ -68,7 +57,7 @@ static int rhd_allreduce_small(const tally__ctx *c, const rhd_fold *f, const voi
     const void *cur = send;
     if (f->partner >= 0) { /* the fold sends nothing, so it may write the buffer it reads */
         void *dst = step_dst(rounds, k, recv, tmp);
-        rc = recv_one(c, f->partner, dst, send, bytes, t, op);
+        rc = tally__recv_one(c, f->partner, dst, send, bytes, t, op);
         cur = dst;
         k++;
     }
@@ -90,7 +79,7 @@ static int rhd_allreduce_large(const tally__ctx *c, const rhd_fold *f, const voi
     size_t es = tally_dtype_size(t);
     const void *cur = send;
     if (f->partner >= 0) {
-        if ((rc = recv_one(c, f->partner, recv, send, count * tally_dtype_size(t), t, op))) return rc;
+        if ((rc = tally__recv_one(c, f->partner, recv, send, count * tally_dtype_size(t), t, op))) return rc;
         cur = recv;
     }
     int lo = 0, hi = p; /* the blocks we are still responsible for */
@@ -124,14 +113,14 @@ int tally__rhd_allreduce(const tally__ctx *c, const void *send, void *recv, size
     size_t bytes = count * tally_dtype_size(t);
     int rc;
     if (f.nr < 0) { /* sits out: hand over the vector, wait for the result */
-        if ((rc = send_one(c, f.partner, send, bytes))) return rc;
-        return recv_one(c, f.partner, recv, NULL, bytes, t, op);
+        if ((rc = tally__send_one(c, f.partner, send, bytes))) return rc;
+        return tally__recv_one(c, f.partner, recv, NULL, bytes, t, op);
     }
     if (bytes <= TALLY__RHD_SMALL_BYTES || count < (size_t)f.p)
         rc = rhd_allreduce_small(c, &f, send, recv, count, t, op);
     else
         rc = rhd_allreduce_large(c, &f, send, recv, count, t, op);
-    if (!rc && f.partner >= 0) rc = send_one(c, f.partner, recv, bytes);
+    if (!rc && f.partner >= 0) rc = tally__send_one(c, f.partner, recv, bytes);
     return rc;
 }
 
@@ -145,15 +134,15 @@ int tally__rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv,
     size_t es = tally_dtype_size(t), total = (size_t)c->size * count;
     int rc;
     if (f.nr < 0) {
-        if ((rc = send_one(c, f.partner, send, total * es))) return rc;
-        return recv_one(c, f.partner, recv, NULL, count * es, t, op);
+        if ((rc = tally__send_one(c, f.partner, send, total * es))) return rc;
+        return tally__recv_one(c, f.partner, recv, NULL, count * es, t, op);
     }
     char *work = malloc(total * es);
     if (!work) return tally__seterr(TALLY_E_NOMEM, "rank %d: rhd reduce_scatter: no memory", c->rank);
     const void *cur = send;
     rc = 0;
     if (f.partner >= 0) {
-        rc = recv_one(c, f.partner, work, send, total * es, t, op);
+        rc = tally__recv_one(c, f.partner, work, send, total * es, t, op);
         cur = work;
     }
     int lo = 0, hi = f.p, nr = f.nr;
@@ -172,7 +161,7 @@ int tally__rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv,
     }
     if (!rc && f.partner >= 0) {
         memcpy(recv, work + (size_t)c->rank * count * es, count * es);
-        rc = send_one(c, f.partner, work + (size_t)f.partner * count * es, count * es);
+        rc = tally__send_one(c, f.partner, work + (size_t)f.partner * count * es, count * es);
     }
     free(work);
     return rc;
@@ -187,13 +176,13 @@ int tally__rhd_allgather(const tally__ctx *c, const void *send, void *recv, size
     size_t es = tally_dtype_size(t), bytes = count * es, total = (size_t)c->size * bytes;
     int rc;
     if (f.nr < 0) {
-        if ((rc = send_one(c, f.partner, send, bytes))) return rc;
-        return recv_one(c, f.partner, recv, NULL, total, t, TALLY_SUM);
+        if ((rc = tally__send_one(c, f.partner, send, bytes))) return rc;
+        return tally__recv_one(c, f.partner, recv, NULL, total, t, TALLY_SUM);
     }
     char *mine = (char *)recv + (size_t)c->rank * bytes;
     if (mine != send) memcpy(mine, send, bytes);
     if (f.partner >= 0 &&
-        (rc = recv_one(c, f.partner, (char *)recv + (size_t)f.partner * bytes, NULL, bytes, t, TALLY_SUM)))
+        (rc = tally__recv_one(c, f.partner, (char *)recv + (size_t)f.partner * bytes, NULL, bytes, t, TALLY_SUM)))
         return rc;
     for (int d = 1; d < f.p; d *= 2) {
         int g = f.nr & ~(d - 1), h = (f.nr ^ d) & ~(d - 1);
@@ -203,7 +192,7 @@ int tally__rhd_allgather(const tally__ctx *c, const void *send, void *recv, size
                   TALLY_SUM);
         if (rc) return rc;
     }
-    return f.partner >= 0 ? send_one(c, f.partner, recv, total) : 0;
+    return f.partner >= 0 ? tally__send_one(c, f.partner, recv, total) : 0;
 }
 
 /* Binomial tree from the root over virtual ranks v = rank - root: in the round of distance m, the
@@ -213,9 +202,9 @@ int tally__rhd_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dty
     size_t bytes = count * tally_dtype_size(t);
     for (int m = 1; m < n; m *= 2) {
         if (v < m && v + m < n) {
-            if ((rc = send_one(c, (c->rank + m) % n, buf, bytes))) return rc;
+            if ((rc = tally__send_one(c, (c->rank + m) % n, buf, bytes))) return rc;
         } else if (v >= m && v < 2 * m) {
-            if ((rc = recv_one(c, (c->rank - m + n) % n, buf, NULL, bytes, t, TALLY_SUM))) return rc;
+            if ((rc = tally__recv_one(c, (c->rank - m + n) % n, buf, NULL, bytes, t, TALLY_SUM))) return rc;
         }
     }
     return 0;

@@ -118,3 +118,27 @@ int tally_op_parse(const char *name) {
         if (!strcasecmp(name, op_aliases[i].name)) return op_aliases[i].value;
     return -1;
 }
+
+double tally__dtype_load(const void *buf, size_t i, tally_dtype t) {
+    switch (t) {
+    case TALLY_F32: return ((const float *)buf)[i];
+    case TALLY_F64: return ((const double *)buf)[i];
+    case TALLY_F16: return tally__f16_to_f32(((const uint16_t *)buf)[i]);
+    case TALLY_BF16: return tally__bf16_to_f32(((const uint16_t *)buf)[i]);
+    case TALLY_I32: return ((const int32_t *)buf)[i];
+    case TALLY_I64: return (double)((const int64_t *)buf)[i];
+    default: return ((const uint8_t *)buf)[i];
+    }
+}
+
+void tally__dtype_store(void *buf, size_t i, tally_dtype t, double v) {
+    switch (t) {
+    case TALLY_F32: ((float *)buf)[i] = (float)v; break;
+    case TALLY_F64: ((double *)buf)[i] = v; break;
+    case TALLY_F16: ((uint16_t *)buf)[i] = tally__f32_to_f16((float)v); break;
+    case TALLY_BF16: ((uint16_t *)buf)[i] = tally__f32_to_bf16((float)v); break;
+    case TALLY_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    case TALLY_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    default: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    }
+}

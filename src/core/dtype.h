@@ -14,4 +14,9 @@ uint16_t tally__f32_to_f16(float f);   /* round to nearest even; overflow to inf
 float tally__bf16_to_f32(uint16_t h);
 uint16_t tally__f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN (quiet) */
 
+/* Element i of a buffer of dtype t, as a double, and back (rounded to the dtype; integers truncate).
+ * For references and checks (tests, the benchmark's -c), not for hot paths. */
+double tally__dtype_load(const void *buf, size_t i, tally_dtype t);
+void tally__dtype_store(void *buf, size_t i, tally_dtype t, double v);
+
 #endif

@@ -35,6 +35,11 @@ int th_free_port(void) {
     return ntohs(a.sin_port);
 }
 
+int th_light(void) {
+    const char *s = getenv("TALLY_TEST_LIGHT");
+    return s && *s == '1';
+}
+
 void *th_shared_alloc(size_t bytes) {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {

@@ -1,6 +1,5 @@
 /* test_boot.c - the rendezvous layer: environment parsing per launcher, rendezvous and bootstrap
  * collectives for several world sizes, refusals (token, rank, size, strangers), and the monitor. */
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -35,15 +34,6 @@ static rres *R;
 static void usleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-static int count_fds(void) {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d) return -1;
-    while (readdir(d)) n++;
-    closedir(d);
-    return n;
 }
 
 static void save_err(int rank, int rc, double t0) {
@@ -108,7 +98,7 @@ static int check_colls(tally__boot *b, int rank, int size) {
 
 static int fn_rendezvous(int rank, int size, void *arg) {
     int late = arg ? *(int *)arg : 0;
-    int fds0 = count_fds();
+    int fds0 = th_count_fds();
     tally__fault f;
     if (late && rank == 0) usleep_ms(500); /* the others must retry until rank 0 listens */
     tally__boot *b = boot_up(rank, &f, 20);
@@ -129,7 +119,7 @@ static int fn_rendezvous(int rank, int size, void *arg) {
     R[rank].wake_ok &= f.wake_fd == -1;
     if (!rc && tally__fault_check(&f)) rc = 23;
     if (rc) snprintf(R[rank].msg, sizeof R[rank].msg, "%s", tally_last_error());
-    R[rank].fd_leak = count_fds() - fds0;
+    R[rank].fd_leak = th_count_fds() - fds0;
     return rc;
 }
 
@@ -444,7 +434,7 @@ static void test_env_launchers(void) {
 /* ---- size 1 ---- */
 
 static int fn_single(int rank, int size, void *arg) {
-    int fds0 = count_fds();
+    int fds0 = th_count_fds();
     tally__fault f;
     tally__boot *b = boot_up(rank, &f, 5);
     if (!b) return 50;
@@ -452,9 +442,9 @@ static int fn_single(int rank, int size, void *arg) {
     if (tally__boot_bcast(b, &x, sizeof x, 0) || tally__boot_allgather(b, &x, &all, sizeof x) || all != 5 ||
         tally__boot_barrier(b) || tally__boot_start_monitor(b) || tally__boot_peers(b)[0].pid != getpid())
         rc = 51;
-    if (!rc && count_fds() != fds0 + 1) rc = 52; /* only the wake eventfd: no listener, no thread fds */
+    if (!rc && th_count_fds() != fds0 + 1) rc = 52; /* only the wake eventfd: no listener, no thread fds */
     tally__boot_free(b);
-    R[0].fd_leak = count_fds() - fds0;
+    R[0].fd_leak = th_count_fds() - fds0;
     return rc;
 }
 

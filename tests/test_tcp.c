@@ -1,6 +1,5 @@
 /* test_tcp.c - the TCP transport on real processes: ring and all-pairs exchanges of many sizes, plain
  * and reducing, against references computed here; mismatch, death, timeout and fd-leak behaviour. */
-#include <dirent.h>
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -329,28 +328,19 @@ static int tt_timeout_rank(int rank, int size, void *arg) {
     return 0;
 }
 
-static int tt_count_fds(void) {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d) return -1;
-    while (readdir(d)) n++;
-    closedir(d);
-    return n;
-}
-
 /* Create and destroy the transport twice; every descriptor it opened must be closed again. */
 static int tt_fds_rank(int rank, int size, void *arg) {
     tt_world w;
     if (tt_open(&w, rank, size, 20)) return 1;
     w.tp->ops->destroy(w.tp);
     w.tp = NULL;
-    int before = tt_count_fds();
+    int before = th_count_fds();
     for (int i = 0; i < 2; i++) {
         if (tt_create(&w, 20)) return 1;
         tt_ring(&w, 4096, K_F32_SUM, 0);
         w.tp->ops->destroy(w.tp);
         w.tp = NULL;
-        int after = tt_count_fds();
+        int after = th_count_fds();
         RCHECK(after == before, "fd count %d before create, %d after destroy (round %d)", before, after, i);
     }
     tt_close(&w);

@@ -43,6 +43,8 @@ void th_shared_free(void *p, size_t bytes);
 /* A free TCP port on 127.0.0.1 (bind to port 0, read it, close). */
 int th_free_port(void);
 double th_now(void);
+/* Open file descriptors of this process (entries of /proc/self/fd), -1 if unreadable. */
+int th_count_fds(void);
 /* TALLY_TEST_LIGHT=1 (the sanitizer pass): tests trim their largest cases, keeping every kind. */
 int th_light(void);
 

@@ -26,6 +26,7 @@ typedef struct {
     tally_dtype dtype;
     tally_op op;
     int root, iters, warmup, check;
+    int shared_mem; /* --shared-mem: buffers from tally_mem_alloc, which shm peers read in place */
     const char *algo, *transport;
 } bench_opts;
 
@@ -47,9 +48,10 @@ static int bench_usage(void) {
             "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
             "                   [--algo auto|ring|tree|rhd|direct] [--transport auto|shm|tcp]\n"
-            "                   [--iters I] [--warmup W] [-c]\n"
+            "                   [--iters I] [--warmup W] [--shared-mem] [-c]\n"
             "Sizes accept K/M/G (powers of 1024). -c checks every result and counts wrong elements.\n"
-            "With -n N (and no rank environment) it starts N local ranks of itself.\n");
+            "With -n N (and no rank environment) it starts N local ranks of itself.\n"
+            "--shared-mem takes the buffers from tally_mem_alloc (read in place by shm peers).\n");
     return 2;
 }
 
@@ -67,6 +69,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                                           {"transport", required_argument, 0, 'T'},
                                           {"iters", required_argument, 0, 'I'},
                                           {"warmup", required_argument, 0, 'W'},
+                                          {"shared-mem", no_argument, 0, 'S'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     optind = 2;
@@ -86,6 +89,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         case 'T': o->transport = optarg; break;
         case 'I': o->iters = atoi(optarg); if (o->iters < 1) return -1; break;
         case 'W': o->warmup = atoi(optarg); if (o->warmup < 0) return -1; break;
+        case 'S': o->shared_mem = 1; break;
         default: return -1;
         }
     }
@@ -272,6 +276,16 @@ static int bench_run(const bench_opts *o, bench_ctx *b) {
     return total_wrong ? 1 : 0;
 }
 
+static void bench_release(const bench_opts *o, bench_ctx *b) {
+    if (o->shared_mem) {
+        tally_mem_free(b->c, b->send);
+        tally_mem_free(b->c, b->recv);
+        return;
+    }
+    free(b->send);
+    free(b->recv);
+}
+
 static int bench_as_rank(const bench_opts *o) {
     bench_ctx b = {0};
     int rc = tally_comm_init(&b.c);
@@ -289,8 +303,8 @@ static int bench_as_rank(const bench_opts *o) {
     }
     size_t span = o->maxb + (size_t)b.size * b.esize + 64; /* reduce_scatter/allgather use whole blocks */
     if (!bad) {
-        b.send = malloc(span);
-        b.recv = malloc(span);
+        b.send = o->shared_mem ? tally_mem_alloc(b.c, span) : malloc(span);
+        b.recv = o->shared_mem ? tally_mem_alloc(b.c, span) : malloc(span);
         if (!b.send || !b.recv) {
             fprintf(stderr, "tally bench: rank %d: cannot allocate 2 x %zu bytes\n", b.rank, span);
             bad = 1;
@@ -300,8 +314,7 @@ static int bench_as_rank(const bench_opts *o) {
         }
     }
     if (!bad) bad = bench_run(o, &b);
-    free(b.send);
-    free(b.recv);
+    bench_release(o, &b);
     tally_comm_free(b.c);
     return bad;
 }

@@ -23,7 +23,14 @@ struct tally_comm {
     int forced_algo;       /* TALLY_ALGO, or TALLY__ALGO_AUTO */
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
+    struct tally__plain_mem *plain; /* tally_mem_alloc blocks where the transport has no mem ops */
 };
+
+/* A tally_mem_alloc block from plain memory (tcp, self): listed so tally_mem_free can reject others. */
+typedef struct tally__plain_mem {
+    struct tally__plain_mem *next;
+    void *p;
+} tally__plain_mem;
 
 static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp) {
     tally__tp_ctx tctx = {.rank = c->ctx.rank, .size = c->ctx.size, .boot = c->boot, .fault = &c->fault,
@@ -58,6 +65,12 @@ static int tally__read_algo(int rank, int *algo) {
 }
 
 static void tally__comm_destroy(tally_comm *c) {
+    while (c->plain) {
+        tally__plain_mem *m = c->plain;
+        c->plain = m->next;
+        free(m->p);
+        free(m);
+    }
     if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
     if (c->boot) tally__boot_free(c->boot);
     free(c);
@@ -285,4 +298,52 @@ TALLY_API int tally_barrier(tally_comm *c) {
     int algo = tally__begin(c, TALLY__BARRIER, 0, TALLY_U8, TALLY_SUM, -1, 0);
     if (c->ctx.size == 1) return 0;
     return tally__empty(c, algo);
+}
+
+/* ---- memory peers can read in place ----------------------------------------------------------- */
+
+static void *tally__plain_alloc(tally_comm *c, size_t bytes) {
+    size_t len = bytes ? (bytes + 63) / 64 * 64 : 64;
+    tally__plain_mem *m = malloc(sizeof *m);
+    void *p = len >= bytes ? aligned_alloc(64, len) : NULL;
+    if (!m || !p) {
+        free(m);
+        free(p);
+        tally__seterr(TALLY_E_NOMEM, "tally_mem_alloc on rank %d: out of memory for %zu bytes", c->ctx.rank, bytes);
+        return NULL;
+    }
+    *m = (tally__plain_mem){c->plain, p};
+    c->plain = m;
+    return p;
+}
+
+static int tally__plain_free(tally_comm *c, void *ptr) {
+    for (tally__plain_mem **at = &c->plain; *at; at = &(*at)->next) {
+        if ((*at)->p != ptr) continue;
+        tally__plain_mem *m = *at;
+        *at = m->next;
+        free(m->p);
+        free(m);
+        return 0;
+    }
+    return tally__seterr(TALLY_E_INVALID, "tally_mem_free on rank %d: %p did not come from tally_mem_alloc on this "
+                         "communicator (or was freed already)", c->ctx.rank, ptr);
+}
+
+TALLY_API void *tally_mem_alloc(tally_comm *c, size_t bytes) {
+    tally__clearerr();
+    if (!c || !c->ctx.tp) {
+        tally__seterr(TALLY_E_INVALID, "tally_mem_alloc: communicator is NULL");
+        return NULL;
+    }
+    const tally__tp_ops *ops = c->ctx.tp->ops;
+    return ops->mem_alloc ? ops->mem_alloc(c->ctx.tp, bytes) : tally__plain_alloc(c, bytes);
+}
+
+TALLY_API int tally_mem_free(tally_comm *c, void *ptr) {
+    tally__clearerr();
+    if (!c || !c->ctx.tp) return tally__seterr(TALLY_E_INVALID, "tally_mem_free: communicator is NULL");
+    if (!ptr) return 0;
+    const tally__tp_ops *ops = c->ctx.tp->ops;
+    return ops->mem_free ? ops->mem_free(c->ctx.tp, ptr) : tally__plain_free(c, ptr);
 }

@@ -34,8 +34,13 @@ static void shm_send_begin(shm_tp *t, shm_sop *o, const tally__send *s) {
     o->len = s->len;
     o->posted = 0;
     o->done = 0;
+    o->mem_id = 0;
     if (s->len <= SHM_INLINE) {
         o->kind = SHM_TINY;
+        o->nuse = 1;
+    } else if (t->mem && s->len >= t->mem_min &&
+               tally__shm_mem_find(t, s->buf, s->len, &o->mem_id, &o->mem_fd, &o->mem_off)) {
+        o->kind = SHM_LARGE; /* the receiver reads it in place from its mapping of our region */
         o->nuse = 1;
     } else if (t->cma && s->len >= t->large_min) {
         o->kind = SHM_LARGE;
@@ -60,6 +65,10 @@ static void shm_fill(shm_tp *t, const shm_xchg *x, shm_sop *o, uint64_t k) {
             if (o->len) memcpy(s->data, o->buf, o->len);
         } else if (o->kind == SHM_LARGE) {
             s->addr = (uint64_t)(uintptr_t)o->buf;
+            s->mem_id = o->mem_id; /* 0 (read with process_vm_readv) unless a shared region holds it */
+            s->mem_off = o->mem_off;
+            s->mem_fd = o->mem_id ? o->mem_fd : -1;
+            s->mem_pid = (int32_t)getpid();
             o->last_use = k;
         }
     } else {
@@ -112,6 +121,24 @@ static void shm_recv_begin(shm_rop *o, const tally__recv *r) {
     o->esize = r->src ? tally_dtype_size(r->dtype) : 1;
 }
 
+/* A LARGE message from a shared region: find it in our mapping of that region, or fall back to
+ * process_vm_readv where that works; never guess. */
+static int shm_recv_map(shm_tp *t, shm_rop *o, const shm_slot *s) {
+    int p = o->r->peer;
+    size_t need = s->mem_off + o->r->len;
+    const unsigned char *base = NULL;
+    if (s->mem_pid == t->pid[p] && need >= s->mem_off) base = tally__shm_mem_map(t, p, s->mem_id, s->mem_fd, need);
+    if (base) {
+        o->map = base + s->mem_off;
+        return 0;
+    }
+    if (t->cma) return 0;
+    return tally__fault_raise(t->base.ctx.fault, TALLY_E_SYSTEM, p, "rank %d could not map the shared buffer "
+                              "(tally_mem_alloc region %llu, fd %d) rank %d sent from (pidfd_getfd or mmap: %s); "
+                              "TALLY_SHM_LARGE=off sends such buffers through the segment", t->me,
+                              (unsigned long long)s->mem_id, (int)s->mem_fd, p, strerror(errno));
+}
+
 /* Checks a message's first slot against what we expect: same collective, same length. */
 static int shm_recv_head(shm_tp *t, const shm_xchg *x, shm_rop *o, const shm_slot *s) {
     int p = o->r->peer;
@@ -122,7 +149,7 @@ static int shm_recv_head(shm_tp *t, const shm_xchg *x, shm_rop *o, const shm_slo
                                   "rank %d", t->me, (unsigned)s->kind, p);
     if (s->sighash != x->hash) return tally__shm_sig_fault(t, p, s);
     uint64_t len = s->kind == SHM_TINY ? s->tiny_len : s->len;
-    if (len != o->r->len || (s->kind == SHM_LARGE && !t->cma)) {
+    if (len != o->r->len || (s->kind == SHM_LARGE && !t->cma && !(t->mem && s->mem_id))) {
         tally__sig_format(t->base.ctx.sig, what, sizeof what);
         return tally__fault_raise(f, TALLY_E_PROTOCOL, p, "rank %d sent %llu bytes in %s but rank %d expected "
                                   "%zu (kind %u)", p, (unsigned long long)len, what, t->me, o->r->len,
@@ -130,8 +157,9 @@ static int shm_recv_head(shm_tp *t, const shm_xchg *x, shm_rop *o, const shm_slo
     }
     o->kind = s->kind;
     o->addr = s->addr;
+    o->map = NULL;
     o->started = 1;
-    return 0;
+    return s->kind == SHM_LARGE && s->mem_id ? shm_recv_map(t, o, s) : 0;
 }
 
 /* dst = data, or dst = src (op) data, for the n bytes at the op's current offset. */
@@ -184,6 +212,11 @@ static int shm_cma_read(shm_tp *t, int p, void *dst, uint64_t addr, size_t n) {
  * measured 10x on a 64 MiB receive) it would pay that on every new destination. */
 static int shm_large_piece(shm_tp *t, shm_rop *o) {
     size_t left = o->r->len - o->off, n = left < SHM_PIECE ? left : SHM_PIECE;
+    if (o->map) { /* in place: the mapping is the sender's buffer, no bounce needed */
+        shm_deliver(o, o->map + o->off, n);
+        o->off += n;
+        return 0;
+    }
     int rc = shm_cma_read(t, o->r->peer, t->scratch, o->addr + o->off, n);
     if (rc) return rc;
     shm_deliver(o, t->scratch, n);

@@ -29,7 +29,10 @@ typedef struct shm_slot {
     tally__sig sig;        /* the sender's full fingerprint (heads only) */
     uint64_t len;          /* message bytes (SLOT/LARGE heads) */
     uint64_t addr;         /* LARGE: the message in the sender's address space */
-    unsigned char pad[SHM_LINE - sizeof(tally__sig) - 16];
+    uint64_t mem_id;       /* LARGE: 0, or the sender's tally_mem_alloc region that holds the message */
+    uint64_t mem_off;      /* LARGE with mem_id: where the message starts in that region */
+    int32_t mem_fd;        /* LARGE with mem_id: the region's memfd, as numbered in the sender */
+    int32_t mem_pid;       /* LARGE with mem_id: the sender's pid (checked against the one setup saw) */
 } shm_slot;
 _Static_assert(sizeof(shm_slot) == 2 * SHM_LINE, "a slot header is two cache lines");
 
@@ -66,6 +69,8 @@ typedef struct shm_sop {
     const unsigned char *buf;
     size_t len;
     uint64_t last_use;     /* LARGE: the slot use whose consumption completes the send */
+    uint64_t mem_id, mem_off; /* LARGE: the shared region the buffer lies in (mem_id 0: none) */
+    int mem_fd;
 } shm_sop;
 
 typedef struct shm_rop {
@@ -73,6 +78,7 @@ typedef struct shm_rop {
     int kind, started, done;
     size_t off, esize;
     uint64_t addr;         /* LARGE: where the message lies in the sender */
+    const unsigned char *map; /* LARGE from a shared region: the message in our mapping of it, else NULL */
 } shm_rop;
 
 typedef struct shm_tp {
@@ -93,6 +99,9 @@ typedef struct shm_tp {
     int liveness;          /* pids mean something here */
     int cma;               /* single-copy reads (process_vm_readv) work between every pair */
     size_t large_min;      /* messages of at least this many bytes go single-copy */
+    int mem;               /* every rank can map its peers' shared regions (pidfd_getfd works) */
+    size_t mem_min;        /* messages from shared regions of at least this many bytes are read in place */
+    struct shm_mem_state *ms; /* our regions and our mappings of the peers' (shm_mem.c) */
     unsigned char *scratch;/* SHM_PIECE bytes that single-copy receives pass through */
     shm_sop *sop;          /* [n] */
     shm_rop *rop;          /* [n] */
@@ -143,6 +152,20 @@ int tally__shm_adopt(shm_tp *t, int r);
 /* Liveness: 1 if rank r is known to have exited. */
 int tally__shm_peer_dead(shm_tp *t, int r);
 int tally__shm_raise_lost(shm_tp *t, int r, const char *doing);
+/* Shared regions (shm_mem.c): tally_mem_alloc's memfds, and the peers' ones mapped read-only. */
+#define SHM_MEM_MIN (64 << 10) /* below this the slot ring is as fast and does not couple the sender */
+int tally__shm_mem_init(shm_tp *t);
+void tally__shm_mem_fini(shm_tp *t);
+void *tally__shm_mem_alloc(tally__tp *tp, size_t bytes);
+int tally__shm_mem_free(tally__tp *tp, void *ptr);
+/* The region of ours that holds [buf, buf+len): 1 and its id, fd and offset, or 0 when none does. */
+int tally__shm_mem_find(shm_tp *t, const void *buf, size_t len, uint64_t *id, int *fd, uint64_t *off);
+/* Our read-only mapping of rank p's region `id` (fd is its number in p), mapped on first use and
+ * cached; NULL when it cannot be mapped or is shorter than need. */
+const unsigned char *tally__shm_mem_map(shm_tp *t, int p, uint64_t id, int fd, size_t need);
+/* Setup probe: a memfd of ours holding `word`, and whether we can fetch a peer's such memfd. */
+int tally__shm_mem_probe_make(uint64_t word);
+int tally__shm_mem_probe_read(int pidfd, int fd, uint64_t word);
 /* Setup and teardown (shm_setup.c); exchange lives in shm.c. */
 int tally__shm_exchange(tally__tp *tp, const tally__send *s, int ns, const tally__recv *r, int nr);
 void tally__shm_destroy(tally__tp *tp);

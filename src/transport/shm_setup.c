@@ -24,6 +24,8 @@
  *   TALLY_SHM_CMA=0      never read a peer's memory directly: every message goes through the slots
  *                        (any rank saying 0 turns it off for all, so senders and receivers agree)
  *   TALLY_SHM_LARGE=256K messages at least this long go single-copy (process_vm_readv); "off" never.
+ *                        Messages from tally_mem_alloc buffers are read in place (pidfd_getfd + mmap)
+ *                        from max(this, SHM_MEM_MIN) whatever the calibration says; "off" stops that too.
  *                        Unset: rank 0 times the kernel's copy against a plain memcpy at setup and
  *                        uses single-copy from SHM_LARGE_DEFAULT only where it is not slower. (On a
  *                        2-core VM it ran at a third of memcpy's speed: 2-3 GB/s per direction for a
@@ -38,7 +40,8 @@ typedef struct shm_info {
     int32_t pid, mapped, cma_wanted, cma_ok;
     uint64_t pidns, probe_addr, probe;
     int32_t cma_pays; /* rank 0's verdict: the kernel's copy keeps up with memcpy here */
-    int32_t pad;
+    int32_t mem_fd;   /* a memfd holding `probe`, for the peers' pidfd_getfd probe; -1 none */
+    int32_t mem_ok, pad; /* we could fetch and read the next rank's probe memfd */
 } shm_info;
 
 /* What rank 0 broadcasts: where the segment is, or that there is none. */
@@ -47,7 +50,8 @@ typedef struct shm_where {
     uint64_t bytes;
 } shm_where;
 
-static const tally__tp_ops shm_ops = {"shm", tally__shm_exchange, tally__shm_destroy};
+static const tally__tp_ops shm_ops = {"shm", tally__shm_exchange, tally__shm_destroy, tally__shm_mem_alloc,
+                                      tally__shm_mem_free};
 
 static size_t shm_round(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
@@ -210,6 +214,16 @@ static int shm_cma_pays(shm_tp *t) {
     return pays;
 }
 
+/* Fetches the next rank's probe memfd as a receiver fetches a shared region: proves tally_mem_alloc
+ * buffers can be read in place here (same rights as process_vm_readv, but no per-message syscall). */
+static int shm_probe_mem(shm_tp *t, const shm_info *all) {
+    int p = (t->me + 1) % t->n;
+    if (tally__shm_mem_probe_read(t->pidfd[p], all[p].mem_fd, all[p].probe)) return 1;
+    tally__log_debug(1, "shm: rank %d cannot fetch rank %d's memory file (pidfd_getfd: %s); tally_mem_alloc "
+                     "buffers will be sent like any other", t->me, p, strerror(errno));
+    return 0;
+}
+
 static void shm_open_pidfds(shm_tp *t, const shm_info *all) {
     for (int r = 0; r < t->n; r++) {
         t->pid[r] = t->liveness ? all[r].pid : -1;
@@ -265,8 +279,12 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
     if (t->me != 0 && shm_attach(t, &w, why, whylen)) me_ok = 0;
     shm_info mine = {.pid = (int32_t)getpid(), .mapped = me_ok, .cma_wanted = cma_wanted, .pidns = shm_pidns(),
                      .probe_addr = (uint64_t)(uintptr_t)&t->probe, .probe = atomic_load(&t->probe)};
+    mine.mem_fd = tally__shm_mem_probe_make(mine.probe); /* closed once every peer has probed it */
     shm_info *all = calloc((size_t)t->n, sizeof *all);
-    if (!all) return TALLY_E_NOMEM;
+    if (!all) {
+        if (mine.mem_fd >= 0) close(mine.mem_fd);
+        return TALLY_E_NOMEM;
+    }
     rc = tally__boot_allgather(b, &mine, all, sizeof mine);
     if (t->me == 0 && t->name[0]) { /* every rank has it open (or gave up): nothing left behind */
         shm_unlink(t->name);
@@ -286,12 +304,19 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
         shm_open_pidfds(t, all);
         mine.cma_ok = cma && same_ns && shm_probe_cma(t, all);
         mine.cma_pays = mine.cma_ok && calibrate && t->me == 0 && shm_cma_pays(t);
+        mine.mem_ok = same_ns && shm_probe_mem(t, all);
         rc = tally__boot_allgather(b, &mine, all, sizeof mine);
-        for (int r = 0; r < t->n && !rc; r++) cma &= all[r].cma_ok;
+        int mem = 1;
+        for (int r = 0; r < t->n && !rc; r++) {
+            cma &= all[r].cma_ok;
+            mem &= all[r].mem_ok;
+        }
         t->cma = !rc && cma && same_ns;
+        t->mem = !rc && mem && same_ns;
         if (!rc && calibrate) t->large_min = all[0].cma_pays ? SHM_LARGE_DEFAULT : SHM_LARGE_OFF;
     }
     free(all);
+    if (mine.mem_fd >= 0) close(mine.mem_fd);
     return rc;
 }
 
@@ -313,11 +338,14 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
                              "size such as 256K, or off", ctx->rank);
     }
     t->large_min = off ? SHM_LARGE_OFF : large_min > SHM_INLINE ? (size_t)large_min : SHM_INLINE + 1;
+    /* Shared regions are read in place whatever the calibration says (no kernel copy to be slow), but
+     * not below SHM_MEM_MIN, and not at all when TALLY_SHM_LARGE=off asks for the slots only. */
+    t->mem_min = off ? SHM_LARGE_OFF : large_min > SHM_MEM_MIN ? (size_t)large_min : SHM_MEM_MIN;
     uint64_t nonce = 0;
     if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = tally__now_ns();
     atomic_store(&t->probe, nonce | 1);
     char why[256] = "";
-    int rc = shm_alloc_state(t) ? TALLY_E_NOMEM : 0;
+    int rc = shm_alloc_state(t) || tally__shm_mem_init(t) ? TALLY_E_NOMEM : 0;
     /* Even without memory this rank must take part in the rendezvous, or the others would wait. */
     int rrc = shm_rendezvous(t, rc == 0, cma_env != 0, large == NULL, why, sizeof why);
     if (!rc) rc = rrc;
@@ -336,6 +364,8 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
         tally__log_debug(1, "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; every message "
                          "goes through the slots", t->n, SHM_NSLOTS, t->slot_bytes >> 10,
                          t->seg_bytes >> 10);
+    tally__log_debug(1, "shm: tally_mem_alloc buffers: %s", t->mem && t->mem_min != SHM_LARGE_OFF
+                     ? "messages of 64 KiB or more are read in place (pidfd_getfd + mmap)" : "sent like any other");
     *out = &t->base;
     return 0;
 }
@@ -344,6 +374,7 @@ void tally__shm_destroy(tally__tp *tp) {
     shm_tp *t = (shm_tp *)tp;
     if (!t) return;
     if (t->seg) munmap(t->seg, t->seg_bytes);
+    tally__shm_mem_fini(t);
     if (t->name[0]) shm_unlink(t->name); /* setup failed before the others mapped it */
     for (int r = 0; t->pidfd && r < t->n; r++)
         if (t->pidfd[r] >= 0) close(t->pidfd[r]);

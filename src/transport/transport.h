@@ -47,6 +47,11 @@ typedef struct tally__tp_ops {
      * Returns 0, or the fault code (TALLY_E_PEER_LOST, _TIMEOUT, _MISMATCH, ...) once one is raised. */
     int (*exchange)(tally__tp *tp, const tally__send *s, int ns, const tally__recv *r, int nr);
     void (*destroy)(tally__tp *tp);
+    /* Optional (NULL: comm.c hands out plain aligned memory): memory peers on this host can read in
+     * place, 64-byte aligned, released by mem_free or destroy. mem_free returns TALLY_E_INVALID for a
+     * pointer mem_alloc did not return. */
+    void *(*mem_alloc)(tally__tp *tp, size_t bytes);
+    int (*mem_free)(tally__tp *tp, void *ptr);
 } tally__tp_ops;
 
 struct tally__tp {

@@ -27,15 +27,7 @@ typedef struct rank_env {
     tally__tp *tp;
 } rank_env;
 
-#define RCHECK(e, cond, ...)                                                       \
-    do {                                                                           \
-        if (!(cond)) {                                                             \
-            (e)->fails++;                                                          \
-            fprintf(stderr, "FAIL rank %d/%d %s:%d: ", (e)->rank, (e)->size, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                          \
-            fputc('\n', stderr);                                                   \
-        }                                                                          \
-    } while (0)
+#define RCHECK(e, cond, ...) TH_RANK_CHECK((e)->fails, (e)->rank, cond, __VA_ARGS__)
 
 static int rank_open(rank_env *e, int rank, int size, double timeout_s) {
     memset(e, 0, sizeof *e);

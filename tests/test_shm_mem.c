@@ -21,15 +21,7 @@ typedef struct rank_ctx {
     size_t off;
 } rank_ctx;
 
-#define RCHECK(x, cond, ...)                                                                        \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            (x)->fails++;                                                                           \
-            fprintf(stderr, "FAIL rank %d/%d %s:%d: ", (x)->rank, (x)->size, __FILE__, __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                                                           \
-            fputc('\n', stderr);                                                                    \
-        }                                                                                           \
-    } while (0)
+#define RCHECK(x, cond, ...) TH_RANK_CHECK((x)->fails, (x)->rank, cond, __VA_ARGS__)
 
 /* ---- buffers ---------------------------------------------------------------------------------- */
 

@@ -19,15 +19,7 @@
 
 static int tt_rank = -1, tt_fail; /* in a rank: its number and its failed checks */
 
-#define RCHECK(cond, ...)                                                                   \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            tt_fail++;                                                                      \
-            fprintf(stderr, "FAIL rank %d %s:%d: ", tt_rank, __FILE__, __LINE__);           \
-            fprintf(stderr, __VA_ARGS__);                                                   \
-            fputc('\n', stderr);                                                            \
-        }                                                                                   \
-    } while (0)
+#define RCHECK(cond, ...) TH_RANK_CHECK(tt_fail, tt_rank, cond, __VA_ARGS__)
 
 typedef struct tt_world {
     int rank, size;

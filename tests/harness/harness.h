@@ -61,6 +61,16 @@ extern int th_passed, th_failed;
             fputc('\n', stderr);                                                  \
         }                                                                         \
     } while (0)
-int th_verdict(const char *name); /* prints the verdict; returns the process exit code */
+int th_verdict(const char *name);
+/* A check inside a rank: counts into that rank's own failure counter and names the rank. */
+#define TH_RANK_CHECK(fails, rank, cond, ...)                                     \
+    do {                                                                          \
+        if (!(cond)) {                                                            \
+            (fails)++;                                                            \
+            fprintf(stderr, "FAIL rank %d %s:%d: ", (rank), __FILE__, __LINE__);  \
+            fprintf(stderr, __VA_ARGS__);                                         \
+            fputc('\n', stderr);                                                  \
+        }                                                                         \
+    } while (0) /* prints the verdict; returns the process exit code */
 
 #endif

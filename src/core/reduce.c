@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "dtype.h"
+#include "log.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -45,7 +46,10 @@ static int isa_choose(const char *want) {
     if (!want || !*want) return cpu;
     for (int l = ISA_SCALAR; l <= ISA_AVX512; l++)
         if (!strcasecmp(want, isa_names[l])) return l < cpu ? l : cpu;
-    return cpu; /* an unknown name must not cost speed; "auto" lands here too */
+    if (strcasecmp(want, "auto")) /* an unknown name must not cost speed, but must not pass unsaid */
+        tally__log_warn("%s='%s' is not one of scalar, avx2, avx512, auto: using %s", TALLY_ENV_ISA, want,
+                        isa_names[cpu]);
+    return cpu;
 }
 
 static int isa_level(void) {

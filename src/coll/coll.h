@@ -32,6 +32,10 @@ static inline int tally__recv_one(const tally__ctx *c, int peer, void *dst, cons
     return tally__xchg(c, NULL, 0, &r, 1);
 }
 
+/* Rank 0 receives every rank's `bytes`-long block into recv, rank-major (its own copied from send
+ * unless in place); the other ranks send theirs. */
+int tally__gather_to_root(const tally__ctx *c, const void *send, void *recv, size_t bytes);
+
 /* Every algorithm implements every collective with the same contract as the public call, except:
  * op is never AVG (the entry point reduces AVG as SUM and divides after), arguments are valid,
  * size >= 2, count >= 1. In place when send == recv (for allgather: send == recv + rank*count*esize;

@@ -62,19 +62,10 @@ int tally__direct_reduce_scatter(const tally__ctx *c, const void *send, void *re
 /* Rank 0 gathers every block in one exchange (plain receives may share one) and sends the whole back. */
 int tally__direct_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     size_t bytes = count * tally_dtype_size(t), total = (size_t)c->size * bytes;
-    int n = c->size, rc;
-    if (c->rank != 0) {
-        if ((rc = tally__send_one(c, 0, send, bytes))) return rc;
-        return tally__recv_one(c, 0, recv, NULL, total, t, TALLY_SUM);
-    }
-    tally__recv *r = malloc((size_t)(n - 1) * sizeof *r);
-    if (!r) return tally__seterr(TALLY_E_NOMEM, "rank 0: direct allgather: no memory");
-    if (recv != send) memcpy(recv, send, bytes);
-    for (int k = 1; k < n; k++)
-        r[k - 1] = (tally__recv){.peer = k, .dst = (char *)recv + (size_t)k * bytes, .len = bytes, .dtype = t};
-    rc = tally__xchg(c, NULL, 0, r, n - 1);
-    free(r);
-    return rc ? rc : root_scatter(c, recv, 0, total);
+    int rc = tally__gather_to_root(c, send, recv, bytes);
+    if (rc) return rc;
+    if (c->rank != 0) return tally__recv_one(c, 0, recv, NULL, total, t, TALLY_SUM);
+    return root_scatter(c, recv, 0, total);
 }
 
 /* The root sends to everyone at once (routing through rank 0 would only add a hop). */

@@ -179,22 +179,9 @@ int tally__tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv
 /* All-gather: every rank sends its block to rank 0 in one exchange, then rank 0 broadcasts the whole
  * vector down the pipelined tree. */
 int tally__tree_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
-    int n = c->size, r = c->rank, rc;
-    size_t es = tally_dtype_size(t), bytes = count * es;
-    if (r == 0) {
-        tally__recv *rv = malloc((size_t)(n - 1) * sizeof *rv);
-        if (!rv) return tally__seterr(TALLY_E_NOMEM, "rank 0: tree allgather: no memory");
-        if (recv != send) memcpy(recv, send, bytes);
-        for (int k = 1; k < n; k++)
-            rv[k - 1] = (tally__recv){.peer = k, .dst = (char *)recv + (size_t)k * bytes, .len = bytes, .dtype = t};
-        rc = tally__xchg(c, NULL, 0, rv, n - 1);
-        free(rv);
-    } else {
-        tally__send s = {.peer = 0, .buf = send, .len = bytes};
-        rc = tally__xchg(c, &s, 1, NULL, 0);
-    }
+    int rc = tally__gather_to_root(c, send, recv, count * tally_dtype_size(t));
     if (rc) return rc;
-    return tally__tree_broadcast(c, recv, (size_t)n * count, t, 0);
+    return tally__tree_broadcast(c, recv, (size_t)c->size * count, t, 0);
 }
 
 /* Empty messages up the tree (a rank reports once its children have), then down (the release). */

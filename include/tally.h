@@ -89,6 +89,11 @@ TALLY_API const char *tally_last_error(void);
 TALLY_API const char *tally_comm_transport(const tally_comm *comm);
 TALLY_API const char *tally_comm_algo_for(const tally_comm *comm, size_t bytes);
 
+/* Payload bytes this rank has sent to its peers in collectives since tally_comm_init (headers and the
+ * set-up measurements not counted); sample it before and after to get the bytes of one step. Read it
+ * from the thread that calls the collectives. */
+TALLY_API unsigned long long tally_comm_bytes_sent(const tally_comm *comm);
+
 /* Size in bytes of one element of a dtype, 0 for an invalid dtype. */
 TALLY_API size_t tally_dtype_size(tally_dtype t);
 /* Names as the CLI spells them ("f32", "sum"), and the reverse; parse returns -1 when unknown. */

@@ -10,6 +10,7 @@ command -v mpirun >/dev/null || tally_need+=(openmpi-bin libopenmpi-dev)
 [ -f /usr/include/openssl/hmac.h ] || tally_need+=(libssl-dev)
 [ -f /usr/include/zlib.h ] || tally_need+=(zlib1g-dev)
 [ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || tally_need+=(libopenblas-dev)
+[ -d /usr/share/datasets/fashion-mnist ] || tally_need+=(dataset-fashion-mnist)
 if [ ${#tally_need[@]} -gt 0 ]; then
   echo "installing: ${tally_need[*]}"
   sudo_cmd=""

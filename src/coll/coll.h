@@ -4,6 +4,7 @@
 #define TALLY_COLL_COLL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <tally.h>
 #include "../transport/transport.h"
 
@@ -13,11 +14,14 @@ typedef enum { TALLY__ALGO_AUTO, TALLY__ALGO_RING, TALLY__ALGO_TREE, TALLY__ALGO
 typedef struct tally__ctx {
     int rank, size;
     tally__tp *tp;
+    uint64_t *sent; /* payload bytes this rank has sent, or NULL: what tally_comm_bytes_sent reports */
 } tally__ctx;
 
 /* One exchange on the context's transport (see transport.h for the rules). */
 static inline int tally__xchg(const tally__ctx *c, const tally__send *s, int ns, const tally__recv *r,
                               int nr) {
+    if (c->sent)
+        for (int i = 0; i < ns; i++) *c->sent += s[i].len;
     return c->tp->ops->exchange(c->tp, s, ns, r, nr);
 }
 

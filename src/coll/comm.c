@@ -20,6 +20,7 @@ struct tally_comm {
     tally__boot *boot;
     tally__sig sig;        /* the collective in flight; the transport stamps it on every message */
     uint64_t seq;
+    uint64_t bytes_sent;   /* payload of every collective since init (not the set-up measurements) */
     int forced_algo;       /* TALLY_ALGO, or TALLY__ALGO_AUTO */
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
@@ -90,6 +91,7 @@ static int tally__comm_setup(tally_comm *c) {
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
+    c->ctx.sent = &c->bytes_sent;
     tally__log_debug(1, "rank %d of %d: transport %s, alpha %.2f us, beta %.3f GB/s, gamma %.3f GB/s, algo %s",
                      c->ctx.rank, c->ctx.size, c->ctx.tp->ops->name, c->cost.alpha * 1e6,
                      1e-9 / (c->cost.beta > 0 ? c->cost.beta : 1e-30),
@@ -122,6 +124,8 @@ TALLY_API int tally_comm_free(tally_comm *c) {
     tally__comm_destroy(c);
     return 0;
 }
+
+TALLY_API unsigned long long tally_comm_bytes_sent(const tally_comm *c) { return c ? c->bytes_sent : 0; }
 
 TALLY_API const char *tally_comm_transport(const tally_comm *c) {
     return c && c->ctx.tp ? c->ctx.tp->ops->name : "none";

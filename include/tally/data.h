@@ -1,0 +1,97 @@
+/* tally/data.h - training data: IDX files (plain or gzip), the Fashion-MNIST and synthetic data sets
+ * in memory, and the distributed sampler that gives each rank its own disjoint shard every epoch. */
+#ifndef TALLY_DATA_H
+#define TALLY_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <tally.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An IDX file (the MNIST format): magic 0x0000TTNN (TT the element type, NN the number of dimensions),
+ * NN big-endian u32 dimensions, then the elements big-endian, row-major. */
+typedef enum {
+    TALLY_IDX_U8 = 0x08, TALLY_IDX_I8 = 0x09, TALLY_IDX_I16 = 0x0B, TALLY_IDX_I32 = 0x0C,
+    TALLY_IDX_F32 = 0x0D, TALLY_IDX_F64 = 0x0E
+} tally_idx_type;
+
+#define TALLY_IDX_MAX_DIMS 8
+
+typedef struct tally_idx {
+    tally_idx_type type;
+    int ndim;
+    uint32_t dims[TALLY_IDX_MAX_DIMS];
+    size_t count;      /* product of dims */
+    void *data;        /* count elements in host byte order (malloc'd) */
+} tally_idx;
+
+/* Reads `path`; a name ending in ".gz" is inflated with zlib. Rejects, with a message naming the file
+ * and what is wrong (tally_last_error()): a missing or unreadable file (TALLY_E_SYSTEM), a bad magic,
+ * unknown type, zero or too many dimensions, a size that overflows, data shorter or longer than the
+ * header says, a corrupt gzip stream (TALLY_E_INVALID). Never allocates more than the file can hold. */
+TALLY_API int tally_idx_read(const char *path, tally_idx *out);
+TALLY_API void tally_idx_free(tally_idx *idx);
+
+/* A data set held in memory: n samples of dim floats, and either class labels or regression targets. */
+typedef struct tally_dataset {
+    size_t n;             /* samples */
+    int dim;              /* features per sample (C*H*W for images) */
+    int channels, height, width; /* image geometry; 0 when the samples are not images */
+    int classes;          /* number of classes; 0 for regression */
+    int tdim;             /* regression target width; 0 for classification */
+    float *x;             /* [n, dim]; images scaled to [0, 1] */
+    int32_t *y;           /* [n] labels when classes > 0, else NULL */
+    float *t;             /* [n, tdim] targets when tdim > 0, else NULL */
+} tally_dataset;
+
+/* Default location of Debian's dataset-fashion-mnist package. */
+#define TALLY_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
+ * t10k-labels-idx1-ubyte from dir (each plain or .gz) and checks they agree (counts, 28x28, labels
+ * < 10). TALLY_E_SYSTEM when a file is absent (the message names it), TALLY_E_INVALID when malformed. */
+TALLY_API int tally_dataset_load_mnist(const char *dir, tally_dataset *train, tally_dataset *test);
+
+/* A learnable stand-in for Fashion-MNIST generated from seed: 1x28x28 images in [0,1], 10 classes
+ * (each a fixed random prototype plus noise), n_train and n_test samples. */
+TALLY_API int tally_dataset_synthetic(uint64_t seed, size_t n_train, size_t n_test, tally_dataset *train,
+                                      tally_dataset *test);
+
+/* Least squares data, the classic data-parallel example: x ~ N(0,1)^features, y = x.w + b + noise*N(0,1)
+ * with w ~ N(0,1)^features and b ~ N(0,1) drawn from seed. true_w (features + 1 floats: w then b) may
+ * be NULL. tdim is 1. */
+TALLY_API int tally_dataset_linear(uint64_t seed, size_t n, int features, float noise, float *true_w,
+                                   tally_dataset *out);
+
+TALLY_API void tally_dataset_free(tally_dataset *d);
+
+/* Distributed sampler. Every epoch has one permutation of 0..n-1 drawn from (seed, epoch), the same on
+ * every rank. Rank r takes positions r, r+size, r+2*size, ... of it, floor(n/size) samples, so shards
+ * are disjoint and equal; the n % size samples left over are skipped this epoch (a different few each
+ * epoch). Consecutive batches of rank r at batch b are positions [i*b*size, (i+1)*b*size) of the
+ * permutation taken together over the ranks: the same samples as one rank with batch b*size. */
+typedef struct tally_sampler {
+    size_t n;         /* data set size */
+    int rank, size;
+    uint64_t seed;
+    int shuffle;      /* 0: identity order every epoch (evaluation) */
+    int epoch;        /* the epoch whose permutation perm holds */
+    size_t *perm;     /* [n] */
+} tally_sampler;
+
+TALLY_API int tally_sampler_init(tally_sampler *s, size_t n, int rank, int size, uint64_t seed, int shuffle);
+/* Draws the permutation of `epoch` (deterministic in seed and epoch alone). */
+TALLY_API void tally_sampler_set_epoch(tally_sampler *s, int epoch);
+/* Samples this rank sees per epoch: floor(n / size). */
+TALLY_API size_t tally_sampler_len(const tally_sampler *s);
+/* Data set index of this rank's i-th sample this epoch (i < tally_sampler_len). */
+TALLY_API size_t tally_sampler_index(const tally_sampler *s, size_t i);
+TALLY_API void tally_sampler_free(tally_sampler *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

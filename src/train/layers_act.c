@@ -1,0 +1,39 @@
+/* layers_act.c - the ReLU activation, forward and backward; backward reads the forward output, so
+ * the layer's input need not be kept. */
+#include <string.h>
+#include <tally/layers.h>
+
+/* Explicit 4-lane vectors: at the build's -O2 gcc neither vectorizes these loops nor if-converts
+ * the scalar compare, and a branch on the sign of random activations mispredicts half the time.
+ * A compare-and-mask has no branch at all. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int v4i __attribute__((vector_size(16)));
+
+static inline v4f load4(const float *p) {
+    v4f v;
+    memcpy(&v, p, sizeof v); /* activations need only float alignment */
+    return v;
+}
+
+static inline void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+
+/* v where mask is all ones, +0 where it is zero. */
+static inline v4f keep(v4f v, v4i mask) { return (v4f)((v4i)v & mask); }
+
+/* "Not <= 0" rather than "> 0": a NaN passes through, as in PyTorch, so a diverging run shows. */
+void tally_relu_forward(float *y, const float *x, size_t n) {
+    const v4f zero = {0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v4f v = load4(x + i);
+        store4(y + i, keep(v, ~(v <= zero)));
+    }
+    for (; i < n; i++) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
+}
+
+void tally_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
+    const v4f zero = {0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) store4(dx + i, keep(load4(dy + i), load4(y + i) > zero));
+    for (; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}

@@ -1,0 +1,276 @@
+/* model.c - builds the linear, mlp and cnn models as op sequences over flat buffers, and runs their
+ * forward pass, backward pass (marking layers ready for the engine) and scoring. */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/err.h"
+#include "rng.h"
+
+static const char *const model_names[] = {"linear", "mlp", "cnn"};
+
+const char *tally__model_name(tally__model_kind k) {
+    return (unsigned)k < sizeof model_names / sizeof *model_names ? model_names[k] : "?";
+}
+
+int tally__model_parse(const char *name) {
+    for (int i = 0; i < (int)(sizeof model_names / sizeof *model_names); i++)
+        if (name && !strcmp(name, model_names[i])) return i;
+    return -1;
+}
+
+static tally__op *model_push(tally__model *m, tally__op_kind kind, size_t in, size_t out) {
+    tally__op *op = &m->op[m->nops++];
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->in = in;
+    op->out = out;
+    op->layer = -1;
+    return op;
+}
+
+/* A layer with parameters: weights then bias, appended to the flat buffer. */
+static void model_add_params(tally__model *m, tally__op *op, size_t nw, size_t nb) {
+    op->layer = m->nlayers;
+    op->w_off = m->nparams;
+    op->b_off = m->nparams + nw;
+    m->offsets[m->nlayers++] = m->nparams;
+    m->nparams += nw + nb;
+    m->offsets[m->nlayers] = m->nparams;
+}
+
+static void model_linear(tally__model *m, int in, int out, int relu) {
+    tally__op *op = model_push(m, TALLY__OP_LINEAR, (size_t)in, (size_t)out);
+    op->fan_in = in;
+    op->fan_out = out;
+    model_add_params(m, op, (size_t)in * out, (size_t)out);
+    m->flops_per_sample += 6.0 * in * out;
+    if (relu) model_push(m, TALLY__OP_RELU, (size_t)out, (size_t)out);
+}
+
+/* conv + relu + 2x2 max-pool; returns the pooled geometry through c/h/w. */
+static void model_conv_block(tally__model *m, int *c, int *h, int *w, int k, int r, int pad) {
+    tally_conv2d_shape s = {.C = *c, .H = *h, .W = *w, .K = k, .R = r, .stride = 1, .pad = pad};
+    int oh = tally_conv2d_out_h(&s), ow = tally_conv2d_out_w(&s);
+    size_t in = (size_t)*c * *h * *w, out = (size_t)k * oh * ow;
+    tally__op *op = model_push(m, TALLY__OP_CONV, in, out);
+    op->conv = s;
+    op->fan_in = *c * r * r;
+    model_add_params(m, op, (size_t)k * *c * r * r, (size_t)k);
+    m->flops_per_sample += 6.0 * (double)k * *c * r * r * oh * ow;
+    model_push(m, TALLY__OP_RELU, out, out);
+    tally__op *pool = model_push(m, TALLY__OP_POOL, out, (size_t)k * (oh / 2) * (ow / 2));
+    pool->pool_c = k;
+    pool->pool_h = oh;
+    pool->pool_w = ow;
+    pool->pool_k = 2;
+    *c = k;
+    *h = oh / 2;
+    *w = ow / 2;
+}
+
+static int model_layout(tally__model *m, const tally__model_cfg *cfg) {
+    switch (cfg->kind) {
+    case TALLY__MODEL_LINEAR:
+        model_linear(m, cfg->in_dim, cfg->outputs, 0);
+        return 0;
+    case TALLY__MODEL_MLP: {
+        int in = cfg->in_dim;
+        for (int i = 0; i < cfg->nhidden; i++) {
+            if (cfg->hidden[i] < 1)
+                return tally__seterr(TALLY_E_INVALID, "model: hidden layer %d has width %d", i, cfg->hidden[i]);
+            model_linear(m, in, cfg->hidden[i], 1);
+            in = cfg->hidden[i];
+        }
+        model_linear(m, in, cfg->outputs, 0);
+        return 0;
+    }
+    case TALLY__MODEL_CNN: {
+        /* LeNet-5 as the PyTorch peer builds it: conv 6@5x5 pad 2, pool, conv 16@5x5, pool, 120, 84. */
+        int c = cfg->channels, h = cfg->height, w = cfg->width;
+        if (c < 1 || h < 12 || w < 12)
+            return tally__seterr(TALLY_E_INVALID, "model cnn: needs images of at least 12x12 (got %dx%dx%d)", c,
+                                 h, w);
+        model_conv_block(m, &c, &h, &w, 6, 5, 2);
+        model_conv_block(m, &c, &h, &w, 16, 5, 0);
+        model_linear(m, c * h * w, 120, 1);
+        model_linear(m, 120, 84, 1);
+        model_linear(m, 84, cfg->outputs, 0);
+        return 0;
+    }
+    }
+    return tally__seterr(TALLY_E_INVALID, "model: unknown kind %d", (int)cfg->kind);
+}
+
+static void *model_alloc(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p) memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+static int model_alloc_buffers(tally__model *m, int B, tally_comm *comm) {
+    size_t pbytes = m->nparams * sizeof(float);
+    m->params = model_alloc(pbytes);
+    m->grads = comm ? tally_mem_alloc(comm, pbytes ? pbytes : 64) : model_alloc(pbytes);
+    if (comm && m->grads) {
+        m->grads_comm = comm;
+        memset(m->grads, 0, pbytes);
+    }
+    if (!m->params || !m->grads) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for %zu parameters", m->nparams);
+    size_t scratch = 0;
+    m->act[0] = NULL; /* the caller's input batch */
+    for (int i = 0; i < m->nops; i++) {
+        const tally__op *op = &m->op[i];
+        size_t out = (size_t)B * op->out;
+        m->act[i + 1] = model_alloc(out * sizeof(float));
+        m->dact[i + 1] = model_alloc(out * sizeof(float));
+        m->activation_bytes += 2 * out * sizeof(float);
+        if (!m->act[i + 1] || !m->dact[i + 1]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
+        if (op->kind == TALLY__OP_POOL) {
+            m->argmax[i] = model_alloc(out * sizeof(int32_t));
+            m->activation_bytes += out * sizeof(int32_t);
+            if (!m->argmax[i]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
+        }
+        if (op->kind == TALLY__OP_CONV) {
+            size_t s = tally_conv2d_scratch_floats(&op->conv, B);
+            if (s > scratch) scratch = s;
+        }
+    }
+    m->probs = model_alloc((size_t)B * m->op[m->nops - 1].out * sizeof(float));
+    m->scratch = scratch ? model_alloc(scratch * sizeof(float)) : NULL;
+    m->activation_bytes += (size_t)B * m->op[m->nops - 1].out * sizeof(float) + scratch * sizeof(float);
+    if (!m->probs || (scratch && !m->scratch)) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
+    return 0;
+}
+
+/* PyTorch's default for Linear and Conv2d: weights and biases uniform in +-1/sqrt(fan_in). */
+static void model_init_params(tally__model *m, uint64_t seed) {
+    tally__rng r;
+    tally__rng_seed(&r, seed, 0x6d6f64656cull); /* "model": a stream of its own */
+    for (int i = 0; i < m->nops; i++) {
+        const tally__op *op = &m->op[i];
+        if (op->layer < 0) continue;
+        float bound = 1.0f / sqrtf((float)op->fan_in);
+        size_t end = m->offsets[op->layer + 1];
+        for (size_t j = op->w_off; j < end; j++) m->params[j] = (2.0f * tally__rng_uniform(&r) - 1.0f) * bound;
+    }
+}
+
+int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed,
+                      tally_comm *comm) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->regression = cfg->kind == TALLY__MODEL_LINEAR;
+    m->max_batch = max_batch;
+    if (max_batch < 1 || cfg->in_dim < 1 || cfg->outputs < 1)
+        return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
+                             max_batch, cfg->in_dim, cfg->outputs);
+    int rc = model_layout(m, cfg);
+    if (!rc) rc = model_alloc_buffers(m, max_batch, comm);
+    if (rc) {
+        tally__model_free(m);
+        return rc;
+    }
+    model_init_params(m, seed);
+    return 0;
+}
+
+void tally__model_free(tally__model *m) {
+    free(m->params);
+    if (m->grads_comm)
+        tally_mem_free(m->grads_comm, m->grads);
+    else
+        free(m->grads);
+    for (int i = 1; i <= m->nops; i++) {
+        free(m->act[i]);
+        free(m->dact[i]);
+    }
+    for (int i = 0; i < m->nops; i++) free(m->argmax[i]);
+    free(m->probs);
+    free(m->scratch);
+    memset(m, 0, sizeof *m);
+}
+
+static void model_op_forward(tally__model *m, int i, int B) {
+    const tally__op *op = &m->op[i];
+    const float *x = m->act[i];
+    float *y = m->act[i + 1];
+    const float *w = m->params + op->w_off, *b = m->params + op->b_off;
+    switch (op->kind) {
+    case TALLY__OP_LINEAR: tally_linear_forward(y, x, w, b, B, op->fan_in, op->fan_out); break;
+    case TALLY__OP_RELU: tally_relu_forward(y, x, (size_t)B * op->out); break;
+    case TALLY__OP_CONV: tally_conv2d_forward(y, x, w, b, &op->conv, B, m->scratch); break;
+    case TALLY__OP_POOL:
+        tally_maxpool_forward(y, m->argmax[i], x, B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
+        break;
+    }
+}
+
+float tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B) {
+    m->act[0] = (float *)x;
+    for (int i = 0; i < m->nops; i++) model_op_forward(m, i, B);
+    const float *out = m->act[m->nops];
+    int C = (int)m->op[m->nops - 1].out;
+    if (m->regression) return tally_mse_forward(out, t, B, C);
+    return tally_softmax_xent_forward(m->probs, out, y, B, C);
+}
+
+/* dx is NULL for the first op: nobody needs the gradient of the input batch. */
+static void model_op_backward(tally__model *m, int i, int B) {
+    const tally__op *op = &m->op[i];
+    float *dx = i ? m->dact[i] : NULL;
+    const float *dy = m->dact[i + 1], *x = m->act[i];
+    const float *w = m->params + op->w_off;
+    float *dw = m->grads + op->w_off, *db = m->grads + op->b_off;
+    switch (op->kind) {
+    case TALLY__OP_LINEAR: tally_linear_backward(dx, dw, db, dy, x, w, B, op->fan_in, op->fan_out); break;
+    case TALLY__OP_RELU:
+        if (dx) tally_relu_backward(dx, dy, m->act[i + 1], (size_t)B * op->out);
+        break;
+    case TALLY__OP_CONV: tally_conv2d_backward(dx, dw, db, dy, x, w, &op->conv, B, m->scratch); break;
+    case TALLY__OP_POOL:
+        if (dx) tally_maxpool_backward(dx, dy, m->argmax[i], B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
+        break;
+    }
+}
+
+int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, tally_ddp *ddp) {
+    const float *out = m->act[m->nops];
+    int C = (int)m->op[m->nops - 1].out;
+    if (m->regression)
+        tally_mse_backward(m->dact[m->nops], out, t, B, C);
+    else
+        tally_softmax_xent_backward(m->dact[m->nops], m->probs, y, B, C);
+    for (int i = m->nops - 1; i >= 0; i--) {
+        model_op_backward(m, i, B);
+        if (ddp && m->op[i].layer >= 0) {
+            int rc = tally_ddp_layer_ready(ddp, m->op[i].layer);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+double tally__model_score(const tally__model *m, const int32_t *y, const float *t, int B) {
+    const float *out = m->act[m->nops];
+    int C = (int)m->op[m->nops - 1].out;
+    double score = 0;
+    for (int s = 0; s < B; s++) {
+        const float *row = out + (size_t)s * C;
+        if (m->regression) {
+            for (int j = 0; j < C; j++) {
+                double e = (double)row[j] - t[(size_t)s * C + j];
+                score += e * e;
+            }
+            continue;
+        }
+        int best = 0;
+        for (int j = 1; j < C; j++)
+            if (row[j] > row[best]) best = j;
+        score += best == y[s];
+    }
+    return score;
+}

@@ -1,0 +1,148 @@
+/* report.c - what rank 0 shows of a training run: the progress bar (or plain lines off a terminal),
+ * the closing summary, and the same summary as JSON. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/clock.h"
+#include "../core/err.h"
+#include "trainer.h"
+
+#define BAR_WIDTH 24
+#define TTY_REDRAW_S 0.1
+#define PLAIN_EVERY_PCT 10
+
+void tally__progress_init(tally__progress *p, FILE *out, long total_steps) {
+    memset(p, 0, sizeof *p);
+    p->out = out;
+    p->tty = isatty(fileno(out));
+    p->total_steps = total_steps > 0 ? total_steps : 1;
+    p->t0 = tally__now_s();
+    p->last_pct = -1;
+}
+
+static void fmt_hms(char *buf, size_t n, double s) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+void tally__progress_update(tally__progress *p, long step, int epoch, int epochs, double samples, double loss) {
+    double now = tally__now_s(), el = now - p->t0;
+    int pct = (int)(100.0 * step / p->total_steps);
+    if (p->tty ? now - p->last < TTY_REDRAW_S && step < p->total_steps
+               : pct / PLAIN_EVERY_PCT == p->last_pct / PLAIN_EVERY_PCT && step < p->total_steps)
+        return;
+    p->last = now;
+    p->last_pct = pct;
+    char eta[32], bar[BAR_WIDTH + 1];
+    fmt_hms(eta, sizeof eta, step ? el / step * (p->total_steps - step) : 0);
+    int fill = (int)((double)BAR_WIDTH * step / p->total_steps);
+    for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+    bar[BAR_WIDTH] = 0;
+    double rate = el > 0 ? samples / el : 0;
+    if (p->tty)
+        fprintf(p->out, "\r\033[Kepoch %d/%d [%s] %3d%% step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f", epoch + 1,
+                epochs, bar, pct, step, p->total_steps, eta, rate, loss);
+    else
+        fprintf(p->out, "epoch %d/%d  %3d%%  step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f\n", epoch + 1, epochs,
+                pct, step, p->total_steps, eta, rate, loss);
+    fflush(p->out);
+}
+
+void tally__progress_end(tally__progress *p) {
+    if (p->out && p->tty && p->last > 0) {
+        fputc('\n', p->out);
+        fflush(p->out);
+        p->last = 0;
+    }
+}
+
+/* Per-step means of this rank's timers, in milliseconds. */
+typedef struct step_ms {
+    double step, data, compute, update, wait, comm;
+} step_ms;
+
+static step_ms per_step(const tally__train_result *r) {
+    double n = r->steps > 0 ? (double)r->steps : 1;
+    return (step_ms){.step = r->train_s / n * 1e3,
+                     .data = r->data_s / n * 1e3,
+                     .compute = r->compute_s / n * 1e3,
+                     .update = r->update_s / n * 1e3,
+                     .wait = r->wait_s / n * 1e3,
+                     .comm = r->comm_s / n * 1e3};
+}
+
+static double gflops_per_rank(const tally__train_result *r, int world) {
+    return r->train_s > 0 ? r->flops_per_sample * r->samples / world / r->train_s * 1e-9 : 0;
+}
+
+void tally__summary_print(FILE *out, const tally__run_info *in, const tally__train_result *r) {
+    step_ms ms = per_step(r);
+    double steps = r->steps > 0 ? (double)r->steps : 1;
+    fprintf(out, "summary: %s %s (%zu parameters) on %s, %d rank%s over %s, batch %d/rank x accum %d, %s lr %g\n",
+            in->model, in->arch, r->nparams, in->data, in->world, in->world == 1 ? "" : "s", in->transport, in->batch,
+            in->accum, in->optimizer, in->lr);
+    if (!r->evaluated)
+        fprintf(out, "  test             not evaluated (--no-eval)\n");
+    else if (r->test_acc >= 0)
+        fprintf(out, "  test accuracy    %.4f (test loss %.4f) after %d epoch%s\n", r->test_acc, r->test_loss,
+                in->epochs, in->epochs == 1 ? "" : "s");
+    else
+        fprintf(out, "  test mse         %.6f after %d epoch%s\n", r->test_loss, in->epochs, in->epochs == 1 ? "" : "s");
+    fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
+    fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
+            ms.data, ms.compute, ms.wait, ms.update);
+    fprintf(out, "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
+                 "%.1f%% not hidden\n",
+            ms.comm, r->buckets, r->buckets == 1 ? "" : "s", in->bucket_mb,
+            in->overlap ? "overlapped with backward" : "after backward", ms.step > 0 ? 100 * ms.comm / ms.step : 0,
+            ms.step > 0 ? 100 * ms.wait / ms.step : 0);
+    fprintf(out, "  bytes sent       %.0f per step per rank\n", (double)r->bytes_sent / steps);
+    double gf = gflops_per_rank(r, in->world);
+    if (r->peak_gflops > 0)
+        fprintf(out, "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread sgemm %.1f GFLOP/s\n", gf,
+                gf / r->peak_gflops, r->peak_gflops);
+    else
+        fprintf(out, "  compute          %.1f GFLOP/s per rank\n", gf);
+    fprintf(out, "  replicas         %s\n", r->replicas_identical ? "bit-identical on every rank" : "DIFFER");
+    fflush(out);
+}
+
+int tally__summary_json(const char *path, const tally__run_info *in, const tally__train_result *r) {
+    FILE *f = fopen(path, "w");
+    if (!f) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));
+    step_ms ms = per_step(r);
+    double steps = r->steps > 0 ? (double)r->steps : 1, gf = gflops_per_rank(r, in->world);
+    char hash[65];
+    for (int i = 0; i < 32; i++) snprintf(hash + 2 * i, 3, "%02x", r->hash[i]);
+    fprintf(f, "{\n  \"model\": \"%s\", \"arch\": \"%s\", \"params\": %zu, \"data\": \"%s\",\n", in->model, in->arch,
+            r->nparams, in->data);
+    fprintf(f, "  \"world\": %d, \"transport\": \"%s\", \"batch_per_rank\": %d, \"accum\": %d, \"epochs\": %d,\n",
+            in->world, in->transport, in->batch, in->accum, in->epochs);
+    fprintf(f, "  \"optimizer\": \"%s\", \"lr\": %g, \"overlap\": %s, \"bucket_mb\": %g,\n", in->optimizer, in->lr,
+            in->overlap ? "true" : "false", in->bucket_mb);
+    if (!r->evaluated)
+        fprintf(f, "  \"test_accuracy\": null, \"test_loss\": null,\n");
+    else if (r->test_acc >= 0)
+        fprintf(f, "  \"test_accuracy\": %.6f, \"test_loss\": %.6f,\n", r->test_acc, r->test_loss);
+    else
+        fprintf(f, "  \"test_accuracy\": null, \"test_mse\": %.8f,\n", r->test_loss);
+    fprintf(f, "  \"train_loss\": %.6f, \"steps\": %ld, \"samples\": %.0f, \"train_seconds\": %.4f, "
+               "\"samples_per_s\": %.1f,\n",
+            r->last_loss, r->steps, r->samples, r->train_s, r->samples_per_s);
+    fprintf(f, "  \"step_ms\": {\"total\": %.4f, \"data\": %.4f, \"compute\": %.4f, \"wait\": %.4f, \"update\": %.4f, "
+               "\"comm\": %.4f},\n",
+            ms.step, ms.data, ms.compute, ms.wait, ms.update, ms.comm);
+    fprintf(f, "  \"comm_share\": %.4f, \"comm_exposed_share\": %.4f, \"bytes_sent_per_step\": %.0f,\n",
+            ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
+    fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",
+            r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0);
+    fprintf(f, "  \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n", hash,
+            r->replicas_identical ? "true" : "false");
+    if (fclose(f) != 0) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));
+    return 0;
+}

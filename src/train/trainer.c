@@ -1,0 +1,277 @@
+/* trainer.c - one rank's synchronous data-parallel training run: sampler, micro-batches, the engine's
+ * averaged gradients, the optimizer step, evaluation each epoch, and the figures of the summary. */
+#include "trainer.h"
+
+#include <cblas.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tally/ddp.h>
+
+#include "../core/clock.h"
+#include "../core/err.h"
+
+void tally__train_cfg_default(tally__train_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->model = TALLY__MODEL_MLP;
+    cfg->data = "fashion-mnist";
+    cfg->epochs = 1;
+    cfg->batch = 64;
+    cfg->accum = 1;
+    tally_optim_cfg_default(&cfg->optim, TALLY_OPTIM_SGD);
+    cfg->decay = TALLY_DECAY_NONE;
+    cfg->step_gamma = 0.1f;
+    cfg->eval = 1;
+    cfg->threads = 1;
+}
+
+/* Everything a run holds, so the loop and the evaluation take one argument. */
+typedef struct train_run {
+    const tally__train_cfg *cfg;
+    tally_comm *comm;
+    int rank, size;
+    tally_dataset train, test;
+    tally_sampler sampler;
+    tally__model model;
+    tally_ddp *ddp;
+    tally_optim optim;
+    tally_lr_schedule sched;
+    float *xb, *tb;          /* one gathered micro-batch */
+    int32_t *yb;
+    long steps_per_epoch;
+    tally__progress progress;
+} train_run;
+
+static void train_model_cfg(const train_run *r, tally__model_cfg *mc) {
+    const tally__train_cfg *cfg = r->cfg;
+    memset(mc, 0, sizeof *mc);
+    mc->kind = cfg->model;
+    mc->in_dim = r->train.dim;
+    mc->channels = r->train.channels ? r->train.channels : 1;
+    mc->height = r->train.height;
+    mc->width = r->train.width;
+    mc->outputs = r->train.classes ? r->train.classes : r->train.tdim;
+    mc->nhidden = cfg->nhidden;
+    memcpy(mc->hidden, cfg->hidden, sizeof mc->hidden);
+    if (mc->kind == TALLY__MODEL_MLP && mc->nhidden == 0) {
+        mc->nhidden = 2;
+        mc->hidden[0] = mc->hidden[1] = 512;
+    }
+}
+
+static float train_default_lr(const tally__train_cfg *cfg) {
+    if (cfg->lr > 0) return cfg->lr;
+    if (cfg->optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
+    return cfg->model == TALLY__MODEL_LINEAR ? 0.01f : 0.05f;
+}
+
+static int train_setup(train_run *r, tally__train_result *res) {
+    const tally__train_cfg *cfg = r->cfg;
+    const char *data_name = NULL;
+    int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
+    if (rc) return rc;
+    res->data_name = data_name;
+    if (cfg->model == TALLY__MODEL_LINEAR) res->true_w_len = r->train.dim + 1;
+    if (cfg->model == TALLY__MODEL_CNN && !r->train.height)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: the cnn model needs image data", r->rank);
+    if ((rc = tally_sampler_init(&r->sampler, r->train.n, r->rank, r->size, cfg->seed, 1))) return rc;
+    size_t per_step = (size_t)cfg->batch * cfg->accum;
+    r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / per_step);
+    if (r->steps_per_epoch < 1)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: %zu training samples per rank cannot fill one step of batch %d x accum %d;"
+                             " use a smaller --batch or --accum, or fewer ranks",
+                             r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->accum);
+    tally__model_cfg mc;
+    train_model_cfg(r, &mc);
+    if ((rc = tally__model_init(&r->model, &mc, cfg->batch, cfg->seed, r->comm))) return rc;
+    /* Identical initialisation already follows from the seed; the broadcast makes it so by contract. */
+    if ((rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams))) return rc;
+    tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
+                            .no_overlap = cfg->no_overlap,
+                            .accum = cfg->accum};
+    if ((rc = tally_ddp_create(r->comm, r->model.grads, r->model.nparams, r->model.offsets, r->model.nlayers,
+                               &dopts, &r->ddp)))
+        return rc;
+    if ((rc = tally_optim_init(&r->optim, &cfg->optim, r->model.nparams))) return rc;
+    float lr = train_default_lr(cfg);
+    long total = r->steps_per_epoch * cfg->epochs;
+    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
+    r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, r->size) : lr,
+                                   .warmup_steps = cfg->warmup_steps,
+                                   .decay = cfg->decay,
+                                   .total_steps = total,
+                                   .min_lr = cfg->min_lr,
+                                   .step_every = cfg->step_every,
+                                   .step_gamma = cfg->step_gamma};
+    res->lr = r->sched.lr;
+    size_t B = (size_t)cfg->batch;
+    r->xb = malloc(B * r->train.dim * sizeof(float));
+    r->yb = malloc(B * sizeof(int32_t));
+    r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
+    if (!r->xb || !r->yb || !r->tb) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    res->nparams = r->model.nparams;
+    res->flops_per_sample = r->model.flops_per_sample;
+    return 0;
+}
+
+static void train_teardown(train_run *r) {
+    tally_ddp_free(r->ddp);
+    tally_optim_free(&r->optim);
+    tally__model_free(&r->model);
+    tally_sampler_free(&r->sampler);
+    tally_dataset_free(&r->train);
+    tally_dataset_free(&r->test);
+    free(r->xb);
+    free(r->yb);
+    free(r->tb);
+}
+
+/* Copies the samples at data set indices idx[0..B) into the micro-batch buffers. */
+static void train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B) {
+    size_t dim = (size_t)d->dim;
+    for (int s = 0; s < B; s++) {
+        memcpy(r->xb + s * dim, d->x + idx[s] * dim, dim * sizeof(float));
+        if (d->y) r->yb[s] = d->y[idx[s]];
+        if (d->t) memcpy(r->tb + (size_t)s * d->tdim, d->t + idx[s] * d->tdim, (size_t)d->tdim * sizeof(float));
+    }
+}
+
+typedef struct step_times {
+    double data, compute, update;
+    double loss;
+} step_times;
+
+/* One optimizer step: accum micro-batches of batch samples each, starting at sampler position pos. */
+static int train_step(train_run *r, long step, size_t pos, step_times *st) {
+    const tally__train_cfg *cfg = r->cfg;
+    int B = cfg->batch, rc;
+    size_t idx[B];
+    for (int k = 0; k < cfg->accum; k++) {
+        uint64_t t0 = tally__now_ns();
+        for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
+        train_gather(r, &r->train, idx, B);
+        uint64_t t1 = tally__now_ns();
+        if ((rc = tally_ddp_begin(r->ddp)) < 0) return rc;
+        st->loss += tally__model_forward(&r->model, r->xb, r->yb, r->tb, B) / cfg->accum;
+        if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, r->ddp))) return rc;
+        uint64_t t2 = tally__now_ns();
+        if ((rc = tally_ddp_wait(r->ddp))) return rc;
+        st->data += (double)(t1 - t0) * 1e-9;
+        st->compute += (double)(t2 - t1) * 1e-9;
+    }
+    uint64_t t3 = tally__now_ns();
+    tally_optim_step(&r->optim, r->model.params, r->model.grads, tally_lr_at(&r->sched, step));
+    memset(r->model.grads, 0, r->model.nparams * sizeof(float));
+    st->update += (double)(tally__now_ns() - t3) * 1e-9;
+    return 0;
+}
+
+/* Test loss and score over the whole test set, each rank taking every size-th sample. */
+static int train_evaluate(train_run *r, tally__train_result *res) {
+    const tally_dataset *d = &r->test;
+    int B = r->cfg->batch;
+    size_t idx[B];
+    double sums[3] = {0, 0, 0}; /* score, loss * samples, samples */
+    for (size_t i = (size_t)r->rank; i < d->n;) {
+        int n = 0;
+        for (; n < B && i < d->n; n++, i += (size_t)r->size) idx[n] = i;
+        train_gather(r, d, idx, n);
+        double loss = tally__model_forward(&r->model, r->xb, r->yb, r->tb, n);
+        sums[0] += tally__model_score(&r->model, r->yb, r->tb, n);
+        sums[1] += loss * n;
+        sums[2] += n;
+    }
+    int rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
+    if (rc) return rc;
+    double n = sums[2] > 0 ? sums[2] : 1;
+    res->evaluated = 1;
+    res->test_acc = r->model.regression ? -1 : sums[0] / n;
+    res->test_loss = r->model.regression ? sums[0] / n / (d->tdim ? d->tdim : 1) : sums[1] / n;
+    return 0;
+}
+
+static int train_epochs(train_run *r, tally__train_result *res) {
+    const tally__train_cfg *cfg = r->cfg;
+    long step = 0, total = r->sched.total_steps;
+    double samples_per_step = (double)cfg->batch * cfg->accum * r->size;
+    step_times st = {0};
+    tally_ddp_stats s0;
+    tally_ddp_get_stats(r->ddp, &s0);
+    if (r->rank == 0 && !cfg->quiet) tally__progress_init(&r->progress, stdout, total);
+    for (int epoch = 0; epoch < cfg->epochs && step < total; epoch++) {
+        tally_sampler_set_epoch(&r->sampler, epoch);
+        double epoch_loss = 0;
+        long epoch_steps = 0;
+        uint64_t t0 = tally__now_ns();
+        for (long s = 0; s < r->steps_per_epoch && step < total; s++, step++) {
+            double before = st.loss;
+            int rc = train_step(r, step, (size_t)s * cfg->batch * cfg->accum, &st);
+            if (rc) return rc;
+            epoch_loss += st.loss - before;
+            epoch_steps++;
+            if (r->rank == 0 && !cfg->quiet)
+                tally__progress_update(&r->progress, step + 1, epoch, cfg->epochs,
+                                       (double)(step + 1) * samples_per_step, st.loss - before);
+        }
+        res->train_s += (double)(tally__now_ns() - t0) * 1e-9;
+        res->last_loss = epoch_loss / (epoch_steps ? epoch_steps : 1);
+        if (cfg->eval) {
+            int rc = train_evaluate(r, res);
+            if (rc) return rc;
+            if (r->rank == 0 && !cfg->quiet) {
+                tally__progress_end(&r->progress);
+                printf("epoch %d/%d: train loss %.4f, test %s %.4f, test loss %.4f\n", epoch + 1, cfg->epochs,
+                       res->last_loss, r->model.regression ? "mse" : "accuracy",
+                       r->model.regression ? res->test_loss : res->test_acc, res->test_loss);
+                fflush(stdout);
+            }
+        }
+    }
+    if (r->rank == 0 && !cfg->quiet) tally__progress_end(&r->progress);
+    tally_ddp_stats s1;
+    tally_ddp_get_stats(r->ddp, &s1);
+    res->steps = step;
+    res->samples = (double)step * samples_per_step;
+    res->samples_per_s = res->train_s > 0 ? res->samples / res->train_s : 0;
+    res->data_s = st.data;
+    res->compute_s = st.compute;
+    res->update_s = st.update;
+    res->wait_s = s1.wait_s - s0.wait_s;
+    res->comm_s = s1.comm_s - s0.comm_s;
+    res->bytes_sent = s1.bytes_sent - s0.bytes_sent;
+    res->buckets = s1.buckets;
+    return 0;
+}
+
+/* SHA-256 of the parameters, and whether every rank holds the same. */
+static int train_fingerprint(train_run *r, tally__train_result *res) {
+    unsigned int len = 0;
+    if (!EVP_Digest(r->model.params, r->model.nparams * sizeof(float), res->hash, &len, EVP_sha256(), NULL))
+        return tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 of the parameters failed", r->rank);
+    unsigned char all[32 * (size_t)r->size];
+    int rc = tally_allgather(r->comm, res->hash, all, 32, TALLY_U8);
+    if (rc) return rc;
+    res->replicas_identical = 1;
+    for (int i = 1; i < r->size; i++) res->replicas_identical &= !memcmp(all, all + 32 * (size_t)i, 32);
+    res->params = malloc(r->model.nparams * sizeof(float) + 1);
+    if (!res->params) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    memcpy(res->params, r->model.params, r->model.nparams * sizeof(float));
+    return 0;
+}
+
+int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res) {
+    memset(res, 0, sizeof *res);
+    res->test_acc = -1;
+    if (cfg->batch < 1 || cfg->accum < 1 || cfg->epochs < 1)
+        return tally__seterr(TALLY_E_INVALID, "train: batch (%d), accum (%d) and epochs (%d) must be >= 1",
+                             cfg->batch, cfg->accum, cfg->epochs);
+    openblas_set_num_threads(cfg->threads > 0 ? cfg->threads : 1);
+    train_run r = {.cfg = cfg, .comm = comm, .rank = tally_comm_rank(comm), .size = tally_comm_size(comm)};
+    int rc = train_setup(&r, res);
+    if (!rc) rc = train_epochs(&r, res);
+    if (!rc) rc = train_fingerprint(&r, res);
+    if (!rc && cfg->measure_peak && r.rank == 0) res->peak_gflops = tally__sgemm_peak_gflops();
+    train_teardown(&r);
+    return rc;
+}

@@ -1,0 +1,103 @@
+/* trainer.h - the training run behind `tally train`: what to train and how (cfg), and what came of
+ * it (result); also the pieces of a run that live in their own files (data choice, reporting). */
+#ifndef TALLY_TRAIN_TRAINER_H
+#define TALLY_TRAIN_TRAINER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <tally.h>
+#include <tally/data.h>
+#include <tally/optim.h>
+
+#include "model.h"
+
+typedef struct tally__train_cfg {
+    tally__model_kind model;
+    int nhidden, hidden[TALLY__MODEL_MAX_HIDDEN]; /* mlp; nhidden 0 means 512,512 */
+    const char *data;        /* "fashion-mnist" (default), "synthetic", or a directory of IDX files */
+    int epochs;              /* default 1 */
+    long max_steps;          /* > 0: stop after this many optimizer steps in all */
+    int batch;               /* per rank, per micro-batch; default 64 */
+    int accum;               /* micro-batches per step; default 1 */
+    float lr;                /* per rank; 0 means the optimizer's default (sgd 0.05, adamw 1e-3) */
+    int scale_lr;            /* multiply lr by the world size (linear scaling rule) */
+    tally_optim_cfg optim;   /* kind and hyper-parameters (tally_optim_cfg_default fills them) */
+    long warmup_steps;
+    tally_decay decay;
+    float min_lr;
+    long step_every;         /* step decay */
+    float step_gamma;
+    double bucket_mb;        /* 0 means 25 */
+    int no_overlap;
+    uint64_t seed;
+    int eval;                /* evaluate on the test set after every epoch */
+    int quiet;               /* no progress and no summary (tests) */
+    const char *json;        /* write the summary there (rank 0) */
+    int threads;             /* BLAS threads per rank; 0 means 1 */
+    int measure_peak;        /* time single-thread sgemm after training, for MFU */
+    size_t linear_samples;   /* linear model: training set size; 0 means 16384 */
+    size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
+} tally__train_cfg;
+
+/* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
+void tally__train_cfg_default(tally__train_cfg *cfg);
+
+typedef struct tally__train_result {
+    size_t nparams;
+    double lr;                /* peak learning rate used (after --scale-lr) */
+    const char *data_name;    /* what was trained on (static string, or cfg->data) */
+    long steps;               /* optimizer steps taken */
+    double samples;           /* training samples over all ranks */
+    double train_s;           /* wall time in training steps (evaluation excluded) */
+    double samples_per_s;
+    double data_s, compute_s, update_s, wait_s, comm_s; /* per-rank totals over the steps */
+    unsigned long long bytes_sent; /* by this rank in the gradient allreduces */
+    int buckets;              /* gradient buckets per step */
+    double last_loss;         /* mean training loss of the last epoch (this rank's shard) */
+    int evaluated;            /* test_acc / test_loss hold a result */
+    double test_acc;          /* classification; -1 for regression */
+    double test_loss;         /* mean test loss (mse for regression) */
+    double flops_per_sample;
+    double peak_gflops;       /* single-thread sgemm, 0 when not measured */
+    unsigned char hash[32];   /* SHA-256 of the final parameters */
+    int replicas_identical;   /* every rank's hash equal */
+    float *params;            /* malloc'd copy of the final parameters (free it) */
+    float true_w[64];         /* linear model: the generating weights then bias */
+    int true_w_len;
+} tally__train_result;
+
+/* Runs the training on this rank. Every rank calls it with the same cfg. */
+int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);
+
+/* The data sets of a run: Fashion-MNIST from cfg->data (a directory, or the Debian one), synthetic, or
+ * the least-squares set of the linear model. Falls back to synthetic, saying so on rank 0, when the
+ * default data set is absent. */
+int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test,
+                      float *true_w, const char **name);
+
+/* Rank 0's progress line: a bar with ETA on a terminal, a plain line now and then otherwise. */
+typedef struct tally__progress {
+    FILE *out;
+    int tty;
+    long total_steps;
+    double t0, last;
+    int last_pct;
+} tally__progress;
+void tally__progress_init(tally__progress *p, FILE *out, long total_steps);
+void tally__progress_update(tally__progress *p, long step, int epoch, int epochs, double samples, double loss);
+void tally__progress_end(tally__progress *p);
+
+/* The summary after training, as text (rank 0's stdout) and as JSON. */
+typedef struct tally__run_info {
+    const char *model, *data, *transport, *optimizer;
+    char arch[128];
+    int world, batch, accum, epochs, overlap;
+    double lr, bucket_mb;
+} tally__run_info;
+void tally__summary_print(FILE *out, const tally__run_info *info, const tally__train_result *r);
+int tally__summary_json(const char *path, const tally__run_info *info, const tally__train_result *r);
+
+/* Single-thread sgemm rate of this machine in GFLOP/s (about 0.2 s of measuring). */
+double tally__sgemm_peak_gflops(void);
+
+#endif

@@ -1,0 +1,212 @@
+/* cmd_train.c - `tally train`: parses the flags into a training configuration, starts N local ranks of
+ * itself (or joins the job a launcher made), runs the trainer and has rank 0 print the summary. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tally.h>
+
+#include "../src/train/trainer.h"
+#include "cmd.h"
+#include "launch.h"
+
+typedef struct train_opts {
+    tally__train_cfg cfg;
+    int n;                 /* -n: ranks to start (0: join the job, or 1) */
+    const char *transport;
+    char arch[128];
+} train_opts;
+
+static int train_usage(void) {
+    fprintf(stderr,
+            "usage: tally train [-n N] [--model linear|mlp|cnn] [--hidden W1,W2,...]\n"
+            "                   [--data fashion-mnist|synthetic|DIR] [--epochs E] [--steps S] [--batch B]\n"
+            "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
+            "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
+            "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
+            "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
+            "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
+            "averaged in buckets while backward runs, every replica takes the same step.\n"
+            "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
+            "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
+            "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
+            "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
+            "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
+            "mpirun, srun or torchrun it joins that job.\n");
+    return 2;
+}
+
+static int parse_hidden(const char *s, tally__train_cfg *cfg) {
+    cfg->nhidden = 0;
+    char *end;
+    for (;;) {
+        long w = strtol(s, &end, 10);
+        if (end == s || w < 1 || w > (1 << 20) || cfg->nhidden == TALLY__MODEL_MAX_HIDDEN) return -1;
+        cfg->hidden[cfg->nhidden++] = (int)w;
+        if (*end == 0) return 0;
+        if (*end != ',') return -1;
+        s = end + 1;
+    }
+}
+
+static int parse_num(const char *s, double lo, double hi, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCALE_LR, O_OPT, O_MOMENTUM, O_WD,
+       O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
+       O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON };
+
+static const struct option train_longs[] = {
+    {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
+    {"epochs", 1, 0, O_EPOCHS},       {"steps", 1, 0, O_STEPS},           {"batch", 1, 0, O_BATCH},
+    {"lr", 1, 0, O_LR},               {"scale-lr", 0, 0, O_SCALE_LR},     {"optimizer", 1, 0, O_OPT},
+    {"momentum", 1, 0, O_MOMENTUM},   {"weight-decay", 1, 0, O_WD},       {"warmup", 1, 0, O_WARMUP},
+    {"decay", 1, 0, O_DECAY},         {"min-lr", 1, 0, O_MIN_LR},         {"step-every", 1, 0, O_STEP_EVERY},
+    {"step-gamma", 1, 0, O_STEP_GAMMA}, {"accum", 1, 0, O_ACCUM},         {"bucket-mb", 1, 0, O_BUCKET},
+    {"no-overlap", 0, 0, O_NO_OVERLAP}, {"seed", 1, 0, O_SEED},           {"threads", 1, 0, O_THREADS},
+    {"transport", 1, 0, O_TRANSPORT}, {"no-eval", 0, 0, O_NO_EVAL},       {"quiet", 0, 0, O_QUIET},
+    {"json", 1, 0, O_JSON},           {"help", 0, 0, 'h'},                {0, 0, 0, 0}};
+
+/* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
+typedef struct pending {
+    double momentum, wd;
+    int has_momentum, has_wd;
+} pending;
+
+static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
+    tally__train_cfg *c = &o->cfg;
+    double v;
+    int k;
+    switch (ch) {
+    case 'n': return parse_num(a, 1, TALLY_LAUNCH_MAX_RANKS, &v) ? -1 : (o->n = (int)v, 0);
+    case O_MODEL: return (k = tally__model_parse(a)) < 0 ? -1 : (c->model = (tally__model_kind)k, 0);
+    case O_HIDDEN: return parse_hidden(a, c);
+    case O_DATA: c->data = a; return 0;
+    case O_EPOCHS: return parse_num(a, 1, 1e6, &v) ? -1 : (c->epochs = (int)v, 0);
+    case O_STEPS: return parse_num(a, 1, 1e12, &v) ? -1 : (c->max_steps = (long)v, 0);
+    case O_BATCH: return parse_num(a, 1, 1 << 20, &v) ? -1 : (c->batch = (int)v, 0);
+    case O_LR: return parse_num(a, 1e-12, 1e6, &v) ? -1 : (c->lr = (float)v, 0);
+    case O_SCALE_LR: c->scale_lr = 1; return 0;
+    case O_OPT:
+        if ((k = tally_optim_parse(a)) < 0) return -1;
+        tally_optim_cfg_default(&c->optim, (tally_optim_kind)k);
+        return 0;
+    case O_MOMENTUM: p->has_momentum = 1; return parse_num(a, 0, 0.999999, &p->momentum);
+    case O_WD: p->has_wd = 1; return parse_num(a, 0, 10, &p->wd);
+    case O_WARMUP: return parse_num(a, 0, 1e12, &v) ? -1 : (c->warmup_steps = (long)v, 0);
+    case O_DECAY: return (k = tally_decay_parse(a)) < 0 ? -1 : (c->decay = (tally_decay)k, 0);
+    case O_MIN_LR: return parse_num(a, 0, 1e6, &v) ? -1 : (c->min_lr = (float)v, 0);
+    case O_STEP_EVERY: return parse_num(a, 1, 1e12, &v) ? -1 : (c->step_every = (long)v, 0);
+    case O_STEP_GAMMA: return parse_num(a, 0, 1, &v) ? -1 : (c->step_gamma = (float)v, 0);
+    case O_ACCUM: return parse_num(a, 1, 1 << 20, &v) ? -1 : (c->accum = (int)v, 0);
+    case O_BUCKET: return parse_num(a, 1e-6, 1 << 20, &v) ? -1 : (c->bucket_mb = v, 0);
+    case O_NO_OVERLAP: c->no_overlap = 1; return 0;
+    case O_SEED: return parse_num(a, 0, 1.8e19, &v) ? -1 : (c->seed = (uint64_t)v, 0);
+    case O_THREADS: return parse_num(a, 1, 1024, &v) ? -1 : (c->threads = (int)v, 0);
+    case O_TRANSPORT: o->transport = a; return 0;
+    case O_NO_EVAL: c->eval = 0; return 0;
+    case O_QUIET: c->quiet = 1; return 0;
+    case O_JSON: c->json = a; return 0;
+    default: return -1;
+    }
+}
+
+static int train_parse(int argc, char **argv, train_opts *o) {
+    memset(o, 0, sizeof *o);
+    tally__train_cfg_default(&o->cfg);
+    o->cfg.measure_peak = 1;
+    pending p = {0};
+    optind = 1;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "n:h", train_longs, NULL)) != -1) {
+        if (ch == 'h' || train_parse_one(ch, optarg, o, &p)) {
+            if (ch != 'h' && ch != '?') fprintf(stderr, "tally train: bad value for %s: %s\n", argv[optind - 1], optarg);
+            return -1;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "tally train: unexpected argument %s\n", argv[optind]);
+        return -1;
+    }
+    if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;
+    if (p.has_wd) o->cfg.optim.weight_decay = (float)p.wd;
+    return 0;
+}
+
+static void train_arch(const train_opts *o, const tally__train_result *r, char *buf, size_t n) {
+    const tally__train_cfg *c = &o->cfg;
+    if (c->model == TALLY__MODEL_CNN) {
+        snprintf(buf, n, "LeNet-5");
+        return;
+    }
+    if (c->model == TALLY__MODEL_LINEAR) {
+        snprintf(buf, n, "8-1");
+        return;
+    }
+    int len = snprintf(buf, n, "784");
+    int nh = c->nhidden ? c->nhidden : 2;
+    for (int i = 0; i < nh && len < (int)n; i++) len += snprintf(buf + len, n - len, "-%d", c->nhidden ? c->hidden[i] : 512);
+    if (len < (int)n) snprintf(buf + len, n - len, "-10");
+    (void)r;
+}
+
+static int train_as_rank(train_opts *o) {
+    tally_comm *comm = NULL;
+    int rc = tally_comm_init(&comm);
+    if (rc) {
+        fprintf(stderr, "tally train: %s\n", tally_last_error());
+        return 1;
+    }
+    int rank = tally_comm_rank(comm), size = tally_comm_size(comm);
+    if (o->n && o->n != size) {
+        if (rank == 0) fprintf(stderr, "tally train: -n %d but the job has %d ranks\n", o->n, size);
+        tally_comm_free(comm);
+        return 2;
+    }
+    tally__train_result res;
+    rc = tally__train(comm, &o->cfg, &res);
+    if (rc) {
+        fprintf(stderr, "tally train: rank %d: %s\n", rank, tally_last_error());
+        free(res.params);
+        tally_comm_free(comm);
+        return 1;
+    }
+    if (rank == 0) {
+        tally__run_info info = {.model = tally__model_name(o->cfg.model),
+                                .data = res.data_name,
+                                .transport = tally_comm_transport(comm),
+                                .optimizer = tally_optim_name(o->cfg.optim.kind),
+                                .world = size,
+                                .batch = o->cfg.batch,
+                                .accum = o->cfg.accum,
+                                .epochs = o->cfg.epochs,
+                                .overlap = !o->cfg.no_overlap && size > 1,
+                                .lr = res.lr,
+                                .bucket_mb = o->cfg.bucket_mb > 0 ? o->cfg.bucket_mb : 25};
+        train_arch(o, &res, info.arch, sizeof info.arch);
+        if (!o->cfg.quiet) tally__summary_print(stdout, &info, &res);
+        if (o->cfg.json && tally__summary_json(o->cfg.json, &info, &res)) {
+            fprintf(stderr, "tally train: %s\n", tally_last_error());
+            rc = 1;
+        }
+    }
+    free(res.params);
+    tally_comm_free(comm);
+    return rc ? 1 : 0;
+}
+
+int tally_cmd_train(int argc, char **argv) {
+    train_opts o;
+    if (train_parse(argc, argv, &o)) return train_usage();
+    if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
+    if (!tally_launch_in_rank()) {
+        tally_launch_opts lo = {.n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train"};
+        return tally_launch_self(&lo, argc, argv);
+    }
+    return train_as_rank(&o);
+}

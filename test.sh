@@ -14,8 +14,8 @@ if [ "${TALLY_TEST_QUICK:-0}" != 1 ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTALLY_SANITIZE=ON >/dev/null
   cmake --build build-asan -j"$jobs"
   (cd build-asan && TALLY_TEST_LIGHT=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900)
-  # The threaded parts (the monitor thread, faults raised from it) under ThreadSanitizer.
+  # The threaded parts (the monitor thread, faults raised from it, the engine thread) under ThreadSanitizer.
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTALLY_TSAN=ON >/dev/null
-  cmake --build build-tsan -j"$jobs" --target test_boot test_faults
-  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 -R '^(test_boot|test_faults)$')
+  cmake --build build-tsan -j"$jobs" --target test_boot test_faults test_ddp
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 -R '^(test_boot|test_faults|test_ddp)$')
 fi

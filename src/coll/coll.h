@@ -41,7 +41,8 @@ static inline int tally__recv_one(const tally__ctx *c, int peer, void *dst, cons
 int tally__gather_to_root(const tally__ctx *c, const void *send, void *recv, size_t bytes);
 
 /* Every algorithm implements every collective with the same contract as the public call, except:
- * op is never AVG (the entry point reduces AVG as SUM and divides after), arguments are valid,
+ * op is never AVG (the entry point reduces AVG as SUM and divides after; ring's allreduce alone takes
+ * AVG and divides each block between its two phases, where it is in cache), arguments are valid,
  * size >= 2, count >= 1. In place when send == recv (for allgather: send == recv + rank*count*esize;
  * for reduce_scatter: recv == send + rank*count*esize). Results are identical on every rank. */
 #define TALLY__ALGO_DECL(name)                                                                          \

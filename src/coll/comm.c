@@ -222,7 +222,7 @@ TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_
     if (count == 0) return tally__empty(c, algo);
     tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
     switch (algo) {
-    case TALLY__ALGO_RING: rc = tally__ring_allreduce(&c->ctx, send, recv, count, t, rop); break;
+    case TALLY__ALGO_RING: return tally__ring_allreduce(&c->ctx, send, recv, count, t, op); /* AVG inside */
     case TALLY__ALGO_TREE: rc = tally__tree_allreduce(&c->ctx, send, recv, count, t, rop); break;
     case TALLY__ALGO_DIRECT: rc = tally__direct_allreduce(&c->ctx, send, recv, count, t, rop); break;
     default: rc = tally__rhd_allreduce(&c->ctx, send, recv, count, t, rop); break;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/reduce.h"
 #include "blocks.h"
 #include "coll.h"
 
@@ -29,20 +30,25 @@ int tally__ring_allreduce(const tally__ctx *c, const void *send, void *recv, siz
                           tally_op op) {
     int n = c->size, r = c->rank, rc;
     size_t es = tally_dtype_size(t);
+    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r - s, n), rb = mod(r - s - 1, n);
         /* At step 0 our own contribution has not been reduced into recv yet: send it from send. */
         const void *sbuf = tally__at(s == 0 ? send : recv, tally__blk_start(count, n, sb), es);
         size_t roff = tally__blk_start(count, n, rb);
         rc = ring_step(c, sbuf, tally__blk_count(count, n, sb) * es, tally__at(recv, roff, es),
-                       tally__at(send, roff, es), tally__blk_count(count, n, rb) * es, t, op);
+                       tally__at(send, roff, es), tally__blk_count(count, n, rb) * es, t, rop);
         if (rc) return rc;
+    }
+    if (op == TALLY_AVG) { /* our block is complete and still in cache: divide it before it travels */
+        int own = mod(r + 1, n);
+        tally__avg_finish(tally__at(recv, tally__blk_start(count, n, own), es), tally__blk_count(count, n, own), t, n);
     }
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r + 1 - s, n), rb = mod(r - s, n);
         rc = ring_step(c, tally__at(recv, tally__blk_start(count, n, sb), es), tally__blk_count(count, n, sb) * es,
                        tally__at(recv, tally__blk_start(count, n, rb), es), NULL,
-                       tally__blk_count(count, n, rb) * es, t, op);
+                       tally__blk_count(count, n, rb) * es, t, rop);
         if (rc) return rc;
     }
     return 0;

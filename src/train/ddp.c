@@ -36,6 +36,7 @@ struct tally_ddp {
     pthread_mutex_t mu;
     pthread_cond_t work, done_cv;
     int in_flight;       /* a step's buckets may be reduced */
+    int busy;            /* a thread is reducing bucket `done` */
     int done;            /* buckets reduced so far in the step in flight (they go in index order) */
     int stop;
     int err;             /* sticky: the first failed reduction */
@@ -73,7 +74,29 @@ static void ddp_record_error(tally_ddp *d, int rc) {
 }
 
 static int ddp_bucket_launchable(const tally_ddp *d) {
-    return d->in_flight && d->done < d->nbuckets && d->bucket[d->done].remaining == 0;
+    return d->in_flight && !d->busy && d->done < d->nbuckets && d->bucket[d->done].remaining == 0;
+}
+
+/* With mu held and the next bucket launchable: reduces it with mu released (only one thread reduces
+ * at a time: `busy`), then publishes the result. Either the engine thread or the waiter calls it. */
+static void ddp_take_bucket(tally_ddp *d) {
+    int k = d->done, prior = d->err;
+    d->busy = 1;
+    pthread_mutex_unlock(&d->mu);
+    double secs = 0;
+    unsigned long long bytes = 0;
+    int rc = prior ? prior : ddp_reduce_bucket(d, k, &secs, &bytes);
+    pthread_mutex_lock(&d->mu);
+    d->busy = 0;
+    if (rc) {
+        ddp_record_error(d, rc);
+        d->done = d->nbuckets; /* nothing more this step: the waiter returns the error */
+    } else {
+        d->comm_s += secs;
+        d->bytes_sent += bytes;
+        d->done++;
+    }
+    pthread_cond_broadcast(&d->done_cv);
 }
 
 static void *ddp_thread(void *arg) {
@@ -82,21 +105,7 @@ static void *ddp_thread(void *arg) {
     for (;;) {
         while (!d->stop && !ddp_bucket_launchable(d)) pthread_cond_wait(&d->work, &d->mu);
         if (d->stop) break;
-        int k = d->done, prior = d->err;
-        pthread_mutex_unlock(&d->mu);
-        double secs = 0;
-        unsigned long long bytes = 0;
-        int rc = prior ? prior : ddp_reduce_bucket(d, k, &secs, &bytes);
-        pthread_mutex_lock(&d->mu);
-        if (rc) {
-            ddp_record_error(d, rc);
-            d->done = d->nbuckets; /* nothing more this step: the waiter returns the error */
-        } else {
-            d->comm_s += secs;
-            d->bytes_sent += bytes;
-            d->done++;
-        }
-        if (d->done == d->nbuckets) pthread_cond_broadcast(&d->done_cv);
+        ddp_take_bucket(d);
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
@@ -257,13 +266,19 @@ static int ddp_reduce_inline(tally_ddp *d) {
     return 0;
 }
 
+/* What backward left unreduced the waiter reduces itself: handing it to the engine thread would only
+ * add two thread switches (on a busy core, a scheduling delay each) to a wait that has nothing else
+ * to do. A bucket the engine thread is reducing is waited for. */
 static int ddp_wait_thread(tally_ddp *d) {
     pthread_mutex_lock(&d->mu);
-    int kick = 0;
-    for (int l = d->nlayers - 1; l >= 0; l--) kick |= ddp_mark_ready(d, l);
-    if (kick) pthread_cond_signal(&d->work);
+    for (int l = d->nlayers - 1; l >= 0; l--) ddp_mark_ready(d, l);
     uint64_t t0 = tally__now_ns();
-    while (d->done < d->nbuckets) pthread_cond_wait(&d->done_cv, &d->mu);
+    while (d->done < d->nbuckets) {
+        if (ddp_bucket_launchable(d))
+            ddp_take_bucket(d);
+        else
+            pthread_cond_wait(&d->done_cv, &d->mu);
+    }
     d->wait_s += (double)(tally__now_ns() - t0) * 1e-9;
     d->in_flight = 0;
     int rc = d->err;

@@ -42,12 +42,16 @@ static void model_add_params(tally__model *m, tally__op *op, size_t nw, size_t n
     m->offsets[m->nlayers] = m->nparams;
 }
 
+/* FLOPs a layer of `macs` multiply-adds per sample costs in forward and backward: 2 for the forward,
+ * 2 for the weight gradient, 2 for the input gradient, which the first layer does not compute. */
+static double model_flops(const tally__model *m, double macs) { return (m->nops == 1 ? 4.0 : 6.0) * macs; }
+
 static void model_linear(tally__model *m, int in, int out, int relu) {
     tally__op *op = model_push(m, TALLY__OP_LINEAR, (size_t)in, (size_t)out);
     op->fan_in = in;
     op->fan_out = out;
     model_add_params(m, op, (size_t)in * out, (size_t)out);
-    m->flops_per_sample += 6.0 * in * out;
+    m->flops_per_sample += model_flops(m, (double)in * out);
     if (relu) model_push(m, TALLY__OP_RELU, (size_t)out, (size_t)out);
 }
 
@@ -60,7 +64,7 @@ static void model_conv_block(tally__model *m, int *c, int *h, int *w, int k, int
     op->conv = s;
     op->fan_in = *c * r * r;
     model_add_params(m, op, (size_t)k * *c * r * r, (size_t)k);
-    m->flops_per_sample += 6.0 * (double)k * *c * r * r * oh * ow;
+    m->flops_per_sample += model_flops(m, (double)k * *c * r * r * oh * ow);
     model_push(m, TALLY__OP_RELU, out, out);
     tally__op *pool = model_push(m, TALLY__OP_POOL, out, (size_t)k * (oh / 2) * (ow / 2));
     pool->pool_c = k;

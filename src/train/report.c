@@ -31,6 +31,9 @@ static void fmt_hms(char *buf, size_t n, double s) {
 }
 
 void tally__progress_update(tally__progress *p, long step, int epoch, int epochs, double samples, double loss) {
+    /* One step's loss is noisy; a moving average over about the last 50 steps reads better. */
+    p->loss_avg = step <= 1 ? loss : 0.98 * p->loss_avg + 0.02 * loss;
+    loss = p->loss_avg;
     double now = tally__now_s(), el = now - p->t0;
     int pct = (int)(100.0 * step / p->total_steps);
     if (p->tty ? now - p->last < TTY_REDRAW_S && step < p->total_steps
@@ -99,7 +102,7 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     fprintf(out, "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
                  "%.1f%% not hidden\n",
             ms.comm, r->buckets, r->buckets == 1 ? "" : "s", in->bucket_mb,
-            in->overlap ? "overlapped with backward" : "after backward", ms.step > 0 ? 100 * ms.comm / ms.step : 0,
+            !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)", ms.step > 0 ? 100 * ms.comm / ms.step : 0,
             ms.step > 0 ? 100 * ms.wait / ms.step : 0);
     fprintf(out, "  bytes sent       %.0f per step per rank\n", (double)r->bytes_sent / steps);
     double gf = gflops_per_rank(r, in->world);

@@ -82,6 +82,7 @@ typedef struct tally__progress {
     long total_steps;
     double t0, last;
     int last_pct;
+    double loss_avg;
 } tally__progress;
 void tally__progress_init(tally__progress *p, FILE *out, long total_steps);
 void tally__progress_update(tally__progress *p, long step, int epoch, int epochs, double samples, double loss);

@@ -254,8 +254,37 @@ static void test_cli(void) {
     TH_CHECK(rc == 1 && strstr(err, "--batch"), "batch larger than the data: exit %d, %s", rc, err);
 }
 
+/* The named tensors cover the flat buffer exactly, in order, with PyTorch's names and shapes. */
+static void test_tensors(void) {
+    tally__model m;
+    tally__model_cfg cnn = {.kind = TALLY__MODEL_CNN, .in_dim = 784, .channels = 1, .height = 28, .width = 28,
+                            .outputs = 10};
+    TH_CHECK(tally__model_init(&m, &cnn, 4, 1, NULL) == 0, "cnn: %s", tally_last_error());
+    static const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
+                                  "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight",  "fc3.bias"};
+    TH_CHECK(m.ntensors == 10 && m.nparams == 61706, "cnn: %d tensors, %zu parameters", m.ntensors, m.nparams);
+    size_t at = 0;
+    for (int i = 0; i < m.ntensors && i < 10; i++) {
+        const tally__tensor *t = &m.tensor[i];
+        size_t count = 1;
+        for (int d = 0; d < t->ndim; d++) count *= (size_t)t->shape[d];
+        TH_CHECK(!strcmp(t->name, names[i]) && t->offset == at && t->count == count &&
+                     t->param == m.params + at && t->grad == m.grads + at,
+                 "cnn tensor %d: %s at %zu (%zu elements), expected %s at %zu", i, t->name, t->offset, t->count,
+                 names[i], at);
+        at += t->count;
+    }
+    TH_CHECK(at == m.nparams, "cnn tensors cover %zu of %zu parameters", at, m.nparams);
+    TH_CHECK(m.tensor[0].ndim == 4 && m.tensor[0].shape[0] == 6 && m.tensor[0].shape[1] == 1 &&
+                 m.tensor[0].shape[2] == 5 && m.tensor[4].ndim == 2 && m.tensor[4].shape[0] == 120 &&
+                 m.tensor[4].shape[1] == 400,
+             "cnn shapes: conv1.weight and fc1.weight are not [6,1,5,5] and [120,400]");
+    tally__model_free(&m);
+}
+
 int main(void) {
     g_out = th_shared_alloc(sizeof *g_out);
+    test_tensors();
     test_equivalence();
     test_overlap_identical();
     test_linear_recovers_weights();

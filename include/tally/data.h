@@ -70,9 +70,10 @@ TALLY_API void tally_dataset_free(tally_dataset *d);
 
 /* Distributed sampler. Every epoch has one permutation of 0..n-1 drawn from (seed, epoch), the same on
  * every rank. Rank r takes positions r, r+size, r+2*size, ... of it, floor(n/size) samples, so shards
- * are disjoint and equal; the n % size samples left over are skipped this epoch (a different few each
- * epoch). Consecutive batches of rank r at batch b are positions [i*b*size, (i+1)*b*size) of the
- * permutation taken together over the ranks: the same samples as one rank with batch b*size. */
+ * are disjoint and equal; the n % size samples left over are skipped that epoch (with shuffling a
+ * different few each epoch; evaluation should not use the sampler, or should score them elsewhere).
+ * Batch i of every rank at batch size b (its samples i*b .. i*b+b-1) together are the positions
+ * [i*b*size, (i+1)*b*size) of the permutation: the same samples as batch i of one rank at b*size. */
 typedef struct tally_sampler {
     size_t n;         /* data set size */
     int rank, size;

@@ -3,6 +3,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -32,14 +33,33 @@ static tally__op *model_push(tally__model *m, tally__op_kind kind, size_t in, si
     return op;
 }
 
-/* A layer with parameters: weights then bias, appended to the flat buffer. */
-static void model_add_params(tally__model *m, tally__op *op, size_t nw, size_t nb) {
+static void model_add_tensor(tally__model *m, const char *layer, const char *what, size_t offset, int ndim,
+                             const int *shape) {
+    tally__tensor *t = &m->tensor[m->ntensors++];
+    snprintf(t->name, sizeof t->name, "%s.%s", layer, what);
+    t->ndim = ndim;
+    t->offset = offset;
+    t->count = 1;
+    for (int i = 0; i < ndim; i++) t->count *= (size_t)(t->shape[i] = shape[i]);
+}
+
+/* A layer with parameters: weight [wshape] then bias [wshape[0]], appended to the flat buffer. */
+static void model_add_params(tally__model *m, tally__op *op, const char *name, int wdim, const int *wshape) {
     op->layer = m->nlayers;
     op->w_off = m->nparams;
-    op->b_off = m->nparams + nw;
+    model_add_tensor(m, name, "weight", m->nparams, wdim, wshape);
+    op->b_off = m->nparams + m->tensor[m->ntensors - 1].count;
+    model_add_tensor(m, name, "bias", op->b_off, 1, wshape);
     m->offsets[m->nlayers++] = m->nparams;
-    m->nparams += nw + nb;
+    m->nparams = op->b_off + (size_t)wshape[0];
     m->offsets[m->nlayers] = m->nparams;
+}
+
+/* Names as PyTorch's modules would have them: fc1, fc2, ... and conv1, conv2, ... */
+static void model_layer_name(const tally__model *m, const char *prefix, char *buf, size_t n) {
+    int k = 1;
+    for (int i = 0; i < m->nops - 1; i++) k += m->op[i].layer >= 0 && m->op[i].kind == m->op[m->nops - 1].kind;
+    snprintf(buf, n, "%s%d", prefix, k);
 }
 
 /* FLOPs a layer of `macs` multiply-adds per sample costs in forward and backward: 2 for the forward,
@@ -50,7 +70,9 @@ static void model_linear(tally__model *m, int in, int out, int relu) {
     tally__op *op = model_push(m, TALLY__OP_LINEAR, (size_t)in, (size_t)out);
     op->fan_in = in;
     op->fan_out = out;
-    model_add_params(m, op, (size_t)in * out, (size_t)out);
+    char name[16] = "linear"; /* the linear model's one layer */
+    if (m->cfg.kind != TALLY__MODEL_LINEAR) model_layer_name(m, "fc", name, sizeof name);
+    model_add_params(m, op, name, 2, (int[]){out, in});
     m->flops_per_sample += model_flops(m, (double)in * out);
     if (relu) model_push(m, TALLY__OP_RELU, (size_t)out, (size_t)out);
 }
@@ -63,7 +85,9 @@ static void model_conv_block(tally__model *m, int *c, int *h, int *w, int k, int
     tally__op *op = model_push(m, TALLY__OP_CONV, in, out);
     op->conv = s;
     op->fan_in = *c * r * r;
-    model_add_params(m, op, (size_t)k * *c * r * r, (size_t)k);
+    char name[16];
+    model_layer_name(m, "conv", name, sizeof name);
+    model_add_params(m, op, name, 4, (int[]){k, *c, r, r});
     m->flops_per_sample += model_flops(m, (double)k * *c * r * r * oh * ow);
     model_push(m, TALLY__OP_RELU, out, out);
     tally__op *pool = model_push(m, TALLY__OP_POOL, out, (size_t)k * (oh / 2) * (ow / 2));
@@ -185,6 +209,10 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
     if (rc) {
         tally__model_free(m);
         return rc;
+    }
+    for (int i = 0; i < m->ntensors; i++) {
+        m->tensor[i].param = m->params + m->tensor[i].offset;
+        m->tensor[i].grad = m->grads + m->tensor[i].offset;
     }
     model_init_params(m, seed);
     return 0;

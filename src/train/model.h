@@ -26,6 +26,16 @@ typedef struct tally__op {
     int pool_c, pool_h, pool_w, pool_k; /* pool: input geometry and window */
 } tally__op;
 
+/* One named parameter tensor: a view into the flat buffers (PyTorch's names and layouts, so shapes
+ * read as in a state_dict: "fc1.weight" [out, in], "conv1.weight" [K, C, R, R], "*.bias" [out]). */
+#define TALLY__MODEL_MAX_TENSORS (2 * TALLY__MODEL_MAX_OPS)
+typedef struct tally__tensor {
+    char name[24];
+    int ndim, shape[4];
+    size_t offset, count;    /* into params and grads */
+    float *param, *grad;     /* params + offset, grads + offset */
+} tally__tensor;
+
 /* What to build. */
 typedef struct tally__model_cfg {
     tally__model_kind kind;
@@ -43,6 +53,8 @@ typedef struct tally__model {
     tally__op op[TALLY__MODEL_MAX_OPS];
     size_t offsets[TALLY__MODEL_MAX_OPS + 1]; /* layer boundaries in the flat buffers, for the engine */
     size_t nparams;
+    int ntensors;
+    tally__tensor tensor[TALLY__MODEL_MAX_TENSORS]; /* every weight and bias, in buffer order */
     float *params;           /* [nparams]: every layer's w then b, layers in forward order */
     float *grads;            /* [nparams], same layout; from tally_mem_alloc when a comm is given */
     tally_comm *grads_comm;  /* who allocated grads (NULL: plain memory) */

@@ -180,6 +180,22 @@ static const float *padded_input(float *pad_buf, const float *x, const tally_con
     return pad_buf;
 }
 
+/* How one chunk of nb images lays out scratch: patches, the gemm's output, the padded images; the
+ * patches are filled from the chunk's input. */
+typedef struct chunk_bufs {
+    float *col, *out, *pad_buf;
+    int N; /* columns: nb images x output pixels */
+} chunk_bufs;
+
+static chunk_bufs chunk_patches(float *scratch, const float *x, const tally_conv2d_shape *s, geom g, int nb) {
+    chunk_bufs c = {.N = nb * g.P};
+    c.col = scratch;
+    c.out = c.col + (size_t)g.CRR * c.N;
+    c.pad_buf = c.out + (size_t)s->K * c.N;
+    im2col(c.col, padded_input(c.pad_buf, x, s, g, nb), s, g, nb);
+    return c;
+}
+
 void tally_conv2d_forward(float *y, const float *x, const float *w, const float *b,
                           const tally_conv2d_shape *s, int B, float *scratch) {
     geom g = geom_of(s);
@@ -187,12 +203,10 @@ void tally_conv2d_forward(float *y, const float *x, const float *w, const float 
     size_t in_img = (size_t)s->C * s->H * s->W, out_img = (size_t)s->K * g.P;
     for (int b0 = 0; b0 < B; b0 += chunk) {
         int nb = B - b0 < chunk ? B - b0 : chunk;
-        int N = nb * g.P;
-        float *col = scratch, *out = col + (size_t)g.CRR * N, *pad_buf = out + (size_t)s->K * N;
-        im2col(col, padded_input(pad_buf, x + b0 * in_img, s, g, nb), s, g, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->K, N, g.CRR, 1.0f, w, g.CRR, col, N, 0.0f,
-                    out, N);
-        scatter_bias(y + b0 * out_img, out, b, s->K, g, nb);
+        chunk_bufs c = chunk_patches(scratch, x + b0 * in_img, s, g, nb);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->K, c.N, g.CRR, 1.0f, w, g.CRR, c.col, c.N,
+                    0.0f, c.out, c.N);
+        scatter_bias(y + b0 * out_img, c.out, b, s->K, g, nb);
     }
 }
 
@@ -217,14 +231,12 @@ void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, con
     size_t in_img = (size_t)s->C * s->H * s->W, out_img = (size_t)s->K * g.P;
     for (int b0 = 0; b0 < B; b0 += chunk) {
         int nb = B - b0 < chunk ? B - b0 : chunk;
-        int N = nb * g.P;
-        float *col = scratch, *out = col + (size_t)g.CRR * N, *pad_buf = out + (size_t)s->K * N;
         /* Scratch may have served another layer since forward, so the patches are rebuilt. */
-        im2col(col, padded_input(pad_buf, x + b0 * in_img, s, g, nb), s, g, nb);
-        gather_bias_grad(out, db, dy + b0 * out_img, s->K, g, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->K, g.CRR, N, 1.0f, out, N, col, N, 1.0f, dw,
-                    g.CRR);
+        chunk_bufs c = chunk_patches(scratch, x + b0 * in_img, s, g, nb);
+        gather_bias_grad(c.out, db, dy + b0 * out_img, s->K, g, nb);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->K, g.CRR, c.N, 1.0f, c.out, c.N, c.col, c.N, 1.0f,
+                    dw, g.CRR);
         /* The patches are spent once dw has them, so their buffer takes the patch gradients. */
-        if (dx) input_grad(dx + b0 * in_img, col, pad_buf, w, out, s, g, nb);
+        if (dx) input_grad(dx + b0 * in_img, c.col, c.pad_buf, w, c.out, s, g, nb);
     }
 }

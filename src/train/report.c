@@ -115,6 +115,21 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     fflush(out);
 }
 
+/* The data set's name can be a user's directory: quotes, backslashes and control bytes escaped. */
+static void json_escaped(char *out, size_t n, const char *s) {
+    size_t o = 0;
+    for (; *s && o + 7 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            o += (size_t)snprintf(out + o, n - o, "\\%c", ch);
+        else if (ch < 0x20)
+            o += (size_t)snprintf(out + o, n - o, "\\u%04x", ch);
+        else
+            out[o++] = (char)ch;
+    }
+    out[o] = 0;
+}
+
 int tally__summary_json(const char *path, const tally__run_info *in, const tally__train_result *r) {
     FILE *f = fopen(path, "w");
     if (!f) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));
@@ -122,8 +137,10 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
     double steps = r->steps > 0 ? (double)r->steps : 1, gf = gflops_per_rank(r, in->world);
     char hash[65];
     for (int i = 0; i < 32; i++) snprintf(hash + 2 * i, 3, "%02x", r->hash[i]);
+    char data[1024];
+    json_escaped(data, sizeof data, in->data ? in->data : "");
     fprintf(f, "{\n  \"model\": \"%s\", \"arch\": \"%s\", \"params\": %zu, \"data\": \"%s\",\n", in->model, in->arch,
-            r->nparams, in->data);
+            r->nparams, data);
     fprintf(f, "  \"world\": %d, \"transport\": \"%s\", \"batch_per_rank\": %d, \"accum\": %d, \"epochs\": %d,\n",
             in->world, in->transport, in->batch, in->accum, in->epochs);
     fprintf(f, "  \"optimizer\": \"%s\", \"lr\": %g, \"overlap\": %s, \"bucket_mb\": %g,\n", in->optimizer, in->lr,

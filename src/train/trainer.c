@@ -38,6 +38,7 @@ typedef struct train_run {
     tally_lr_schedule sched;
     float *xb, *tb;          /* one gathered micro-batch */
     int32_t *yb;
+    size_t *idx;             /* the data set indices of its samples */
     long steps_per_epoch;
     tally__progress progress;
 } train_run;
@@ -109,7 +110,8 @@ static int train_setup(train_run *r, tally__train_result *res) {
     r->xb = malloc(B * r->train.dim * sizeof(float));
     r->yb = malloc(B * sizeof(int32_t));
     r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
-    if (!r->xb || !r->yb || !r->tb) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    r->idx = malloc(B * sizeof(size_t));
+    if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     res->nparams = r->model.nparams;
     res->flops_per_sample = r->model.flops_per_sample;
     return 0;
@@ -125,6 +127,7 @@ static void train_teardown(train_run *r) {
     free(r->xb);
     free(r->yb);
     free(r->tb);
+    free(r->idx);
 }
 
 /* Copies the samples at data set indices idx[0..B) into the micro-batch buffers. */
@@ -146,7 +149,7 @@ typedef struct step_times {
 static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     const tally__train_cfg *cfg = r->cfg;
     int B = cfg->batch, rc;
-    size_t idx[B];
+    size_t *idx = r->idx;
     for (int k = 0; k < cfg->accum; k++) {
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
@@ -171,7 +174,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
 static int train_evaluate(train_run *r, tally__train_result *res) {
     const tally_dataset *d = &r->test;
     int B = r->cfg->batch;
-    size_t idx[B];
+    size_t *idx = r->idx;
     double sums[3] = {0, 0, 0}; /* score, loss * samples, samples */
     for (size_t i = (size_t)r->rank; i < d->n;) {
         int n = 0;
@@ -249,11 +252,13 @@ static int train_fingerprint(train_run *r, tally__train_result *res) {
     unsigned int len = 0;
     if (!EVP_Digest(r->model.params, r->model.nparams * sizeof(float), res->hash, &len, EVP_sha256(), NULL))
         return tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 of the parameters failed", r->rank);
-    unsigned char all[32 * (size_t)r->size];
+    unsigned char *all = malloc(32 * (size_t)r->size);
+    if (!all) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     int rc = tally_allgather(r->comm, res->hash, all, 32, TALLY_U8);
-    if (rc) return rc;
     res->replicas_identical = 1;
-    for (int i = 1; i < r->size; i++) res->replicas_identical &= !memcmp(all, all + 32 * (size_t)i, 32);
+    for (int i = 1; i < r->size && !rc; i++) res->replicas_identical &= !memcmp(all, all + 32 * (size_t)i, 32);
+    free(all);
+    if (rc) return rc;
     res->params = malloc(r->model.nparams * sizeof(float) + 1);
     if (!res->params) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     memcpy(res->params, r->model.params, r->model.nparams * sizeof(float));

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <tally.h>
 
+#include "../src/core/env.h"
 #include "../src/train/trainer.h"
 #include "cmd.h"
 #include "launch.h"
@@ -25,12 +26,15 @@ static int train_usage(void) {
             "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
             "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
             "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
+            "                   [--zero 0|1|2|3] [--max-mem BYTES]\n"
             "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
             "averaged in buckets while backward runs, every replica takes the same step.\n"
             "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
             "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
             "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
             "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
+            "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
+            "  --max-mem (K/M/G) refuses up front a run that would need more per rank.\n"
             "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
     return 2;
@@ -59,7 +63,7 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 
 enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCALE_LR, O_OPT, O_MOMENTUM, O_WD,
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
-       O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON };
+       O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -70,7 +74,8 @@ static const struct option train_longs[] = {
     {"step-gamma", 1, 0, O_STEP_GAMMA}, {"accum", 1, 0, O_ACCUM},         {"bucket-mb", 1, 0, O_BUCKET},
     {"no-overlap", 0, 0, O_NO_OVERLAP}, {"seed", 1, 0, O_SEED},           {"threads", 1, 0, O_THREADS},
     {"transport", 1, 0, O_TRANSPORT}, {"no-eval", 0, 0, O_NO_EVAL},       {"quiet", 0, 0, O_QUIET},
-    {"json", 1, 0, O_JSON},           {"help", 0, 0, 'h'},                {0, 0, 0, 0}};
+    {"json", 1, 0, O_JSON},           {"zero", 1, 0, O_ZERO},             {"max-mem", 1, 0, O_MAX_MEM},
+    {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
 typedef struct pending {
@@ -112,6 +117,11 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     case O_NO_EVAL: c->eval = 0; return 0;
     case O_QUIET: c->quiet = 1; return 0;
     case O_JSON: c->json = a; return 0;
+    case O_ZERO: return parse_num(a, 0, 3, &v) || v != (int)v ? -1 : (c->zero = (int)v, 0);
+    case O_MAX_MEM: {
+        long long bytes = tally__parse_size(a);
+        return bytes <= 0 ? -1 : (c->max_mem = (size_t)bytes, 0);
+    }
     default: return -1;
     }
 }
@@ -185,7 +195,8 @@ static int train_as_rank(train_opts *o) {
                                 .batch = o->cfg.batch,
                                 .accum = o->cfg.accum,
                                 .epochs = o->cfg.epochs,
-                                .overlap = !o->cfg.no_overlap && size > 1,
+                                .overlap = !o->cfg.no_overlap && size > 1 && !o->cfg.zero,
+                                .zero = o->cfg.zero,
                                 .lr = res.lr,
                                 .bucket_mb = o->cfg.bucket_mb > 0 ? o->cfg.bucket_mb : 25};
         train_arch(o, &res, info.arch, sizeof info.arch);

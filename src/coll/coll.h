@@ -67,6 +67,9 @@ typedef struct tally__cost {
     double gamma; /* seconds per byte reduced */
 } tally__cost;
 
+/* The model's parameters as this communicator measured them at init (for tally plan --calibrate). */
+const tally__cost *tally__comm_cost(const tally_comm *c);
+
 const char *tally__algo_name(int algo);
 int tally__algo_parse(const char *name); /* -1 when unknown */
 /* Predicted seconds for a collective of `bytes` (the full vector for allreduce/broadcast, the

@@ -125,6 +125,8 @@ TALLY_API int tally_comm_free(tally_comm *c) {
     return 0;
 }
 
+const tally__cost *tally__comm_cost(const tally_comm *c) { return &c->cost; }
+
 TALLY_API unsigned long long tally_comm_bytes_sent(const tally_comm *c) { return c ? c->bytes_sent : 0; }
 
 TALLY_API const char *tally_comm_transport(const tally_comm *c) {

@@ -147,15 +147,51 @@ static void *model_alloc(size_t bytes) {
     return p;
 }
 
-static int model_alloc_buffers(tally__model *m, int B, tally_comm *comm) {
-    size_t pbytes = m->nparams * sizeof(float);
-    m->params = model_alloc(pbytes);
-    m->grads = comm ? tally_mem_alloc(comm, pbytes ? pbytes : 64) : model_alloc(pbytes);
-    if (comm && m->grads) {
-        m->grads_comm = comm;
-        memset(m->grads, 0, pbytes);
+/* Bytes model_alloc_buffers allocates for activations at batch B (both passes, pool winners, softmax,
+ * the shared im2col scratch), without allocating. */
+static size_t model_activation_bytes(const tally__model *m, int B) {
+    size_t bytes = 0, scratch = 0;
+    for (int i = 0; i < m->nops; i++) {
+        const tally__op *op = &m->op[i];
+        size_t out = (size_t)B * op->out;
+        bytes += 2 * out * sizeof(float) + (op->kind == TALLY__OP_POOL ? out * sizeof(int32_t) : 0);
+        if (op->kind == TALLY__OP_CONV) {
+            size_t sc = tally_conv2d_scratch_floats(&op->conv, B);
+            if (sc > scratch) scratch = sc;
+        }
     }
-    if (!m->params || !m->grads) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for %zu parameters", m->nparams);
+    return bytes + (size_t)B * m->op[m->nops - 1].out * sizeof(float) + scratch * sizeof(float);
+}
+
+static int model_alloc_flat(tally__model *m, tally_comm *comm, int flags) {
+    size_t pbytes = m->nparams * sizeof(float);
+    if (!(flags & TALLY__MODEL_NO_PARAMS)) {
+        if (!(m->params = model_alloc(pbytes))) goto nomem;
+        m->params_bytes = pbytes;
+    }
+    if (!(flags & TALLY__MODEL_NO_GRADS)) {
+        m->grads = comm ? tally_mem_alloc(comm, pbytes ? pbytes : 64) : model_alloc(pbytes);
+        if (!m->grads) goto nomem;
+        if (comm) {
+            m->grads_comm = comm;
+            memset(m->grads, 0, pbytes);
+        }
+        m->grads_bytes = pbytes;
+    }
+    for (int i = 0; i < m->nops; i++) {
+        tally__op *op = &m->op[i];
+        if (op->layer < 0) continue;
+        op->w = m->params ? m->params + op->w_off : NULL;
+        op->b = m->params ? m->params + op->b_off : NULL;
+        op->dw = m->grads ? m->grads + op->w_off : NULL;
+        op->db = m->grads ? m->grads + op->b_off : NULL;
+    }
+    return 0;
+nomem:
+    return tally__seterr(TALLY_E_NOMEM, "model: out of memory for %zu parameters (%zu bytes)", m->nparams, pbytes);
+}
+
+static int model_alloc_buffers(tally__model *m, int B) {
     size_t scratch = 0;
     m->act[0] = NULL; /* the caller's input batch */
     for (int i = 0; i < m->nops; i++) {
@@ -163,11 +199,9 @@ static int model_alloc_buffers(tally__model *m, int B, tally_comm *comm) {
         size_t out = (size_t)B * op->out;
         m->act[i + 1] = model_alloc(out * sizeof(float));
         m->dact[i + 1] = model_alloc(out * sizeof(float));
-        m->activation_bytes += 2 * out * sizeof(float);
         if (!m->act[i + 1] || !m->dact[i + 1]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
         if (op->kind == TALLY__OP_POOL) {
             m->argmax[i] = model_alloc(out * sizeof(int32_t));
-            m->activation_bytes += out * sizeof(int32_t);
             if (!m->argmax[i]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
         }
         if (op->kind == TALLY__OP_CONV) {
@@ -177,26 +211,56 @@ static int model_alloc_buffers(tally__model *m, int B, tally_comm *comm) {
     }
     m->probs = model_alloc((size_t)B * m->op[m->nops - 1].out * sizeof(float));
     m->scratch = scratch ? model_alloc(scratch * sizeof(float)) : NULL;
-    m->activation_bytes += (size_t)B * m->op[m->nops - 1].out * sizeof(float) + scratch * sizeof(float);
+    m->activation_bytes = model_activation_bytes(m, B);
     if (!m->probs || (scratch && !m->scratch)) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
     return 0;
 }
 
+void tally__model_init_rng(tally__rng *r, uint64_t seed) { tally__rng_seed(r, seed, 0x6d6f64656cull); }
+
 /* PyTorch's default for Linear and Conv2d: weights and biases uniform in +-1/sqrt(fan_in). */
+void tally__model_init_layer(const tally__model *m, int layer, float *dst, tally__rng *r) {
+    const tally__op *op = &m->op[tally__model_layer_op(m, layer)];
+    float bound = 1.0f / sqrtf((float)op->fan_in);
+    size_t n = m->offsets[layer + 1] - m->offsets[layer];
+    for (size_t j = 0; j < n; j++) dst[j] = (2.0f * tally__rng_uniform(r) - 1.0f) * bound;
+}
+
+int tally__model_layer_op(const tally__model *m, int layer) {
+    for (int i = 0; i < m->nops; i++)
+        if (m->op[i].layer == layer) return i;
+    return -1;
+}
+
 static void model_init_params(tally__model *m, uint64_t seed) {
     tally__rng r;
-    tally__rng_seed(&r, seed, 0x6d6f64656cull); /* "model": a stream of its own */
-    for (int i = 0; i < m->nops; i++) {
-        const tally__op *op = &m->op[i];
-        if (op->layer < 0) continue;
-        float bound = 1.0f / sqrtf((float)op->fan_in);
-        size_t end = m->offsets[op->layer + 1];
-        for (size_t j = op->w_off; j < end; j++) m->params[j] = (2.0f * tally__rng_uniform(&r) - 1.0f) * bound;
+    tally__model_init_rng(&r, seed);
+    for (int l = 0; l < m->nlayers; l++) tally__model_init_layer(m, l, m->params + m->offsets[l], &r);
+}
+
+int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_desc *out) {
+    tally__model *m = calloc(1, sizeof *m);
+    if (!m) return tally__seterr(TALLY_E_NOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    int rc = batch < 1 || cfg->in_dim < 1 || cfg->outputs < 1
+                 ? tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
+                                 batch, cfg->in_dim, cfg->outputs)
+                 : model_layout(m, cfg);
+    if (!rc) {
+        memset(out, 0, sizeof *out);
+        out->nparams = m->nparams;
+        out->nlayers = m->nlayers;
+        for (int l = 0; l < m->nlayers; l++)
+            if (m->offsets[l + 1] - m->offsets[l] > out->largest_layer) out->largest_layer = m->offsets[l + 1] - m->offsets[l];
+        out->activation_bytes = model_activation_bytes(m, batch);
+        out->flops_per_sample = m->flops_per_sample;
     }
+    free(m);
+    return rc;
 }
 
 int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed,
-                      tally_comm *comm) {
+                      tally_comm *comm, int flags) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->regression = cfg->kind == TALLY__MODEL_LINEAR;
@@ -205,16 +269,17 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
         return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
                              max_batch, cfg->in_dim, cfg->outputs);
     int rc = model_layout(m, cfg);
-    if (!rc) rc = model_alloc_buffers(m, max_batch, comm);
+    if (!rc) rc = model_alloc_flat(m, comm, flags);
+    if (!rc) rc = model_alloc_buffers(m, max_batch);
     if (rc) {
         tally__model_free(m);
         return rc;
     }
     for (int i = 0; i < m->ntensors; i++) {
-        m->tensor[i].param = m->params + m->tensor[i].offset;
-        m->tensor[i].grad = m->grads + m->tensor[i].offset;
+        m->tensor[i].param = m->params ? m->params + m->tensor[i].offset : NULL;
+        m->tensor[i].grad = m->grads ? m->grads + m->tensor[i].offset : NULL;
     }
-    model_init_params(m, seed);
+    if (m->params) model_init_params(m, seed);
     return 0;
 }
 
@@ -238,7 +303,7 @@ static void model_op_forward(tally__model *m, int i, int B) {
     const tally__op *op = &m->op[i];
     const float *x = m->act[i];
     float *y = m->act[i + 1];
-    const float *w = m->params + op->w_off, *b = m->params + op->b_off;
+    const float *w = op->w, *b = op->b;
     switch (op->kind) {
     case TALLY__OP_LINEAR: tally_linear_forward(y, x, w, b, B, op->fan_in, op->fan_out); break;
     case TALLY__OP_RELU: tally_relu_forward(y, x, (size_t)B * op->out); break;
@@ -249,13 +314,18 @@ static void model_op_forward(tally__model *m, int i, int B) {
     }
 }
 
-float tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B) {
+int tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B,
+                         const tally__model_hooks *h, float *loss) {
     m->act[0] = (float *)x;
-    for (int i = 0; i < m->nops; i++) model_op_forward(m, i, B);
+    for (int i = 0; i < m->nops; i++) {
+        int rc = h && h->before_forward && m->op[i].layer >= 0 ? h->before_forward(h->arg, m->op[i].layer) : 0;
+        if (rc) return rc;
+        model_op_forward(m, i, B);
+    }
     const float *out = m->act[m->nops];
     int C = (int)m->op[m->nops - 1].out;
-    if (m->regression) return tally_mse_forward(out, t, B, C);
-    return tally_softmax_xent_forward(m->probs, out, y, B, C);
+    *loss = m->regression ? tally_mse_forward(out, t, B, C) : tally_softmax_xent_forward(m->probs, out, y, B, C);
+    return 0;
 }
 
 /* dx is NULL for the first op: nobody needs the gradient of the input batch. */
@@ -263,8 +333,8 @@ static void model_op_backward(tally__model *m, int i, int B) {
     const tally__op *op = &m->op[i];
     float *dx = i ? m->dact[i] : NULL;
     const float *dy = m->dact[i + 1], *x = m->act[i];
-    const float *w = m->params + op->w_off;
-    float *dw = m->grads + op->w_off, *db = m->grads + op->b_off;
+    const float *w = op->w;
+    float *dw = op->dw, *db = op->db;
     switch (op->kind) {
     case TALLY__OP_LINEAR: tally_linear_backward(dx, dw, db, dy, x, w, B, op->fan_in, op->fan_out); break;
     case TALLY__OP_RELU:
@@ -277,7 +347,7 @@ static void model_op_backward(tally__model *m, int i, int B) {
     }
 }
 
-int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, tally_ddp *ddp) {
+int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, const tally__model_hooks *h) {
     const float *out = m->act[m->nops];
     int C = (int)m->op[m->nops - 1].out;
     if (m->regression)
@@ -285,11 +355,10 @@ int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int
     else
         tally_softmax_xent_backward(m->dact[m->nops], m->probs, y, B, C);
     for (int i = m->nops - 1; i >= 0; i--) {
+        int layer = m->op[i].layer, rc = 0;
+        if (layer >= 0 && h && h->before_backward && (rc = h->before_backward(h->arg, layer))) return rc;
         model_op_backward(m, i, B);
-        if (ddp && m->op[i].layer >= 0) {
-            int rc = tally_ddp_layer_ready(ddp, m->op[i].layer);
-            if (rc) return rc;
-        }
+        if (layer >= 0 && h && h->after_backward && (rc = h->after_backward(h->arg, layer))) return rc;
     }
     return 0;
 }

@@ -6,7 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <tally.h>
-#include <tally/ddp.h>
 #include <tally/layers.h>
 
 typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__model_kind;
@@ -21,6 +20,8 @@ typedef struct tally__op {
     size_t in, out;          /* floats per sample in and out */
     int layer;               /* index among the layers with parameters, -1 for none */
     size_t w_off, b_off;     /* into the flat buffers: w then b */
+    float *w, *b, *dw, *db;  /* what forward and backward use: the flat buffers, or what ZeRO points
+                              * them at (a gathered layer, a gradient staging buffer) */
     int fan_in, fan_out;     /* linear: in, out features */
     tally_conv2d_shape conv; /* conv */
     int pool_c, pool_h, pool_w, pool_k; /* pool: input geometry and window */
@@ -58,6 +59,7 @@ typedef struct tally__model {
     float *params;           /* [nparams]: every layer's w then b, layers in forward order */
     float *grads;            /* [nparams], same layout; from tally_mem_alloc when a comm is given */
     tally_comm *grads_comm;  /* who allocated grads (NULL: plain memory) */
+    size_t params_bytes, grads_bytes; /* what the flat buffers hold (0 when not allocated) */
     int max_batch;
     float *act[TALLY__MODEL_MAX_OPS + 1]; /* act[0] is the input batch, act[i+1] the output of op i */
     float *dact[TALLY__MODEL_MAX_OPS + 1];
@@ -74,16 +76,49 @@ int tally__model_parse(const char *name);
 
 /* Lays out the model, allocates its buffers for batches up to max_batch (grads through
  * tally_mem_alloc(comm) when comm is not NULL) and initialises the parameters from seed as PyTorch
- * does (uniform in +-1/sqrt(fan_in)). Returns 0 or a TALLY_E_* code with a message. */
-int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed, tally_comm *comm);
+ * does (uniform in +-1/sqrt(fan_in)). flags leave out the flat parameter or gradient buffer (ZeRO
+ * keeps shards instead; it then points each layer's w/b/dw/db where it wants them). Returns 0 or a
+ * TALLY_E_* code with a message. */
+#define TALLY__MODEL_NO_PARAMS 1
+#define TALLY__MODEL_NO_GRADS 2
+int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed, tally_comm *comm,
+                      int flags);
+/* The initial parameters of layer `layer` (weights then bias, offsets[layer+1] - offsets[layer] floats)
+ * as tally__model_init draws them: layer by layer from one stream, so a rank holding a shard can draw
+ * the layers in order into a buffer of one layer and keep its part. Call for layers 0, 1, ... in turn
+ * with the same rng, seeded by tally__model_init_rng. */
+struct tally__rng;
+void tally__model_init_rng(struct tally__rng *r, uint64_t seed);
+void tally__model_init_layer(const tally__model *m, int layer, float *dst, struct tally__rng *r);
+
+/* Called around each layer with parameters (layer index among them); any may be NULL. A non-zero
+ * return stops the pass with that code. */
+typedef struct tally__model_hooks {
+    void *arg;
+    int (*before_forward)(void *arg, int layer);
+    int (*before_backward)(void *arg, int layer);
+    int (*after_backward)(void *arg, int layer); /* its gradients for this micro-batch are complete */
+} tally__model_hooks;
 void tally__model_free(tally__model *m);
 
-/* Forward of B samples x[B, in_dim] with labels (classification) or targets (regression); returns the
- * mean loss. Keeps the activations for backward. */
-float tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B);
-/* Backward of the last forward: adds the gradients into m->grads, marking each layer ready on the
- * engine (NULL: none) as soon as its gradients are complete. */
-int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, tally_ddp *ddp);
+/* What a model of cfg costs, computed from its layout without allocating it (for tally plan): */
+typedef struct tally__model_desc {
+    size_t nparams;
+    int nlayers;
+    size_t largest_layer;    /* parameters of the largest layer (what ZeRO-3 gathers at once) */
+    size_t activation_bytes; /* what tally__model_init allocates for activations at that batch */
+    double flops_per_sample; /* forward + backward */
+} tally__model_desc;
+int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_desc *out);
+
+/* Forward of B samples x[B, in_dim] with labels (classification) or targets (regression); stores the
+ * mean loss in *loss. Keeps the activations for backward. Returns 0 or a hook's error. */
+int tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B,
+                         const tally__model_hooks *h, float *loss);
+/* Backward of the last forward: adds the gradients into each layer's dw/db, calling the hooks. */
+int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, const tally__model_hooks *h);
+/* The index of the op that holds parameter layer `layer`. */
+int tally__model_layer_op(const tally__model *m, int layer);
 /* Correct predictions among the B samples of the last forward (classification), or its summed squared
  * error (regression). */
 double tally__model_score(const tally__model *m, const int32_t *y, const float *t, int B);

@@ -102,9 +102,14 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     fprintf(out, "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
                  "%.1f%% not hidden\n",
             ms.comm, r->buckets, r->buckets == 1 ? "" : "s", in->bucket_mb,
-            !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)", ms.step > 0 ? 100 * ms.comm / ms.step : 0,
+            in->zero ? "per layer (ZeRO)" : !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)", ms.step > 0 ? 100 * ms.comm / ms.step : 0,
             ms.step > 0 ? 100 * ms.wait / ms.step : 0);
     fprintf(out, "  bytes sent       %.0f per step per rank\n", (double)r->bytes_sent / steps);
+    size_t state = r->mem_params + r->mem_grads + r->mem_optim;
+    fprintf(out, "  memory per rank  ZeRO stage %d: parameters %.1f MB + gradients %.1f MB + optimizer %.1f MB = "
+                 "%.1f MB model state; layer buffers %.1f MB; activations %.1f MB; peak RSS %.1f MB\n",
+            in->zero, r->mem_params / 1e6, r->mem_grads / 1e6, r->mem_optim / 1e6, state / 1e6, r->mem_buffers / 1e6,
+            r->mem_activations / 1e6, r->peak_rss / 1e6);
     double gf = gflops_per_rank(r, in->world);
     if (r->peak_gflops > 0)
         fprintf(out, "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread sgemm %.1f GFLOP/s\n", gf,
@@ -161,6 +166,9 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
     fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",
             r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0);
+    fprintf(f, "  \"zero\": %d, \"memory\": {\"params\": %zu, \"grads\": %zu, \"optim\": %zu, \"buffers\": %zu, "
+               "\"activations\": %zu, \"peak_rss\": %zu},\n",
+            in->zero, r->mem_params, r->mem_grads, r->mem_optim, r->mem_buffers, r->mem_activations, r->peak_rss);
     fprintf(f, "  \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n", hash,
             r->replicas_identical ? "true" : "false");
     if (fclose(f) != 0) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));

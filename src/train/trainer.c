@@ -6,10 +6,13 @@
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <tally/ddp.h>
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "memory.h"
+#include "zero.h"
 
 void tally__train_cfg_default(tally__train_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -33,8 +36,10 @@ typedef struct train_run {
     tally_dataset train, test;
     tally_sampler sampler;
     tally__model model;
-    tally_ddp *ddp;
-    tally_optim optim;
+    tally_ddp *ddp;          /* stage 0 */
+    tally_optim optim;       /* stage 0 */
+    tally__zero zero;        /* stages 1-3 */
+    tally__model_hooks hooks;
     tally_lr_schedule sched;
     float *xb, *tb;          /* one gathered micro-batch */
     int32_t *yb;
@@ -66,6 +71,53 @@ static float train_default_lr(const tally__train_cfg *cfg) {
     return cfg->model == TALLY__MODEL_LINEAR ? 0.01f : 0.05f;
 }
 
+/* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */
+static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
+    const tally__train_cfg *cfg = r->cfg;
+    if (!cfg->max_mem) return 0;
+    tally__model_desc d;
+    int rc = tally__model_describe(mc, cfg->batch, &d);
+    if (rc) return rc;
+    tally__mem_need need = tally__mem_predict(&d, cfg->zero, r->size, &cfg->optim);
+    if (need.total <= cfg->max_mem) return 0;
+    return tally__seterr(TALLY_E_NOMEM,
+                         "rank %d: ZeRO stage %d needs %zu bytes per rank (parameters %zu, gradients %zu, optimizer "
+                         "%zu, layer buffers %zu, activations %zu) and --max-mem allows %zu; use a higher --zero "
+                         "stage, more ranks, or a smaller model or batch",
+                         r->rank, cfg->zero, need.total, need.params, need.grads, need.optim, need.buffers,
+                         need.activations, cfg->max_mem);
+}
+
+/* Stage 0: full replicas; the data-parallel engine averages bucket by bucket during backward. */
+static int ddp_layer_ready(void *arg, int layer) { return tally_ddp_layer_ready(arg, layer); }
+
+static int train_setup_ddp(train_run *r, const tally__model_cfg *mc) {
+    const tally__train_cfg *cfg = r->cfg;
+    int rc = tally__model_init(&r->model, mc, cfg->batch, cfg->seed, r->comm, 0);
+    /* Identical initialisation already follows from the seed; the broadcast makes it so by contract. */
+    if (!rc) rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams);
+    if (rc) return rc;
+    tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
+                            .no_overlap = cfg->no_overlap,
+                            .accum = cfg->accum};
+    if ((rc = tally_ddp_create(r->comm, r->model.grads, r->model.nparams, r->model.offsets, r->model.nlayers,
+                               &dopts, &r->ddp)))
+        return rc;
+    r->hooks = (tally__model_hooks){.arg = r->ddp, .after_backward = ddp_layer_ready};
+    return tally_optim_init(&r->optim, &cfg->optim, r->model.nparams);
+}
+
+/* Stages 1-3: the model keeps only what the stage leaves whole; the rest lives in the shards. */
+static int train_setup_zero(train_run *r, const tally__model_cfg *mc) {
+    const tally__train_cfg *cfg = r->cfg;
+    int flags = (cfg->zero >= 2 ? TALLY__MODEL_NO_GRADS : 0) | (cfg->zero == 3 ? TALLY__MODEL_NO_PARAMS : 0);
+    int rc = tally__model_init(&r->model, mc, cfg->batch, cfg->seed, cfg->zero >= 2 ? NULL : r->comm, flags);
+    if (!rc && r->model.params) rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams);
+    if (!rc) rc = tally__zero_init(&r->zero, r->comm, &r->model, cfg->zero, cfg->accum, &cfg->optim, cfg->seed);
+    r->hooks = tally__zero_hooks(&r->zero);
+    return rc;
+}
+
 static int train_setup(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     const char *data_name = NULL;
@@ -85,16 +137,8 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->accum);
     tally__model_cfg mc;
     train_model_cfg(r, &mc);
-    if ((rc = tally__model_init(&r->model, &mc, cfg->batch, cfg->seed, r->comm))) return rc;
-    /* Identical initialisation already follows from the seed; the broadcast makes it so by contract. */
-    if ((rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams))) return rc;
-    tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
-                            .no_overlap = cfg->no_overlap,
-                            .accum = cfg->accum};
-    if ((rc = tally_ddp_create(r->comm, r->model.grads, r->model.nparams, r->model.offsets, r->model.nlayers,
-                               &dopts, &r->ddp)))
-        return rc;
-    if ((rc = tally_optim_init(&r->optim, &cfg->optim, r->model.nparams))) return rc;
+    if ((rc = train_check_memory(r, &mc))) return rc;
+    if ((rc = cfg->zero ? train_setup_zero(r, &mc) : train_setup_ddp(r, &mc))) return rc;
     float lr = train_default_lr(cfg);
     long total = r->steps_per_epoch * cfg->epochs;
     if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
@@ -119,6 +163,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
 
 static void train_teardown(train_run *r) {
     tally_ddp_free(r->ddp);
+    tally__zero_free(&r->zero);
     tally_optim_free(&r->optim);
     tally__model_free(&r->model);
     tally_sampler_free(&r->sampler);
@@ -142,6 +187,8 @@ static void train_gather(train_run *r, const tally_dataset *d, const size_t *idx
 
 typedef struct step_times {
     double data, compute, update;
+    double zero_wait;        /* stages 1-3: collectives inside the passes and the step (all exposed) */
+    unsigned long long bytes; /* sent in the steps' collectives */
     double loss;
 } step_times;
 
@@ -150,23 +197,38 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     const tally__train_cfg *cfg = r->cfg;
     int B = cfg->batch, rc;
     size_t *idx = r->idx;
+    unsigned long long sent0 = tally_comm_bytes_sent(r->comm);
+    double comm0 = r->zero.comm_s;
     for (int k = 0; k < cfg->accum; k++) {
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         train_gather(r, &r->train, idx, B);
         uint64_t t1 = tally__now_ns();
-        if ((rc = tally_ddp_begin(r->ddp)) < 0) return rc;
-        st->loss += tally__model_forward(&r->model, r->xb, r->yb, r->tb, B) / cfg->accum;
-        if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, r->ddp))) return rc;
+        if (r->ddp && (rc = tally_ddp_begin(r->ddp)) < 0) return rc;
+        float loss;
+        if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
+        st->loss += loss / cfg->accum;
+        if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
-        if ((rc = tally_ddp_wait(r->ddp))) return rc;
+        if (r->ddp && (rc = tally_ddp_wait(r->ddp))) return rc;
         st->data += (double)(t1 - t0) * 1e-9;
         st->compute += (double)(t2 - t1) * 1e-9;
     }
+    double comm1 = r->zero.comm_s;
     uint64_t t3 = tally__now_ns();
-    tally_optim_step(&r->optim, r->model.params, r->model.grads, tally_lr_at(&r->sched, step));
-    memset(r->model.grads, 0, r->model.nparams * sizeof(float));
+    float lr = tally_lr_at(&r->sched, step);
+    if (r->ddp) {
+        tally_optim_step(&r->optim, r->model.params, r->model.grads, lr);
+        memset(r->model.grads, 0, r->model.nparams * sizeof(float));
+    } else if ((rc = tally__zero_step(&r->zero, lr))) {
+        return rc;
+    }
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
+    /* ZeRO's collectives run inside the passes and the update: count them as waiting, not work. */
+    st->compute -= comm1 - comm0;
+    st->update -= r->zero.comm_s - comm1;
+    st->zero_wait += r->zero.comm_s - comm0;
+    st->bytes += tally_comm_bytes_sent(r->comm) - sent0;
     return 0;
 }
 
@@ -176,13 +238,21 @@ static int train_evaluate(train_run *r, tally__train_result *res) {
     int B = r->cfg->batch;
     size_t *idx = r->idx;
     double sums[3] = {0, 0, 0}; /* score, loss * samples, samples */
-    for (size_t i = (size_t)r->rank; i < d->n;) {
+    /* Every rank runs as many batches as the rank with the most samples (stage 3 gathers parameters
+     * in each, and collectives need every rank); a rank out of samples scores a stand-in, unseen. */
+    size_t per_rank = (d->n + (size_t)r->size - 1) / (size_t)r->size, batches = (per_rank + (size_t)B - 1) / (size_t)B;
+    for (size_t k = 0, i = (size_t)r->rank; k < batches; k++) {
         int n = 0;
         for (; n < B && i < d->n; n++, i += (size_t)r->size) idx[n] = i;
+        int real = n;
+        if (!n) idx[n++] = 0;
         train_gather(r, d, idx, n);
-        double loss = tally__model_forward(&r->model, r->xb, r->yb, r->tb, n);
+        float loss;
+        int rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, n, &r->hooks, &loss);
+        if (rc) return rc;
+        if (!real) continue;
         sums[0] += tally__model_score(&r->model, r->yb, r->tb, n);
-        sums[1] += loss * n;
+        sums[1] += (double)loss * n;
         sums[2] += n;
     }
     int rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
@@ -240,29 +310,71 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->data_s = st.data;
     res->compute_s = st.compute;
     res->update_s = st.update;
-    res->wait_s = s1.wait_s - s0.wait_s;
-    res->comm_s = s1.comm_s - s0.comm_s;
-    res->bytes_sent = s1.bytes_sent - s0.bytes_sent;
+    res->wait_s = s1.wait_s - s0.wait_s + st.zero_wait;
+    res->comm_s = s1.comm_s - s0.comm_s + st.zero_wait;
+    res->bytes_sent = st.bytes;
     res->buckets = s1.buckets;
+    return 0;
+}
+
+/* Every layer's parameters in order: the flat buffer, or stage 3's gathers (collective). */
+typedef struct fp_ctx {
+    EVP_MD_CTX *md;
+    float *copy;
+    const tally__model *m;
+} fp_ctx;
+
+static void fp_layer(void *arg, int layer, const float *p, size_t n) {
+    fp_ctx *c = arg;
+    EVP_DigestUpdate(c->md, p, n * sizeof(float));
+    if (c->copy) memcpy(c->copy + c->m->offsets[layer], p, n * sizeof(float));
+}
+
+static int train_visit_layers(train_run *r, fp_ctx *c) {
+    if (r->cfg->zero) return tally__zero_each_layer(&r->zero, fp_layer, c);
+    for (int l = 0; l < r->model.nlayers; l++)
+        fp_layer(c, l, r->model.params + r->model.offsets[l], r->model.offsets[l + 1] - r->model.offsets[l]);
     return 0;
 }
 
 /* SHA-256 of the parameters, and whether every rank holds the same. */
 static int train_fingerprint(train_run *r, tally__train_result *res) {
+    fp_ctx c = {.md = EVP_MD_CTX_new(), .m = &r->model};
+    if (r->cfg->keep_params && !(c.copy = res->params = malloc(r->model.nparams * sizeof(float) + 1)))
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     unsigned int len = 0;
-    if (!EVP_Digest(r->model.params, r->model.nparams * sizeof(float), res->hash, &len, EVP_sha256(), NULL))
-        return tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 of the parameters failed", r->rank);
+    int rc = !c.md || !EVP_DigestInit_ex(c.md, EVP_sha256(), NULL)
+                 ? tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 unavailable", r->rank)
+                 : train_visit_layers(r, &c);
+    if (!rc && !EVP_DigestFinal_ex(c.md, res->hash, &len))
+        rc = tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 of the parameters failed", r->rank);
+    EVP_MD_CTX_free(c.md);
+    if (rc) return rc;
     unsigned char *all = malloc(32 * (size_t)r->size);
     if (!all) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
-    int rc = tally_allgather(r->comm, res->hash, all, 32, TALLY_U8);
+    rc = tally_allgather(r->comm, res->hash, all, 32, TALLY_U8);
     res->replicas_identical = 1;
     for (int i = 1; i < r->size && !rc; i++) res->replicas_identical &= !memcmp(all, all + 32 * (size_t)i, 32);
     free(all);
-    if (rc) return rc;
-    res->params = malloc(r->model.nparams * sizeof(float) + 1);
-    if (!res->params) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
-    memcpy(res->params, r->model.params, r->model.nparams * sizeof(float));
-    return 0;
+    return rc;
+}
+
+/* What this rank holds, as allocated (not predicted), and the peak resident set. */
+static void train_account(const train_run *r, tally__train_result *res) {
+    if (r->cfg->zero) {
+        tally__zero_bytes b = tally__zero_memory(&r->zero);
+        res->mem_params = b.params;
+        res->mem_grads = b.grads;
+        res->mem_optim = b.optim;
+        res->mem_buffers = b.buffers;
+    } else {
+        res->mem_params = r->model.params_bytes;
+        res->mem_grads = r->model.grads_bytes;
+        res->mem_optim = tally_optim_state_bytes(&r->optim);
+    }
+    res->mem_activations = r->model.activation_bytes;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) res->peak_rss = (size_t)ru.ru_maxrss * 1024;
 }
 
 int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res) {
@@ -276,6 +388,7 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     int rc = train_setup(&r, res);
     if (!rc) rc = train_epochs(&r, res);
     if (!rc) rc = train_fingerprint(&r, res);
+    if (!rc) train_account(&r, res);
     if (!rc && cfg->measure_peak && r.rank == 0) res->peak_gflops = tally__sgemm_peak_gflops();
     train_teardown(&r);
     return rc;

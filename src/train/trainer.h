@@ -37,6 +37,9 @@ typedef struct tally__train_cfg {
     int measure_peak;        /* time single-thread sgemm after training, for MFU */
     size_t linear_samples;   /* linear model: training set size; 0 means 16384 */
     size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
+    int zero;                /* ZeRO stage 0-3 */
+    size_t max_mem;          /* > 0: refuse to start when a rank would need more bytes than this */
+    int keep_params;         /* copy the final parameters into the result (tests) */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
@@ -61,7 +64,9 @@ typedef struct tally__train_result {
     double peak_gflops;       /* single-thread sgemm, 0 when not measured */
     unsigned char hash[32];   /* SHA-256 of the final parameters */
     int replicas_identical;   /* every rank's hash equal */
-    float *params;            /* malloc'd copy of the final parameters (free it) */
+    float *params;            /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
+    size_t mem_params, mem_grads, mem_optim, mem_buffers, mem_activations; /* bytes this rank holds */
+    size_t peak_rss;          /* bytes, from getrusage */
     float true_w[64];         /* linear model: the generating weights then bias */
     int true_w_len;
 } tally__train_result;
@@ -92,7 +97,7 @@ void tally__progress_end(tally__progress *p);
 typedef struct tally__run_info {
     const char *model, *data, *transport, *optimizer;
     char arch[128];
-    int world, batch, accum, epochs, overlap;
+    int world, batch, accum, epochs, overlap, zero;
     double lr, bucket_mb;
 } tally__run_info;
 void tally__summary_print(FILE *out, const tally__run_info *info, const tally__train_result *r);

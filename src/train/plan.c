@@ -1,0 +1,291 @@
+/* plan.c - the planner's model: memory per rank by ZeRO stage, the traffic and time of each
+ * algorithm (from the library's own cost model), step time with and without overlap, Amdahl's law. */
+#include "plan.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <tally/optim.h>
+
+#include "../coll/blocks.h"
+#include "../core/sig.h"
+#include "memory.h"
+
+void tally__plan_cfg_default(tally__plan_cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->nlayers = 0;
+    c->optimizer = TALLY_OPTIM_ADAMW;
+    c->precision = TALLY__PLAN_FP32;
+    c->workers = 1;
+    c->batch = 64;
+    c->accum = 1;
+    c->gflops = 100;
+    c->bucket_bytes = 25.0 * 1048576.0; /* tally train's --bucket-mb default, as PyTorch DDP */
+    c->cost = (tally__cost){.alpha = 5e-6, .beta = 8.0 / 25e9, .gamma = 1.0 / 10e9};
+    c->algo = TALLY__ALGO_AUTO;
+}
+
+/* ---- memory ---- */
+
+unsigned long long tally__plan_shard(unsigned long long a, int n) {
+    return n <= 1 ? a : (a + (unsigned long long)n - 1) / (unsigned long long)n;
+}
+
+double tally__plan_optim_bytes(int optimizer, int precision) {
+    int adam = optimizer == TALLY_OPTIM_ADAMW;
+    if (precision == TALLY__PLAN_MIXED) return adam ? 12 : 8; /* + the fp32 master copy */
+    return adam ? 8 : 4;
+}
+
+/* fp32 is what the trainer runs: memory.h's formulas, the ones it checks --max-mem against. */
+static tally__plan_mem memory_fp32(const tally__plan_cfg *c, int stage, int n) {
+    tally__model_desc d = {.nparams = (size_t)c->params, .nlayers = c->nlayers,
+                           .largest_layer = (size_t)c->largest, .activation_bytes = (size_t)c->activation_bytes};
+    tally_optim_cfg o;
+    tally_optim_cfg_default(&o, c->optimizer == TALLY_OPTIM_ADAMW ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);
+    tally__mem_need m = tally__mem_predict(&d, stage, n, &o);
+    return (tally__plan_mem){.params = (double)m.params, .grads = (double)m.grads, .optim = (double)m.optim,
+                             .buffers = (double)m.buffers};
+}
+
+/* The ZeRO paper's mixed precision: fp16 parameters and gradients, K bytes of fp32 state. */
+static tally__plan_mem memory_mixed(const tally__plan_cfg *c, int stage, int n) {
+    double P = (double)c->params, sh = (double)tally__plan_shard(c->params, n);
+    double K = tally__plan_optim_bytes(c->optimizer, TALLY__PLAN_MIXED);
+    return (tally__plan_mem){.params = 2 * (stage == 3 ? sh : P), .grads = 2 * (stage >= 2 ? sh : P),
+                             .optim = K * (stage >= 1 ? sh : P)};
+}
+
+tally__plan_mem tally__plan_memory(const tally__plan_cfg *c, int stage, int n) {
+    tally__plan_mem m = c->precision == TALLY__PLAN_MIXED ? memory_mixed(c, stage, n) : memory_fp32(c, stage, n);
+    m.state = m.params + m.grads + m.optim + m.buffers;
+    m.activations = c->activation_bytes;
+    m.total = m.state + m.activations;
+    return m;
+}
+
+double tally__plan_grad_bytes(const tally__plan_cfg *c) {
+    return (c->precision == TALLY__PLAN_MIXED ? 2.0 : 4.0) * (double)c->params;
+}
+
+/* ---- communication ---- */
+
+/* The library's model with chosen coefficients: (1,0,0) counts rounds, (0,1,0) bytes in sequence. */
+static double model_at(int algo, int coll, int n, double bytes, double a, double b, double g) {
+    tally__cost m = {.alpha = a, .beta = b, .gamma = g};
+    return tally__algo_cost(&m, algo, coll, n, (size_t)bytes);
+}
+
+/* Adds `times` collectives of `bytes` to acc, resolving AUTO per call as the library does. */
+static void comm_add(tally__plan_comm *acc, const tally__cost *m, int algo, int coll, int n, double bytes,
+                     double times) {
+    if (times <= 0 || n <= 1) return;
+    int a = algo == TALLY__ALGO_AUTO ? tally__algo_choose(m, coll, n, (size_t)bytes) : algo;
+    acc->rounds += times * model_at(a, coll, n, bytes, 1, 0, 0);
+    acc->bytes += times * model_at(a, coll, n, bytes, 0, 1, 0);
+    acc->seconds += times * tally__algo_cost(m, a, coll, n, (size_t)bytes);
+    if (acc->sent >= 0) acc->sent = coll == TALLY__ALLREDUCE ? acc->sent + times * tally__plan_sent(a, n, bytes) : -1;
+}
+
+/* Ranks a tree rank sends the whole vector to: its parent (up) and its children (down). */
+static int tree_fanout(int v, int n) { return (v > 0) + (2 * v + 1 < n) + (2 * v + 2 < n); }
+
+double tally__plan_sent(int algo, int n, double S) {
+    if (n <= 1) return 0;
+    int p = tally__pow2_floor(n), fold = p != n;
+    switch (algo) {
+    case TALLY__ALGO_RING: return 2 * S * (n - 1) / n;
+    case TALLY__ALGO_RHD: /* a paired rank also returns the result to the rank that sat out */
+        if (S <= (double)TALLY__RHD_SMALL_BYTES) return tally__log2_ceil(p) * S + fold * S;
+        return 2 * S * (p - 1) / p + fold * S;
+    case TALLY__ALGO_TREE: { /* the busiest rank: up to its parent and down to two children */
+        int most = tree_fanout(0, n);
+        if (n > 1 && tree_fanout(1, n) > most) most = tree_fanout(1, n);
+        return most * S;
+    }
+    case TALLY__ALGO_DIRECT: return (n - 1) * S; /* the root sends everyone the result */
+    }
+    return 0;
+}
+
+tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, double S) {
+    tally__plan_comm r = {.algo = algo};
+    comm_add(&r, m, algo, TALLY__ALLREDUCE, n, S, 1);
+    return r;
+}
+
+/* Stage 0: the DDP engine allreduces buckets of bucket_bytes (the last one shorter). */
+static double bucket_count(const tally__plan_cfg *c, double S) {
+    double b = c->bucket_bytes > 0 ? c->bucket_bytes : S;
+    return S > 0 && b > 0 ? ceil(S / b) : 1;
+}
+
+static double last_bucket(const tally__plan_cfg *c, double S) {
+    double nb = bucket_count(c, S);
+    return S - (nb - 1) * (c->bucket_bytes > 0 ? c->bucket_bytes : S);
+}
+
+/* Stages 1-3 as zero.c runs them: layer by layer when the layers are known (all alike here), else as
+ * one vector. Stage 3 gathers each layer for forward and again for backward, except where the layer
+ * is still in place (the last layer's forward serves its backward, the first layer's backward the
+ * next micro-batch's forward). */
+static void zero_comm(tally__plan_comm *r, const tally__plan_cfg *c, int stage, int algo, int n, double S) {
+    double K = c->accum, nl = c->nlayers > 0 ? c->nlayers : 1, per = S / nl;
+    double rs = stage == 1 ? nl : K * nl, ag = stage == 3 ? K * (2 * nl) : nl;
+    if (stage == 3 && c->nlayers > 0) ag = K * (2 * nl - 1) - (K - 1);
+    comm_add(r, &c->cost, algo, TALLY__REDUCE_SCATTER, n, per, rs);
+    comm_add(r, &c->cost, algo, TALLY__ALLGATHER, n, per, ag);
+}
+
+tally__plan_comm tally__plan_step_comm(const tally__plan_cfg *c, int stage, int algo, int n) {
+    tally__plan_comm r = {.algo = algo};
+    double S = tally__plan_grad_bytes(c);
+    if (stage == 0) {
+        double nb = bucket_count(c, S), last = last_bucket(c, S);
+        comm_add(&r, &c->cost, algo, TALLY__ALLREDUCE, n, nb > 1 ? c->bucket_bytes : last, nb - 1);
+        comm_add(&r, &c->cost, algo, TALLY__ALLREDUCE, n, last, 1);
+    } else {
+        r.sent = -1;
+        zero_comm(&r, c, stage, algo, n, S);
+    }
+    return r;
+}
+
+int tally__plan_pick_algo(const tally__plan_cfg *c, int stage, int n) {
+    if (c->algo != TALLY__ALGO_AUTO) return c->algo;
+    int best = TALLY__ALGO_RING;
+    double best_s = HUGE_VAL;
+    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+        double s = tally__plan_step_comm(c, stage, a, n).seconds;
+        if (s < best_s) best = a, best_s = s;
+    }
+    return best;
+}
+
+/* ---- step time ---- */
+
+/* Seconds of the optimizer update per parameter: measured, or the traffic it streams ((12 + 2k) bytes
+ * in fp32: read the gradient, read and write parameter and state) at the reduction kernel's rate
+ * (1/gamma is bytes reduced per second, each of which streams three: two reads, one write). */
+static double update_s_per_param(const tally__plan_cfg *c) {
+    if (c->update_s_per_param > 0) return c->update_s_per_param;
+    double k = tally__plan_optim_bytes(c->optimizer, c->precision);
+    double traffic = c->precision == TALLY__PLAN_MIXED ? 4 + 2 * k : 12 + 2 * k;
+    return traffic * c->cost.gamma / 3;
+}
+
+tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n) {
+    tally__plan_step s = {.n = n};
+    double K = c->accum > 0 ? c->accum : 1;
+    s.compute = c->gflops > 0 ? c->flops_per_sample * c->batch * K / (c->gflops * 1e9) : 0;
+    s.forward = s.compute / 3; /* backward computes two products per forward one */
+    s.backward = s.compute - s.forward;
+    double updated = (double)(c->zero >= 1 ? tally__plan_shard(c->params, n) : c->params);
+    s.update = updated * update_s_per_param(c);
+    s.algo = tally__plan_pick_algo(c, c->zero, n);
+    tally__plan_comm cm = tally__plan_step_comm(c, c->zero, c->algo, n);
+    s.comm = cm.seconds;
+    double S = tally__plan_grad_bytes(c);
+    s.buckets = c->zero == 0 ? (int)bucket_count(c, S) : 0;
+    s.comm_last = c->zero == 0 ? tally__plan_allreduce(&c->cost, c->algo, n, last_bucket(c, S)).seconds : s.comm;
+    double bwd_last = s.backward / K; /* the engine reduces during the last micro-batch only */
+    s.t_sum = s.compute + s.comm + s.update;
+    s.t_max = s.compute - bwd_last + fmax(bwd_last, s.comm) + s.update;
+    s.t_pred = s.compute - bwd_last + fmax(bwd_last, s.comm - s.comm_last) + s.comm_last + s.update;
+    s.parallel = s.compute + (c->zero >= 1 ? s.update : 0);
+    s.serial = s.t_pred - s.parallel;
+    s.samples_per_s = s.t_pred > 0 ? n * (double)c->batch * K / s.t_pred : 0;
+    return s;
+}
+
+/* ---- Amdahl ---- */
+
+double tally__plan_parallel_fraction(const tally__plan_step *s) {
+    double par = s->n * s->parallel, all = par + s->serial;
+    return all > 0 ? par / all : 1;
+}
+
+double tally__plan_amdahl(double p, int n) { return 1.0 / ((1 - p) + p / n); }
+
+double tally__plan_ceiling(double p) { return p < 1 ? 1.0 / (1 - p) : HUGE_VAL; }
+
+/* ---- parsing ---- */
+
+/* The number at the start of s; *rest points after it. -1 when there is none or it is not finite. */
+static int parse_number(const char *s, double *v, const char **rest) {
+    char *end;
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
+    *v = strtod(s, &end);
+    if (end == s || !isfinite(*v) || *v < 0) return -1;
+    *rest = end;
+    return 0;
+}
+
+/* An SI prefix letter (K M G T, either case); 'i' after it makes it binary. Advances *u past it. */
+static double parse_prefix(const char **u) {
+    static const char letters[] = "KMGT";
+    const char *at = **u ? strchr(letters, toupper((unsigned char)**u)) : NULL;
+    if (!at) return 1;
+    int k = (int)(at - letters) + 1;
+    (*u)++;
+    if (**u == 'i') {
+        (*u)++;
+        return pow(1024.0, k);
+    }
+    return pow(1000.0, k);
+}
+
+static int one_of(const char *u, const char *const *list) {
+    for (; *list; list++)
+        if (!strcmp(u, *list)) return 1;
+    return 0;
+}
+
+int tally__plan_parse_count(const char *s, double *out) {
+    double v;
+    const char *u;
+    if (parse_number(s, &v, &u)) return -1;
+    double mult = parse_prefix(&u);
+    if (*u) return -1;
+    *out = v * mult;
+    return 0;
+}
+
+int tally__plan_parse_rate(const char *s, double *bytes_per_s) {
+    static const char *const bits[] = {"bps", "b/s", "bit/s", "bits/s", NULL};
+    static const char *const bytes[] = {"Bps", "B/s", "byte/s", "bytes/s", NULL};
+    double v;
+    const char *u;
+    if (parse_number(s, &v, &u)) return -1;
+    const char *p = u;
+    double mult = parse_prefix(&u);
+    if (one_of(u, bits)) mult /= 8;
+    else if (!one_of(u, bytes) && !(*u == 0 && u == p)) return -1; /* "25G" alone: bits or bytes? */
+    *bytes_per_s = v * mult;
+    return v > 0 ? 0 : -1;
+}
+
+int tally__plan_parse_time(const char *s, double *seconds) {
+    static const struct { const char *unit; double mult; } units[] = {
+        {"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"\xc2\xb5s", 1e-6}, {"ns", 1e-9}};
+    double v;
+    const char *u;
+    if (parse_number(s, &v, &u)) return -1;
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (!strcmp(u, units[i].unit)) return *seconds = v * units[i].mult, 0;
+    return -1;
+}
+
+int tally__plan_parse_gflops(const char *s, double *gflops) {
+    double v;
+    const char *u;
+    if (parse_number(s, &v, &u)) return -1;
+    const char *p = u;
+    double mult = parse_prefix(&u);
+    if (u == p) mult = *u ? 1.0 : 1e9; /* a bare number is GFLOP/s */
+    if (*u && strcasecmp(u, "flops") && strcasecmp(u, "flop/s")) return -1;
+    *gflops = v * mult / 1e9;
+    return v > 0 ? 0 : -1;
+}

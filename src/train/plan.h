@@ -1,0 +1,106 @@
+/* plan.h - the planner behind `tally plan`: per-rank memory for each ZeRO stage, communication per
+ * algorithm, step time with and without overlap, Amdahl's law; pure functions, no I/O. */
+#ifndef TALLY_TRAIN_PLAN_H
+#define TALLY_TRAIN_PLAN_H
+
+#include <stddef.h>
+
+#include "../coll/coll.h"
+
+typedef enum { TALLY__PLAN_FP32, TALLY__PLAN_MIXED } tally__plan_precision;
+
+/* What to predict. Sizes are counts of parameters; rates and times are SI (bytes/s, seconds). */
+typedef struct tally__plan_cfg {
+    unsigned long long params;  /* P */
+    unsigned long long largest; /* L: parameters of the largest layer (0: unknown, left out) */
+    int nlayers;                /* layers with parameters: ZeRO 2-3 run their collectives per layer */
+    int optimizer;              /* TALLY_OPTIM_SGD (with momentum) or TALLY_OPTIM_ADAMW */
+    int precision;              /* tally__plan_precision */
+    int zero;                   /* the stage the step time is predicted for (0..3) */
+    int workers;                /* N */
+    int batch, accum;           /* per rank per micro-batch; micro-batches per step */
+    double flops_per_sample;    /* forward + backward */
+    double activation_bytes;    /* per rank at `batch` (0: no model given) */
+    double gflops;              /* compute rate of one rank */
+    double update_s_per_param;  /* measured optimizer update; 0: estimate from memory traffic */
+    double bucket_bytes;        /* the DDP engine's bucket (tally train: 25 MiB) */
+    tally__cost cost;           /* alpha, beta, gamma of the links */
+    int algo;                   /* TALLY__ALGO_AUTO: the cheapest, per collective, as the library picks */
+} tally__plan_cfg;
+
+/* Defaults of `tally plan`: adam, fp32, batch 64, accum 1, 100 GFLOP/s, 25 Gbps, 5 us, 10 GB/s reduce. */
+void tally__plan_cfg_default(tally__plan_cfg *c);
+
+/* Bytes one rank holds. */
+typedef struct tally__plan_mem {
+    double params, grads, optim;  /* shards where the stage shards them */
+    double buffers;               /* layer-sized: stage 2 gradient staging, stage 3 also a gathered layer */
+    double state;                 /* params + grads + optim + buffers */
+    double activations, total;    /* total = state + activations */
+} tally__plan_mem;
+
+/* ceil(a / n): the largest shard when a elements are cut among n ranks. */
+unsigned long long tally__plan_shard(unsigned long long a, int n);
+/* Optimizer state bytes per parameter: fp32 4 (SGD momentum) or 8 (Adam m, v); mixed 8 or 12 (the
+ * fp32 master copy too, as in the ZeRO paper). */
+double tally__plan_optim_bytes(int optimizer, int precision);
+/* fp32: what the trainer allocates (memory.h's formulas, which it checks --max-mem against); mixed:
+ * the ZeRO paper's 2 + 2 + K bytes per parameter, sharded by stage. */
+tally__plan_mem tally__plan_memory(const tally__plan_cfg *c, int stage, int n);
+/* S: gradient bytes of one step (4P fp32, 2P mixed). */
+double tally__plan_grad_bytes(const tally__plan_cfg *c);
+
+/* One collective pattern's cost: rounds and bytes are the alpha and beta coefficients of the
+ * library's cost model (messages and bytes in sequence on the busiest rank), so that
+ * seconds = rounds*alpha + bytes*beta + reduced*gamma. sent: what the busiest rank sends as the code
+ * does (what tally_comm_bytes_sent counts), -1 where not computed. */
+typedef struct tally__plan_comm {
+    int algo;
+    double rounds, bytes, sent, seconds;
+} tally__plan_comm;
+
+/* An allreduce of S bytes over n ranks with one algorithm (not AUTO). */
+tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, double S);
+/* Bytes the busiest rank sends in an allreduce of S bytes, as ring.c, rhd.c, tree.c, direct.c do. */
+double tally__plan_sent(int algo, int n, double S);
+/* The gradient (and, stages 1-3, parameter) traffic of one step of ZeRO stage `stage`:
+ * 0 allreduce in buckets; 1 reduce-scatter + all-gather once a step; 2 reduce-scatter per layer each
+ * micro-batch + all-gather once; 3 two all-gathers and a reduce-scatter per layer each micro-batch. */
+tally__plan_comm tally__plan_step_comm(const tally__plan_cfg *c, int stage, int algo, int n);
+/* c->algo, or the concrete algorithm with the cheapest step_comm. */
+int tally__plan_pick_algo(const tally__plan_cfg *c, int stage, int n);
+
+/* One step of c->batch x c->accum samples per rank on n ranks, at stage c->zero. */
+typedef struct tally__plan_step {
+    int n, algo;
+    double forward, backward, compute; /* compute = forward + backward, all micro-batches */
+    double update;                     /* optimizer over this rank's (shard of the) parameters */
+    double comm;                       /* all of the step's collectives */
+    double comm_last;                  /* what cannot overlap: the last bucket (stage 0), all (1-3) */
+    int buckets;
+    double t_sum;                      /* compute + comm + update: no overlap */
+    double t_max;                      /* compute - last backward + max(last backward, comm) + update */
+    double t_pred;                     /* as the engine overlaps: only buckets before the last hide */
+    double parallel;                   /* what splits across ranks: compute (+ the update ZeRO shards) */
+    double serial;                     /* the rest of t_pred: exposed comm, a replicated update */
+    double samples_per_s;              /* n x batch x accum / t_pred */
+} tally__plan_step;
+tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n);
+
+/* Amdahl: the parallel fraction of step s on its n ranks. The work of one step of the global batch
+ * done by one worker is n x parallel + serial, of which n x parallel splits across ranks:
+ * P = n c / (n c + s), c = s->parallel, s = s->serial. */
+double tally__plan_parallel_fraction(const tally__plan_step *s);
+double tally__plan_amdahl(double p, int n);  /* 1 / ((1-p) + p/n) */
+double tally__plan_ceiling(double p);        /* 1 / (1-p); HUGE_VAL when p == 1 */
+
+/* Parsers (0, or -1 when malformed). Counts: K/M/G/T = 1e3..1e12 ("7.5G"). Rates: bits with "bps" or
+ * "b/s" (Gbps = 1e9 bits/s), bytes with "B/s" or "Bps" (KB/MB/GB/TB decimal, KiB/MiB/GiB binary), to
+ * bytes per second. Times: ns, us (or µs), ms, s; a bare number is seconds. FLOP rates: a bare number
+ * is GFLOP/s, or with GFLOPS / TFLOPS / GFLOP/s; returns GFLOP/s. */
+int tally__plan_parse_count(const char *s, double *out);
+int tally__plan_parse_rate(const char *s, double *bytes_per_s);
+int tally__plan_parse_time(const char *s, double *seconds);
+int tally__plan_parse_gflops(const char *s, double *gflops);
+
+#endif

@@ -1,0 +1,61 @@
+/* zero.h - ZeRO stages 1-3 for the trainer: each rank owns 1/N of every layer (its piece; the few
+ * elements a layer has beyond a multiple of N, its tail, every rank keeps) and holds state only for it. */
+#ifndef TALLY_TRAIN_ZERO_H
+#define TALLY_TRAIN_ZERO_H
+
+#include <stddef.h>
+#include <tally.h>
+#include <tally/optim.h>
+
+#include "model.h"
+
+/* Rank r owns elements [off + r*piece, off + (r+1)*piece) of the layer and all of its tail
+ * [off + N*piece, off + n): reduce-scatter needs equal pieces, and a tail of fewer than N elements
+ * costs less as one small allreduce than as padding every buffer. */
+typedef struct tally__zero_layer {
+    size_t off, n;       /* the layer in the model's flat layout */
+    size_t piece, tail;  /* n = N*piece + tail */
+    size_t shard_off;    /* where its piece, then its tail, sit in this rank's shard arrays */
+    tally_optim opt_piece, opt_tail;
+} tally__zero_layer;
+
+typedef struct tally__zero {
+    int stage;           /* 1: optimizer state sharded; 2: + gradients; 3: + parameters */
+    int rank, size, accum;
+    tally_comm *comm;
+    tally__model *m;
+    int nlayers;
+    tally__zero_layer *layer;
+    size_t shard_len;    /* elements this rank owns over all layers */
+    float *gshard;       /* stage >= 2: this rank's accumulated gradients [shard_len] */
+    float *pshard;       /* stage 3: this rank's parameters [shard_len] */
+    float *staging;      /* stage >= 2: one layer's full gradients while backward makes them */
+    float *gathered;     /* stage 3: one layer's full parameters, gathered for forward or backward */
+    int gathered_layer;  /* which layer `gathered` holds (-1: none, or stale) */
+    size_t largest;      /* elements of the largest layer */
+    double comm_s;       /* seconds in collectives */
+    int err_layer;
+} tally__zero;
+
+/* Sets up stage 1-3 over a model made by tally__model_init (stage 3: with TALLY__MODEL_NO_PARAMS,
+ * stage 2-3: with TALLY__MODEL_NO_GRADS); draws stage 3's parameter shard from seed as the model
+ * would have. Collective. */
+int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stage, int accum,
+                     const tally_optim_cfg *ocfg, uint64_t seed);
+void tally__zero_free(tally__zero *z);
+/* The hooks forward and backward must run with (stage 2: gradient staging and reduce-scatter per
+ * layer; stage 3: also the parameter gathers). */
+tally__model_hooks tally__zero_hooks(tally__zero *z);
+/* After the step's last micro-batch: (stage 1: reduce-scatter the gradients,) average, update this
+ * rank's shard, (stages 1-2: all-gather the parameters,) clear the gradients. */
+int tally__zero_step(tally__zero *z, float lr);
+/* Every layer's full parameters in turn (stage 3 gathers them; collective), to fn(arg, layer, params). */
+int tally__zero_each_layer(tally__zero *z, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
+
+/* Bytes this rank holds: parameters, gradients, optimizer state, layer-sized buffers. */
+typedef struct tally__zero_bytes {
+    size_t params, grads, optim, buffers;
+} tally__zero_bytes;
+tally__zero_bytes tally__zero_memory(const tally__zero *z);
+
+#endif

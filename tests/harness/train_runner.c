@@ -1,0 +1,90 @@
+/* train_runner.c - forks N ranks that each run tally__train and copy their results into shared
+ * memory; the parent checks that they all succeeded and agree. */
+#include "train_runner.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+tr_out *tr;
+
+static int tr_rank(int rank, int size, void *arg) {
+    tally__train_cfg cfg = *(const tally__train_cfg *)arg;
+    cfg.keep_params = 1;
+    tally_comm *c;
+    if (tally_comm_init(&c)) {
+        fprintf(stderr, "rank %d: init: %s\n", rank, tally_last_error());
+        return 1;
+    }
+    tally__train_result res;
+    int rc = tally__train(c, &cfg, &res);
+    if (rc) {
+        fprintf(stderr, "rank %d: train: %s\n", rank, tally_last_error());
+    } else if (res.nparams > TR_MAX_PARAMS) {
+        fprintf(stderr, "rank %d: %zu parameters, the test holds %d\n", rank, res.nparams, TR_MAX_PARAMS);
+        rc = 1;
+    } else {
+        memcpy(tr->params[rank], res.params, res.nparams * sizeof(float));
+        memcpy(tr->hash[rank], res.hash, 32);
+        tr->identical[rank] = res.replicas_identical;
+        tr->res[rank] = res;
+        tr->res[rank].params = NULL;
+    }
+    free(res.params);
+    tally_comm_free(c);
+    return rc != 0;
+}
+
+int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float *out, const char *what) {
+    if (!tr) tr = th_shared_alloc(sizeof *tr);
+    memset(tr, 0, sizeof *tr);
+    th_opts o = {.transport = transport, .timeout_s = 30, .wall_s = 240};
+    int rc = th_run(n, &o, tr_rank, (void *)cfg);
+    TH_CHECK(rc == 0, "%s: n=%d: a rank failed", what, n);
+    if (rc) return -1;
+    size_t np = tr->res[0].nparams;
+    for (int r = 0; r < n; r++) {
+        TH_CHECK(tr->identical[r], "%s: n=%d: rank %d says the replicas differ", what, n, r);
+        TH_CHECK(!memcmp(tr->params[0], tr->params[r], np * sizeof(float)),
+                 "%s: n=%d: rank %d's parameters are not bit-identical to rank 0's", what, n, r);
+    }
+    if (out) memcpy(out, tr->params[0], np * sizeof(float));
+    return 0;
+}
+
+double tr_max_rel_diff(const float *a, const float *b, size_t n) {
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / fmax(fabs(b[i]), scale * 1e-2));
+    return worst;
+}
+
+/* Runs the tally binary with args; returns its exit code and leaves stderr in err. */
+int tr_run_tally(char *const args[], char *err, size_t errlen) {
+    const char *bin = getenv("TALLY_BIN");
+    int fd[2];
+    if (!bin || pipe(fd)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        close(fd[0]);
+        execv(bin, args);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t got = 0;
+    ssize_t k;
+    while ((k = read(fd[0], err + got, errlen - 1 - got)) > 0) got += (size_t)k;
+    err[got] = 0;
+    close(fd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}

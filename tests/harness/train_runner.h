@@ -1,0 +1,33 @@
+/* train_runner.h - runs the trainer on N forked ranks for the trainer's tests, and brings back what
+ * each rank ended with (parameters, hash, memory, bytes) through shared memory. */
+#ifndef TALLY_TEST_TRAIN_RUNNER_H
+#define TALLY_TEST_TRAIN_RUNNER_H
+
+#include "train/trainer.h"
+
+#define TR_MAX_PARAMS 70000
+#define TR_MAX_RANKS 4
+
+typedef struct tr_out {
+    float params[TR_MAX_RANKS][TR_MAX_PARAMS];
+    unsigned char hash[TR_MAX_RANKS][32];
+    int identical[TR_MAX_RANKS];
+    tally__train_result res[TR_MAX_RANKS]; /* as returned (its params pointer is not valid here) */
+} tr_out;
+
+/* Shared with the ranks; allocated on first use. */
+extern tr_out *tr;
+
+/* Runs cfg (keep_params is forced on) on n ranks over transport; checks every rank succeeded and that
+ * all hold bit-identical parameters (naming `what` in failures). On success copies rank 0's parameters
+ * to out (when not NULL) and returns 0. */
+int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float *out, const char *what);
+
+/* max_i |a_i - b_i| / max(|b_i|, 1% of max_j |b_j|): a relative difference that judges parameters
+ * near zero against 1% of the largest (their own relative error is rounding noise around zero). */
+double tr_max_rel_diff(const float *a, const float *b, size_t n);
+
+/* Runs $TALLY_BIN with args (args[0] is its name); returns its exit code, stderr in err. */
+int tr_run_tally(char *const args[], char *err, size_t errlen);
+
+#endif

@@ -181,7 +181,7 @@ static int train_as_rank(train_opts *o) {
     tally__train_result res;
     rc = tally__train(comm, &o->cfg, &res);
     if (rc) {
-        fprintf(stderr, "tally train: rank %d: %s\n", rank, tally_last_error());
+        fprintf(stderr, "tally train: %s\n", tally_last_error()); /* messages name their rank */
         free(res.params);
         tally_comm_free(comm);
         return 1;

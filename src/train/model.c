@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "../core/err.h"
+#include "memory.h"
 #include "rng.h"
 
 static const char *const model_names[] = {"linear", "mlp", "cnn"};
@@ -133,19 +133,7 @@ static int model_layout(tally__model *m, const tally__model_cfg *cfg) {
     return tally__seterr(TALLY_E_INVALID, "model: unknown kind %d", (int)cfg->kind);
 }
 
-#define HUGE_PAGE (2u << 20)
-
-/* Zeroed, 64-byte aligned; buffers of a huge page or more ask for huge pages (fewer TLB misses in
- * the optimizer's and the layers' sweeps, which under a hypervisor cost a nested page walk each). */
-static void *model_alloc(size_t bytes) {
-    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
-    size_t rounded = (bytes + align - 1) / align * align;
-    void *p = aligned_alloc(align, rounded ? rounded : align);
-    if (!p) return NULL;
-    if (align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE); /* advice only */
-    memset(p, 0, rounded ? rounded : align);
-    return p;
-}
+static void *model_alloc(size_t bytes) { return tally__mem_zalloc(bytes); }
 
 /* Bytes model_alloc_buffers allocates for activations at batch B (both passes, pool winners, softmax,
  * the shared im2col scratch), without allocating. */

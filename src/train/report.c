@@ -99,11 +99,15 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
     fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
             ms.data, ms.compute, ms.wait, ms.update);
-    fprintf(out, "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
-                 "%.1f%% not hidden\n",
-            ms.comm, r->buckets, r->buckets == 1 ? "" : "s", in->bucket_mb,
-            in->zero ? "per layer (ZeRO)" : !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)", ms.step > 0 ? 100 * ms.comm / ms.step : 0,
-            ms.step > 0 ? 100 * ms.wait / ms.step : 0);
+    if (in->zero)
+        fprintf(out, "  communication    %.3f ms/step in collectives, layer by layer (ZeRO stage %d); %.1f%% of step time\n",
+                ms.comm, in->zero, ms.step > 0 ? 100 * ms.comm / ms.step : 0);
+    else
+        fprintf(out, "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
+                     "%.1f%% not hidden\n",
+                ms.comm, r->buckets, r->buckets == 1 ? "" : "s", in->bucket_mb,
+                !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)",
+                ms.step > 0 ? 100 * ms.comm / ms.step : 0, ms.step > 0 ? 100 * ms.wait / ms.step : 0);
     fprintf(out, "  bytes sent       %.0f per step per rank\n", (double)r->bytes_sent / steps);
     size_t state = r->mem_params + r->mem_grads + r->mem_optim;
     fprintf(out, "  memory per rank  ZeRO stage %d: parameters %.1f MB + gradients %.1f MB + optimizer %.1f MB = "

@@ -7,12 +7,10 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "memory.h"
 #include "rng.h"
 
-static float *zero_alloc(size_t n) {
-    float *p = calloc(n ? n : 1, sizeof(float));
-    return p;
-}
+static float *zero_alloc(size_t n) { return tally__mem_zalloc(n * sizeof(float)); }
 
 /* Timed collectives, so the trainer can report the time spent communicating. */
 static int zero_rs(tally__zero *z, float *buf, size_t piece, tally_op op) {

@@ -1,0 +1,642 @@
+/* cmd_plan.c - `tally plan`: parses the flags (or measures this machine with --calibrate), asks the
+ * planner (src/train/plan.c) for memory, communication, step time and scaling, prints text or JSON. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tally.h>
+#include <tally/optim.h>
+#include <unistd.h>
+
+#include "../src/core/clock.h"
+#include "../src/train/model.h"
+#include "../src/train/plan.h"
+#include "../src/train/trainer.h"
+#include "cmd.h"
+#include "launch.h"
+
+typedef struct plan_opts {
+    tally__plan_cfg cfg;
+    int have_params, have_workers, have_flops, layers;
+    int model;                     /* tally__model_kind, -1 without --model */
+    tally__model_cfg mcfg;
+    tally__model_desc desc;
+    int show_all;                  /* --algo all: every algorithm in the table */
+    int json, calibrate;
+    const char *calibrate_rank;    /* hidden: run as one rank of the link measurement */
+    const char *flops_source, *link_source;
+} plan_opts;
+
+/* What --calibrate measured on this machine. */
+typedef struct plan_calib {
+    double sgemm_gflops, update_s_per_param;
+    tally__cost shm, tcp;
+    long cpus;
+    const char *used;              /* the transport whose figures the plan uses */
+} plan_calib;
+
+static int plan_usage(void) {
+    fprintf(stderr,
+            "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
+            "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear\n"
+            "                  [--hidden W1,W2,...]] [--compute GFLOPS] [--bandwidth 25Gbps] [--latency 5us]\n"
+            "                  [--algo ring|tree|rhd|direct|all] [--bucket-mb M] [--calibrate] [--json]\n"
+            "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
+            "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
+            "overlap, and Amdahl's speed-up over N = 1, 2, 4, ... up to --workers.\n"
+            "  --params accepts K/M/G/T (1e3..1e12: 7.5G); --layers: how many (equal) layers hold them.\n"
+            "  --model takes P, the layers, FLOPs/sample and activations from tally train's models.\n"
+            "  --bandwidth: 25Gbps (bits), 10GB/s (bytes; MiB/s binary); --latency: 5us, 1.5ms, 100ns.\n"
+            "  --compute: GFLOP/s of one rank (default 100); FLOPs/sample default 6P without --model.\n"
+            "  --calibrate measures compute (single-thread sgemm), the optimizer update and the alpha/beta/\n"
+            "  gamma of this machine's shm and tcp links (2 local ranks each) instead of taking flags.\n"
+            "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
+    return 2;
+}
+
+/* ---- flags ---- */
+
+enum { O_PARAMS = 256, O_LAYERS, O_WORKERS, O_OPT, O_PREC, O_ZERO, O_BATCH, O_FLOPS, O_MODEL, O_HIDDEN,
+       O_COMPUTE, O_BW, O_LAT, O_ALGO, O_ACCUM, O_BUCKET, O_JSON, O_CALIB, O_CALIB_RANK };
+
+static const struct option plan_longs[] = {
+    {"params", 1, 0, O_PARAMS},   {"layers", 1, 0, O_LAYERS},     {"workers", 1, 0, O_WORKERS},
+    {"optimizer", 1, 0, O_OPT},   {"precision", 1, 0, O_PREC},    {"zero", 1, 0, O_ZERO},
+    {"batch", 1, 0, O_BATCH},     {"flops-per-sample", 1, 0, O_FLOPS}, {"model", 1, 0, O_MODEL},
+    {"hidden", 1, 0, O_HIDDEN},   {"compute", 1, 0, O_COMPUTE},   {"bandwidth", 1, 0, O_BW},
+    {"latency", 1, 0, O_LAT},     {"algo", 1, 0, O_ALGO},         {"accum", 1, 0, O_ACCUM},
+    {"bucket-mb", 1, 0, O_BUCKET}, {"json", 0, 0, O_JSON},        {"calibrate", 0, 0, O_CALIB},
+    {"calibrate-rank", 1, 0, O_CALIB_RANK}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+
+/* A whole number in [lo, hi] (K/M/G/T allowed). */
+static int parse_int(const char *s, double lo, double hi, int *out) {
+    double v;
+    if (tally__plan_parse_count(s, &v) || v != floor(v) || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_hidden(const char *s, tally__model_cfg *m) {
+    m->nhidden = 0;
+    char *end;
+    for (;;) {
+        long w = strtol(s, &end, 10);
+        if (end == s || w < 1 || w > (1 << 20) || m->nhidden == TALLY__MODEL_MAX_HIDDEN) return -1;
+        m->hidden[m->nhidden++] = (int)w;
+        if (*end == 0) return 0;
+        if (*end != ',') return -1;
+        s = end + 1;
+    }
+}
+
+static int parse_optimizer(const char *s, tally__plan_cfg *c) {
+    if (!strcmp(s, "sgd")) return c->optimizer = TALLY_OPTIM_SGD, 0;
+    if (!strcmp(s, "adam") || !strcmp(s, "adamw")) return c->optimizer = TALLY_OPTIM_ADAMW, 0;
+    return -1;
+}
+
+static int parse_precision(const char *s, tally__plan_cfg *c) {
+    if (!strcmp(s, "fp32")) return c->precision = TALLY__PLAN_FP32, 0;
+    if (!strcmp(s, "mixed")) return c->precision = TALLY__PLAN_MIXED, 0;
+    return -1;
+}
+
+static int parse_algo(const char *s, plan_opts *o) {
+    if (!strcmp(s, "all") || !strcmp(s, "auto")) return o->show_all = 1, o->cfg.algo = TALLY__ALGO_AUTO, 0;
+    int a = tally__algo_parse(s);
+    if (a <= TALLY__ALGO_AUTO) return -1;
+    o->show_all = 0;
+    o->cfg.algo = a;
+    return 0;
+}
+
+static int parse_bandwidth(const char *s, tally__cost *m) {
+    double bps;
+    if (tally__plan_parse_rate(s, &bps)) return -1;
+    m->beta = 1.0 / bps;
+    return 0;
+}
+
+static int plan_parse_one(int ch, const char *a, plan_opts *o) {
+    tally__plan_cfg *c = &o->cfg;
+    double v;
+    switch (ch) {
+    case O_PARAMS:
+        if (tally__plan_parse_count(a, &v) || v < 1 || v > 1e15) return -1;
+        c->params = (unsigned long long)llround(v);
+        return o->have_params = 1, 0;
+    case O_LAYERS: return parse_int(a, 1, 1e6, &o->layers);
+    case 'n':
+    case O_WORKERS: return parse_int(a, 1, 1 << 24, &c->workers) ? -1 : (o->have_workers = 1, 0);
+    case O_OPT: return parse_optimizer(a, c);
+    case O_PREC: return parse_precision(a, c);
+    case O_ZERO: return parse_int(a, 0, 3, &c->zero);
+    case O_BATCH: return parse_int(a, 1, 1 << 24, &c->batch);
+    case O_ACCUM: return parse_int(a, 1, 1 << 24, &c->accum);
+    case O_FLOPS:
+        if (tally__plan_parse_count(a, &c->flops_per_sample) || c->flops_per_sample <= 0) return -1;
+        return o->have_flops = 1, 0;
+    case O_MODEL: return (o->model = tally__model_parse(a)) < 0 ? -1 : 0;
+    case O_HIDDEN: return parse_hidden(a, &o->mcfg);
+    case O_COMPUTE: return tally__plan_parse_gflops(a, &c->gflops);
+    case O_BW: return parse_bandwidth(a, &c->cost);
+    case O_LAT: return tally__plan_parse_time(a, &c->cost.alpha);
+    case O_ALGO: return parse_algo(a, o);
+    case O_BUCKET:
+        if (tally__plan_parse_count(a, &v) || v <= 0) return -1;
+        return c->bucket_bytes = v * 1048576.0, 0;
+    case O_JSON: return o->json = 1, 0;
+    case O_CALIB: return o->calibrate = 1, 0;
+    case O_CALIB_RANK: return o->calibrate_rank = a, 0;
+    default: return -1;
+    }
+}
+
+/* Combinations that cannot mean anything: say which and return -1. */
+static int plan_check(const plan_opts *o) {
+    const char *why = NULL;
+    if (!o->have_workers) why = "--workers N is required";
+    else if (o->model < 0 && !o->have_params) why = "--params P (or --model) is required";
+    else if (o->model >= 0 && o->have_params) why = "give --params or --model, not both";
+    else if (o->model >= 0 && o->have_flops) why = "give --flops-per-sample or --model, not both";
+    else if (o->model >= 0 && o->layers) why = "--layers comes from --model";
+    else if (o->mcfg.nhidden && o->model != TALLY__MODEL_MLP) why = "--hidden needs --model mlp";
+    if (why) fprintf(stderr, "tally plan: %s\n", why);
+    return why ? -1 : 0;
+}
+
+static int plan_parse(int argc, char **argv, plan_opts *o) {
+    memset(o, 0, sizeof *o);
+    tally__plan_cfg_default(&o->cfg);
+    o->model = -1;
+    o->show_all = 1;
+    optind = 1;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "n:h", plan_longs, NULL)) != -1) {
+        if (ch == 'h' || ch == '?' || plan_parse_one(ch, optarg, o)) {
+            if (ch != 'h' && ch != '?') fprintf(stderr, "tally plan: bad value for %s: %s\n", argv[optind - 1], optarg);
+            return -1;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "tally plan: unexpected argument %s\n", argv[optind]);
+        return -1;
+    }
+    return o->calibrate_rank ? 0 : plan_check(o);
+}
+
+/* ---- the model ---- */
+
+/* tally train's models on its default data: 28x28 images in 10 classes; the linear model's own
+ * least-squares set of 8 features. */
+static void plan_model_cfg(plan_opts *o) {
+    tally__model_cfg *m = &o->mcfg;
+    m->kind = (tally__model_kind)o->model;
+    m->in_dim = 784;
+    m->channels = 1;
+    m->height = m->width = 28;
+    m->outputs = 10;
+    if (m->kind == TALLY__MODEL_LINEAR) m->in_dim = 8, m->outputs = 1;
+    if (m->kind == TALLY__MODEL_MLP && m->nhidden == 0) m->nhidden = 2, m->hidden[0] = m->hidden[1] = 512;
+}
+
+static void plan_arch(const plan_opts *o, char *buf, size_t n) {
+    const tally__model_cfg *m = &o->mcfg;
+    if (m->kind == TALLY__MODEL_CNN) return (void)snprintf(buf, n, "LeNet-5");
+    if (m->kind == TALLY__MODEL_LINEAR) return (void)snprintf(buf, n, "8-1");
+    int len = snprintf(buf, n, "784");
+    for (int i = 0; i < m->nhidden && len < (int)n; i++) len += snprintf(buf + len, n - len, "-%d", m->hidden[i]);
+    if (len < (int)n) snprintf(buf + len, n - len, "-10");
+}
+
+/* P, the layers, FLOPs/sample and activations: from --model, or from --params/--layers. */
+static int plan_fill(plan_opts *o) {
+    tally__plan_cfg *c = &o->cfg;
+    if (o->model >= 0) {
+        plan_model_cfg(o);
+        if (tally__model_describe(&o->mcfg, c->batch, &o->desc)) {
+            fprintf(stderr, "tally plan: %s\n", tally_last_error());
+            return -1;
+        }
+        c->params = o->desc.nparams;
+        c->nlayers = o->desc.nlayers;
+        c->largest = o->desc.largest_layer;
+        c->flops_per_sample = o->desc.flops_per_sample;
+        c->activation_bytes = (double)o->desc.activation_bytes;
+        return 0;
+    }
+    c->nlayers = o->layers;
+    c->largest = o->layers ? tally__plan_shard(c->params, o->layers) : 0;
+    if (!o->have_flops) c->flops_per_sample = 6.0 * (double)c->params; /* 2 forward + 4 backward per weight */
+    return 0;
+}
+
+/* ---- --calibrate ---- */
+
+/* Hidden mode: one of the 2 ranks tally_launch started; the communicator measures its links at init,
+ * rank 0 writes what it found. */
+static int plan_calibrate_rank(const char *file) {
+    tally_comm *comm;
+    if (tally_comm_init(&comm)) {
+        fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
+        return 1;
+    }
+    int rc = 0;
+    if (tally_comm_rank(comm) == 0) {
+        const tally__cost *m = tally__comm_cost(comm);
+        FILE *f = fopen(file, "w");
+        rc = !f || fprintf(f, "%.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma) < 0;
+        if (f && fclose(f)) rc = 1;
+        if (rc) fprintf(stderr, "tally plan: calibrate: cannot write %s\n", file);
+    }
+    tally_comm_free(comm);
+    return rc;
+}
+
+/* Starts 2 local ranks of this binary over `transport` and reads back the model rank 0 measured. */
+static int calibrate_link(const char *transport, tally__cost *out) {
+    const char *dir = getenv("TMPDIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tally-plan-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) return fprintf(stderr, "tally plan: calibrate: cannot create %s\n", path), -1;
+    close(fd);
+    char *argv[] = {"/proc/self/exe", "plan", "--calibrate-rank", path, NULL};
+    tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
+    int rc = tally_launch(&lo, argv);
+    FILE *f = rc ? NULL : fopen(path, "r");
+    if (f && fscanf(f, "%lf %lf %lf", &out->alpha, &out->beta, &out->gamma) != 3) rc = -1;
+    if (f) fclose(f);
+    unlink(path);
+    if (rc || !f) fprintf(stderr, "tally plan: calibrate: measuring the %s link failed\n", transport);
+    return rc || !f ? -1 : 0;
+}
+
+/* Seconds per parameter of the optimizer update as the trainer does it (step, then clear the
+ * gradients), on the plan's parameter count (at most 16 M: the rate is per parameter). */
+static double calibrate_update(const tally__plan_cfg *c) {
+    size_t n = c->params < (16u << 20) ? (size_t)c->params : (16u << 20);
+    float *p = calloc(n, sizeof *p), *g = calloc(n, sizeof *g);
+    tally_optim_cfg oc;
+    tally_optim_cfg_default(&oc, (tally_optim_kind)c->optimizer);
+    tally_optim opt;
+    double best = 0;
+    if (p && g && !tally_optim_init(&opt, &oc, n)) {
+        for (int i = 0; i < 3; i++) tally_optim_step(&opt, p, g, 1e-3f);
+        double t_end = tally__now_s() + 0.2;
+        while (tally__now_s() < t_end) {
+            double t0 = tally__now_s();
+            tally_optim_step(&opt, p, g, 1e-3f);
+            memset(g, 0, n * sizeof *g);
+            double t = (tally__now_s() - t0) / (double)n;
+            if (best == 0 || t < best) best = t;
+        }
+        tally_optim_free(&opt);
+    }
+    free(p);
+    free(g);
+    return best;
+}
+
+/* Links first: tally_launch wants a process without threads, and sgemm may start BLAS threads. */
+static int plan_calibrate(plan_opts *o, plan_calib *k) {
+    memset(k, 0, sizeof *k);
+    if (calibrate_link("shm", &k->shm) || calibrate_link("tcp", &k->tcp)) return -1;
+    k->sgemm_gflops = tally__sgemm_peak_gflops();
+    k->update_s_per_param = calibrate_update(&o->cfg);
+    k->cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    k->used = o->cfg.workers <= k->cpus ? "shm" : "tcp";
+    o->cfg.cost = o->cfg.workers <= k->cpus ? k->shm : k->tcp;
+    o->cfg.gflops = k->sgemm_gflops;
+    o->cfg.update_s_per_param = k->update_s_per_param;
+    return 0;
+}
+
+/* ---- text output ---- */
+
+static const char *fmt_bytes(double b, char *buf) {
+    static const char *const units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    int u = 0;
+    while (b >= 999.95 && u < 5) b /= 1000, u++;
+    snprintf(buf, 24, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+    return buf;
+}
+
+static const char *fmt_time(double s, char *buf) {
+    if (s == 0) snprintf(buf, 24, "0");
+    else if (s < 1e-3) snprintf(buf, 24, "%.2f us", s * 1e6);
+    else if (s < 1) snprintf(buf, 24, "%.3f ms", s * 1e3);
+    else snprintf(buf, 24, "%.3f s", s);
+    return buf;
+}
+
+static const char *fmt_count(double v, char *buf) {
+    static const char *const units[] = {"", " K", " M", " G", " T"};
+    int u = 0;
+    while (v >= 999.5 && u < 4) v /= 1000, u++;
+    snprintf(buf, 24, u ? "%.2f%s" : "%.0f%s", v, units[u]);
+    return buf;
+}
+
+static const char *optim_name(int optimizer) { return optimizer == TALLY_OPTIM_ADAMW ? "adam" : "sgd"; }
+
+static void print_header(const plan_opts *o) {
+    const tally__plan_cfg *c = &o->cfg;
+    char b1[24], b2[24], b3[24];
+    printf("tally plan: %llu parameters (%s), %d workers, %s, %s, ZeRO stage %d, batch %d x accum %d per rank\n",
+           c->params, fmt_count((double)c->params, b1), c->workers, optim_name(c->optimizer),
+           c->precision == TALLY__PLAN_MIXED ? "mixed precision" : "fp32", c->zero, c->batch, c->accum);
+    if (o->model >= 0) {
+        char arch[128];
+        plan_arch(o, arch, sizeof arch);
+        printf("  model %s %s: %d layers, largest %zu parameters, %s FLOP/sample, activations %s at batch %d\n",
+               tally__model_name((tally__model_kind)o->model), arch, o->desc.nlayers, o->desc.largest_layer,
+               fmt_count(c->flops_per_sample, b1), fmt_bytes(c->activation_bytes, b2), c->batch);
+    } else {
+        printf("  %s FLOP/sample (%s); %s\n", fmt_count(c->flops_per_sample, b1),
+               o->have_flops ? "--flops-per-sample" : "6P: 2 forward + 4 backward per parameter",
+               o->layers ? "layers of equal size" : "largest layer unknown (--layers): ZeRO 2-3 buffers left out");
+    }
+    printf("  links (%s): alpha %s, beta 1/(%s/s), gamma 1/(%s/s) reduced; compute %.1f GFLOP/s per rank (%s)\n",
+           o->link_source, fmt_time(c->cost.alpha, b1), fmt_bytes(1 / c->cost.beta, b2), fmt_bytes(1 / c->cost.gamma, b3),
+           c->gflops, o->flops_source);
+}
+
+static void print_calib(const plan_calib *k, int workers) {
+    char a[24], b[24], g[24];
+    printf("\ncalibration (this machine):\n");
+    printf("  compute   %.1f GFLOP/s: single-thread sgemm peak, used as is (real layers reach less: see MFU\n"
+           "            in tally train's summary)\n", k->sgemm_gflops);
+    printf("  update    %.3f ns per parameter (optimizer step + clearing the gradients, timed)\n",
+           k->update_s_per_param * 1e9);
+    printf("  shm       alpha %s, beta 1/(%s/s), gamma 1/(%s/s)\n", fmt_time(k->shm.alpha, a), fmt_bytes(1 / k->shm.beta, b),
+           fmt_bytes(1 / k->shm.gamma, g));
+    printf("  tcp       alpha %s, beta 1/(%s/s), gamma 1/(%s/s)\n", fmt_time(k->tcp.alpha, a), fmt_bytes(1 / k->tcp.beta, b),
+           fmt_bytes(1 / k->tcp.gamma, g));
+    printf("  using %s's figures: N = %d is %s the %ld CPUs of this host\n", k->used, workers,
+           k->used[0] == 's' ? "within" : "more than", k->cpus);
+}
+
+static void print_memory(const plan_opts *o) {
+    const tally__plan_cfg *c = &o->cfg;
+    char b[8][24];
+    printf("\nmemory per rank (GB = 1e9 bytes; %s)\n",
+           c->precision == TALLY__PLAN_MIXED
+               ? (c->optimizer == TALLY_OPTIM_ADAMW ? "mixed: fp16 params and grads, 12 bytes/param of fp32 master + m + v"
+                                                    : "mixed: fp16 params and grads, 8 bytes/param of fp32 master + momentum")
+               : (c->optimizer == TALLY_OPTIM_ADAMW ? "fp32, as tally train: Adam keeps m and v, 8 bytes/param"
+                                                    : "fp32, as tally train: SGD momentum, 4 bytes/param"));
+    printf("  %-4s %11s %11s %11s %11s %11s %11s %11s\n", "zero", "params", "grads", "optimizer", "buffers",
+           "state", "activations", "total");
+    for (int z = 0; z <= 3; z++) {
+        tally__plan_mem m = tally__plan_memory(c, z, c->workers);
+        printf("  %-4d %11s %11s %11s %11s %11s %11s %11s%s\n", z, fmt_bytes(m.params, b[0]), fmt_bytes(m.grads, b[1]),
+               fmt_bytes(m.optim, b[2]), fmt_bytes(m.buffers, b[3]), fmt_bytes(m.state, b[4]),
+               o->model >= 0 ? fmt_bytes(m.activations, b[5]) : "-", fmt_bytes(m.total, b[6]),
+               z == c->zero ? "  <-" : "");
+    }
+    printf("  state = params + grads + optimizer + buffers (stage 2: one layer's gradients staged; stage 3:\n"
+           "  also one gathered layer); shards are ceil(P/N)%s\n",
+           o->model >= 0 ? "; activations: what tally train allocates at this batch" : "");
+}
+
+static void print_algos(const plan_opts *o) {
+    const tally__plan_cfg *c = &o->cfg;
+    int n = c->workers;
+    double S = tally__plan_grad_bytes(c);
+    char b[4][24];
+    printf("\ncommunication per step: allreduce of S = %s of gradients over N = %d\n", fmt_bytes(S, b[0]), n);
+    printf("  %-7s %10s %12s %12s %12s\n", "algo", "rounds", "bytes/rank", "sent/rank", "time");
+    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+        if (!o->show_all && a != c->algo) continue;
+        tally__plan_comm r = tally__plan_allreduce(&c->cost, a, n, S);
+        printf("  %-7s %10.0f %12s %12s %12s\n", tally__algo_name(a), r.rounds, fmt_bytes(r.bytes, b[0]),
+               fmt_bytes(r.sent, b[1]), fmt_time(r.seconds, b[2]));
+    }
+    printf("  rounds, bytes/rank: messages and bytes in sequence at the busiest rank, the alpha and beta terms\n"
+           "  of the library's cost model (ring 2(N-1), 2S(N-1)/N; direct: the root receives, then sends,\n"
+           "  2(N-1)S); sent/rank: what that rank sends as the code does (tally train's \"bytes sent\");\n"
+           "  time: alpha-beta-gamma.\n");
+}
+
+static const char *const zero_what[4] = {"allreduce in buckets, overlapped with backward",
+                                         "reduce-scatter + all-gather per layer, once a step",
+                                         "reduce-scatter per layer each micro-batch, all-gather once",
+                                         "all-gather per layer for forward and backward, reduce-scatter"};
+
+static void print_zero_comm(const plan_opts *o) {
+    const tally__plan_cfg *c = &o->cfg;
+    char b[3][24];
+    printf("\ncommunication per step by ZeRO stage (%s):\n",
+           c->algo == TALLY__ALGO_AUTO ? "each collective by the cheapest algorithm, as the library picks" : tally__algo_name(c->algo));
+    printf("  %-4s %10s %12s %12s  %s\n", "zero", "rounds", "bytes/rank", "time", "collectives");
+    for (int z = 0; z <= 3; z++) {
+        tally__plan_comm r = tally__plan_step_comm(c, z, c->algo, c->workers);
+        printf("  %-4d %10.0f %12s %12s  %s\n", z, r.rounds, fmt_bytes(r.bytes, b[0]), fmt_time(r.seconds, b[1]),
+               zero_what[z]);
+    }
+}
+
+static void print_step(const plan_opts *o, const tally__plan_step *s) {
+    const tally__plan_cfg *c = &o->cfg;
+    char b[4][24];
+    printf("\nstep time on each of N = %d ranks (ZeRO %d, %s%s), %d x %d samples per rank:\n", c->workers, c->zero,
+           tally__algo_name(s->algo), c->algo == TALLY__ALGO_AUTO ? ": the cheapest" : "", c->batch, c->accum);
+    printf("  compute        %12s  %s FLOP/sample x %d x %d at %.1f GFLOP/s (forward 1/3, backward 2/3)\n",
+           fmt_time(s->compute, b[0]), fmt_count(c->flops_per_sample, b[1]), c->batch, c->accum, c->gflops);
+    printf("  update         %12s  the optimizer over %s parameters (%s)\n", fmt_time(s->update, b[0]),
+           fmt_count((double)(c->zero ? tally__plan_shard(c->params, c->workers) : c->params), b[1]),
+           c->update_s_per_param > 0 ? "measured rate" : "its memory traffic at 3/gamma bytes/s");
+    printf("  comm           %12s", fmt_time(s->comm, b[0]));
+    if (c->zero == 0) printf("  %d bucket%s of <= %s\n", s->buckets, s->buckets == 1 ? "" : "s", fmt_bytes(c->bucket_bytes, b[1]));
+    else printf("  in line: ZeRO's collectives run inside the passes and the step\n");
+    printf("  T no overlap   %12s  compute + comm + update\n", fmt_time(s->t_sum, b[0]));
+    printf("  T full overlap %12s  compute - backward + max(backward, comm) + update: communication can only\n"
+           "                              hide behind backward (2/3 of the FLOPs) of the step's last micro-batch\n",
+           fmt_time(s->t_max, b[0]));
+    printf("  T predicted    %12s  %s; %.0f samples/s over %d ranks\n", fmt_time(s->t_pred, b[0]),
+           c->zero ? "no overlap" : "as the engine overlaps: all buckets but the last, which waits for backward",
+           s->samples_per_s, c->workers);
+}
+
+/* The same plan at accum 1, to show what accumulating changes: compute x K, communication once. */
+static void print_accum(const plan_opts *o, const tally__plan_step *s) {
+    tally__plan_cfg one = o->cfg;
+    one.accum = 1;
+    tally__plan_step s1 = tally__plan_step_time(&one, o->cfg.workers);
+    printf("  --accum %d: compute x %d, gradients reduced once per step: communication %.1f%% of T no overlap\n"
+           "              (%.1f%% at accum 1), %.0f samples/s (%.0f at accum 1)\n",
+           o->cfg.accum, o->cfg.accum, s->t_sum > 0 ? 100 * s->comm / s->t_sum : 0,
+           s1.t_sum > 0 ? 100 * s1.comm / s1.t_sum : 0, s->samples_per_s, s1.samples_per_s);
+}
+
+/* n = 1, 2, 4, ... and N itself. */
+static int next_n(int n, int N) { return n >= N ? N + 1 : (2 * n > N ? N : 2 * n); }
+
+static void print_scaling(const plan_opts *o, const tally__plan_step *s) {
+    const tally__plan_cfg *c = &o->cfg;
+    double P = tally__plan_parallel_fraction(s), ceil_s = tally__plan_ceiling(P);
+    char b[2][24];
+    printf("\nscaling (Amdahl): P = N c / (N c + s) = %.4f at N = %d, where c = %s of work per rank that splits\n"
+           "  across ranks (forward + backward%s) and s = %s that does not (exposed communication%s);\n"
+           "  S(n) = 1 / ((1-P) + P/n), ceiling 1/(1-P) = ",
+           P, c->workers, fmt_time(s->parallel, b[0]), c->zero ? ", the sharded update" : "", fmt_time(s->serial, b[1]),
+           c->zero ? "" : ", the update every rank repeats");
+    if (isfinite(ceil_s)) printf("%.1fx\n", ceil_s);
+    else printf("unbounded\n");
+    printf("  %8s %12s %18s %16s\n", "n", "Amdahl S(n)", "samples/s (model)", "speed-up (model)");
+    double base = tally__plan_step_time(c, 1).samples_per_s;
+    for (int n = 1; n <= c->workers; n = next_n(n, c->workers)) {
+        tally__plan_step sn = tally__plan_step_time(c, n);
+        printf("  %8d %12.2f %18.0f %16.2f\n", n, tally__plan_amdahl(P, n), sn.samples_per_s,
+               base > 0 ? sn.samples_per_s / base : 0);
+    }
+    printf("  samples/s (model): n x batch x accum / T predicted at n ranks, straight from the model\n");
+}
+
+static void plan_print_text(const plan_opts *o, const plan_calib *k) {
+    print_header(o);
+    if (k) print_calib(k, o->cfg.workers);
+    print_memory(o);
+    print_algos(o);
+    print_zero_comm(o);
+    tally__plan_step s = tally__plan_step_time(&o->cfg, o->cfg.workers);
+    print_step(o, &s);
+    print_accum(o, &s);
+    print_scaling(o, &s);
+}
+
+/* ---- JSON ---- */
+
+static void json_num(const char *key, double v, const char *sep) {
+    if (isfinite(v)) printf("\"%s\": %.10g%s", key, v, sep);
+    else printf("\"%s\": null%s", key, sep);
+}
+
+static void json_memory(const tally__plan_cfg *c) {
+    printf("  \"memory\": [\n");
+    for (int z = 0; z <= 3; z++) {
+        tally__plan_mem m = tally__plan_memory(c, z, c->workers);
+        printf("    {\"zero\": %d, ", z);
+        json_num("params", m.params, ", ");
+        json_num("grads", m.grads, ", ");
+        json_num("optimizer", m.optim, ", ");
+        json_num("buffers", m.buffers, ", ");
+        json_num("state", m.state, ", ");
+        json_num("activations", m.activations, ", ");
+        json_num("total", m.total, "}");
+        printf("%s\n", z < 3 ? "," : "");
+    }
+    printf("  ],\n");
+}
+
+static void json_comm(const plan_opts *o) {
+    const tally__plan_cfg *c = &o->cfg;
+    double S = tally__plan_grad_bytes(c);
+    printf("  \"comm\": {");
+    json_num("gradient_bytes", S, ", \"algorithms\": [\n");
+    int first = 1;
+    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+        if (!o->show_all && a != c->algo) continue;
+        tally__plan_comm r = tally__plan_allreduce(&c->cost, a, c->workers, S);
+        printf("%s    {\"algo\": \"%s\", ", first ? "" : ",\n", tally__algo_name(a));
+        json_num("rounds", r.rounds, ", ");
+        json_num("bytes", r.bytes, ", ");
+        json_num("sent", r.sent, ", ");
+        json_num("seconds", r.seconds, "}");
+        first = 0;
+    }
+    printf("\n  ], \"zero\": [\n");
+    for (int z = 0; z <= 3; z++) {
+        tally__plan_comm r = tally__plan_step_comm(c, z, c->algo, c->workers);
+        printf("    {\"zero\": %d, ", z);
+        json_num("rounds", r.rounds, ", ");
+        json_num("bytes", r.bytes, ", ");
+        json_num("seconds", r.seconds, "}");
+        printf("%s\n", z < 3 ? "," : "");
+    }
+    printf("  ]},\n");
+}
+
+static void json_step(const tally__plan_step *s) {
+    printf("  \"step\": {\"algo\": \"%s\", ", tally__algo_name(s->algo));
+    json_num("compute_s", s->compute, ", ");
+    json_num("forward_s", s->forward, ", ");
+    json_num("backward_s", s->backward, ", ");
+    json_num("update_s", s->update, ", ");
+    json_num("comm_s", s->comm, ", ");
+    json_num("t_sum_s", s->t_sum, ", ");
+    json_num("t_max_s", s->t_max, ", ");
+    json_num("t_pred_s", s->t_pred, ", ");
+    json_num("samples_per_s", s->samples_per_s, "},\n");
+}
+
+static void json_amdahl(const tally__plan_cfg *c, const tally__plan_step *s) {
+    double P = tally__plan_parallel_fraction(s);
+    printf("  \"amdahl\": {");
+    json_num("parallel_fraction", P, ", ");
+    json_num("ceiling", tally__plan_ceiling(P), ", \"table\": [\n");
+    double base = tally__plan_step_time(c, 1).samples_per_s;
+    for (int n = 1; n <= c->workers; n = next_n(n, c->workers)) {
+        tally__plan_step sn = tally__plan_step_time(c, n);
+        printf("%s    {\"n\": %d, ", n > 1 ? ",\n" : "", n);
+        json_num("speedup", tally__plan_amdahl(P, n), ", ");
+        json_num("samples_per_s", sn.samples_per_s, ", ");
+        json_num("model_speedup", base > 0 ? sn.samples_per_s / base : 0, "}");
+    }
+    printf("\n  ]}");
+}
+
+static void json_calib(const plan_calib *k) {
+    printf(",\n  \"calibration\": {");
+    json_num("sgemm_gflops", k->sgemm_gflops, ", ");
+    json_num("update_s_per_param", k->update_s_per_param, ", ");
+    printf("\"shm\": {");
+    json_num("alpha", k->shm.alpha, ", ");
+    json_num("beta", k->shm.beta, ", ");
+    json_num("gamma", k->shm.gamma, "}, \"tcp\": {");
+    json_num("alpha", k->tcp.alpha, ", ");
+    json_num("beta", k->tcp.beta, ", ");
+    json_num("gamma", k->tcp.gamma, "}, ");
+    printf("\"cpus\": %ld, \"used\": \"%s\"}", k->cpus, k->used);
+}
+
+static void plan_print_json(const plan_opts *o, const plan_calib *k) {
+    const tally__plan_cfg *c = &o->cfg;
+    printf("{\n  \"params\": %llu, \"layers\": %d, \"largest_layer\": %llu, \"workers\": %d, \"optimizer\": \"%s\",\n",
+           c->params, c->nlayers, c->largest, c->workers, optim_name(c->optimizer));
+    printf("  \"precision\": \"%s\", \"zero\": %d, \"batch\": %d, \"accum\": %d, ",
+           c->precision == TALLY__PLAN_MIXED ? "mixed" : "fp32", c->zero, c->batch, c->accum);
+    if (o->model >= 0) printf("\"model\": \"%s\", ", tally__model_name((tally__model_kind)o->model));
+    json_num("flops_per_sample", c->flops_per_sample, ",\n  ");
+    json_num("compute_gflops", c->gflops, ", ");
+    json_num("alpha_s", c->cost.alpha, ", ");
+    json_num("beta_s_per_byte", c->cost.beta, ", ");
+    json_num("gamma_s_per_byte", c->cost.gamma, ",\n");
+    json_memory(c);
+    json_comm(o);
+    tally__plan_step s = tally__plan_step_time(c, c->workers);
+    json_step(&s);
+    json_amdahl(c, &s);
+    if (k) json_calib(k);
+    printf("\n}\n");
+}
+
+int tally_cmd_plan(int argc, char **argv) {
+    plan_opts o;
+    if (plan_parse(argc, argv, &o)) return plan_usage();
+    if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank);
+    if (plan_fill(&o)) return 1;
+    plan_calib k;
+    o.flops_source = "--compute";
+    o.link_source = "--latency, --bandwidth; gamma assumed";
+    if (o.calibrate) {
+        if (plan_calibrate(&o, &k)) return 1;
+        o.flops_source = "calibrated: single-thread sgemm";
+        o.link_source = k.used[0] == 's' ? "calibrated: shm" : "calibrated: tcp";
+    }
+    if (o.json) plan_print_json(&o, o.calibrate ? &k : NULL);
+    else plan_print_text(&o, o.calibrate ? &k : NULL);
+    return 0;
+}

@@ -1,5 +1,6 @@
 /* cmd_plan.c - `tally plan`: parses the flags (or measures this machine with --calibrate), asks the
  * planner (src/train/plan.c) for memory, communication, step time and scaling, prints text or JSON. */
+#include <cblas.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "../src/core/clock.h"
+#include "../src/core/sig.h"
 #include "../src/train/model.h"
 #include "../src/train/plan.h"
 #include "../src/train/trainer.h"
@@ -25,13 +27,16 @@ typedef struct plan_opts {
     int show_all;                  /* --algo all: every algorithm in the table */
     int json, calibrate;
     const char *calibrate_rank;    /* hidden: run as one rank of the link measurement */
+    double calibrate_bytes;        /* hidden: the allreduce those ranks time (the plan's S) */
     const char *flops_source, *link_source;
 } plan_opts;
 
 /* What --calibrate measured on this machine. */
 typedef struct plan_calib {
     double sgemm_gflops, update_s_per_param;
+    double model_gflops;           /* --model: its forward + backward, timed (0 without --model) */
     tally__cost shm, tcp;
+    double shm_allreduce_s, tcp_allreduce_s; /* an allreduce of S on 2 ranks, timed: a check of the model */
     long cpus;
     const char *used;              /* the transport whose figures the plan uses */
 } plan_calib;
@@ -49,8 +54,9 @@ static int plan_usage(void) {
             "  --model takes P, the layers, FLOPs/sample and activations from tally train's models.\n"
             "  --bandwidth: 25Gbps (bits), 10GB/s (bytes; MiB/s binary); --latency: 5us, 1.5ms, 100ns.\n"
             "  --compute: GFLOP/s of one rank (default 100); FLOPs/sample default 6P without --model.\n"
-            "  --calibrate measures compute (single-thread sgemm), the optimizer update and the alpha/beta/\n"
-            "  gamma of this machine's shm and tcp links (2 local ranks each) instead of taking flags.\n"
+            "  --calibrate measures this machine instead of taking flags: compute (the model's own layers\n"
+            "  with --model, else single-thread sgemm), the optimizer update, and alpha/beta/gamma of the shm\n"
+            "  and tcp links (2 local ranks each; shm's used when N fits this host's CPUs, else tcp's).\n"
             "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
     return 2;
 }
@@ -58,7 +64,7 @@ static int plan_usage(void) {
 /* ---- flags ---- */
 
 enum { O_PARAMS = 256, O_LAYERS, O_WORKERS, O_OPT, O_PREC, O_ZERO, O_BATCH, O_FLOPS, O_MODEL, O_HIDDEN,
-       O_COMPUTE, O_BW, O_LAT, O_ALGO, O_ACCUM, O_BUCKET, O_JSON, O_CALIB, O_CALIB_RANK };
+       O_COMPUTE, O_BW, O_LAT, O_ALGO, O_ACCUM, O_BUCKET, O_JSON, O_CALIB, O_CALIB_RANK, O_CALIB_BYTES };
 
 static const struct option plan_longs[] = {
     {"params", 1, 0, O_PARAMS},   {"layers", 1, 0, O_LAYERS},     {"workers", 1, 0, O_WORKERS},
@@ -67,7 +73,8 @@ static const struct option plan_longs[] = {
     {"hidden", 1, 0, O_HIDDEN},   {"compute", 1, 0, O_COMPUTE},   {"bandwidth", 1, 0, O_BW},
     {"latency", 1, 0, O_LAT},     {"algo", 1, 0, O_ALGO},         {"accum", 1, 0, O_ACCUM},
     {"bucket-mb", 1, 0, O_BUCKET}, {"json", 0, 0, O_JSON},        {"calibrate", 0, 0, O_CALIB},
-    {"calibrate-rank", 1, 0, O_CALIB_RANK}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+    {"calibrate-rank", 1, 0, O_CALIB_RANK}, {"calibrate-bytes", 1, 0, O_CALIB_BYTES},
+    {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
 
 /* A whole number in [lo, hi] (K/M/G/T allowed). */
 static int parse_int(const char *s, double lo, double hi, int *out) {
@@ -149,6 +156,7 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_JSON: return o->json = 1, 0;
     case O_CALIB: return o->calibrate = 1, 0;
     case O_CALIB_RANK: return o->calibrate_rank = a, 0;
+    case O_CALIB_BYTES: return tally__plan_parse_count(a, &o->calibrate_bytes);
     default: return -1;
     }
 }
@@ -172,12 +180,16 @@ static int plan_parse(int argc, char **argv, plan_opts *o) {
     o->model = -1;
     o->show_all = 1;
     optind = 1;
-    int ch;
-    while ((ch = getopt_long(argc, argv, "n:h", plan_longs, NULL)) != -1) {
+    int ch, idx = -1;
+    while ((ch = getopt_long(argc, argv, "n:h", plan_longs, &idx)) != -1) {
         if (ch == 'h' || ch == '?' || plan_parse_one(ch, optarg, o)) {
-            if (ch != 'h' && ch != '?') fprintf(stderr, "tally plan: bad value for %s: %s\n", argv[optind - 1], optarg);
+            if (ch != 'h' && ch != '?')
+                fprintf(stderr, "tally plan: bad value for %s%s: '%s'%s\n", ch == 'n' ? "-" : "--",
+                        ch == 'n' ? "n" : plan_longs[idx].name, optarg,
+                        ch == O_BW ? " (a unit says bits or bytes: 25Gbps, 10GB/s)" : "");
             return -1;
         }
+        idx = -1;
     }
     if (optind != argc) {
         fprintf(stderr, "tally plan: unexpected argument %s\n", argv[optind]);
@@ -234,19 +246,38 @@ static int plan_fill(plan_opts *o) {
 
 /* ---- --calibrate ---- */
 
+/* Mean seconds of an allreduce of `bytes` (at most 256 MiB) in a buffer from tally_mem_alloc, as
+ * the trainer's gradients are; 0 when it could not run. */
+static double time_allreduce(tally_comm *comm, double bytes) {
+    size_t count = (size_t)(fmin(bytes, 256.0 * 1048576.0) / sizeof(float));
+    float *buf = count ? tally_mem_alloc(comm, count * sizeof(float)) : NULL;
+    if (!buf) return 0;
+    memset(buf, 0, count * sizeof(float));
+    double t = 0;
+    int iters = 10;
+    for (int i = -2; i < iters; i++) { /* two to warm up */
+        double t0 = tally__now_s();
+        if (tally_allreduce(comm, buf, buf, count, TALLY_F32, TALLY_AVG)) break;
+        if (i >= 0) t += tally__now_s() - t0;
+    }
+    tally_mem_free(comm, buf);
+    return t / iters * (bytes / (count * sizeof(float))); /* scaled up when capped */
+}
+
 /* Hidden mode: one of the 2 ranks tally_launch started; the communicator measures its links at init,
- * rank 0 writes what it found. */
-static int plan_calibrate_rank(const char *file) {
+ * then the ranks time one allreduce of the plan's gradients; rank 0 writes what it found. */
+static int plan_calibrate_rank(const char *file, double bytes) {
     tally_comm *comm;
     if (tally_comm_init(&comm)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
         return 1;
     }
+    double ar = bytes > 0 ? time_allreduce(comm, bytes) : 0;
     int rc = 0;
     if (tally_comm_rank(comm) == 0) {
         const tally__cost *m = tally__comm_cost(comm);
         FILE *f = fopen(file, "w");
-        rc = !f || fprintf(f, "%.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma) < 0;
+        rc = !f || fprintf(f, "%.9e %.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma, ar) < 0;
         if (f && fclose(f)) rc = 1;
         if (rc) fprintf(stderr, "tally plan: calibrate: cannot write %s\n", file);
     }
@@ -254,19 +285,21 @@ static int plan_calibrate_rank(const char *file) {
     return rc;
 }
 
-/* Starts 2 local ranks of this binary over `transport` and reads back the model rank 0 measured. */
-static int calibrate_link(const char *transport, tally__cost *out) {
+/* Starts 2 local ranks of this binary over `transport` and reads back the model rank 0 measured and
+ * the time of an allreduce of `bytes`. */
+static int calibrate_link(const char *transport, double bytes, tally__cost *out, double *allreduce_s) {
     const char *dir = getenv("TMPDIR");
-    char path[512];
+    char path[512], size[32];
     snprintf(path, sizeof path, "%s/tally-plan-XXXXXX", dir && *dir ? dir : "/tmp");
+    snprintf(size, sizeof size, "%.0f", bytes);
     int fd = mkstemp(path);
     if (fd < 0) return fprintf(stderr, "tally plan: calibrate: cannot create %s\n", path), -1;
     close(fd);
-    char *argv[] = {"/proc/self/exe", "plan", "--calibrate-rank", path, NULL};
+    char *argv[] = {"/proc/self/exe", "plan", "--calibrate-rank", path, "--calibrate-bytes", size, NULL};
     tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
     int rc = tally_launch(&lo, argv);
     FILE *f = rc ? NULL : fopen(path, "r");
-    if (f && fscanf(f, "%lf %lf %lf", &out->alpha, &out->beta, &out->gamma) != 3) rc = -1;
+    if (f && fscanf(f, "%lf %lf %lf %lf", &out->alpha, &out->beta, &out->gamma, allreduce_s) != 4) rc = -1;
     if (f) fclose(f);
     unlink(path);
     if (rc || !f) fprintf(stderr, "tally plan: calibrate: measuring the %s link failed\n", transport);
@@ -299,16 +332,75 @@ static double calibrate_update(const tally__plan_cfg *c) {
     return best;
 }
 
-/* Links first: tally_launch wants a process without threads, and sgemm may start BLAS threads. */
+/* A deterministic batch of inputs, labels and targets for timing a model. */
+typedef struct plan_batch {
+    float *x, *t;
+    int32_t *y;
+} plan_batch;
+
+static int batch_alloc(plan_batch *b, const tally__model_cfg *m, int B) {
+    b->x = malloc((size_t)B * m->in_dim * sizeof(float));
+    b->t = calloc((size_t)B * m->outputs, sizeof(float));
+    b->y = malloc((size_t)B * sizeof(int32_t));
+    if (!b->x || !b->t || !b->y) return -1;
+    for (size_t i = 0; i < (size_t)B * m->in_dim; i++) b->x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    for (int i = 0; i < B; i++) b->y[i] = i % m->outputs;
+    return 0;
+}
+
+static void batch_free(plan_batch *b) {
+    free(b->x);
+    free(b->t);
+    free(b->y);
+}
+
+/* Times forward + backward of the real model at the batch, and the optimizer update right after it
+ * (caches as a training step leaves them), on one BLAS thread as a rank of tally train runs. */
+static int calibrate_model(const plan_opts *o, plan_calib *k) {
+    const tally__plan_cfg *c = &o->cfg;
+    tally__model m;
+    plan_batch b = {0};
+    tally_optim opt = {0};
+    tally_optim_cfg oc;
+    tally_optim_cfg_default(&oc, (tally_optim_kind)c->optimizer);
+    int rc = tally__model_init(&m, &o->mcfg, c->batch, 1, NULL, 0);
+    if (!rc) rc = batch_alloc(&b, &o->mcfg, c->batch) || tally_optim_init(&opt, &oc, m.nparams);
+    int threads = openblas_get_num_threads(), iters = 0;
+    openblas_set_num_threads(1);
+    double fb = 0, up = 0, t_end = tally__now_s() + 0.3;
+    for (int i = -3; !rc && (i < 10 || tally__now_s() < t_end); i++) { /* three to warm up */
+        float loss;
+        double t0 = tally__now_s();
+        rc = tally__model_forward(&m, b.x, b.y, b.t, c->batch, NULL, &loss) ||
+             tally__model_backward(&m, b.y, b.t, c->batch, NULL);
+        double t1 = tally__now_s();
+        tally_optim_step(&opt, m.params, m.grads, 1e-6f);
+        memset(m.grads, 0, m.nparams * sizeof(float));
+        if (i >= 0) fb += t1 - t0, up += tally__now_s() - t1, iters++;
+    }
+    openblas_set_num_threads(threads);
+    tally_optim_free(&opt);
+    batch_free(&b);
+    tally__model_free(&m);
+    if (rc || !iters) return fprintf(stderr, "tally plan: calibrate: timing the model failed\n"), -1;
+    k->model_gflops = c->flops_per_sample * c->batch / (fb / iters) * 1e-9;
+    k->update_s_per_param = up / iters / (double)c->params;
+    return 0;
+}
+
+/* Links first: tally_launch wants a process without threads, and BLAS may start some. */
 static int plan_calibrate(plan_opts *o, plan_calib *k) {
     memset(k, 0, sizeof *k);
-    if (calibrate_link("shm", &k->shm) || calibrate_link("tcp", &k->tcp)) return -1;
+    double S = tally__plan_grad_bytes(&o->cfg);
+    if (calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) || calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
+        return -1;
     k->sgemm_gflops = tally__sgemm_peak_gflops();
-    k->update_s_per_param = calibrate_update(&o->cfg);
+    if (o->model >= 0 && calibrate_model(o, k)) return -1;
+    if (o->model < 0) k->update_s_per_param = calibrate_update(&o->cfg);
     k->cpus = sysconf(_SC_NPROCESSORS_ONLN);
     k->used = o->cfg.workers <= k->cpus ? "shm" : "tcp";
     o->cfg.cost = o->cfg.workers <= k->cpus ? k->shm : k->tcp;
-    o->cfg.gflops = k->sgemm_gflops;
+    o->cfg.gflops = k->model_gflops > 0 ? k->model_gflops : k->sgemm_gflops;
     o->cfg.update_s_per_param = k->update_s_per_param;
     return 0;
 }
@@ -356,25 +448,38 @@ static void print_header(const plan_opts *o) {
     } else {
         printf("  %s FLOP/sample (%s); %s\n", fmt_count(c->flops_per_sample, b1),
                o->have_flops ? "--flops-per-sample" : "6P: 2 forward + 4 backward per parameter",
-               o->layers ? "layers of equal size" : "largest layer unknown (--layers): ZeRO 2-3 buffers left out");
+               o->layers ? "layers of equal size"
+               : c->precision == TALLY__PLAN_FP32 ? "largest layer unknown (--layers): ZeRO 2-3 layer buffers left out"
+                                                  : "layers unknown (--layers): ZeRO 2-3 collectives on the whole vector");
     }
     printf("  links (%s): alpha %s, beta 1/(%s/s), gamma 1/(%s/s) reduced; compute %.1f GFLOP/s per rank (%s)\n",
            o->link_source, fmt_time(c->cost.alpha, b1), fmt_bytes(1 / c->cost.beta, b2), fmt_bytes(1 / c->cost.gamma, b3),
            c->gflops, o->flops_source);
 }
 
-static void print_calib(const plan_calib *k, int workers) {
-    char a[24], b[24], g[24];
+/* One link's figures, and its measured allreduce of S beside what the model says of it. */
+static void print_link(const char *name, const tally__cost *m, double measured, double S) {
+    char a[24], b[24], g[24], t1[24], t2[24], sz[24];
+    printf("  %-9s alpha %s, beta 1/(%s/s), gamma 1/(%s/s); allreduce of %s on 2 ranks: measured %s, model %s\n",
+           name, fmt_time(m->alpha, a), fmt_bytes(1 / m->beta, b), fmt_bytes(1 / m->gamma, g), fmt_bytes(S, sz),
+           fmt_time(measured, t1), fmt_time(tally__algo_cost(m, TALLY__ALGO_AUTO, TALLY__ALLREDUCE, 2, (size_t)S), t2));
+}
+
+static void print_calib(const plan_opts *o, const plan_calib *k) {
     printf("\ncalibration (this machine):\n");
-    printf("  compute   %.1f GFLOP/s: single-thread sgemm peak, used as is (real layers reach less: see MFU\n"
-           "            in tally train's summary)\n", k->sgemm_gflops);
-    printf("  update    %.3f ns per parameter (optimizer step + clearing the gradients, timed)\n",
-           k->update_s_per_param * 1e9);
-    printf("  shm       alpha %s, beta 1/(%s/s), gamma 1/(%s/s)\n", fmt_time(k->shm.alpha, a), fmt_bytes(1 / k->shm.beta, b),
-           fmt_bytes(1 / k->shm.gamma, g));
-    printf("  tcp       alpha %s, beta 1/(%s/s), gamma 1/(%s/s)\n", fmt_time(k->tcp.alpha, a), fmt_bytes(1 / k->tcp.beta, b),
-           fmt_bytes(1 / k->tcp.gamma, g));
-    printf("  using %s's figures: N = %d is %s the %ld CPUs of this host\n", k->used, workers,
+    if (k->model_gflops > 0)
+        printf("  compute   %.1f GFLOP/s: the model's forward + backward at batch %d, timed on one BLAS thread\n"
+               "            (%.2f of the single-thread sgemm peak, %.1f GFLOP/s)\n",
+               k->model_gflops, o->cfg.batch, k->model_gflops / k->sgemm_gflops, k->sgemm_gflops);
+    else
+        printf("  compute   %.1f GFLOP/s: single-thread sgemm peak, used as is (real layers reach less: see MFU\n"
+               "            in tally train's summary; --model times the layers themselves)\n", k->sgemm_gflops);
+    printf("  update    %.3f ns per parameter (optimizer step + clearing the gradients, timed%s)\n",
+           k->update_s_per_param * 1e9, k->model_gflops > 0 ? " after backward" : "");
+    double S = tally__plan_grad_bytes(&o->cfg);
+    print_link("shm", &k->shm, k->shm_allreduce_s, S);
+    print_link("tcp", &k->tcp, k->tcp_allreduce_s, S);
+    printf("  using %s's figures: N = %d is %s the %ld CPUs of this host\n", k->used, o->cfg.workers,
            k->used[0] == 's' ? "within" : "more than", k->cpus);
 }
 
@@ -455,20 +560,24 @@ static void print_step(const plan_opts *o, const tally__plan_step *s) {
     printf("  T full overlap %12s  compute - backward + max(backward, comm) + update: communication can only\n"
            "                              hide behind backward (2/3 of the FLOPs) of the step's last micro-batch\n",
            fmt_time(s->t_max, b[0]));
-    printf("  T predicted    %12s  %s; %.0f samples/s over %d ranks\n", fmt_time(s->t_pred, b[0]),
-           c->zero ? "no overlap" : "as the engine overlaps: all buckets but the last, which waits for backward",
-           s->samples_per_s, c->workers);
+    printf("  T predicted    %12s  %s\n", fmt_time(s->t_pred, b[0]),
+           c->zero ? "no overlap" : "as the engine overlaps: all buckets but the last, which waits for backward");
+    printf("                              = %.*f samples/s over %d rank%s\n", s->samples_per_s < 100 ? 2 : 0,
+           s->samples_per_s, c->workers, c->workers == 1 ? "" : "s");
 }
 
-/* The same plan at accum 1, to show what accumulating changes: compute x K, communication once. */
+/* The same plan at accum 1, to show what accumulating changes: compute x K; communication once per
+ * step at stages 0-1, every micro-batch at stages 2-3 (gradients are sharded as backward makes them). */
 static void print_accum(const plan_opts *o, const tally__plan_step *s) {
     tally__plan_cfg one = o->cfg;
     one.accum = 1;
     tally__plan_step s1 = tally__plan_step_time(&one, o->cfg.workers);
-    printf("  --accum %d: compute x %d, gradients reduced once per step: communication %.1f%% of T no overlap\n"
-           "              (%.1f%% at accum 1), %.0f samples/s (%.0f at accum 1)\n",
-           o->cfg.accum, o->cfg.accum, s->t_sum > 0 ? 100 * s->comm / s->t_sum : 0,
-           s1.t_sum > 0 ? 100 * s1.comm / s1.t_sum : 0, s->samples_per_s, s1.samples_per_s);
+    printf("  --accum %d: compute x %d, %s: communication %.1f%% of T no overlap\n"
+           "              (%.1f%% at accum 1), %.6g samples/s (%.6g at accum 1)\n",
+           o->cfg.accum, o->cfg.accum,
+           o->cfg.zero >= 2 ? "ZeRO 2-3 still reduce-scatter every micro-batch" : "gradients reduced once per step",
+           s->t_sum > 0 ? 100 * s->comm / s->t_sum : 0, s1.t_sum > 0 ? 100 * s1.comm / s1.t_sum : 0,
+           s->samples_per_s, s1.samples_per_s);
 }
 
 /* n = 1, 2, 4, ... and N itself. */
@@ -489,7 +598,7 @@ static void print_scaling(const plan_opts *o, const tally__plan_step *s) {
     double base = tally__plan_step_time(c, 1).samples_per_s;
     for (int n = 1; n <= c->workers; n = next_n(n, c->workers)) {
         tally__plan_step sn = tally__plan_step_time(c, n);
-        printf("  %8d %12.2f %18.0f %16.2f\n", n, tally__plan_amdahl(P, n), sn.samples_per_s,
+        printf("  %8d %12.2f %18.*f %16.2f\n", n, tally__plan_amdahl(P, n), sn.samples_per_s < 100 ? 2 : 0, sn.samples_per_s,
                base > 0 ? sn.samples_per_s / base : 0);
     }
     printf("  samples/s (model): n x batch x accum / T predicted at n ranks, straight from the model\n");
@@ -497,7 +606,7 @@ static void print_scaling(const plan_opts *o, const tally__plan_step *s) {
 
 static void plan_print_text(const plan_opts *o, const plan_calib *k) {
     print_header(o);
-    if (k) print_calib(k, o->cfg.workers);
+    if (k) print_calib(o, k);
     print_memory(o);
     print_algos(o);
     print_zero_comm(o);
@@ -592,6 +701,9 @@ static void json_calib(const plan_calib *k) {
     printf(",\n  \"calibration\": {");
     json_num("sgemm_gflops", k->sgemm_gflops, ", ");
     json_num("update_s_per_param", k->update_s_per_param, ", ");
+    json_num("model_gflops", k->model_gflops, ", ");
+    json_num("shm_allreduce_s", k->shm_allreduce_s, ", ");
+    json_num("tcp_allreduce_s", k->tcp_allreduce_s, ", ");
     printf("\"shm\": {");
     json_num("alpha", k->shm.alpha, ", ");
     json_num("beta", k->shm.beta, ", ");
@@ -626,14 +738,14 @@ static void plan_print_json(const plan_opts *o, const plan_calib *k) {
 int tally_cmd_plan(int argc, char **argv) {
     plan_opts o;
     if (plan_parse(argc, argv, &o)) return plan_usage();
-    if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank);
+    if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank, o.calibrate_bytes);
     if (plan_fill(&o)) return 1;
     plan_calib k;
     o.flops_source = "--compute";
     o.link_source = "--latency, --bandwidth; gamma assumed";
     if (o.calibrate) {
         if (plan_calibrate(&o, &k)) return 1;
-        o.flops_source = "calibrated: single-thread sgemm";
+        o.flops_source = o.model >= 0 ? "calibrated: the model's layers, timed" : "calibrated: single-thread sgemm";
         o.link_source = k.used[0] == 's' ? "calibrated: shm" : "calibrated: tcp";
     }
     if (o.json) plan_print_json(&o, o.calibrate ? &k : NULL);

@@ -135,7 +135,7 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     int ch;
     while ((ch = getopt_long(argc, argv, "n:h", train_longs, NULL)) != -1) {
         if (ch == 'h' || train_parse_one(ch, optarg, o, &p)) {
-            if (ch != 'h' && ch != '?') fprintf(stderr, "tally train: bad value for %s: %s\n", argv[optind - 1], optarg);
+            if (ch != 'h' && ch != '?') fprintf(stderr, "tally train: bad value: %s\n", optarg ? optarg : "");
             return -1;
         }
     }

@@ -406,7 +406,11 @@ static shared_res *fault_job(int scenario, int n) {
 
 static void test_mismatch(void) {
     shared_res *sr = fault_job(SC_MISMATCH, 3);
-    TH_CHECK(sr->rc[0] == 0, "rank 0 is not part of the mismatch but got %d (%s)", sr->rc[0], sr->msg[0]);
+    /* Rank 0's own messages match; whether it finishes before the fault that ranks 1 and 2 raise
+     * reaches it is a race (rank 2 may stop before its send to rank 0 is done). Either way, never
+     * anything but success or the mismatch itself. */
+    TH_CHECK(sr->rc[0] == 0 || sr->rc[0] == TALLY_E_MISMATCH,
+             "rank 0 is not part of the mismatch but got %d (%s)", sr->rc[0], sr->msg[0]);
     for (int r = 1; r <= 2; r++) {
         TH_CHECK(sr->rc[r] == TALLY_E_MISMATCH, "rank %d: got %d (%s), want TALLY_E_MISMATCH", r, sr->rc[r],
                  sr->msg[r]);

@@ -64,6 +64,13 @@ static void test_equivalence(void) {
                 double d = tr_max_rel_diff(g_got, g_ref, PRIME_P);
                 double tol = opts[o] == TALLY_OPTIM_ADAMW && (n & (n - 1)) ? ADAMW_ODD_TOL : REL_TOL;
                 printf("%-24s vs stage 0: max relative difference %.2e (bound %.0e)\n", what, d, tol);
+                /* the communication thread changes when collectives run, never what they compute */
+                static float serial[TR_MAX_PARAMS];
+                c.no_overlap = 1;
+                snprintf(what, sizeof what, "stage %d %s n=%d without overlap", z, on, n);
+                if (!tr_train_on("shm", n, &c, serial, what))
+                    TH_CHECK(!memcmp(serial, g_got, PRIME_P * sizeof(float)),
+                             "%s: overlap on and off give different parameters", what);
                 TH_CHECK(d <= tol, "%s: max relative difference %.3g > %.0e", what, d, tol);
             }
         }
@@ -110,8 +117,10 @@ static void test_bytes(void) {
                        z, state, want_state[z], res->mem_buffers, sent, want_sent[z]);
             TH_CHECK(fabs(state - want_state[z]) <= 0.05 * want_state[z],
                      "stage %d rank %d: model state %.0f bytes, formula %.0f", z, r, state, want_state[z]);
-            TH_CHECK(res->mem_buffers <= 2 * largest * sizeof(float), "stage %d: %zu bytes of layer buffers", z,
-                     res->mem_buffers);
+            /* overlapped (the default): two staging buffers at stage 2, and two gathered layers at 3 */
+            size_t want_buffers = (z >= 2 ? 2 : 0) * largest * sizeof(float) * (z == 3 ? 2 : 1);
+            TH_CHECK(res->mem_buffers == want_buffers, "stage %d: %zu bytes of layer buffers, expected %zu", z,
+                     res->mem_buffers, want_buffers);
             /* stage 3 gathers the last layer once for forward and backward both, so a little under */
             TH_CHECK(sent <= want_sent[z] * 1.05 && sent >= want_sent[z] * (z == 3 ? 0.9 : 0.95),
                      "stage %d rank %d: %.0f bytes sent per step, formula %.0f", z, r, sent, want_sent[z]);
@@ -120,38 +129,62 @@ static void test_bytes(void) {
 }
 
 /* The prediction the trainer checks --max-mem against: stage 0 refused up front with both figures,
- * stage 3 runs under the same limit and holds what was predicted. */
+ * stage 3 runs under the same limit and holds what was predicted. Four hidden layers of 512 keep the
+ * largest layer (784 x 512) well under the model, so stage 3's shards and layer buffers are smaller
+ * than stage 0's replicas. */
 static void test_max_mem(void) {
     tally__train_cfg c = zcfg(0, TALLY_OPTIM_ADAMW, 1);
-    tally__model_cfg mc = {.kind = TALLY__MODEL_MLP, .in_dim = 784, .outputs = 10, .nhidden = 2, .hidden = {20, 21}};
+    c.nhidden = 4;
+    c.hidden[0] = c.hidden[1] = c.hidden[2] = c.hidden[3] = 512;
+    tally__model_cfg mc = {.kind = TALLY__MODEL_MLP, .in_dim = 784, .outputs = 10, .nhidden = 4,
+                           .hidden = {512, 512, 512, 512}};
     tally__model_desc d;
-    TH_CHECK(tally__model_describe(&mc, c.batch, &d) == 0 && d.nparams == PRIME_P, "describe: %s", tally_last_error());
-    tally__mem_need s0 = tally__mem_predict(&d, 0, 2, &c.optim), s3 = tally__mem_predict(&d, 3, 2, &c.optim);
-    TH_CHECK(s0.params + s0.grads + s0.optim == 16 * (size_t)PRIME_P, "stage 0 prediction %zu",
+    TH_CHECK(tally__model_describe(&mc, c.batch, &d) == 0, "describe: %s", tally_last_error());
+    tally__mem_need s0 = tally__mem_predict(&d, 0, 2, &c.optim, 1), s3 = tally__mem_predict(&d, 3, 2, &c.optim, 1);
+    TH_CHECK(s0.params + s0.grads + s0.optim == 16 * d.nparams, "stage 0 prediction %zu",
              s0.params + s0.grads + s0.optim);
+    TH_CHECK(s3.total < s0.total, "stage 3 predicted %zu, not below stage 0's %zu", s3.total, s0.total);
     char limit[32], err[8192];
     snprintf(limit, sizeof limit, "%zu", (s0.total + s3.total) / 2);
-    char *run0[] = {"tally", "train", "-n", "2", "--hidden", "20,21", "--data", "synthetic", "--optimizer", "adamw",
-                    "--batch", "8", "--steps", "3", "--no-eval", "--quiet", "--max-mem", limit, "--zero", "0", NULL};
+    char *run0[] = {"tally", "train", "-n", "2", "--hidden", "512,512,512,512", "--data", "synthetic", "--optimizer",
+                    "adamw", "--batch", "8", "--steps", "2", "--no-eval", "--quiet", "--max-mem", limit, "--zero",
+                    "0", NULL};
     int rc = tr_run_tally(run0, err, sizeof err);
     TH_CHECK(rc == 1 && strstr(err, "needs") && strstr(err, "--max-mem allows") && strstr(err, limit),
              "stage 0 under --max-mem %s: exit %d, %s", limit, rc, err);
     run0[19] = "3";
     rc = tr_run_tally(run0, err, sizeof err);
     TH_CHECK(rc == 0, "stage 3 under --max-mem %s: exit %d, %s", limit, rc, err);
+    /* what a rank then holds is what was predicted (shards counted as ceil(P/N) there: each layer's
+     * tail, under N elements, is the difference) */
     c.zero = 3;
     c.max_mem = (s0.total + s3.total) / 2;
-    c.max_steps = 3;
+    c.max_steps = 2;
     if (tr_train_on("shm", 2, &c, NULL, "stage 3 under --max-mem")) return;
     const tally__train_result *r = &tr->res[0];
     size_t held = r->mem_params + r->mem_grads + r->mem_optim + r->mem_buffers + r->mem_activations;
-    /* the prediction counts a shard as ceil(P/N); the real one adds each layer's tail (< N a layer) */
-    TH_CHECK(held <= s3.total + 3 * 2 * 4 * 3 && held + 64 >= s3.total, "stage 3 holds %zu bytes, predicted %zu",
-             held, s3.total);
+    TH_CHECK(held <= s3.total + 16 * 2 * 6 && held + 64 >= s3.total, "stage 3 holds %zu bytes, predicted %zu", held,
+             s3.total);
+}
+
+/* Without overlap one buffer of each kind: stage 3 holds its shards plus one gathered layer and one
+ * layer of staged gradients. */
+static void test_serial_buffers(void) {
+    const size_t largest = 784 * 20 + 20;
+    for (int z = 2; z <= 3; z++) {
+        tally__train_cfg c = zcfg(z, TALLY_OPTIM_ADAMW, 1);
+        c.max_steps = 2;
+        c.no_overlap = 1;
+        if (tr_train_on("shm", 2, &c, NULL, "serial buffers")) continue;
+        size_t want = (z == 3 ? 2 : 1) * largest * sizeof(float);
+        TH_CHECK(tr->res[0].mem_buffers == want, "stage %d without overlap: %zu bytes of buffers, expected %zu", z,
+                 tr->res[0].mem_buffers, want);
+    }
 }
 
 int main(void) {
     test_equivalence();
+    test_serial_buffers();
     test_accum();
     test_bytes();
     test_max_mem();

@@ -501,8 +501,8 @@ static void print_memory(const plan_opts *o) {
                o->model >= 0 ? fmt_bytes(m.activations, b[5]) : "-", fmt_bytes(m.total, b[6]),
                z == c->zero ? "  <-" : "");
     }
-    printf("  state = params + grads + optimizer + buffers (stage 2: one layer's gradients staged; stage 3:\n"
-           "  also one gathered layer); shards are ceil(P/N)%s\n",
+    printf("  state = params + grads + optimizer + buffers (stage 2: a layer's gradients staged; stage 3:\n"
+           "  also a gathered layer; two of each, as tally train overlaps); shards are ceil(P/N)%s\n",
            o->model >= 0 ? "; activations: what tally train allocates at this batch" : "");
 }
 

@@ -18,8 +18,10 @@ typedef struct tally__mem_need {
 /* Optimizer state bytes per parameter: 0 (SGD without momentum), 4 (momentum), 8 (AdamW). */
 size_t tally__mem_optim_per_param(const tally_optim_cfg *o);
 /* Per rank, for n ranks at ZeRO `stage`, as zero.c and model.c allocate (a shard counted as
- * ceil(P/n); the real one adds each layer's tail, fewer than n elements a layer). */
-tally__mem_need tally__mem_predict(const tally__model_desc *d, int stage, int n, const tally_optim_cfg *o);
+ * ceil(P/n); the real one adds each layer's tail, fewer than n elements a layer). With overlap the
+ * layer-sized buffers come in twos. */
+tally__mem_need tally__mem_predict(const tally__model_desc *d, int stage, int n, const tally_optim_cfg *o,
+                                   int overlap);
 
 /* Zeroed, 64-byte aligned memory; a buffer of 2 MiB or more asks for huge pages (sweeps over
  * parameters and optimizer state, under a hypervisor's nested paging above all, cost a page walk per

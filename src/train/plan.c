@@ -45,7 +45,7 @@ static tally__plan_mem memory_fp32(const tally__plan_cfg *c, int stage, int n) {
                            .largest_layer = (size_t)c->largest, .activation_bytes = (size_t)c->activation_bytes};
     tally_optim_cfg o;
     tally_optim_cfg_default(&o, c->optimizer == TALLY_OPTIM_ADAMW ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);
-    tally__mem_need m = tally__mem_predict(&d, stage, n, &o);
+    tally__mem_need m = tally__mem_predict(&d, stage, n, &o, 1); /* the trainer overlaps by default */
     return (tally__plan_mem){.params = (double)m.params, .grads = (double)m.grads, .optim = (double)m.optim,
                              .buffers = (double)m.buffers};
 }

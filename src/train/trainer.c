@@ -78,7 +78,7 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
     tally__model_desc d;
     int rc = tally__model_describe(mc, cfg->batch, &d);
     if (rc) return rc;
-    tally__mem_need need = tally__mem_predict(&d, cfg->zero, r->size, &cfg->optim);
+    tally__mem_need need = tally__mem_predict(&d, cfg->zero, r->size, &cfg->optim, !cfg->no_overlap);
     if (need.total <= cfg->max_mem) return 0;
     return tally__seterr(TALLY_E_NOMEM,
                          "rank %d: ZeRO stage %d needs %zu bytes per rank (parameters %zu, gradients %zu, optimizer "
@@ -113,7 +113,9 @@ static int train_setup_zero(train_run *r, const tally__model_cfg *mc) {
     int flags = (cfg->zero >= 2 ? TALLY__MODEL_NO_GRADS : 0) | (cfg->zero == 3 ? TALLY__MODEL_NO_PARAMS : 0);
     int rc = tally__model_init(&r->model, mc, cfg->batch, cfg->seed, cfg->zero >= 2 ? NULL : r->comm, flags);
     if (!rc && r->model.params) rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams);
-    if (!rc) rc = tally__zero_init(&r->zero, r->comm, &r->model, cfg->zero, cfg->accum, &cfg->optim, cfg->seed);
+    if (!rc)
+        rc = tally__zero_init(&r->zero, r->comm, &r->model, cfg->zero, cfg->accum, &cfg->optim, cfg->seed,
+                              !cfg->no_overlap);
     r->hooks = tally__zero_hooks(&r->zero);
     return rc;
 }
@@ -187,7 +189,8 @@ static void train_gather(train_run *r, const tally_dataset *d, const size_t *idx
 
 typedef struct step_times {
     double data, compute, update;
-    double zero_wait;        /* stages 1-3: collectives inside the passes and the step (all exposed) */
+    double zero_wait;        /* stages 1-3: time blocked on communication inside the passes and the step */
+    double zero_comm;        /* stages 1-3: time in their collectives (on whichever thread) */
     unsigned long long bytes; /* sent in the steps' collectives */
     double loss;
 } step_times;
@@ -198,8 +201,9 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     int B = cfg->batch, rc;
     size_t *idx = r->idx;
     unsigned long long sent0 = tally_comm_bytes_sent(r->comm);
-    double comm0 = r->zero.comm_s;
+    double blocked0 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0, comm0 = r->zero.comm_s; /* idle queue */
     for (int k = 0; k < cfg->accum; k++) {
+        if (r->cfg->zero) tally__zero_micro(&r->zero, k);
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         train_gather(r, &r->train, idx, B);
@@ -214,7 +218,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         st->data += (double)(t1 - t0) * 1e-9;
         st->compute += (double)(t2 - t1) * 1e-9;
     }
-    double comm1 = r->zero.comm_s;
+    double blocked1 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0;
     uint64_t t3 = tally__now_ns();
     float lr = tally_lr_at(&r->sched, step);
     if (r->ddp) {
@@ -224,10 +228,13 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         return rc;
     }
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
-    /* ZeRO's collectives run inside the passes and the update: count them as waiting, not work. */
-    st->compute -= comm1 - comm0;
-    st->update -= r->zero.comm_s - comm1;
-    st->zero_wait += r->zero.comm_s - comm0;
+    /* ZeRO's waits for communication happen inside the passes and the update: count them as
+     * waiting, not work. The byte counter is read once the step has drained every collective. */
+    double blocked2 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0;
+    st->compute -= blocked1 - blocked0;
+    st->update -= blocked2 - blocked1;
+    st->zero_wait += blocked2 - blocked0;
+    st->zero_comm += r->zero.comm_s - comm0; /* the step drained the queue */
     st->bytes += tally_comm_bytes_sent(r->comm) - sent0;
     return 0;
 }
@@ -255,7 +262,8 @@ static int train_evaluate(train_run *r, tally__train_result *res) {
         sums[1] += (double)loss * n;
         sums[2] += n;
     }
-    int rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
+    int rc = r->cfg->zero ? tally__zero_drain(&r->zero) : 0;
+    if (!rc) rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
     if (rc) return rc;
     double n = sums[2] > 0 ? sums[2] : 1;
     res->evaluated = 1;
@@ -311,7 +319,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->compute_s = st.compute;
     res->update_s = st.update;
     res->wait_s = s1.wait_s - s0.wait_s + st.zero_wait;
-    res->comm_s = s1.comm_s - s0.comm_s + st.zero_wait;
+    res->comm_s = s1.comm_s - s0.comm_s + st.zero_comm;
     res->bytes_sent = st.bytes;
     res->buckets = s1.buckets;
     return 0;

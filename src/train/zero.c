@@ -12,7 +12,8 @@
 
 static float *zero_alloc(size_t n) { return tally__mem_zalloc(n * sizeof(float)); }
 
-/* Timed collectives, so the trainer can report the time spent communicating. */
+/* Timed collectives, so the trainer can report the time spent communicating (run by one thread at a
+ * time: the communication thread with overlap, else the training thread). */
 static int zero_rs(tally__zero *z, float *buf, size_t piece, tally_op op) {
     if (!piece) return 0; /* every rank has the same geometry: all skip alike */
     uint64_t t0 = tally__now_ns();
@@ -62,22 +63,36 @@ static int zero_layout(tally__zero *z, const tally_optim_cfg *ocfg) {
     return 0;
 }
 
-/* Stage 3 never holds the whole model: each layer is drawn into the gather buffer, as the model would
+/* Which of the two buffers layer l uses: by parity with overlap, the only one without. */
+static int buf_of(const tally__zero *z, int l) { return z->overlap ? l & 1 : 0; }
+
+/* Stage 3 never holds the whole model: each layer is drawn into a gather buffer, as the model would
  * draw it, and this rank keeps its piece and tail. */
 static void zero_draw_params(tally__zero *z, uint64_t seed) {
     tally__rng r;
     tally__model_init_rng(&r, seed);
     for (int l = 0; l < z->nlayers; l++) {
         const tally__zero_layer *L = &z->layer[l];
-        tally__model_init_layer(z->m, l, z->gathered, &r);
-        memcpy(z->pshard + L->shard_off, z->gathered + (size_t)z->rank * L->piece, L->piece * sizeof(float));
-        memcpy(z->pshard + L->shard_off + L->piece, z->gathered + (size_t)z->size * L->piece, L->tail * sizeof(float));
+        tally__model_init_layer(z->m, l, z->gathered[0], &r);
+        memcpy(z->pshard + L->shard_off, z->gathered[0] + (size_t)z->rank * L->piece, L->piece * sizeof(float));
+        memcpy(z->pshard + L->shard_off + L->piece, z->gathered[0] + (size_t)z->size * L->piece,
+               L->tail * sizeof(float));
     }
-    z->gathered_layer = -1;
+}
+
+static int zero_alloc_buffers(tally__zero *z) {
+    int copies = z->overlap ? 2 : 1;
+    if (z->stage >= 2 && !(z->gshard = zero_alloc(z->shard_len))) return -1;
+    for (int i = 0; i < copies && z->stage >= 2; i++)
+        if (!(z->staging[i] = zero_alloc(z->largest))) return -1;
+    if (z->stage == 3 && !(z->pshard = zero_alloc(z->shard_len))) return -1;
+    for (int i = 0; i < copies && z->stage == 3; i++)
+        if (!(z->gathered[i] = zero_alloc(z->largest))) return -1;
+    return 0;
 }
 
 int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stage, int accum,
-                     const tally_optim_cfg *ocfg, uint64_t seed) {
+                     const tally_optim_cfg *ocfg, uint64_t seed, int overlap) {
     memset(z, 0, sizeof *z);
     z->stage = stage;
     z->comm = comm;
@@ -85,24 +100,24 @@ int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stag
     z->rank = tally_comm_rank(comm);
     z->size = tally_comm_size(comm);
     z->accum = accum;
-    z->gathered_layer = -1;
-    int rc = zero_layout(z, ocfg);
-    if (rc) goto fail;
-    if (stage >= 2 && (!(z->gshard = zero_alloc(z->shard_len)) || !(z->staging = zero_alloc(z->largest)))) goto nomem;
-    if (stage == 3) {
-        if (!(z->pshard = zero_alloc(z->shard_len)) || !(z->gathered = zero_alloc(z->largest))) goto nomem;
-        zero_draw_params(z, seed);
-    }
-    return 0;
-nomem:
-    rc = tally__seterr(TALLY_E_NOMEM, "rank %d: zero stage %d: out of memory for a shard of %zu parameters",
-                       z->rank, stage, z->shard_len);
-fail:
-    tally__zero_free(z);
+    z->overlap = overlap && z->size > 1;
+    z->held[0] = z->held[1] = -1;
+    z->gather_ticket[0] = z->gather_ticket[1] = z->staging_ticket[0] = z->staging_ticket[1] = -1;
+    z->last_micro = accum == 1;
+    int rc = tally__opq_init(&z->q, z, z->overlap);
+    if (!rc) rc = zero_layout(z, ocfg);
+    if (!rc && zero_alloc_buffers(z))
+        rc = tally__seterr(TALLY_E_NOMEM, "rank %d: zero stage %d: out of memory for a shard of %zu parameters",
+                           z->rank, stage, z->shard_len);
+    if (!rc && stage == 3) zero_draw_params(z, seed);
+    if (rc) tally__zero_free(z);
     return rc;
 }
 
+int tally__zero_drain(tally__zero *z) { return tally__opq_drain(&z->q); }
+
 void tally__zero_free(tally__zero *z) {
+    if (z->comm) tally__opq_free(&z->q); /* set up first in init, so present whenever comm is */
     for (int l = 0; l < z->nlayers; l++) {
         tally_optim_free(&z->layer[l].opt_piece);
         tally_optim_free(&z->layer[l].opt_tail);
@@ -110,59 +125,108 @@ void tally__zero_free(tally__zero *z) {
     free(z->layer);
     free(z->gshard);
     free(z->pshard);
-    free(z->staging);
-    free(z->gathered);
+    for (int i = 0; i < 2; i++) {
+        free(z->staging[i]);
+        free(z->gathered[i]);
+    }
     memset(z, 0, sizeof *z);
 }
 
-/* Stage 3: layer l's parameters, whole, in the gather buffer; the layer's op points at them. */
-static int zero_gather(tally__zero *z, int l) {
-    const tally__zero_layer *L = &z->layer[l];
-    tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
-    op->w = z->gathered;
-    op->b = z->gathered + (op->b_off - op->w_off);
-    if (z->gathered_layer == l) return 0; /* the last layer's forward left it there for its backward */
-    memcpy(z->gathered + (size_t)z->rank * L->piece, z->pshard + L->shard_off, L->piece * sizeof(float));
-    memcpy(z->gathered + (size_t)z->size * L->piece, z->pshard + L->shard_off + L->piece, L->tail * sizeof(float));
-    int rc = zero_ag(z, z->gathered, L->piece);
-    z->gathered_layer = rc ? -1 : l;
-    return rc;
-}
+void tally__zero_micro(tally__zero *z, int k) { z->last_micro = k == z->accum - 1; }
 
-static int zero_before_forward(void *arg, int l) {
-    tally__zero *z = arg;
-    return z->stage == 3 ? zero_gather(z, l) : 0;
-}
+double tally__zero_blocked(const tally__zero *z) { return z->overlap ? z->q.wait_s : z->comm_s; }
 
-/* Backward adds into the staging buffer, which therefore starts at zero for every layer. */
-static int zero_before_backward(void *arg, int l) {
-    tally__zero *z = arg;
-    int rc = z->stage == 3 ? zero_gather(z, l) : 0;
-    if (rc || z->stage < 2) return rc;
+/* ---- operations, run in order by the communication thread (or inline) ---- */
+
+/* Layer l's whole parameters into gathered[b]. pshard changes only between steps, after a drain. */
+static int op_gather(void *ctx, int l, int b) {
+    tally__zero *z = ctx;
     const tally__zero_layer *L = &z->layer[l];
-    tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
-    memset(z->staging, 0, L->n * sizeof(float));
-    op->dw = z->staging;
-    op->db = z->staging + (op->b_off - op->w_off);
-    return 0;
+    float *g = z->gathered[b];
+    memcpy(g + (size_t)z->rank * L->piece, z->pshard + L->shard_off, L->piece * sizeof(float));
+    memcpy(g + (size_t)z->size * L->piece, z->pshard + L->shard_off + L->piece, L->tail * sizeof(float));
+    return zero_ag(z, g, L->piece);
 }
 
 static void add_into(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-/* Stage >= 2: the layer's gradients are summed over the ranks into their owners' pieces at once, and
- * only this rank's piece and the tail are kept. */
+/* Layer l's gradients summed over the ranks into their owners' pieces: stage 1 in the full gradient
+ * buffer, in place; stage >= 2 from staging[b], keeping only this rank's piece and the tail. */
+static int op_reduce(void *ctx, int l, int b) {
+    tally__zero *z = ctx;
+    const tally__zero_layer *L = &z->layer[l];
+    float *src = z->stage >= 2 ? z->staging[b] : z->m->grads + L->off, *tail = src + (size_t)z->size * L->piece;
+    int rc = zero_rs(z, src, L->piece, zero_op(z));
+    if (!rc) rc = zero_ar(z, tail, L->tail, zero_op(z));
+    if (rc || z->stage < 2) return rc;
+    add_into(z->gshard + L->shard_off, src + (size_t)z->rank * L->piece, L->piece);
+    add_into(z->gshard + L->shard_off + L->piece, tail, L->tail);
+    return 0;
+}
+
+/* Stages 1-2, after the update: every rank's new piece of layer l to everyone. */
+static int op_share_params(void *ctx, int l, int unused) {
+    tally__zero *z = ctx;
+    (void)unused;
+    return zero_ag(z, z->m->params + z->layer[l].off, z->layer[l].piece);
+}
+
+/* ---- hooks, on the training thread ---- */
+
+/* Queues the gather of layer l into its buffer unless the buffer already holds (or receives) it. */
+static long zero_want(tally__zero *z, int l) {
+    int b = buf_of(z, l);
+    if (z->held[b] == l) return z->gather_ticket[b];
+    z->held[b] = l;
+    long t = tally__opq_post(&z->q, op_gather, l, b);
+    if (t < 0) z->held[b] = -1;
+    return z->gather_ticket[b] = t;
+}
+
+/* Stage 3: layer l's parameters in place for its op; with overlap the next layer's are sent for. */
+static int zero_use_params(tally__zero *z, int l, int next) {
+    long t = zero_want(z, l);
+    int rc = t < 0 ? (int)t : tally__opq_wait(&z->q, t);
+    if (rc) return rc;
+    tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
+    op->w = z->gathered[buf_of(z, l)];
+    op->b = op->w + (op->b_off - op->w_off);
+    if (z->overlap && next >= 0 && next < z->nlayers && (t = zero_want(z, next)) < 0) return (int)t;
+    return 0;
+}
+
+static int zero_before_forward(void *arg, int l) {
+    tally__zero *z = arg;
+    return z->stage == 3 ? zero_use_params(z, l, l + 1) : 0;
+}
+
+/* Backward adds into a staging buffer, which starts at zero for every layer, once the reduction that
+ * last read it is done. */
+static int zero_before_backward(void *arg, int l) {
+    tally__zero *z = arg;
+    int rc = z->stage == 3 ? zero_use_params(z, l, l - 1) : 0;
+    if (rc || z->stage < 2) return rc;
+    int b = buf_of(z, l);
+    if ((rc = tally__opq_wait(&z->q, z->staging_ticket[b]))) return rc;
+    const tally__zero_layer *L = &z->layer[l];
+    tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
+    memset(z->staging[b], 0, L->n * sizeof(float));
+    op->dw = z->staging[b];
+    op->db = z->staging[b] + (op->b_off - op->w_off);
+    return 0;
+}
+
+/* The layer's gradients are complete: stage >= 2 reduces them now; stage 1 once the step's last
+ * micro-batch has made them (the layer's part of the full buffer is no longer written). */
 static int zero_after_backward(void *arg, int l) {
     tally__zero *z = arg;
-    if (z->stage < 2) return 0;
-    const tally__zero_layer *L = &z->layer[l];
-    float *tail = z->staging + (size_t)z->size * L->piece;
-    int rc = zero_rs(z, z->staging, L->piece, zero_op(z));
-    if (!rc) rc = zero_ar(z, tail, L->tail, zero_op(z));
-    if (rc) return rc;
-    add_into(z->gshard + L->shard_off, z->staging + (size_t)z->rank * L->piece, L->piece);
-    add_into(z->gshard + L->shard_off + L->piece, tail, L->tail);
+    if (z->stage == 1 && !z->last_micro) return 0;
+    int b = buf_of(z, l);
+    long t = tally__opq_post(&z->q, op_reduce, l, b);
+    if (t < 0) return (int)t;
+    if (z->stage >= 2) z->staging_ticket[b] = t;
     return 0;
 }
 
@@ -203,14 +267,10 @@ static void scale(float *x, size_t n, float denom) {
     for (size_t i = 0; i < n; i++) x[i] /= denom;
 }
 
+/* Every reduction done, each layer's piece is updated and (stages 1-2) sent out while the next layer
+ * is updated. */
 int tally__zero_step(tally__zero *z, float lr) {
-    int rc = 0;
-    if (z->stage == 1) /* the whole gradient was kept: reduce it now, layer by layer from the last */
-        for (int l = z->nlayers - 1; l >= 0 && !rc; l--) {
-            const tally__zero_layer *L = &z->layer[l];
-            rc = zero_rs(z, z->m->grads + L->off, L->piece, zero_op(z));
-            if (!rc) rc = zero_ar(z, z->m->grads + L->off + (size_t)z->size * L->piece, L->tail, zero_op(z));
-        }
+    int rc = tally__opq_drain(&z->q);
     const float denom = (float)z->size * (float)z->accum;
     for (int l = z->nlayers - 1; l >= 0 && !rc; l--) {
         tally__zero_layer *L = &z->layer[l];
@@ -221,13 +281,16 @@ int tally__zero_step(tally__zero *z, float lr) {
         }
         tally_optim_step(&L->opt_piece, v.p_piece, v.g_piece, lr);
         tally_optim_step(&L->opt_tail, v.p_tail, v.g_tail, lr);
-        if (z->stage < 3) rc = zero_ag(z, z->m->params + L->off, L->piece);
+        long t = z->stage < 3 ? tally__opq_post(&z->q, op_share_params, l, 0) : 0;
+        if (t < 0) rc = (int)t;
     }
+    if (!rc) rc = tally__opq_drain(&z->q);
     if (z->stage >= 2)
         memset(z->gshard, 0, z->shard_len * sizeof(float));
     else
         memset(z->m->grads, 0, z->m->nparams * sizeof(float));
-    z->gathered_layer = -1; /* the parameters just changed */
+    z->held[0] = z->held[1] = -1; /* the parameters just changed */
+    z->last_micro = z->accum == 1;
     return rc;
 }
 
@@ -235,9 +298,9 @@ int tally__zero_each_layer(tally__zero *z, void (*fn)(void *arg, int layer, cons
     for (int l = 0; l < z->nlayers; l++) {
         const float *p = z->m->params ? z->m->params + z->layer[l].off : NULL;
         if (z->stage == 3) {
-            int rc = zero_gather(z, l);
+            int rc = zero_use_params(z, l, -1);
             if (rc) return rc;
-            p = z->gathered;
+            p = z->gathered[buf_of(z, l)];
         }
         fn(arg, l, p, z->layer[l].n);
     }
@@ -251,6 +314,6 @@ tally__zero_bytes tally__zero_memory(const tally__zero *z) {
     b.grads = z->stage >= 2 ? z->shard_len * f : z->m->grads_bytes;
     for (int l = 0; l < z->nlayers; l++)
         b.optim += tally_optim_state_bytes(&z->layer[l].opt_piece) + tally_optim_state_bytes(&z->layer[l].opt_tail);
-    b.buffers = (z->staging ? z->largest * f : 0) + (z->gathered ? z->largest * f : 0);
+    for (int i = 0; i < 2; i++) b.buffers += ((z->staging[i] ? 1 : 0) + (z->gathered[i] ? 1 : 0)) * z->largest * f;
     return b;
 }

@@ -8,6 +8,7 @@
 #include <tally/optim.h>
 
 #include "model.h"
+#include "opqueue.h"
 
 /* Rank r owns elements [off + r*piece, off + (r+1)*piece) of the layer and all of its tail
  * [off + N*piece, off + n): reduce-scatter needs equal pieces, and a tail of fewer than N elements
@@ -29,19 +30,32 @@ typedef struct tally__zero {
     size_t shard_len;    /* elements this rank owns over all layers */
     float *gshard;       /* stage >= 2: this rank's accumulated gradients [shard_len] */
     float *pshard;       /* stage 3: this rank's parameters [shard_len] */
-    float *staging;      /* stage >= 2: one layer's full gradients while backward makes them */
-    float *gathered;     /* stage 3: one layer's full parameters, gathered for forward or backward */
-    int gathered_layer;  /* which layer `gathered` holds (-1: none, or stale) */
+    /* Two of each layer-sized buffer, used by layer parity: with overlap, layer l+1's (forward) or
+     * l-1's (backward) parameters arrive while layer l computes, and a layer's gradients are reduced
+     * while the next layer's backward fills the other staging buffer. */
+    float *staging[2];   /* stage >= 2: one layer's full gradients while backward makes them */
+    float *gathered[2];  /* stage 3: one layer's full parameters, gathered for forward or backward */
+    int held[2];         /* the layer a gathered buffer holds or is receiving (-1: none, or stale) */
+    long gather_ticket[2], staging_ticket[2]; /* the last queued operation writing / reading each */
     size_t largest;      /* elements of the largest layer */
-    double comm_s;       /* seconds in collectives */
-    int err_layer;
+    int overlap;         /* collectives on the communication thread while compute goes on */
+    int last_micro;      /* the micro-batch in progress is the step's last (stage 1 reduces then) */
+    tally__opq q;
+    double comm_s;       /* seconds in collectives (read between steps) */
 } tally__zero;
 
 /* Sets up stage 1-3 over a model made by tally__model_init (stage 3: with TALLY__MODEL_NO_PARAMS,
  * stage 2-3: with TALLY__MODEL_NO_GRADS); draws stage 3's parameter shard from seed as the model
  * would have. Collective. */
 int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stage, int accum,
-                     const tally_optim_cfg *ocfg, uint64_t seed);
+                     const tally_optim_cfg *ocfg, uint64_t seed, int overlap);
+/* Waits until no collective is queued or running, so the caller may use the communicator. */
+int tally__zero_drain(tally__zero *z);
+/* Says which micro-batch of the step begins (k of accum). */
+void tally__zero_micro(tally__zero *z, int k);
+/* Seconds the training thread has spent blocked on communication so far (the collectives themselves
+ * without overlap; waiting for the communication thread with it). */
+double tally__zero_blocked(const tally__zero *z);
 void tally__zero_free(tally__zero *z);
 /* The hooks forward and backward must run with (stage 2: gradient staging and reduce-scatter per
  * layer; stage 3: also the parameter gathers). */
@@ -52,7 +66,8 @@ int tally__zero_step(tally__zero *z, float lr);
 /* Every layer's full parameters in turn (stage 3 gathers them; collective), to fn(arg, layer, params). */
 int tally__zero_each_layer(tally__zero *z, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
 
-/* Bytes this rank holds: parameters, gradients, optimizer state, layer-sized buffers. */
+/* Bytes this rank holds: parameters, gradients, optimizer state, layer-sized buffers (two of each
+ * with overlap, one without). */
 typedef struct tally__zero_bytes {
     size_t params, grads, optim, buffers;
 } tally__zero_bytes;

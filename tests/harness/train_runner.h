@@ -19,8 +19,9 @@ typedef struct tr_out {
 extern tr_out *tr;
 
 /* Runs cfg (keep_params is forced on) on n ranks over transport; checks every rank succeeded and that
- * all hold bit-identical parameters (naming `what` in failures). On success copies rank 0's parameters
- * to out (when not NULL) and returns 0. */
+ * all hold bit-identical parameters (naming `what` in failures; past TR_MAX_PARAMS by their hashes).
+ * On success copies rank 0's parameters to out (when not NULL; then at most TR_MAX_PARAMS) and
+ * returns 0. */
 int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float *out, const char *what);
 
 /* max_i |a_i - b_i| / max(|b_i|, 1% of max_j |b_j|): a relative difference that judges parameters

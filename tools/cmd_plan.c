@@ -36,7 +36,8 @@ typedef struct plan_calib {
     double sgemm_gflops, update_s_per_param;
     double model_gflops;           /* --model: its forward + backward, timed (0 without --model) */
     tally__cost shm, tcp;
-    double shm_allreduce_s, tcp_allreduce_s; /* an allreduce of S on 2 ranks, timed: a check of the model */
+    double shm_allreduce_s, tcp_allreduce_s; /* an allreduce of S on 2 ranks, timed: beta is fitted to it */
+    double shm_ping_beta, tcp_ping_beta;     /* beta as the ping-pong measured it, before the fit */
     long cpus;
     const char *used;              /* the transport whose figures the plan uses */
 } plan_calib;
@@ -399,6 +400,11 @@ static int plan_calibrate(plan_opts *o, plan_calib *k) {
     if (o->model < 0) k->update_s_per_param = calibrate_update(&o->cfg);
     k->cpus = sysconf(_SC_NPROCESSORS_ONLN);
     k->used = o->cfg.workers <= k->cpus ? "shm" : "tcp";
+    /* The ping-pong's beta misses the memory traffic of a real allreduce of the gradient: fit it. */
+    k->shm_ping_beta = k->shm.beta;
+    k->tcp_ping_beta = k->tcp.beta;
+    if (k->shm_allreduce_s > 0) k->shm.beta = tally__plan_fit_beta(&k->shm, 2, S, k->shm_allreduce_s);
+    if (k->tcp_allreduce_s > 0) k->tcp.beta = tally__plan_fit_beta(&k->tcp, 2, S, k->tcp_allreduce_s);
     o->cfg.cost = o->cfg.workers <= k->cpus ? k->shm : k->tcp;
     o->cfg.gflops = k->model_gflops > 0 ? k->model_gflops : k->sgemm_gflops;
     o->cfg.update_s_per_param = k->update_s_per_param;
@@ -458,11 +464,12 @@ static void print_header(const plan_opts *o) {
 }
 
 /* One link's figures, and its measured allreduce of S beside what the model says of it. */
-static void print_link(const char *name, const tally__cost *m, double measured, double S) {
-    char a[24], b[24], g[24], t1[24], t2[24], sz[24];
-    printf("  %-9s alpha %s, beta 1/(%s/s), gamma 1/(%s/s); allreduce of %s on 2 ranks: measured %s, model %s\n",
-           name, fmt_time(m->alpha, a), fmt_bytes(1 / m->beta, b), fmt_bytes(1 / m->gamma, g), fmt_bytes(S, sz),
-           fmt_time(measured, t1), fmt_time(tally__algo_cost(m, TALLY__ALGO_AUTO, TALLY__ALLREDUCE, 2, (size_t)S), t2));
+static void print_link(const char *name, const tally__cost *m, double ping_beta, double measured, double S) {
+    char a[24], b[24], p[24], g[24], t1[24], sz[24];
+    printf("  %-9s alpha %s (ping-pong), beta 1/(%s/s) fitted to a real allreduce of %s on 2 ranks (%s)\n"
+           "            [ping-pong beta 1/(%s/s)], gamma 1/(%s/s)\n",
+           name, fmt_time(m->alpha, a), fmt_bytes(1 / m->beta, b), fmt_bytes(S, sz), fmt_time(measured, t1),
+           fmt_bytes(1 / ping_beta, p), fmt_bytes(1 / m->gamma, g));
 }
 
 static void print_calib(const plan_opts *o, const plan_calib *k) {
@@ -477,8 +484,8 @@ static void print_calib(const plan_opts *o, const plan_calib *k) {
     printf("  update    %.3f ns per parameter (optimizer step + clearing the gradients, timed%s)\n",
            k->update_s_per_param * 1e9, k->model_gflops > 0 ? " after backward" : "");
     double S = tally__plan_grad_bytes(&o->cfg);
-    print_link("shm", &k->shm, k->shm_allreduce_s, S);
-    print_link("tcp", &k->tcp, k->tcp_allreduce_s, S);
+    print_link("shm", &k->shm, k->shm_ping_beta, k->shm_allreduce_s, S);
+    print_link("tcp", &k->tcp, k->tcp_ping_beta, k->tcp_allreduce_s, S);
     printf("  using %s's figures: N = %d is %s the %ld CPUs of this host\n", k->used, o->cfg.workers,
            k->used[0] == 's' ? "within" : "more than", k->cpus);
 }

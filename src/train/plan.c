@@ -289,3 +289,14 @@ int tally__plan_parse_gflops(const char *s, double *gflops) {
     *gflops = v * mult / 1e9;
     return v > 0 ? 0 : -1;
 }
+
+double tally__plan_fit_beta(const tally__cost *m, int n, double S, double seconds) {
+    tally__cost lo = *m, hi = *m;
+    lo.beta = 0;
+    hi.beta = 1e-9;
+    int a = tally__algo_choose(m, TALLY__ALLREDUCE, n, (size_t)S);
+    double c0 = tally__algo_cost(&lo, a, TALLY__ALLREDUCE, n, (size_t)S);
+    double slope = (tally__algo_cost(&hi, a, TALLY__ALLREDUCE, n, (size_t)S) - c0) / 1e-9; /* linear in beta */
+    if (!(seconds > c0) || !(slope > 0)) return m->beta;
+    return (seconds - c0) / slope;
+}

@@ -90,6 +90,12 @@ tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n);
 /* Amdahl: the parallel fraction of step s on its n ranks. The work of one step of the global batch
  * done by one worker is n x parallel + serial, of which n x parallel splits across ranks:
  * P = n c / (n c + s), c = s->parallel, s = s->serial. */
+/* Calibration: the beta (seconds per byte) that makes the model's cheapest allreduce of S bytes on n
+ * ranks take `seconds`, alpha and gamma kept; the model's own beta when that would need less than 0.
+ * Links measured by a ping-pong of small messages miss what a real allreduce of the gradient costs
+ * (the copies and reductions in memory); this fits beta to one. */
+double tally__plan_fit_beta(const tally__cost *m, int n, double S, double seconds);
+
 double tally__plan_parallel_fraction(const tally__plan_step *s);
 double tally__plan_amdahl(double p, int n);  /* 1 / ((1-p) + p/n) */
 double tally__plan_ceiling(double p);        /* 1 / (1-p); HUGE_VAL when p == 1 */

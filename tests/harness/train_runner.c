@@ -42,8 +42,9 @@ int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float
     if (!tr) tr = th_shared_alloc(sizeof *tr);
     memset(tr, 0, sizeof *tr);
     /* The algorithm is pinned: `auto` chooses by links measured at init, so two runs may sum three or
-     * more contributions in different orders, and the tests compare runs bit for bit. */
-    th_opts o = {.transport = transport, .algo = "ring", .timeout_s = 30, .wall_s = 240};
+     * more contributions in different orders, and the tests compare runs bit for bit. rhd's pairwise
+     * order is the same however the vector is cut (buckets, layers, shards). */
+    th_opts o = {.transport = transport, .algo = "rhd", .timeout_s = 30, .wall_s = 240};
     int rc = th_run(n, &o, tr_rank, (void *)cfg);
     TH_CHECK(rc == 0, "%s: n=%d: a rank failed", what, n);
     if (rc) return -1;

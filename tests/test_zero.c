@@ -45,11 +45,15 @@ static tally__train_cfg zcfg(int zero, tally_optim_kind opt, int accum) {
 
 static float g_ref[TR_MAX_PARAMS], g_got[TR_MAX_PARAMS];
 
+/* TALLY_TEST_THREADS=1 (the ThreadSanitizer pass, where each run is slow): N = 3 with AdamW only,
+ * which still runs every stage with the communication thread and without. */
+static int threads_only(void) { return getenv("TALLY_TEST_THREADS") && !strcmp(getenv("TALLY_TEST_THREADS"), "1"); }
+
 static void test_equivalence(void) {
     const tally_optim_kind opts[] = {TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW};
-    int nmax = th_light() ? 3 : 4;
-    for (int n = 2; n <= nmax; n++)
-        for (int o = 0; o < 2; o++) {
+    int nmin = threads_only() ? 3 : 2, nmax = th_light() || threads_only() ? 3 : 4;
+    for (int n = nmin; n <= nmax; n++)
+        for (int o = threads_only() ? 1 : 0; o < 2; o++) {
             const char *on = tally_optim_name(opts[o]);
             tally__train_cfg ref = zcfg(0, opts[o], 1);
             char what[96];
@@ -184,6 +188,7 @@ static void test_serial_buffers(void) {
 
 int main(void) {
     test_equivalence();
+    if (threads_only()) return th_verdict("test_zero");
     test_serial_buffers();
     test_accum();
     test_bytes();

@@ -12,17 +12,7 @@ static const char *tally_bin(void) {
     return b && *b ? b : "./tally";
 }
 
-/* Runs a shell command (bounded by timeout(1)), returns its exit status and its output. */
-static int run(const char *cmd, char *out, size_t cap) {
-    char full[1024];
-    snprintf(full, sizeof full, "timeout -s KILL 180 %s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+static int run(const char *cmd, char *out, size_t cap) { return th_shell(cmd, 180, out, cap); }
 
 static int count_rows(const char *out) {
     int rows = 0;

@@ -173,14 +173,9 @@ static const char *tally_bin(void) {
 }
 
 static int run(const char *args, char *out, size_t cap) {
-    char full[1024];
-    snprintf(full, sizeof full, "timeout -s KILL 60 %s plan %s 2>&1", tally_bin(), args);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s plan %s", tally_bin(), args);
+    return th_shell(cmd, 60, out, cap);
 }
 
 /* JSON-ish: braces and brackets balance outside strings, and it is one object. */

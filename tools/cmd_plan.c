@@ -85,18 +85,7 @@ static int parse_int(const char *s, double lo, double hi, int *out) {
     return 0;
 }
 
-static int parse_hidden(const char *s, tally__model_cfg *m) {
-    m->nhidden = 0;
-    char *end;
-    for (;;) {
-        long w = strtol(s, &end, 10);
-        if (end == s || w < 1 || w > (1 << 20) || m->nhidden == TALLY__MODEL_MAX_HIDDEN) return -1;
-        m->hidden[m->nhidden++] = (int)w;
-        if (*end == 0) return 0;
-        if (*end != ',') return -1;
-        s = end + 1;
-    }
-}
+static int parse_hidden(const char *s, tally__model_cfg *m) { return tally__model_parse_hidden(s, m->hidden, &m->nhidden); }
 
 static int parse_optimizer(const char *s, tally__plan_cfg *c) {
     if (!strcmp(s, "sgd")) return c->optimizer = TALLY_OPTIM_SGD, 0;

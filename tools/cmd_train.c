@@ -41,16 +41,7 @@ static int train_usage(void) {
 }
 
 static int parse_hidden(const char *s, tally__train_cfg *cfg) {
-    cfg->nhidden = 0;
-    char *end;
-    for (;;) {
-        long w = strtol(s, &end, 10);
-        if (end == s || w < 1 || w > (1 << 20) || cfg->nhidden == TALLY__MODEL_MAX_HIDDEN) return -1;
-        cfg->hidden[cfg->nhidden++] = (int)w;
-        if (*end == 0) return 0;
-        if (*end != ',') return -1;
-        s = end + 1;
-    }
+    return tally__model_parse_hidden(s, cfg->hidden, &cfg->nhidden);
 }
 
 static int parse_num(const char *s, double lo, double hi, double *out) {

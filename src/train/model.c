@@ -23,6 +23,18 @@ int tally__model_parse(const char *name) {
     return -1;
 }
 
+int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
+    char *end;
+    for (*n = 0;;) {
+        long w = strtol(s, &end, 10);
+        if (end == s || w < 1 || w > (1 << 20) || *n == TALLY__MODEL_MAX_HIDDEN) return -1;
+        hidden[(*n)++] = (int)w;
+        if (*end == 0) return 0;
+        if (*end != ',') return -1;
+        s = end + 1;
+    }
+}
+
 static tally__op *model_push(tally__model *m, tally__op_kind kind, size_t in, size_t out) {
     tally__op *op = &m->op[m->nops++];
     memset(op, 0, sizeof *op);

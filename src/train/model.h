@@ -70,6 +70,9 @@ typedef struct tally__model {
     size_t activation_bytes;
 } tally__model;
 
+/* "W1,W2,..." (each 1..2^20, at most TALLY__MODEL_MAX_HIDDEN) into hidden[] and *n; -1 when malformed. */
+int tally__model_parse_hidden(const char *s, int *hidden, int *n);
+
 /* "linear", "mlp", "cnn" and the reverse (-1 when unknown). */
 const char *tally__model_name(tally__model_kind k);
 int tally__model_parse(const char *name);

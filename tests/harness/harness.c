@@ -171,3 +171,14 @@ int th_verdict(const char *name) {
     fflush(stdout);
     return th_failed ? 1 : 0;
 }
+
+int th_shell(const char *cmd, int timeout_s, char *out, size_t cap) {
+    char full[1200];
+    snprintf(full, sizeof full, "timeout -s KILL %d %s 2>&1", timeout_s, cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}

@@ -45,6 +45,9 @@ int th_free_port(void);
 double th_now(void);
 /* Open file descriptors of this process (entries of /proc/self/fd), -1 if unreadable. */
 int th_count_fds(void);
+/* Runs a shell command bounded by timeout(1) (KILL after timeout_s); returns its exit status (128+signal
+ * when killed) and its stdout and stderr together in out. */
+int th_shell(const char *cmd, int timeout_s, char *out, size_t cap);
 /* TALLY_TEST_LIGHT=1 (the sanitizer pass): tests trim their largest cases, keeping every kind. */
 int th_light(void);
 

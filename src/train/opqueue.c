@@ -14,13 +14,14 @@ static void *opq_thread(void *arg) {
     for (;;) {
         while (!q->stop && q->head == q->tail) pthread_cond_wait(&q->posted, &q->mu);
         if (q->head == q->tail) break; /* stopping, and nothing left to run */
-        int i = (int)(q->head % TALLY__OPQ_CAP), prior = q->err;
+        /* after an error, or once the owner is tearing down, the rest are skipped, not run */
+        int i = (int)(q->head % TALLY__OPQ_CAP), prior = q->err ? q->err : q->stop ? TALLY_E_ABORTED : 0;
         tally__op_fn fn = q->op[i].fn;
         int a = q->op[i].a, b = q->op[i].b;
         pthread_mutex_unlock(&q->mu);
-        int rc = prior ? prior : fn(q->ctx, a, b); /* after an error the rest are skipped */
+        int rc = prior ? prior : fn(q->ctx, a, b);
         pthread_mutex_lock(&q->mu);
-        if (rc && !q->err) {
+        if (rc && !q->err && !q->stop) {
             q->err = rc;
             snprintf(q->errmsg, sizeof q->errmsg, "%s", tally_last_error());
         }

@@ -38,8 +38,10 @@ void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg)
  * up to grace_s for that report to arrive, so every rank names the cause rather than its consequence.
  * Returns the fault's code, or 0 if none came. */
 int tally__fault_await(tally__fault *f, double grace_s);
-/* Grace used by transports before reporting a vanished peer. */
-#define TALLY__LOST_GRACE_S 0.5
+/* Grace used by transports before reporting a vanished peer. A rank that left because of another
+ * rank's death has reported it through rank 0's relay; with 4 ranks on 2 busy cores that relay was
+ * once seen to take more than 0.5 s, and the survivor then blamed the messenger. */
+#define TALLY__LOST_GRACE_S 1.0
 /* Copies the fault into this thread's message and returns its code (the slow half of fault_check). */
 int tally__fault_report(tally__fault *f);
 /* 0 if healthy; else copies the fault into this thread's message and returns its code. */

@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "../core/err.h"
+#include "alloc.h"
 #include "rng.h"
 
 #define IMG_SIDE 28
@@ -36,19 +36,12 @@ TALLY_API void tally_dataset_free(tally_dataset *d) {
     memset(d, 0, sizeof *d);
 }
 
-#define HUGE_PAGE (2u << 20)
-
-/* malloc of n elements of `size`, never NULL for n == 0 and never overflowing. Large arrays ask for
- * huge pages: batches are gathered from random rows, and with 4 KiB pages (under a hypervisor's
- * nested paging above all) each row costs a page walk. */
+/* n elements of `size`, never NULL for n == 0 and never overflowing; large arrays on huge pages, as
+ * batches are gathered from random rows. */
 static void *alloc_n(size_t n, size_t size) {
     size_t bytes;
     if (__builtin_mul_overflow(n, size, &bytes)) return NULL;
-    if (bytes < 4 * (size_t)HUGE_PAGE) return malloc(bytes ? bytes : 1);
-    void *p = NULL;
-    if (posix_memalign(&p, HUGE_PAGE, bytes)) return NULL;
-    madvise(p, bytes, MADV_HUGEPAGE); /* advice only: without huge pages it still works */
-    return p;
+    return tally__alloc_big(bytes);
 }
 
 /* ---- Fashion-MNIST ---- */

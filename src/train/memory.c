@@ -2,22 +2,6 @@
  * in fp32: stage 0 16P with Adam, stage 1 8P + 8P/N, stage 2 4P + 12P/N, stage 3 16P/N, + buffers. */
 #include "memory.h"
 
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-
-#define HUGE_PAGE (2u << 20)
-
-void *tally__mem_zalloc(size_t bytes) {
-    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
-    size_t rounded = bytes ? (bytes + align - 1) / align * align : align;
-    void *p = aligned_alloc(align, rounded);
-    if (!p) return NULL;
-    if (align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE); /* advice only */
-    memset(p, 0, rounded);
-    return p;
-}
-
 size_t tally__mem_optim_per_param(const tally_optim_cfg *o) {
     if (o->kind == TALLY_OPTIM_ADAMW) return 8;
     return o->momentum != 0.0f ? 4 : 0;

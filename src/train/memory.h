@@ -23,9 +23,4 @@ size_t tally__mem_optim_per_param(const tally_optim_cfg *o);
 tally__mem_need tally__mem_predict(const tally__model_desc *d, int stage, int n, const tally_optim_cfg *o,
                                    int overlap);
 
-/* Zeroed, 64-byte aligned memory; a buffer of 2 MiB or more asks for huge pages (sweeps over
- * parameters and optimizer state, under a hypervisor's nested paging above all, cost a page walk per
- * 4 KiB otherwise). Free with free(). NULL when out of memory. */
-void *tally__mem_zalloc(size_t bytes);
-
 #endif

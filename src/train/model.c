@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../core/err.h"
-#include "memory.h"
+#include "alloc.h"
 #include "rng.h"
 
 static const char *const model_names[] = {"linear", "mlp", "cnn"};
@@ -145,7 +145,6 @@ static int model_layout(tally__model *m, const tally__model_cfg *cfg) {
     return tally__seterr(TALLY_E_INVALID, "model: unknown kind %d", (int)cfg->kind);
 }
 
-static void *model_alloc(size_t bytes) { return tally__mem_zalloc(bytes); }
 
 /* Bytes model_alloc_buffers allocates for activations at batch B (both passes, pool winners, softmax,
  * the shared im2col scratch), without allocating. */
@@ -166,11 +165,11 @@ static size_t model_activation_bytes(const tally__model *m, int B) {
 static int model_alloc_flat(tally__model *m, tally_comm *comm, int flags) {
     size_t pbytes = m->nparams * sizeof(float);
     if (!(flags & TALLY__MODEL_NO_PARAMS)) {
-        if (!(m->params = model_alloc(pbytes))) goto nomem;
+        if (!(m->params = tally__alloc_zeroed(pbytes))) goto nomem;
         m->params_bytes = pbytes;
     }
     if (!(flags & TALLY__MODEL_NO_GRADS)) {
-        m->grads = comm ? tally_mem_alloc(comm, pbytes ? pbytes : 64) : model_alloc(pbytes);
+        m->grads = comm ? tally_mem_alloc(comm, pbytes ? pbytes : 64) : tally__alloc_zeroed(pbytes);
         if (!m->grads) goto nomem;
         if (comm) {
             m->grads_comm = comm;
@@ -197,11 +196,11 @@ static int model_alloc_buffers(tally__model *m, int B) {
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
         size_t out = (size_t)B * op->out;
-        m->act[i + 1] = model_alloc(out * sizeof(float));
-        m->dact[i + 1] = model_alloc(out * sizeof(float));
+        m->act[i + 1] = tally__alloc_zeroed(out * sizeof(float));
+        m->dact[i + 1] = tally__alloc_zeroed(out * sizeof(float));
         if (!m->act[i + 1] || !m->dact[i + 1]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
         if (op->kind == TALLY__OP_POOL) {
-            m->argmax[i] = model_alloc(out * sizeof(int32_t));
+            m->argmax[i] = tally__alloc_zeroed(out * sizeof(int32_t));
             if (!m->argmax[i]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
         }
         if (op->kind == TALLY__OP_CONV) {
@@ -209,8 +208,8 @@ static int model_alloc_buffers(tally__model *m, int B) {
             if (s > scratch) scratch = s;
         }
     }
-    m->probs = model_alloc((size_t)B * m->op[m->nops - 1].out * sizeof(float));
-    m->scratch = scratch ? model_alloc(scratch * sizeof(float)) : NULL;
+    m->probs = tally__alloc_zeroed((size_t)B * m->op[m->nops - 1].out * sizeof(float));
+    m->scratch = scratch ? tally__alloc_zeroed(scratch * sizeof(float)) : NULL;
     m->activation_bytes = model_activation_bytes(m, B);
     if (!m->probs || (scratch && !m->scratch)) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
     return 0;

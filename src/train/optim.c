@@ -13,6 +13,7 @@
 #endif
 
 #include "../core/err.h"
+#include "alloc.h"
 
 #define STATE_ALIGN 64
 #define BLOCK 16
@@ -80,13 +81,13 @@ static int state_alloc(float **out, size_t n) {
         return tally__seterr(TALLY_E_NOMEM,
                              "tally_optim_init: %zu parameters is more optimizer state than memory "
                              "can address", n);
-    size_t bytes = (n * sizeof(float) + STATE_ALIGN - 1) & ~(size_t)(STATE_ALIGN - 1);
-    float *p = aligned_alloc(STATE_ALIGN, bytes);
+    size_t bytes = n * sizeof(float);
+    /* zeroed: a zero momentum buffer makes the first step buf = g, as torch's clone */
+    float *p = tally__alloc_zeroed(bytes);
     if (!p)
         return tally__seterr(TALLY_E_NOMEM,
                              "tally_optim_init: cannot allocate %zu bytes of optimizer state for %zu "
                              "parameters", bytes, n);
-    memset(p, 0, bytes); /* a zero momentum buffer makes the first step buf = g, as torch's clone */
     *out = p;
     return 0;
 }

@@ -7,10 +7,10 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
-#include "memory.h"
+#include "alloc.h"
 #include "rng.h"
 
-static float *zero_alloc(size_t n) { return tally__mem_zalloc(n * sizeof(float)); }
+static float *zero_alloc(size_t n) { return tally__alloc_zeroed(n * sizeof(float)); }
 
 /* Timed collectives, so the trainer can report the time spent communicating (run by one thread at a
  * time: the communication thread with overlap, else the training thread). */

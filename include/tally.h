@@ -39,7 +39,9 @@ typedef enum { TALLY_SUM, TALLY_AVG, TALLY_PROD, TALLY_MIN, TALLY_MAX } tally_op
     X(PROTOCOL, -8, "malformed or unexpected message from a peer")                             \
     X(BOOT, -9, "rendezvous failed: rank, world size or address missing or inconsistent")     \
     X(ABORTED, -10, "the communicator was aborted")                                            \
-    X(UNSUPPORTED, -11, "not supported on this system or build")
+    X(UNSUPPORTED, -11, "not supported on this system or build")                              \
+    X(CORRUPT, -12, "data failed an integrity check (checksum, or replicas that diverged)")   \
+    X(NONFINITE, -13, "a value became NaN or Inf")
 
 typedef enum {
     TALLY_OK = 0,

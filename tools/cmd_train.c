@@ -7,6 +7,7 @@
 #include <tally.h>
 
 #include "../src/core/env.h"
+#include "../src/train/guard.h"
 #include "../src/train/trainer.h"
 #include "cmd.h"
 #include "launch.h"
@@ -26,7 +27,8 @@ static int train_usage(void) {
             "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
             "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
             "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
-            "                   [--zero 0|1|2|3] [--max-mem BYTES]\n"
+            "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
+            "                   [--check-replicas K]\n"
             "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
             "averaged in buckets while backward runs, every replica takes the same step.\n"
             "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
@@ -35,6 +37,12 @@ static int train_usage(void) {
             "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
             "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
             "  --max-mem (K/M/G) refuses up front a run that would need more per rank.\n"
+            "  --nan: a NaN or Inf gradient on any rank skips the step on every rank (skip, the default),\n"
+            "  stops the run (error), or is not looked for (ignore).\n"
+            "  --check-replicas K: every K steps the ranks compare hashes of their parameters and stop,\n"
+            "  naming the rank and the tensor, if a replica diverged.\n"
+            "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
+            "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step.\n"
             "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
     return 2;
@@ -54,7 +62,8 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 
 enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCALE_LR, O_OPT, O_MOMENTUM, O_WD,
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
-       O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM };
+       O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
+       O_INJECT_NAN, O_INJECT_FLIP };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -66,6 +75,8 @@ static const struct option train_longs[] = {
     {"no-overlap", 0, 0, O_NO_OVERLAP}, {"seed", 1, 0, O_SEED},           {"threads", 1, 0, O_THREADS},
     {"transport", 1, 0, O_TRANSPORT}, {"no-eval", 0, 0, O_NO_EVAL},       {"quiet", 0, 0, O_QUIET},
     {"json", 1, 0, O_JSON},           {"zero", 1, 0, O_ZERO},             {"max-mem", 1, 0, O_MAX_MEM},
+    {"nan", 1, 0, O_NAN},             {"check-replicas", 1, 0, O_CHECK_REPLICAS},
+    {"inject-nan", 1, 0, O_INJECT_NAN}, {"inject-flip", 1, 0, O_INJECT_FLIP},
     {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
@@ -73,6 +84,19 @@ typedef struct pending {
     double momentum, wd;
     int has_momentum, has_wd;
 } pending;
+
+/* "RANK:STEP" (STEP counted from 1). */
+static int parse_rank_step(const char *s, int *rank, long *step) {
+    char *end;
+    long r = strtol(s, &end, 10);
+    if (end == s || *end != ':' || r < 0 || r >= TALLY_LAUNCH_MAX_RANKS) return -1;
+    const char *t = end + 1;
+    long k = strtol(t, &end, 10);
+    if (end == t || *end || k < 1) return -1;
+    *rank = (int)r;
+    *step = k;
+    return 0;
+}
 
 static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     tally__train_cfg *c = &o->cfg;
@@ -109,6 +133,10 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     case O_QUIET: c->quiet = 1; return 0;
     case O_JSON: c->json = a; return 0;
     case O_ZERO: return parse_num(a, 0, 3, &v) || v != (int)v ? -1 : (c->zero = (int)v, 0);
+    case O_NAN: return (k = tally__nan_policy_parse(a)) < 0 ? -1 : (c->nan_policy = k, 0);
+    case O_CHECK_REPLICAS: return parse_num(a, 1, 1e12, &v) ? -1 : (c->check_replicas = (long)v, 0);
+    case O_INJECT_NAN: return parse_rank_step(a, &c->inject_nan_rank, &c->inject_nan_step);
+    case O_INJECT_FLIP: return parse_rank_step(a, &c->inject_flip_rank, &c->inject_flip_step);
     case O_MAX_MEM: {
         long long bytes = tally__parse_size(a);
         return bytes <= 0 ? -1 : (c->max_mem = (size_t)bytes, 0);

@@ -45,6 +45,13 @@ void tally__log_warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+void tally__log_notice(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    tally__log_line("warning", fmt, ap);
+    va_end(ap);
+}
+
 void tally__log_debug(int level, const char *fmt, ...) {
     if (tally__debug_level() < level) return;
     va_list ap;

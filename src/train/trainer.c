@@ -3,6 +3,7 @@
 #include "trainer.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "guard.h"
 #include "memory.h"
 #include "zero.h"
 
@@ -40,6 +42,7 @@ typedef struct train_run {
     tally_optim optim;       /* stage 0 */
     tally__zero zero;        /* stages 1-3 */
     tally__model_hooks hooks;
+    tally__guard guard;      /* non-finite gradients; wraps hooks */
     tally_lr_schedule sched;
     float *xb, *tb;          /* one gathered micro-batch */
     int32_t *yb;
@@ -140,7 +143,14 @@ static int train_setup(train_run *r, tally__train_result *res) {
     tally__model_cfg mc;
     train_model_cfg(r, &mc);
     if ((rc = train_check_memory(r, &mc))) return rc;
+    if (cfg->check_replicas > 0 && cfg->zero == 3)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --check-replicas compares whole replicas, and under --zero 3 each rank holds "
+                             "only its shard of the parameters; use it with --zero 0, 1 or 2",
+                             r->rank);
     if ((rc = cfg->zero ? train_setup_zero(r, &mc) : train_setup_ddp(r, &mc))) return rc;
+    if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->nan_policy, &r->hooks)))
+        return rc;
     float lr = train_default_lr(cfg);
     long total = r->steps_per_epoch * cfg->epochs;
     if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
@@ -166,6 +176,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
 static void train_teardown(train_run *r) {
     tally_ddp_free(r->ddp);
     tally__zero_free(&r->zero);
+    tally__guard_free(&r->guard);
     tally_optim_free(&r->optim);
     tally__model_free(&r->model);
     tally_sampler_free(&r->sampler);
@@ -193,7 +204,34 @@ typedef struct step_times {
     double zero_comm;        /* stages 1-3: time in their collectives (on whichever thread) */
     unsigned long long bytes; /* sent in the steps' collectives */
     double loss;
+    long skipped;            /* steps every rank skipped for a NaN or Inf gradient */
 } step_times;
+
+/* Ends the step without an update when some rank's gradient was NaN or Inf (one allreduce of a flag
+ * per rank: every rank decides alike). *skip says whether it did. */
+static int train_agree_finite(train_run *r, long step, int *skip) {
+    *skip = 0;
+    if (r->cfg->nan_policy == TALLY__NAN_IGNORE) return 0;
+    int rc = r->cfg->zero ? tally__zero_drain(&r->zero) : 0; /* the flag's allreduce needs the comm idle */
+    if (!rc) rc = tally__guard_agree(&r->guard, r->comm, step, skip);
+    if (rc || !*skip) return rc;
+    if (r->ddp) memset(r->model.grads, 0, r->model.nparams * sizeof(float));
+    return r->cfg->zero ? tally__zero_skip(&r->zero) : 0;
+}
+
+/* Testing aids: a NaN fed into one rank's data, a bit flipped in one rank's parameters. */
+static void train_inject_nan(train_run *r, long step, int micro) {
+    if (micro == 0 && r->cfg->inject_nan_step == step + 1 && r->cfg->inject_nan_rank == r->rank) r->xb[0] = NAN;
+}
+
+static void train_inject_flip(train_run *r, long step) {
+    if (r->cfg->inject_flip_step != step + 1 || r->cfg->inject_flip_rank != r->rank || !r->model.params) return;
+    uint32_t bits;
+    float *p = r->model.params + r->model.nparams / 2;
+    memcpy(&bits, p, sizeof bits);
+    bits ^= 1u << 20;
+    memcpy(p, &bits, sizeof bits);
+}
 
 /* One optimizer step: accum micro-batches of batch samples each, starting at sampler position pos. */
 static int train_step(train_run *r, long step, size_t pos, step_times *st) {
@@ -202,11 +240,14 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     size_t *idx = r->idx;
     unsigned long long sent0 = tally_comm_bytes_sent(r->comm);
     double blocked0 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0, comm0 = r->zero.comm_s; /* idle queue */
+    double loss0 = st->loss;
+    tally__guard_begin(&r->guard);
     for (int k = 0; k < cfg->accum; k++) {
         if (r->cfg->zero) tally__zero_micro(&r->zero, k);
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         train_gather(r, &r->train, idx, B);
+        train_inject_nan(r, step, k);
         uint64_t t1 = tally__now_ns();
         if (r->ddp && (rc = tally_ddp_begin(r->ddp)) < 0) return rc;
         float loss;
@@ -221,12 +262,18 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     double blocked1 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0;
     uint64_t t3 = tally__now_ns();
     float lr = tally_lr_at(&r->sched, step);
-    if (r->ddp) {
+    int skip;
+    if ((rc = train_agree_finite(r, step, &skip))) return rc;
+    if (skip) {
+        st->loss = loss0; /* a NaN does not belong in the mean loss */
+        st->skipped++;
+    } else if (r->ddp) {
         tally_optim_step(&r->optim, r->model.params, r->model.grads, lr);
         memset(r->model.grads, 0, r->model.nparams * sizeof(float));
     } else if ((rc = tally__zero_step(&r->zero, lr))) {
         return rc;
     }
+    train_inject_flip(r, step);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     /* ZeRO's waits for communication happen inside the passes and the update: count them as
      * waiting, not work. The byte counter is read once the step has drained every collective. */
@@ -287,10 +334,14 @@ static int train_epochs(train_run *r, tally__train_result *res) {
         uint64_t t0 = tally__now_ns();
         for (long s = 0; s < r->steps_per_epoch && step < total; s++, step++) {
             double before = st.loss;
+            long skipped = st.skipped;
             int rc = train_step(r, step, (size_t)s * cfg->batch * cfg->accum, &st);
             if (rc) return rc;
             epoch_loss += st.loss - before;
-            epoch_steps++;
+            epoch_steps += st.skipped == skipped;
+            if (cfg->check_replicas > 0 && (step + 1) % cfg->check_replicas == 0 &&
+                (rc = tally__guard_check_replicas(r->comm, &r->model, step)))
+                return rc;
             if (r->rank == 0 && !cfg->quiet)
                 tally__progress_update(&r->progress, step + 1, epoch, cfg->epochs,
                                        (double)(step + 1) * samples_per_step, st.loss - before);
@@ -322,6 +373,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->comm_s = s1.comm_s - s0.comm_s + st.zero_comm;
     res->bytes_sent = st.bytes;
     res->buckets = s1.buckets;
+    res->skipped_steps = st.skipped;
     return 0;
 }
 
@@ -398,6 +450,9 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     if (!rc) rc = train_fingerprint(&r, res);
     if (!rc) train_account(&r, res);
     if (!rc && cfg->measure_peak && r.rank == 0) res->peak_gflops = tally__sgemm_peak_gflops();
+    char why[1024]; /* freeing shared buffers resets the thread's message */
+    snprintf(why, sizeof why, "%s", rc ? tally_last_error() : "");
     train_teardown(&r);
+    if (rc) tally__seterr(rc, "%s", why);
     return rc;
 }

@@ -40,6 +40,13 @@ typedef struct tally__train_cfg {
     int zero;                /* ZeRO stage 0-3 */
     size_t max_mem;          /* > 0: refuse to start when a rank would need more bytes than this */
     int keep_params;         /* copy the final parameters into the result (tests) */
+    int nan_policy;          /* tally__nan_policy: a NaN or Inf gradient skips the step (default), stops, or
+                              * is not looked for */
+    long check_replicas;     /* > 0: compare the replicas' parameter hashes every this many steps */
+    int inject_nan_rank;     /* testing: this rank feeds a NaN into step inject_nan_step (1-based; 0 none) */
+    long inject_nan_step;
+    int inject_flip_rank;    /* testing: this rank flips a parameter bit after step inject_flip_step */
+    long inject_flip_step;
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
@@ -64,6 +71,7 @@ typedef struct tally__train_result {
     double peak_gflops;       /* single-thread sgemm, 0 when not measured */
     unsigned char hash[32];   /* SHA-256 of the final parameters */
     int replicas_identical;   /* every rank's hash equal */
+    long skipped_steps;       /* steps skipped because a gradient was NaN or Inf on some rank */
     float *params;            /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
     size_t mem_params, mem_grads, mem_optim, mem_buffers, mem_activations; /* bytes this rank holds */
     size_t peak_rss;          /* bytes, from getrusage */

@@ -269,6 +269,16 @@ static void scale(float *x, size_t n, float denom) {
 
 /* Every reduction done, each layer's piece is updated and (stages 1-2) sent out while the next layer
  * is updated. */
+/* What every step ends with, whether it updated or not. */
+static void zero_clear_step(tally__zero *z) {
+    if (z->stage >= 2)
+        memset(z->gshard, 0, z->shard_len * sizeof(float));
+    else
+        memset(z->m->grads, 0, z->m->nparams * sizeof(float));
+    z->held[0] = z->held[1] = -1; /* the parameters may have changed */
+    z->last_micro = z->accum == 1;
+}
+
 int tally__zero_step(tally__zero *z, float lr) {
     int rc = tally__opq_drain(&z->q);
     const float denom = (float)z->size * (float)z->accum;
@@ -285,12 +295,13 @@ int tally__zero_step(tally__zero *z, float lr) {
         if (t < 0) rc = (int)t;
     }
     if (!rc) rc = tally__opq_drain(&z->q);
-    if (z->stage >= 2)
-        memset(z->gshard, 0, z->shard_len * sizeof(float));
-    else
-        memset(z->m->grads, 0, z->m->nparams * sizeof(float));
-    z->held[0] = z->held[1] = -1; /* the parameters just changed */
-    z->last_micro = z->accum == 1;
+    zero_clear_step(z);
+    return rc;
+}
+
+int tally__zero_skip(tally__zero *z) {
+    int rc = tally__opq_drain(&z->q);
+    zero_clear_step(z);
     return rc;
 }
 

@@ -467,7 +467,7 @@ static void test_flips(void) {
             int rc = tally__ckpt_parse(m, len, "dir/step-0000000042.tck", &bad);
             const char *msg = tally_last_error();
             tried++;
-            if (rc != TALLY_E_PROTOCOL || bad || !has(msg, "checkpoint dir/step-0000000042.tck: ")) {
+            if (rc != TALLY_E_CORRUPT || bad || !has(msg, "checkpoint dir/step-0000000042.tck: ")) {
                 if (undetected++ < 5) fprintf(stderr, "flip 0x%02x at %zu: rc %d: %s\n", flips[f], k, rc, msg);
                 tally__ckpt_close(bad);
                 continue;
@@ -488,11 +488,11 @@ static void test_flips(void) {
     int kept = 0;
     for (size_t n = 0; n < len; n++) {
         tally__ckpt *bad = NULL;
-        if (tally__ckpt_parse(img, n, "cut", &bad) != TALLY_E_PROTOCOL || bad) kept++;
+        if (tally__ckpt_parse(img, n, "cut", &bad) != TALLY_E_CORRUPT || bad) kept++;
         tally__ckpt_close(bad);
     }
     TH_CHECK(kept == 0, "truncation: %d of %zu lengths accepted", kept, len);
-    TH_CHECK(tally__ckpt_parse(img, 0, "cut", &(tally__ckpt *){0}) == TALLY_E_PROTOCOL &&
+    TH_CHECK(tally__ckpt_parse(img, 0, "cut", &(tally__ckpt *){0}) == TALLY_E_CORRUPT &&
                  has(tally_last_error(), "truncated"),
              "truncation to 0: %s", tally_last_error());
     for (int v = 0; v < 2; v++) {
@@ -500,7 +500,7 @@ static void test_flips(void) {
         m[len] = (unsigned char)v;
         tally__ckpt *bad = NULL;
         int rc = tally__ckpt_parse(m, len + 1, "long", &bad);
-        TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "1 trailing bytes"), "appended byte 0x%02x: %s", v,
+        TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "1 trailing bytes"), "appended byte 0x%02x: %s", v,
                  tally_last_error());
         tally__ckpt_close(bad);
     }
@@ -603,7 +603,7 @@ static int run_crafts(const unsigned char *img, size_t len, int verbose) {
         apply(m, len, &crafts[i]);
         tally__ckpt *c = NULL;
         int rc = tally__ckpt_parse(m, len, "crafted", &c);
-        if (rc != TALLY_E_PROTOCOL || c || !has(tally_last_error(), crafts[i].want)) {
+        if (rc != TALLY_E_CORRUPT || c || !has(tally_last_error(), crafts[i].want)) {
             wrong++;
             if (verbose) fprintf(stderr, "crafted '%s': rc %d: %s\n", crafts[i].what, rc, tally_last_error());
         }
@@ -634,7 +634,7 @@ static void test_crafted(void) {
     unsigned char h[64];
     memcpy(h, img, 64);
     memcpy(h, "TALLYCK2", 8);
-    TH_CHECK(tally__ckpt_parse(h, 64, "m", &(tally__ckpt *){0}) == TALLY_E_PROTOCOL &&
+    TH_CHECK(tally__ckpt_parse(h, 64, "m", &(tally__ckpt *){0}) == TALLY_E_CORRUPT &&
                  has(tally_last_error(), "not a tally checkpoint"),
              "crafted: bad magic: %s", tally_last_error());
     TH_CHECK(tally__ckpt_parse(NULL, 10, "m", &(tally__ckpt *){0}) == TALLY_E_INVALID, "crafted: NULL buffer");
@@ -689,20 +689,20 @@ static void test_latest(void) {
         m[k] ^= (unsigned char)(k % 3 == 0 ? 0x01 : k % 3 == 1 ? 0x20 : 0xFF);
         write_file(path, m, n);
         rc = tally__ckpt_open_latest(dir, &c);
-        if ((rc != TALLY_E_PROTOCOL || c || !has(tally_last_error(), "LATEST")) && wrong++ < 3)
+        if ((rc != TALLY_E_CORRUPT || c || !has(tally_last_error(), "LATEST")) && wrong++ < 3)
             fprintf(stderr, "LATEST flip at %zu: %d %s\n", k, rc, tally_last_error());
         tally__ckpt_close(c);
     }
     TH_CHECK(wrong == 0, "LATEST: %d of %zu byte flips not reported as a corrupt manifest", wrong, n);
     write_file(path, man, n - 1);
     rc = tally__ckpt_open_latest(dir, &c);
-    TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "truncated"), "LATEST cut: %s", tally_last_error());
+    TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "truncated"), "LATEST cut: %s", tally_last_error());
     char longer[600];
     memset(longer, 'x', sizeof longer);
     memcpy(longer, man, n);
     write_file(path, longer, sizeof longer);
     rc = tally__ckpt_open_latest(dir, &c);
-    TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "longer than 512 bytes"), "LATEST long: %s",
+    TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "longer than 512 bytes"), "LATEST long: %s",
              tally_last_error());
     write_file(path, man, n);
     TH_CHECK(tally__ckpt_open_latest(dir, &c) == 0 && step_check(c, 6, 256, 64, "latest") == 0, "latest: restored");
@@ -718,7 +718,7 @@ static void test_latest(void) {
     img[fl - 300] ^= 0x10; /* inside optim.m's data */
     write_file(file, img, fl);
     rc = tally__ckpt_open_latest(dir, &c);
-    TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "step-0000000006.tck: tensor 'optim.m' (#1): data "
+    TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "step-0000000006.tck: tensor 'optim.m' (#1): data "
                                                                "CRC32C mismatch"),
              "corrupt file: %s", tally_last_error());
     tally__ckpt_tensor d[NT];
@@ -729,16 +729,16 @@ static void test_latest(void) {
     snprintf(path, sizeof path, "%s/step-0000000006.tck", other);
     rename(path, file);
     rc = tally__ckpt_open_latest(dir, &c);
-    TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "but LATEST says step 6 with"), "replaced file: %d %s",
+    TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "but LATEST says step 6 with"), "replaced file: %d %s",
              rc, tally_last_error());
     unlink(file);
     rc = tally__ckpt_open_latest(dir, &c);
-    TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "step-0000000006.tck: LATEST names this file but it "
+    TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "step-0000000006.tck: LATEST names this file but it "
                                                                "does not exist"),
              "missing file: %s", tally_last_error());
     write_file(file, img, fl - 64);
     rc = tally__ckpt_open_latest(dir, &c);
-    TH_CHECK(rc == TALLY_E_PROTOCOL && has(tally_last_error(), "bytes but LATEST says"), "short file: %s",
+    TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "bytes but LATEST says"), "short file: %s",
              tally_last_error());
     rename(keep, file);
     TH_CHECK(tally__ckpt_open_latest(dir, &c) == 0, "latest: the original again: %s", tally_last_error());

@@ -10,7 +10,8 @@
 #include "launch.h"
 
 static const char run_usage[] =
-    "usage: tally run -n N [--transport shm|tcp|auto] [--timeout S] [--no-prefix] [--] PROG [ARGS...]\n"
+    "usage: tally run -n N [--transport shm|tcp|auto] [--timeout S] [--max-restarts R] [--no-prefix]\n"
+    "                 [--] PROG [ARGS...]\n"
     "\n"
     "Starts N ranks of PROG on this machine and waits for them. Each rank gets TALLY_RANK,\n"
     "TALLY_WORLD_SIZE, TALLY_ADDR, TALLY_TOKEN, LOCAL_RANK and LOCAL_WORLD_SIZE; its output lines\n"
@@ -19,6 +20,8 @@ static const char run_usage[] =
     "  -n, --nproc N        number of ranks (1..4096)\n"
     "  --transport T        sets TALLY_TRANSPORT for the ranks: shm, tcp or auto\n"
     "  --timeout S          sets TALLY_TIMEOUT: seconds a collective waits for a peer\n"
+    "  --max-restarts R     when a rank fails, stop the others and start all ranks again, up to R\n"
+    "                       times (TALLY_RESTART tells the ranks which start this is)\n"
     "  --no-prefix          let the ranks write to the terminal directly, unprefixed\n"
     "  -h, --help           this text\n"
     "\n"
@@ -96,6 +99,14 @@ static int parse_flag(int argc, char **argv, int *i, tally_launch_opts *o, int *
     if (!missing && (v = flag_value(argc, argv, i, NULL, "--timeout", &missing))) {
         if (parse_seconds(v, &o->timeout_s) < 0)
             return usage_error("--timeout wants a positive number of seconds, not '%s'", v);
+        return 0;
+    }
+    if (!missing && (v = flag_value(argc, argv, i, NULL, "--max-restarts", &missing))) {
+        char *end;
+        long k = strtol(v, &end, 10);
+        if (end == v || *end || k < 0 || k > 1000)
+            return usage_error("--max-restarts wants a whole number 0..1000, not '%s'", v);
+        o->max_restarts = (int)k;
         return 0;
     }
     if (missing) return usage_error("%s needs a value", a);

@@ -15,6 +15,7 @@
 typedef struct train_opts {
     tally__train_cfg cfg;
     int n;                 /* -n: ranks to start (0: join the job, or 1) */
+    int max_restarts;
     const char *transport;
     char arch[128];
 } train_opts;
@@ -28,7 +29,8 @@ static int train_usage(void) {
             "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
             "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
             "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
-            "                   [--check-replicas K]\n"
+            "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
+            "                   [--max-restarts R]\n"
             "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
             "averaged in buckets while backward runs, every replica takes the same step.\n"
             "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
@@ -41,8 +43,14 @@ static int train_usage(void) {
             "  stops the run (error), or is not looked for (ignore).\n"
             "  --check-replicas K: every K steps the ranks compare hashes of their parameters and stop,\n"
             "  naming the rank and the tensor, if a replica diverged.\n"
+            "  --ckpt DIR saves the whole training state there every N steps (--ckpt-every) and at the end,\n"
+            "  keeping the newest K (default 2); --resume starts from the newest one when there is one.\n"
+            "  A checkpoint loads at any world size and ZeRO stage; it is exact at the same world size.\n"
+            "  --max-restarts R (with -n and --ckpt): when a rank dies, stop the others, start all ranks\n"
+            "  again and resume from the last checkpoint, up to R times.\n"
             "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
-            "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step.\n"
+            "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
+            "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
             "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
     return 2;
@@ -63,7 +71,7 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCALE_LR, O_OPT, O_MOMENTUM, O_WD,
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
        O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
-       O_INJECT_NAN, O_INJECT_FLIP };
+       O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -77,6 +85,9 @@ static const struct option train_longs[] = {
     {"json", 1, 0, O_JSON},           {"zero", 1, 0, O_ZERO},             {"max-mem", 1, 0, O_MAX_MEM},
     {"nan", 1, 0, O_NAN},             {"check-replicas", 1, 0, O_CHECK_REPLICAS},
     {"inject-nan", 1, 0, O_INJECT_NAN}, {"inject-flip", 1, 0, O_INJECT_FLIP},
+    {"ckpt", 1, 0, O_CKPT},           {"ckpt-every", 1, 0, O_CKPT_EVERY}, {"ckpt-keep", 1, 0, O_CKPT_KEEP},
+    {"resume", 0, 0, O_RESUME},       {"max-restarts", 1, 0, O_MAX_RESTARTS},
+    {"inject-kill", 1, 0, O_INJECT_KILL},
     {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
@@ -137,6 +148,12 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     case O_CHECK_REPLICAS: return parse_num(a, 1, 1e12, &v) ? -1 : (c->check_replicas = (long)v, 0);
     case O_INJECT_NAN: return parse_rank_step(a, &c->inject_nan_rank, &c->inject_nan_step);
     case O_INJECT_FLIP: return parse_rank_step(a, &c->inject_flip_rank, &c->inject_flip_step);
+    case O_INJECT_KILL: return parse_rank_step(a, &c->inject_kill_rank, &c->inject_kill_step);
+    case O_CKPT: c->ckpt_dir = a; return 0;
+    case O_CKPT_EVERY: return parse_num(a, 1, 1e12, &v) ? -1 : (c->ckpt_every = (long)v, 0);
+    case O_CKPT_KEEP: return parse_num(a, 1, 1e6, &v) ? -1 : (c->ckpt_keep = (int)v, 0);
+    case O_RESUME: c->resume = 1; return 0;
+    case O_MAX_RESTARTS: return parse_num(a, 0, 1000, &v) ? -1 : (o->max_restarts = (int)v, 0);
     case O_MAX_MEM: {
         long long bytes = tally__parse_size(a);
         return bytes <= 0 ? -1 : (c->max_mem = (size_t)bytes, 0);
@@ -160,6 +177,10 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     }
     if (optind != argc) {
         fprintf(stderr, "tally train: unexpected argument %s\n", argv[optind]);
+        return -1;
+    }
+    if ((o->cfg.resume || o->cfg.ckpt_every || o->max_restarts) && !o->cfg.ckpt_dir) {
+        fprintf(stderr, "tally train: --resume, --ckpt-every and --max-restarts need --ckpt DIR\n");
         return -1;
     }
     if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;
@@ -235,8 +256,15 @@ int tally_cmd_train(int argc, char **argv) {
     if (train_parse(argc, argv, &o)) return train_usage();
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {
-        tally_launch_opts lo = {.n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train"};
+        tally_launch_opts lo = {
+            .n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train", .max_restarts = o.max_restarts};
         return tally_launch_self(&lo, argc, argv);
+    }
+    /* A restarted rank (tally run or train --max-restarts) picks up where the last checkpoint left off. */
+    const char *restart = getenv("TALLY_RESTART");
+    if (restart && atoi(restart) > 0) {
+        if (o.cfg.ckpt_dir) o.cfg.resume = 1;
+        o.cfg.inject_kill_step = 0; /* the injected death happens once */
     }
     return train_as_rank(&o);
 }

@@ -62,6 +62,7 @@ typedef struct {
     int stopping;              /* 0; 1 once SIGTERM (or a forwarded signal) went out; 2 after SIGKILL */
     int64_t kill_at, give_up_at, drain_until;
     int result;                /* exit code once decided, -1 while all is well */
+    int signalled;             /* the launcher itself was told to stop: no restart */
     int out_dead[3];           /* our stdout/stderr reader went away */
 } launcher;
 
@@ -100,7 +101,7 @@ static int free_port(void) {
 /* Variables the launcher sets; inherited copies are dropped so a rank never sees two values. */
 static int env_is_ours(const char *entry, const tally_launch_opts *o) {
     static const char *const always[] = {"TALLY_RANK=", "TALLY_WORLD_SIZE=", "TALLY_ADDR=", "TALLY_TOKEN=",
-                                         "LOCAL_RANK=", "LOCAL_WORLD_SIZE="};
+                                         "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "TALLY_RESTART="};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (strncmp(entry, always[i], strlen(always[i])) == 0) return 1;
     if (o->transport && strncmp(entry, "TALLY_TRANSPORT=", 16) == 0) return 1;
@@ -121,10 +122,11 @@ static char *dup_printf(const char *fmt, ...) {
 static void free_vars(char **v);
 
 /* The variables common to all ranks, as "NAME=value" strings; NULL-terminated. */
-static char **common_vars(const tally_launch_opts *o, const char *token, int port) {
-    char **v = calloc(7, sizeof *v);
+static char **common_vars(const tally_launch_opts *o, const char *token, int port, int restart) {
+    char **v = calloc(8, sizeof *v);
     if (!v) return NULL;
     int k = 0;
+    v[k++] = dup_printf("TALLY_RESTART=%d", restart);
     v[k++] = dup_printf("TALLY_WORLD_SIZE=%d", o->n);
     v[k++] = dup_printf("LOCAL_WORLD_SIZE=%d", o->n);
     v[k++] = dup_printf("TALLY_ADDR=127.0.0.1:%d", port);
@@ -461,6 +463,7 @@ static void on_signal(launcher *L, int sig) {
         return;
     }
     if (L->result < 0) L->result = 128 + sig;
+    L->signalled = 1;
     fprintf(stderr, "%s: got %s; forwarding it to %d rank%s\n", L->name, signame(sig), L->live,
             plural(L->live));
     begin_stop(L, sig);
@@ -612,9 +615,9 @@ static int start_all(launcher *L, const char *file, char *const argv[], char **c
     return 0;
 }
 
-static int launch_file(const tally_launch_opts *o, const char *file, char *const argv[]) {
-    const char *name = o && o->name ? o->name : "tally run";
-    if (!opts_valid(o, name, file)) return 2;
+/* One start of all ranks, until they have all exited. *signalled says the launcher was told to stop. */
+static int launch_once(const tally_launch_opts *o, const char *name, const char *file, char *const argv[],
+                       int restart, int *signalled) {
     char token[2 * LAUNCH_TOKEN_BYTES + 1];
     int port = free_port();
     if (hex_token(token, sizeof token) < 0 || port < 0) {
@@ -622,7 +625,7 @@ static int launch_file(const tally_launch_opts *o, const char *file, char *const
                 port < 0 ? "find a free port on 127.0.0.1" : "generate TALLY_TOKEN (RAND_bytes failed)");
         return 1;
     }
-    char **common = common_vars(o, token, port);
+    char **common = common_vars(o, token, port, restart);
     launcher L = {.o = o, .name = name, .n = o->n, .self = getpid(), .sigfd = -1, .result = -1};
     L.ranks = calloc((size_t)o->n, sizeof *L.ranks);
     L.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -644,7 +647,20 @@ static int launch_file(const tally_launch_opts *o, const char *file, char *const
     signals_give_back(&L);
     launcher_free(&L);
     free_vars(common);
+    *signalled = L.signalled;
     return L.result < 0 ? 0 : L.result;
+}
+
+static int launch_file(const tally_launch_opts *o, const char *file, char *const argv[]) {
+    const char *name = o && o->name ? o->name : "tally run";
+    if (!opts_valid(o, name, file)) return 2;
+    for (int restart = 0;; restart++) {
+        int signalled = 0, rc = launch_once(o, name, file, argv, restart, &signalled);
+        /* A program that cannot be executed (127) would only fail again. */
+        if (rc == 0 || signalled || rc == 127 || restart >= o->max_restarts) return rc;
+        fprintf(stderr, "%s: restarting all %d rank%s (restart %d of %d)\n", name, o->n, plural(o->n), restart + 1,
+                o->max_restarts);
+    }
 }
 
 int tally_launch(const tally_launch_opts *opts, char *const argv[]) {

@@ -12,6 +12,8 @@ typedef struct {
                             * stdout and stderr and write to them directly */
     const char *name;      /* how messages start: NULL means "tally run"; bench passes "tally bench" */
     double grace_s;        /* SIGTERM-to-SIGKILL delay when stopping the ranks; 0 means 2 s */
+    int max_restarts;      /* when a rank fails, stop the others and start all ranks again, up to this
+                            * many times (each start gets a fresh port and token, and TALLY_RESTART=k) */
 } tally_launch_opts;
 
 #define TALLY_LAUNCH_MAX_RANKS 4096
@@ -31,6 +33,11 @@ typedef struct {
  * When a rank exits non-zero or is killed by a signal, a message on stderr names it, the others get
  * SIGTERM and, grace_s later, SIGKILL. SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded
  * to every rank; a second one sends SIGKILL. Every wait is bounded once stopping has begun.
+ *
+ * With max_restarts > 0, a failed launch (a rank exited non-zero or was killed, not the launcher being
+ * signalled) is followed by a fresh start of all n ranks, up to max_restarts times; the ranks see
+ * TALLY_RESTART (0 for the first start), as torchrun's TORCHELASTIC_RESTART_COUNT, and a program that
+ * checkpoints resumes from its last checkpoint.
  *
  * Returns the exit code for the tool: 0 when every rank exited 0; else the first failing rank's exit
  * status, or 128+signal when it was killed (or when the launcher itself was signalled); 127 when the

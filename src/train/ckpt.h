@@ -109,7 +109,7 @@ typedef struct tally__ckpt tally__ckpt; /* a verified checkpoint image (opaque) 
 
 /* Parses and verifies an image in memory: every check above. label names it in messages.
  * On success *out refers to buf (not copied): buf must outlive it.
- * Errors: TALLY_E_PROTOCOL for a malformed or corrupt image, with a message naming label and, where one
+ * Errors: TALLY_E_CORRUPT for a malformed or corrupt image, with a message naming label and, where one
  * is involved, the tensor ("checkpoint L: tensor 'fc1.weight' (#3): data CRC32C mismatch ..."; a
  * corrupt table entry as "tensor #3 (name as read 'fc1.weight')"); TALLY_E_INVALID for NULL arguments;
  * TALLY_E_NOMEM. Memory allocated is proportional to the table, which must fit in len first. */
@@ -127,7 +127,7 @@ int tally__ckpt_open(const char *path, tally__ckpt **out);
 
 /* Reads DIR/LATEST, checks it, maps the file it names and verifies all of it, and that its size, step and
  * header CRC are the manifest's. 0 with *out set, TALLY__CKPT_NONE, or a negative error: a corrupt
- * manifest or a missing or corrupt file is TALLY_E_PROTOCOL (never skipped for an older checkpoint), a
+ * manifest or a missing or corrupt file is TALLY_E_CORRUPT (never skipped for an older checkpoint), a
  * failing system call TALLY_E_SYSTEM. */
 int tally__ckpt_open_latest(const char *dir, tally__ckpt **out);
 

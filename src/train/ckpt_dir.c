@@ -93,7 +93,7 @@ size_t tally__ckpt_manifest_format(const ckpt_manifest *m, char *out, size_t cap
 /* text holds len bytes (NUL-terminated): the CRC line first, so a flipped byte reads as corruption. */
 static int manifest_parse(const char *text, size_t len, const char *dir, ckpt_manifest *m) {
     if (len == 0 || text[len - 1] != '\n' || strlen(text) != len)
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: the manifest is empty, truncated or not text; " MANIFEST_FIX, dir);
     size_t last = len - 1;
     while (last > 0 && text[last - 1] != '\n') last--;
@@ -101,13 +101,13 @@ static int manifest_parse(const char *text, size_t len, const char *dir, ckpt_ma
     char line[32];
     if (len - last != 18 || sscanf(text + last, "crc32c 0x%8x", &stored) != 1 ||
         (snprintf(line, sizeof line, "crc32c 0x%08x\n", stored), memcmp(line, text + last, 18)))
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: its last line is not 'crc32c 0x<8 hex "
                              "digits>': the manifest is corrupt or truncated; " MANIFEST_FIX,
                              dir);
     uint32_t computed = tally__crc32c(0, text, last);
     if (computed != stored)
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: manifest CRC32C mismatch (stored 0x%08x, "
                              "computed 0x%08" PRIx32 "): the manifest is corrupt; " MANIFEST_FIX,
                              dir, stored, computed);
@@ -118,7 +118,7 @@ static int manifest_parse(const char *text, size_t len, const char *dir, ckpt_ma
     if (sscanf(text, "tally checkpoint manifest 1\nfile %48s\nbytes %llu\nstep %lld\nhead-crc32c 0x%8x", file, &bytes,
                &step, &head) != 4 ||
         strlen(file) >= CKPT_FILE_NAME_MAX)
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: not a version-1 manifest (format line, file, "
                              "bytes, step, head-crc32c): written by another tally, or corrupt",
                              dir);
@@ -129,12 +129,12 @@ static int manifest_parse(const char *text, size_t len, const char *dir, ckpt_ma
     char canon[CKPT_MANIFEST_MAX];
     int64_t file_step = -1;
     if (manifest_body(m, canon, sizeof canon) != last || memcmp(canon, text, last))
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: the manifest is not in the form tally writes "
                              "(extra spaces, signs or zeros?): " MANIFEST_FIX,
                              dir);
     if (!tally__ckpt_file_parse(m->file, 0, &file_step) || file_step != m->step || m->bytes < TALLY__CKPT_HEADER_BYTES)
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: it names '%s' for step %" PRId64 " with %" PRIu64
                              " bytes, which do not agree: the manifest is corrupt; " MANIFEST_FIX,
                              dir, m->file, m->step, m->bytes);
@@ -161,7 +161,7 @@ int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m) {
     }
     close(fd);
     if (len > CKPT_MANIFEST_MAX)
-        return tally__seterr(TALLY_E_PROTOCOL,
+        return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: longer than %d bytes, so not a manifest: it is "
                              "corrupt; " MANIFEST_FIX,
                              dir, CKPT_MANIFEST_MAX);

@@ -75,7 +75,7 @@ typedef struct ckpt_manifest {
 /* The manifest's text for m into out (cap >= CKPT_MANIFEST_MAX); returns its length. */
 size_t tally__ckpt_manifest_format(const ckpt_manifest *m, char *out, size_t cap);
 /* Reads and checks dir/LATEST through dirfd: 0, TALLY__CKPT_NONE when it does not exist, or an error
- * (TALLY_E_PROTOCOL for a corrupt manifest) with its message set. */
+ * (TALLY_E_CORRUPT for a corrupt manifest) with its message set. */
 int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m);
 /* Writes LATEST for m: LATEST.tmp, fsync, rename, fsync the directory, with the stage hook between.
  * *renamed says whether the rename (the commit) happened, which an error after it does not undo. */

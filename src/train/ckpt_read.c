@@ -27,14 +27,14 @@ struct tally__ckpt {
     char label[];
 };
 
-/* "checkpoint LABEL: " + the formatted text, as TALLY_E_PROTOCOL. */
+/* "checkpoint LABEL: " + the formatted text, as TALLY_E_CORRUPT. */
 __attribute__((format(printf, 2, 3))) static int bad(const char *label, const char *fmt, ...) {
     char msg[768];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return tally__seterr(TALLY_E_PROTOCOL, "checkpoint %s: %s", label, msg);
+    return tally__seterr(TALLY_E_CORRUPT, "checkpoint %s: %s", label, msg);
 }
 
 static void shape_text(const tally__ckpt_tensor *t, char *out, size_t cap) {

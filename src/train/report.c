@@ -121,6 +121,9 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     else
         fprintf(out, "  compute          %.1f GFLOP/s per rank\n", gf);
     fprintf(out, "  replicas         %s\n", r->replicas_identical ? "bit-identical on every rank" : "DIFFER");
+    if (r->resumed_from >= 0 || r->checkpoints)
+        fprintf(out, "  checkpoints      %ld written%s", r->checkpoints, r->resumed_from >= 0 ? "" : "\n");
+    if (r->resumed_from >= 0) fprintf(out, "; resumed from step %ld\n", r->resumed_from);
     if (r->skipped_steps)
         fprintf(out, "  skipped steps    %ld (a gradient was NaN or Inf on some rank)\n", r->skipped_steps);
     fflush(out);
@@ -175,6 +178,7 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
     fprintf(f, "  \"zero\": %d, \"memory\": {\"params\": %zu, \"grads\": %zu, \"optim\": %zu, \"buffers\": %zu, "
                "\"activations\": %zu, \"peak_rss\": %zu},\n",
             in->zero, r->mem_params, r->mem_grads, r->mem_optim, r->mem_buffers, r->mem_activations, r->peak_rss);
+    fprintf(f, "  \"resumed_from\": %ld, \"checkpoints\": %ld,\n", r->resumed_from, r->checkpoints);
     fprintf(f, "  \"skipped_steps\": %ld, \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n",
             r->skipped_steps, hash, r->replicas_identical ? "true" : "false");
     if (fclose(f) != 0) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));

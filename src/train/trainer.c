@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <openssl/evp.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -12,9 +13,9 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
-#include "guard.h"
+#include "ckpt_train.h"
 #include "memory.h"
-#include "zero.h"
+#include "trainer_int.h"
 
 void tally__train_cfg_default(tally__train_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -30,26 +31,6 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->threads = 1;
 }
 
-/* Everything a run holds, so the loop and the evaluation take one argument. */
-typedef struct train_run {
-    const tally__train_cfg *cfg;
-    tally_comm *comm;
-    int rank, size;
-    tally_dataset train, test;
-    tally_sampler sampler;
-    tally__model model;
-    tally_ddp *ddp;          /* stage 0 */
-    tally_optim optim;       /* stage 0 */
-    tally__zero zero;        /* stages 1-3 */
-    tally__model_hooks hooks;
-    tally__guard guard;      /* non-finite gradients; wraps hooks */
-    tally_lr_schedule sched;
-    float *xb, *tb;          /* one gathered micro-batch */
-    int32_t *yb;
-    size_t *idx;             /* the data set indices of its samples */
-    long steps_per_epoch;
-    tally__progress progress;
-} train_run;
 
 static void train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     const tally__train_cfg *cfg = r->cfg;
@@ -170,6 +151,10 @@ static int train_setup(train_run *r, tally__train_result *res) {
     if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     res->nparams = r->model.nparams;
     res->flops_per_sample = r->model.flops_per_sample;
+    r->saved_step = -1;
+    if (cfg->ckpt_dir && (rc = cfg->resume ? tally__train_ckpt_resume(r) : tally__train_ckpt_check_fresh(r)))
+        return rc;
+    res->resumed_from = r->saved_step;
     return 0;
 }
 
@@ -319,26 +304,43 @@ static int train_evaluate(train_run *r, tally__train_result *res) {
     return 0;
 }
 
+/* After step `done` (counted from 1): a checkpoint when one is due. */
+static int train_maybe_save(train_run *r, long done, int last) {
+    const tally__train_cfg *cfg = r->cfg;
+    if (!cfg->ckpt_dir || r->saved_step == done) return 0;
+    if (!last && !(cfg->ckpt_every > 0 && done % cfg->ckpt_every == 0)) return 0;
+    return tally__train_ckpt_save(r, done);
+}
+
 static int train_epochs(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
-    long step = 0, total = r->sched.total_steps;
+    long step = r->start_step, total = r->sched.total_steps;
     double samples_per_step = (double)cfg->batch * cfg->accum * r->size;
     step_times st = {0};
     tally_ddp_stats s0;
     tally_ddp_get_stats(r->ddp, &s0);
     if (r->rank == 0 && !cfg->quiet) tally__progress_init(&r->progress, stdout, total);
-    for (int epoch = 0; epoch < cfg->epochs && step < total; epoch++) {
+    for (int epoch = r->start_epoch; epoch < cfg->epochs && step < total; epoch++) {
         tally_sampler_set_epoch(&r->sampler, epoch);
+        r->epoch = epoch;
         double epoch_loss = 0;
         long epoch_steps = 0;
         uint64_t t0 = tally__now_ns();
-        for (long s = 0; s < r->steps_per_epoch && step < total; s++, step++) {
+        for (long s = epoch == r->start_epoch ? r->start_in_epoch : 0; s < r->steps_per_epoch && step < total;
+             s++, step++) {
             double before = st.loss;
             long skipped = st.skipped;
             int rc = train_step(r, step, (size_t)s * cfg->batch * cfg->accum, &st);
             if (rc) return rc;
             epoch_loss += st.loss - before;
             epoch_steps += st.skipped == skipped;
+            r->in_epoch = s + 1;
+            if ((rc = train_maybe_save(r, step + 1, 0))) return rc;
+            if (cfg->inject_kill_step == step + 1 && cfg->inject_kill_rank == r->rank) raise(SIGKILL);
+            if (cfg->halt_after > 0 && step + 1 == cfg->halt_after) {
+                res->steps = step + 1 - r->start_step;
+                return 0; /* as if killed here: nothing more is saved or evaluated */
+            }
             if (cfg->check_replicas > 0 && (step + 1) % cfg->check_replicas == 0 &&
                 (rc = tally__guard_check_replicas(r->comm, &r->model, step)))
                 return rc;
@@ -361,10 +363,13 @@ static int train_epochs(train_run *r, tally__train_result *res) {
         }
     }
     if (r->rank == 0 && !cfg->quiet) tally__progress_end(&r->progress);
+    int rc = train_maybe_save(r, step, 1);
+    if (rc) return rc;
     tally_ddp_stats s1;
     tally_ddp_get_stats(r->ddp, &s1);
-    res->steps = step;
-    res->samples = (double)step * samples_per_step;
+    res->steps = step - r->start_step;
+    res->checkpoints = r->saves;
+    res->samples = (double)res->steps * samples_per_step;
     res->samples_per_s = res->train_s > 0 ? res->samples / res->train_s : 0;
     res->data_s = st.data;
     res->compute_s = st.compute;
@@ -373,7 +378,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->comm_s = s1.comm_s - s0.comm_s + st.zero_comm;
     res->bytes_sent = st.bytes;
     res->buckets = s1.buckets;
-    res->skipped_steps = st.skipped;
+    res->skipped_steps = r->start_skipped + st.skipped;
     return 0;
 }
 
@@ -440,6 +445,7 @@ static void train_account(const train_run *r, tally__train_result *res) {
 int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res) {
     memset(res, 0, sizeof *res);
     res->test_acc = -1;
+    res->resumed_from = -1;
     if (cfg->batch < 1 || cfg->accum < 1 || cfg->epochs < 1)
         return tally__seterr(TALLY_E_INVALID, "train: batch (%d), accum (%d) and epochs (%d) must be >= 1",
                              cfg->batch, cfg->accum, cfg->epochs);

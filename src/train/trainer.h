@@ -47,6 +47,14 @@ typedef struct tally__train_cfg {
     long inject_nan_step;
     int inject_flip_rank;    /* testing: this rank flips a parameter bit after step inject_flip_step */
     long inject_flip_step;
+    const char *ckpt_dir;    /* checkpoints go (and --resume reads them) there; NULL: none */
+    long ckpt_every;         /* > 0: save after every this many steps; the end of training always saves */
+    int ckpt_keep;           /* checkpoints kept in ckpt_dir; 0 means 2 */
+    int resume;              /* start from the newest checkpoint in ckpt_dir, when there is one */
+    int inject_kill_rank;    /* testing: this rank kills itself (SIGKILL) after step inject_kill_step */
+    long inject_kill_step;
+    long halt_after;         /* testing: > 0 stops after this many steps as a killed run would (no final
+                              * checkpoint, no evaluation) */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
@@ -72,6 +80,8 @@ typedef struct tally__train_result {
     unsigned char hash[32];   /* SHA-256 of the final parameters */
     int replicas_identical;   /* every rank's hash equal */
     long skipped_steps;       /* steps skipped because a gradient was NaN or Inf on some rank */
+    long resumed_from;        /* the step of the checkpoint this run resumed from; -1 when it started fresh */
+    long checkpoints;         /* checkpoints written */
     float *params;            /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
     size_t mem_params, mem_grads, mem_optim, mem_buffers, mem_activations; /* bytes this rank holds */
     size_t peak_rss;          /* bytes, from getrusage */

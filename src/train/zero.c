@@ -299,6 +299,8 @@ int tally__zero_step(tally__zero *z, float lr) {
     return rc;
 }
 
+void tally__zero_params_changed(tally__zero *z) { z->held[0] = z->held[1] = -1; }
+
 int tally__zero_skip(tally__zero *z) {
     int rc = tally__opq_drain(&z->q);
     zero_clear_step(z);

@@ -66,6 +66,8 @@ int tally__zero_step(tally__zero *z, float lr);
 /* Ends a step without an update (every rank agreed to skip it): waits for the queued reductions and
  * clears the gradients; parameters and optimizer state stay as they were. */
 int tally__zero_skip(tally__zero *z);
+/* The parameters were replaced from outside (a checkpoint): layers gathered before are stale. */
+void tally__zero_params_changed(tally__zero *z);
 /* Every layer's full parameters in turn (stage 3 gathers them; collective), to fn(arg, layer, params). */
 int tally__zero_each_layer(tally__zero *z, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
 

@@ -1,0 +1,22 @@
+/* ckpt_train.h - a training run's state as a checkpoint: parameters, optimizer state, position and
+ * identity saved in one canonical layout, and restored on every rank whatever world size or ZeRO stage
+ * wrote it. */
+#ifndef TALLY_TRAIN_CKPT_TRAIN_H
+#define TALLY_TRAIN_CKPT_TRAIN_H
+
+#include "trainer_int.h"
+
+/* Saves the state after `steps_done` optimizer steps into cfg->ckpt_dir. Collective: ZeRO shards are
+ * gathered layer by layer and rank 0 writes; every rank returns rank 0's outcome. */
+int tally__train_ckpt_save(train_run *r, long steps_done);
+
+/* With --resume: loads the newest checkpoint of cfg->ckpt_dir into the run (parameters, optimizer
+ * state, start position) on every rank. No checkpoint there is not an error: the run starts from step 0
+ * and rank 0 says so. Collective. */
+int tally__train_ckpt_resume(train_run *r);
+
+/* Without --resume: refuses a cfg->ckpt_dir that already holds checkpoints (a commit there would remove
+ * another run's later ones). Collective. */
+int tally__train_ckpt_check_fresh(train_run *r);
+
+#endif

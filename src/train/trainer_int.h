@@ -1,0 +1,45 @@
+/* trainer_int.h - one rank's training run as the trainer's own files share it (the loop in trainer.c,
+ * its checkpoints in ckpt_train.c); not part of any public interface. */
+#ifndef TALLY_TRAIN_TRAINER_INT_H
+#define TALLY_TRAIN_TRAINER_INT_H
+
+#include <tally/data.h>
+#include <tally/ddp.h>
+#include <tally/optim.h>
+
+#include "guard.h"
+#include "model.h"
+#include "trainer.h"
+#include "zero.h"
+
+/* Everything a run holds, so the loop, the evaluation and the checkpoints take one argument. */
+typedef struct train_run {
+    const tally__train_cfg *cfg;
+    tally_comm *comm;
+    int rank, size;
+    tally_dataset train, test;
+    tally_sampler sampler;
+    tally__model model;
+    tally_ddp *ddp;          /* stage 0 */
+    tally_optim optim;       /* stage 0 */
+    tally__zero zero;        /* stages 1-3 */
+    tally__model_hooks hooks;
+    tally__guard guard;      /* non-finite gradients; wraps hooks */
+    tally_lr_schedule sched;
+    float *xb, *tb;          /* one gathered micro-batch */
+    int32_t *yb;
+    size_t *idx;             /* the data set indices of its samples */
+    long steps_per_epoch;
+    tally__progress progress;
+    /* Where training starts: 0, or where a resumed checkpoint left off. */
+    long start_step;         /* optimizer steps already taken */
+    int start_epoch;
+    long start_in_epoch;     /* steps of start_epoch already taken */
+    long start_skipped;      /* steps skipped for a NaN or Inf before the checkpoint */
+    long saved_step;         /* the step of the last checkpoint written or loaded (-1: none) */
+    long saves;              /* checkpoints written */
+    int epoch;               /* the loop's position: the epoch in progress, */
+    long in_epoch;           /* and the steps of it taken */
+} train_run;
+
+#endif

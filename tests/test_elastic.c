@@ -64,16 +64,16 @@ static void test_train_restart(void) {
     snprintf(j0, sizeof j0, "%s.0.json", dir);
     snprintf(j1, sizeof j1, "%s.1.json", dir);
     rm_dir(dir);
-    char *straight[] = {"tally", "train", "-n", "2", "--data", "synthetic", "--hidden", "64", "--steps", "80",
-                        "--quiet", "--json", j0, NULL};
+    char *straight[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "64", "--steps", "80",
+                        "--epochs", "3", "--quiet", "--json", j0, NULL};
     int rc = tr_run_tally(straight, err, sizeof err);
     TH_CHECK(rc == 0, "uninterrupted run: exit %d '%s'", rc, err);
-    char *killed[] = {"tally", "train", "-n", "2", "--data", "synthetic", "--hidden", "64", "--steps", "80",
-                      "--quiet", "--json", j1, "--ckpt", dir, "--ckpt-every", "20", "--max-restarts", "2",
-                      "--inject-kill", "1:50", NULL};
+    char *killed[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "64", "--steps", "80",
+                      "--epochs", "3", "--quiet", "--json", j1, "--ckpt", dir, "--ckpt-every", "10",
+                      "--max-restarts", "2", "--inject-kill", "1:25", NULL};
     rc = tr_run_tally(killed, err, sizeof err);
     TH_CHECK(rc == 0 && strstr(err, "rank 1") && strstr(err, "restart 1 of 2") &&
-                 strstr(err, "resumed from the checkpoint of step 40"),
+                 strstr(err, "resumed from the checkpoint of step 20"),
              "killed and restarted run: exit %d '%s'", rc, err);
     char h0[80] = "", h1[80] = "", a0[32] = "", a1[32] = "", from[32] = "";
     json_field(j0, "params_sha256", h0, sizeof h0);
@@ -83,8 +83,8 @@ static void test_train_restart(void) {
     json_field(j1, "resumed_from", from, sizeof from);
     TH_CHECK(h0[0] && !strcmp(h0, h1), "restarted run's parameters %s, uninterrupted %s", h1, h0);
     TH_CHECK(a0[0] && !strcmp(a0, a1), "restarted run's accuracy %s, uninterrupted %s", a1, a0);
-    TH_CHECK(!strcmp(from, "40"), "resumed_from %s", from);
-    fprintf(stderr, "  killed at step 50, resumed from 40: accuracy %s (uninterrupted %s)\n", a1, a0);
+    TH_CHECK(!strcmp(from, "20"), "resumed_from %s", from);
+    fprintf(stderr, "  killed after step 25 of 80, resumed from 20: accuracy %s (uninterrupted %s)\n", a1, a0);
     rm_dir(dir);
     unlink(j0);
     unlink(j1);

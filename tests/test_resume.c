@@ -90,6 +90,7 @@ static void test_any_world(int zero) {
     for (int n = 2; n >= 1; n--)
         for (int z = 0; z <= 3; z++) {
             if (n == 1 && z) continue; /* one rank has nothing to shard */
+            if (th_light() && !(n == 2 && z == 1) && n != 1) continue;
             tally__train_cfg l = rcfg(z, TALLY_OPTIM_ADAMW, 30);
             l.resume = 1;
             char w2[128];
@@ -126,7 +127,7 @@ static int newest_file(char *path, size_t n) {
 static int run_cli(const char *extra1, const char *extra2, const char *hidden, char *err, size_t errlen) {
     char *args[24];
     int k = 0;
-    const char *base[] = {"tally", "train", "-n", "2", "--data", "synthetic", "--hidden", hidden, "--steps", "8",
+    const char *base[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", hidden, "--steps", "8",
                           "--no-eval", "--quiet", "--ckpt", g_dir};
     for (size_t i = 0; i < sizeof base / sizeof *base; i++) args[k++] = (char *)base[i];
     if (extra1) args[k++] = (char *)extra1;
@@ -196,12 +197,12 @@ static void test_kill_while_saving(void) {
             int null = open("/dev/null", O_WRONLY);
             dup2(null, 1);
             dup2(null, 2);
-            execl(bin, "tally", "train", "-n", "2", "--data", "synthetic", "--hidden", "256,256", "--steps", "100000",
+            execl(bin, "tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "256,256", "--steps", "100000",
                   "--no-eval", "--quiet", "--ckpt", g_dir, "--ckpt-every", "1", "--resume", (char *)NULL);
             _exit(127);
         }
         setpgid(pid, pid);
-        usleep(2500000 + (useconds_t)(rand() % 2000000)); /* start-up (making the data) takes ~2 s */
+        usleep((th_light() ? 3000000 : 800000) + (useconds_t)(rand() % 1500000)); /* after start-up */
         kill(-pid, SIGKILL);
         int st;
         waitpid(pid, &st, 0);
@@ -224,7 +225,7 @@ int main(void) {
     const tally_optim_kind opts[] = {TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW};
     for (int zero = 0; zero <= 3; zero++)
         for (int o = 0; o < 2; o++) {
-            if (th_light() && o != zero % 2) continue;
+            if (th_light() && (o != zero % 2 || zero == 1 || zero == 2)) continue; /* the sanitizer pass */
             test_exact(zero, opts[o], 2);
         }
     if (!th_light()) test_exact(2, TALLY_OPTIM_ADAMW, 3);

@@ -23,7 +23,7 @@ typedef struct train_opts {
 static int train_usage(void) {
     fprintf(stderr,
             "usage: tally train [-n N] [--model linear|mlp|cnn] [--hidden W1,W2,...]\n"
-            "                   [--data fashion-mnist|synthetic|DIR] [--epochs E] [--steps S] [--batch B]\n"
+            "                   [--data fashion-mnist|synthetic[:N]|DIR] [--epochs E] [--steps S] [--batch B]\n"
             "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
             "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
             "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
@@ -117,7 +117,15 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     case 'n': return parse_num(a, 1, TALLY_LAUNCH_MAX_RANKS, &v) ? -1 : (o->n = (int)v, 0);
     case O_MODEL: return (k = tally__model_parse(a)) < 0 ? -1 : (c->model = (tally__model_kind)k, 0);
     case O_HIDDEN: return parse_hidden(a, c);
-    case O_DATA: c->data = a; return 0;
+    case O_DATA:
+        c->data = a;
+        if (!strncmp(a, "synthetic:", 10)) { /* a smaller generated set: quick runs and tests */
+            if (parse_num(a + 10, 64, 1e7, &v)) return -1;
+            c->data = "synthetic";
+            c->synthetic_train = (size_t)v;
+            c->synthetic_test = (size_t)v / 6 > 64 ? (size_t)v / 6 : 64;
+        }
+        return 0;
     case O_EPOCHS: return parse_num(a, 1, 1e6, &v) ? -1 : (c->epochs = (int)v, 0);
     case O_STEPS: return parse_num(a, 1, 1e12, &v) ? -1 : (c->max_steps = (long)v, 0);
     case O_BATCH: return parse_num(a, 1, 1 << 20, &v) ? -1 : (c->batch = (int)v, 0);

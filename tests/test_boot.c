@@ -1,5 +1,6 @@
 /* test_boot.c - the rendezvous layer: environment parsing per launcher, rendezvous and bootstrap
- * collectives for several world sizes, refusals (token, rank, size, strangers), and the monitor. */
+ * collectives for several world sizes, the bind address, refusals (token, rank, size, forged hellos,
+ * strangers that stall), missing ranks named on every rank, the rendezvous limit, and the monitor. */
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "boot/boot.h"
+#include "boot/boot_int.h"
 #include "boot/net.h"
 #include "core/clock.h"
 #include "core/env.h"
@@ -242,6 +244,267 @@ static void test_strangers(void) {
     TH_CHECK(R[0].pids[0] == job.pid[2], "strangers: rank 2's entry is not rank 2's pid");
 }
 
+/* ---- forged connections: the right token, then a wrong hello ---- */
+
+#define FORGE_CASES 7
+typedef struct forged {
+    int code;
+    char msg[CTL_MSG_MAX + 1];
+} forged;
+static forged *FG; /* [FORGE_CASES], shared */
+
+/* Sends frame header `h` and hello `hello` after a correct handshake; reads rank 0's verdict. */
+static void forge_one(const tally__boot_env *env, int k, const unsigned char *hdr, const unsigned char *hello) {
+    int fd;
+    uint64_t dl = tally__deadline(10);
+    FG[k].code = 1;
+    if (tally__net_connect(env->host, env->port, dl, &fd)) return;
+    if (tally__auth_connect(fd, env->token, env->token_len, "ctl", dl) == 0 &&
+        tally__net_send_all(fd, hdr, CTL_HDR, dl) == 0 && tally__net_send_all(fd, hello, HELLO_LEN, dl) == 0) {
+        unsigned char h[CTL_HDR];
+        ctl_frame f;
+        if (tally__net_recv_all(fd, h, sizeof h, dl) == 0 && tally__ctl_hdr_get(h, &f) == 0 && f.type == CTL_REFUSE &&
+            f.len <= CTL_MSG_MAX && tally__net_recv_all(fd, FG[k].msg, f.len, dl) == 0)
+            FG[k].code = -(int)f.aux;
+    }
+    close(fd);
+}
+
+static void forge_hello(unsigned char *o, uint32_t magic, uint32_t version, int rank, int size) {
+    memset(o, 0, HELLO_LEN);
+    ctl_put32(o, magic);
+    ctl_put32(o + 4, version);
+    ctl_put32(o + 8, (uint32_t)rank);
+    ctl_put32(o + 12, (uint32_t)size);
+    ctl_put32(o + 16, (uint32_t)getpid());
+    memcpy(o + 32, "forger", 6);
+    memcpy(o + 96, "127.0.0.1", 9);
+}
+
+/* Rank 2 knows the token and sends hellos rank 0 must refuse, then joins itself. */
+static int fn_forged(int rank, int size, void *arg) {
+    if (rank == 2) {
+        tally__boot_env env;
+        if (tally__boot_env_read(&env)) return 60;
+        unsigned char hdr[CTL_HDR], h[HELLO_LEN];
+        tally__ctl_hdr_put(hdr, CTL_HELLO, 0, HELLO_LEN);
+        forge_hello(h, 0x12345678u, BOOT_VERSION, 1, size); /* wrong magic */
+        forge_one(&env, 0, hdr, h);
+        forge_hello(h, HELLO_MAGIC, BOOT_VERSION + 1, 1, size); /* a newer protocol */
+        forge_one(&env, 1, hdr, h);
+        forge_hello(h, HELLO_MAGIC, BOOT_VERSION, size + 4, size); /* rank out of range */
+        forge_one(&env, 2, hdr, h);
+        forge_hello(h, HELLO_MAGIC, BOOT_VERSION, 0, size); /* rank 0 is rank 0 itself */
+        forge_one(&env, 3, hdr, h);
+        forge_hello(h, HELLO_MAGIC, BOOT_VERSION, -1, size);
+        forge_one(&env, 4, hdr, h);
+        forge_hello(h, HELLO_MAGIC, BOOT_VERSION, 1, size);
+        unsigned char bad[CTL_HDR];
+        memcpy(bad, hdr, CTL_HDR);
+        bad[0] ^= 0xff; /* a frame that is not ours */
+        forge_one(&env, 5, bad, h);
+        tally__ctl_hdr_put(bad, CTL_DATA, 0, HELLO_LEN); /* ours, but not a hello */
+        forge_one(&env, 6, bad, h);
+    }
+    tally__fault f;
+    tally__boot *b = boot_up(rank, &f, 20);
+    if (!b) return 61;
+    int rc = tally__boot_barrier(b) ? 62 : 0;
+    R[rank].pids[0] = tally__boot_peers(b)[1].pid;
+    tally__boot_free(b);
+    return rc;
+}
+
+static void test_forged(void) {
+    static const struct {
+        int code;
+        const char *text;
+    } want[FORGE_CASES] = {
+        {TALLY_E_PROTOCOL, "(hello magic 12345678), rank 0 speaks 1"},
+        {TALLY_E_PROTOCOL, "it speaks rendezvous protocol 2 (hello magic 544c5948), rank 0 speaks 1"},
+        {TALLY_E_BOOT, "claims rank 7, which is not in 1..2"},
+        {TALLY_E_BOOT, "claims rank 0, which is not in 1..2"},
+        {TALLY_E_BOOT, "claims rank -1, which is not in 1..2"},
+        {TALLY_E_PROTOCOL, "its first frame after authentication is not a hello"},
+        {TALLY_E_PROTOCOL, "its first frame after authentication is not a hello (magic 544c5946, type 4"},
+    };
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    memset(FG, 0, sizeof *FG * FORGE_CASES);
+    th_job job;
+    th_start(&job, 3, NULL, fn_forged, NULL);
+    int bad = th_wait(&job, 60);
+    TH_CHECK(bad == 0, "forged hellos disturbed the job: %s / %s / %s", R[0].msg, R[1].msg, R[2].msg);
+    TH_CHECK(R[0].pids[0] == job.pid[1], "forged hellos: rank 1's entry is not rank 1's pid");
+    for (int k = 0; k < FORGE_CASES; k++)
+        TH_CHECK(FG[k].code == want[k].code && strstr(FG[k].msg, want[k].text),
+                 "forged case %d: refused with %d '%s', expected %d '%s'", k, FG[k].code, FG[k].msg, want[k].code,
+                 want[k].text);
+}
+
+/* ---- strangers that stall mid-handshake cost the real ranks nothing ---- */
+
+static void env_boot_limit3(int rank, void *arg) { setenv("TALLY_BOOT_TIMEOUT", "3", 1); }
+
+/* Opens a connection that sends `kind` worth of a handshake and then stalls; returns its fd. */
+static int stall_one(const tally__boot_env *env, int kind, uint64_t dl) {
+    int fd;
+    unsigned char junk[64], hdr[CTL_HDR];
+    if (tally__net_connect(env->host, env->port, dl, &fd)) return -1;
+    for (int i = 0; i < 64; i++) junk[i] = (unsigned char)rand();
+    switch (kind) {
+    case 0: break;                                    /* connected, silent */
+    case 1: tally__net_send_all(fd, junk, 10, dl); break; /* part of a nonce */
+    case 2:                                           /* a nonce, reads the reply, no proof */
+        tally__net_send_all(fd, junk, 32, dl);
+        tally__net_recv_all(fd, junk, 64, dl);
+        break;
+    case 3: /* authenticated, then half a frame header */
+    case 4: /* authenticated, a header, then part of the hello */
+        if (tally__auth_connect(fd, env->token, env->token_len, "ctl", dl)) break;
+        tally__ctl_hdr_put(hdr, CTL_HELLO, 0, HELLO_LEN);
+        tally__net_send_all(fd, hdr, kind == 3 ? 8 : CTL_HDR, dl);
+        if (kind == 4) tally__net_send_all(fd, junk, 50, dl);
+        break;
+    }
+    return fd;
+}
+
+static int fn_stallers(int rank, int size, void *arg) {
+    int fds[12], nfd = 0;
+    if (rank == 2) {
+        tally__boot_env env;
+        if (tally__boot_env_read(&env)) return 70;
+        uint64_t dl = tally__deadline(10);
+        static const int kinds[12] = {1, 2, 3, 4, 0, 1, 2, 3, 4, 1, 2, 0};
+        for (int i = 0; i < 12; i++) fds[nfd++] = stall_one(&env, kinds[i], dl);
+    }
+    tally__fault f;
+    tally__boot *b = boot_up(rank, &f, 20);
+    for (int i = 0; i < nfd; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    if (!b) return 71;
+    int rc = tally__boot_barrier(b) ? 72 : 0;
+    tally__boot_free(b);
+    return rc;
+}
+
+static void test_stallers(void) {
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_opts o = {.child_env = env_boot_limit3};
+    th_job job;
+    th_start(&job, 3, &o, fn_stallers, NULL);
+    int bad = th_wait(&job, 60);
+    /* The limit (3 s) is shorter than the time a stalled stranger may hold its slot: only a rank 0 that
+     * never waits on one finishes the rendezvous. */
+    TH_CHECK(bad == 0, "strangers that stall held up the rendezvous: %s / %s / %s", R[0].msg, R[1].msg, R[2].msg);
+}
+
+/* ---- a rank that never arrives is named on every rank ---- */
+
+typedef struct miss_arg {
+    int missing;  /* the rank that never starts its rendezvous */
+    int late;     /* a rank that starts 1 s after the others, -1 none */
+} miss_arg;
+
+static void env_boot_limit(int rank, void *arg) { setenv("TALLY_BOOT_TIMEOUT", "1.5", 1); }
+
+static int fn_missing(int rank, int size, void *arg) {
+    miss_arg *m = arg;
+    if (rank == m->missing) return 0;
+    if (rank == m->late) usleep_ms(1000);
+    tally__fault f;
+    tally__boot *b = boot_up(rank, &f, 60); /* TALLY_BOOT_TIMEOUT must win over this */
+    tally__boot_free(b);
+    return 0;
+}
+
+static void test_missing(int n, int missing, int late) {
+    miss_arg m = {missing, late};
+    th_opts o = {.child_env = env_boot_limit};
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    TH_CHECK(th_run(n, &o, fn_missing, &m) == 0, "missing rank %d: ranks did not exit cleanly", missing);
+    char want[64];
+    if (missing == 0)
+        snprintf(want, sizeof want, "Rank 0 is missing");
+    else
+        snprintf(want, sizeof want, "missing 1 of %d ranks: %d.", n, missing);
+    for (int r = 0; r < n; r++) {
+        if (r == missing) continue;
+        TH_CHECK(R[r].rc == TALLY_E_TIMEOUT && strstr(R[r].msg, want) && strstr(R[r].msg, "1.5 s"),
+                 "missing rank %d (late %d): rank %d got %d '%s'", missing, late, r, R[r].rc, R[r].msg);
+        /* Bounded by the rendezvous limit, not the 60 s the caller passed (grace included). */
+        TH_CHECK(R[r].secs < 30, "missing rank %d: rank %d waited %.1f s", missing, r, R[r].secs);
+    }
+}
+
+/* ---- where rank 0 listens ---- */
+
+/* The local address of the listener on `port` in /proc/net/tcp ("0100007F" is 127.0.0.1), or "". */
+static void listen_addr(int port, char out[16]) {
+    out[0] = '\0';
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512], addr[16];
+    unsigned p, st;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, " %*d: %8[0-9A-Fa-f]:%x %*s %x", addr, &p, &st) == 3 && (int)p == port && st == 0x0A)
+            snprintf(out, 16, "%s", addr);
+    if (f) fclose(f);
+}
+
+static char (*BIND_SEEN)[16];
+
+static void env_bind_any(int rank, void *arg) {
+    if (rank == 0) setenv("TALLY_BIND", "0.0.0.0", 1);
+}
+
+static int fn_bind(int rank, int size, void *arg) {
+    if (rank == 1) { /* looks at rank 0's listener before joining */
+        tally__boot_env env;
+        if (tally__boot_env_read(&env)) return 80;
+        double t0 = th_now();
+        while (!BIND_SEEN[0][0] && th_now() - t0 < 10) {
+            listen_addr(env.port, BIND_SEEN[0]);
+            usleep_ms(5);
+        }
+    }
+    tally__fault f;
+    tally__boot *b = boot_up(rank, &f, 20);
+    if (!b) return 81;
+    memcpy(R[rank].ip[0], tally__boot_peers(b)[0].ip, 64);
+    int rc = tally__boot_barrier(b) ? 82 : 0;
+    tally__boot_free(b);
+    return rc;
+}
+
+static void test_bind(int wildcard) {
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    memset(BIND_SEEN, 0, 16);
+    th_opts o = {.child_env = wildcard ? env_bind_any : NULL};
+    TH_CHECK(th_run(2, &o, fn_bind, NULL) == 0, "bind (wildcard %d): rendezvous failed: %s / %s", wildcard, R[0].msg,
+             R[1].msg);
+    const char *want = wildcard ? "00000000" : "0100007F";
+    TH_CHECK(!strcmp(BIND_SEEN[0], want), "bind: rank 0 listened on %s, expected %s (%s)", BIND_SEEN[0], want,
+             wildcard ? "TALLY_BIND=0.0.0.0" : "TALLY_ADDR=127.0.0.1:port, no TALLY_BIND");
+    /* The table names an address peers can reach, never the wildcard. */
+    for (int r = 0; r < 2; r++)
+        TH_CHECK(!strcmp(R[r].ip[0], "127.0.0.1"), "bind: rank %d has rank 0's address as '%s'", r, R[r].ip[0]);
+}
+
+/* What the launcher gives its ranks when nothing is set: a loopback address. */
+static void test_launcher_addr(void) {
+    const char *bin = getenv("TALLY_BIN");
+    if (!bin) {
+        printf("test_boot: TALLY_BIN is not set (run through ctest): launcher address not checked\n");
+        return;
+    }
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "env -u TALLY_ADDR -u TALLY_BIND '%s' run -n 1 -- printenv TALLY_ADDR", bin);
+    int rc = th_shell(cmd, 30, out, sizeof out);
+    const char *addr = strstr(out, "] ") ? strstr(out, "] ") + 2 : out; /* output may come as "[0] line" */
+    TH_CHECK(rc == 0 && !strncmp(addr, "127.0.0.1:", 10), "tally run: TALLY_ADDR is '%s' (rc %d), expected "
+             "127.0.0.1:port", out, rc);
+}
+
 /* ---- monitor ---- */
 
 typedef struct mon_arg {
@@ -374,6 +637,25 @@ static void test_env_tally(void) {
     ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_TOKEN=t"), "export TALLY_ADDR=");
     ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5"), "TALLY_TOKEN is not set");
     ENV_ERR(E("HOME=/"), "set TALLY_RANK and TALLY_WORLD_SIZE");
+    ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t"),
+           e->boot_timeout_s == 0 && e->bind[0] == '\0', "no TALLY_BOOT_TIMEOUT, no TALLY_BIND");
+    ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=2.5"),
+           e->boot_timeout_s == 2.5, "TALLY_BOOT_TIMEOUT parsed");
+    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=soon"),
+            "TALLY_BOOT_TIMEOUT='soon'");
+    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=0"),
+            "TALLY_BOOT_TIMEOUT='0'");
+    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=1", "TALLY_BOOT_TIMEOUT=-3"), "TALLY_BOOT_TIMEOUT='-3'");
+    ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=0.0.0.0"),
+           !strcmp(e->bind, "0.0.0.0") && !strcmp(e->host, "h"), "TALLY_BIND=0.0.0.0 parsed, TALLY_ADDR kept");
+    ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=::"),
+           !strcmp(e->bind, "::"), "TALLY_BIND=:: parsed");
+    ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=[fe80::1]"),
+           !strcmp(e->bind, "fe80::1"), "TALLY_BIND=[v6] parsed");
+    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=0.0.0.0:5"),
+            "TALLY_BIND='0.0.0.0:5' has a port");
+    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=[]"),
+            "TALLY_BIND='[]' is not an address");
     static char longtok[300] = "TALLY_TOKEN=";
     memset(longtok + 12, 'x', 280);
     ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", longtok), "TALLY_TOKEN is 280 bytes");
@@ -450,6 +732,8 @@ static int fn_single(int rank, int size, void *arg) {
 
 int main(void) {
     R = th_shared_alloc(sizeof *R * TH_MAX_RANKS);
+    FG = th_shared_alloc(sizeof *FG * FORGE_CASES);
+    BIND_SEEN = th_shared_alloc(16);
     srand((unsigned)getpid());
     test_env_tally();
     test_env_launchers();
@@ -457,15 +741,25 @@ int main(void) {
     int sizes[] = {1, 2, 3, 5, 8};
     for (int i = 0; i < 5; i++) test_rendezvous(sizes[i], 0);
     test_rendezvous(3, 1);
+    test_bind(0);
+    test_bind(1);
+    test_launcher_addr();
     test_strangers();
+    test_stallers();
+    test_forged();
     test_bad_token();
     test_dup_rank();
     test_bad_size();
+    test_missing(4, 3, -1);
+    test_missing(4, 3, 0); /* rank 0 starts 1 s after the others: they still hear its verdict */
+    test_missing(3, 0, -1);
     run_monitor(4, 3, 0);
     run_monitor(4, 0, 0);
     run_monitor(4, 2, 1);
     run_monitor(5, -1, 2);
     run_monitor(3, 2, 3);
     th_shared_free(R, sizeof *R * TH_MAX_RANKS);
+    th_shared_free(FG, sizeof *FG * FORGE_CASES);
+    th_shared_free(BIND_SEEN, 16);
     return th_verdict("test_boot");
 }

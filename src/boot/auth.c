@@ -9,6 +9,8 @@
 #include "boot.h"
 #include "net.h"
 
+_Static_assert(TALLY__AUTH_REPLY == 2 * TALLY__AUTH_IN, "the reply is the acceptor's nonce and its proof");
+
 /* Wire protocol (all fixed lengths, so nothing needs parsing):
  *   connector -> acceptor : nc[32]                      fresh nonce
  *   acceptor  -> connector: na[32] macA[32]              macA = H(token, label | role | 'A' | nc | na)
@@ -17,8 +19,8 @@
  * The direction letter stops a reflected proof; both nonces make every proof fresh; the role keeps a
  * proof for one kind of connection from being replayed on another. The verdict byte lets a refused
  * connector say "wrong token" instead of "connection closed". */
-#define AUTH_NONCE 32
-#define AUTH_MAC 32
+#define AUTH_NONCE TALLY__AUTH_IN
+#define AUTH_MAC TALLY__AUTH_PROOF
 #define AUTH_ROLE_MAX 32
 #define AUTH_LABEL "tally-auth-v1"
 
@@ -55,17 +57,30 @@ static int auth_io_err(int rc, int fd, const char *role) {
     return tally__seterr(TALLY_E_SYSTEM, "authentication (%s) with %s failed: socket error", role, peer);
 }
 
+int tally__auth_accept_begin(tally__auth_acc *a, const void *token, size_t token_len, const char *role,
+                             const unsigned char nonce[TALLY__AUTH_IN]) {
+    memset(a, 0, sizeof *a);
+    if (RAND_bytes(a->reply, AUTH_NONCE) != 1 ||
+        auth_mac(token, token_len, role, 'A', nonce, a->reply, a->reply + AUTH_NONCE) ||
+        auth_mac(token, token_len, role, 'C', nonce, a->reply, a->expect))
+        return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL RAND_bytes/HMAC failed", role);
+    return 0;
+}
+
+int tally__auth_accept_check(const tally__auth_acc *a, const unsigned char proof[TALLY__AUTH_PROOF]) {
+    return CRYPTO_memcmp(proof, a->expect, AUTH_MAC) == 0; /* constant time: no timing oracle */
+}
+
 int tally__auth_accept(int fd, const void *token, size_t token_len, const char *role, uint64_t deadline) {
-    unsigned char nc[AUTH_NONCE], out[AUTH_NONCE + AUTH_MAC], proof[AUTH_MAC], expect[AUTH_MAC];
+    unsigned char nc[AUTH_NONCE], proof[AUTH_MAC];
+    tally__auth_acc a;
     int rc = tally__net_recv_all(fd, nc, sizeof nc, deadline);
     if (rc) return auth_io_err(rc, fd, role);
-    if (RAND_bytes(out, AUTH_NONCE) != 1 || auth_mac(token, token_len, role, 'A', nc, out, out + AUTH_NONCE) ||
-        auth_mac(token, token_len, role, 'C', nc, out, expect))
-        return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL RAND_bytes/HMAC failed", role);
-    if ((rc = tally__net_send_all(fd, out, sizeof out, deadline)) ||
+    if ((rc = tally__auth_accept_begin(&a, token, token_len, role, nc))) return rc;
+    if ((rc = tally__net_send_all(fd, a.reply, sizeof a.reply, deadline)) ||
         (rc = tally__net_recv_all(fd, proof, sizeof proof, deadline)))
         return auth_io_err(rc, fd, role);
-    unsigned char ok = CRYPTO_memcmp(proof, expect, AUTH_MAC) == 0; /* constant time: no timing oracle */
+    unsigned char ok = (unsigned char)tally__auth_accept_check(&a, proof);
     rc = tally__net_send_all(fd, &ok, 1, deadline);
     if (!ok) {
         char peer[TALLY__NET_ADDRSTR];

@@ -2,6 +2,7 @@
  * checks who they are, and sends everyone the peer table; then bootstrap bcast/allgather/barrier. */
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,13 +16,11 @@
 #include "boot_int.h"
 #include "net.h"
 
-#define HELLO_MAGIC 0x544c5948u /* "TLYH" */
-#define BOOT_VERSION 1u
-#define HELLO_LEN 160       /* magic, version, rank, size, pid, 0, hostid u64, hostname[64], ip[64] */
 #define PEER_LEN 144        /* pid, 0, hostid u64, ip[64], hostname[64] */
 #define PEND_MAX 64         /* accepted connections still authenticating */
 #define HANDSHAKE_S 5.0     /* a legitimate peer answers in microseconds; a silent stranger gets this long */
-#define TABLE_GRACE_S 5.0   /* connectors wait this much past their timeout so rank 0's verdict arrives first */
+#define R0_LOG_MAX 10       /* refused connections logged one by one; past that, counted */
+#define TABLE_GRACE_S 5.0   /* connectors wait this much past rank 0's limit so its verdict arrives first */
 
 /* The thread's current message, copied: tally__seterr cannot take its own buffer as an argument. */
 static const char *boot_prev(char prev[1024]) {
@@ -91,19 +90,68 @@ static void boot_hello_put(unsigned char *o, const tally__boot *b) {
 
 /* ---- rank 0: accepting and checking the others ---- */
 
+/* Rank 0 serves every connection at once, each one a small state machine fed by poll(): a stranger
+ * that sends nothing, or part of a handshake, holds a slot until HANDSHAKE_S and never delays a rank. */
+enum { P_NONCE, P_PROOF, P_HDR, P_HELLO }; /* what the connection must send next */
+
+typedef struct r0_pend {
+    int fd;
+    int stage;
+    size_t got;     /* bytes of this stage received */
+    uint64_t until; /* dropped if the handshake is not done by then */
+    tally__auth_acc auth;
+    unsigned char buf[HELLO_LEN]; /* the largest stage */
+    char from[TALLY__NET_ADDRSTR];
+} r0_pend;
+
 typedef struct r0_state {
     int lfd;
-    int pend[PEND_MAX];
+    r0_pend *pend; /* [PEND_MAX], oldest first */
     int npend;
     int joined;
+    int refused;        /* connections turned away (logged up to R0_LOG_MAX) */
     struct pollfd *pfd; /* [1 + PEND_MAX + size] */
     int *who;           /* rank of each ctl entry in pfd */
     char addr[TALLY__NET_ADDRSTR + 256];
 } r0_state;
 
-/* Refuses one connection: tells the process why (it gets `code` and the text), logs it, closes it. */
-static void r0_refuse(int fd, const char *from, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void r0_refuse(int fd, const char *from, int code, const char *fmt, ...) {
+static const size_t stage_len[] = {[P_NONCE] = TALLY__AUTH_IN, [P_PROOF] = TALLY__AUTH_PROOF, [P_HDR] = CTL_HDR,
+                                   [P_HELLO] = HELLO_LEN};
+static const char *const stage_name[] = {[P_NONCE] = "its nonce", [P_PROOF] = "its proof of the token",
+                                         [P_HDR] = "a frame header", [P_HELLO] = "its hello"};
+
+/* Logs one turned-away connection; a flood is counted, not logged line by line. */
+static void r0_note(r0_state *s, const char *from, const char *why) {
+    if (++s->refused <= R0_LOG_MAX)
+        tally__log_warn("refused a connection from %s: %s; still waiting for the other ranks", from, why);
+    if (s->refused == R0_LOG_MAX)
+        tally__log_warn("further refused connections are counted, not logged one by one");
+}
+
+static void r0_drop(r0_state *s, r0_pend *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void r0_drop(r0_state *s, r0_pend *p, const char *fmt, ...) {
+    char why[CTL_MSG_MAX + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    r0_note(s, p->from, why);
+    close(p->fd);
+    p->fd = -1;
+}
+
+/* Sends a short answer at once: a fresh socket's buffer always has room for it, so a peer that leaves
+ * no room is not one of ours and is not waited for. */
+static int r0_put(int fd, const void *buf, size_t len) {
+    ssize_t k;
+    do k = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (k < 0 && errno == EINTR);
+    return k == (ssize_t)len ? 0 : -1;
+}
+
+/* Refuses an authenticated connection: tells the process why (`code` and the text), then drops it. */
+static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) {
     char msg[CTL_MSG_MAX + 1];
     va_list ap;
     va_start(ap, fmt);
@@ -113,82 +161,117 @@ static void r0_refuse(int fd, const char *from, int code, const char *fmt, ...) 
     size_t ml = strlen(msg);
     tally__ctl_hdr_put(buf, CTL_REFUSE, (uint32_t)-code, (uint32_t)ml);
     memcpy(buf + CTL_HDR, msg, ml);
-    (void)tally__net_send_all(fd, buf, CTL_HDR + ml, tally__deadline(1.0));
-    tally__log_warn("refused a connection from %s: %s; still waiting for the other ranks", from, msg);
-    close(fd);
+    (void)r0_put(p->fd, buf, CTL_HDR + ml);
+    r0_drop(s, p, "%s", msg);
 }
 
-/* Checks a hello; on success the connection becomes rank k's control connection. */
-static int r0_hello(tally__boot *b, int fd, const char *from, const unsigned char *h) {
+/* Checks a hello; on success the connection becomes rank k's control connection. 1 joined, -1 refused. */
+static int r0_hello(tally__boot *b, r0_state *s, r0_pend *p) {
+    const unsigned char *h = p->buf;
     uint32_t magic = ctl_get32(h), version = ctl_get32(h + 4);
     int rank = (int32_t)ctl_get32(h + 8), size = (int32_t)ctl_get32(h + 12), pid = (int32_t)ctl_get32(h + 16);
     if (magic != HELLO_MAGIC || version != BOOT_VERSION)
-        return r0_refuse(fd, from, TALLY_E_PROTOCOL,
-                         "it speaks rendezvous protocol %u (magic %08x), rank 0 speaks %u: every rank must run the "
-                         "same tally version", version, magic, BOOT_VERSION), -1;
+        return r0_refuse(s, p, TALLY_E_PROTOCOL,
+                         "it speaks rendezvous protocol %u (hello magic %08x), rank 0 speaks %u (magic %08x): every "
+                         "rank must run the same tally version", version, magic, BOOT_VERSION, HELLO_MAGIC), -1;
     if (!boot_str_ok(h + 32, 64) || !boot_str_ok(h + 96, 64))
-        return r0_refuse(fd, from, TALLY_E_PROTOCOL, "its hello has a malformed host name or address"), -1;
+        return r0_refuse(s, p, TALLY_E_PROTOCOL, "its hello has a malformed host name or address"), -1;
     if (size != b->size)
-        return r0_refuse(fd, from, TALLY_E_BOOT,
+        return r0_refuse(s, p, TALLY_E_BOOT,
                          "it (rank %d, pid %d) says the world size is %d but rank 0 has %d: every rank must be "
                          "started with the same world size (TALLY_WORLD_SIZE or the launcher's)",
                          rank, pid, size, b->size), -1;
     if (rank <= 0 || rank >= b->size)
-        return r0_refuse(fd, from, TALLY_E_BOOT,
+        return r0_refuse(s, p, TALLY_E_BOOT,
                          "it (pid %d) claims rank %d, which is not in 1..%d (rank 0 is this process): check "
                          "TALLY_RANK or the launcher's rank variable", pid, rank, b->size - 1), -1;
     if (b->ctl[rank] >= 0)
-        return r0_refuse(fd, from, TALLY_E_BOOT,
+        return r0_refuse(s, p, TALLY_E_BOOT,
                          "it (pid %d on host %s) claims rank %d, which pid %d on host %s already holds: two "
                          "processes have the same rank (check TALLY_RANK or the launcher)",
                          pid, (const char *)h + 32, rank, b->peers[rank].pid, b->peers[rank].hostname), -1;
-    tally__peer *p = &b->peers[rank];
-    p->pid = pid;
-    p->hostid = ctl_get64(h + 24);
-    memcpy(p->hostname, h + 32, 64);
-    memcpy(p->ip, h + 96, 64);
-    b->ctl[rank] = fd;
-    tally__log_debug(2, "rank %d joined from %s (pid %d on %s)", rank, from, pid, p->hostname);
-    return rank;
-}
-
-/* Authenticates a pending connection and reads its hello. Returns 1 if a rank joined. */
-static int r0_handshake(tally__boot *b, int fd, uint64_t deadline) {
-    char from[TALLY__NET_ADDRSTR];
-    tally__net_peer_str(fd, from, sizeof from);
-    uint64_t hs = tally__deadline(HANDSHAKE_S);
-    if (hs > deadline) hs = deadline;
-    int rc = tally__auth_accept(fd, b->token, b->token_len, "ctl", hs);
-    if (rc) {
-        if (rc == TALLY_E_AUTH)
-            tally__log_warn("refused a connection from %s: wrong TALLY_TOKEN or not a tally process (its proof does not match rank 0's "
-                            "token); still waiting for the other ranks", from);
-        else
-            tally__log_warn("dropped a connection from %s before it authenticated (%s): not a tally rank?", from,
-                            tally_last_error());
-        close(fd);
-        return 0;
-    }
-    ctl_frame f;
-    unsigned char h[HELLO_LEN];
-    rc = tally__ctl_recv_hdr(fd, &f, hs);
-    if (!rc && (f.type != CTL_HELLO || f.len != HELLO_LEN)) rc = TALLY_E_PROTOCOL;
-    if (!rc) rc = tally__net_recv_all(fd, h, sizeof h, hs);
-    if (rc) {
-        r0_refuse(fd, from, TALLY_E_PROTOCOL, "no valid hello after authentication (%s)", tally_strerror(rc));
-        return 0;
-    }
-    if (r0_hello(b, fd, from, h) < 0) return 0;
+    tally__peer *q = &b->peers[rank];
+    q->pid = pid;
+    q->hostid = ctl_get64(h + 24);
+    memcpy(q->hostname, h + 32, 64);
+    memcpy(q->ip, h + 96, 64);
+    b->ctl[rank] = p->fd;
+    p->fd = -1;
     if (!b->peers[0].ip[0] || !strcmp(b->peers[0].ip, "0.0.0.0") || !strcmp(b->peers[0].ip, "::"))
-        tally__net_local_ip(fd, b->peers[0].ip, sizeof b->peers[0].ip); /* wildcard bind: name a real one */
+        tally__net_local_ip(b->ctl[rank], b->peers[0].ip, sizeof b->peers[0].ip); /* wildcard bind: name a real one */
+    tally__log_debug(2, "rank %d joined from %s (pid %d on %s)", rank, p->from, pid, q->hostname);
     return 1;
 }
 
-/* Fills the poll set: listener (unless the pending list is full), pending, joined ranks. */
+/* Reads what the current stage still lacks, without waiting. 1 complete, 0 not yet, -1 closed/failed. */
+static int r0_fill(r0_pend *p) {
+    size_t need = stage_len[p->stage];
+    while (p->got < need) {
+        ssize_t n = recv(p->fd, p->buf + p->got, need - p->got, MSG_DONTWAIT);
+        if (n > 0) {
+            p->got += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        return -1;
+    }
+    return 1;
+}
+
+/* Completes one stage. 0 on to the next, 1 joined, -1 dropped. */
+static int r0_stage(tally__boot *b, r0_state *s, r0_pend *p) {
+    ctl_frame f;
+    unsigned char ok;
+    switch (p->stage) {
+    case P_NONCE:
+        if (tally__auth_accept_begin(&p->auth, b->token, b->token_len, "ctl", p->buf) ||
+            r0_put(p->fd, p->auth.reply, sizeof p->auth.reply))
+            return r0_drop(s, p, "could not answer its handshake (%s)", tally_last_error()), -1;
+        break;
+    case P_PROOF:
+        ok = (unsigned char)tally__auth_accept_check(&p->auth, p->buf);
+        if (r0_put(p->fd, &ok, 1) || !ok)
+            return r0_drop(s, p, "wrong TALLY_TOKEN or not a tally process (its proof does not match rank 0's "
+                                 "token)"), -1;
+        break;
+    case P_HDR:
+        if (tally__ctl_hdr_get(p->buf, &f) || f.type != CTL_HELLO || f.len != HELLO_LEN)
+            return r0_refuse(s, p, TALLY_E_PROTOCOL,
+                             "its first frame after authentication is not a hello (magic %08x, type %u, length %u; "
+                             "rank 0 expects %08x, %d, %d): every rank must run the same tally version",
+                             ctl_get32(p->buf), p->buf[4], ctl_get32(p->buf + 12), CTL_MAGIC, CTL_HELLO, HELLO_LEN), -1;
+        break;
+    case P_HELLO:
+        return r0_hello(b, s, p);
+    }
+    p->stage++;
+    p->got = 0;
+    return 0;
+}
+
+/* Advances a connection as far as the bytes that arrived allow. 1 joined, 0 pending, -1 dropped. */
+static int r0_advance(tally__boot *b, r0_state *s, r0_pend *p) {
+    for (;;) {
+        int rc = r0_fill(p);
+        if (rc == 0) return 0;
+        if (rc < 0) {
+            if (p->stage == P_NONCE && p->got == 0)
+                r0_drop(s, p, "it closed without a byte of the handshake (a port probe?)");
+            else
+                r0_drop(s, p, "it closed the connection after %zu bytes of %s (not a tally rank?)", p->got,
+                        stage_name[p->stage]);
+            return -1;
+        }
+        if ((rc = r0_stage(b, s, p))) return rc;
+    }
+}
+
+/* Fills the poll set: listener, pending, joined ranks. */
 static int r0_pollset(tally__boot *b, r0_state *s) {
     int n = 0;
     s->pfd[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
-    for (int i = 0; i < s->npend; i++) s->pfd[n++] = (struct pollfd){.fd = s->pend[i], .events = POLLIN};
+    for (int i = 0; i < s->npend; i++) s->pfd[n++] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
     for (int k = 1; k < b->size; k++)
         if (b->ctl[k] >= 0) {
             s->who[n] = k;
@@ -200,21 +283,37 @@ static int r0_pollset(tally__boot *b, r0_state *s) {
 static void r0_accept(r0_state *s) {
     for (;;) {
         int fd;
-        if (tally__net_accept(s->lfd, &fd) != 0 || fd < 0) return;
-        if (s->npend == PEND_MAX) { /* the longest-silent one is the likeliest stranger */
-            close(s->pend[0]);
+        if (tally__net_accept(s->lfd, &fd) != 0) { /* e.g. out of descriptors: let pending ones finish, not spin */
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+            return;
+        }
+        if (fd < 0) return;
+        if (s->npend == PEND_MAX) { /* the oldest has had the longest to prove itself */
+            r0_drop(s, &s->pend[0], "%d connections were authenticating at once; the oldest gave way", PEND_MAX);
             memmove(s->pend, s->pend + 1, sizeof s->pend[0] * (PEND_MAX - 1));
             s->npend--;
         }
-        s->pend[s->npend++] = fd;
+        r0_pend *p = &s->pend[s->npend++];
+        p->fd = fd;
+        p->stage = P_NONCE;
+        p->got = 0;
+        p->until = tally__deadline(HANDSHAKE_S);
+        tally__net_peer_str(fd, p->from, sizeof p->from);
     }
+}
+
+/* When poll must return: the rendezvous deadline, or the first pending handshake to expire. */
+static uint64_t r0_wake(const r0_state *s, uint64_t deadline) {
+    for (int i = 0; i < s->npend; i++)
+        if (s->pend[i].until < deadline) deadline = s->pend[i].until;
+    return deadline;
 }
 
 /* One round: waits for activity and handles it. */
 static void r0_round(tally__boot *b, r0_state *s, uint64_t deadline) {
     int n = r0_pollset(b, s);
-    int rc = poll(s->pfd, (nfds_t)n, tally__net_poll_ms(deadline));
-    if (rc <= 0) return;
+    if (poll(s->pfd, (nfds_t)n, tally__net_poll_ms(r0_wake(s, deadline))) < 0) return; /* EINTR: next round */
     /* A joined rank has nothing to say before the table: readable means it died or misbehaves. */
     for (int i = 1 + s->npend; i < n; i++)
         if (s->pfd[i].revents) {
@@ -225,12 +324,19 @@ static void r0_round(tally__boot *b, r0_state *s, uint64_t deadline) {
             b->ctl[k] = -1;
             s->joined--;
         }
+    uint64_t now = tally__now_ns();
     int keep = 0;
     for (int i = 0; i < s->npend; i++) {
-        if (s->pfd[1 + i].revents)
-            s->joined += r0_handshake(b, s->pend[i], deadline); /* closes it unless it joined */
-        else
-            s->pend[keep++] = s->pend[i];
+        r0_pend *p = &s->pend[i];
+        int st = s->pfd[1 + i].revents ? r0_advance(b, s, p) : 0;
+        if (st == 0 && now >= p->until) {
+            r0_drop(s, p, "it sent %zu bytes of %s and then nothing for %g s (not a tally rank?)", p->got,
+                    stage_name[p->stage], HANDSHAKE_S);
+            st = -1;
+        }
+        if (st > 0) s->joined++;
+        if (st == 0 && keep != i) s->pend[keep] = *p;
+        keep += st == 0;
     }
     s->npend = keep;
     if (s->pfd[0].revents) r0_accept(s);
@@ -246,12 +352,15 @@ static int r0_timeout(tally__boot *b, r0_state *s) {
             len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", missing > 1 ? ", " : "", k);
     }
     if (missing > 32) snprintf(list + len, sizeof list - len, ", ...");
+    char refused[96] = "";
+    if (s->refused) snprintf(refused, sizeof refused, "; rank 0 refused %d connection%s: see its log", s->refused,
+                             s->refused == 1 ? "" : "s");
     char msg[1400]; /* sent clamped to CTL_MSG_MAX; a long host name may cut the advice short */
     snprintf(msg, sizeof msg,
              "rendezvous timed out after %g s: rank 0 (listening on %s) is still missing %d of %d ranks: %s. Check "
-             "that they were started, can reach that address, and have the same TALLY_TOKEN (rank 0 logs refused "
-             "connections); raise TALLY_TIMEOUT if they start slowly",
-             b->timeout_s, s->addr, missing, b->size, list);
+             "that they were started, can reach that address, and have the same TALLY_TOKEN%s. Raise "
+             "TALLY_BOOT_TIMEOUT (default: TALLY_TIMEOUT) if they start slowly",
+             b->rdv_timeout_s, s->addr, missing, b->size, list, refused);
     uint64_t dl = tally__deadline(1.0);
     for (int k = 1; k < b->size; k++)
         if (b->ctl[k] >= 0)
@@ -279,17 +388,31 @@ static int r0_send_table(tally__boot *b) {
     return rc;
 }
 
+static void r0_free(r0_state *s) {
+    for (int i = 0; i < s->npend; i++) close(s->pend[i].fd);
+    if (s->refused > R0_LOG_MAX) tally__log_warn("refused %d connections in all during the rendezvous", s->refused);
+    if (s->lfd >= 0) close(s->lfd); /* a later communicator of this job can listen on the same port */
+    free(s->pend);
+    free(s->pfd);
+    free(s->who);
+}
+
 static int r0_rendezvous(tally__boot *b, const tally__boot_env *env, uint64_t deadline) {
     r0_state s = {.lfd = -1};
-    tally__net_fmt_addr(env->host, env->port, s.addr, sizeof s.addr);
-    int rc = tally__net_listen(env->host, env->port, SOMAXCONN, &s.lfd);
+    const char *host = env->bind[0] ? env->bind : env->host; /* never a wildcard unless one was given */
+    tally__net_fmt_addr(host, env->port, s.addr, sizeof s.addr);
+    int rc = tally__net_listen(host, env->port, SOMAXCONN, &s.lfd);
     char prev[1024];
-    if (rc) return tally__seterr(rc, "rank 0 %s (environment: %s)", boot_prev(prev), env->source);
+    if (rc)
+        return tally__seterr(rc, "rank 0 %s (environment: %s%s)", boot_prev(prev), env->source,
+                             env->bind[0] ? ", address from TALLY_BIND" : "");
     tally__net_local_ip(s.lfd, b->peers[0].ip, sizeof b->peers[0].ip);
-    tally__log_debug(1, "rank 0 listening on %s for %d ranks", s.addr, b->size - 1);
+    tally__log_debug(1, "rank 0 listening on %s%s for %d ranks", s.addr, env->bind[0] ? " (TALLY_BIND)" : "",
+                     b->size - 1);
+    s.pend = calloc(PEND_MAX, sizeof *s.pend);
     s.pfd = calloc((size_t)(1 + PEND_MAX + b->size), sizeof *s.pfd);
     s.who = calloc((size_t)(1 + PEND_MAX + b->size), sizeof *s.who);
-    if (!s.pfd || !s.who) rc = tally__seterr(TALLY_E_NOMEM, "rank 0: out of memory in the rendezvous");
+    if (!s.pend || !s.pfd || !s.who) rc = tally__seterr(TALLY_E_NOMEM, "rank 0: out of memory in the rendezvous");
     while (!rc && s.joined < b->size - 1) {
         if (tally__now_ns() >= deadline) {
             rc = r0_timeout(b, &s);
@@ -297,10 +420,7 @@ static int r0_rendezvous(tally__boot *b, const tally__boot_env *env, uint64_t de
         }
         r0_round(b, &s, deadline);
     }
-    for (int i = 0; i < s.npend; i++) close(s.pend[i]);
-    close(s.lfd); /* a later communicator of this job can listen on the same port */
-    free(s.pfd);
-    free(s.who);
+    r0_free(&s);
     return rc ? rc : r0_send_table(b);
 }
 
@@ -320,9 +440,10 @@ static int rk_connect(tally__boot *b, const tally__boot_env *env, const char *ad
     for (;;) {
         int rc = tally__net_connect(env->host, env->port, deadline, fd);
         if (rc == TALLY_E_TIMEOUT)
-            return tally__seterr(rc, "rank %d could not reach rank 0 at %s (from %s) within %g s: %s. Check that rank "
-                                 "0 started and that the address and port are right and not firewalled",
-                                 b->rank, addr, env->source, b->timeout_s, boot_prev(prev));
+            return tally__seterr(rc, "rank %d could not reach rank 0 at %s (from %s) within %g s: %s. Rank 0 is "
+                                 "missing: check that it started, that the address and port are right and not "
+                                 "firewalled; raise TALLY_BOOT_TIMEOUT (default: TALLY_TIMEOUT) if it starts slowly",
+                                 b->rank, addr, env->source, b->rdv_timeout_s, boot_prev(prev));
         if (rc) return tally__seterr(rc, "rank %d: %s (environment: %s)", b->rank, boot_prev(prev), env->source);
         rc = tally__auth_connect(*fd, b->token, b->token_len, "ctl", deadline);
         if (rc == 0) return 0;
@@ -338,12 +459,16 @@ static int rk_connect(tally__boot *b, const tally__boot_env *env, const char *ad
     }
 }
 
-static int rk_refused(tally__boot *b, int fd, const ctl_frame *f, uint64_t deadline) {
+static int rk_refused(tally__boot *b, int fd, const ctl_frame *f, const char *addr, uint64_t deadline) {
     char msg[CTL_MSG_MAX + 1];
     int code = -(int32_t)f->aux;
-    if (f->len > CTL_MSG_MAX || code >= 0 || code < -1000) return TALLY_E_PROTOCOL;
+    if (f->len > CTL_MSG_MAX || code >= 0 || code < -1000)
+        return tally__seterr(TALLY_E_PROTOCOL, "rank %d: rank 0 at %s sent a malformed refusal (code %d, %u bytes): is "
+                             "it the same tally version?", b->rank, addr, code, (unsigned)f->len);
     int rc = tally__net_recv_all(fd, msg, f->len, deadline);
-    if (rc) return rc;
+    if (rc)
+        return tally__seterr(rc, "rank %d: rank 0 at %s refused this process but its reason did not arrive (%s)",
+                             b->rank, addr, tally_strerror(rc));
     msg[f->len] = '\0';
     if (code == TALLY_E_TIMEOUT) return tally__seterr(code, "rank %d: %s", b->rank, msg);
     return tally__seterr(code, "rank %d: rank 0 refused this process: %s", b->rank, msg);
@@ -367,20 +492,25 @@ static int rk_rendezvous(tally__boot *b, const tally__boot_env *env, uint64_t de
     tally__net_fmt_addr(env->host, env->port, addr, sizeof addr);
     int rc = rk_connect(b, env, addr, deadline, &fd);
     if (rc) return rc;
+    /* Rank 0 listened before we joined, so its own limit ends at most rdv_timeout_s from now: wait that
+     * long (plus a grace) for its verdict even when our deadline is nearer, so a rank that started
+     * earlier still learns which ranks are missing. */
+    uint64_t verdict_by = tally__deadline(b->rdv_timeout_s);
+    if (verdict_by < deadline) verdict_by = deadline;
     b->ctl[0] = fd;
     tally__net_local_ip(fd, b->peers[b->rank].ip, sizeof b->peers[b->rank].ip);
     unsigned char h[HELLO_LEN];
     boot_hello_put(h, b);
-    rc = tally__ctl_send(b, 0, CTL_HELLO, 0, h, sizeof h, deadline);
-    /* Rank 0 answers once every rank joined, or with its verdict when its own timeout expires. */
-    uint64_t dl2 = deadline + (uint64_t)(TABLE_GRACE_S * 1e9);
+    rc = tally__ctl_send(b, 0, CTL_HELLO, 0, h, sizeof h, verdict_by);
+    /* Rank 0 answers once every rank joined, or with its verdict when its own limit expires. */
+    uint64_t dl2 = verdict_by + (uint64_t)(TABLE_GRACE_S * 1e9);
     ctl_frame f;
     if (!rc) rc = tally__ctl_recv_hdr(fd, &f, dl2);
-    if (!rc && f.type == CTL_REFUSE) return rk_refused(b, fd, &f, dl2);
+    if (!rc && f.type == CTL_REFUSE) return rk_refused(b, fd, &f, addr, dl2);
     if (!rc) rc = f.type == CTL_TABLE ? rk_table(b, fd, &f, dl2) : TALLY_E_PROTOCOL;
     if (rc == TALLY_E_TIMEOUT)
-        return tally__seterr(rc, "rank %d: rank 0 at %s did not send the peer table within %g s: other ranks did "
-                             "not join (see rank 0's output)", b->rank, addr, b->timeout_s);
+        return tally__seterr(rc, "rank %d: rank 0 at %s sent neither the peer table nor its verdict within %g s of "
+                             "our joining: it is hung (see its output)", b->rank, addr, b->rdv_timeout_s + TABLE_GRACE_S);
     if (rc == TALLY_E_PEER_LOST)
         return tally__seterr(rc, "rank %d: rank 0 at %s closed the connection during the rendezvous: it failed or "
                              "exited; check its output", b->rank, addr);
@@ -512,6 +642,7 @@ static tally__boot *boot_alloc(const tally__boot_env *env, tally__fault *fault, 
     b->size = env->size;
     b->fault = fault;
     b->timeout_s = timeout_s;
+    b->rdv_timeout_s = env->boot_timeout_s > 0 ? env->boot_timeout_s : timeout_s;
     b->stop_fd = -1;
     b->peers = calloc((size_t)env->size, sizeof *b->peers);
     b->ctl = malloc((size_t)env->size * sizeof *b->ctl);
@@ -540,7 +671,7 @@ int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault
     if (b->size == 1) {
         snprintf(b->peers[0].ip, sizeof b->peers[0].ip, "127.0.0.1");
     } else {
-        uint64_t deadline = tally__deadline(timeout_s);
+        uint64_t deadline = tally__deadline(b->rdv_timeout_s);
         int rc = b->rank == 0 ? r0_rendezvous(b, env, deadline) : rk_rendezvous(b, env, deadline);
         if (rc) {
             boot_close(b);

@@ -19,6 +19,8 @@ typedef struct tally__boot_env {
     size_t token_len;
     const char *source; /* "TALLY", "Open MPI", "PMI", "Slurm", "torchrun" */
     int token_derived;  /* 1: no TALLY_TOKEN, token derived from the launcher's job id (not secret) */
+    char bind[256];     /* TALLY_BIND: where rank 0 listens instead of `host` ("" = host itself) */
+    double boot_timeout_s; /* TALLY_BOOT_TIMEOUT: limit of the rendezvous; 0 = the timeout boot_init gets */
 } tally__boot_env;
 
 /* Reads the environment. TALLY_E_BOOT with a message naming the missing variable when incomplete. */
@@ -34,9 +36,14 @@ typedef struct tally__peer {
 
 typedef struct tally__boot tally__boot;
 
-/* Rendezvous with every rank: rank 0 listens on the address, the others connect (retrying until the
- * timeout), each proves the token (HMAC-SHA256 challenge, constant-time compare) before anything else
- * is parsed, and all receive the peer table. The fault record gets its propagate hook. */
+/* Rendezvous with every rank: rank 0 listens on the address (env->bind when set, else env->host: never
+ * all interfaces unless one of them names a wildcard), the others connect (retrying until the limit),
+ * each proves the token (HMAC-SHA256 challenge, constant-time compare) before anything else is parsed,
+ * and all receive the peer table. Rank 0 serves every connection without blocking on any: a stranger
+ * that sends nothing or part of a handshake costs no real rank any time. The rendezvous is bounded by
+ * env->boot_timeout_s (when > 0) or timeout_s; when it expires, every rank that joined fails with
+ * TALLY_E_TIMEOUT naming the missing ranks. timeout_s also bounds the bootstrap collectives. The fault
+ * record gets its propagate hook. */
 int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault *fault, double timeout_s);
 int tally__boot_rank(const tally__boot *b);
 int tally__boot_size(const tally__boot *b);
@@ -64,5 +71,20 @@ void tally__boot_free(tally__boot *b);
  * deadline (tally__now_ns units). TALLY_E_AUTH on a wrong token. */
 int tally__auth_accept(int fd, const void *token, size_t token_len, const char *role, uint64_t deadline);
 int tally__auth_connect(int fd, const void *token, size_t token_len, const char *role, uint64_t deadline);
+
+/* The acceptor's side in steps, for a listener that serves many connections without blocking on any
+ * one of them: read TALLY__AUTH_IN bytes, call begin, send a->reply; read TALLY__AUTH_PROOF bytes,
+ * call check, send the verdict byte (1 accepted, 0 refused). tally__auth_accept is these steps. */
+#define TALLY__AUTH_IN 32    /* connector's nonce */
+#define TALLY__AUTH_REPLY 64 /* acceptor's nonce and proof */
+#define TALLY__AUTH_PROOF 32 /* connector's proof */
+typedef struct tally__auth_acc {
+    unsigned char reply[TALLY__AUTH_REPLY];
+    unsigned char expect[TALLY__AUTH_PROOF];
+} tally__auth_acc;
+int tally__auth_accept_begin(tally__auth_acc *a, const void *token, size_t token_len, const char *role,
+                             const unsigned char nonce[TALLY__AUTH_IN]);
+/* 1 when the proof matches (compared in constant time), else 0. */
+int tally__auth_accept_check(const tally__auth_acc *a, const unsigned char proof[TALLY__AUTH_PROOF]);
 
 #endif

@@ -21,6 +21,11 @@ enum {
     CTL_BYE,       /* clean goodbye: the close that follows is not a death */
     CTL_TYPE_MAX
 };
+/* The CTL_HELLO payload, fixed layout (network byte order):
+ *   magic u32 | version u32 | rank i32 | size i32 | pid i32 | 0 u32 | hostid u64 | hostname[64] | ip[64] */
+#define HELLO_MAGIC 0x544c5948u /* "TLYH" */
+#define BOOT_VERSION 1u
+#define HELLO_LEN 160
 #define CTL_MSG_MAX 767 /* fault/refusal text, as tally__fault.msg without the NUL */
 #define CTL_FAULT_MAX (8 + CTL_MSG_MAX)
 
@@ -32,7 +37,8 @@ typedef struct ctl_frame {
 struct tally__boot {
     int rank, size;
     tally__fault *fault;
-    double timeout_s;
+    double timeout_s;        /* bootstrap collectives (TALLY_TIMEOUT) */
+    double rdv_timeout_s;    /* the rendezvous (TALLY_BOOT_TIMEOUT, else timeout_s) */
     tally__peer *peers;      /* [size] */
     int *ctl;                /* [size]: fd of the control connection to that rank, -1 if none/self */
     char token[TALLY__TOKEN_MAX];

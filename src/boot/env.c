@@ -210,6 +210,41 @@ static int boot_env_token(tally__boot_env *env) {
     return 0;
 }
 
+/* TALLY_BIND: an address without a port (TALLY_ADDR's port is used); "0.0.0.0" or "::" for all
+ * interfaces, which nothing else ever selects. */
+static int boot_env_bind(tally__boot_env *env) {
+    const char *v = tally__env_str("TALLY_BIND");
+    if (!v) return 0;
+    const char *colon = strchr(v, ':');
+    size_t len = strlen(v);
+    if (v[0] == '[' && len > 2 && v[len - 1] == ']') { /* [v6] as in TALLY_ADDR */
+        v++;
+        len -= 2;
+    } else if (colon && !strchr(colon + 1, ':')) {
+        return tally__seterr(TALLY_E_BOOT, "TALLY_BIND='%s' has a port: give only the address rank 0 listens on "
+                                           "(e.g. 0.0.0.0 for every interface); the port is TALLY_ADDR's", v);
+    }
+    if (len == 0 || len >= sizeof env->bind || memchr(v, '[', len) || memchr(v, ']', len))
+        return tally__seterr(TALLY_E_BOOT, "TALLY_BIND='%s' is not an address (e.g. 10.0.0.5, 0.0.0.0, ::)",
+                             tally__env_str("TALLY_BIND"));
+    memcpy(env->bind, v, len);
+    env->bind[len] = '\0';
+    return 0;
+}
+
+/* TALLY_BOOT_TIMEOUT: seconds the rendezvous may take; unset means TALLY_TIMEOUT's value. */
+static int boot_env_timeout(tally__boot_env *env) {
+    const char *v = tally__env_str("TALLY_BOOT_TIMEOUT");
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    double t = strtod(v, &end);
+    if (errno || end == v || *end || !(t > 0) || t > 1e6)
+        return tally__seterr(TALLY_E_BOOT, "TALLY_BOOT_TIMEOUT='%s' is not a number of seconds in (0, 1e6]", v);
+    env->boot_timeout_s = t;
+    return 0;
+}
+
 int tally__boot_env_read(tally__boot_env *env) {
     memset(env, 0, sizeof *env);
     boot_launcher l = boot_detect();
@@ -229,6 +264,7 @@ int tally__boot_env_read(tally__boot_env *env) {
     env->size = (int)size;
     tally__log_debug(1, "rank %d of %d from %s (%s, %s)", env->rank, env->size, env->source,
                      launchers[from].rank_var, launchers[from].size_var);
+    if ((rc = boot_env_timeout(env)) || (rc = boot_env_bind(env))) return rc;
     if (size == 1) { /* a world of one needs no address and no token, but a given one must be valid */
         const char *a = tally__env_str("TALLY_ADDR"), *t = tally__env_str("TALLY_TOKEN");
         if (a && (rc = boot_parse_addr("TALLY_ADDR", a, env))) return rc;

@@ -479,7 +479,10 @@ int tally__boot_allgather(tally__boot *b, const void *mine, void *all, size_t le
     return rc;
 }
 
-int tally__boot_barrier(tally__boot *b) { return tally__boot_allgather(b, NULL, NULL, 0); }
+int tally__boot_barrier(tally__boot *b) {
+    unsigned char none; /* allgather offsets into `all` even for 0 bytes, and NULL + 0 is undefined in C */
+    return tally__boot_allgather(b, NULL, &none, 0);
+}
 
 /* ---- lifetime and accessors ---- */
 

@@ -119,7 +119,7 @@ static void r0_refuse(int fd, const char *from, int code, const char *fmt, ...) 
 }
 
 /* Checks a hello; on success the connection becomes rank k's control connection. */
-static int r0_hello(tally__boot *b, int fd, const char *from, const unsigned char *h) {
+int tally__boot_hello(tally__boot *b, int fd, const char *from, const unsigned char *h) {
     uint32_t magic = ctl_get32(h), version = ctl_get32(h + 4);
     int rank = (int32_t)ctl_get32(h + 8), size = (int32_t)ctl_get32(h + 12), pid = (int32_t)ctl_get32(h + 16);
     if (magic != HELLO_MAGIC || version != BOOT_VERSION)
@@ -178,7 +178,7 @@ static int r0_handshake(tally__boot *b, int fd, uint64_t deadline) {
         r0_refuse(fd, from, TALLY_E_PROTOCOL, "no valid hello after authentication (%s)", tally_strerror(rc));
         return 0;
     }
-    if (r0_hello(b, fd, from, h) < 0) return 0;
+    if (tally__boot_hello(b, fd, from, h) < 0) return 0;
     if (!b->peers[0].ip[0] || !strcmp(b->peers[0].ip, "0.0.0.0") || !strcmp(b->peers[0].ip, "::"))
         tally__net_local_ip(fd, b->peers[0].ip, sizeof b->peers[0].ip); /* wildcard bind: name a real one */
     return 1;

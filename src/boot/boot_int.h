@@ -61,6 +61,10 @@ void tally__ctl_propagate(void *arg, int code, int culprit, const char *msg);
 void tally__ctl_who(const tally__boot *b, int rank, char *buf, size_t n);
 /* Stops and joins the monitor if it runs (free). */
 void tally__ctl_stop_monitor(tally__boot *b);
+/* Rank 0's check of a hello (boot.c; h holds its 160 bytes, read after authentication): returns the
+ * rank it names, whose peer entry and control fd are now set, or -1 after refusing it (the refusal
+ * sent on fd, fd closed). With fd -1 nothing is sent or closed: the frame fuzzer calls it so. */
+int tally__boot_hello(tally__boot *b, int fd, const char *from, const unsigned char *h);
 
 static inline void ctl_put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;

@@ -165,31 +165,45 @@ static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) {
     r0_drop(s, p, "%s", msg);
 }
 
+/* Checks a hello (h holds its HELLO_LEN bytes) against the job: the rank it names, or -1 with the
+ * refusal's code and text in *code and why. Pure, so the frame fuzzer can call it. */
+int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *code, char *why, size_t n) {
+    uint32_t magic = ctl_get32(h), version = ctl_get32(h + 4);
+    int rank = (int32_t)ctl_get32(h + 8), size = (int32_t)ctl_get32(h + 12), pid = (int32_t)ctl_get32(h + 16);
+    *code = magic != HELLO_MAGIC || version != BOOT_VERSION || !boot_str_ok(h + 32, 64) || !boot_str_ok(h + 96, 64)
+                ? TALLY_E_PROTOCOL
+                : TALLY_E_BOOT;
+    if (magic != HELLO_MAGIC || version != BOOT_VERSION)
+        snprintf(why, n,
+                 "it speaks rendezvous protocol %u (hello magic %08x), rank 0 speaks %u (magic %08x): every rank "
+                 "must run the same tally version", version, magic, BOOT_VERSION, HELLO_MAGIC);
+    else if (!boot_str_ok(h + 32, 64) || !boot_str_ok(h + 96, 64))
+        snprintf(why, n, "its hello has a malformed host name or address");
+    else if (size != b->size)
+        snprintf(why, n,
+                 "it (rank %d, pid %d) says the world size is %d but rank 0 has %d: every rank must be started "
+                 "with the same world size (TALLY_WORLD_SIZE or the launcher's)", rank, pid, size, b->size);
+    else if (rank <= 0 || rank >= b->size)
+        snprintf(why, n,
+                 "it (pid %d) claims rank %d, which is not in 1..%d (rank 0 is this process): check TALLY_RANK or "
+                 "the launcher's rank variable", pid, rank, b->size - 1);
+    else if (b->ctl[rank] >= 0)
+        snprintf(why, n,
+                 "it (pid %d on host %s) claims rank %d, which pid %d on host %s already holds: two processes "
+                 "have the same rank (check TALLY_RANK or the launcher)",
+                 pid, (const char *)h + 32, rank, b->peers[rank].pid, b->peers[rank].hostname);
+    else
+        return rank;
+    return -1;
+}
+
 /* Checks a hello; on success the connection becomes rank k's control connection. 1 joined, -1 refused. */
 static int r0_hello(tally__boot *b, r0_state *s, r0_pend *p) {
     const unsigned char *h = p->buf;
-    uint32_t magic = ctl_get32(h), version = ctl_get32(h + 4);
-    int rank = (int32_t)ctl_get32(h + 8), size = (int32_t)ctl_get32(h + 12), pid = (int32_t)ctl_get32(h + 16);
-    if (magic != HELLO_MAGIC || version != BOOT_VERSION)
-        return r0_refuse(s, p, TALLY_E_PROTOCOL,
-                         "it speaks rendezvous protocol %u (hello magic %08x), rank 0 speaks %u (magic %08x): every "
-                         "rank must run the same tally version", version, magic, BOOT_VERSION, HELLO_MAGIC), -1;
-    if (!boot_str_ok(h + 32, 64) || !boot_str_ok(h + 96, 64))
-        return r0_refuse(s, p, TALLY_E_PROTOCOL, "its hello has a malformed host name or address"), -1;
-    if (size != b->size)
-        return r0_refuse(s, p, TALLY_E_BOOT,
-                         "it (rank %d, pid %d) says the world size is %d but rank 0 has %d: every rank must be "
-                         "started with the same world size (TALLY_WORLD_SIZE or the launcher's)",
-                         rank, pid, size, b->size), -1;
-    if (rank <= 0 || rank >= b->size)
-        return r0_refuse(s, p, TALLY_E_BOOT,
-                         "it (pid %d) claims rank %d, which is not in 1..%d (rank 0 is this process): check "
-                         "TALLY_RANK or the launcher's rank variable", pid, rank, b->size - 1), -1;
-    if (b->ctl[rank] >= 0)
-        return r0_refuse(s, p, TALLY_E_BOOT,
-                         "it (pid %d on host %s) claims rank %d, which pid %d on host %s already holds: two "
-                         "processes have the same rank (check TALLY_RANK or the launcher)",
-                         pid, (const char *)h + 32, rank, b->peers[rank].pid, b->peers[rank].hostname), -1;
+    char why[CTL_MSG_MAX + 1];
+    int code, rank = tally__boot_hello_check(b, h, &code, why, sizeof why);
+    if (rank < 0) return r0_refuse(s, p, code, "%s", why), -1;
+    int pid = (int32_t)ctl_get32(h + 16);
     tally__peer *q = &b->peers[rank];
     q->pid = pid;
     q->hostid = ctl_get64(h + 24);
@@ -609,7 +623,10 @@ int tally__boot_allgather(tally__boot *b, const void *mine, void *all, size_t le
     return rc;
 }
 
-int tally__boot_barrier(tally__boot *b) { return tally__boot_allgather(b, NULL, NULL, 0); }
+int tally__boot_barrier(tally__boot *b) {
+    unsigned char none; /* allgather offsets into `all` even for 0 bytes, and NULL + 0 is undefined in C */
+    return tally__boot_allgather(b, NULL, &none, 0);
+}
 
 /* ---- lifetime and accessors ---- */
 

@@ -67,6 +67,9 @@ void tally__ctl_propagate(void *arg, int code, int culprit, const char *msg);
 void tally__ctl_who(const tally__boot *b, int rank, char *buf, size_t n);
 /* Stops and joins the monitor if it runs (free). */
 void tally__ctl_stop_monitor(tally__boot *b);
+/* Rank 0's check of a hello (boot.c; h holds its HELLO_LEN bytes, read after authentication): the rank
+ * it names, or -1 with the refusal's code and text. Changes nothing, so the frame fuzzer calls it. */
+int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *code, char *why, size_t n);
 
 static inline void ctl_put32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;

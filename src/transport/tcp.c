@@ -137,17 +137,28 @@ static void tcp_align(tally__tcp_conn *c) {
 
 /* ---- one receive ---- */
 
+int tally__tcp_hdr_judge(const tally__tcp_hdr *h, const tally__sig *mine, size_t want) {
+    if (h->magic == TALLY__TCP_MAGIC_BYE) return TALLY__TCP_HDR_BYE;
+    if (h->magic != TALLY__TCP_MAGIC_DATA) return TALLY__TCP_HDR_BAD_MAGIC;
+    if (!tally__sig_equal(&h->sig, mine)) return TALLY__TCP_HDR_MISMATCH;
+    return h->len == want ? TALLY__TCP_HDR_OK : TALLY__TCP_HDR_BAD_LEN;
+}
+
 /* Checks a header before any of its payload is read. */
 static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c) {
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
-    if (h.magic == TALLY__TCP_MAGIC_BYE) {
+    switch (tally__tcp_hdr_judge(&h, t->base.ctx.sig, o->len)) {
+    case TALLY__TCP_HDR_BYE:
         c->bye = 1;
         return tcp_peer_lost(t, o->peer, 1);
+    case TALLY__TCP_HDR_BAD_MAGIC:
+        return tcp_protocol(t, o->peer, "malformed message header", h.magic, TALLY__TCP_MAGIC_DATA);
+    case TALLY__TCP_HDR_MISMATCH:
+        return tcp_mismatch(t, o->peer, &h.sig);
+    case TALLY__TCP_HDR_BAD_LEN:
+        return tcp_protocol(t, o->peer, "message of the wrong length", (size_t)h.len, o->len);
     }
-    if (h.magic != TALLY__TCP_MAGIC_DATA) return tcp_protocol(t, o->peer, "malformed message header", h.magic, TALLY__TCP_MAGIC_DATA);
-    if (!tally__sig_equal(&h.sig, t->base.ctx.sig)) return tcp_mismatch(t, o->peer, &h.sig);
-    if (h.len != o->len) return tcp_protocol(t, o->peer, "message of the wrong length", (size_t)h.len, o->len);
     c->rb_head += sizeof h;
     o->have_hdr = 1;
     if (o->esize) tcp_align(c);
@@ -246,7 +257,7 @@ static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
 /* ---- peers not awaited in this exchange ---- */
 
 /* Walks the frames buffered from a peer whose stream ended: 1 if it ends with a goodbye. */
-static int tcp_ends_with_bye(const tally__tcp_conn *c) {
+int tally__tcp_ends_with_bye(const tally__tcp_conn *c) {
     size_t at = c->rb_head;
     while (c->rb_tail - at >= sizeof(tally__tcp_hdr)) {
         tally__tcp_hdr h;
@@ -265,7 +276,7 @@ static int tcp_watch_idle(tally__tcp_tp *t, int peer) {
     tally__tcp_conn *c = &t->conns[peer];
     ssize_t k = tcp_fill(c, (size_t)-1);
     if (k < 0) {
-        if (tcp_ends_with_bye(c)) {
+        if (tally__tcp_ends_with_bye(c)) {
             c->bye = 1; /* it finished and left: what it sent before leaving is still buffered */
             return 0;
         }

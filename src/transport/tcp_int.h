@@ -45,6 +45,13 @@ typedef struct tally__tcp_tp {
     char *awaited;             /* scratch: [size], peers with a receive pending in this exchange */
 } tally__tcp_tp;
 
+/* What a receiver expecting a `want`-byte message of the collective `mine` makes of the next header
+ * on a data connection, decided before any of its payload is read (pure: the frame fuzzer calls it). */
+enum { TALLY__TCP_HDR_OK, TALLY__TCP_HDR_BYE, TALLY__TCP_HDR_BAD_MAGIC, TALLY__TCP_HDR_MISMATCH, TALLY__TCP_HDR_BAD_LEN };
+int tally__tcp_hdr_judge(const tally__tcp_hdr *h, const tally__sig *mine, size_t want);
+/* 1 if the frames buffered from a peer whose stream ended finish with a goodbye. */
+int tally__tcp_ends_with_bye(const tally__tcp_conn *c);
+
 /* Builds the mesh: one authenticated, non-blocking, TCP_NODELAY connection per pair of ranks, in
  * conns[peer].fd. Collective; bounded by ctx->timeout_s. On failure every fd it opened is closed. */
 int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns);

@@ -61,7 +61,8 @@ static size_t shm_layout_bytes(int n, size_t slot_bytes, shm_seg_hdr *h) {
     h->nslots = SHM_NSLOTS;
     h->slot_bytes = slot_bytes;
     h->chan_stride = 4096 + SHM_NSLOTS * slot_bytes; /* control line and headers fill the first page */
-    h->chans_off = shm_round(SHM_LINE + 2 * (size_t)n * SHM_LINE + (size_t)n * sizeof(shm_fault_rec), 4096);
+    h->chans_off = shm_round(SHM_LINE + 2 * (size_t)n * SHM_LINE + (size_t)n * sizeof(shm_fault_rec) +
+                                 (size_t)n * sizeof(shm_wait_rec), 4096);
     h->bytes = h->chans_off + (size_t)n * (size_t)(n - 1) * h->chan_stride;
     return h->bytes;
 }
@@ -160,6 +161,7 @@ static void shm_adopt_layout(shm_tp *t) {
     t->bell = (shm_word32 *)(t->seg + SHM_LINE);
     t->sleeping = t->bell + t->n;
     t->rec = (shm_fault_rec *)(t->sleeping + t->n);
+    t->wait = (shm_wait_rec *)(t->rec + t->n);
 }
 
 static uint64_t shm_pidns(void) {
@@ -355,6 +357,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
                              "it", ctx->rank, why[0] ? why : tally_strerror(rc));
     }
     shm_adopt_layout(t);
+    atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
     if (t->cma && t->large_min != SHM_LARGE_OFF)
         tally__log_debug(1, "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; messages of %zu "
@@ -373,6 +376,9 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
 void tally__shm_destroy(tally__tp *tp) {
     shm_tp *t = (shm_tp *)tp;
     if (!t) return;
+    /* A fault this rank raised or adopted outside an exchange (an abort, one relayed by the monitor) is
+     * left for the peers too: they read it here sooner than through rank 0. */
+    if (t->seg && t->rec) tally__shm_publish(t);
     if (t->seg) munmap(t->seg, t->seg_bytes);
     tally__shm_mem_fini(t);
     if (t->name[0]) shm_unlink(t->name); /* setup failed before the others mapped it */

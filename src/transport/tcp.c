@@ -83,20 +83,97 @@ static int tcp_protocol(tally__tcp_tp *t, int peer, const char *what, size_t got
                               sig, got, want);
 }
 
+/* tally__stall's view of rank r: whom its latest WAIT names, if fresh and in our collective. */
+static int tcp_awaits(void *arg, int r) {
+    const tally__tcp_tp *t = arg;
+    const tally__tcp_conn *c = &t->conns[r];
+    uint64_t now = tally__now_ns();
+    if (r == t->base.ctx.rank || c->w_peer < 0 || c->w_seq != t->base.ctx.sig->seq || c->w_at > now ||
+        (double)(now - c->w_at) * 1e-9 > TALLY__STALL_FRESH * t->base.ctx.timeout_s)
+        return -1;
+    return c->w_peer;
+}
+
+static void tcp_label(void *arg, int r, char *buf, size_t n) {
+    const tally__tcp_tp *t = arg;
+    const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[r];
+    snprintf(buf, n, " (pid %d, host %s)", p->pid, p->hostname);
+}
+
 static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
-    const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[o->peer];
-    char sig[160], what[160];
+    char sig[160], detail[300];
+    int me = t->base.ctx.rank;
     tcp_sigstr(t->base.ctx.sig, sig, sizeof sig);
     if (!o->is_recv)
-        snprintf(what, sizeof what, "to take our %zu-byte message (it has taken %zu bytes)", o->len, o->off);
+        snprintf(detail, sizeof detail, "did not take rank %d's %zu-byte message of %s (it took %zu bytes)", me, o->len,
+                 sig, o->off);
     else if (!o->have_hdr)
-        snprintf(what, sizeof what, "to send a %zu-byte message (nothing of it has arrived)", o->len);
+        snprintf(detail, sizeof detail, "did not send its %zu-byte message of %s to rank %d (nothing of it arrived)",
+                 o->len, sig, me);
     else
-        snprintf(what, sizeof what, "to send the rest of a %zu-byte message (%zu bytes arrived)", o->len, o->off);
-    return tally__fault_raise(t->base.ctx.fault, TALLY_E_TIMEOUT, o->peer,
-                              "rank %d timed out after %.0f s in %s waiting for rank %d (pid %d, host %s) %s; is it "
-                              "stuck, or did it call a different collective? (TALLY_TIMEOUT sets the limit)",
-                              t->base.ctx.rank, t->base.ctx.timeout_s, sig, o->peer, p->pid, p->hostname, what);
+        snprintf(detail, sizeof detail, "did not send the rest of its %zu-byte message of %s to rank %d (%zu bytes "
+                 "arrived)", o->len, sig, me, o->off);
+    tally__stall st = {.me = me, .awaited = o->peer, .size = t->base.ctx.size, .timeout_s = t->base.ctx.timeout_s,
+                       .sig = t->base.ctx.sig, .detail = detail, .awaits = tcp_awaits, .label = tcp_label, .arg = t};
+    return tally__stall_raise(t->base.ctx.fault, &st);
+}
+
+/* ---- telling the peers that we are stalled ---- */
+
+/* Sends what the socket did not take of a WAIT; 1 when nothing of it is left. A failed send drops it:
+ * the data path meets the same error and reports it. */
+static int tcp_flush_wait(tally__tcp_conn *c) {
+    while (c->wout_off < c->wout_len) {
+        ssize_t k = send(c->fd, c->wout + c->wout_off, (size_t)(c->wout_len - c->wout_off), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0) {
+            c->wout_off += (unsigned char)k;
+        } else if (k < 0 && errno == EINTR) {
+            continue;
+        } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        } else {
+            c->wout_off = c->wout_len;
+        }
+    }
+    return 1;
+}
+
+/* Tells every peer whom we wait for (-1: nobody any more), where the stream is between messages. */
+static void tcp_tell_wait(tally__tcp_tp *t, int nops, int peer) {
+    int me = t->base.ctx.rank;
+    tally__tcp_hdr h = {.magic = TALLY__TCP_MAGIC_WAIT, .aux = (uint32_t)(peer + 1), .sig = *t->base.ctx.sig};
+    for (int p = 0; p < t->base.ctx.size; p++) {
+        tally__tcp_conn *c = &t->conns[p];
+        int mid = c->wout_off < c->wout_len;
+        for (int i = 0; i < nops && !mid; i++)
+            mid = !t->ops[i].is_recv && t->ops[i].peer == p && !t->ops[i].done && t->ops[i].hdr_off > 0;
+        if (p == me || c->fd < 0 || c->broken || mid) continue;
+        _Static_assert(sizeof h == sizeof c->wout, "a WAIT is one header");
+        memcpy(c->wout, &h, sizeof h);
+        c->wout_off = 0;
+        c->wout_len = sizeof h;
+        tcp_flush_wait(c);
+    }
+}
+
+/* Records a peer's WAIT. */
+static void tcp_note_wait(tally__tcp_tp *t, int peer, const tally__tcp_hdr *h) {
+    tally__tcp_conn *c = &t->conns[peer];
+    c->w_seq = h->sig.seq;
+    c->w_peer = h->aux >= 1 && h->aux <= (uint32_t)t->base.ctx.size ? (int)h->aux - 1 : -1;
+    c->w_at = tally__now_ns();
+}
+
+/* Consumes the WAITs at the head of a connection's buffer. */
+static void tcp_take_waits(tally__tcp_tp *t, int peer) {
+    tally__tcp_conn *c = &t->conns[peer];
+    while (c->rb_tail - c->rb_head >= sizeof(tally__tcp_hdr)) {
+        tally__tcp_hdr h;
+        memcpy(&h, c->rb + c->rb_head, sizeof h);
+        if (h.magic != TALLY__TCP_MAGIC_WAIT || h.len != 0) return;
+        tcp_note_wait(t, peer, &h);
+        c->rb_head += sizeof h;
+    }
 }
 
 /* ---- the read-ahead buffer ---- */
@@ -139,6 +216,8 @@ static void tcp_align(tally__tcp_conn *c) {
 
 /* Checks a header before any of its payload is read. */
 static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c) {
+    tcp_take_waits(t, o->peer);
+    if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr)) return 0; /* the message header comes later */
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
     if (h.magic == TALLY__TCP_MAGIC_BYE) {
@@ -186,7 +265,8 @@ static ssize_t tcp_recv_direct(tally__tcp_op *o, tally__tcp_conn *c) {
 
 static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
     tally__tcp_conn *c = &t->conns[o->peer];
-    size_t moved = 0;
+    size_t moved = 0, off0 = o->off, head0 = c->rb_tail - c->rb_head;
+    int hdr0 = o->have_hdr;
     while (moved < TCP_RECV_BUDGET) {
         if (!o->have_hdr) {
             if (c->rb_tail - c->rb_head >= sizeof(tally__tcp_hdr)) {
@@ -212,7 +292,9 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
         if (k == 0) break;
         moved += (size_t)k;
     }
-    return moved ? TCP_MOVED : TCP_WAIT;
+    /* Progress is the message's, not the bytes': a peer's WAIT read here is news, not progress, and must
+     * not make this exchange look busy (it would stop telling its own peers that it is stalled). */
+    return o->off != off0 || o->have_hdr != hdr0 || c->rb_tail - c->rb_head > head0 ? TCP_MOVED : TCP_WAIT;
 }
 
 /* ---- one send ---- */
@@ -220,6 +302,7 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
 static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
     tally__tcp_conn *c = &t->conns[o->peer];
     size_t moved = 0;
+    if (!tcp_flush_wait(c)) return TCP_WAIT; /* the rest of a WAIT goes before our message */
     while (o->hdr_off < sizeof o->hdr || o->off < o->len) {
         struct iovec iov[2];
         int n = 0;
@@ -252,7 +335,8 @@ static int tcp_ends_with_bye(const tally__tcp_conn *c) {
         tally__tcp_hdr h;
         memcpy(&h, c->rb + at, sizeof h);
         if (h.magic == TALLY__TCP_MAGIC_BYE) return 1;
-        if (h.magic != TALLY__TCP_MAGIC_DATA || h.len > c->rb_tail - at - sizeof h) return 0;
+        if ((h.magic != TALLY__TCP_MAGIC_DATA && h.magic != TALLY__TCP_MAGIC_WAIT) || h.len > c->rb_tail - at - sizeof h)
+            return 0;
         at += sizeof h + (size_t)h.len;
     }
     return 0;
@@ -271,6 +355,7 @@ static int tcp_watch_idle(tally__tcp_tp *t, int peer) {
         }
         return tcp_peer_lost(t, peer, 0);
     }
+    tcp_take_waits(t, peer);
     if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr)) return 0;
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
@@ -375,6 +460,10 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
     int nops = tcp_post(t, s, ns, r, nr), pending = nops;
     uint64_t now = tally__now_ns(), deadline = now + (uint64_t)(t->base.ctx.timeout_s * 1e9);
     uint64_t spin_ns = t->spin_ns, spin_until = now + spin_ns;
+    /* Stalled this long, we tell the peers whom we wait for, and again as often while it lasts, so a
+     * wait published at most this long ago is known to go on (TALLY__STALL_FRESH is twice as long). */
+    uint64_t beat_ns = (uint64_t)(t->base.ctx.timeout_s * 1e9 / 4), next_beat = now + beat_ns;
+    t->stalled = 0;
     while (pending > 0) {
         int moved = 0;
         for (int i = 0; i < nops; i++) {
@@ -388,12 +477,25 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
         if (pending == 0) break;
         if ((rc = tally__fault_check(t->base.ctx.fault))) return tcp_abort(t, nops, rc);
         now = tally__now_ns();
-        if (moved) spin_until = now + spin_ns;
+        if (moved) {
+            spin_until = now + spin_ns;
+            next_beat = now + beat_ns;
+            if (t->stalled) {
+                tcp_tell_wait(t, nops, -1);
+                t->stalled = 0;
+            }
+        }
         if (now < spin_until) continue;
         if (now >= deadline) return tcp_abort(t, nops, tcp_timeout(t, &t->ops[tcp_first_pending(t, nops)]));
+        if (now >= next_beat) {
+            tcp_tell_wait(t, nops, t->ops[tcp_first_pending(t, nops)].peer);
+            t->stalled = 1;
+            next_beat = now + beat_ns;
+        }
         if ((rc = tcp_sleep(t, nops, deadline))) return tcp_abort(t, nops, rc);
         spin_until = tally__now_ns() + spin_ns;
     }
+    if (t->stalled) tcp_tell_wait(t, nops, -1);
     return 0;
 }
 
@@ -403,7 +505,7 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
  * peer may still be reading (unread input at close() would make the kernel send a reset). */
 static void tcp_close_conn(tally__tcp_conn *c) {
     tally__tcp_hdr bye = {.magic = TALLY__TCP_MAGIC_BYE};
-    size_t off = c->broken ? sizeof bye : 0;
+    size_t off = c->broken || !tcp_flush_wait(c) ? sizeof bye : 0; /* out of frame: no goodbye */
     uint64_t deadline = tally__deadline(0.2);
     while (off < sizeof bye && tally__now_ns() < deadline) {
         ssize_t k = send(c->fd, (char *)&bye + off, sizeof bye - off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -423,6 +525,10 @@ static void tcp_destroy(tally__tp *tp) {
     tally__tcp_tp *t = (tally__tcp_tp *)tp;
     if (!t) return;
     for (int p = 0; t->conns && p < t->base.ctx.size; p++) {
+        if (t->conns[p].fd >= 0 && t->base.abandon) {
+            close(t->conns[p].fd); /* unread input makes it a reset: the peer sees us gone at once */
+            t->conns[p].fd = -1;
+        }
         if (t->conns[p].fd >= 0) tcp_close_conn(&t->conns[p]);
         free(t->conns[p].rb);
     }
@@ -451,6 +557,7 @@ static int tcp_alloc(const tally__tp_ctx *ctx, tally__tcp_tp **out) {
     if (!t->conns || !t->ops || !t->pfds || !t->pfd_op || !t->awaited) return TALLY_E_NOMEM;
     for (int p = 0; p < n; p++) {
         t->conns[p].fd = -1;
+        t->conns[p].w_peer = -1;
         if (p != ctx->rank && !(t->conns[p].rb = aligned_alloc(64, TALLY__TCP_RB))) return TALLY_E_NOMEM;
     }
     return 0;

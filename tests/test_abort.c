@@ -147,6 +147,7 @@ static void scenario(const char *transport, int sc) {
     snprintf(what, sizeof what, "%s abort %s", transport, sc_name[sc]);
     th_opts o = {.transport = transport, .timeout_s = TIMEOUT_S, .wall_s = 60};
     th_job job;
+    double t0 = th_now();
     if (th_start(&job, N, &o, abort_rank, NULL)) {
         TH_CHECK(0, "%s: fork failed", what);
         return;
@@ -178,7 +179,8 @@ static void scenario(const char *transport, int sc) {
                  "%s: rank %d ends with %d fds and %d threads, %d and %d at the start", what, r, S->fds_after[r],
                  S->thr_after[r], S->fds_before[r], S->thr_before[r]);
     }
-    printf("  %s: abort took %.3f s; rank %d: %s\n", what, S->abort_s, (a + 1) % N, S->msg[(a + 1) % N]);
+    printf("  %s (%.1f s): abort took %.3f s; rank %d: %s\n", what, th_now() - t0, S->abort_s, (a + 1) % N,
+           S->msg[(a + 1) % N]);
     fflush(stdout);
 }
 

@@ -1,6 +1,7 @@
 /* test_hang.c - a rank stopped with SIGSTOP before a collective (N = 4, shm and tcp): every other rank returns
  * TALLY_E_TIMEOUT naming the stopped rank, the collective and its sequence number, within TALLY_TIMEOUT +-10%. */
 #include <dirent.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,8 @@
 
 typedef struct {
     int victim, late; /* late: a rank that calls the collective LATE_S after the others, or -1 */
+    int anywhere;     /* the parent stops the victim at a random moment of a loop of allreduces */
+    _Atomic int ready;
     int code[N];
     double start[N], when[N]; /* CLOCK_MONOTONIC at the call and at its return */
     char msg[N][600];
@@ -54,6 +57,15 @@ static int hang_rank(int rank, int n, void *arg) {
     for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + 1);
     for (int i = 0; i < WARMUP; i++) want *= (float)n; /* in place: each allreduce multiplies the sum by n */
     for (int i = 0; i < WARMUP && !rc; i++) rc = tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_SUM);
+    if (S->anywhere) { /* every rank loops until the stop shows */
+        atomic_fetch_add(&S->ready, 1);
+        for (int i = 0; i < 10000000 && !rc; i++) {
+            S->start[rank] = th_now();
+            rc = tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_MAX);
+        }
+        S->when[rank] = th_now();
+        goto out;
+    }
     if (!rc && rank == S->victim) raise(SIGSTOP); /* hung until the parent sends SIGCONT */
     if (!rc && rank == S->late) usleep((useconds_t)(LATE_S * 1e6));
     S->start[rank] = th_now();
@@ -65,6 +77,7 @@ static int hang_rank(int rank, int n, void *arg) {
         S->victim_result_ok = buf[0] == want && buf[count - 1] == want;
         rc = tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_SUM);
     }
+out:
     S->code[rank] = rc;
     snprintf(S->msg[rank], sizeof S->msg[rank], "%s", rc ? tally_last_error() : "");
     tally_comm_free(c);
@@ -93,24 +106,36 @@ static void wait_survivors(const th_job *job, double bound_s) {
     }
 }
 
-static void scenario(const char *transport, const char *algo, int victim, int late) {
+/* anywhere: the victim is stopped `stop_s` after every rank started looping (0: it stops itself before
+ * allreduce #WARMUP+1). */
+static void scenario(const char *transport, const char *algo, int victim, int late, double stop_s) {
     memset(S, 0, sizeof *S);
     S->victim = victim;
     S->late = late;
+    S->anywhere = stop_s > 0;
     char what[128];
-    snprintf(what, sizeof what, "%s/%s hang (rank %d stopped%s)", transport, algo, victim,
-             late >= 0 ? ", one rank late" : "");
+    if (S->anywhere)
+        snprintf(what, sizeof what, "%s/%s hang (rank %d stopped %.3f s into a loop)", transport, algo, victim, stop_s);
+    else
+        snprintf(what, sizeof what, "%s/%s hang (rank %d stopped%s)", transport, algo, victim,
+                 late >= 0 ? ", one rank late" : "");
     th_opts o = {.transport = transport, .algo = algo, .timeout_s = TIMEOUT_S, .wall_s = 60};
     th_job job;
     if (th_start(&job, N, &o, hang_rank, NULL)) {
         TH_CHECK(0, "%s: fork failed", what);
         return;
     }
+    if (S->anywhere) {
+        double t0 = th_now();
+        while (atomic_load(&S->ready) < N && th_now() - t0 < 30) usleep(1000);
+        usleep((useconds_t)(stop_s * 1e6));
+        kill(job.pid[victim], SIGSTOP);
+    }
     wait_survivors(&job, 40);
     kill(job.pid[victim], SIGCONT); /* it wakes into a broken communicator, fails its call and exits */
     th_wait(&job, 60);
-    char want[64];
-    snprintf(want, sizeof want, "allreduce #%d", WARMUP + 1);
+    char want[64]; /* stopped anywhere, the ranks may be one collective apart: the number is the reporter's */
+    snprintf(want, sizeof want, S->anywhere ? "allreduce #" : "allreduce #%d", WARMUP + 1);
     double first = 1e30;
     for (int r = 0; r < N; r++)
         if (r != victim && S->start[r] > 0 && S->start[r] < first) first = S->start[r];
@@ -150,14 +175,20 @@ static void scenario(const char *transport, const char *algo, int victim, int la
 int main(void) {
     S = th_shared_alloc(sizeof *S);
     count = 1000;
-    const char *transports[] = {"shm", "tcp"};
+    const char *s = getenv("TALLY_HANG_SEED");
+    unsigned seed = s ? (unsigned)strtoul(s, NULL, 0) : (unsigned)time(NULL) ^ (unsigned)getpid();
+    printf("test_hang: seed %u (TALLY_HANG_SEED replays it)\n", seed);
+    const char *transports[] = {"shm", "tcp"}, *algos[] = {"ring", "tree", "rhd", "direct"};
     for (int i = 0; i < 2; i++) {
         /* ring: rank 3 waits for the stopped rank 2; rank 0 waits for 3, and rank 1 for 0 */
-        scenario(transports[i], "ring", 2, -1);
+        scenario(transports[i], "ring", 2, -1, 0);
         /* direct: everyone waits for the stopped rank 0, which also relays faults between the others */
-        scenario(transports[i], "direct", 0, -1);
+        scenario(transports[i], "direct", 0, -1, 0);
         /* direct: rank 0 waits for the stopped rank 2; ranks 1 and 3 wait for rank 0, rank 1 from later on */
-        scenario(transports[i], "direct", 2, 1);
+        scenario(transports[i], "direct", 2, 1, 0);
+        /* anywhere in a loop of small allreduces: mid-collective, or between two */
+        scenario(transports[i], algos[rand_r(&seed) % 4], (int)(rand_r(&seed) % N), -1,
+                 0.001 + 0.05 * rand_r(&seed) / RAND_MAX);
     }
     return th_verdict("test_hang");
 }

@@ -288,10 +288,10 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
         return TALLY_E_NOMEM;
     }
     rc = tally__boot_allgather(b, &mine, all, sizeof mine);
-    if (t->me == 0 && t->name[0]) { /* every rank has it open (or gave up): nothing left behind */
-        shm_unlink(t->name);
-        t->name[0] = '\0';
-    }
+    /* Every rank has it open (or gave up): nothing is left behind. Each rank unlinks it, so it goes even
+     * when rank 0 died after naming it (the others' ENOENT is harmless). */
+    if (w.name[0]) shm_unlink(w.name);
+    t->name[0] = '\0';
     int same_ns = 1, cma = 1;
     for (int r = 0; r < t->n && !rc; r++) {
         if (!all[r].mapped) {

@@ -142,13 +142,13 @@ static int shm_awaited(const shm_xchg *x, const char **what, const char **dir) {
     return -1;
 }
 
-/* tally__stall's view of rank r: whom its wait record names, if it is waiting in our collective now. */
-static int shm_awaits(void *arg, int r) {
+/* tally__stall's view of rank r: whom its wait record names, if it is still waiting. */
+static int shm_awaits(void *arg, int r, uint64_t *seq) {
     const shm_tp *t = arg;
     const shm_wait_rec *w = &t->wait[r];
     uint64_t beat = atomic_load_explicit(&w->beat_ns, memory_order_acquire), now = tally__now_ns();
-    if (atomic_load_explicit(&w->seq, memory_order_relaxed) != t->base.ctx.sig->seq) return -1;
     if (beat > now || (double)(now - beat) * 1e-9 > TALLY__STALL_FRESH * t->base.ctx.timeout_s) return -1;
+    *seq = atomic_load_explicit(&w->seq, memory_order_relaxed);
     return atomic_load_explicit(&w->peer, memory_order_relaxed);
 }
 

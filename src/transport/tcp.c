@@ -53,7 +53,8 @@ static int tcp_peer_lost(tally__tcp_tp *t, int peer, int bye) {
     const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[peer];
     char sig[160];
     tcp_sigstr(t->base.ctx.sig, sig, sizeof sig);
-    int cause = tally__fault_await(t->base.ctx.fault, TALLY__LOST_GRACE_S);
+    int cause = tally__tcp_scan_fault(t, peer); /* it left after a fault, and said which */
+    if (!cause) cause = tally__fault_await(t->base.ctx.fault, TALLY__LOST_GRACE_S);
     if (cause) return cause;
     if (bye)
         return tally__fault_raise(t->base.ctx.fault, TALLY_E_PEER_LOST, peer,
@@ -83,17 +84,6 @@ static int tcp_protocol(tally__tcp_tp *t, int peer, const char *what, size_t got
                               sig, got, want);
 }
 
-/* tally__stall's view of rank r: whom its latest WAIT names, if fresh and in our collective. */
-static int tcp_awaits(void *arg, int r) {
-    const tally__tcp_tp *t = arg;
-    const tally__tcp_conn *c = &t->conns[r];
-    uint64_t now = tally__now_ns();
-    if (r == t->base.ctx.rank || c->w_peer < 0 || c->w_seq != t->base.ctx.sig->seq || c->w_at > now ||
-        (double)(now - c->w_at) * 1e-9 > TALLY__STALL_FRESH * t->base.ctx.timeout_s)
-        return -1;
-    return c->w_peer;
-}
-
 static void tcp_label(void *arg, int r, char *buf, size_t n) {
     const tally__tcp_tp *t = arg;
     const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[r];
@@ -114,66 +104,8 @@ static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
         snprintf(detail, sizeof detail, "did not send the rest of its %zu-byte message of %s to rank %d (%zu bytes "
                  "arrived)", o->len, sig, me, o->off);
     tally__stall st = {.me = me, .awaited = o->peer, .size = t->base.ctx.size, .timeout_s = t->base.ctx.timeout_s,
-                       .sig = t->base.ctx.sig, .detail = detail, .awaits = tcp_awaits, .label = tcp_label, .arg = t};
+                       .sig = t->base.ctx.sig, .detail = detail, .awaits = tally__tcp_awaits, .label = tcp_label, .arg = t};
     return tally__stall_raise(t->base.ctx.fault, &st);
-}
-
-/* ---- telling the peers that we are stalled ---- */
-
-/* Sends what the socket did not take of a WAIT; 1 when nothing of it is left. A failed send drops it:
- * the data path meets the same error and reports it. */
-static int tcp_flush_wait(tally__tcp_conn *c) {
-    while (c->wout_off < c->wout_len) {
-        ssize_t k = send(c->fd, c->wout + c->wout_off, (size_t)(c->wout_len - c->wout_off), MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) {
-            c->wout_off += (unsigned char)k;
-        } else if (k < 0 && errno == EINTR) {
-            continue;
-        } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        } else {
-            c->wout_off = c->wout_len;
-        }
-    }
-    return 1;
-}
-
-/* Tells every peer whom we wait for (-1: nobody any more), where the stream is between messages. */
-static void tcp_tell_wait(tally__tcp_tp *t, int nops, int peer) {
-    int me = t->base.ctx.rank;
-    tally__tcp_hdr h = {.magic = TALLY__TCP_MAGIC_WAIT, .aux = (uint32_t)(peer + 1), .sig = *t->base.ctx.sig};
-    for (int p = 0; p < t->base.ctx.size; p++) {
-        tally__tcp_conn *c = &t->conns[p];
-        int mid = c->wout_off < c->wout_len;
-        for (int i = 0; i < nops && !mid; i++)
-            mid = !t->ops[i].is_recv && t->ops[i].peer == p && !t->ops[i].done && t->ops[i].hdr_off > 0;
-        if (p == me || c->fd < 0 || c->broken || mid) continue;
-        _Static_assert(sizeof h == sizeof c->wout, "a WAIT is one header");
-        memcpy(c->wout, &h, sizeof h);
-        c->wout_off = 0;
-        c->wout_len = sizeof h;
-        tcp_flush_wait(c);
-    }
-}
-
-/* Records a peer's WAIT. */
-static void tcp_note_wait(tally__tcp_tp *t, int peer, const tally__tcp_hdr *h) {
-    tally__tcp_conn *c = &t->conns[peer];
-    c->w_seq = h->sig.seq;
-    c->w_peer = h->aux >= 1 && h->aux <= (uint32_t)t->base.ctx.size ? (int)h->aux - 1 : -1;
-    c->w_at = tally__now_ns();
-}
-
-/* Consumes the WAITs at the head of a connection's buffer. */
-static void tcp_take_waits(tally__tcp_tp *t, int peer) {
-    tally__tcp_conn *c = &t->conns[peer];
-    while (c->rb_tail - c->rb_head >= sizeof(tally__tcp_hdr)) {
-        tally__tcp_hdr h;
-        memcpy(&h, c->rb + c->rb_head, sizeof h);
-        if (h.magic != TALLY__TCP_MAGIC_WAIT || h.len != 0) return;
-        tcp_note_wait(t, peer, &h);
-        c->rb_head += sizeof h;
-    }
 }
 
 /* ---- the read-ahead buffer ---- */
@@ -214,10 +146,12 @@ static void tcp_align(tally__tcp_conn *c) {
 
 /* ---- one receive ---- */
 
-/* Checks a header before any of its payload is read. */
+/* Takes the control frames before a message, then checks its header before any of its payload is read.
+ * Returns 0 with o->have_hdr still 0 when more bytes must arrive first. */
 static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c) {
-    tcp_take_waits(t, o->peer);
-    if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr)) return 0; /* the message header comes later */
+    int rc = tally__tcp_take_ctl(t, o->peer);
+    if (rc) return rc;
+    if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr) || tally__tcp_ctl_partial(c)) return 0;
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
     if (h.magic == TALLY__TCP_MAGIC_BYE) {
@@ -269,11 +203,9 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
     int hdr0 = o->have_hdr;
     while (moved < TCP_RECV_BUDGET) {
         if (!o->have_hdr) {
-            if (c->rb_tail - c->rb_head >= sizeof(tally__tcp_hdr)) {
-                int rc = tcp_check_hdr(t, o, c);
-                if (rc) return rc;
-                continue;
-            }
+            int rc = tcp_check_hdr(t, o, c);
+            if (rc) return rc;
+            if (o->have_hdr) continue;
             /* Greedy: a small message's payload arrives with its header in this one recv(). */
             ssize_t k = tcp_fill(c, (size_t)-1);
             if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
@@ -302,7 +234,7 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
 static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
     tally__tcp_conn *c = &t->conns[o->peer];
     size_t moved = 0;
-    if (!tcp_flush_wait(c)) return TCP_WAIT; /* the rest of a WAIT goes before our message */
+    if (!tally__tcp_ctl_flush(c)) return TCP_WAIT; /* queued control frames go before our message */
     while (o->hdr_off < sizeof o->hdr || o->off < o->len) {
         struct iovec iov[2];
         int n = 0;
@@ -321,26 +253,14 @@ static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
         o->hdr_off += h;
         o->off += (size_t)k - h;
         moved += (size_t)k;
+        c->mid = 1;
     }
     o->done = 1;
+    c->mid = 0;
     return TCP_DONE;
 }
 
 /* ---- peers not awaited in this exchange ---- */
-
-/* Walks the frames buffered from a peer whose stream ended: 1 if it ends with a goodbye. */
-static int tcp_ends_with_bye(const tally__tcp_conn *c) {
-    size_t at = c->rb_head;
-    while (c->rb_tail - at >= sizeof(tally__tcp_hdr)) {
-        tally__tcp_hdr h;
-        memcpy(&h, c->rb + at, sizeof h);
-        if (h.magic == TALLY__TCP_MAGIC_BYE) return 1;
-        if ((h.magic != TALLY__TCP_MAGIC_DATA && h.magic != TALLY__TCP_MAGIC_WAIT) || h.len > c->rb_tail - at - sizeof h)
-            return 0;
-        at += sizeof h + (size_t)h.len;
-    }
-    return 0;
-}
 
 /* Reads ahead from a peer we are not receiving from now, to notice early what would otherwise only
  * show as a timeout: the next message already belongs to a different call of this collective
@@ -348,14 +268,15 @@ static int tcp_ends_with_bye(const tally__tcp_conn *c) {
 static int tcp_watch_idle(tally__tcp_tp *t, int peer) {
     tally__tcp_conn *c = &t->conns[peer];
     ssize_t k = tcp_fill(c, (size_t)-1);
+    int rc = tally__tcp_take_ctl(t, peer);
+    if (rc) return rc;
     if (k < 0) {
-        if (tcp_ends_with_bye(c)) {
+        if (tally__tcp_ends_with_bye(c)) {
             c->bye = 1; /* it finished and left: what it sent before leaving is still buffered */
             return 0;
         }
         return tcp_peer_lost(t, peer, 0);
     }
-    tcp_take_waits(t, peer);
     if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr)) return 0;
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
@@ -449,6 +370,9 @@ static int tcp_abort(tally__tcp_tp *t, int nops, int rc) {
         tally__tcp_op *o = &t->ops[i];
         if (!o->done && (o->is_recv ? o->have_hdr : o->hdr_off > 0)) t->conns[o->peer].broken = 1;
     }
+    /* The peers hear why from us at once, as the shm transport's peers read it in the segment: the
+     * relay through rank 0 is slower, and does not run while rank 0 is hung. */
+    tally__tcp_tell_fault(t);
     return rc;
 }
 
@@ -481,21 +405,21 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
             spin_until = now + spin_ns;
             next_beat = now + beat_ns;
             if (t->stalled) {
-                tcp_tell_wait(t, nops, -1);
+                tally__tcp_tell_wait(t, -1);
                 t->stalled = 0;
             }
         }
         if (now < spin_until) continue;
         if (now >= deadline) return tcp_abort(t, nops, tcp_timeout(t, &t->ops[tcp_first_pending(t, nops)]));
         if (now >= next_beat) {
-            tcp_tell_wait(t, nops, t->ops[tcp_first_pending(t, nops)].peer);
+            tally__tcp_tell_wait(t, t->ops[tcp_first_pending(t, nops)].peer);
             t->stalled = 1;
             next_beat = now + beat_ns;
         }
         if ((rc = tcp_sleep(t, nops, deadline))) return tcp_abort(t, nops, rc);
         spin_until = tally__now_ns() + spin_ns;
     }
-    if (t->stalled) tcp_tell_wait(t, nops, -1);
+    if (t->stalled) tally__tcp_tell_wait(t, -1);
     return 0;
 }
 
@@ -505,7 +429,7 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
  * peer may still be reading (unread input at close() would make the kernel send a reset). */
 static void tcp_close_conn(tally__tcp_conn *c) {
     tally__tcp_hdr bye = {.magic = TALLY__TCP_MAGIC_BYE};
-    size_t off = c->broken || !tcp_flush_wait(c) ? sizeof bye : 0; /* out of frame: no goodbye */
+    size_t off = c->broken || !tally__tcp_ctl_flush(c) ? sizeof bye : 0; /* out of frame: no goodbye */
     uint64_t deadline = tally__deadline(0.2);
     while (off < sizeof bye && tally__now_ns() < deadline) {
         ssize_t k = send(c->fd, (char *)&bye + off, sizeof bye - off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -524,6 +448,7 @@ static void tcp_close_conn(tally__tcp_conn *c) {
 static void tcp_destroy(tally__tp *tp) {
     tally__tcp_tp *t = (tally__tcp_tp *)tp;
     if (!t) return;
+    if (t->conns) tally__tcp_tell_fault(t); /* a fault raised or adopted outside an exchange (an abort) */
     for (int p = 0; t->conns && p < t->base.ctx.size; p++) {
         if (t->conns[p].fd >= 0 && t->base.abandon) {
             close(t->conns[p].fd); /* unread input makes it a reset: the peer sees us gone at once */

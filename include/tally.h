@@ -58,15 +58,18 @@ TALLY_API int tally_comm_free(tally_comm *comm);
 /* Aborts the communicator, as ncclCommAbort does: for a program that gave up on a collective (a peer is
  * hung, dead or silent) and wants its thread back and a fresh communicator. Callable from any thread,
  * also while another thread is blocked in a collective on comm.
- * - A call blocked on comm returns TALLY_E_ABORTED within milliseconds. A call that had already failed
- *   or completed keeps its result; one that starts while abort runs returns TALLY_E_ABORTED.
+ * - A call in flight on comm (blocked or not) returns TALLY_E_ABORTED within milliseconds, unless it had
+ *   already failed or completed: then it keeps that result. A call must not start once abort has been
+ *   called: it may find comm freed.
  * - The peers are told: their collectives on this communicator fail with TALLY_E_ABORTED naming this
  *   rank (TALLY_E_PEER_LOST naming it if that report cannot reach them, e.g. while rank 0 is hung),
  *   not after TALLY_TIMEOUT. Each must then free its communicator.
  * - comm is freed, like tally_comm_free but without the goodbyes that wait on peers: connections,
  *   shared memory, the monitor thread and tally_mem_alloc buffers are released, and abort returns
- *   within about a second whatever the peers do. comm is invalid on every thread once abort returns:
- *   the thread whose call returned TALLY_E_ABORTED must not free it, and no call may start after.
+ *   within about a second whatever the peers do (it waits up to 0.9 s for the calls in flight to
+ *   leave, which takes milliseconds; one still inside then would release them as it leaves). comm is
+ *   invalid on every thread once abort returns: the thread whose call returned TALLY_E_ABORTED must
+ *   not free it.
  * - tally_comm_init may be called again at once (the peers too, after freeing theirs) for a new
  *   communicator; the environment may name a new TALLY_ADDR.
  * Returns 0; comm NULL is a no-op. Call it once per communicator. */

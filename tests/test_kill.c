@@ -16,7 +16,7 @@
 
 /* Knobs:
  *   TALLY_KILL_POINTS=K  kill points per transport (default 3, or 2 under TALLY_TEST_LIGHT; 100 on demand)
- *   TALLY_KILL_SEED=S    replays a run: the seed picks every victim, algorithm and kill time, in order */
+ *   TALLY_KILL_SEED=S    replays a run's choices: every victim, algorithm and kill point, in order */
 #define N 4
 #define TIMEOUT_S 10.0  /* TALLY_TIMEOUT for the jobs: "timeout + 1 s" is the bound on detection */
 #define MAX_ITERS 100000 /* the victim dies long before; a bound, not a goal */
@@ -25,18 +25,18 @@
 typedef struct {
     _Atomic int ready;       /* ranks past tally_comm_init */
     _Atomic int iters[N];    /* allreduces each rank completed */
+    double ready_at;         /* CLOCK_MONOTONIC when the last rank got ready */
+    double first_done[N];    /* when each rank completed its first allreduce */
     int code[N];
-    double when[N];          /* CLOCK_MONOTONIC when the failing (or last) call returned */
-    double iter_s[N];        /* mean seconds per allreduce (calibration) */
+    double when[N];          /* when the failing call returned */
     char msg[N][400];
     int fds_before[N], fds_after[N], thr_before[N], thr_after[N];
-    int wrong[N];            /* allreduces whose result was not the sum */
+    int wrong[N];            /* allreduces whose result was not the maximum */
     int done[N];             /* the rank got past tally_comm_free */
 } shared_t;
 
 static shared_t *S;
 static size_t count;         /* floats per allreduce */
-static int calibrate_iters;  /* > 0: a calibration job, every rank runs this many allreduces */
 
 static const char *algos[] = {"ring", "tree", "rhd", "direct"};
 
@@ -81,27 +81,23 @@ static int kill_rank(int rank, int n, void *arg) {
         snprintf(S->msg[rank], sizeof S->msg[rank], "init: %s", tally_last_error());
         return 1;
     }
-    float *send = malloc(count * sizeof *send), *recv = malloc(count * sizeof *recv);
-    /* Touch every page now (a zero memset may become calloc): the first write to a fresh page is slow on
-     * some VMs, and the kills should spread over the allreduces rather than land in the first one. */
-    for (size_t i = 0; i < count; i++) send[i] = (float)(rank + 1), recv[i] = -1.0f;
-    const float want = (float)(n * (n + 1) / 2);
-    atomic_fetch_add(&S->ready, 1);
-    int iters = calibrate_iters ? calibrate_iters : MAX_ITERS;
-    double t1 = th_now();
-    for (int i = 0; i < iters && !rc; i++) {
-        rc = tally_allreduce(c, send, recv, count, TALLY_F32, TALLY_SUM);
+    /* In place, and MAX so that the result stays put: one buffer, checked after every call. Written
+     * now, so that no allreduce pays the first touch of its pages (slow on some VMs). */
+    float *buf = malloc(count * sizeof *buf);
+    for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + 1);
+    if (atomic_fetch_add(&S->ready, 1) == n - 1) S->ready_at = th_now();
+    for (int i = 0; i < MAX_ITERS && !rc; i++) {
+        rc = tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_MAX);
         if (rc) break;
-        S->wrong[rank] += recv[0] != want || recv[count / 2] != want || recv[count - 1] != want;
+        S->wrong[rank] += buf[0] != (float)n || buf[count / 2] != (float)n || buf[count - 1] != (float)n;
+        if (i == 0) S->first_done[rank] = th_now();
         atomic_fetch_add(&S->iters[rank], 1);
     }
     S->when[rank] = th_now();
     S->code[rank] = rc;
-    S->iter_s[rank] = (S->when[rank] - t1) / iters;
     snprintf(S->msg[rank], sizeof S->msg[rank], "%s", rc ? tally_last_error() : "");
     tally_comm_free(c);
-    free(send);
-    free(recv);
+    free(buf);
     S->fds_after[rank] = th_count_fds();
     S->thr_after[rank] = count_threads();
     S->done[rank] = 1;
@@ -127,28 +123,6 @@ static void check_segments(const char *what, const th_job *job) {
     char name[256] = "";
     int left = leftover_segments(job->pid[0], name, sizeof name);
     TH_CHECK(left == 0, "%s: %d shared-memory segment(s) of the job left in /dev/shm (%s)", what, left, name);
-}
-
-/* A clean job of a few allreduces: how long one takes here, so kill times span several of them. */
-static double calibrate(const char *transport) {
-    memset(S, 0, sizeof *S);
-    calibrate_iters = 4;
-    th_opts o = {.transport = transport, .timeout_s = TIMEOUT_S, .wall_s = 120};
-    th_job job;
-    th_start(&job, N, &o, kill_rank, NULL);
-    int bad = th_wait(&job, 120);
-    calibrate_iters = 0;
-    char what[64];
-    snprintf(what, sizeof what, "%s calibration", transport);
-    TH_CHECK(bad == 0, "%s: %d rank(s) failed", what, bad);
-    double worst = 0;
-    for (int r = 0; r < N; r++) {
-        TH_CHECK(S->code[r] == 0, "%s: rank %d got %s (%s)", what, r, tally_strerror(S->code[r]), S->msg[r]);
-        check_resources(what, r);
-        if (S->iter_s[r] > worst) worst = S->iter_s[r];
-    }
-    check_segments(what, &job);
-    return worst > 0 ? worst : 0.5;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -179,13 +153,13 @@ static void wait_iters(const th_job *job, int r, int iters, double bound_s) {
     }
 }
 
-/* One kill point: the victim dies after `after` allreduces plus a random part of the next one.
- * Appends each survivor's detection time to det[*ndet]. */
-static void kill_point(const char *transport, int point, double iter_s, double *det, int *ndet) {
+/* One kill point: the victim dies after `after` allreduces plus a random part of the next one, as long
+ * as one took in the previous point (*iter_s, updated). Appends each survivor's detection time to det. */
+static void kill_point(const char *transport, int point, double *iter_s, double *det, int *ndet) {
     memset(S, 0, sizeof *S);
-    int victim = (int)(rng_next() % N), after = (int)(rng_next() % 3);
+    int victim = (int)(rng_next() % N), after = (int)(rng_next() % 3); /* 0: in the first allreduce */
     const char *algo = algos[rng_next() % 4];
-    double delay = rng_unit() * iter_s;
+    double delay = rng_unit() * *iter_s;
     char what[128];
     snprintf(what, sizeof what, "%s kill #%d (victim %d, %s, %d allreduces + %.3f s)", transport, point, victim, algo,
              after, delay);
@@ -225,16 +199,16 @@ static void kill_point(const char *transport, int point, double iter_s, double *
         det[(*ndet)++] = late;
     }
     check_segments(what, &job);
+    for (int r = 0; r < N; r++) /* the first allreduce of this job, as the next point's unit of time */
+        if (r != victim && S->first_done[r] > S->ready_at && S->ready_at > 0) *iter_s = S->first_done[r] - S->ready_at;
     printf("  %s: died in allreduce %d; survivors returned %.3f-%.3f s later\n", what, at_iter + 1, lo, hi);
     fflush(stdout);
 }
 
 static void run_transport(const char *transport, int points) {
-    double iter_s = calibrate(transport);
-    printf("%s: one allreduce of %zu MiB takes ~%.3f s here\n", transport, count * sizeof(float) >> 20, iter_s);
-    double *det = calloc((size_t)points * N, sizeof *det);
+    double iter_s = 0.2, *det = calloc((size_t)points * N + 1, sizeof *det);
     int ndet = 0;
-    for (int p = 0; p < points; p++) kill_point(transport, p, iter_s, det, &ndet);
+    for (int p = 0; p < points; p++) kill_point(transport, p, &iter_s, det, &ndet);
     if (ndet) {
         qsort(det, (size_t)ndet, sizeof *det, cmp_double);
         printf("%s: %d kill points, %d survivors: detection min %.3f s, median %.3f s, max %.3f s\n", transport,

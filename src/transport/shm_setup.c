@@ -33,7 +33,7 @@
 #define SHM_LARGE_DEFAULT (256 << 10)
 #define SHM_LARGE_OFF ((size_t)-1)
 
-#define SHM_MAGIC 0x31766d68736c6c74ull /* "tllshmv1" */
+#define SHM_MAGIC 0x32766d68736c6c74ull /* "tllshmv2": v2 added the wait records */
 
 /* What each rank tells the others after mapping the segment. */
 typedef struct shm_info {

@@ -1,6 +1,5 @@
-/* test_abort.c - tally_comm_abort from another thread while a collective blocks (on a silent peer, or in the
- * middle of large transfers), on shm and tcp: the call returns ABORTED, abort returns within 1 s and frees
- * everything, the peers fail naming the aborting rank, and a new communicator then works on every rank. */
+/* test_abort.c - tally_comm_abort while a collective blocks (shm, tcp): the call returns ABORTED, abort takes
+ * under 1 s and frees everything, the peers fail naming the aborting rank, and a new communicator works. */
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>

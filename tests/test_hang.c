@@ -1,5 +1,5 @@
-/* test_hang.c - a rank stopped with SIGSTOP before a collective (N = 4, shm and tcp): every other rank returns
- * TALLY_E_TIMEOUT naming the stopped rank, the collective and its sequence number, within TALLY_TIMEOUT +-10%. */
+/* test_hang.c - a rank SIGSTOPped before a collective or anywhere in a loop (N = 4, shm, tcp): every other rank
+ * returns TALLY_E_TIMEOUT naming it, the collective and its sequence number, within TALLY_TIMEOUT +-10%. */
 #include <dirent.h>
 #include <stdatomic.h>
 #include <signal.h>

@@ -57,13 +57,40 @@ TALLY_API int tally_comm_rank(const tally_comm *comm);
 TALLY_API int tally_comm_size(const tally_comm *comm);
 TALLY_API int tally_comm_free(tally_comm *comm);
 
+/* Aborts the communicator, as ncclCommAbort does: for a program that gave up on a collective (a peer is
+ * hung, dead or silent) and wants its thread back and a fresh communicator. Callable from any thread,
+ * also while another thread is blocked in a collective on comm.
+ * - A call in flight on comm (blocked or not) returns TALLY_E_ABORTED within milliseconds, unless it had
+ *   already failed or completed: then it keeps that result. A call must not start once abort has been
+ *   called: it may find comm freed.
+ * - The peers are told: their collectives on this communicator fail with TALLY_E_ABORTED naming this
+ *   rank (TALLY_E_PEER_LOST naming it if that report cannot reach them, e.g. while rank 0 is hung),
+ *   not after TALLY_TIMEOUT. Each must then free its communicator.
+ * - comm is freed, like tally_comm_free but without the goodbyes that wait on peers: connections,
+ *   shared memory, the monitor thread and tally_mem_alloc buffers are released, and abort returns
+ *   within about a second whatever the peers do (it waits up to 0.9 s for the calls in flight to
+ *   leave, which takes milliseconds; one still inside then would release them as it leaves). comm is
+ *   invalid on every thread once abort returns: the thread whose call returned TALLY_E_ABORTED must
+ *   not free it.
+ * - tally_comm_init may be called again at once (the peers too, after freeing theirs) for a new
+ *   communicator; the environment may name a new TALLY_ADDR.
+ * Returns 0; comm NULL is a no-op. Call it once per communicator. */
+TALLY_API int tally_comm_abort(tally_comm *comm);
+
 /* Collectives. send == recv means in place; count 0 is valid; counts need not divide by the size.
  * reduce_scatter: send holds size*recvcount elements, rank r receives the reduction of block r.
  * allgather: recv holds size*sendcount elements, rank-major.
  * Ranks that disagree on the collective, count, dtype, op or root get TALLY_E_MISMATCH naming both
  * calls, never wrong data. A broadcast root, which needs nothing from its peers, may return before the
- * disagreement is seen; its next call then returns the error. After TALLY_E_MISMATCH, _PEER_LOST or
- * _TIMEOUT the communicator is broken on every rank: only tally_comm_free may follow. */
+ * disagreement is seen; its next call then returns the error. After TALLY_E_MISMATCH, _PEER_LOST,
+ * _TIMEOUT or _ABORTED the communicator is broken on every rank: only tally_comm_free may follow.
+ * TALLY_E_TIMEOUT: a rank waited TALLY_TIMEOUT seconds for a peer. Its message names the rank that holds
+ * the collective up (the one that waits for nobody at the end of the chain of waiting ranks, so every
+ * rank names the same one), the collective and its sequence number (#N: the N-th collective on this
+ * communicator). The fault reaches the other ranks at once: one that joined the collective later than
+ * the first to wait may fail before its own TALLY_TIMEOUT has passed. A rank resumed after it was
+ * stopped may complete the call its peers gave up on, if all it needed had arrived; its next call fails.
+ * TALLY_E_PEER_LOST names the rank that died. */
 TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);
 TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                          tally_op op);

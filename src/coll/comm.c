@@ -1,9 +1,11 @@
 /* comm.c - the communicator: init from the environment (rendezvous, transport, measured cost model,
  * monitor) and the public collective entry points that validate, fingerprint and dispatch. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "../boot/boot.h"
 #include "../core/clock.h"
@@ -25,7 +27,15 @@ struct tally_comm {
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
     struct tally__plain_mem *plain; /* tally_mem_alloc blocks where the transport has no mem ops */
+    /* The owner's reference (dropped by free or abort) plus one per call in flight: whoever drops the
+     * last one destroys the communicator, so abort never frees it under a call on another thread. */
+    _Atomic int refs;
+    _Atomic int aborted;   /* tally_comm_abort: tear down without goodbyes */
 };
+
+/* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
+ * milliseconds: every wait checks the fault); past it the last of them destroys the communicator. */
+#define TALLY__ABORT_WAIT_S 0.9
 
 /* A tally_mem_alloc block from plain memory (tcp, self): listed so tally_mem_free can reject others. */
 typedef struct tally__plain_mem {
@@ -66,6 +76,7 @@ static int tally__read_algo(int rank, int *algo) {
 }
 
 static void tally__comm_destroy(tally_comm *c) {
+    if (c->ctx.tp && atomic_load(&c->aborted)) c->ctx.tp->abandon = 1;
     while (c->plain) {
         tally__plain_mem *m = c->plain;
         c->plain = m->next;
@@ -106,6 +117,7 @@ TALLY_API int tally_comm_init(tally_comm **out) {
     tally_comm *c = calloc(1, sizeof *c);
     if (!c) return tally__seterr(TALLY_E_NOMEM, "tally_comm_init: out of memory");
     tally__fault_init(&c->fault);
+    atomic_init(&c->refs, 1);
     int rc = tally__comm_setup(c);
     if (rc) {
         tally__comm_destroy(c);
@@ -118,11 +130,39 @@ TALLY_API int tally_comm_init(tally_comm **out) {
 TALLY_API int tally_comm_rank(const tally_comm *c) { return c ? c->ctx.rank : TALLY_E_INVALID; }
 TALLY_API int tally_comm_size(const tally_comm *c) { return c ? c->ctx.size : TALLY_E_INVALID; }
 
+/* A call begins on c: the communicator stays alive until it leaves, whatever other threads do. */
+static void tally__enter(tally_comm *c) {
+    if (c) atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+}
+
+/* A call ends (or the owner lets go): the last one out destroys the communicator. Returns rc. */
+static int tally__leave(tally_comm *c, int rc) {
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) tally__comm_destroy(c);
+    return rc;
+}
+
 TALLY_API int tally_comm_free(tally_comm *c) {
     tally__clearerr();
+    return tally__leave(c, 0);
+}
+
+TALLY_API int tally_comm_abort(tally_comm *c) {
+    tally__clearerr();
     if (!c) return 0;
-    tally__comm_destroy(c);
-    return 0;
+    atomic_store(&c->aborted, 1);
+    /* Raised like any fault: the calls in flight here return it, and the peers are told (through rank 0,
+     * or the shared segment) rather than left to wait for TALLY_TIMEOUT. */
+    tally__fault_raise(&c->fault, TALLY_E_ABORTED, c->ctx.rank,
+                       "rank %d aborted the communicator (tally_comm_abort); it cannot be used on any rank: free it "
+                       "and create a new one", c->ctx.rank);
+    struct timespec nap = {0, 1000000};
+    double waited = 0;
+    while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {
+        nanosleep(&nap, NULL);
+        waited += 1e-3;
+    }
+    tally__clearerr(); /* the abort itself succeeded */
+    return tally__leave(c, 0);
 }
 
 const tally__cost *tally__comm_cost(const tally_comm *c) { return &c->cost; }
@@ -208,8 +248,8 @@ static void tally__copy_if_apart(void *dst, const void *src, size_t bytes) {
     if (dst != src && bytes) memmove(dst, src, bytes);
 }
 
-TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t,
-                              tally_op op) {
+static int tally__allreduce_body(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t,
+                                 tally_op op) {
     static const char fn[] = "tally_allreduce";
     int rc = tally__check_common(c, fn, count, t, op);
     if (!rc) rc = tally__need_buf(c, fn, "send", send, count);
@@ -233,8 +273,14 @@ TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_
     return rc;
 }
 
-TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
-                                   tally_op op) {
+TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t,
+                              tally_op op) {
+    tally__enter(c);
+    return tally__leave(c, tally__allreduce_body(c, send, recv, count, t, op));
+}
+
+static int tally__reduce_scatter_body(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                                      tally_op op) {
     static const char fn[] = "tally_reduce_scatter";
     int rc = tally__check_common(c, fn, recvcount, t, op);
     if (!rc) rc = tally__need_buf(c, fn, "send", send, recvcount);
@@ -258,7 +304,13 @@ TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, 
     return rc;
 }
 
-TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
+TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                                   tally_op op) {
+    tally__enter(c);
+    return tally__leave(c, tally__reduce_scatter_body(c, send, recv, recvcount, t, op));
+}
+
+static int tally__allgather_body(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
     static const char fn[] = "tally_allgather";
     int rc = tally__check_common(c, fn, sendcount, t, TALLY_SUM);
     if (!rc) rc = tally__need_buf(c, fn, "send", send, sendcount);
@@ -279,7 +331,12 @@ TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_
     }
 }
 
-TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
+TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
+    tally__enter(c);
+    return tally__leave(c, tally__allgather_body(c, send, recv, sendcount, t));
+}
+
+static int tally__broadcast_body(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
     static const char fn[] = "tally_broadcast";
     int rc = tally__check_common(c, fn, count, t, TALLY_SUM);
     if (!rc) rc = tally__need_buf(c, fn, "data", buf, count);
@@ -298,12 +355,22 @@ TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtyp
     }
 }
 
-TALLY_API int tally_barrier(tally_comm *c) {
+TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
+    tally__enter(c);
+    return tally__leave(c, tally__broadcast_body(c, buf, count, t, root));
+}
+
+static int tally__barrier_body(tally_comm *c) {
     int rc = tally__check_common(c, "tally_barrier", 0, TALLY_U8, TALLY_SUM);
     if (rc) return rc;
     int algo = tally__begin(c, TALLY__BARRIER, 0, TALLY_U8, TALLY_SUM, -1, 0);
     if (c->ctx.size == 1) return 0;
     return tally__empty(c, algo);
+}
+
+TALLY_API int tally_barrier(tally_comm *c) {
+    tally__enter(c);
+    return tally__leave(c, tally__barrier_body(c));
 }
 
 /* ---- memory peers can read in place ----------------------------------------------------------- */
@@ -342,14 +409,18 @@ TALLY_API void *tally_mem_alloc(tally_comm *c, size_t bytes) {
         tally__seterr(TALLY_E_INVALID, "tally_mem_alloc: communicator is NULL");
         return NULL;
     }
+    tally__enter(c);
     const tally__tp_ops *ops = c->ctx.tp->ops;
-    return ops->mem_alloc ? ops->mem_alloc(c->ctx.tp, bytes) : tally__plain_alloc(c, bytes);
+    void *p = ops->mem_alloc ? ops->mem_alloc(c->ctx.tp, bytes) : tally__plain_alloc(c, bytes);
+    tally__leave(c, 0);
+    return p;
 }
 
 TALLY_API int tally_mem_free(tally_comm *c, void *ptr) {
     tally__clearerr();
     if (!c || !c->ctx.tp) return tally__seterr(TALLY_E_INVALID, "tally_mem_free: communicator is NULL");
     if (!ptr) return 0;
+    tally__enter(c);
     const tally__tp_ops *ops = c->ctx.tp->ops;
-    return ops->mem_free ? ops->mem_free(c->ctx.tp, ptr) : tally__plain_free(c, ptr);
+    return tally__leave(c, ops->mem_free ? ops->mem_free(c->ctx.tp, ptr) : tally__plain_free(c, ptr));
 }

@@ -295,33 +295,41 @@ static int shm_validate(shm_tp *t, const tally__send *s, int ns, const tally__re
     return 0;
 }
 
-static int shm_exchange(shm_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
-    int rc = tally__fault_check(t->base.ctx.fault);
-    if (rc || (rc = shm_validate(t, s, ns, r, nr))) return rc;
-    shm_xchg x = {.t = t, .ns = ns, .nr = nr, .left = ns + nr, .hash = tally__shm_sighash(t->base.ctx.sig),
-                  .t_start = tally__now_ns()};
+static int shm_progress(shm_tp *t, shm_xchg *x, const tally__send *s, int ns, const tally__recv *r, int nr) {
+    int rc;
     for (int i = 0; i < ns; i++) shm_send_begin(t, &t->sop[i], &s[i]);
     for (int i = 0; i < nr; i++) shm_recv_begin(&t->rop[i], &r[i]);
-    while (x.left > 0) {
+    while (x->left > 0) {
         int moved = 0;
         for (int i = 0; i < ns; i++)
-            if (!t->sop[i].done) moved |= shm_send_progress(t, &x, &t->sop[i]);
+            if (!t->sop[i].done) moved |= shm_send_progress(t, x, &t->sop[i]);
         for (int i = 0; i < nr; i++) {
             if (t->rop[i].done) continue;
-            if ((rc = shm_recv_progress(t, &x, &t->rop[i])) < 0) return rc;
+            if ((rc = shm_recv_progress(t, x, &t->rop[i])) < 0) return rc;
             moved |= rc;
         }
         if (moved) {
-            x.idle_since = 0;
-        } else if ((rc = tally__shm_idle(&x))) {
+            x->idle_since = 0;
+        } else if ((rc = tally__shm_idle(x))) {
             return rc;
         }
     }
     return 0;
 }
 
+static int shm_exchange(shm_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
+    int rc = tally__fault_check(t->base.ctx.fault);
+    if (rc || (rc = shm_validate(t, s, ns, r, nr))) return rc;
+    shm_xchg x = {.t = t, .ns = ns, .nr = nr, .left = ns + nr, .hash = tally__shm_sighash(t->base.ctx.sig),
+                  .t_start = tally__now_ns(), .waiting_on = -1};
+    rc = shm_progress(t, &x, s, ns, r, nr);
+    /* After a failure the record stays: peers that time out a moment later still see whom we waited for. */
+    if (!rc) tally__shm_unwait(&x);
+    return rc;
+}
+
 /* Leaves our first fault in the segment for the peers (see shm_fault_rec). */
-static void shm_publish(shm_tp *t) {
+void tally__shm_publish(shm_tp *t) {
     tally__fault *f = t->base.ctx.fault;
     int code = atomic_load_explicit(&f->code, memory_order_acquire);
     if (t->published || code == 0) return;
@@ -337,6 +345,6 @@ static void shm_publish(shm_tp *t) {
 int tally__shm_exchange(tally__tp *tp, const tally__send *s, int ns, const tally__recv *r, int nr) {
     shm_tp *t = (shm_tp *)tp;
     int rc = shm_exchange(t, s, ns, r, nr);
-    if (rc) shm_publish(t);
+    if (rc) tally__shm_publish(t);
     return rc;
 }

@@ -54,8 +54,16 @@ typedef struct shm_fault_rec {
     char msg[sizeof(((tally__fault *)0)->msg)];
 } shm_fault_rec;
 
+/* What each rank is waiting for, written by that rank while it sleeps in an exchange: peers follow these
+ * to the rank that holds a collective up when their own wait times out (see tally__stall). */
+typedef struct shm_wait_rec {
+    _Alignas(SHM_LINE) _Atomic uint64_t seq; /* the collective it waits in */
+    _Atomic uint64_t beat_ns;                /* tally__now_ns() of its latest look (it is alive and waiting) */
+    _Atomic int32_t peer;                    /* whom it waits for; -1 when not waiting */
+} shm_wait_rec;
+
 /* The segment starts with this header; then per rank a doorbell and a sleeping word; then the
- * fault records; then the channels, page aligned: [consumed line][slot headers][slot data] each. */
+ * fault records and the wait records; then the channels, page aligned: [consumed line][slot headers][slot data] each. */
 typedef struct shm_seg_hdr {
     uint64_t magic;
     uint32_t nranks, nslots;
@@ -90,6 +98,7 @@ typedef struct shm_tp {
     shm_word32 *bell;      /* [n] futex word of each rank, bumped by whoever wakes it */
     shm_word32 *sleeping;  /* [n] 1 while rank r may be asleep on its bell */
     shm_fault_rec *rec;    /* [n] */
+    shm_wait_rec *wait;    /* [n] */
     int published;         /* our fault is in rec[me] */
     uint64_t *tx;          /* [n] slot uses posted to each peer */
     uint64_t *tx_free;     /* [n] last seen consumed counter of each outgoing channel */
@@ -119,6 +128,7 @@ typedef struct shm_xchg {
     uint64_t hash;         /* hash of *ctx.sig for this call */
     uint64_t t_start;      /* tally__now_ns() at the start of the call */
     uint64_t idle_since;   /* when the loop last made progress, 0 while busy */
+    int waiting_on;        /* the peer our wait record names, -1 while it names none */
 } shm_xchg;
 
 static inline size_t shm_chan_index(const shm_tp *t, int src, int dst) {
@@ -145,6 +155,10 @@ void tally__shm_wake(shm_tp *t, int r);
  * checks the fault record, the deadline, the peers' liveness and stray mismatched messages.
  * Returns 0 to go on, or a fault code. */
 int tally__shm_idle(shm_xchg *x);
+/* Leaves this rank's fault, if any, in the segment for the peers (once; shm.c). */
+void tally__shm_publish(shm_tp *t);
+/* Ends an exchange: our wait record no longer names a peer. */
+void tally__shm_unwait(shm_xchg *x);
 /* Raises the mismatch fault for a head slot from `peer` whose hash differs from ours. */
 int tally__shm_sig_fault(shm_tp *t, int peer, const shm_slot *s);
 /* Adopts a fault another rank recorded in the segment (rank r, or any when r < 0); returns its code. */

@@ -33,7 +33,7 @@
 #define SHM_LARGE_DEFAULT (256 << 10)
 #define SHM_LARGE_OFF ((size_t)-1)
 
-#define SHM_MAGIC 0x31766d68736c6c74ull /* "tllshmv1" */
+#define SHM_MAGIC 0x32766d68736c6c74ull /* "tllshmv2": v2 added the wait records */
 
 /* What each rank tells the others after mapping the segment. */
 typedef struct shm_info {
@@ -61,7 +61,8 @@ static size_t shm_layout_bytes(int n, size_t slot_bytes, shm_seg_hdr *h) {
     h->nslots = SHM_NSLOTS;
     h->slot_bytes = slot_bytes;
     h->chan_stride = 4096 + SHM_NSLOTS * slot_bytes; /* control line and headers fill the first page */
-    h->chans_off = shm_round(SHM_LINE + 2 * (size_t)n * SHM_LINE + (size_t)n * sizeof(shm_fault_rec), 4096);
+    h->chans_off = shm_round(SHM_LINE + 2 * (size_t)n * SHM_LINE + (size_t)n * sizeof(shm_fault_rec) +
+                                 (size_t)n * sizeof(shm_wait_rec), 4096);
     h->bytes = h->chans_off + (size_t)n * (size_t)(n - 1) * h->chan_stride;
     return h->bytes;
 }
@@ -160,6 +161,7 @@ static void shm_adopt_layout(shm_tp *t) {
     t->bell = (shm_word32 *)(t->seg + SHM_LINE);
     t->sleeping = t->bell + t->n;
     t->rec = (shm_fault_rec *)(t->sleeping + t->n);
+    t->wait = (shm_wait_rec *)(t->rec + t->n);
 }
 
 static uint64_t shm_pidns(void) {
@@ -286,10 +288,10 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
         return TALLY_E_NOMEM;
     }
     rc = tally__boot_allgather(b, &mine, all, sizeof mine);
-    if (t->me == 0 && t->name[0]) { /* every rank has it open (or gave up): nothing left behind */
-        shm_unlink(t->name);
-        t->name[0] = '\0';
-    }
+    /* Every rank has it open (or gave up): nothing is left behind. Each rank unlinks it, so it goes even
+     * when rank 0 died after naming it (the others' ENOENT is harmless). */
+    if (w.name[0]) shm_unlink(w.name);
+    t->name[0] = '\0';
     int same_ns = 1, cma = 1;
     for (int r = 0; r < t->n && !rc; r++) {
         if (!all[r].mapped) {
@@ -355,6 +357,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
                              "it", ctx->rank, why[0] ? why : tally_strerror(rc));
     }
     shm_adopt_layout(t);
+    atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
     if (t->cma && t->large_min != SHM_LARGE_OFF)
         tally__log_debug(1, "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; messages of %zu "
@@ -373,6 +376,9 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
 void tally__shm_destroy(tally__tp *tp) {
     shm_tp *t = (shm_tp *)tp;
     if (!t) return;
+    /* A fault this rank raised or adopted outside an exchange (an abort, one relayed by the monitor) is
+     * left for the peers too: they read it here sooner than through rank 0. */
+    if (t->seg && t->rec) tally__shm_publish(t);
     if (t->seg) munmap(t->seg, t->seg_bytes);
     tally__shm_mem_fini(t);
     if (t->name[0]) shm_unlink(t->name); /* setup failed before the others mapped it */

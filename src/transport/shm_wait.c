@@ -142,15 +142,46 @@ static int shm_awaited(const shm_xchg *x, const char **what, const char **dir) {
     return -1;
 }
 
+/* tally__stall's view of rank r: whom its wait record names, if it is still waiting. */
+static int shm_awaits(void *arg, int r, uint64_t *seq) {
+    const shm_tp *t = arg;
+    const shm_wait_rec *w = &t->wait[r];
+    uint64_t beat = atomic_load_explicit(&w->beat_ns, memory_order_acquire), now = tally__now_ns();
+    if (beat > now || (double)(now - beat) * 1e-9 > TALLY__STALL_FRESH * t->base.ctx.timeout_s) return -1;
+    *seq = atomic_load_explicit(&w->seq, memory_order_relaxed);
+    return atomic_load_explicit(&w->peer, memory_order_relaxed);
+}
+
 static int shm_timeout(const shm_xchg *x) {
     shm_tp *t = x->t;
     const char *what, *dir;
-    char coll[160];
+    char coll[160], detail[300];
     int p = shm_awaited(x, &what, &dir);
     tally__sig_format(t->base.ctx.sig, coll, sizeof coll);
-    return tally__fault_raise(t->base.ctx.fault, TALLY_E_TIMEOUT, p,
-                              "rank %d %s %s %s rank %d within %g s (TALLY_TIMEOUT); is it stuck, or in a "
-                              "different call?", p, what, coll, dir, t->me, t->base.ctx.timeout_s);
+    snprintf(detail, sizeof detail, "%s %s %s rank %d", what, coll, dir, t->me);
+    tally__stall s = {.me = t->me, .awaited = p, .size = t->n, .timeout_s = t->base.ctx.timeout_s,
+                      .sig = t->base.ctx.sig, .detail = detail, .awaits = shm_awaits, .arg = t};
+    return tally__stall_raise(t->base.ctx.fault, &s);
+}
+
+/* Says whom we wait for, and that we are still alive and waiting (peers read it when they time out). */
+static void shm_beat(shm_xchg *x, uint64_t now) {
+    shm_tp *t = x->t;
+    shm_wait_rec *w = &t->wait[t->me];
+    const char *what, *dir;
+    int p = shm_awaited(x, &what, &dir);
+    if (p != x->waiting_on) {
+        atomic_store_explicit(&w->seq, t->base.ctx.sig->seq, memory_order_relaxed);
+        atomic_store_explicit(&w->peer, p, memory_order_relaxed);
+        x->waiting_on = p;
+    }
+    atomic_store_explicit(&w->beat_ns, now, memory_order_release);
+}
+
+void tally__shm_unwait(shm_xchg *x) {
+    if (x->waiting_on < 0) return;
+    atomic_store_explicit(&x->t->wait[x->t->me].peer, -1, memory_order_relaxed);
+    x->waiting_on = -1;
 }
 
 /* A dead peer this exchange depends on fails it now, without waiting for the timeout. */
@@ -199,6 +230,7 @@ int tally__shm_idle(shm_xchg *x) {
     }
     if ((double)(now - x->t_start) * 1e-9 > t->base.ctx.timeout_s) return shm_timeout(x);
     if ((rc = tally__shm_adopt(t, -1)) || (rc = shm_check_peers(x)) || (rc = shm_scan_mismatch(x))) return rc;
+    shm_beat(x, now);
     shm_sleep(x);
     return 0;
 }

@@ -53,7 +53,8 @@ static int tcp_peer_lost(tally__tcp_tp *t, int peer, int bye) {
     const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[peer];
     char sig[160];
     tcp_sigstr(t->base.ctx.sig, sig, sizeof sig);
-    int cause = tally__fault_await(t->base.ctx.fault, TALLY__LOST_GRACE_S);
+    int cause = tally__tcp_scan_fault(t, peer); /* it left after a fault, and said which */
+    if (!cause) cause = tally__fault_await(t->base.ctx.fault, TALLY__LOST_GRACE_S);
     if (cause) return cause;
     if (bye)
         return tally__fault_raise(t->base.ctx.fault, TALLY_E_PEER_LOST, peer,
@@ -83,20 +84,28 @@ static int tcp_protocol(tally__tcp_tp *t, int peer, const char *what, size_t got
                               sig, got, want);
 }
 
+static void tcp_label(void *arg, int r, char *buf, size_t n) {
+    const tally__tcp_tp *t = arg;
+    const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[r];
+    snprintf(buf, n, " (pid %d, host %s)", p->pid, p->hostname);
+}
+
 static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
-    const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[o->peer];
-    char sig[160], what[160];
+    char sig[160], detail[300];
+    int me = t->base.ctx.rank;
     tcp_sigstr(t->base.ctx.sig, sig, sizeof sig);
     if (!o->is_recv)
-        snprintf(what, sizeof what, "to take our %zu-byte message (it has taken %zu bytes)", o->len, o->off);
+        snprintf(detail, sizeof detail, "did not take rank %d's %zu-byte message of %s (it took %zu bytes)", me, o->len,
+                 sig, o->off);
     else if (!o->have_hdr)
-        snprintf(what, sizeof what, "to send a %zu-byte message (nothing of it has arrived)", o->len);
+        snprintf(detail, sizeof detail, "did not send its %zu-byte message of %s to rank %d (nothing of it arrived)",
+                 o->len, sig, me);
     else
-        snprintf(what, sizeof what, "to send the rest of a %zu-byte message (%zu bytes arrived)", o->len, o->off);
-    return tally__fault_raise(t->base.ctx.fault, TALLY_E_TIMEOUT, o->peer,
-                              "rank %d timed out after %.0f s in %s waiting for rank %d (pid %d, host %s) %s; is it "
-                              "stuck, or did it call a different collective? (TALLY_TIMEOUT sets the limit)",
-                              t->base.ctx.rank, t->base.ctx.timeout_s, sig, o->peer, p->pid, p->hostname, what);
+        snprintf(detail, sizeof detail, "did not send the rest of its %zu-byte message of %s to rank %d (%zu bytes "
+                 "arrived)", o->len, sig, me, o->off);
+    tally__stall st = {.me = me, .awaited = o->peer, .size = t->base.ctx.size, .timeout_s = t->base.ctx.timeout_s,
+                       .sig = t->base.ctx.sig, .detail = detail, .awaits = tally__tcp_awaits, .label = tcp_label, .arg = t};
+    return tally__stall_raise(t->base.ctx.fault, &st);
 }
 
 /* ---- the read-ahead buffer ---- */
@@ -144,8 +153,12 @@ int tally__tcp_hdr_judge(const tally__tcp_hdr *h, const tally__sig *mine, size_t
     return h->len == want ? TALLY__TCP_HDR_OK : TALLY__TCP_HDR_BAD_LEN;
 }
 
-/* Checks a header before any of its payload is read. */
+/* Takes the control frames before a message, then checks its header before any of its payload is read.
+ * Returns 0 with o->have_hdr still 0 when more bytes must arrive first. */
 static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c) {
+    int rc = tally__tcp_take_ctl(t, o->peer);
+    if (rc) return rc;
+    if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr) || tally__tcp_ctl_partial(c)) return 0;
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
     switch (tally__tcp_hdr_judge(&h, t->base.ctx.sig, o->len)) {
@@ -197,14 +210,13 @@ static ssize_t tcp_recv_direct(tally__tcp_op *o, tally__tcp_conn *c) {
 
 static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
     tally__tcp_conn *c = &t->conns[o->peer];
-    size_t moved = 0;
+    size_t moved = 0, off0 = o->off, head0 = c->rb_tail - c->rb_head;
+    int hdr0 = o->have_hdr;
     while (moved < TCP_RECV_BUDGET) {
         if (!o->have_hdr) {
-            if (c->rb_tail - c->rb_head >= sizeof(tally__tcp_hdr)) {
-                int rc = tcp_check_hdr(t, o, c);
-                if (rc) return rc;
-                continue;
-            }
+            int rc = tcp_check_hdr(t, o, c);
+            if (rc) return rc;
+            if (o->have_hdr) continue;
             /* Greedy: a small message's payload arrives with its header in this one recv(). */
             ssize_t k = tcp_fill(c, (size_t)-1);
             if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
@@ -223,7 +235,9 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
         if (k == 0) break;
         moved += (size_t)k;
     }
-    return moved ? TCP_MOVED : TCP_WAIT;
+    /* Progress is the message's, not the bytes': a peer's WAIT read here is news, not progress, and must
+     * not make this exchange look busy (it would stop telling its own peers that it is stalled). */
+    return o->off != off0 || o->have_hdr != hdr0 || c->rb_tail - c->rb_head > head0 ? TCP_MOVED : TCP_WAIT;
 }
 
 /* ---- one send ---- */
@@ -231,6 +245,7 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
 static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
     tally__tcp_conn *c = &t->conns[o->peer];
     size_t moved = 0;
+    if (!tally__tcp_ctl_flush(c)) return TCP_WAIT; /* queued control frames go before our message */
     while (o->hdr_off < sizeof o->hdr || o->off < o->len) {
         struct iovec iov[2];
         int n = 0;
@@ -249,25 +264,14 @@ static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
         o->hdr_off += h;
         o->off += (size_t)k - h;
         moved += (size_t)k;
+        c->mid = 1;
     }
     o->done = 1;
+    c->mid = 0;
     return TCP_DONE;
 }
 
 /* ---- peers not awaited in this exchange ---- */
-
-/* Walks the frames buffered from a peer whose stream ended: 1 if it ends with a goodbye. */
-int tally__tcp_ends_with_bye(const tally__tcp_conn *c) {
-    size_t at = c->rb_head;
-    while (c->rb_tail - at >= sizeof(tally__tcp_hdr)) {
-        tally__tcp_hdr h;
-        memcpy(&h, c->rb + at, sizeof h);
-        if (h.magic == TALLY__TCP_MAGIC_BYE) return 1;
-        if (h.magic != TALLY__TCP_MAGIC_DATA || h.len > c->rb_tail - at - sizeof h) return 0;
-        at += sizeof h + (size_t)h.len;
-    }
-    return 0;
-}
 
 /* Reads ahead from a peer we are not receiving from now, to notice early what would otherwise only
  * show as a timeout: the next message already belongs to a different call of this collective
@@ -275,6 +279,8 @@ int tally__tcp_ends_with_bye(const tally__tcp_conn *c) {
 static int tcp_watch_idle(tally__tcp_tp *t, int peer) {
     tally__tcp_conn *c = &t->conns[peer];
     ssize_t k = tcp_fill(c, (size_t)-1);
+    int rc = tally__tcp_take_ctl(t, peer);
+    if (rc) return rc;
     if (k < 0) {
         if (tally__tcp_ends_with_bye(c)) {
             c->bye = 1; /* it finished and left: what it sent before leaving is still buffered */
@@ -375,6 +381,9 @@ static int tcp_abort(tally__tcp_tp *t, int nops, int rc) {
         tally__tcp_op *o = &t->ops[i];
         if (!o->done && (o->is_recv ? o->have_hdr : o->hdr_off > 0)) t->conns[o->peer].broken = 1;
     }
+    /* The peers hear why from us at once, as the shm transport's peers read it in the segment: the
+     * relay through rank 0 is slower, and does not run while rank 0 is hung. */
+    tally__tcp_tell_fault(t);
     return rc;
 }
 
@@ -386,6 +395,10 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
     int nops = tcp_post(t, s, ns, r, nr), pending = nops;
     uint64_t now = tally__now_ns(), deadline = now + (uint64_t)(t->base.ctx.timeout_s * 1e9);
     uint64_t spin_ns = t->spin_ns, spin_until = now + spin_ns;
+    /* Stalled this long, we tell the peers whom we wait for, and again as often while it lasts, so a
+     * wait published at most this long ago is known to go on (TALLY__STALL_FRESH is twice as long). */
+    uint64_t beat_ns = (uint64_t)(t->base.ctx.timeout_s * 1e9 / 4), next_beat = now + beat_ns;
+    t->stalled = 0;
     while (pending > 0) {
         int moved = 0;
         for (int i = 0; i < nops; i++) {
@@ -399,12 +412,25 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
         if (pending == 0) break;
         if ((rc = tally__fault_check(t->base.ctx.fault))) return tcp_abort(t, nops, rc);
         now = tally__now_ns();
-        if (moved) spin_until = now + spin_ns;
+        if (moved) {
+            spin_until = now + spin_ns;
+            next_beat = now + beat_ns;
+            if (t->stalled) {
+                tally__tcp_tell_wait(t, -1);
+                t->stalled = 0;
+            }
+        }
         if (now < spin_until) continue;
         if (now >= deadline) return tcp_abort(t, nops, tcp_timeout(t, &t->ops[tcp_first_pending(t, nops)]));
+        if (now >= next_beat) {
+            tally__tcp_tell_wait(t, t->ops[tcp_first_pending(t, nops)].peer);
+            t->stalled = 1;
+            next_beat = now + beat_ns;
+        }
         if ((rc = tcp_sleep(t, nops, deadline))) return tcp_abort(t, nops, rc);
         spin_until = tally__now_ns() + spin_ns;
     }
+    if (t->stalled) tally__tcp_tell_wait(t, -1);
     return 0;
 }
 
@@ -414,7 +440,7 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
  * peer may still be reading (unread input at close() would make the kernel send a reset). */
 static void tcp_close_conn(tally__tcp_conn *c) {
     tally__tcp_hdr bye = {.magic = TALLY__TCP_MAGIC_BYE};
-    size_t off = c->broken ? sizeof bye : 0;
+    size_t off = c->broken || !tally__tcp_ctl_flush(c) ? sizeof bye : 0; /* out of frame: no goodbye */
     uint64_t deadline = tally__deadline(0.2);
     while (off < sizeof bye && tally__now_ns() < deadline) {
         ssize_t k = send(c->fd, (char *)&bye + off, sizeof bye - off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -433,7 +459,12 @@ static void tcp_close_conn(tally__tcp_conn *c) {
 static void tcp_destroy(tally__tp *tp) {
     tally__tcp_tp *t = (tally__tcp_tp *)tp;
     if (!t) return;
+    if (t->conns) tally__tcp_tell_fault(t); /* a fault raised or adopted outside an exchange (an abort) */
     for (int p = 0; t->conns && p < t->base.ctx.size; p++) {
+        if (t->conns[p].fd >= 0 && t->base.abandon) {
+            close(t->conns[p].fd); /* unread input makes it a reset: the peer sees us gone at once */
+            t->conns[p].fd = -1;
+        }
         if (t->conns[p].fd >= 0) tcp_close_conn(&t->conns[p]);
         free(t->conns[p].rb);
     }
@@ -462,6 +493,7 @@ static int tcp_alloc(const tally__tp_ctx *ctx, tally__tcp_tp **out) {
     if (!t->conns || !t->ops || !t->pfds || !t->pfd_op || !t->awaited) return TALLY_E_NOMEM;
     for (int p = 0; p < n; p++) {
         t->conns[p].fd = -1;
+        t->conns[p].w_peer = -1;
         if (p != ctx->rank && !(t->conns[p].rb = aligned_alloc(64, TALLY__TCP_RB))) return TALLY_E_NOMEM;
     }
     return 0;

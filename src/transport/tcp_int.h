@@ -12,11 +12,17 @@
 #define TALLY__TCP_MAGIC_DATA 0x314c4154u /* "TAL1" little-endian: a framed message */
 #define TALLY__TCP_MAGIC_BYE 0x454c4154u  /* "TALE": the peer freed its transport on purpose */
 #define TALLY__TCP_MAGIC_HELLO 0x484c4154u /* "TALH": first bytes after authentication */
+#define TALLY__TCP_MAGIC_WAIT 0x574c4154u  /* "TALW": the sender is stalled in sig's collective (no payload) */
+#define TALLY__TCP_MAGIC_FAULT 0x464c4154u /* "TALF": the sender's fault: code i32, culprit i32, message */
+#define TALLY__TCP_FAULT_MAX (8 + sizeof(((tally__fault *)0)->msg) - 1)
 
-/* Every message on a data connection: this header, then exactly `len` payload bytes. */
+/* Every message on a data connection: this header, then exactly `len` payload bytes. Control frames
+ * may come between messages (tcp_ctl.c): WAIT (len 0), the sender has made no progress for a while and
+ * waits for rank `aux` - 1 (aux 0: it no longer waits), see tally__stall; FAULT, the fault that ended
+ * the sender's collective, so a peer learns the cause even when the relay through rank 0 cannot run. */
 typedef struct tally__tcp_hdr {
     uint32_t magic;
-    uint32_t reserved; /* 0; keeps sig 8-aligned */
+    uint32_t aux;      /* 0 except in WAIT; keeps sig 8-aligned */
     tally__sig sig;    /* the sender's collective fingerprint */
     uint64_t len;      /* payload bytes that follow */
 } tally__tcp_hdr;
@@ -33,6 +39,12 @@ typedef struct tally__tcp_conn {
     unsigned char *rb;  /* TALLY__TCP_RB bytes, allocated at setup */
     size_t rb_head;     /* first unconsumed byte */
     size_t rb_tail;     /* end of buffered bytes */
+    uint64_t w_seq;     /* the peer's latest WAIT: the collective it waits in, */
+    int w_peer;         /* whom it waits for (-1: none), */
+    uint64_t w_at;      /* and when we read it (tally__now_ns) */
+    int mid;            /* a message of ours to this peer is partly sent: no control frame may cut in */
+    unsigned char cout[1024]; /* control frames of ours the socket has not taken yet: they go out first */
+    uint16_t cout_off, cout_len;
 } tally__tcp_conn;
 
 typedef struct tally__tcp_tp {
@@ -43,14 +55,30 @@ typedef struct tally__tcp_tp {
     int *pfd_op;               /* which op (or -1 - peer for a watched idle peer) each pollfd serves */
     uint64_t spin_ns;          /* busy-poll time before sleeping in poll() */
     char *awaited;             /* scratch: [size], peers with a receive pending in this exchange */
+    int stalled;               /* this exchange told the peers it waits (they must hear when it stops) */
+    int fault_told;            /* our fault went out as FAULT frames */
 } tally__tcp_tp;
 
 /* What a receiver expecting a `want`-byte message of the collective `mine` makes of the next header
  * on a data connection, decided before any of its payload is read (pure: the frame fuzzer calls it). */
 enum { TALLY__TCP_HDR_OK, TALLY__TCP_HDR_BYE, TALLY__TCP_HDR_BAD_MAGIC, TALLY__TCP_HDR_MISMATCH, TALLY__TCP_HDR_BAD_LEN };
 int tally__tcp_hdr_judge(const tally__tcp_hdr *h, const tally__sig *mine, size_t want);
+/* Control frames (tcp_ctl.c). Each goes only where our stream is between messages. */
+int tally__tcp_ctl_flush(tally__tcp_conn *c); /* 1 when no control bytes wait to go out */
+void tally__tcp_tell_wait(tally__tcp_tp *t, int peer); /* we wait for `peer` (-1: for nobody any more) */
+void tally__tcp_tell_fault(tally__tcp_tp *t);          /* our fault, once, if there is one */
+/* Consumes the control frames at the head of peer's buffer. Returns the code of a FAULT adopted from
+ * it (or of a malformed one), else 0. */
+int tally__tcp_take_ctl(tally__tcp_tp *t, int peer);
+/* 1 when peer's buffer starts with a control frame whose rest has not arrived. */
+int tally__tcp_ctl_partial(const tally__tcp_conn *c);
+/* Adopts a FAULT buffered from peer anywhere among its complete frames: why a peer that left, left.
+ * Returns its code, or 0. */
+int tally__tcp_scan_fault(tally__tcp_tp *t, int peer);
 /* 1 if the frames buffered from a peer whose stream ended finish with a goodbye. */
 int tally__tcp_ends_with_bye(const tally__tcp_conn *c);
+/* tally__stall's view of rank r: whom its latest WAIT names, while fresh. */
+int tally__tcp_awaits(void *arg, int r, uint64_t *seq);
 
 /* Builds the mesh: one authenticated, non-blocking, TCP_NODELAY connection per pair of ranks, in
  * conns[peer].fd. Collective; bounded by ctx->timeout_s. On failure every fd it opened is closed. */

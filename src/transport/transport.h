@@ -4,6 +4,7 @@
 #define TALLY_TRANSPORT_TRANSPORT_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <tally.h>
 #include "../core/err.h"
 #include "../core/sig.h"
@@ -57,7 +58,33 @@ typedef struct tally__tp_ops {
 struct tally__tp {
     const tally__tp_ops *ops;
     tally__tp_ctx ctx;
+    /* Set by tally_comm_abort before destroy: close at once, with no goodbye that could wait on a peer
+     * (the peers learn of the abort from its fault). */
+    int abandon;
 };
+
+/* A wait that lasted TALLY_TIMEOUT. The awaited rank may be waiting too, for a rank that waits in turn:
+ * blaming the first one would name a bystander, and each rank would name another. Each backend tells,
+ * from what the others published (shm: the segment; tcp: frames sent while stalled), whom a rank waits
+ * for (in this collective, or in an earlier one it has not finished); the chain is followed to the rank
+ * that is not waiting, which every rank then names. Published waits count while fresher than
+ * TALLY__STALL_FRESH of the timeout: a rank stopped while it waited is then taken for not waiting. */
+#define TALLY__STALL_MAX 1024   /* world sizes above this blame the awaited rank without following */
+#define TALLY__STALL_FRESH 0.5  /* of the timeout: a wait published longer ago than this is over */
+typedef struct tally__stall {
+    int me, awaited, size;
+    double timeout_s;
+    const tally__sig *sig;
+    const char *detail; /* what the awaited rank did not do: "did not send its part of <coll> to rank 0" */
+    /* Whom `rank` waits for now (it published so within the freshness bound), and in which collective
+     * (*seq; it may be behind or ahead of ours), or -1. NULL: unknown, blame the awaited rank. */
+    int (*awaits)(void *arg, int rank, uint64_t *seq);
+    void (*label)(void *arg, int rank, char *buf, size_t n); /* " (pid 123, host h)", or NULL */
+    void *arg;
+} tally__stall;
+/* Raises TALLY_E_TIMEOUT blaming the end of the chain (or the awaited rank when the chain loops) and
+ * returns the fault's code. The message names the blamed rank first, then the collective. */
+int tally__stall_raise(tally__fault *f, const tally__stall *s);
 
 /* Backends. Each is collective over all ranks (uses the boot layer's bootstrap collectives). */
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out);

@@ -36,15 +36,6 @@ typedef struct {
 static shared_t *S;
 static size_t big_count;
 
-static int count_threads(void) {
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
@@ -89,7 +80,7 @@ static void reinit(int rank, int n) {
 
 static int abort_rank(int rank, int n, void *arg) {
     S->fds_before[rank] = th_count_fds();
-    S->thr_before[rank] = count_threads();
+    S->thr_before[rank] = th_count_threads();
     tally_comm *c;
     if (tally_comm_init(&c)) {
         snprintf(S->msg[rank], sizeof S->msg[rank], "init: %s", tally_last_error());
@@ -115,7 +106,7 @@ static int abort_rank(int rank, int n, void *arg) {
         S->fail_at[rank] = th_now();
         snprintf(S->msg[rank], sizeof S->msg[rank], "%s", rc ? tally_last_error() : "");
         S->fds_aborted = th_count_fds();
-        S->thr_aborted = count_threads();
+        S->thr_aborted = th_count_threads();
     } else {
         if (rank == S->silent || S->scenario == SC_IDLE) sleep_s(1.0); /* called only after the abort */
         atomic_fetch_add(&S->entered, 1);
@@ -129,13 +120,8 @@ static int abort_rank(int rank, int n, void *arg) {
     free(buf);
     reinit(rank, n);
     S->fds_after[rank] = th_count_fds();
-    S->thr_after[rank] = count_threads();
+    S->thr_after[rank] = th_count_threads();
     return 0;
-}
-
-static int first_rank_named(const char *msg) {
-    const char *p = strstr(msg, "rank ");
-    return p ? atoi(p + 5) : -1;
 }
 
 static void scenario(const char *transport, int sc) {
@@ -173,7 +159,7 @@ static void scenario(const char *transport, int sc) {
              * before it (rank 0 busy relaying) names the rank just the same. */
             TH_CHECK(S->code[r] == TALLY_E_ABORTED || S->code[r] == TALLY_E_PEER_LOST,
                      "%s: rank %d got %s (%s), want ABORTED", what, r, tally_strerror(S->code[r]), S->msg[r]);
-            TH_CHECK(first_rank_named(S->msg[r]) == a, "%s: rank %d's message does not name rank %d first: %s",
+            TH_CHECK(th_first_rank_named(S->msg[r]) == a, "%s: rank %d's message does not name rank %d first: %s",
                      what, r, a, S->msg[r]);
             double late = S->fail_at[r] - S->abort_at;
             TH_CHECK(S->abort_at > 0 && late < 3.0, "%s: rank %d failed %.2f s after the abort", what, r, late);

@@ -10,20 +10,6 @@
 #include "harness.h"
 #include "train_runner.h"
 
-static void rm_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
 /* The value of "key": ... in a JSON summary, as text up to the next comma or brace. */
 static int json_field(const char *path, const char *key, char *out, size_t n) {
     char buf[8192];
@@ -63,7 +49,7 @@ static void test_train_restart(void) {
     snprintf(dir, sizeof dir, "/tmp/tally-test-elastic-%d", (int)getpid());
     snprintf(j0, sizeof j0, "%s.0.json", dir);
     snprintf(j1, sizeof j1, "%s.1.json", dir);
-    rm_dir(dir);
+    th_rm_dir(dir);
     char *straight[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "64", "--steps", "80",
                         "--epochs", "3", "--quiet", "--json", j0, NULL};
     int rc = tr_run_tally(straight, err, sizeof err);
@@ -85,7 +71,7 @@ static void test_train_restart(void) {
     TH_CHECK(a0[0] && !strcmp(a0, a1), "restarted run's accuracy %s, uninterrupted %s", a1, a0);
     TH_CHECK(!strcmp(from, "20"), "resumed_from %s", from);
     fprintf(stderr, "  killed after step 25 of 80, resumed from 20: accuracy %s (uninterrupted %s)\n", a1, a0);
-    rm_dir(dir);
+    th_rm_dir(dir);
     unlink(j0);
     unlink(j1);
 }

@@ -34,18 +34,9 @@ typedef struct {
 static shared_t *S;
 static size_t count;
 
-static int count_threads(void) {
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 static int hang_rank(int rank, int n, void *arg) {
     S->fds_before[rank] = th_count_fds();
-    S->thr_before[rank] = count_threads();
+    S->thr_before[rank] = th_count_threads();
     tally_comm *c;
     int rc = tally_comm_init(&c);
     if (rc) {
@@ -83,15 +74,9 @@ out:
     tally_comm_free(c);
     free(buf);
     S->fds_after[rank] = th_count_fds();
-    S->thr_after[rank] = count_threads();
+    S->thr_after[rank] = th_count_threads();
     S->done[rank] = 1;
     return 0;
-}
-
-/* The rank a message names first, or -1. */
-static int first_rank_named(const char *msg) {
-    const char *p = strstr(msg, "rank ");
-    return p ? atoi(p + 5) : -1;
 }
 
 /* Waits (bounded) until every rank but the victim got past tally_comm_free or exited. */
@@ -150,7 +135,7 @@ static void scenario(const char *transport, const char *algo, int victim, int la
         }
         TH_CHECK(S->code[r] == TALLY_E_TIMEOUT, "%s: rank %d got %s (%s), want TIMEOUT", what, r,
                  tally_strerror(S->code[r]), S->msg[r]);
-        TH_CHECK(first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s", what,
+        TH_CHECK(th_first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s", what,
                  r, victim, S->msg[r]);
         TH_CHECK(strstr(S->msg[r], want) != NULL, "%s: rank %d's message does not name %s: %s", what, r, want,
                  S->msg[r]);

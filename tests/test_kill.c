@@ -50,15 +50,6 @@ static uint64_t rng_next(void) {
 }
 static double rng_unit(void) { return (double)(rng_next() >> 11) * 0x1.0p-53; }
 
-static int count_threads(void) {
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
-
 /* Names in /dev/shm that the shm transport of a job whose rank 0 had pid `pid0` would use. */
 static int leftover_segments(int pid0, char *first, size_t cap) {
     char prefix[32];
@@ -73,7 +64,7 @@ static int leftover_segments(int pid0, char *first, size_t cap) {
 
 static int kill_rank(int rank, int n, void *arg) {
     S->fds_before[rank] = th_count_fds();
-    S->thr_before[rank] = count_threads();
+    S->thr_before[rank] = th_count_threads();
     tally_comm *c;
     int rc = tally_comm_init(&c);
     if (rc) {
@@ -99,15 +90,9 @@ static int kill_rank(int rank, int n, void *arg) {
     tally_comm_free(c);
     free(buf);
     S->fds_after[rank] = th_count_fds();
-    S->thr_after[rank] = count_threads();
+    S->thr_after[rank] = th_count_threads();
     S->done[rank] = 1;
     return 0;
-}
-
-/* The rank a message names first ("rank 2 (pid ...) died ..."), or -1. */
-static int first_rank_named(const char *msg) {
-    const char *p = strstr(msg, "rank ");
-    return p ? atoi(p + 5) : -1;
 }
 
 static void check_resources(const char *what, int r) {
@@ -188,7 +173,7 @@ static void kill_point(const char *transport, int point, double *iter_s, double 
         TH_CHECK(!job.killed_by_harness[r], "%s: rank %d hung", what, r);
         TH_CHECK(S->code[r] == TALLY_E_PEER_LOST, "%s: rank %d got %s (%s), want PEER_LOST", what, r,
                  tally_strerror(S->code[r]), S->msg[r]);
-        TH_CHECK(first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s", what,
+        TH_CHECK(th_first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s", what,
                  r, victim, S->msg[r]);
         double late = S->when[r] - kill_time;
         TH_CHECK(S->when[r] > 0 && late < TIMEOUT_S + 1.0, "%s: rank %d returned %.2f s after the kill (bound %.0f s)",

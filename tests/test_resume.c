@@ -43,20 +43,6 @@ static tally__train_cfg rcfg(int zero, tally_optim_kind opt, long steps) {
     return c;
 }
 
-static void rm_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(dir);
-}
-
 static float g_a[TR_MAX_PARAMS], g_b[TR_MAX_PARAMS];
 
 /* Stopped after K steps (no final checkpoint: as if killed), resumed, and run to K + 100. The epoch
@@ -65,7 +51,7 @@ static void test_exact(int zero, tally_optim_kind opt, int n) {
     const long K = 60, END = K + 100;
     char what[96];
     snprintf(what, sizeof what, "resume zero %d %s n=%d", zero, tally_optim_name(opt), n);
-    rm_dir(g_dir);
+    th_rm_dir(g_dir);
     tally__train_cfg straight = rcfg(zero, opt, END);
     straight.ckpt_dir = NULL;
     if (tr_train_on("shm", n, &straight, g_a, what)) return;
@@ -84,7 +70,7 @@ static void test_exact(int zero, tally_optim_kind opt, int n) {
 static void test_any_world(int zero) {
     char what[96];
     snprintf(what, sizeof what, "written at n=4 zero %d", zero);
-    rm_dir(g_dir);
+    th_rm_dir(g_dir);
     tally__train_cfg w = rcfg(zero, TALLY_OPTIM_ADAMW, 30);
     if (tr_train_on("shm", 4, &w, g_a, what)) return;
     for (int n = 2; n >= 1; n--)
@@ -138,7 +124,7 @@ static int run_cli(const char *extra1, const char *extra2, const char *hidden, c
 
 static void test_cli(void) {
     char err[8192], path[512];
-    rm_dir(g_dir);
+    th_rm_dir(g_dir);
     int rc = run_cli("--resume", NULL, "16", err, sizeof err);
     TH_CHECK(rc == 0 && strstr(err, "no checkpoint"), "resume from nothing: exit %d '%s'", rc, err);
     rc = run_cli(NULL, NULL, "16", err, sizeof err);
@@ -178,7 +164,7 @@ static void test_cli(void) {
 /* The whole job killed at random instants while it writes a checkpoint every step: each time the
  * newest committed checkpoint loads and the run resumes from it. */
 static void test_kill_while_saving(void) {
-    rm_dir(g_dir);
+    th_rm_dir(g_dir);
     const char *bin = getenv("TALLY_BIN");
     if (!bin) {
         TH_CHECK(0, "TALLY_BIN is not set");
@@ -233,6 +219,6 @@ int main(void) {
         if (!th_light() || zero == 3) test_any_world(zero);
     test_cli();
     test_kill_while_saving();
-    rm_dir(g_dir);
+    th_rm_dir(g_dir);
     return th_verdict("test_resume");
 }

@@ -395,9 +395,10 @@ static void tt_death_test(int n) {
     kill(job.pid[1], SIGKILL);
     th_wait(&job, 120);
     TH_CHECK(WIFSIGNALED(job.status[1]), "N=%d: the victim was killed", n);
-    /* The transport alone has no relay: a rank that had already taken all it needed from the victim
-     * may first see a survivor that gave up and left, and name that one. The first rank to notice
-     * anything always names the victim; that every rank names it is the monitor's work (test_faults). */
+    /* A rank that had already taken all it needed from the victim may first see a survivor that gave
+     * up and left; that survivor's FAULT frame normally tells it who died, but the survivor may be gone
+     * before it is read. The first rank to notice anything always names the victim; that every rank
+     * names it is checked with the monitor in place (test_faults, test_kill). */
     int named = 0;
     for (int r = 0; r < n; r++) {
         if (r == 1) continue;

@@ -45,6 +45,33 @@ int th_count_fds(void) {
     return n;
 }
 
+int th_count_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+int th_first_rank_named(const char *msg) {
+    const char *p = strstr(msg, "rank ");
+    return p ? atoi(p + 5) : -1;
+}
+
+void th_rm_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char p[1024];
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
 int th_light(void) {
     const char *s = getenv("TALLY_TEST_LIGHT");
     return s && *s == '1';

@@ -45,6 +45,12 @@ int th_free_port(void);
 double th_now(void);
 /* Open file descriptors of this process (entries of /proc/self/fd), -1 if unreadable. */
 int th_count_fds(void);
+/* Threads of this process (entries of /proc/self/task), -1 if unreadable. */
+int th_count_threads(void);
+/* The rank a message names first ("rank 2 (pid ...) ..."), or -1. */
+int th_first_rank_named(const char *msg);
+/* Removes dir and the files in it (not subdirectories); quiet when it does not exist. */
+void th_rm_dir(const char *dir);
 /* Runs a shell command bounded by timeout(1) (KILL after timeout_s); returns its exit status (128+signal
  * when killed) and its stdout and stderr together in out. */
 int th_shell(const char *cmd, int timeout_s, char *out, size_t cap);

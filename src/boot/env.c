@@ -11,10 +11,11 @@
 #include "boot.h"
 
 #define BOOT_MAX_SIZE 4096
-/* Derived ports fall in [29500, 39499]: torchrun's customary 29500 upwards, below the usual
- * ephemeral range (32768+ overlaps, but a listener that fails to bind says so). */
+/* Derived ports fall in [29500, 32767]: torchrun's customary 29500 upwards, and below Linux's default
+ * ephemeral range (32768-60999), where any outgoing connection on the host may hold the port and make
+ * rank 0's listener fail (seen in CI while other tests churned through connections). */
 #define BOOT_PORT_BASE 29500
-#define BOOT_PORT_SPAN 10000
+#define BOOT_PORT_SPAN 3268
 
 typedef enum { L_NONE, L_OMPI, L_PMI, L_SLURM, L_TORCHRUN } boot_launcher;
 

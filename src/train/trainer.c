@@ -31,7 +31,6 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->threads = 1;
 }
 
-
 static void train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     const tally__train_cfg *cfg = r->cfg;
     memset(mc, 0, sizeof *mc);

@@ -82,6 +82,12 @@ void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg)
     if (tally__fault_record(f, code, culprit, msg)) tally__log_warn("%s", msg);
 }
 
+void tally__fault_adopt_relay(tally__fault *f, int code, int culprit, const char *msg) {
+    if (!tally__fault_record(f, code, culprit, msg)) return;
+    tally__log_warn("%s", msg);
+    if (f->propagate) f->propagate(f->propagate_arg, code, culprit, msg);
+}
+
 int tally__fault_await(tally__fault *f, double grace_s) {
     struct timespec nap = {0, 1000000};
     for (double waited = 0; waited < grace_s; waited += 1e-3) {

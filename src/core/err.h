@@ -34,6 +34,10 @@ int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, 
     __attribute__((format(printf, 4, 5)));
 /* Records a fault reported by another rank (no propagation). */
 void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg);
+/* Records a fault another rank reported on a path that reaches only some ranks (a transport's own
+ * connection) and, if it is the first here, passes it on as a raised one is: the ranks that path does
+ * not reach learn it through the monitor's relay. */
+void tally__fault_adopt_relay(tally__fault *f, int code, int culprit, const char *msg);
 /* A peer that left may have left because of a fault it already reported (a mismatch, a timeout): waits
  * up to grace_s for that report to arrive, so every rank names the cause rather than its consequence.
  * Returns the fault's code, or 0 if none came. */

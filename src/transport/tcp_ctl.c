@@ -86,7 +86,9 @@ static int ctl_adopt(tally__tcp_tp *t, int peer, const unsigned char *p, size_t 
     if (code >= 0 || code < -1000 || culprit < -1 || culprit >= t->base.ctx.size) return ctl_malformed(t, peer);
     memcpy(msg, p + 8, len - 8);
     msg[len - 8] = '\0';
-    tally__fault_adopt(t->base.ctx.fault, code, culprit, msg);
+    /* Relayed too: a rank whose stream from the faulty rank was mid-message got no FAULT frame, and
+     * rank 0, had it taken the fault from this frame, would otherwise not relay the monitor's copy. */
+    tally__fault_adopt_relay(t->base.ctx.fault, code, culprit, msg);
     return tally__fault_check(t->base.ctx.fault);
 }
 

@@ -8,7 +8,8 @@
 
 /* fuzz_frame: byte 0 % FZ_FRAME_MODES picks the decoder.
  *   TCP:   [1] elements per message, [2] dtype % 7, [3] op (% 4: sum prod min max; bit 2: plain copy,
- *          bit 3: reduce in place), then a data connection's byte stream.
+ *          bit 3: reduce in place), then a data connection's byte stream: messages with WAIT and
+ *          FAULT control frames between them (tcp_ctl.c).
  *   CTL:   [1] this rank % FZ_CTL_SIZE, then a control connection's byte stream.
  *   HELLO: the 160 bytes of a hello (zero-padded when shorter), judged by rank 0. */
 enum { FZ_FRAME_TCP, FZ_FRAME_CTL, FZ_FRAME_HELLO, FZ_FRAME_MODES };

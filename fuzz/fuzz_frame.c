@@ -22,9 +22,39 @@ static volatile size_t fz_sink; /* results go here so no decoding is optimized a
 
 static const tally_op fz_ops[4] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX};
 
-/* A receiver expecting a run of messages of one shape, each a new collective (seq + 1): every header
- * is judged by the transport's own check before its payload is touched, and an admitted payload is
- * staged 8-aligned (as tcp_align does) and reduced by the transport's kernels. */
+/* The receiving side of the transport, rank 0 of FZ_CTL_SIZE, reading peer 1's stream: its
+ * connection's read-ahead buffer holds the input, so the control-frame parsers (WAIT, FAULT) read
+ * exactly what a peer could have sent. Fresh per input: no fault, no WAIT heard. */
+static tally__tcp_tp fz_t;
+static tally__tcp_conn fz_conns[FZ_CTL_SIZE];
+static tally__fault fz_tfault;
+
+static tally__tcp_conn *fz_tcp_reader(const tally__sig *mine, unsigned char *rb, size_t n) {
+    memset(fz_conns, 0, sizeof fz_conns);
+    for (int k = 0; k < FZ_CTL_SIZE; k++) fz_conns[k].fd = -1, fz_conns[k].w_peer = -1;
+    tally__fault_init(&fz_tfault);
+    fz_t.base.ctx = (tally__tp_ctx){.rank = 0, .size = FZ_CTL_SIZE, .fault = &fz_tfault, .timeout_s = 1.0, .sig = mine};
+    fz_t.conns = fz_conns;
+    fz_conns[1].rb = rb;
+    fz_conns[1].rb_tail = n;
+    return &fz_conns[1];
+}
+
+/* What the transport makes of a peer's stream once nothing more will arrive: the fault a peer that
+ * left may have sent, whether it said goodbye, whom its last WAIT named. */
+static void fz_tcp_after(tally__tcp_conn *c) {
+    tally__fault_init(&fz_tfault);
+    fz_sink += (size_t)-tally__tcp_scan_fault(&fz_t, 1);
+    fz_sink += (size_t)tally__tcp_ends_with_bye(c);
+    uint64_t seq = 0;
+    fz_sink += (size_t)tally__tcp_awaits(&fz_t, 1, &seq) + (size_t)seq;
+}
+
+/* A receiver expecting a run of messages of one shape, each a new collective (seq + 1), as
+ * tcp_check_hdr reads them: control frames first, then every header judged by the transport's own
+ * check before its payload is touched; an admitted payload is staged 8-aligned (as tcp_align does) and
+ * reduced by the transport's kernels. The stream lives in an exact-size buffer, so a walk past its end
+ * is caught. */
 static void fz_tcp(const uint8_t *p, size_t n) {
     static _Alignas(64) unsigned char dst[FZ_MAX_ELEMS * 8], src[FZ_MAX_ELEMS * 8], pay[FZ_MAX_ELEMS * 8];
     if (n < 3) return;
@@ -37,10 +67,14 @@ static void fz_tcp(const uint8_t *p, size_t n) {
                        .dtype = (uint8_t)dt, .op = (uint8_t)fz_ops[opb % 4], .algo = 1};
     memset(src, 0x3c, sizeof src);
     memset(dst, 0, sizeof dst);
-    size_t at = 0;
-    while (n - at >= sizeof(tally__tcp_hdr)) {
+    unsigned char *rb = malloc(n ? n : 1);
+    if (!rb) abort();
+    if (n) memcpy(rb, p, n);
+    tally__tcp_conn *c = fz_tcp_reader(&mine, rb, n);
+    while (!tally__tcp_take_ctl(&fz_t, 1) && !tally__tcp_ctl_partial(c) &&
+           c->rb_tail - c->rb_head >= sizeof(tally__tcp_hdr)) {
         tally__tcp_hdr h;
-        memcpy(&h, p + at, sizeof h);
+        memcpy(&h, rb + c->rb_head, sizeof h);
         int v = tally__tcp_hdr_judge(&h, &mine, want);
         if (v == TALLY__TCP_HDR_MISMATCH) { /* the transport names the peer's collective in its message */
             char theirs[160];
@@ -48,21 +82,17 @@ static void fz_tcp(const uint8_t *p, size_t n) {
             fz_sink += strlen(theirs);
         }
         if (v != TALLY__TCP_HDR_OK) break;
-        at += sizeof h;
-        if (n - at < want) break; /* the rest of the payload has not arrived */
-        memcpy(pay, p + at, want);
+        c->rb_head += sizeof h;
+        if (c->rb_tail - c->rb_head < want) break; /* the rest of the payload has not arrived */
+        memcpy(pay, rb + c->rb_head, want);
         if (opb & 4) memcpy(dst, pay, want);
         else tally__reduce(dst, (opb & 8) ? dst : src, pay, count, dt, fz_ops[opb % 4]);
-        at += want;
+        c->rb_head += want;
         mine.seq++;
     }
-    /* What the idle watcher does with the bytes a departed peer left buffered: an exact-size copy,
-     * so a walk past its end is caught. */
-    tally__tcp_conn c = {.fd = -1, .rb = malloc(n ? n : 1), .rb_tail = n};
-    if (!c.rb) abort();
-    if (n) memcpy(c.rb, p, n);
-    fz_sink += (size_t)tally__tcp_ends_with_bye(&c);
-    free(c.rb);
+    c->rb_head = 0; /* the idle watcher and a departed peer's scan start from the buffered bytes */
+    fz_tcp_after(c);
+    free(rb);
 }
 
 /* ---- control connections: a boot handle of FZ_CTL_SIZE ranks that sends nowhere ---- */

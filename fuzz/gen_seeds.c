@@ -97,6 +97,40 @@ static size_t gs_fault(unsigned char *p, int code, int culprit, const char *msg)
     return 8 + strlen(msg);
 }
 
+/* WAIT and FAULT frames between a data connection's messages (tcp_ctl.c): a WAIT before each
+ * message, a FAULT after the first, one cut short, one too long, one with a culprit out of range. */
+static void gs_tcp_wait(gs_buf *s, uint64_t seq, uint32_t aux) {
+    tally__tcp_hdr h = {.magic = TALLY__TCP_MAGIC_WAIT, .aux = aux, .sig = gs_sig(seq, 2, TALLY_F32, TALLY_SUM)};
+    gs_put(s, &h, sizeof h);
+}
+
+static void gs_tcp_fault(gs_buf *s, int code, int culprit, const char *msg, int64_t len_delta) {
+    unsigned char p[512];
+    size_t n = gs_fault(p, code, culprit, msg);
+    gs_tcp_hdr(s, TALLY__TCP_MAGIC_FAULT, gs_sig(FZ_TCP_SEQ0, 2, TALLY_F32, TALLY_SUM), (uint64_t)((int64_t)n + len_delta));
+    gs_put(s, p, n);
+}
+
+static void gs_frame_tcp_ctl(void) {
+    struct { const char *name; int code, culprit; int64_t len_delta; } f[] = {
+        {"tcp-ctl-fault", TALLY_E_PEER_LOST, 3, 0},
+        {"tcp-ctl-fault-cut", TALLY_E_TIMEOUT, 2, 40},
+        {"tcp-ctl-fault-culprit", TALLY_E_PEER_LOST, 9, 0},
+        {"tcp-ctl-fault-short", TALLY_E_PEER_LOST, 1, -100},
+    };
+    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+        gs_buf s = {0};
+        gs_byte(&s, FZ_FRAME_TCP), gs_byte(&s, 2), gs_byte(&s, TALLY_F32), gs_byte(&s, 0);
+        gs_tcp_wait(&s, FZ_TCP_SEQ0, 3);
+        gs_tcp_hdr(&s, TALLY__TCP_MAGIC_DATA, gs_sig(FZ_TCP_SEQ0, 2, TALLY_F32, TALLY_SUM), 8);
+        for (int i = 0; i < 8; i++) gs_byte(&s, 0x40);
+        gs_tcp_wait(&s, FZ_TCP_SEQ0 + 1, 0);
+        gs_tcp_fault(&s, f[k].code, f[k].culprit, "rank 3 left during allreduce #1 (peer lost)", f[k].len_delta);
+        gs_tcp_hdr(&s, TALLY__TCP_MAGIC_BYE, (tally__sig){0}, 0);
+        gs_write("frame", f[k].name, &s);
+    }
+}
+
 static void gs_frame_tcp(void) {
     static const char *dt_names[TALLY_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
     for (int dt = 0; dt < TALLY_DTYPE_COUNT; dt++) { /* two messages of each dtype, then goodbye */
@@ -135,6 +169,7 @@ static void gs_frame_tcp(void) {
         gs_tcp_hdr(&s, TALLY__TCP_MAGIC_DATA, gs_sig(seq, 0, TALLY_U8, TALLY_SUM), 0);
     s.n -= 7;
     gs_write("frame", "tcp-empty-truncated", &s);
+    gs_frame_tcp_ctl();
 }
 
 static void gs_frame_ctl(void) {

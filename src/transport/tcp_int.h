@@ -80,6 +80,21 @@ int tally__tcp_ends_with_bye(const tally__tcp_conn *c);
 /* tally__stall's view of rank r: whom its latest WAIT names, while fresh. */
 int tally__tcp_awaits(void *arg, int r, uint64_t *seq);
 
+/* The first bytes on a mesh connection after authentication: who the connector is. */
+typedef struct tally__tcp_hello {
+    uint32_t magic, rank, size, reserved;
+} tally__tcp_hello;
+
+/* A connector that does not finish authenticating within this long is dropped, so a stranger that
+ * stalls cannot hold the mesh until the whole setup deadline. */
+#define TALLY__TCP_AUTH_S 10.0
+
+/* The accepting half of the mesh (tcp_accept.c): takes connections on lfd until every rank above ours
+ * has authenticated with tok and named itself, into conns[rank].fd; strangers, wrong tokens and
+ * duplicates are refused and logged without delaying the others. TALLY_E_TIMEOUT past deadline. */
+int tally__tcp_accept_peers(const tally__tp_ctx *ctx, const void *tok, size_t tlen, int lfd, tally__tcp_conn *conns,
+                            uint64_t deadline);
+
 /* Builds the mesh: one authenticated, non-blocking, TCP_NODELAY connection per pair of ranks, in
  * conns[peer].fd. Collective; bounded by ctx->timeout_s. On failure every fd it opened is closed. */
 int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns);

@@ -17,19 +17,12 @@
 /* Socket buffers large enough that a ring step of a few MiB streams without waiting for the reader
  * (the kernel caps them at net.core.[rw]mem_max). */
 #define TCP_SOCKBUF (4 * 1024 * 1024)
-/* A connector that does not finish authenticating within this long is dropped, so a stranger that
- * stalls cannot hold the mesh until the whole setup deadline. */
-#define TCP_AUTH_S 10.0
 
 typedef struct tcp_addr {
     char ip[64];
     uint32_t port;
     uint32_t reserved;
 } tcp_addr;
-
-typedef struct tcp_hello {
-    uint32_t magic, rank, size, reserved;
-} tcp_hello;
 
 /* Large buffers let a ring step of a few MiB stream without waiting for the reader. Best effort:
  * a smaller buffer costs speed, not correctness. */
@@ -66,7 +59,7 @@ static int tcp_dial(const tally__tp_ctx *ctx, int peer, const tcp_addr *a, uint6
         close(fd);
         return tcp_reword(rc, ctx->rank, "");
     }
-    tcp_hello h = {.magic = TALLY__TCP_MAGIC_HELLO, .rank = (uint32_t)ctx->rank, .size = (uint32_t)ctx->size};
+    tally__tcp_hello h = {.magic = TALLY__TCP_MAGIC_HELLO, .rank = (uint32_t)ctx->rank, .size = (uint32_t)ctx->size};
     if ((rc = tally__net_send_all(fd, &h, sizeof h, deadline))) {
         close(fd);
         return tally__seterr(rc, "rank %d: tcp transport: rank %d dropped the connection during setup", ctx->rank,
@@ -76,47 +69,12 @@ static int tcp_dial(const tally__tp_ctx *ctx, int peer, const tcp_addr *a, uint6
     return 0;
 }
 
-/* Accepts one connection and keeps it if it authenticates and names a higher rank not yet connected.
- * Returns 0 (kept or refused: keep accepting) or an error that ends the setup. */
-static int tcp_accept_one(const tally__tp_ctx *ctx, int lfd, tally__tcp_conn *conns, uint64_t deadline) {
-    int fd = -1, rc = tally__net_wait(lfd, POLLIN, deadline);
-    if (rc || (rc = tally__net_accept(lfd, &fd)) || fd < 0) return rc;
-    uint64_t dl = tally__deadline(TCP_AUTH_S);
-    if (dl > deadline) dl = deadline;
-    size_t tlen;
-    const void *tok = tally__boot_token(ctx->boot, &tlen);
-    tcp_hello h;
-    if ((rc = tally__auth_accept(fd, tok, tlen, "tcp", dl)) || (rc = tally__net_recv_all(fd, &h, sizeof h, dl))) {
-        tally__log_warn("rank %d: tcp transport: refused a connection that failed to authenticate (%s)", ctx->rank,
-                        tally_strerror(rc));
-        close(fd);
-        return 0;
-    }
-    int r = (int)h.rank;
-    if (h.magic != TALLY__TCP_MAGIC_HELLO || h.size != (uint32_t)ctx->size || h.rank >= (uint32_t)ctx->size ||
-        r <= ctx->rank || conns[r].fd >= 0) {
-        tally__log_warn("rank %d: tcp transport: refused a connection naming rank %u of %u (unexpected or duplicate)",
-                        ctx->rank, h.rank, h.size);
-        close(fd);
-        return 0;
-    }
-    conns[r].fd = fd;
-    return 0;
-}
-
 static void tcp_close_all(tally__tcp_conn *conns, int n) {
     for (int i = 0; i < n; i++)
         if (conns[i].fd >= 0) {
             close(conns[i].fd);
             conns[i].fd = -1;
         }
-}
-
-/* Counts connections still to accept (from ranks above us). */
-static int tcp_missing_above(const tally__tp_ctx *ctx, const tally__tcp_conn *conns) {
-    int m = 0;
-    for (int r = ctx->rank + 1; r < ctx->size; r++) m += conns[r].fd < 0;
-    return m;
 }
 
 int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns) {
@@ -136,13 +94,10 @@ int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns) {
         all[j].ip[sizeof all[j].ip - 1] = '\0';
         rc = tcp_dial(ctx, j, &all[j], deadline, &conns[j].fd);
     }
-    while (!rc && tcp_missing_above(ctx, conns) > 0) {
-        rc = tcp_accept_one(ctx, lfd, conns, deadline);
-        if (rc == TALLY_E_TIMEOUT)
-            rc = tally__seterr(rc, "rank %d: tcp transport: %d rank(s) above us did not connect within %.0f s",
-                               ctx->rank, tcp_missing_above(ctx, conns), ctx->timeout_s);
-        else if (rc && rc != TALLY_E_TIMEOUT)
-            rc = tally__seterr(rc, "rank %d: tcp transport: accept(): %s", ctx->rank, strerror(errno));
+    if (!rc) {
+        size_t tlen;
+        const void *tok = tally__boot_token(ctx->boot, &tlen);
+        rc = tally__tcp_accept_peers(ctx, tok, tlen, lfd, conns, deadline);
     }
     if (lfd >= 0) close(lfd);
     free(all);

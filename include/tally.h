@@ -110,7 +110,8 @@ TALLY_API int tally_mem_free(tally_comm *comm, void *ptr);
 TALLY_API const char *tally_strerror(int err);
 
 /* The detailed message of the last failed call on this thread (which rank, which collective, what
- * to do), or "" when none failed. Valid until the next failing call on this thread. */
+ * to do), or "" when the last call succeeded: each fallible call clears it on entry, except the teardown calls
+ * (tally_comm_free, tally_mem_free), which leave it as it was unless they fail themselves. */
 TALLY_API const char *tally_last_error(void);
 
 /* Name of the transport in use ("shm", "tcp" or "self") and of the algorithm the next allreduce of

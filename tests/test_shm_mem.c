@@ -199,6 +199,12 @@ static void misuse(rank_ctx *x) {
     RCHECK(x, tally_mem_alloc(NULL, 64) == NULL, "tally_mem_alloc with a NULL communicator succeeded");
     void *zero = tally_mem_alloc(x->c, 0);
     RCHECK(x, zero && tally_mem_free(x->c, zero) == 0, "a 0-byte allocation did not round-trip");
+    /* Teardown after a failure keeps the failure's message, as free() keeps errno. */
+    p = tally_mem_alloc(x->c, 64);
+    RCHECK(x, tally_mem_free(x->c, heap) == TALLY_E_INVALID, "freeing a malloc'd pointer was accepted");
+    (void)tally_mem_free(x->c, NULL);
+    RCHECK(x, p && tally_mem_free(x->c, p) == 0 && strstr(tally_last_error(), "did not come from tally_mem_alloc"),
+           "a successful tally_mem_free cleared the last error (now \"%s\")", tally_last_error());
     free(heap);
 }
 

@@ -141,8 +141,9 @@ static int tally__leave(tally_comm *c, int rc) {
     return rc;
 }
 
+/* Teardown leaves the thread's message alone (as free() leaves errno): a caller tearing down after a
+ * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
-    tally__clearerr();
     return tally__leave(c, 0);
 }
 
@@ -417,7 +418,6 @@ TALLY_API void *tally_mem_alloc(tally_comm *c, size_t bytes) {
 }
 
 TALLY_API int tally_mem_free(tally_comm *c, void *ptr) {
-    tally__clearerr();
     if (!c || !c->ctx.tp) return tally__seterr(TALLY_E_INVALID, "tally_mem_free: communicator is NULL");
     if (!ptr) return 0;
     tally__enter(c);

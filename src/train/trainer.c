@@ -455,7 +455,7 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     if (!rc) rc = train_fingerprint(&r, res);
     if (!rc) train_account(&r, res);
     if (!rc && cfg->measure_peak && r.rank == 0) res->peak_gflops = tally__sgemm_peak_gflops();
-    char why[1024]; /* freeing shared buffers resets the thread's message */
+    char why[1024]; /* a failure while tearing down must not replace the run's own message */
     snprintf(why, sizeof why, "%s", rc ? tally_last_error() : "");
     train_teardown(&r);
     if (rc) tally__seterr(rc, "%s", why);

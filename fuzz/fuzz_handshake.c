@@ -26,8 +26,10 @@
 /* Rank 0 listens afresh after this long without a join; the inputs never rely on it. */
 #define HS_RDV_S 600.0
 /* The longest any one step of an input may take (the client's dial, proof, reply; rank 0's wait for
- * the monitor to read what rank 1 sent). Every real step takes microseconds: past it, something hangs. */
-#define HS_STEP_S 5.0
+ * the monitor to read what rank 1 sent). Every real step takes microseconds: past it, something hangs.
+ * Generous, because a fuzzer run at low priority on a busy machine can wait seconds for a core (5 s
+ * was once exceeded that way by an input that replays in 0.2 s). */
+#define HS_STEP_S 30.0
 /* Once rank 1 has shut its side, the monitor is taken to have stopped reading (after a frame it
  * refused) when its socket's backlog stays put this long. */
 #define HS_STILL_NS 2000000u

@@ -38,6 +38,15 @@ max_len() {
   esac
 }
 
+# Flags of one target: the handshake's listener thread allocates across inputs, so libFuzzer's
+# per-input leak check would scan the heap after most inputs (a third of the time); leaks are still
+# reported at exit, and descriptors are counted every 500 inputs by the target itself.
+target_flags() {
+  case $1 in
+    handshake) echo -detect_leaks=0 ;;
+  esac
+}
+
 CC=${CC:-clang} cmake -S . -B build-fuzz -DTALLY_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"${FUZZ_JOBS:-2}" --target "${targets[@]/#/fuzz_}" >/dev/null
 
@@ -59,8 +68,8 @@ for t in "${targets[@]}"; do
   fi
   log=build-fuzz/work/$t.log
   # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
-  "$bin" -runs="$runs" -max_len="$(max_len "$t")" -timeout=20 -artifact_prefix="$work-" -malloc_limit_mb=64 -print_final_stats=1 \
-    ${FUZZ_FLAGS:-} "$work" "$corpus" 2>&1 | quiet >"$log" || {
+  "$bin" -runs="$runs" -max_len="$(max_len "$t")" -timeout=60 -artifact_prefix="$work-" -malloc_limit_mb=64 -print_final_stats=1 \
+    $(target_flags "$t") ${FUZZ_FLAGS:-} "$work" "$corpus" 2>&1 | quiet >"$log" || {
     echo "$t: FAILED (crash or sanitizer report; reproducer and trace in $log)"
     grep -E 'ERROR|SUMMARY|fuzz_[a-z]*:|Test unit written' "$log" | head -20
     exit 1

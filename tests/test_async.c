@@ -1,0 +1,224 @@
+/* test_async.c - asynchronous training with a parameter server: staleness 0 against synchronous
+ * training (N = 2, 3; SGD momentum and AdamW), the staleness bound under a straggler, a dedicated
+ * server, a worker that dies mid-push (module level), and the combinations that are refused. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "boot/boot_int.h"
+#include "boot/net.h"
+#include "core/clock.h"
+#include "harness.h"
+#include "train/ps.h"
+#include "train_runner.h"
+
+/* The bound the issue sets: staleness 0 is the synchronous step, summed in worker order where the
+ * allreduce's order is rhd's (the same for N = 2 and 3). */
+#define REL_TOL 1e-5
+#define STEPS 30
+#define P_MLP (784 * 20 + 20 + 20 * 21 + 21 + 21 * 10 + 10)
+
+static tally__train_cfg acfg(tally_optim_kind opt) {
+    tally__train_cfg c;
+    tally__train_cfg_default(&c);
+    c.nhidden = 2;
+    c.hidden[0] = 20;
+    c.hidden[1] = 21;
+    c.data = "synthetic";
+    c.synthetic_train = 4096;
+    c.synthetic_test = 256;
+    c.max_steps = STEPS;
+    c.batch = 8;
+    c.eval = 0;
+    c.quiet = 1;
+    c.seed = 5;
+    tally_optim_cfg_default(&c.optim, opt);
+    c.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;
+    return c;
+}
+
+static float g_ref[TR_MAX_PARAMS], g_got[TR_MAX_PARAMS];
+
+static void test_bsp_equals_sync(void) {
+    const tally_optim_kind opts[] = {TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW};
+    for (int n = 2; n <= 3; n++)
+        for (int o = 0; o < 2; o++) {
+            char what[96];
+            tally__train_cfg c = acfg(opts[o]);
+            c.warmup_steps = 5; /* the server must take each round's rate from the schedule */
+            c.decay = TALLY_DECAY_COSINE;
+            snprintf(what, sizeof what, "sync %s n=%d", tally_optim_name(opts[o]), n);
+            if (tr_train_on("shm", n, &c, g_ref, what)) continue;
+            c.async = 1;
+            snprintf(what, sizeof what, "async S=0 %s n=%d", tally_optim_name(opts[o]), n);
+            if (tr_train_on("shm", n, &c, g_got, what)) continue;
+            double d = tr_max_rel_diff(g_got, g_ref, P_MLP);
+            printf("%-24s vs sync: max relative difference %.2e (bound %.0e)\n", what, d, REL_TOL);
+            TH_CHECK(d <= REL_TOL, "%s: max relative difference %.3g > %.0e", what, d, REL_TOL);
+            const tally__train_result *r = &tr->res[0];
+            TH_CHECK(r->ps_pushes == (long)n * STEPS && r->ps_updates == STEPS && r->max_staleness == 0 &&
+                         r->staleness_hist[0] == (long)n * STEPS,
+                     "%s: %ld pushes, %ld server steps, max staleness %ld", what, r->ps_pushes, r->ps_updates,
+                     r->max_staleness);
+        }
+}
+
+/* Every applied gradient within the bound, and the straggler makes some of them stale. */
+static void test_bound_under_straggler(void) {
+    const long S = 2;
+    tally__train_cfg c = acfg(TALLY_OPTIM_SGD);
+    c.async = 1;
+    c.staleness = S;
+    c.straggler_rank = 1;
+    c.straggler_ms = 20;
+    c.max_steps = th_light() ? 12 : 20;
+    c.eval = 1;
+    if (tr_train_on("shm", 3, &c, NULL, "async S=2 straggler 1:20")) return;
+    const tally__train_result *r = &tr->res[0];
+    long in = 0, stale = 0;
+    for (int i = 0; i < TALLY__TRAIN_STALE_BINS; i++) {
+        if (i <= S) in += r->staleness_hist[i];
+        if (i > 0) stale += r->staleness_hist[i];
+    }
+    printf("S=2 under a straggler: staleness 0:%ld 1:%ld 2:%ld, max %ld, %ld of %ld pulls held back\n",
+           r->staleness_hist[0], r->staleness_hist[1], r->staleness_hist[2], r->max_staleness, r->pulls_waited,
+           r->pulls);
+    TH_CHECK(r->max_staleness <= S && in == r->ps_pushes && r->ps_pushes == 3 * c.max_steps,
+             "staleness beyond the bound: max %ld, %ld of %ld pushes within %ld", r->max_staleness, in, r->ps_pushes, S);
+    TH_CHECK(stale > 0 && r->pulls_waited > 0, "a straggler made no gradient stale (%ld) or held no pull (%ld)", stale,
+             r->pulls_waited);
+    TH_CHECK(r->evaluated && r->test_acc > 0.1, "evaluation after async training: %d, accuracy %g", r->evaluated,
+             r->test_acc);
+}
+
+static void test_dedicated(void) {
+    tally__train_cfg c = acfg(TALLY_OPTIM_ADAMW);
+    c.async = 1;
+    c.staleness = 1;
+    c.ps_dedicated = 1;
+    c.stale_lr = TALLY__STALE_LR_NONE;
+    if (tr_train_on("tcp", 3, &c, NULL, "async S=1 --ps n=3")) return;
+    const tally__train_result *r = &tr->res[0];
+    TH_CHECK(r->workers == 2 && r->ps_pushes == 2 * STEPS && r->ps_updates == 2 * STEPS && r->max_staleness <= 1,
+             "--ps: %d workers, %ld pushes, %ld steps, max staleness %ld", r->workers, r->ps_pushes, r->ps_updates,
+             r->max_staleness);
+}
+
+/* ---- a worker that dies mid-push, at the module level ---- */
+
+#define DEAD_N 1001 /* odd */
+#define W0_STEPS 10
+#define W1_STEPS 3  /* complete pushes before the torn one */
+#define DEAD_S 4
+
+/* Dyadic values with lr 1 and two workers: every sum is exact, so the order of arrival does not
+ * matter and the reference is exact. */
+static float dead_grad(int w, long c, size_t i) { return (float)((int)(i % 7) + w + 1) * (float)(c + 1) / 16.0f; }
+
+static const char dead_token[] = "test-token";
+
+static int dead_worker(int w, int port) {
+    tally__ps_worker k;
+    static float p[DEAD_N], g[DEAD_N];
+    if (tally__ps_worker_connect(&k, "127.0.0.1", port, dead_token, strlen(dead_token), w, w, DEAD_N, 20)) return 10;
+    long steps = w == 0 ? W0_STEPS : W1_STEPS, stale;
+    for (long c = 0; c < steps; c++) {
+        for (size_t i = 0; i < DEAD_N; i++) g[i] = dead_grad(w, c, i);
+        if (tally__ps_worker_pull(&k, c, p, &stale) || stale > DEAD_S || tally__ps_worker_push(&k, c, g)) return 11;
+    }
+    if (w == 0) return tally__ps_worker_bye(&k, steps) ? 12 : 0;
+    /* worker 1: a pull, then half a gradient and gone */
+    if (tally__ps_worker_pull(&k, steps, p, &stale)) return 13;
+    for (size_t i = 0; i < DEAD_N; i++) g[i] = 1e6f; /* would show in the parameters if applied */
+    /* the header as the wire format defines it, then half of the payload */
+    unsigned char b[TALLY__PS_HDR] = {0};
+    ctl_put32(b, TALLY__PS_MAGIC);
+    ctl_put32(b + 4, TALLY__PS_PUSH);
+    ctl_put32(b + 8, (uint32_t)w);
+    ctl_put64(b + 16, (uint64_t)steps);
+    ctl_put32(b + 24, DEAD_N * sizeof(float));
+    uint64_t dl = tally__deadline(5);
+    if (tally__net_send_all(k.fd, b, sizeof b, dl) || tally__net_send_all(k.fd, g, DEAD_N * sizeof(float) / 2, dl))
+        return 14;
+    return 0;
+}
+
+static void test_dead_worker(void) {
+    static float init[DEAD_N];
+    tally__ps_cfg pc = {.nworkers = 2, .staleness = DEAD_S, .stale_lr = TALLY__STALE_LR_NONE, .nparams = DEAD_N,
+                        .init = init, .sched = {.lr = 1.0f}, .token = dead_token, .token_len = strlen(dead_token),
+                        .host = "127.0.0.1", .timeout_s = 20};
+    tally_optim_cfg_default(&pc.optim, TALLY_OPTIM_SGD);
+    pc.optim.momentum = 0;
+    tally__ps_server *s;
+    if (tally__ps_server_create(&s, &pc)) {
+        TH_CHECK(0, "server: %s", tally_last_error());
+        return;
+    }
+    int port = tally__ps_server_port(s);
+    pid_t pid[2];
+    for (int w = 0; w < 2; w++)
+        if ((pid[w] = fork()) == 0) _exit(dead_worker(w, port));
+    double t0 = th_now();
+    int rc = tally__ps_server_run(s);
+    double took = th_now() - t0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", tally_last_error());
+    int st[2];
+    for (int w = 0; w < 2; w++) waitpid(pid[w], &st[w], 0);
+    const tally__ps_stats *ps = tally__ps_server_stats(s);
+    printf("dead worker: server returned %d after %.2f s: %s\n", rc, took, msg);
+    TH_CHECK(rc == TALLY_E_PEER_LOST && th_first_rank_named(msg) == 1 && strstr(msg, "after 3 applied"),
+             "the server's verdict on a worker that died: %d, %s", rc, msg);
+    TH_CHECK(ps->dead_rank == 1 && ps->dead_clock == W1_STEPS, "dead rank %d at clock %ld", ps->dead_rank,
+             ps->dead_clock);
+    TH_CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0, "worker 0 was held or failed: status %d", st[0]);
+    TH_CHECK(ps->pushes == W0_STEPS + W1_STEPS && ps->updates == W0_STEPS + W1_STEPS,
+             "the server applied %ld pushes (%ld steps); %d were complete", ps->pushes, ps->updates,
+             W0_STEPS + W1_STEPS);
+    const float *p = tally__ps_server_params(s);
+    int same = 1;
+    for (size_t i = 0; i < DEAD_N; i++) {
+        float want = 0;
+        for (long c = 0; c < W0_STEPS; c++) want -= dead_grad(0, c, i) / 2;
+        for (long c = 0; c < W1_STEPS; c++) want -= dead_grad(1, c, i) / 2;
+        same &= p[i] == want;
+    }
+    TH_CHECK(same, "the server's parameters are not those of exactly the complete pushes");
+    tally__ps_server_free(s);
+}
+
+static void test_refused(void) {
+    struct {
+        const char *flags[4], *want;
+    } cases[] = {
+        {{"--zero", "1"}, "does not work with --zero"},
+        {{"--accum", "2"}, "does not work with --accum"},
+        {{"--ckpt", "/nonexistent-async-ckpt"}, "does not work with --ckpt"},
+        {{"--staleness", "-1"}, "must be >= 0"},
+        {{"--ps"}, "at least 2 ranks"},
+    };
+    char err[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *args[16] = {"tally", "train", "-n", "1", "--data", "synthetic:256", "--steps", "2", "--quiet",
+                          "--mode", "async"};
+        int k = 11;
+        for (int j = 0; j < 4 && cases[i].flags[j]; j++) args[k++] = (char *)cases[i].flags[j];
+        int rc = tr_run_tally(args, err, sizeof err);
+        TH_CHECK(rc == 1 && strstr(err, cases[i].want), "--mode async %s: exit %d, %s", cases[i].flags[0], rc, err);
+    }
+    char *sync_only[] = {"tally", "train", "-n", "1", "--staleness", "2", NULL};
+    int rc = tr_run_tally(sync_only, err, sizeof err);
+    TH_CHECK(rc == 2 && strstr(err, "need --mode async"), "--staleness without --mode async: exit %d, %s", rc, err);
+}
+
+int main(void) {
+    test_dead_worker();
+    test_refused();
+    test_bsp_equals_sync();
+    test_bound_under_straggler();
+    test_dedicated();
+    return th_verdict("test_async");
+}

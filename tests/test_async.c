@@ -106,6 +106,27 @@ static void test_dedicated(void) {
              r->max_staleness);
 }
 
+/* A shared quota: the steps x workers gradients in all, the fast workers computing more of them. */
+static void test_shared_quota(void) {
+    tally__train_cfg c = acfg(TALLY_OPTIM_SGD);
+    c.async = 1;
+    c.staleness = 8;
+    c.shared_quota = 1;
+    c.straggler_rank = 1;
+    c.straggler_ms = 20;
+    c.max_steps = 20;
+    if (tr_train_on("shm", 3, &c, NULL, "async S=8 --quota shared")) return;
+    const tally__train_result *r = tr->res;
+    printf("shared quota under a straggler: steps per worker %ld %ld %ld, max staleness %ld\n", r[0].steps, r[1].steps,
+           r[2].steps, r[0].max_staleness);
+    TH_CHECK(r[0].ps_pushes == 3 * c.max_steps && r[0].steps + r[1].steps + r[2].steps == 3 * c.max_steps,
+             "shared quota: %ld pushes, steps %ld + %ld + %ld, expected %ld in all", r[0].ps_pushes, r[0].steps,
+             r[1].steps, r[2].steps, 3 * c.max_steps);
+    TH_CHECK(r[1].steps < r[0].steps && r[1].steps < r[2].steps && r[0].max_staleness <= 8,
+             "the straggler computed as many steps as the others (%ld, %ld, %ld) or staleness %ld > 8", r[0].steps,
+             r[1].steps, r[2].steps, r[0].max_staleness);
+}
+
 /* ---- a worker that dies mid-push, at the module level ---- */
 
 #define DEAD_N 1001 /* odd */
@@ -220,5 +241,6 @@ int main(void) {
     test_bsp_equals_sync();
     test_bound_under_straggler();
     test_dedicated();
+    test_shared_quota();
     return th_verdict("test_async");
 }

@@ -32,7 +32,7 @@ static int train_usage(void) {
             "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
             "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
             "                   [--max-restarts R] [--mode sync|async [--staleness S] [--stale-lr none|inverse]\n"
-            "                   [--ps]] [--straggler RANK:MS]\n"
+            "                   [--ps] [--quota per-worker|shared]] [--straggler RANK:MS]\n"
             "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
             "averaged in buckets while backward runs, every replica takes the same step.\n"
             "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
@@ -59,6 +59,8 @@ static int train_usage(void) {
             "  sync). At S >= 1 every push is applied on arrival as gradient/N at lr damped by --stale-lr\n"
             "  (inverse, the default: lr / (1 + staleness); none: lr). --ps: rank 0 only serves and ranks\n"
             "  1..N-1 train. Not with --zero, --accum > 1, --ckpt, --check-replicas; a NaN loss stops it.\n"
+            "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
+            "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
             "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
             "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
@@ -81,7 +83,7 @@ enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCAL
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
        O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
        O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL,
-       O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER };
+       O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -99,7 +101,7 @@ static const struct option train_longs[] = {
     {"resume", 0, 0, O_RESUME},       {"max-restarts", 1, 0, O_MAX_RESTARTS},
     {"inject-kill", 1, 0, O_INJECT_KILL},
     {"mode", 1, 0, O_MODE},           {"staleness", 1, 0, O_STALENESS},   {"stale-lr", 1, 0, O_STALE_LR},
-    {"ps", 0, 0, O_PS},               {"straggler", 1, 0, O_STRAGGLER},
+    {"ps", 0, 0, O_PS},               {"straggler", 1, 0, O_STRAGGLER},   {"quota", 1, 0, O_QUOTA},
     {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
@@ -184,6 +186,11 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
         return parse_num(a, -1e9, 1e9, &v) || v != (long)v ? -1 : (c->staleness = (long)v, 0);
     case O_STALE_LR: p->has_async_only = 1; return (k = tally__stale_lr_parse(a)) < 0 ? -1 : (c->stale_lr = k, 0);
     case O_PS: p->has_async_only = 1; c->ps_dedicated = 1; return 0;
+    case O_QUOTA:
+        p->has_async_only = 1;
+        if (strcmp(a, "per-worker") && strcmp(a, "shared")) return -1;
+        c->shared_quota = !strcmp(a, "shared");
+        return 0;
     case O_STRAGGLER: {
         long ms;
         if (parse_rank_step(a, &c->straggler_rank, &ms) || ms > 3600000) return -1;
@@ -220,7 +227,7 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         return -1;
     }
     if (p.has_async_only && !o->cfg.async) {
-        fprintf(stderr, "tally train: --staleness, --stale-lr and --ps need --mode async\n");
+        fprintf(stderr, "tally train: --staleness, --stale-lr, --ps and --quota need --mode async\n");
         return -1;
     }
     if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;

@@ -21,6 +21,7 @@ enum {
     TALLY__PS_PARAMS,    /* server -> worker: the parameters, once the bound allows; len = 4 * nparams */
     TALLY__PS_PUSH,      /* worker -> server: the mean gradient of step `clock`; len = 4 * nparams */
     TALLY__PS_BYE,       /* worker -> server: done after `clock` steps; len 0 */
+    TALLY__PS_STOP,      /* server -> worker, answering a pull: the shared budget is spent; len 0 */
     TALLY__PS_TYPE_MAX
 };
 
@@ -62,6 +63,7 @@ typedef struct tally__ps_cfg {
     size_t token_len;
     const char *host;        /* the address to listen on (an ephemeral port) */
     double timeout_s;        /* the longest any one wait for a worker may take */
+    long budget;             /* > 0: answer this many pulls in all, whoever asks, then STOP every one */
 } tally__ps_cfg;
 
 typedef struct tally__ps_stats {
@@ -105,7 +107,9 @@ typedef struct tally__ps_worker {
 int tally__ps_worker_connect(tally__ps_worker *w, const char *host, int port, const void *token, size_t token_len,
                              int worker, int rank, size_t nparams, double timeout_s);
 /* Asks for the parameters to compute step `clock` with; blocks until the bound allows (at most the
- * timeout). *staleness: how many steps behind this worker the slowest one was. */
+ * timeout). *staleness: how many steps behind this worker the slowest one was. Returns
+ * TALLY__PS_STOPPED instead when the server's shared budget of steps is spent. */
+#define TALLY__PS_STOPPED 1
 int tally__ps_worker_pull(tally__ps_worker *w, long clock, float *params, long *staleness);
 int tally__ps_worker_push(tally__ps_worker *w, long clock, const float *grads);
 int tally__ps_worker_bye(tally__ps_worker *w, long clock);

@@ -39,6 +39,7 @@ struct tally__ps_server {
     uint64_t started;
     ps_wk *w;
     long round;              /* S = 0: the next round to apply */
+    long answered;           /* pulls answered with parameters */
     tally__ps_stats st;
     int rc;                  /* the first failure (a worker lost, a timeout) */
     char msg[1024];
@@ -92,6 +93,9 @@ int tally__ps_server_create(tally__ps_server **out, const tally__ps_cfg *cfg) {
     if (cfg->nworkers < 1 || cfg->staleness < 0 || !cfg->init)
         return tally__seterr(TALLY_E_INVALID, "parameter server: %d workers and staleness %ld (need >= 1 and >= 0)",
                              cfg->nworkers, cfg->staleness);
+    if (cfg->nparams > UINT32_MAX / sizeof(float))
+        return tally__seterr(TALLY_E_INVALID, "parameter server: %zu parameters do not fit one frame (at most %zu)",
+                             cfg->nparams, (size_t)(UINT32_MAX / sizeof(float)));
     tally__ps_server *s = calloc(1, sizeof *s);
     if (!s) return tally__seterr(TALLY_E_NOMEM, "parameter server: out of memory");
     s->cfg = *cfg;
@@ -261,6 +265,13 @@ static void ps_answer(tally__ps_server *s) {
     for (int i = 0; i < s->cfg.nworkers; i++) {
         ps_wk *k = &s->w[i];
         if (k->state != W_LIVE || k->pull < 0) continue;
+        if (s->cfg.budget > 0 && s->answered >= s->cfg.budget) {
+            tally__ps_hdr stop = {.type = TALLY__PS_STOP, .rank = -1, .clock = (uint64_t)k->pull};
+            k->pull = -1;
+            if (tally__ps_send(k->fd, &stop, NULL, tally__deadline(s->cfg.timeout_s)))
+                ps_drop(s, i, TALLY_E_PEER_LOST, "the end of the shared budget could not be sent to it");
+            continue;
+        }
         long min = ps_min_clock(s);
         if (min < k->pull - s->cfg.staleness) {
             k->held = 1;
@@ -276,6 +287,7 @@ static void ps_answer(tally__ps_server *s) {
         }
         k->stale = stale;
         k->pull = -1;
+        s->answered++;
         if (tally__ps_send(k->fd, &h, s->params, tally__deadline(s->cfg.timeout_s)))
             ps_drop(s, i, TALLY_E_PEER_LOST, "the parameters it asked for could not be sent to it");
     }

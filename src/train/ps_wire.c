@@ -49,6 +49,6 @@ int tally__ps_recv_hdr(int fd, size_t nparams, tally__ps_hdr *h, uint64_t deadli
 }
 
 const char *tally__ps_type_name(int type) {
-    static const char *names[] = {"?", "hello", "pull", "params", "push", "bye"};
+    static const char *names[] = {"?", "hello", "pull", "params", "push", "bye", "stop"};
     return type > 0 && type < TALLY__PS_TYPE_MAX ? names[type] : "?";
 }

@@ -48,6 +48,7 @@ int tally__ps_worker_pull(tally__ps_worker *w, long clock, float *params, long *
     rc = tally__ps_recv_hdr(w->fd, w->nparams, &h, dl, &why);
     if (rc == TALLY_E_PROTOCOL)
         return tally__seterr(rc, "rank %d: malformed answer from the parameter server: %s", w->rank, why);
+    if (!rc && h.type == TALLY__PS_STOP && h.clock == (uint64_t)clock) return TALLY__PS_STOPPED;
     if (!rc && (h.type != TALLY__PS_PARAMS || h.clock != (uint64_t)clock))
         return tally__seterr(TALLY_E_PROTOCOL, "rank %d: the parameter server answered a pull for step %ld with a %s "
                                                "frame for step %llu",

@@ -96,9 +96,10 @@ static void stale_hist(const tally__train_result *r, char *buf, size_t n) {
 static void summary_async(FILE *out, const tally__train_result *r, const step_ms *ms) {
     char hist[1024];
     stale_hist(r, hist, sizeof hist);
-    fprintf(out, "  async            parameter server on rank 0 (%s), %d workers, staleness bound %ld (%s); stale "
-                 "gradients' lr: %s\n",
-            r->ps_dedicated ? "dedicated, --ps" : "a thread beside its worker", r->workers, r->staleness,
+    fprintf(out, "  async            parameter server on rank 0 (%s), %d workers (%s), staleness bound %ld (%s); "
+                 "stale gradients' lr: %s\n",
+            r->ps_dedicated ? "dedicated, --ps" : "a thread beside its worker", r->workers,
+            r->shared_quota ? "sharing the steps x workers gradients" : "each computing every step", r->staleness,
             r->staleness == 0 ? "synchronous rounds: one averaged step per round" : "each push applied on arrival",
             r->staleness == 0 ? "not damped (always 0)" : r->stale_lr ? "inverse, lr / (1 + staleness)" : "none, lr");
     fprintf(out, "  staleness        %s (gradients by staleness; max %ld); %ld pushes, %ld server steps\n", hist,
@@ -213,10 +214,11 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
         for (int i = 0; i < TALLY__TRAIN_STALE_BINS && i <= r->staleness; i++)
             o += (size_t)snprintf(hist + o, sizeof hist - o, "%s%ld", i ? ", " : "", r->staleness_hist[i]);
         hist[o < sizeof hist ? o : sizeof hist - 1] = 0;
-        fprintf(f, "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, "
+        fprintf(f, "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, \"shared_quota\": %s, "
                    "\"staleness_hist\": [%s], \"max_staleness\": %ld, \"pushes\": %ld, \"server_steps\": %ld, "
                    "\"pulls\": %ld, \"pulls_waited\": %ld, \"pull_wait_s\": %.4f},\n",
-                r->staleness, r->stale_lr ? "inverse" : "none", r->ps_dedicated ? "true" : "false", r->workers, hist,
+                r->staleness, r->stale_lr ? "inverse" : "none", r->ps_dedicated ? "true" : "false", r->workers,
+                r->shared_quota ? "true" : "false", hist,
                 r->max_staleness, r->ps_pushes, r->ps_updates, r->pulls, r->pulls_waited, r->pull_wait_s);
     } else {
         fprintf(f, "  \"async\": null,\n");

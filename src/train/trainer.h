@@ -62,6 +62,8 @@ typedef struct tally__train_cfg {
     int ps_dedicated;        /* --ps: rank 0 only serves; ranks 1..N-1 are the workers */
     int straggler_rank;      /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
     int straggler_ms;        /* 0: no straggler */
+    int shared_quota;        /* async: the run's steps x workers gradients are shared out to whoever is
+                              * ready (a fast worker computes more), not steps to each worker */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
@@ -101,6 +103,7 @@ typedef struct tally__train_result {
     long staleness;           /* the bound S */
     int stale_lr;             /* tally__stale_lr */
     int ps_dedicated, workers;
+    int shared_quota;         /* steps x workers gradients shared out, not steps per worker */
     long staleness_hist[TALLY__TRAIN_STALE_BINS]; /* applied gradients by staleness; the last bin: that
                                                    * many or more */
     long max_staleness;

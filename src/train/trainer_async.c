@@ -5,6 +5,7 @@
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "../boot/boot.h"
@@ -31,6 +32,7 @@ typedef struct async_run {
     tally__ps_server *ps;    /* rank 0 */
     tally__ps_worker wk;
     double data_s, compute_s, push_s, loss;
+    long steps;              /* this worker's steps (with a shared quota, its share) */
 } async_run;
 
 static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
@@ -127,7 +129,8 @@ static int async_server_create(async_run *a) {
                         .token = a->env.token,
                         .token_len = a->env.token_len,
                         .host = a->env.bind[0] ? a->env.bind : a->host,
-                        .timeout_s = tally__timeout_s()};
+                        .timeout_s = tally__timeout_s(),
+                        .budget = cfg->shared_quota ? a->r.sched.total_steps * a->nworkers : 0};
     return tally__ps_server_create(&a->ps, &pc);
 }
 
@@ -138,7 +141,7 @@ static int async_step(async_run *a, long c) {
     long in_epoch = c % r->steps_per_epoch, stale;
     if (in_epoch == 0) tally_sampler_set_epoch(&r->sampler, (int)(c / r->steps_per_epoch));
     int rc = tally__ps_worker_pull(&a->wk, c, r->model.params, &stale);
-    if (rc) return rc;
+    if (rc) return rc; /* or TALLY__PS_STOPPED */
     uint64_t t0 = tally__now_ns();
     for (int s = 0; s < cfg->batch; s++) r->idx[s] = tally_sampler_index(&r->sampler, (size_t)(in_epoch * cfg->batch + s));
     tally__train_gather(r, &r->train, r->idx, cfg->batch);
@@ -171,19 +174,26 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
     int show = r->rank == 0 && !r->cfg->quiet;
     if (show) tally__progress_init(&r->progress, stdout, total);
     double epoch_loss = 0;
-    for (long c = 0; c < total && !rc; c++) {
-        if (!(rc = async_step(a, c))) {
+    long c = 0, limit = r->cfg->shared_quota ? total * a->nworkers : total; /* the server says stop */
+    for (; c < limit && !rc; c++) {
+        if ((rc = async_step(a, c)) == TALLY__PS_STOPPED) {
+            rc = 0;
+            break;
+        }
+        if (!rc) {
             epoch_loss += a->loss;
             long in_epoch = c % r->steps_per_epoch + 1;
-            if (in_epoch == r->steps_per_epoch || c + 1 == total) res->last_loss = epoch_loss / (double)in_epoch;
+            res->last_loss = epoch_loss / (double)in_epoch; /* the epoch so far */
             if (in_epoch == r->steps_per_epoch) epoch_loss = 0;
             if (show)
-                tally__progress_update(&r->progress, c + 1, (int)(c / r->steps_per_epoch), r->cfg->epochs,
+                tally__progress_update(&r->progress, c + 1 < total ? c + 1 : total, (int)(c / r->steps_per_epoch),
+                                       r->cfg->epochs,
                                        (double)(c + 1) * r->cfg->batch * a->nworkers, a->loss);
         }
     }
     if (show) tally__progress_end(&r->progress);
-    if (!rc) rc = tally__ps_worker_bye(&a->wk, total);
+    a->steps = c;
+    if (!rc) rc = tally__ps_worker_bye(&a->wk, c);
     tally__ps_worker_close(&a->wk);
     return rc;
 }
@@ -232,8 +242,9 @@ static void async_result(const async_run *a, tally__train_result *res) {
     res->stale_lr = cfg->stale_lr;
     res->ps_dedicated = cfg->ps_dedicated;
     res->workers = a->nworkers;
-    res->steps = r->sched.total_steps;
-    res->samples = (double)res->steps * cfg->batch * a->nworkers;
+    res->steps = a->worker >= 0 ? a->steps : r->sched.total_steps;
+    res->samples = (double)r->sched.total_steps * cfg->batch * a->nworkers;
+    res->shared_quota = cfg->shared_quota;
     res->samples_per_s = res->train_s > 0 ? res->samples / res->train_s : 0;
     res->data_s = a->data_s;
     res->compute_s = a->compute_s;
@@ -243,6 +254,8 @@ static void async_result(const async_run *a, tally__train_result *res) {
     res->mem_params = r->model.params_bytes;
     res->mem_grads = r->model.grads_bytes;
     res->mem_activations = r->model.activation_bytes;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) res->peak_rss = (size_t)ru.ru_maxrss * 1024;
     if (!a->ps) return;
     const tally__ps_stats *st = tally__ps_server_stats(a->ps);
     memcpy(res->staleness_hist, st->hist, sizeof st->hist);

@@ -19,7 +19,7 @@ plain=$(field "$tmp/plain.json" 's["step_ms"]["data"] + s["step_ms"]["compute"]'
 ms=$(/usr/bin/python3 -c "print(max(1, round(3 * $plain)))")
 echo "plain step (data + compute, sync, 4 ranks): $plain ms; --straggler 1:$ms"
 echo
-echo "| run | samples/s | test acc | steps/worker | staleness histogram (0..S) | pulls held back | step ms (rank 0) |"
+echo "| run | samples/s | test acc | steps of rank 0 | staleness histogram (0..S) | pulls held back | step ms (rank 0) |"
 echo "|---|---|---|---|---|---|---|"
 row() {
   local label=$1; shift
@@ -28,7 +28,9 @@ row() {
 import json, sys
 s = json.load(open(sys.argv[2]))
 a = s["async"]
-hist = "-" if a is None else " ".join(str(x) for x in a["staleness_hist"])
+h = [] if a is None else a["staleness_hist"]
+hist = "-" if a is None else " ".join(str(x) for x in h) if len(h) <= 5 else "%s ... %s (max %d)" % (
+    " ".join(str(x) for x in h[:3]), " ".join(str(x) for x in h[-2:]), a["max_staleness"])
 held = "-" if a is None else "%d of %d" % (a["pulls_waited"], a["pulls"])
 print("| %s | %.0f | %.4f | %d | %s | %s | %.2f |" % (sys.argv[1], s["samples_per_s"], s["test_accuracy"],
       s["steps"], hist, held, s["step_ms"]["total"]))
@@ -36,5 +38,7 @@ PY
 }
 row "sync (allreduce)"
 row "async S=0 (server rounds)" --mode async --staleness 0
-for S in 1 4 16; do row "async S=$S, lr/(1+staleness)" --mode async --staleness $S; done
-for S in 4 16; do row "async S=$S, undamped lr" --mode async --staleness $S --stale-lr none; done
+for S in 1 4 16; do row "async S=$S, every worker every step" --mode async --staleness $S; done
+for S in 1 4 16; do row "async S=$S, --quota shared" --mode async --staleness $S --quota shared; done
+row "async S=16, --quota shared, --stale-lr none" --mode async --staleness 16 --quota shared --stale-lr none
+row "async S=1000, --quota shared (~fully async)" --mode async --staleness 1000 --quota shared

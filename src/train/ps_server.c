@@ -16,6 +16,7 @@
 #include "ps.h"
 
 #define POLL_MS 200
+#define HANDSHAKE_S 10.0 /* a connection that has not proven the token by then is turned away */
 
 typedef enum { W_NEW, W_LIVE, W_DONE, W_DEAD } ps_state;
 
@@ -27,6 +28,7 @@ typedef struct ps_wk {
     int held;                /* that pull was found waiting for the bound */
     uint64_t pull_t, heard;  /* when the pull came, when the last frame came */
     long stale;              /* staleness of the parameters it last pulled */
+    long served;             /* the step those parameters were for (-1: none yet) */
     float *stash;            /* S = 0: its gradient for the round in progress */
 } ps_wk;
 
@@ -107,7 +109,7 @@ int tally__ps_server_create(tally__ps_server **out, const tally__ps_cfg *cfg) {
     s->w = calloc((size_t)cfg->nworkers, sizeof *s->w);
     int rc = !s->params || !s->grad || !s->w ? tally__seterr(TALLY_E_NOMEM, "parameter server: out of memory") : 0;
     for (int i = 0; !rc && i < cfg->nworkers; i++) {
-        s->w[i] = (ps_wk){.fd = -1, .pull = -1};
+        s->w[i] = (ps_wk){.fd = -1, .pull = -1, .served = -1};
         if (cfg->staleness == 0 && !(s->w[i].stash = malloc(bytes)))
             rc = tally__seterr(TALLY_E_NOMEM, "parameter server: out of memory for %d gradients", cfg->nworkers);
     }
@@ -136,7 +138,7 @@ const tally__ps_stats *tally__ps_server_stats(const tally__ps_server *s) { retur
 static void ps_accept(tally__ps_server *s) {
     int fd = -1;
     if (tally__net_accept(s->lfd, &fd) || fd < 0) return;
-    uint64_t dl = tally__deadline(s->cfg.timeout_s);
+    uint64_t dl = tally__deadline(s->cfg.timeout_s < HANDSHAKE_S ? s->cfg.timeout_s : HANDSHAKE_S);
     tally__ps_hdr h;
     const char *why = NULL;
     int rc = tally__auth_accept(fd, s->cfg.token, s->cfg.token_len, "ps", dl);
@@ -242,14 +244,15 @@ static void ps_frame(tally__ps_server *s, int w) {
     k->heard = tally__now_ns();
     char bad[160];
     snprintf(bad, sizeof bad, "a %s frame for step %llu while at step %ld%s", tally__ps_type_name(h.type),
-             (unsigned long long)h.clock, k->clock, k->pull >= 0 ? " with a pull outstanding" : "");
+             (unsigned long long)h.clock, k->clock,
+             k->pull >= 0 ? " with a pull outstanding" : k->served != k->clock ? " without parameters for it" : "");
     int in_order = h.rank == w && h.clock == (uint64_t)k->clock;
     if (h.type == TALLY__PS_PULL && in_order && k->pull < 0) {
         k->pull = k->clock;
         k->held = 0;
         k->pull_t = k->heard;
         s->st.pulls++;
-    } else if (h.type == TALLY__PS_PUSH && in_order && k->pull < 0) {
+    } else if (h.type == TALLY__PS_PUSH && in_order && k->pull < 0 && k->served == k->clock) {
         ps_on_push(s, w, &h);
     } else if (h.type == TALLY__PS_BYE && in_order && k->pull < 0) {
         close(k->fd);
@@ -286,6 +289,7 @@ static void ps_answer(tally__ps_server *s) {
             s->st.wait_s += (double)(now - k->pull_t) * 1e-9;
         }
         k->stale = stale;
+        k->served = k->pull;
         k->pull = -1;
         s->answered++;
         if (tally__ps_send(k->fd, &h, s->params, tally__deadline(s->cfg.timeout_s)))

@@ -211,6 +211,53 @@ static void test_dead_worker(void) {
     tally__ps_server_free(s);
 }
 
+/* A worker rank killed in a real run: rank 0's server names it, the others are not held, and the run
+ * ends with an error on every rank instead of a hang. */
+typedef struct kill_out {
+    int rc[3];
+    char msg[3][1024];
+} kill_out;
+static kill_out *g_kill;
+
+static int kill_rank(int rank, int size, void *arg) {
+    tally__train_cfg c = *(const tally__train_cfg *)arg;
+    tally_comm *comm;
+    if (tally_comm_init(&comm)) return 1;
+    tally__train_result res;
+    g_kill->rc[rank] = tally__train(comm, &c, &res);
+    snprintf(g_kill->msg[rank], sizeof g_kill->msg[rank], "%s", tally_last_error());
+    if (!g_kill->rc[rank]) free(res.params);
+    tally_comm_free(comm);
+    return 0;
+}
+
+static void test_killed_rank(void) {
+    if (!g_kill) g_kill = th_shared_alloc(sizeof *g_kill);
+    tally__train_cfg c = acfg(TALLY_OPTIM_SGD);
+    c.async = 1;
+    c.staleness = 2;
+    c.straggler_rank = 1;
+    c.straggler_ms = 5;
+    c.inject_kill_rank = 2;
+    c.inject_kill_step = 8;
+    th_opts o = {.transport = "shm", .timeout_s = 20, .wall_s = 60};
+    th_job job;
+    double t0 = th_now();
+    if (th_start(&job, 3, &o, kill_rank, &c)) {
+        TH_CHECK(0, "could not start 3 ranks");
+        return;
+    }
+    th_wait(&job, 60);
+    double took = th_now() - t0;
+    printf("rank 2 killed at step 8: rank 0 ended with %d after %.1f s: %s\n", g_kill->rc[0], took, g_kill->msg[0]);
+    TH_CHECK(g_kill->rc[0] == TALLY_E_PEER_LOST && th_first_rank_named(g_kill->msg[0]) == 2 &&
+                 strstr(g_kill->msg[0], "parameter server"),
+             "rank 0 after rank 2 died: %d, %s", g_kill->rc[0], g_kill->msg[0]);
+    TH_CHECK(g_kill->rc[1] != 0 && !job.killed_by_harness[0] && !job.killed_by_harness[1] && took < 30,
+             "rank 1 ended with %d (%s); a rank hung: %d %d, %.1f s", g_kill->rc[1], g_kill->msg[1],
+             job.killed_by_harness[0], job.killed_by_harness[1], took);
+}
+
 static void test_refused(void) {
     struct {
         const char *flags[4], *want;
@@ -242,5 +289,6 @@ int main(void) {
     test_bound_under_straggler();
     test_dedicated();
     test_shared_quota();
+    test_killed_rank();
     return th_verdict("test_async");
 }

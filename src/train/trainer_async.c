@@ -3,6 +3,7 @@
  * the server's parameters for evaluation and the fingerprint. */
 #include <math.h>
 #include <openssl/rand.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -40,8 +41,8 @@ static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
                        : cfg->accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
                        : cfg->ckpt_dir  ? "--ckpt (the server's state is not checkpointed)"
                        : cfg->check_replicas > 0 ? "--check-replicas (workers hold different parameters by design)"
-                       : cfg->inject_nan_step || cfg->inject_flip_step || cfg->inject_kill_step || cfg->halt_after
-                           ? "the --inject-* testing aids"
+                       : cfg->inject_nan_step || cfg->inject_flip_step || cfg->halt_after
+                           ? "--inject-nan or --inject-flip"
                            : NULL;
     if (what) return tally__seterr(TALLY_E_INVALID, "rank %d: --mode async does not work with %s", rank, what);
     if (cfg->staleness < 0)
@@ -185,6 +186,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
             long in_epoch = c % r->steps_per_epoch + 1;
             res->last_loss = epoch_loss / (double)in_epoch; /* the epoch so far */
             if (in_epoch == r->steps_per_epoch) epoch_loss = 0;
+            if (r->cfg->inject_kill_step == c + 1 && r->cfg->inject_kill_rank == r->rank) raise(SIGKILL);
             if (show)
                 tally__progress_update(&r->progress, c + 1 < total ? c + 1 : total, (int)(c / r->steps_per_epoch),
                                        r->cfg->epochs,
@@ -213,17 +215,19 @@ static int async_train(async_run *a, tally__train_result *res) {
     } else if (r->rank == 0) {
         rc = tally__ps_server_start(a->ps);
         int wrc = rc ? rc : async_work(a, port, res);
-        char why[1024];
-        snprintf(why, sizeof why, "%s", tally_last_error());
+        char wwhy[1024];
+        snprintf(wwhy, sizeof wwhy, "%s", tally_last_error());
         rc = tally__ps_server_join(a->ps);
-        if (wrc) rc = tally__seterr(wrc, "%s", why);
+        if (wrc) rc = tally__seterr(wrc, "%s", wwhy);
     } else {
         rc = async_work(a, port, res);
         if (rc) return rc; /* rank 0 reports the lost worker; the collectives below would fail */
     }
     int32_t status = rc;
+    char why[1024]; /* the server's verdict, not the broadcast's (which fails too when a rank died) */
+    snprintf(why, sizeof why, "%s", rc ? tally_last_error() : "");
     int brc = tally_broadcast(r->comm, &status, 1, TALLY_I32, 0);
-    if (rc) return rc;
+    if (rc) return tally__seterr(rc, "%s", why);
     if (brc) return brc;
     if (status)
         return tally__seterr(status, "rank %d: the parameter server on rank 0 failed (%s); rank 0's message says why",

@@ -86,7 +86,8 @@ static void test_bound_under_straggler(void) {
            r->staleness_hist[0], r->staleness_hist[1], r->staleness_hist[2], r->max_staleness, r->pulls_waited,
            r->pulls);
     TH_CHECK(r->max_staleness <= S && in == r->ps_pushes && r->ps_pushes == 3 * c.max_steps,
-             "staleness beyond the bound: max %ld, %ld of %ld pushes within %ld", r->max_staleness, in, r->ps_pushes, S);
+             "staleness beyond the bound: max %ld, %ld of %ld pushes within %ld", r->max_staleness, in, r->ps_pushes,
+             S);
     TH_CHECK(stale > 0 && r->pulls_waited > 0, "a straggler made no gradient stale (%ld) or held no pull (%ld)", stale,
              r->pulls_waited);
     TH_CHECK(r->evaluated && r->test_acc >= 0 && r->test_acc <= 1, "evaluation after async training: %d, accuracy %g",

@@ -214,7 +214,8 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
         for (int i = 0; i < TALLY__TRAIN_STALE_BINS && i <= r->staleness; i++)
             o += (size_t)snprintf(hist + o, sizeof hist - o, "%s%ld", i ? ", " : "", r->staleness_hist[i]);
         hist[o < sizeof hist ? o : sizeof hist - 1] = 0;
-        fprintf(f, "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, \"shared_quota\": %s, "
+        fprintf(f, "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, "
+                   "\"shared_quota\": %s, "
                    "\"staleness_hist\": [%s], \"max_staleness\": %ld, \"pushes\": %ld, \"server_steps\": %ld, "
                    "\"pulls\": %ld, \"pulls_waited\": %ld, \"pull_wait_s\": %.4f},\n",
                 r->staleness, r->stale_lr ? "inverse" : "none", r->ps_dedicated ? "true" : "false", r->workers,

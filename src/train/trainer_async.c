@@ -144,7 +144,8 @@ static int async_step(async_run *a, long c) {
     int rc = tally__ps_worker_pull(&a->wk, c, r->model.params, &stale);
     if (rc) return rc; /* or TALLY__PS_STOPPED */
     uint64_t t0 = tally__now_ns();
-    for (int s = 0; s < cfg->batch; s++) r->idx[s] = tally_sampler_index(&r->sampler, (size_t)(in_epoch * cfg->batch + s));
+    for (int s = 0; s < cfg->batch; s++)
+        r->idx[s] = tally_sampler_index(&r->sampler, (size_t)(in_epoch * cfg->batch + s));
     tally__train_gather(r, &r->train, r->idx, cfg->batch);
     uint64_t t1 = tally__now_ns();
     tally__train_straggle(cfg, r->rank);

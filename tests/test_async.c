@@ -1,6 +1,6 @@
-/* test_async.c - asynchronous training with a parameter server: staleness 0 against synchronous
- * training (N = 2, 3; SGD momentum and AdamW), the staleness bound under a straggler, a dedicated
- * server, a worker that dies mid-push (module level), and the combinations that are refused. */
+/* test_async.c - asynchronous training: staleness 0 against sync (N = 2, 3; SGD momentum, AdamW), the bound
+ * under a straggler, --ps, a shared quota, the server alone (model sizes 0, 1, odd, large; a worker torn
+ * mid-push), a worker rank killed mid-run, and the refusals. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,88 +129,111 @@ static void test_shared_quota(void) {
              r[1].steps, r[2].steps, r[0].max_staleness);
 }
 
-/* ---- a worker that dies mid-push, at the module level ---- */
+/* ---- the server at the module level: workers in forked processes ---- */
 
-#define DEAD_N 1001 /* odd */
+#define MOD_MAX 100003 /* the large size class (prime) */
 #define W0_STEPS 10
-#define W1_STEPS 3  /* complete pushes before the torn one */
-#define DEAD_S 4
+#define W1_STEPS 3     /* worker 1's complete pushes before the torn one */
+#define TEAR_S 4
 
-/* Dyadic values with lr 1 and two workers: every sum is exact, so the order of arrival does not
- * matter and the reference is exact. */
-static float dead_grad(int w, long c, size_t i) { return (float)((int)(i % 7) + w + 1) * (float)(c + 1) / 16.0f; }
+static size_t g_n; /* the model size of the run in progress */
 
-static const char dead_token[] = "test-token";
+/* Dyadic values with lr 1 and two workers: every sum is exact, so neither the order of arrival nor
+ * S changes the result, and the reference is exact. */
+static float mod_grad(int w, long c, size_t i) { return (float)((int)(i % 7) + w + 1) * (float)(c + 1) / 16.0f; }
 
-static int dead_worker(int w, int port) {
-    tally__ps_worker k;
-    static float p[DEAD_N], g[DEAD_N];
-    if (tally__ps_worker_connect(&k, "127.0.0.1", port, dead_token, strlen(dead_token), w, w, DEAD_N, 20)) return 10;
-    long steps = w == 0 ? W0_STEPS : W1_STEPS, stale;
-    for (long c = 0; c < steps; c++) {
-        for (size_t i = 0; i < DEAD_N; i++) g[i] = dead_grad(w, c, i);
-        if (tally__ps_worker_pull(&k, c, p, &stale) || stale > DEAD_S || tally__ps_worker_push(&k, c, g)) return 11;
-    }
-    if (w == 0) return tally__ps_worker_bye(&k, steps) ? 12 : 0;
-    /* worker 1: a pull, then half a gradient and gone */
-    if (tally__ps_worker_pull(&k, steps, p, &stale)) return 13;
-    for (size_t i = 0; i < DEAD_N; i++) g[i] = 1e6f; /* would show in the parameters if applied */
-    /* the header as the wire format defines it, then half of the payload */
-    unsigned char b[TALLY__PS_HDR] = {0};
+static const char mod_token[] = "test-token";
+
+/* Worker 1 of a torn run sends a pull, then the header of a push and half its payload, and exits. */
+static int mod_tear(tally__ps_worker *k, int w, long c, float *p, float *g) {
+    long stale;
+    if (tally__ps_worker_pull(k, c, p, &stale)) return 13;
+    for (size_t i = 0; i < g_n; i++) g[i] = 1e6f; /* would show in the parameters if applied */
+    unsigned char b[TALLY__PS_HDR] = {0}; /* the header as the wire format defines it */
     ctl_put32(b, TALLY__PS_MAGIC);
     ctl_put32(b + 4, TALLY__PS_PUSH);
     ctl_put32(b + 8, (uint32_t)w);
-    ctl_put64(b + 16, (uint64_t)steps);
-    ctl_put32(b + 24, DEAD_N * sizeof(float));
+    ctl_put64(b + 16, (uint64_t)c);
+    ctl_put32(b + 24, (uint32_t)(g_n * sizeof(float)));
     uint64_t dl = tally__deadline(5);
-    if (tally__net_send_all(k.fd, b, sizeof b, dl) || tally__net_send_all(k.fd, g, DEAD_N * sizeof(float) / 2, dl))
+    if (tally__net_send_all(k->fd, b, sizeof b, dl) || tally__net_send_all(k->fd, g, g_n * sizeof(float) / 2, dl))
         return 14;
     return 0;
 }
 
-static void test_dead_worker(void) {
-    static float init[DEAD_N];
-    tally__ps_cfg pc = {.nworkers = 2, .staleness = DEAD_S, .stale_lr = TALLY__STALE_LR_NONE, .nparams = DEAD_N,
-                        .init = init, .sched = {.lr = 1.0f}, .token = dead_token, .token_len = strlen(dead_token),
+static int mod_worker(int w, int port, int tear, long S) {
+    tally__ps_worker k;
+    static float p[MOD_MAX + 1], g[MOD_MAX + 1];
+    if (tally__ps_worker_connect(&k, "127.0.0.1", port, mod_token, strlen(mod_token), w, w, g_n, 20)) return 10;
+    long steps = w == 1 && tear ? W1_STEPS : W0_STEPS, stale;
+    for (long c = 0; c < steps; c++) {
+        for (size_t i = 0; i < g_n; i++) g[i] = mod_grad(w, c, i);
+        if (tally__ps_worker_pull(&k, c, p, &stale) || stale > S || tally__ps_worker_push(&k, c, g)) return 11;
+    }
+    if (w == 1 && tear) return mod_tear(&k, w, steps, p, g);
+    return tally__ps_worker_bye(&k, steps) ? 12 : 0;
+}
+
+/* Server in this process, two workers forked; with tear, worker 1 dies in the middle of a push. */
+static void mod_run(size_t n, long S, int tear) {
+    static float init[MOD_MAX + 1];
+    char what[64];
+    snprintf(what, sizeof what, "server n=%zu S=%ld%s", n, S, tear ? " torn push" : "");
+    g_n = n;
+    tally__ps_cfg pc = {.nworkers = 2, .staleness = S, .stale_lr = TALLY__STALE_LR_NONE, .nparams = n,
+                        .init = init, .sched = {.lr = 1.0f}, .token = mod_token, .token_len = strlen(mod_token),
                         .host = "127.0.0.1", .timeout_s = 20};
     tally_optim_cfg_default(&pc.optim, TALLY_OPTIM_SGD);
     pc.optim.momentum = 0;
     tally__ps_server *s;
     if (tally__ps_server_create(&s, &pc)) {
-        TH_CHECK(0, "server: %s", tally_last_error());
+        TH_CHECK(0, "%s: %s", what, tally_last_error());
         return;
     }
     int port = tally__ps_server_port(s);
     pid_t pid[2];
     for (int w = 0; w < 2; w++)
-        if ((pid[w] = fork()) == 0) _exit(dead_worker(w, port));
-    double t0 = th_now();
+        if ((pid[w] = fork()) == 0) _exit(mod_worker(w, port, tear, S));
     int rc = tally__ps_server_run(s);
-    double took = th_now() - t0;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", tally_last_error());
     int st[2];
     for (int w = 0; w < 2; w++) waitpid(pid[w], &st[w], 0);
     const tally__ps_stats *ps = tally__ps_server_stats(s);
-    printf("dead worker: server returned %d after %.2f s: %s\n", rc, took, msg);
-    TH_CHECK(rc == TALLY_E_PEER_LOST && th_first_rank_named(msg) == 1 && strstr(msg, "after 3 applied"),
-             "the server's verdict on a worker that died: %d, %s", rc, msg);
-    TH_CHECK(ps->dead_rank == 1 && ps->dead_clock == W1_STEPS, "dead rank %d at clock %ld", ps->dead_rank,
-             ps->dead_clock);
-    TH_CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0, "worker 0 was held or failed: status %d", st[0]);
-    TH_CHECK(ps->pushes == W0_STEPS + W1_STEPS && ps->updates == W0_STEPS + W1_STEPS,
-             "the server applied %ld pushes (%ld steps); %d were complete", ps->pushes, ps->updates,
-             W0_STEPS + W1_STEPS);
-    const float *p = tally__ps_server_params(s);
-    int same = 1;
-    for (size_t i = 0; i < DEAD_N; i++) {
-        float want = 0;
-        for (long c = 0; c < W0_STEPS; c++) want -= dead_grad(0, c, i) / 2;
-        for (long c = 0; c < W1_STEPS; c++) want -= dead_grad(1, c, i) / 2;
-        same &= p[i] == want;
+    long w1 = tear ? W1_STEPS : W0_STEPS;
+    if (tear) {
+        printf("%s: the server returned %d: %s\n", what, rc, msg);
+        TH_CHECK(rc == TALLY_E_PEER_LOST && th_first_rank_named(msg) == 1 && strstr(msg, "after 3 applied"),
+                 "%s: the server's verdict on a worker that died: %d, %s", what, rc, msg);
+        TH_CHECK(ps->dead_rank == 1 && ps->dead_clock == W1_STEPS, "%s: dead rank %d at clock %ld", what,
+                 ps->dead_rank, ps->dead_clock);
+    } else {
+        TH_CHECK(rc == 0 && ps->dead_rank == -1, "%s: %d, %s", what, rc, msg);
     }
-    TH_CHECK(same, "the server's parameters are not those of exactly the complete pushes");
+    TH_CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0 && WIFEXITED(st[1]) && WEXITSTATUS(st[1]) == 0,
+             "%s: a worker was held or failed: status %d %d", what, st[0], st[1]);
+    TH_CHECK(ps->pushes == W0_STEPS + w1 && ps->max_staleness <= S, "%s: %ld pushes applied, %ld complete; staleness %ld",
+             what, ps->pushes, W0_STEPS + w1, ps->max_staleness);
+    const float *p = tally__ps_server_params(s);
+    size_t bad = n;
+    for (size_t i = n; i-- > 0;) {
+        float want = 0;
+        for (long c = 0; c < W0_STEPS; c++) want -= mod_grad(0, c, i) / 2;
+        for (long c = 0; c < w1; c++) want -= mod_grad(1, c, i) / 2;
+        if (p[i] != want) bad = i;
+    }
+    TH_CHECK(bad == n, "%s: parameter %zu is not that of exactly the complete pushes", what, bad);
     tally__ps_server_free(s);
+}
+
+static void test_module(void) {
+    const size_t sizes[] = {0, 1, 1001, MOD_MAX};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        mod_run(sizes[k], 0, 0);
+        mod_run(sizes[k], 3, 0);
+    }
+    mod_run(1001, TEAR_S, 1);
+    mod_run(MOD_MAX, TEAR_S, 1);
 }
 
 /* A worker rank killed in a real run: rank 0's server names it, the others are not held, and the run
@@ -286,7 +309,7 @@ static void test_refused(void) {
 }
 
 int main(void) {
-    test_dead_worker();
+    test_module();
     test_refused();
     test_bsp_equals_sync();
     test_bound_under_straggler();

@@ -1,6 +1,5 @@
-/* trainer_async.c - one rank's asynchronous run (--mode async): rank 0 hosts the parameter server,
- * the workers pull, compute on their shard and push under the staleness bound; then every rank gets
- * the server's parameters for evaluation and the fingerprint. */
+/* trainer_async.c - one rank's asynchronous run (--mode async): rank 0 hosts the parameter server, workers
+ * pull, compute on their shard and push under the staleness bound; then all get the server's parameters. */
 #include <math.h>
 #include <openssl/rand.h>
 #include <signal.h>

@@ -8,6 +8,7 @@
 
 #include "../src/core/env.h"
 #include "../src/train/guard.h"
+#include "../src/train/ps.h"
 #include "../src/train/trainer.h"
 #include "cmd.h"
 #include "launch.h"
@@ -30,7 +31,8 @@ static int train_usage(void) {
             "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
             "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
             "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
-            "                   [--max-restarts R]\n"
+            "                   [--max-restarts R] [--mode sync|async [--staleness S] [--stale-lr none|inverse]\n"
+            "                   [--ps] [--quota per-worker|shared]] [--straggler RANK:MS]\n"
             "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
             "averaged in buckets while backward runs, every replica takes the same step.\n"
             "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
@@ -51,6 +53,15 @@ static int train_usage(void) {
             "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
             "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
             "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
+            "  --mode async: rank 0 runs a parameter server (master parameters and optimizer state); the\n"
+            "  workers pull parameters and push gradients without waiting for each other, except that none\n"
+            "  may be more than S steps ahead of the slowest (--staleness, default 0: the same steps as\n"
+            "  sync). At S >= 1 every push is applied on arrival as gradient/N at lr damped by --stale-lr\n"
+            "  (inverse, the default: lr / (1 + staleness); none: lr). --ps: rank 0 only serves and ranks\n"
+            "  1..N-1 train. Not with --zero, --accum > 1, --ckpt, --check-replicas; a NaN loss stops it.\n"
+            "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
+            "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
+            "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
             "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
     return 2;
@@ -71,7 +82,8 @@ static int parse_num(const char *s, double lo, double hi, double *out) {
 enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCALE_LR, O_OPT, O_MOMENTUM, O_WD,
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
        O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
-       O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL };
+       O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL,
+       O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -88,12 +100,15 @@ static const struct option train_longs[] = {
     {"ckpt", 1, 0, O_CKPT},           {"ckpt-every", 1, 0, O_CKPT_EVERY}, {"ckpt-keep", 1, 0, O_CKPT_KEEP},
     {"resume", 0, 0, O_RESUME},       {"max-restarts", 1, 0, O_MAX_RESTARTS},
     {"inject-kill", 1, 0, O_INJECT_KILL},
+    {"mode", 1, 0, O_MODE},           {"staleness", 1, 0, O_STALENESS},   {"stale-lr", 1, 0, O_STALE_LR},
+    {"ps", 0, 0, O_PS},               {"straggler", 1, 0, O_STRAGGLER},   {"quota", 1, 0, O_QUOTA},
     {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
 typedef struct pending {
     double momentum, wd;
     int has_momentum, has_wd;
+    int has_async_only; /* --staleness, --stale-lr or --ps: meaningful only with --mode async */
 } pending;
 
 /* "RANK:STEP" (STEP counted from 1). */
@@ -162,6 +177,26 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     case O_CKPT_KEEP: return parse_num(a, 1, 1e6, &v) ? -1 : (c->ckpt_keep = (int)v, 0);
     case O_RESUME: c->resume = 1; return 0;
     case O_MAX_RESTARTS: return parse_num(a, 0, 1000, &v) ? -1 : (o->max_restarts = (int)v, 0);
+    case O_MODE:
+        if (strcmp(a, "sync") && strcmp(a, "async")) return -1;
+        c->async = !strcmp(a, "async");
+        return 0;
+    case O_STALENESS: /* a negative bound is refused by the trainer, with its reason */
+        p->has_async_only = 1;
+        return parse_num(a, -1e9, 1e9, &v) || v != (long)v ? -1 : (c->staleness = (long)v, 0);
+    case O_STALE_LR: p->has_async_only = 1; return (k = tally__stale_lr_parse(a)) < 0 ? -1 : (c->stale_lr = k, 0);
+    case O_PS: p->has_async_only = 1; c->ps_dedicated = 1; return 0;
+    case O_QUOTA:
+        p->has_async_only = 1;
+        if (strcmp(a, "per-worker") && strcmp(a, "shared")) return -1;
+        c->shared_quota = !strcmp(a, "shared");
+        return 0;
+    case O_STRAGGLER: {
+        long ms;
+        if (parse_rank_step(a, &c->straggler_rank, &ms) || ms > 3600000) return -1;
+        c->straggler_ms = (int)ms;
+        return 0;
+    }
     case O_MAX_MEM: {
         long long bytes = tally__parse_size(a);
         return bytes <= 0 ? -1 : (c->max_mem = (size_t)bytes, 0);
@@ -189,6 +224,10 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     }
     if ((o->cfg.resume || o->cfg.ckpt_every || o->max_restarts) && !o->cfg.ckpt_dir) {
         fprintf(stderr, "tally train: --resume, --ckpt-every and --max-restarts need --ckpt DIR\n");
+        return -1;
+    }
+    if (p.has_async_only && !o->cfg.async) {
+        fprintf(stderr, "tally train: --staleness, --stale-lr, --ps and --quota need --mode async\n");
         return -1;
     }
     if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;

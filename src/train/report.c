@@ -83,6 +83,33 @@ static double gflops_per_rank(const tally__train_result *r, int world) {
     return r->train_s > 0 ? r->flops_per_sample * r->samples / world / r->train_s * 1e-9 : 0;
 }
 
+/* "0:120 1:38 2:4": the non-empty bins of the staleness histogram. */
+static void stale_hist(const tally__train_result *r, char *buf, size_t n) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < TALLY__TRAIN_STALE_BINS && o + 32 < n; i++)
+        if (r->staleness_hist[i])
+            o += (size_t)snprintf(buf + o, n - o, "%s%d%s:%ld", o ? " " : "", i,
+                                  i == TALLY__TRAIN_STALE_BINS - 1 ? "+" : "", r->staleness_hist[i]);
+}
+
+static void summary_async(FILE *out, const tally__train_result *r, const step_ms *ms) {
+    char hist[1024];
+    stale_hist(r, hist, sizeof hist);
+    fprintf(out, "  async            parameter server on rank 0 (%s), %d workers (%s), staleness bound %ld (%s); "
+                 "stale gradients' lr: %s\n",
+            r->ps_dedicated ? "dedicated, --ps" : "a thread beside its worker", r->workers,
+            r->shared_quota ? "sharing the steps x workers gradients" : "each computing every step", r->staleness,
+            r->staleness == 0 ? "synchronous rounds: one averaged step per round" : "each push applied on arrival",
+            r->staleness == 0 ? "not damped (always 0)" : r->stale_lr ? "inverse, lr / (1 + staleness)" : "none, lr");
+    fprintf(out, "  staleness        %s (gradients by staleness; max %ld); %ld pushes, %ld server steps\n", hist,
+            r->max_staleness, r->ps_pushes, r->ps_updates);
+    fprintf(out, "  waiting          %ld of %ld pulls held back by the bound, %.3f s in all (%.3f ms per pull); this "
+                 "rank %.3f ms/step in pulls, %.3f in pushes\n",
+            r->pulls_waited, r->pulls, r->pull_wait_s, r->pulls ? r->pull_wait_s / r->pulls * 1e3 : 0, ms->wait,
+            ms->update);
+}
+
 void tally__summary_print(FILE *out, const tally__run_info *in, const tally__train_result *r) {
     step_ms ms = per_step(r);
     double steps = r->steps > 0 ? (double)r->steps : 1;
@@ -99,7 +126,9 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
     fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
             ms.data, ms.compute, ms.wait, ms.update);
-    if (in->zero)
+    if (r->async)
+        summary_async(out, r, &ms);
+    else if (in->zero)
         fprintf(out, "  communication    %.3f ms/step in collectives, layer by layer (ZeRO stage %d); %.1f%% of step time\n",
                 ms.comm, in->zero, ms.step > 0 ? 100 * ms.comm / ms.step : 0);
     else
@@ -179,6 +208,22 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
                "\"activations\": %zu, \"peak_rss\": %zu},\n",
             in->zero, r->mem_params, r->mem_grads, r->mem_optim, r->mem_buffers, r->mem_activations, r->peak_rss);
     fprintf(f, "  \"resumed_from\": %ld, \"checkpoints\": %ld,\n", r->resumed_from, r->checkpoints);
+    if (r->async) {
+        char hist[1024];
+        size_t o = 0;
+        for (int i = 0; i < TALLY__TRAIN_STALE_BINS && i <= r->staleness; i++)
+            o += (size_t)snprintf(hist + o, sizeof hist - o, "%s%ld", i ? ", " : "", r->staleness_hist[i]);
+        hist[o < sizeof hist ? o : sizeof hist - 1] = 0;
+        fprintf(f, "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, "
+                   "\"shared_quota\": %s, "
+                   "\"staleness_hist\": [%s], \"max_staleness\": %ld, \"pushes\": %ld, \"server_steps\": %ld, "
+                   "\"pulls\": %ld, \"pulls_waited\": %ld, \"pull_wait_s\": %.4f},\n",
+                r->staleness, r->stale_lr ? "inverse" : "none", r->ps_dedicated ? "true" : "false", r->workers,
+                r->shared_quota ? "true" : "false", hist,
+                r->max_staleness, r->ps_pushes, r->ps_updates, r->pulls, r->pulls_waited, r->pull_wait_s);
+    } else {
+        fprintf(f, "  \"async\": null,\n");
+    }
     fprintf(f, "  \"skipped_steps\": %ld, \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n",
             r->skipped_steps, hash, r->replicas_identical ? "true" : "false");
     if (fclose(f) != 0) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));

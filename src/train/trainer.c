@@ -15,6 +15,7 @@
 #include "../core/err.h"
 #include "ckpt_train.h"
 #include "memory.h"
+#include "ps.h"
 #include "trainer_int.h"
 
 void tally__train_cfg_default(tally__train_cfg *cfg) {
@@ -29,9 +30,10 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->step_gamma = 0.1f;
     cfg->eval = 1;
     cfg->threads = 1;
+    cfg->stale_lr = TALLY__STALE_LR_INVERSE;
 }
 
-static void train_model_cfg(const train_run *r, tally__model_cfg *mc) {
+void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     const tally__train_cfg *cfg = r->cfg;
     memset(mc, 0, sizeof *mc);
     mc->kind = cfg->model;
@@ -48,7 +50,7 @@ static void train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     }
 }
 
-static float train_default_lr(const tally__train_cfg *cfg) {
+float tally__train_default_lr(const tally__train_cfg *cfg) {
     if (cfg->lr > 0) return cfg->lr;
     if (cfg->optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
     return cfg->model == TALLY__MODEL_LINEAR ? 0.01f : 0.05f;
@@ -121,7 +123,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              " use a smaller --batch or --accum, or fewer ranks",
                              r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->accum);
     tally__model_cfg mc;
-    train_model_cfg(r, &mc);
+    tally__train_model_cfg(r, &mc);
     if ((rc = train_check_memory(r, &mc))) return rc;
     if (cfg->check_replicas > 0 && cfg->zero == 3)
         return tally__seterr(TALLY_E_INVALID,
@@ -131,7 +133,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
     if ((rc = cfg->zero ? train_setup_zero(r, &mc) : train_setup_ddp(r, &mc))) return rc;
     if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->nan_policy, &r->hooks)))
         return rc;
-    float lr = train_default_lr(cfg);
+    float lr = tally__train_default_lr(cfg);
     long total = r->steps_per_epoch * cfg->epochs;
     if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
     r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, r->size) : lr,
@@ -157,7 +159,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
     return 0;
 }
 
-static void train_teardown(train_run *r) {
+void tally__train_teardown(train_run *r) {
     tally_ddp_free(r->ddp);
     tally__zero_free(&r->zero);
     tally__guard_free(&r->guard);
@@ -173,7 +175,7 @@ static void train_teardown(train_run *r) {
 }
 
 /* Copies the samples at data set indices idx[0..B) into the micro-batch buffers. */
-static void train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B) {
+void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B) {
     size_t dim = (size_t)d->dim;
     for (int s = 0; s < B; s++) {
         memcpy(r->xb + s * dim, d->x + idx[s] * dim, dim * sizeof(float));
@@ -230,10 +232,11 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         if (r->cfg->zero) tally__zero_micro(&r->zero, k);
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
-        train_gather(r, &r->train, idx, B);
+        tally__train_gather(r, &r->train, idx, B);
         train_inject_nan(r, step, k);
         uint64_t t1 = tally__now_ns();
         if (r->ddp && (rc = tally_ddp_begin(r->ddp)) < 0) return rc;
+        if (k == 0) tally__train_straggle(cfg, r->rank);
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
         st->loss += loss / cfg->accum;
@@ -271,7 +274,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
 }
 
 /* Test loss and score over the whole test set, each rank taking every size-th sample. */
-static int train_evaluate(train_run *r, tally__train_result *res) {
+int tally__train_evaluate(train_run *r, tally__train_result *res) {
     const tally_dataset *d = &r->test;
     int B = r->cfg->batch;
     size_t *idx = r->idx;
@@ -284,7 +287,7 @@ static int train_evaluate(train_run *r, tally__train_result *res) {
         for (; n < B && i < d->n; n++, i += (size_t)r->size) idx[n] = i;
         int real = n;
         if (!n) idx[n++] = 0;
-        train_gather(r, d, idx, n);
+        tally__train_gather(r, d, idx, n);
         float loss;
         int rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, n, &r->hooks, &loss);
         if (rc) return rc;
@@ -350,7 +353,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
         res->train_s += (double)(tally__now_ns() - t0) * 1e-9;
         res->last_loss = epoch_loss / (epoch_steps ? epoch_steps : 1);
         if (cfg->eval) {
-            int rc = train_evaluate(r, res);
+            int rc = tally__train_evaluate(r, res);
             if (rc) return rc;
             if (r->rank == 0 && !cfg->quiet) {
                 tally__progress_end(&r->progress);
@@ -402,7 +405,7 @@ static int train_visit_layers(train_run *r, fp_ctx *c) {
 }
 
 /* SHA-256 of the parameters, and whether every rank holds the same. */
-static int train_fingerprint(train_run *r, tally__train_result *res) {
+int tally__train_fingerprint(train_run *r, tally__train_result *res) {
     fp_ctx c = {.md = EVP_MD_CTX_new(), .m = &r->model};
     if (r->cfg->keep_params && !(c.copy = res->params = malloc(r->model.nparams * sizeof(float) + 1)))
         return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
@@ -448,16 +451,20 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     if (cfg->batch < 1 || cfg->accum < 1 || cfg->epochs < 1)
         return tally__seterr(TALLY_E_INVALID, "train: batch (%d), accum (%d) and epochs (%d) must be >= 1",
                              cfg->batch, cfg->accum, cfg->epochs);
+    if (cfg->straggler_ms > 0 && (cfg->straggler_rank < 0 || cfg->straggler_rank >= tally_comm_size(comm)))
+        return tally__seterr(TALLY_E_INVALID, "train: --straggler names rank %d, and the ranks are 0..%d",
+                             cfg->straggler_rank, tally_comm_size(comm) - 1);
     openblas_set_num_threads(cfg->threads > 0 ? cfg->threads : 1);
+    if (cfg->async) return tally__train_async(comm, cfg, res);
     train_run r = {.cfg = cfg, .comm = comm, .rank = tally_comm_rank(comm), .size = tally_comm_size(comm)};
     int rc = train_setup(&r, res);
     if (!rc) rc = train_epochs(&r, res);
-    if (!rc) rc = train_fingerprint(&r, res);
+    if (!rc) rc = tally__train_fingerprint(&r, res);
     if (!rc) train_account(&r, res);
     if (!rc && cfg->measure_peak && r.rank == 0) res->peak_gflops = tally__sgemm_peak_gflops();
     char why[1024]; /* a failure while tearing down must not replace the run's own message */
     snprintf(why, sizeof why, "%s", rc ? tally_last_error() : "");
-    train_teardown(&r);
+    tally__train_teardown(&r);
     if (rc) tally__seterr(rc, "%s", why);
     return rc;
 }

@@ -55,10 +55,21 @@ typedef struct tally__train_cfg {
     long inject_kill_step;
     long halt_after;         /* testing: > 0 stops after this many steps as a killed run would (no final
                               * checkpoint, no evaluation) */
+    /* asynchronous training */
+    int async;               /* --mode async: workers push gradients to a parameter server (rank 0) */
+    long staleness;          /* SSP bound S >= 0: no worker more than S steps ahead of the slowest */
+    int stale_lr;            /* tally__stale_lr (ps.h): how a stale gradient's lr is damped */
+    int ps_dedicated;        /* --ps: rank 0 only serves; ranks 1..N-1 are the workers */
+    int straggler_rank;      /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
+    int straggler_ms;        /* 0: no straggler */
+    int shared_quota;        /* async: the run's steps x workers gradients are shared out to whoever is
+                              * ready (a fast worker computes more), not steps to each worker */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
 void tally__train_cfg_default(tally__train_cfg *cfg);
+
+#define TALLY__TRAIN_STALE_BINS 64
 
 typedef struct tally__train_result {
     size_t nparams;
@@ -87,6 +98,18 @@ typedef struct tally__train_result {
     size_t peak_rss;          /* bytes, from getrusage */
     float true_w[64];         /* linear model: the generating weights then bias */
     int true_w_len;
+    /* asynchronous training (cfg->async; rank 0 holds the server's figures) */
+    int async;
+    long staleness;           /* the bound S */
+    int stale_lr;             /* tally__stale_lr */
+    int ps_dedicated, workers;
+    int shared_quota;         /* steps x workers gradients shared out, not steps per worker */
+    long staleness_hist[TALLY__TRAIN_STALE_BINS]; /* applied gradients by staleness; the last bin: that
+                                                   * many or more */
+    long max_staleness;
+    long ps_pushes, ps_updates; /* gradients applied, optimizer steps taken by the server */
+    long pulls, pulls_waited; /* pulls, and those the bound held back */
+    double pull_wait_s;       /* what the held-back pulls waited, summed over workers */
 } tally__train_result;
 
 /* Runs the training on this rank. Every rank calls it with the same cfg. */

@@ -42,4 +42,19 @@ typedef struct train_run {
     long in_epoch;           /* and the steps of it taken */
 } train_run;
 
+/* Pieces of the synchronous run (trainer.c) that the asynchronous one (trainer_async.c) shares. */
+void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);
+float tally__train_default_lr(const tally__train_cfg *cfg);
+void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B);
+/* Test loss and score over the test set, each rank taking every size-th sample (collective). */
+int tally__train_evaluate(train_run *r, tally__train_result *res);
+/* SHA-256 of the parameters, and whether every rank holds the same (collective). */
+int tally__train_fingerprint(train_run *r, tally__train_result *res);
+void tally__train_teardown(train_run *r);
+
+/* --mode async (trainer_async.c): workers and a parameter server instead of allreduce. */
+int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);
+/* --straggler: the named rank sleeps its milliseconds once per step (sync and async). */
+void tally__train_straggle(const tally__train_cfg *cfg, int rank);
+
 #endif

@@ -158,7 +158,8 @@ int tally__zero_measure_f32(tally__zero *z, unsigned long long *bytes) {
         if (!rc) rc = zero_ar(z, zeros, z->layer[l].tail, TALLY_SUM);
     }
     z->half = half;
-    *bytes = z->grad_bytes - before;
+    /* Stages 2-3 reduce every micro-batch's gradients (stage 1 only the step's sum). */
+    *bytes = (z->grad_bytes - before) * (unsigned long long)(z->stage >= 2 ? z->accum : 1);
     z->grad_bytes = before;
     z->comm_s = secs; /* not part of training */
     free(zeros);

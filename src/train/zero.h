@@ -58,7 +58,7 @@ int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stag
  * cast back; call after init. */
 int tally__zero_set_half(tally__zero *z, tally_dtype dt);
 /* The bytes one step's gradient reductions send in f32 (every layer's reduce-scatter and tail, run once
- * on zeros; collective, with the queue idle). */
+ * on zeros, times accum at stages 2-3, which reduce each micro-batch; collective, with the queue idle). */
 int tally__zero_measure_f32(tally__zero *z, unsigned long long *bytes);
 /* Waits until no collective is queued or running, so the caller may use the communicator. */
 int tally__zero_drain(tally__zero *z);

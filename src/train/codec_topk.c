@@ -13,43 +13,41 @@ size_t tally__codec_topk_k(const tally__codec *c, size_t n) {
     return k < 1 ? 1 : k > (double)n ? n : (size_t)k;
 }
 
-static float med3(float a, float b, float c) {
-    if (a > b) { float t = a; a = b; b = t; }
-    if (b > c) b = c;
-    return a > b ? a : b;
+/* |v| as ordered bits (the sign cleared, NaN taken as Inf): unsigned order is magnitude order. */
+static inline uint32_t key_of(float v) {
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    b &= 0x7fffffffu;
+    return b > 0x7f800000u ? 0x7f800000u : b;
 }
 
-/* The k-th largest of a[0..n) (1 <= k <= n), rearranging a: quickselect with a three-way partition,
- * as gradients hold many equal values (exact zeros behind a ReLU). */
-static float kth_largest(float *a, size_t n, size_t k) {
-    size_t lo = 0, hi = n, want = k - 1;
-    while (hi - lo > 1) {
-        float p = med3(a[lo], a[lo + (hi - lo) / 2], a[hi - 1]);
-        size_t lt = lo, i = lo, gt = hi; /* [lo,lt) > p, [lt,gt) == p, [gt,hi) < p */
-        while (i < gt) {
-            float v = a[i];
-            if (v > p) {
-                a[i++] = a[lt];
-                a[lt++] = v;
-            } else if (v < p) {
-                a[i] = a[--gt];
-                a[gt] = v;
-            } else {
-                i++;
-            }
+/* The k-th largest key of x[0..n) (1 <= k <= n), by radix selection on 11, 11 and 10 bits: a histogram
+ * per round and the values of the one bin that holds the k-th kept in cand. No comparisons to
+ * mispredict, and many equal values (exact zeros behind a ReLU) cost nothing extra. *ties: how many
+ * values equal to it the k largest take (the rest of the k are larger). */
+static uint32_t kth_largest_key(const float *x, size_t n, size_t k, uint32_t *cand, size_t *ties) {
+    static const int shift[3] = {21, 10, 0};
+    static const uint32_t bins[3] = {0x7ff, 0x7ff, 0x3ff};
+    uint32_t prefix = 0;
+    size_t m = n;
+    for (int r = 0; r < 3; r++) {
+        size_t hist[2048] = {0}, above = 0;
+        int sh = shift[r];
+        for (size_t i = 0; i < m; i++) hist[((r ? cand[i] : key_of(x[i])) >> sh) & bins[r]]++;
+        uint32_t b = bins[r];
+        for (; b > 0 && above + hist[b] < k; b--) above += hist[b];
+        k -= above;
+        prefix |= b << sh;
+        size_t o = 0; /* o <= i: compacting cand in place is safe */
+        for (size_t i = 0; i < m; i++) {
+            uint32_t u = r ? cand[i] : key_of(x[i]);
+            if (((u >> sh) & bins[r]) == b) cand[o++] = u;
         }
-        if (want < lt)
-            hi = lt;
-        else if (want >= gt)
-            lo = gt;
-        else
-            return p;
+        m = o;
     }
-    return a[lo];
+    *ties = k;
+    return prefix;
 }
-
-/* A total order makes the chosen set independent of how it was found: magnitude, then lower index. */
-static float mag(float v) { return isnan(v) ? INFINITY : fabsf(v); }
 
 void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float *key) {
     if (!k) return;
@@ -57,14 +55,11 @@ void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float
         for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
         return;
     }
-    for (size_t i = 0; i < n; i++) key[i] = mag(x[i]);
-    float t = kth_largest(key, n, k);
-    size_t above = 0;
-    for (size_t i = 0; i < n; i++) above += mag(x[i]) > t;
-    size_t ties = k - above, o = 0;
+    size_t ties, o = 0; /* the k-th's equals are taken lowest indices first */
+    uint32_t t = kth_largest_key(x, n, k, (uint32_t *)(void *)key, &ties);
     for (size_t i = 0; i < n && o < k; i++) {
-        float m = mag(x[i]);
-        if (m > t || (m == t && ties && ties--)) idx[o++] = (uint32_t)i;
+        uint32_t u = key_of(x[i]);
+        if (u > t || (u == t && ties && ties--)) idx[o++] = (uint32_t)i;
     }
 }
 

@@ -57,8 +57,8 @@ void tally__codec_rollback(tally__codec *c);
 int tally__codec_overflow(const tally__codec *c);
 
 /* State a checkpoint keeps. The residual (NULL without error feedback) is [nparams] in the flat layout,
- * this rank's own. PowerSGD's factor Q of tensor t (NULL when that tensor is sent whole) is
- * [cols x rank], the same on every rank. */
+ * this rank's own. PowerSGD's factor Q of tensor t (NULL when that tensor is sent whole), the same on
+ * every rank, is *rows x *cols = [the matrix's columns x rank], row-major. */
 float *tally__codec_residual(tally__codec *c);
 float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols);
 
@@ -67,8 +67,8 @@ float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols);
 void tally__codec_to_half(const float *src, uint16_t *dst, size_t n, tally_dtype dt);
 void tally__codec_from_half(const uint16_t *src, float *dst, size_t n, tally_dtype dt);
 
-/* Top-k selection (codec_topk.c): the indices of the k largest |x| (NaN counts as the largest; ties
- * go to the lower index), ascending, into idx[k]. key is scratch of n floats. */
+/* Top-k selection (codec_topk.c): the indices of the k largest |x| (a NaN counts as an Inf; ties go to
+ * the lower index), ascending, into idx[k]. key is scratch of n floats. */
 void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float *key);
 
 /* PowerSGD's orthonormalisation (codec_powersgd.c): the columns of p[rows x r] (row-major) in place by

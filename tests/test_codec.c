@@ -273,6 +273,7 @@ static int ef_rank(int rank, int size, void *arg) {
             }
             rc = tally_ddp_wait(d);
         }
+        tally__codec_step_end(cd, 1);
         for (size_t i = 0; i < n; i++) {
             double mean = 0;
             for (int r = 0; r < size; r++)

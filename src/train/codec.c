@@ -1,5 +1,5 @@
 /* codec.c - gradient compression: the spec and what a run refuses, the per-bucket state, the dispatch
- * of a bucket to its codec, the fp16/bf16 reduction itself, and the step bookkeeping (rollback). */
+ * of a bucket to its codec, the fp16/bf16 reduction itself, and the step bookkeeping (taken or skipped). */
 #include "codec_int.h"
 
 #include <math.h>
@@ -87,7 +87,7 @@ int tally__codec_create(const tally__codec_cfg *cfg, tally_comm *comm, const tal
     c->seed = seed;
     c->overflow = -1;
     if (codec_has_ef(cfg) && (!(c->residual = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)) ||
-                              !(c->saved = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)))) {
+                              !(c->next = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)))) {
         tally__codec_free(c);
         return tally__seterr(TALLY_E_NOMEM, "rank %d: codec: out of memory for the residual", c->rank);
     }
@@ -131,7 +131,7 @@ void tally__codec_free(tally__codec *c) {
     if (!c) return;
     free(c->bucket);
     free(c->residual);
-    free(c->saved);
+    free(c->next);
     free(c->acc);
     free(c->half);
     free(c->key);
@@ -184,14 +184,18 @@ int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, si
 void tally__codec_step_begin(tally__codec *c) {
     if (!c) return;
     c->overflow = -1;
-    if (c->residual) memcpy(c->saved, c->residual, c->m->nparams * sizeof(float));
     if (c->q) memcpy(c->q_saved, c->q, c->q_len * sizeof(float));
 }
 
-void tally__codec_rollback(tally__codec *c) {
+void tally__codec_step_end(tally__codec *c, int taken) {
     if (!c) return;
-    if (c->residual) memcpy(c->residual, c->saved, c->m->nparams * sizeof(float));
-    if (c->q) memcpy(c->q, c->q_saved, c->q_len * sizeof(float));
+    if (taken) {
+        float *t = c->residual;
+        c->residual = c->next;
+        c->next = t;
+    } else if (c->q) {
+        memcpy(c->q, c->q_saved, c->q_len * sizeof(float));
+    }
 }
 
 int tally__codec_overflow(const tally__codec *c) { return c ? c->overflow : -1; }

@@ -48,10 +48,11 @@ void tally__codec_free(tally__codec *c);
 /* The engine's reducer (tally_ddp_opts.reduce; arg is the codec). */
 int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
 
-/* Step bookkeeping, on the training thread between steps: begin saves what a skipped step must give
- * back; rollback restores it (the step's averaged gradient was thrown away, so nothing was sent). */
+/* Step bookkeeping, on the training thread between steps: begin before the step's first micro-batch;
+ * end once every rank agreed to take the step (taken = 1: its residuals become the codec's) or to skip
+ * it (taken = 0: the state stays as the step found it, as its averaged gradient was thrown away). */
 void tally__codec_step_begin(tally__codec *c);
-void tally__codec_rollback(tally__codec *c);
+void tally__codec_step_end(tally__codec *c, int taken);
 /* The first bucket whose reduced 16-bit sum came out non-finite from finite inputs this step (an fp16
  * overflow), or -1. Reset by step_begin. */
 int tally__codec_overflow(const tally__codec *c);

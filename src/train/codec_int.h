@@ -20,7 +20,8 @@ struct tally__codec {
     codec_bucket *bucket;
     size_t largest;          /* elements of the largest bucket */
     float *residual;         /* [nparams] error feedback, local units (before the division); NULL: off */
-    float *saved;            /* the residual as the step found it, for a rollback */
+    float *next;             /* [nparams] the residual the step in flight leaves (swapped in by
+                              * step_end when the step is taken: a skipped step leaves no trace) */
     int overflow;            /* first bucket whose 16-bit sum overflowed this step, or -1 */
     float *acc;              /* [largest]: gradient + residual */
     /* fp16/bf16 */

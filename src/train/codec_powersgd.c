@@ -137,7 +137,7 @@ static void psgd_keep_q(tally__codec *c, int t) {
 int tally__codec_powersgd_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom) {
     size_t n = b->end - b->begin, len = 0, q0, q1;
     if (!n) return 0;
-    float *res = c->residual ? c->residual + b->begin : NULL;
+    float *res = c->residual ? c->residual + b->begin : NULL, *next = c->residual ? c->next + b->begin : NULL;
     for (size_t i = 0; i < n; i++) c->acc[i] = res ? grad[i] + res[i] : grad[i];
     int rc = psgd_round_p(c, b, &len);
     if (!rc) rc = psgd_round_q(c, b, &q0, &q1);
@@ -149,7 +149,7 @@ int tally__codec_powersgd_reduce(tally__codec *c, const codec_bucket *b, float *
     psgd_walk w;
     for (int more = psgd_next(c, b, &w, 1); more; more = psgd_next(c, b, &w, 0)) {
         const tally__tensor *T = &c->m->tensor[w.t];
-        float *g = grad + (T->offset - b->begin), *rs = res ? res + (T->offset - b->begin) : NULL;
+        float *g = grad + (T->offset - b->begin), *rs = next ? next + (T->offset - b->begin) : NULL;
         if (!w.compressed) {
             for (size_t i = 0; i < T->count; i++) g[i] = c->pbuf[w.at + i] / denom;
             if (rs) memset(rs, 0, T->count * sizeof(float));

@@ -95,7 +95,8 @@ static void topk_sum(tally__codec *c, float *grad, size_t n, size_t k) {
 int tally__codec_topk_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom) {
     size_t n = b->end - b->begin, k = tally__codec_topk_k(c, n);
     if (!n) return 0;
-    float *res = c->residual ? c->residual + b->begin : NULL, *acc = c->acc;
+    float *res = c->residual ? c->residual + b->begin : NULL, *next = c->residual ? c->next + b->begin : NULL;
+    float *acc = c->acc;
     for (size_t i = 0; i < n; i++) acc[i] = res ? grad[i] + res[i] : grad[i];
     tally__topk_select(acc, n, k, c->idx, c->key);
     for (size_t j = 0; j < k; j++) {
@@ -106,9 +107,9 @@ int tally__codec_topk_reduce(tally__codec *c, const codec_bucket *b, float *grad
     if (rc) return rc;
     topk_sum(c, grad, n, k);
     for (size_t i = 0; i < n; i++) grad[i] /= denom;
-    if (res) { /* what was not sent waits for the next step; what was sent is exactly gone */
-        memcpy(res, acc, n * sizeof(float));
-        for (size_t j = 0; j < k; j++) res[c->idx[j]] = 0;
+    if (next) { /* what was not sent waits for the next step; what was sent is exactly gone */
+        memcpy(next, acc, n * sizeof(float));
+        for (size_t j = 0; j < k; j++) next[c->idx[j]] = 0;
     }
     return 0;
 }

@@ -66,7 +66,7 @@ void tally__train_codec_check_overflow(train_run *r, long step) {
                     step + 1, r->cfg->codec.kind == TALLY__CODEC_FP16 ? "fp16" : "16-bit", where);
 }
 
-void tally__train_codec_skipped(train_run *r) { tally__codec_rollback(r->codec); }
+void tally__train_codec_step_end(train_run *r, int taken) { tally__codec_step_end(r->codec, taken); }
 
 unsigned long long tally__train_codec_grad_bytes(const train_run *r) {
     if (r->cfg->zero) return r->zero.grad_bytes;

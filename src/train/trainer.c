@@ -205,7 +205,6 @@ static int train_agree_finite(train_run *r, long step, int *skip) {
     if (!rc) tally__train_codec_check_overflow(r, step);
     if (!rc) rc = tally__guard_agree(&r->guard, r->comm, step, skip);
     if (rc || !*skip) return rc;
-    tally__train_codec_skipped(r);
     if (r->ddp) memset(r->model.grads, 0, r->model.nparams * sizeof(float));
     return r->cfg->zero ? tally__zero_skip(&r->zero) : 0;
 }
@@ -256,6 +255,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     float lr = tally_lr_at(&r->sched, step);
     int skip;
     if ((rc = train_agree_finite(r, step, &skip))) return rc;
+    tally__train_codec_step_end(r, !skip);
     if (skip) {
         st->loss = loss0; /* a NaN does not belong in the mean loss */
         st->skipped++;

@@ -54,8 +54,8 @@ void tally__train_codec_step_begin(train_run *r);
 /* After the step's reductions (ZeRO drained): an overflowed 16-bit sum counts as a non-finite gradient
  * of this rank for the guard. */
 void tally__train_codec_check_overflow(train_run *r, long step);
-/* The step was skipped: the codec's state goes back to what the step found. */
-void tally__train_codec_skipped(train_run *r);
+/* Every rank agreed to take the step (taken = 1) or to skip it: the codec keeps or drops its state. */
+void tally__train_codec_step_end(train_run *r, int taken);
 /* Gradient bytes sent so far (the engine's, or ZeRO's reductions). */
 unsigned long long tally__train_codec_grad_bytes(const train_run *r);
 

@@ -202,6 +202,14 @@ static void test_resume(const char *codec, int n) {
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
     TH_CHECK(!memcmp(g_ref, g_got, tr->res[0].nparams * sizeof(float)), "%s: differs from the run that never "
              "stopped (max rel diff %g)", what, tr_max_rel_diff(g_got, g_ref, tr->res[0].nparams));
+    /* At another world size each rank starts from the mean of the saved residuals. */
+    if (n == 2) {
+        tally__train_cfg third = second;
+        third.max_steps = END + 10;
+        if (!tr_train_on("shm", 3, &third, NULL, "resume topk written at n=2 on 3 ranks"))
+            TH_CHECK(tr->res[0].resumed_from == END, "%s at n=3: resumed from step %ld", what,
+                     tr->res[0].resumed_from);
+    }
     /* Another codec on the same directory is refused, naming both. */
     char cmd[600], out[4096];
     snprintf(cmd, sizeof cmd, "\"$TALLY_BIN\" train -n 2 --data synthetic:4096 --hidden 20,21 --batch 8 --seed 3 "

@@ -207,7 +207,8 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         return -1;
     }
     if (tally__codec_check(&o->cfg.codec, o->cfg.zero, 0)) {
-        fprintf(stderr, "tally train: %s\n", strstr(tally_last_error(), ": ") + 2); /* no rank yet */
+        const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
+        fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return -1;
     }
     if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;

@@ -1,7 +1,7 @@
 /* train_codec.c - compression in a training run: the codec set up for the data-parallel engine (or
  * 16-bit reductions inside ZeRO), the honest f32 baseline of the bytes, overflow and skipped steps. */
+#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "../core/err.h"
 #include "../core/log.h"

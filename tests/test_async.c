@@ -291,6 +291,7 @@ static void test_refused(void) {
         {{"--zero", "1"}, "does not work with --zero"},
         {{"--accum", "2"}, "does not work with --accum"},
         {{"--ckpt", "/nonexistent-async-ckpt"}, "does not work with --ckpt"},
+        {{"--compress", "fp16"}, "does not work with --compress"},
         {{"--staleness", "-1"}, "must be >= 0"},
         {{"--ps"}, "at least 2 ranks"},
     };

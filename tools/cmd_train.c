@@ -31,8 +31,10 @@ static int train_usage(void) {
             "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
             "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
             "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
-            "                   [--max-restarts R] [--mode sync|async [--staleness S] [--stale-lr none|inverse]\n"
-            "                   [--ps] [--quota per-worker|shared]] [--straggler RANK:MS]\n"
+            "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
+            "                   [--no-error-feedback] [--mode sync|async [--staleness S]\n"
+            "                   [--stale-lr none|inverse] [--ps] [--quota per-worker|shared]]\n"
+            "                   [--straggler RANK:MS]\n"
             "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
             "averaged in buckets while backward runs, every replica takes the same step.\n"
             "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
@@ -50,6 +52,13 @@ static int train_usage(void) {
             "  A checkpoint loads at any world size and ZeRO stage; it is exact at the same world size.\n"
             "  --max-restarts R (with -n and --ckpt): when a rank dies, stop the others, start all ranks\n"
             "  again and resume from the last checkpoint, up to R times.\n"
+            "  --compress sends each gradient bucket compressed: fp16 or bf16 (16 bits on the wire, summed\n"
+            "  in f32; an fp16 sum past 65504 counts as an Inf gradient for --nan), topk:R (each rank sends\n"
+            "  the fraction R of largest magnitudes as index-value pairs), powersgd:r (rank-r factors of each\n"
+            "  weight matrix). topk and powersgd keep what they did not send in a residual added to the next\n"
+            "  step (error feedback; --no-error-feedback turns it off) and work with --zero 0 only; fp16 and\n"
+            "  bf16 work with every --zero stage. The summary gives the bytes sent and the ratio to f32.\n"
+            "  A checkpoint keeps the residuals and factors; resuming with another codec is refused.\n"
             "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
             "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
             "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
@@ -83,7 +92,7 @@ enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCAL
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
        O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
        O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL,
-       O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA };
+       O_COMPRESS, O_NO_EF, O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -100,6 +109,7 @@ static const struct option train_longs[] = {
     {"ckpt", 1, 0, O_CKPT},           {"ckpt-every", 1, 0, O_CKPT_EVERY}, {"ckpt-keep", 1, 0, O_CKPT_KEEP},
     {"resume", 0, 0, O_RESUME},       {"max-restarts", 1, 0, O_MAX_RESTARTS},
     {"inject-kill", 1, 0, O_INJECT_KILL},
+    {"compress", 1, 0, O_COMPRESS},   {"no-error-feedback", 0, 0, O_NO_EF},
     {"mode", 1, 0, O_MODE},           {"staleness", 1, 0, O_STALENESS},   {"stale-lr", 1, 0, O_STALE_LR},
     {"ps", 0, 0, O_PS},               {"straggler", 1, 0, O_STRAGGLER},   {"quota", 1, 0, O_QUOTA},
     {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
@@ -176,6 +186,11 @@ static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
     case O_CKPT_EVERY: return parse_num(a, 1, 1e12, &v) ? -1 : (c->ckpt_every = (long)v, 0);
     case O_CKPT_KEEP: return parse_num(a, 1, 1e6, &v) ? -1 : (c->ckpt_keep = (int)v, 0);
     case O_RESUME: c->resume = 1; return 0;
+    case O_COMPRESS:
+        if (!tally__codec_parse(a, &c->codec)) return 0;
+        fprintf(stderr, "tally train: %s\n", tally_last_error());
+        return -1;
+    case O_NO_EF: c->codec.error_feedback = 0; return 0;
     case O_MAX_RESTARTS: return parse_num(a, 0, 1000, &v) ? -1 : (o->max_restarts = (int)v, 0);
     case O_MODE:
         if (strcmp(a, "sync") && strcmp(a, "async")) return -1;
@@ -228,6 +243,11 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     }
     if (p.has_async_only && !o->cfg.async) {
         fprintf(stderr, "tally train: --staleness, --stale-lr, --ps and --quota need --mode async\n");
+        return -1;
+    }
+    if (tally__codec_check(&o->cfg.codec, o->cfg.zero, 0)) {
+        const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
+        fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return -1;
     }
     if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;

@@ -39,6 +39,13 @@ typedef struct tally_ddp_opts {
     size_t bucket_bytes; /* gradient bytes per bucket; 0 means 25 MiB (PyTorch's default) */
     int no_overlap;      /* nonzero: reduce every bucket inside tally_ddp_wait, after backward */
     int accum;           /* micro-batches per reduction (gradient accumulation); 0 means 1 */
+    /* Optional, NULL means a plain f32 allreduce: replaces a bucket's allreduce (e.g. to compress it).
+     * On return grad[0..count) must hold the sum over ranks divided by denom (= world size x accum),
+     * the same on every rank. Runs on the engine thread with overlap (else in tally_ddp_wait), one
+     * bucket at a time in bucket order; the bytes it sends on comm count in tally_ddp_stats. A nonzero
+     * return fails the step like a failed allreduce. */
+    int (*reduce)(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
+    void *reduce_arg;
 } tally_ddp_opts;
 
 /* grad[count] is the flat gradient buffer (memory from tally_mem_alloc makes shm reductions one copy);

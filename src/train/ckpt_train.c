@@ -49,6 +49,8 @@ typedef struct ck_table {
     int nkinds;
     state_kind kinds[2];
     char model_id[96];
+    int first_codec, nresidual, nq; /* codec.spec, then codec.residual.<rank> x nresidual, codec.q.<tensor> */
+    char codec_spec[48];
 } ck_table;
 
 static void ck_model_id(const train_run *r, char *buf, size_t n) {
@@ -67,11 +69,40 @@ static void ck_tensor(ck_table *tb, int i, const tally__tensor *T, const char *p
     for (int d = 0; d < T->ndim; d++) tb->t[i].shape[d] = (uint64_t)T->shape[d];
 }
 
+/* The codec's entries: its spec; each rank's residual (error feedback); PowerSGD's Q per matrix. */
+static void ck_table_codec(const train_run *r, ck_table *tb) {
+    tally__codec_spec(&r->cfg->codec, tb->codec_spec, sizeof tb->codec_spec);
+    ck_scalar(tb, tb->first_codec, "codec.spec", TALLY_U8, strlen(tb->codec_spec));
+    int i = tb->first_codec + 1;
+    for (int k = 0; k < tb->nresidual; k++, i++) {
+        snprintf(tb->names[i], sizeof tb->names[i], "codec.residual.%d", k);
+        tb->t[i] = (tally__ckpt_tensor){.name = tb->names[i], .dtype = TALLY_F32, .ndim = 1,
+                                        .shape = {r->model.nparams}};
+    }
+    for (int t = 0; t < r->model.ntensors; t++) {
+        int rows, cols;
+        if (!tally__codec_q(r->codec, t, &rows, &cols)) continue;
+        snprintf(tb->names[i], sizeof tb->names[i], "codec.q.%s", r->model.tensor[t].name);
+        tb->t[i] = (tally__ckpt_tensor){.name = tb->names[i], .dtype = TALLY_F32, .ndim = 2,
+                                        .shape = {(uint64_t)rows, (uint64_t)cols}};
+        i++;
+    }
+}
+
+static int ck_count_q(const train_run *r) {
+    int n = 0;
+    for (int t = 0; t < r->model.ntensors; t++) n += tally__codec_q(r->codec, t, NULL, NULL) != NULL;
+    return n;
+}
+
 static int ck_table_make(const train_run *r, ck_table *tb) {
     memset(tb, 0, sizeof *tb);
     const tally__model *m = &r->model;
     tb->nkinds = ck_state_kinds(&r->cfg->optim, tb->kinds);
-    tb->count = CK_NSCALAR + m->ntensors * (1 + tb->nkinds);
+    tb->nresidual = tally__codec_residual(r->codec) ? r->size : 0;
+    tb->nq = ck_count_q(r);
+    tb->first_codec = CK_NSCALAR + m->ntensors * (1 + tb->nkinds);
+    tb->count = tb->first_codec + 1 + tb->nresidual + tb->nq;
     tb->t = calloc((size_t)tb->count, sizeof *tb->t);
     tb->names = calloc((size_t)tb->count, sizeof *tb->names);
     if (!tb->t || !tb->names) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
@@ -87,6 +118,7 @@ static int ck_table_make(const train_run *r, ck_table *tb) {
     for (int k = 0; k < tb->nkinds; k++)
         for (int t = 0; t < m->ntensors; t++)
             ck_tensor(tb, tb->first_state + k * m->ntensors + t, &m->tensor[t], "optim.", tb->kinds[k].suffix);
+    ck_table_codec(r, tb);
     return 0;
 }
 
@@ -168,6 +200,30 @@ static int ck_put_state(ck_save *s, int k) {
     return 0;
 }
 
+/* The codec's state: every rank's residual sent in turn to rank 0 (one of them in memory at a time),
+ * and the factors, the same on every rank, from rank 0's own. */
+static int ck_put_codec(ck_save *s) {
+    train_run *r = s->r;
+    int i = s->tb.first_codec;
+    ck_put(s, i++, s->tb.codec_spec, strlen(s->tb.codec_spec));
+    float *res = tally__codec_residual(r->codec), *buf = NULL;
+    size_t n = r->model.nparams;
+    if (s->tb.nresidual && !(buf = malloc(n * sizeof(float) + 4)))
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    int rc = 0;
+    for (int k = 0; k < s->tb.nresidual && !rc; k++, i++) {
+        if (r->rank == k) memcpy(buf, res, n * sizeof(float));
+        if (!(rc = tally_broadcast(r->comm, buf, n, TALLY_F32, k))) ck_put(s, i, buf, n * sizeof(float));
+    }
+    free(buf);
+    for (int t = 0; t < r->model.ntensors && !rc; t++) {
+        int rows, cols;
+        const float *q = tally__codec_q(r->codec, t, &rows, &cols);
+        if (q) ck_put(s, i++, q, (size_t)rows * cols * sizeof(float));
+    }
+    return rc;
+}
+
 /* Every rank learns rank 0's outcome, so all go on or all stop. */
 static int ck_agree(train_run *r, int rc, const char *what) {
     int32_t v = rc;
@@ -190,6 +246,7 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
         ck_put_scalars(&s, steps_done);
         rc = ck_put_params(&s);
         for (int k = 0; k < s.tb.nkinds && !rc; k++) rc = ck_put_state(&s, k);
+        if (!rc) rc = ck_put_codec(&s);
     }
     if (r->rank == 0 && s.w) {
         if (rc || s.wrc) {
@@ -305,6 +362,51 @@ static int ck_load_state(train_run *r, const tally__ckpt *ck) {
     return 0;
 }
 
+/* The codec must be the one that wrote it (a checkpoint without codec.spec was written without one).
+ * At the same world size each rank takes back its own residual: exact. At another, each rank starts
+ * from the mean of the saved residuals: the ranks' residuals enter the next averaged update as their
+ * mean, so that mean is what carries their contribution over, whatever the number of ranks. */
+static int ck_load_codec(train_run *r, const tally__ckpt *ck) {
+    char want[48];
+    tally__codec_spec(&r->cfg->codec, want, sizeof want);
+    const tally__ckpt_tensor *t = tally__ckpt_find(ck, "codec.spec");
+    int rc = t ? ck_string_is(ck, "codec.spec", want, r->rank, "--compress")
+               : strcmp(want, "none") ? tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s was written for "
+                                                       "--compress 'none', and this run has '%s': resume with the "
+                                                       "settings that wrote it, or use another --ckpt directory",
+                                                       r->rank, tally__ckpt_label(ck), want)
+                                      : 0;
+    float *res = tally__codec_residual(r->codec);
+    size_t n = r->model.nparams;
+    int saved = 0;
+    char name[TALLY__CKPT_NAME_MAX + 1];
+    for (; !rc && res; saved++) {
+        snprintf(name, sizeof name, "codec.residual.%d", saved);
+        if (!tally__ckpt_find(ck, name)) break;
+    }
+    if (!rc && res && !saved)
+        rc = tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no codec.residual.0", r->rank,
+                           tally__ckpt_label(ck));
+    for (int k = 0; !rc && res && k < saved; k++) {
+        if (saved == r->size && k != r->rank) continue;
+        const void *p;
+        snprintf(name, sizeof name, "codec.residual.%d", k);
+        if ((rc = tally__ckpt_get(ck, name, TALLY_F32, n, &p))) break;
+        const float *v = p;
+        for (size_t i = 0; i < n; i++)
+            res[i] = saved == r->size ? v[i] : (k ? res[i] : 0.0f) + v[i] / (float)saved;
+    }
+    for (int i = 0; i < r->model.ntensors && !rc; i++) {
+        int rows, cols;
+        float *q = tally__codec_q(r->codec, i, &rows, &cols);
+        const void *p;
+        snprintf(name, sizeof name, "codec.q.%s", r->model.tensor[i].name);
+        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, (size_t)rows * cols, &p)))
+            memcpy(q, p, (size_t)rows * cols * sizeof(float));
+    }
+    return rc;
+}
+
 /* Where the loop starts: the same step; the same epoch and sample position in it, in steps of this
  * run's size (exact when batch, accum and world size are those that wrote it). */
 static int ck_load_position(train_run *r, const tally__ckpt *ck) {
@@ -371,6 +473,7 @@ int tally__train_ckpt_resume(train_run *r) {
     if (!rc) rc = ck_load_params(r, ck);
     if (!rc) rc = ck_load_state(r, ck);
     if (!rc) rc = ck_load_position(r, ck);
+    if (!rc) rc = ck_load_codec(r, ck);
     if (!rc && r->cfg->zero) tally__zero_params_changed(&r->zero);
     if (!rc) r->saved_step = r->start_step;
     tally__ckpt_close(ck);

@@ -23,6 +23,8 @@ struct tally_ddp {
     int size;            /* world size */
     int accum;
     int overlap;         /* reductions on the engine thread while backward runs */
+    int (*reduce)(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
+    void *reduce_arg;    /* the caller's bucket reducer (NULL: plain allreduce) */
     int nlayers, nbuckets;
     int *layer_bucket;   /* layer -> bucket */
     unsigned char *layer_ready;
@@ -54,7 +56,9 @@ static int ddp_reduce_bucket(tally_ddp *d, int k, double *secs, unsigned long lo
     uint64_t t0 = tally__now_ns();
     unsigned long long sent0 = tally_comm_bytes_sent(d->comm);
     int rc = 0;
-    if (d->accum == 1) {
+    if (d->reduce) {
+        rc = d->reduce(d->reduce_arg, d->comm, k, g, n, (float)d->size * (float)d->accum);
+    } else if (d->accum == 1) {
         rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_AVG);
     } else {
         rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_SUM);
@@ -162,6 +166,8 @@ TALLY_API int tally_ddp_create(tally_comm *comm, float *grad, size_t count, cons
     d->size = tally_comm_size(comm);
     d->accum = o.accum ? o.accum : 1;
     d->overlap = !o.no_overlap && d->size > 1;
+    d->reduce = o.reduce;
+    d->reduce_arg = o.reduce_arg;
     d->nlayers = nlayers;
     size_t bucket_bytes = o.bucket_bytes ? o.bucket_bytes : DDP_DEFAULT_BUCKET_BYTES;
     size_t bucket_elems = (bucket_bytes + sizeof(float) - 1) / sizeof(float);

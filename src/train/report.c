@@ -79,6 +79,12 @@ static step_ms per_step(const tally__train_result *r) {
                      .comm = r->comm_s / n * 1e3};
 }
 
+/* The f32 bytes of a step's gradient reductions over those this codec sent; 0 when nothing was sent. */
+static double compression_ratio(const tally__train_result *r) {
+    if (!r->codec[0] || !strcmp(r->codec, "none")) return r->grad_bytes ? 1.0 : 0.0;
+    return r->grad_bytes ? (double)r->grad_bytes_f32_step * (double)r->steps / (double)r->grad_bytes : 0.0;
+}
+
 static double gflops_per_rank(const tally__train_result *r, int world) {
     return r->train_s > 0 ? r->flops_per_sample * r->samples / world / r->train_s * 1e-9 : 0;
 }
@@ -138,6 +144,15 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
                 !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)",
                 ms.step > 0 ? 100 * ms.comm / ms.step : 0, ms.step > 0 ? 100 * ms.wait / ms.step : 0);
     fprintf(out, "  bytes sent       %.0f per step per rank\n", (double)r->bytes_sent / steps);
+    if (strcmp(r->codec, "none") && r->codec[0]) {
+        double ratio = compression_ratio(r);
+        fprintf(out, "  compression      %s: %.0f gradient bytes per step per rank, %.0f in f32: ", r->codec,
+                (double)r->grad_bytes / steps, (double)r->grad_bytes_f32_step);
+        if (ratio > 0)
+            fprintf(out, "%.1fx fewer\n", ratio);
+        else
+            fprintf(out, "no ratio (nothing sent on one rank)\n");
+    }
     size_t state = r->mem_params + r->mem_grads + r->mem_optim;
     fprintf(out, "  memory per rank  ZeRO stage %d: parameters %.1f MB + gradients %.1f MB + optimizer %.1f MB = "
                  "%.1f MB model state; layer buffers %.1f MB; activations %.1f MB; peak RSS %.1f MB\n",
@@ -207,6 +222,11 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
     fprintf(f, "  \"zero\": %d, \"memory\": {\"params\": %zu, \"grads\": %zu, \"optim\": %zu, \"buffers\": %zu, "
                "\"activations\": %zu, \"peak_rss\": %zu},\n",
             in->zero, r->mem_params, r->mem_grads, r->mem_optim, r->mem_buffers, r->mem_activations, r->peak_rss);
+    fprintf(f, "  \"compress\": \"%s\", \"grad_bytes_per_step\": %.0f, \"grad_bytes_f32_per_step\": %.0f, "
+               "\"compression_ratio\": %.4f,\n",
+            r->codec[0] ? r->codec : "none", (double)r->grad_bytes / steps,
+            strcmp(r->codec, "none") && r->codec[0] ? (double)r->grad_bytes_f32_step : (double)r->grad_bytes / steps,
+            compression_ratio(r));
     fprintf(f, "  \"resumed_from\": %ld, \"checkpoints\": %ld,\n", r->resumed_from, r->checkpoints);
     if (r->async) {
         char hist[1024];

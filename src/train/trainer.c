@@ -31,6 +31,7 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->eval = 1;
     cfg->threads = 1;
     cfg->stale_lr = TALLY__STALE_LR_INVERSE;
+    cfg->codec.error_feedback = 1;
 }
 
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
@@ -85,6 +86,7 @@ static int train_setup_ddp(train_run *r, const tally__model_cfg *mc) {
     tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
                             .no_overlap = cfg->no_overlap,
                             .accum = cfg->accum};
+    if ((rc = tally__train_codec_setup(r, &dopts))) return rc;
     if ((rc = tally_ddp_create(r->comm, r->model.grads, r->model.nparams, r->model.offsets, r->model.nlayers,
                                &dopts, &r->ddp)))
         return rc;
@@ -130,7 +132,9 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              "rank %d: --check-replicas compares whole replicas, and under --zero 3 each rank holds "
                              "only its shard of the parameters; use it with --zero 0, 1 or 2",
                              r->rank);
+    if ((rc = tally__codec_check(&cfg->codec, cfg->zero, r->rank))) return rc;
     if ((rc = cfg->zero ? train_setup_zero(r, &mc) : train_setup_ddp(r, &mc))) return rc;
+    if ((rc = tally__train_codec_attach(r, res))) return rc;
     if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->nan_policy, &r->hooks)))
         return rc;
     float lr = tally__train_default_lr(cfg);
@@ -161,6 +165,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
 
 void tally__train_teardown(train_run *r) {
     tally_ddp_free(r->ddp);
+    tally__codec_free(r->codec);
     tally__zero_free(&r->zero);
     tally__guard_free(&r->guard);
     tally_optim_free(&r->optim);
@@ -199,6 +204,7 @@ static int train_agree_finite(train_run *r, long step, int *skip) {
     *skip = 0;
     if (r->cfg->nan_policy == TALLY__NAN_IGNORE) return 0;
     int rc = r->cfg->zero ? tally__zero_drain(&r->zero) : 0; /* the flag's allreduce needs the comm idle */
+    if (!rc) tally__train_codec_check_overflow(r, step);
     if (!rc) rc = tally__guard_agree(&r->guard, r->comm, step, skip);
     if (rc || !*skip) return rc;
     if (r->ddp) memset(r->model.grads, 0, r->model.nparams * sizeof(float));
@@ -228,6 +234,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     double blocked0 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0, comm0 = r->zero.comm_s; /* idle queue */
     double loss0 = st->loss;
     tally__guard_begin(&r->guard);
+    tally__train_codec_step_begin(r);
     for (int k = 0; k < cfg->accum; k++) {
         if (r->cfg->zero) tally__zero_micro(&r->zero, k);
         uint64_t t0 = tally__now_ns();
@@ -251,6 +258,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     float lr = tally_lr_at(&r->sched, step);
     int skip;
     if ((rc = train_agree_finite(r, step, &skip))) return rc;
+    tally__train_codec_step_end(r, !skip);
     if (skip) {
         st->loss = loss0; /* a NaN does not belong in the mean loss */
         st->skipped++;
@@ -321,6 +329,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     step_times st = {0};
     tally_ddp_stats s0;
     tally_ddp_get_stats(r->ddp, &s0);
+    unsigned long long grad0 = tally__train_codec_grad_bytes(r);
     if (r->rank == 0 && !cfg->quiet) tally__progress_init(&r->progress, stdout, total);
     for (int epoch = r->start_epoch; epoch < cfg->epochs && step < total; epoch++) {
         tally_sampler_set_epoch(&r->sampler, epoch);
@@ -379,6 +388,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->wait_s = s1.wait_s - s0.wait_s + st.zero_wait;
     res->comm_s = s1.comm_s - s0.comm_s + st.zero_comm;
     res->bytes_sent = st.bytes;
+    res->grad_bytes = tally__train_codec_grad_bytes(r) - grad0;
     res->buckets = s1.buckets;
     res->skipped_steps = r->start_skipped + st.skipped;
     return 0;

@@ -9,6 +9,7 @@
 #include <tally/data.h>
 #include <tally/optim.h>
 
+#include "codec.h"
 #include "model.h"
 
 typedef struct tally__train_cfg {
@@ -55,6 +56,8 @@ typedef struct tally__train_cfg {
     long inject_kill_step;
     long halt_after;         /* testing: > 0 stops after this many steps as a killed run would (no final
                               * checkpoint, no evaluation) */
+    /* compression */
+    tally__codec_cfg codec;  /* --compress and --no-error-feedback; kind 0 (none) by default */
     /* asynchronous training */
     int async;               /* --mode async: workers push gradients to a parameter server (rank 0) */
     long staleness;          /* SSP bound S >= 0: no worker more than S steps ahead of the slowest */
@@ -98,6 +101,12 @@ typedef struct tally__train_result {
     size_t peak_rss;          /* bytes, from getrusage */
     float true_w[64];         /* linear model: the generating weights then bias */
     int true_w_len;
+    /* compression */
+    char codec[40];           /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
+    unsigned long long grad_bytes; /* sent by this rank in the gradient reductions over the steps */
+    unsigned long long grad_bytes_f32_step; /* what one step's gradient reductions send uncompressed in
+                                              * f32 (measured once at setup by reducing every bucket, or
+                                              * every ZeRO layer, in f32) */
     /* asynchronous training (cfg->async; rank 0 holds the server's figures) */
     int async;
     long staleness;           /* the bound S */

@@ -12,6 +12,7 @@
 #include "../core/clock.h"
 #include "../core/env.h"
 #include "../core/err.h"
+#include "codec.h"
 #include "ps.h"
 #include "trainer_int.h"
 
@@ -39,6 +40,8 @@ static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
     const char *what = cfg->zero ? "--zero (the server holds the whole optimizer state; shards are not done)"
                        : cfg->accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
                        : cfg->ckpt_dir  ? "--ckpt (the server's state is not checkpointed)"
+                       : cfg->codec.kind != TALLY__CODEC_NONE
+                           ? "--compress (pushes and pulls carry f32 gradients and parameters)"
                        : cfg->check_replicas > 0 ? "--check-replicas (workers hold different parameters by design)"
                        : cfg->inject_nan_step || cfg->inject_flip_step || cfg->halt_after
                            ? "--inject-nan or --inject-flip"

@@ -8,16 +8,38 @@
 #include "../core/clock.h"
 #include "../core/err.h"
 #include "alloc.h"
+#include "codec.h"
+#include "guard.h"
 #include "rng.h"
 
 static float *zero_alloc(size_t n) { return tally__alloc_zeroed(n * sizeof(float)); }
 
 /* Timed collectives, so the trainer can report the time spent communicating (run by one thread at a
  * time: the communication thread with overlap, else the training thread). */
+/* A layer's gradients in 16 bits when asked: cast, reduced, this rank's part cast back. A finite
+ * input that comes back non-finite overflowed fp16's range: flagged for the trainer's NaN/Inf policy. */
+static int zero_half_op(tally__zero *z, float *buf, size_t n, size_t mine, size_t len, tally_op op, int scatter) {
+    tally_dtype dt = (tally_dtype)z->half;
+    int finite_in = tally__all_finite(buf, n);
+    tally__codec_to_half(buf, z->hbuf, n, dt);
+    int rc = scatter ? tally_reduce_scatter(z->comm, z->hbuf, z->hbuf + mine, len, dt, op)
+                     : tally_allreduce(z->comm, z->hbuf, z->hbuf, n, dt, op);
+    if (rc) return rc;
+    tally__codec_from_half(z->hbuf + mine, buf + mine, len, dt);
+    if (finite_in && !tally__all_finite(buf + mine, len)) z->overflow = 1;
+    return 0;
+}
+
+/* Timed collectives, so the trainer can report the time spent communicating (run by one thread at a
+ * time: the communication thread with overlap, else the training thread). */
 static int zero_rs(tally__zero *z, float *buf, size_t piece, tally_op op) {
     if (!piece) return 0; /* every rank has the same geometry: all skip alike */
     uint64_t t0 = tally__now_ns();
-    int rc = tally_reduce_scatter(z->comm, buf, buf + (size_t)z->rank * piece, piece, TALLY_F32, op);
+    unsigned long long sent0 = tally_comm_bytes_sent(z->comm);
+    size_t mine = (size_t)z->rank * piece;
+    int rc = z->half >= 0 ? zero_half_op(z, buf, piece * (size_t)z->size, mine, piece, op, 1)
+                          : tally_reduce_scatter(z->comm, buf, buf + mine, piece, TALLY_F32, op);
+    z->grad_bytes += tally_comm_bytes_sent(z->comm) - sent0;
     z->comm_s += (double)(tally__now_ns() - t0) * 1e-9;
     return rc;
 }
@@ -25,7 +47,9 @@ static int zero_rs(tally__zero *z, float *buf, size_t piece, tally_op op) {
 static int zero_ar(tally__zero *z, float *buf, size_t n, tally_op op) {
     if (!n) return 0;
     uint64_t t0 = tally__now_ns();
-    int rc = tally_allreduce(z->comm, buf, buf, n, TALLY_F32, op);
+    unsigned long long sent0 = tally_comm_bytes_sent(z->comm);
+    int rc = z->half >= 0 ? zero_half_op(z, buf, n, 0, n, op, 0) : tally_allreduce(z->comm, buf, buf, n, TALLY_F32, op);
+    z->grad_bytes += tally_comm_bytes_sent(z->comm) - sent0;
     z->comm_s += (double)(tally__now_ns() - t0) * 1e-9;
     return rc;
 }
@@ -101,6 +125,7 @@ int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stag
     z->size = tally_comm_size(comm);
     z->accum = accum;
     z->overlap = overlap && z->size > 1;
+    z->half = -1;
     z->held[0] = z->held[1] = -1;
     z->gather_ticket[0] = z->gather_ticket[1] = z->staging_ticket[0] = z->staging_ticket[1] = -1;
     z->last_micro = accum == 1;
@@ -114,6 +139,33 @@ int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stag
     return rc;
 }
 
+int tally__zero_set_half(tally__zero *z, tally_dtype dt) {
+    if (!(z->hbuf = malloc((z->largest + 1) * sizeof(uint16_t))))
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: zero: out of memory for the 16-bit gradients", z->rank);
+    z->half = dt;
+    return 0;
+}
+
+int tally__zero_measure_f32(tally__zero *z, unsigned long long *bytes) {
+    float *zeros = zero_alloc(z->largest + 1);
+    if (!zeros) return tally__seterr(TALLY_E_NOMEM, "rank %d: zero: out of memory", z->rank);
+    int half = z->half, rc = 0;
+    unsigned long long before = z->grad_bytes;
+    double secs = z->comm_s;
+    z->half = -1;
+    for (int l = 0; l < z->nlayers && !rc; l++) {
+        rc = zero_rs(z, zeros, z->layer[l].piece, TALLY_SUM);
+        if (!rc) rc = zero_ar(z, zeros, z->layer[l].tail, TALLY_SUM);
+    }
+    z->half = half;
+    /* Stages 2-3 reduce every micro-batch's gradients (stage 1 only the step's sum). */
+    *bytes = (z->grad_bytes - before) * (unsigned long long)(z->stage >= 2 ? z->accum : 1);
+    z->grad_bytes = before;
+    z->comm_s = secs; /* not part of training */
+    free(zeros);
+    return rc;
+}
+
 int tally__zero_drain(tally__zero *z) { return tally__opq_drain(&z->q); }
 
 void tally__zero_free(tally__zero *z) {
@@ -123,6 +175,7 @@ void tally__zero_free(tally__zero *z) {
         tally_optim_free(&z->layer[l].opt_tail);
     }
     free(z->layer);
+    free(z->hbuf);
     free(z->gshard);
     free(z->pshard);
     for (int i = 0; i < 2; i++) {

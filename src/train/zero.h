@@ -42,6 +42,11 @@ typedef struct tally__zero {
     int last_micro;      /* the micro-batch in progress is the step's last (stage 1 reduces then) */
     tally__opq q;
     double comm_s;       /* seconds in collectives (read between steps) */
+    /* compression */
+    int half;            /* TALLY_F16 / TALLY_BF16: gradients reduced in 16 bits; -1: in f32 */
+    uint16_t *hbuf;      /* [largest]: a layer's gradients cast */
+    int overflow;        /* 1: a 16-bit sum came out non-finite from finite inputs (the trainer clears it) */
+    unsigned long long grad_bytes; /* sent in the gradient reductions (read between steps) */
 } tally__zero;
 
 /* Sets up stage 1-3 over a model made by tally__model_init (stage 3: with TALLY__MODEL_NO_PARAMS,
@@ -49,6 +54,12 @@ typedef struct tally__zero {
  * would have. Collective. */
 int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stage, int accum,
                      const tally_optim_cfg *ocfg, uint64_t seed, int overlap);
+/* Gradients reduced in 16 bits (dt TALLY_F16 or TALLY_BF16; the kernels add in f32), each rank's piece
+ * cast back; call after init. */
+int tally__zero_set_half(tally__zero *z, tally_dtype dt);
+/* The bytes one step's gradient reductions send in f32 (every layer's reduce-scatter and tail, run once
+ * on zeros, times accum at stages 2-3, which reduce each micro-batch; collective, with the queue idle). */
+int tally__zero_measure_f32(tally__zero *z, unsigned long long *bytes);
 /* Waits until no collective is queued or running, so the caller may use the communicator. */
 int tally__zero_drain(tally__zero *z);
 /* Says which micro-batch of the step begins (k of accum). */

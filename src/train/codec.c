@@ -1,0 +1,210 @@
+/* codec.c - gradient compression: the spec and what a run refuses, the per-bucket state, the dispatch
+ * of a bucket to its codec, the fp16/bf16 reduction itself, and the step bookkeeping (taken or skipped). */
+#include "codec_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/err.h"
+#include "alloc.h"
+#include "guard.h"
+
+int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
+    const char *accepted = "use none, fp16, bf16, topk:R (0 < R <= 1) or powersgd:r (r >= 1)";
+    if (!spec) return tally__seterr(TALLY_E_INVALID, "--compress: no codec given; %s", accepted);
+    char *end;
+    if (!strcmp(spec, "none") || !strcmp(spec, "fp16") || !strcmp(spec, "bf16")) {
+        out->kind = spec[0] == 'n' ? TALLY__CODEC_NONE : spec[0] == 'f' ? TALLY__CODEC_FP16 : TALLY__CODEC_BF16;
+        return 0;
+    }
+    if (!strncmp(spec, "topk:", 5)) {
+        double r = strtod(spec + 5, &end);
+        if (end == spec + 5 || *end || !(r > 0 && r <= 1))
+            return tally__seterr(TALLY_E_INVALID, "--compress %s: the fraction kept must be a number in (0, 1], "
+                                 "e.g. topk:0.01 keeps 1%% of each bucket", spec);
+        out->kind = TALLY__CODEC_TOPK;
+        out->ratio = r;
+        return 0;
+    }
+    if (!strncmp(spec, "powersgd:", 9)) {
+        long r = strtol(spec + 9, &end, 10);
+        if (end == spec + 9 || *end || r < 1 || r > 1024)
+            return tally__seterr(TALLY_E_INVALID, "--compress %s: the rank must be an integer from 1 to 1024, "
+                                 "e.g. powersgd:4", spec);
+        out->kind = TALLY__CODEC_POWERSGD;
+        out->rank = (int)r;
+        return 0;
+    }
+    return tally__seterr(TALLY_E_INVALID, "--compress %s: unknown codec; %s", spec, accepted);
+}
+
+static int codec_has_ef(const tally__codec_cfg *c) {
+    return c->error_feedback && (c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD);
+}
+
+void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
+    const char *ef = (c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD) && !c->error_feedback
+                         ? "+no-ef" : "";
+    switch (c->kind) {
+    case TALLY__CODEC_FP16: snprintf(buf, n, "fp16"); break;
+    case TALLY__CODEC_BF16: snprintf(buf, n, "bf16"); break;
+    case TALLY__CODEC_TOPK: snprintf(buf, n, "topk:%g%s", c->ratio, ef); break;
+    case TALLY__CODEC_POWERSGD: snprintf(buf, n, "powersgd:%d%s", c->rank, ef); break;
+    default: snprintf(buf, n, "none");
+    }
+}
+
+int tally__codec_check(const tally__codec_cfg *c, int zero, int rank) {
+    int sparse = c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD;
+    if (!c->error_feedback && !sparse)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: --no-error-feedback applies to --compress topk:R and "
+                             "powersgd:r only (fp16, bf16 and none keep no residual)", rank);
+    /* With ZeRO the gradients are reduce-scattered layer by layer into their owners' pieces: a sparse or
+     * low-rank exchange would need whole buckets on every rank (stage 1 has them until the step, but
+     * its reduction is the same per-layer reduce-scatter), so these codecs stay with stage 0. */
+    if (sparse && zero)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: --compress %s works with --zero 0 only (ZeRO reduce-scatters "
+                             "each layer into its owners' pieces); use fp16 or bf16 with --zero %d",
+                             rank, c->kind == TALLY__CODEC_TOPK ? "topk" : "powersgd", zero);
+    return 0;
+}
+
+int tally__codec_half_dtype(const tally__codec_cfg *c) {
+    return c->kind == TALLY__CODEC_FP16 ? TALLY_F16 : c->kind == TALLY__CODEC_BF16 ? TALLY_BF16 : -1;
+}
+
+int tally__codec_create(const tally__codec_cfg *cfg, tally_comm *comm, const tally__model *m, uint64_t seed,
+                        tally__codec **out) {
+    tally__codec *c = calloc(1, sizeof *c);
+    if (!c) return tally__seterr(TALLY_E_NOMEM, "codec: out of memory");
+    c->cfg = *cfg;
+    c->comm = comm;
+    c->m = m;
+    c->rank = tally_comm_rank(comm);
+    c->size = tally_comm_size(comm);
+    c->seed = seed;
+    c->overflow = -1;
+    if (codec_has_ef(cfg) && (!(c->residual = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)) ||
+                              !(c->next = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)))) {
+        tally__codec_free(c);
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: codec: out of memory for the residual", c->rank);
+    }
+    *out = c;
+    return 0;
+}
+
+/* The tensors of each bucket (buckets hold whole layers, so whole tensors). */
+static void codec_map_tensors(tally__codec *c, codec_bucket *b) {
+    b->first_tensor = -1;
+    for (int t = 0; t < c->m->ntensors; t++) {
+        size_t off = c->m->tensor[t].offset;
+        if (off < b->begin || off >= b->end) continue;
+        if (b->first_tensor < 0) b->first_tensor = t;
+        b->ntensors++;
+    }
+    if (b->first_tensor < 0) b->first_tensor = 0;
+}
+
+int tally__codec_set_buckets(tally__codec *c, int nbuckets, const size_t *begin, const size_t *end) {
+    if (!(c->bucket = calloc((size_t)nbuckets, sizeof *c->bucket)))
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: codec: out of memory", c->rank);
+    c->nbuckets = nbuckets;
+    for (int i = 0; i < nbuckets; i++) {
+        c->bucket[i].begin = begin[i];
+        c->bucket[i].end = end[i];
+        codec_map_tensors(c, &c->bucket[i]);
+        if (end[i] - begin[i] > c->largest) c->largest = end[i] - begin[i];
+    }
+    size_t n = c->largest + 1;
+    int rc = 0;
+    if (!(c->acc = malloc(n * sizeof(float)))) rc = -1;
+    if (!rc && tally__codec_half_dtype(&c->cfg) >= 0 && !(c->half = malloc(n * sizeof(uint16_t)))) rc = -1;
+    if (rc) return tally__seterr(TALLY_E_NOMEM, "rank %d: codec: out of memory", c->rank);
+    if (c->cfg.kind == TALLY__CODEC_TOPK) return tally__codec_topk_alloc(c);
+    if (c->cfg.kind == TALLY__CODEC_POWERSGD) return tally__codec_powersgd_alloc(c);
+    return 0;
+}
+
+void tally__codec_free(tally__codec *c) {
+    if (!c) return;
+    free(c->bucket);
+    free(c->residual);
+    free(c->next);
+    free(c->acc);
+    free(c->half);
+    free(c->key);
+    free(c->idx);
+    free(c->pairs);
+    free(c->gathered);
+    free(c->q);
+    free(c->q_saved);
+    free(c->qnew);
+    free(c->pbuf);
+    free(c);
+}
+
+/* fp16/bf16: the bucket cast, summed in 16 bits on the wire (the kernels add in f32), cast back. A
+ * value past fp16's range becomes Inf, so the mean is Inf: recorded as an overflow of this bucket
+ * for the trainer, which treats it as its NaN/Inf policy says (skip the step by default), as mixed
+ * precision training skips an overflowed step. */
+static int codec_reduce_half(tally__codec *c, int k, float *grad, size_t n, float denom) {
+    tally_dtype dt = (tally_dtype)tally__codec_half_dtype(&c->cfg);
+    int finite_in = tally__all_finite(grad, n);
+    tally__codec_to_half(grad, c->half, n, dt);
+    int rc = tally_allreduce(c->comm, c->half, c->half, n, dt, TALLY_SUM);
+    if (rc) return rc;
+    tally__codec_from_half(c->half, grad, n, dt);
+    for (size_t i = 0; i < n; i++) grad[i] /= denom;
+    if (finite_in && c->overflow < 0 && !tally__all_finite(grad, n)) c->overflow = k;
+    return 0;
+}
+
+int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom) {
+    tally__codec *c = arg;
+    (void)comm; /* the codec's own: the same communicator */
+    if (bucket < 0 || bucket >= c->nbuckets || c->bucket[bucket].end - c->bucket[bucket].begin != count)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: codec: bucket %d of %zu elements does not match the layout "
+                             "it was given", c->rank, bucket, count);
+    const codec_bucket *b = &c->bucket[bucket];
+    switch (c->cfg.kind) {
+    case TALLY__CODEC_FP16:
+    case TALLY__CODEC_BF16: return codec_reduce_half(c, bucket, grad, count, denom);
+    case TALLY__CODEC_TOPK: return tally__codec_topk_reduce(c, b, grad, denom);
+    case TALLY__CODEC_POWERSGD: return tally__codec_powersgd_reduce(c, b, grad, denom);
+    default: {
+        int rc = tally_allreduce(c->comm, grad, grad, count, TALLY_F32, TALLY_SUM);
+        for (size_t i = 0; i < count && !rc; i++) grad[i] /= denom;
+        return rc;
+    }
+    }
+}
+
+void tally__codec_step_begin(tally__codec *c) {
+    if (!c) return;
+    c->overflow = -1;
+    if (c->q) memcpy(c->q_saved, c->q, c->q_len * sizeof(float));
+}
+
+void tally__codec_step_end(tally__codec *c, int taken) {
+    if (!c) return;
+    if (taken) {
+        float *t = c->residual;
+        c->residual = c->next;
+        c->next = t;
+    } else if (c->q) {
+        memcpy(c->q, c->q_saved, c->q_len * sizeof(float));
+    }
+}
+
+int tally__codec_overflow(const tally__codec *c) { return c ? c->overflow : -1; }
+
+float *tally__codec_residual(tally__codec *c) { return c ? c->residual : NULL; }
+
+float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols) {
+    if (!c || !c->q || tensor < 0 || tensor >= c->m->ntensors || c->q_off[tensor] == (size_t)-1) return NULL;
+    if (rows) *rows = c->cols[tensor];
+    if (cols) *cols = c->cfg.rank;
+    return c->q + c->q_off[tensor];
+}

@@ -1,0 +1,235 @@
+/* test_compress.c - the codecs in real training runs: topk:1 against no compression, fp16/bf16 near f32,
+ * every codec with accumulation, overlap on and off and the ZeRO stages it supports (replicas identical),
+ * 1 and 3 ranks over shm and tcp, the refused combinations, an fp16 overflow, a skipped step, and an
+ * exact resume. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "train_runner.h"
+
+/* topk:1 sends every value and sums them in rank order; bound on tr_max_rel_diff: 1e-5 (the sum's order
+ * may differ from the allreduce's in the last bit, which 50 SGD steps carry to ~1e-6; measured: 0, bit
+ * for bit, at 2 and 3 ranks). fp16/bf16 round each value to 11 / 8 significant bits on the wire (fp16
+ * also loses small gradients to its subnormal range); bound on the relative L2 distance of the
+ * parameters after 50 steps: 5% / 10% (measured: fp16 1e-4 at 2 ranks, 0.018 at 3; bf16 0.006, 0.027). */
+#define TOPK1_TOL 1e-5
+#define FP16_TOL 0.05
+#define BF16_TOL 0.10
+#define STEPS 50
+
+static tally__train_cfg ccfg(const char *codec, int ef, int zero, int accum, int no_overlap) {
+    tally__train_cfg c;
+    tally__train_cfg_default(&c);
+    c.nhidden = 2;
+    c.hidden[0] = 20;
+    c.hidden[1] = 21;
+    c.data = "synthetic";
+    c.synthetic_train = 4096;
+    c.synthetic_test = 256;
+    c.max_steps = STEPS;
+    c.batch = 8;
+    c.accum = accum;
+    c.eval = 0;
+    c.quiet = 1;
+    c.seed = 3;
+    c.zero = zero;
+    c.no_overlap = no_overlap;
+    c.bucket_mb = 0.02; /* several buckets: per-bucket state and order matter */
+    c.lr = 0.02f;
+    tally__codec_parse(codec, &c.codec);
+    c.codec.error_feedback = ef;
+    return c;
+}
+
+static float g_ref[TR_MAX_PARAMS], g_got[TR_MAX_PARAMS];
+
+/* ||a - b|| / ||b||: how far a run's parameters moved from the reference's, as a whole (an element-wise
+ * bound would judge the many parameters near zero, which 16-bit rounding sends anywhere near zero). */
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+static void test_against_f32(const char *tp, int n) {
+    char what[96];
+    tally__train_cfg ref = ccfg("none", 1, 0, 1, 0);
+    snprintf(what, sizeof what, "%s n=%d none", tp, n);
+    if (tr_train_on(tp, n, &ref, g_ref, what)) return;
+    size_t np = tr->res[0].nparams;
+    const char *codecs[] = {"topk:1", "fp16", "bf16"};
+    const double tol[] = {TOPK1_TOL, FP16_TOL, BF16_TOL};
+    for (int k = 0; k < 3; k++) {
+        tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
+        snprintf(what, sizeof what, "%s n=%d %s", tp, n, codecs[k]);
+        if (tr_train_on(tp, n, &c, g_got, what)) continue;
+        double d = k ? rel_l2(g_got, g_ref, np) : tr_max_rel_diff(g_got, g_ref, np);
+        fprintf(stderr, "%s: %s %g from f32\n", what, k ? "relative L2 distance" : "max rel diff", d);
+        TH_CHECK(d <= tol[k], "%s: %s %g from f32 (bound %g)", what, k ? "relative L2 distance" : "max rel diff", d,
+                 tol[k]);
+        TH_CHECK(k == 0 || d > 0, "%s: no difference at all from f32: is it compressing?", what);
+        if (n > 1 && k) /* half the bytes of f32 on the wire */
+            TH_CHECK(tr->res[0].grad_bytes * 2 == tr->res[0].grad_bytes_f32_step * STEPS,
+                     "%s: %llu gradient bytes in %d steps, f32 would send %llu per step", what, tr->res[0].grad_bytes,
+                     STEPS, tr->res[0].grad_bytes_f32_step);
+    }
+}
+
+/* Every codec x accum 2 x overlap on/off x the ZeRO stages it works with: the run completes and every
+ * replica is bit-identical (tr_train_on checks it). */
+static void test_matrix(void) {
+    const char *codecs[] = {"fp16", "bf16", "topk:0.1", "topk:0.1", "powersgd:2", "powersgd:1"};
+    const int efs[] = {1, 1, 1, 0, 1, 0};
+    for (int k = 0; k < 6; k++)
+        for (int ov = 0; ov < 2; ov++)
+            for (int z = 0; z <= 3; z++) {
+                int half = codecs[k][0] != 't' && codecs[k][0] != 'p';
+                if (z && !half) continue;
+                if (th_light() && z == 3) continue;
+                char what[96];
+                snprintf(what, sizeof what, "%s%s accum 2 overlap %d zero %d", codecs[k], efs[k] ? "" : " no-ef",
+                         !ov, z);
+                tally__train_cfg c = ccfg(codecs[k], efs[k], z, 2, ov);
+                if (tr_train_on("shm", 3, &c, NULL, what)) continue;
+                TH_CHECK(tr->res[0].grad_bytes < tr->res[0].grad_bytes_f32_step * STEPS, "%s: %llu bytes, not fewer "
+                         "than f32's %llu", what, tr->res[0].grad_bytes, tr->res[0].grad_bytes_f32_step * STEPS);
+            }
+}
+
+static void test_sizes(void) {
+    const char *codecs[] = {"fp16", "topk:0.05", "powersgd:2"};
+    for (int k = 0; k < 3; k++) {
+        char what[96];
+        tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
+        snprintf(what, sizeof what, "%s n=1", codecs[k]);
+        tr_train_on("shm", 1, &c, NULL, what);
+        snprintf(what, sizeof what, "%s tcp n=3", codecs[k]);
+        tr_train_on("tcp", 3, &c, NULL, what);
+    }
+}
+
+/* The CLI refuses these before starting ranks, with a message saying what to do. */
+static void test_refused(void) {
+    struct {
+        const char *args[8];
+        const char *says;
+    } cases[] = {
+        {{"tally", "train", "--compress", "topk:0.1", "--zero", "1", NULL}, "--zero 0 only"},
+        {{"tally", "train", "--compress", "powersgd:4", "--zero", "2", NULL}, "--zero 0 only"},
+        {{"tally", "train", "--compress", "fp16", "--no-error-feedback", NULL}, "topk:R and powersgd:r only"},
+        {{"tally", "train", "--no-error-feedback", NULL}, "topk:R and powersgd:r only"},
+        {{"tally", "train", "--compress", "topk:0", NULL}, "(0, 1]"},
+        {{"tally", "train", "--compress", "topk:2", NULL}, "(0, 1]"},
+        {{"tally", "train", "--compress", "powersgd:0", NULL}, "from 1 to"},
+        {{"tally", "train", "--compress", "gzip", NULL}, "unknown codec"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char err[4096];
+        int rc = tr_run_tally((char *const *)cases[i].args, err, sizeof err);
+        TH_CHECK(rc == 2 && strstr(err, cases[i].says), "%s %s: exit %d, stderr: %s", cases[i].args[2],
+                 cases[i].args[3] ? cases[i].args[3] : "", rc, err);
+    }
+}
+
+/* A least-squares model with a rate that makes it diverge: its gradients pass fp16's 65504 long before
+ * f32's range. The overflowed fp16 sum counts as an Inf gradient: --nan skip skips those steps on every
+ * rank (f32 takes them all), --nan error stops. */
+static void test_overflow(void) {
+    tally__train_cfg c = ccfg("fp16", 1, 0, 1, 0);
+    c.model = TALLY__MODEL_LINEAR;
+    c.data = "linear";
+    c.linear_samples = 2048;
+    c.lr = 2.0f;
+    c.max_steps = 60;
+    tally__train_cfg f32 = c;
+    f32.codec.kind = TALLY__CODEC_NONE;
+    if (!tr_train_on("shm", 2, &f32, NULL, "diverging f32"))
+        TH_CHECK(tr->res[0].skipped_steps == 0, "diverging f32 skipped %ld steps", tr->res[0].skipped_steps);
+    for (int z = 0; z <= 1; z++) {
+        c.zero = z;
+        if (!tr_train_on("shm", 2, &c, NULL, "diverging fp16"))
+            TH_CHECK(tr->res[0].skipped_steps > 0, "fp16 zero %d: an overflowed sum skipped no step", z);
+    }
+    char out[8192];
+    int rc = th_shell("\"$TALLY_BIN\" train -n 2 --model linear --lr 2 --steps 60 --batch 8 --compress fp16 "
+                      "--nan error --quiet --no-eval", 60, out, sizeof out);
+    TH_CHECK(rc != 0 && strstr(out, "fp16 sum of bucket 0 overflowed") && strstr(out, "--nan error"),
+             "fp16 overflow with --nan error: exit %d: %s", rc, out);
+}
+
+/* A NaN fed into one rank's data at step 10 makes NaN gradients: that step is skipped on every rank and
+ * leaves no trace in the codecs' residuals or factors, so it is the only one skipped. */
+static void test_nan_step(void) {
+    const char *codecs[] = {"topk:0.05", "powersgd:2"};
+    for (int k = 0; k < 2; k++) {
+        tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
+        c.inject_nan_rank = 1;
+        c.inject_nan_step = 10;
+        char what[96];
+        snprintf(what, sizeof what, "%s with a NaN at step 10", codecs[k]);
+        if (tr_train_on("shm", 2, &c, g_got, what)) continue;
+        TH_CHECK(tr->res[0].skipped_steps == 1, "%s: %ld steps skipped", what, tr->res[0].skipped_steps);
+        int finite = 1;
+        for (size_t i = 0; i < tr->res[0].nparams; i++) finite &= isfinite(g_got[i]) != 0;
+        TH_CHECK(finite, "%s: parameters not finite", what);
+    }
+}
+
+static char g_dir[256];
+
+/* Stopped at K (as if killed), resumed: bit-identical to the run that never stopped. */
+static void test_resume(const char *codec, int n) {
+    const long K = 30, END = 70;
+    char what[96];
+    snprintf(what, sizeof what, "resume %s n=%d", codec, n);
+    th_rm_dir(g_dir);
+    tally__train_cfg straight = ccfg(codec, 1, 0, 1, 0);
+    straight.max_steps = END;
+    if (tr_train_on("shm", n, &straight, g_ref, what)) return;
+    tally__train_cfg first = straight, second = straight;
+    first.ckpt_dir = second.ckpt_dir = g_dir;
+    first.ckpt_every = 10;
+    first.halt_after = K;
+    second.resume = 1;
+    if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_got, what)) return;
+    TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
+    TH_CHECK(!memcmp(g_ref, g_got, tr->res[0].nparams * sizeof(float)), "%s: differs from the run that never "
+             "stopped (max rel diff %g)", what, tr_max_rel_diff(g_got, g_ref, tr->res[0].nparams));
+    /* At another world size each rank starts from the mean of the saved residuals. */
+    if (n == 2) {
+        tally__train_cfg third = second;
+        third.max_steps = END + 10;
+        if (!tr_train_on("shm", 3, &third, NULL, "resume topk written at n=2 on 3 ranks"))
+            TH_CHECK(tr->res[0].resumed_from == END, "%s at n=3: resumed from step %ld", what,
+                     tr->res[0].resumed_from);
+    }
+    /* Another codec on the same directory is refused, naming both. */
+    char cmd[600], out[4096];
+    snprintf(cmd, sizeof cmd, "\"$TALLY_BIN\" train -n 2 --data synthetic:4096 --hidden 20,21 --batch 8 --seed 3 "
+             "--steps 80 --ckpt %s --resume --compress bf16 --quiet --no-eval", g_dir);
+    int rc = th_shell(cmd, 60, out, sizeof out);
+    TH_CHECK(rc != 0 && strstr(out, codec) && strstr(out, "'bf16'"), "%s: resumed with bf16: exit %d: %s", what, rc,
+             out);
+}
+
+int main(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/tally_test_compress.%d", (int)getpid());
+    test_refused();
+    test_against_f32("shm", 2);
+    test_against_f32("shm", 3);
+    test_matrix();
+    test_sizes();
+    test_overflow();
+    test_nan_step();
+    test_resume("topk:0.05", 2);
+    test_resume("powersgd:2", 3);
+    th_rm_dir(g_dir);
+    return th_verdict("test_compress");
+}

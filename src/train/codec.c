@@ -2,6 +2,7 @@
  * of a bucket to its codec, the fp16/bf16 reduction itself, and the step bookkeeping (taken or skipped). */
 #include "codec_int.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,30 @@ void tally__codec_free(tally__codec *c) {
     free(c);
 }
 
+/* fp16 keeps 11 bits down to 6e-5 and fewer below, while a mean gradient is often 1e-5 to 1e-7: scaled
+ * up before the cast (a power of two, exact both ways), such gradients keep their bits, as loss scaling
+ * keeps them in mixed precision; the bound 2^15 / N leaves the sum of N ranks a factor 2 below 65504. */
+#define HALF_SCALE_MAX_EXP 40 /* 2^40: gradients down to 1e-12 brought into fp16's normal range */
+
+int tally__codec_half_scale(tally_comm *comm, float *x, size_t n, tally_dtype dt, float *scale) {
+    *scale = 1.0f;
+    if (dt != TALLY_F16) return 0;
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > m && a <= FLT_MAX) m = a;
+    }
+    int rc = tally_allreduce(comm, &m, &m, 1, TALLY_F32, TALLY_MAX);
+    if (rc || m == 0) return rc;
+    int e;
+    (void)frexpf(32768.0f / ((float)tally_comm_size(comm) * m), &e); /* 2^(e-1) <= that < 2^e */
+    e = e - 1 < 0 ? 0 : e - 1 > HALF_SCALE_MAX_EXP ? HALF_SCALE_MAX_EXP : e - 1;
+    if (!e) return 0;
+    *scale = ldexpf(1.0f, e);
+    for (size_t i = 0; i < n; i++) x[i] *= *scale;
+    return 0;
+}
+
 /* fp16/bf16: the bucket cast, summed in 16 bits on the wire (the kernels add in f32), cast back. A
  * value past fp16's range becomes Inf, so the mean is Inf: recorded as an overflow of this bucket
  * for the trainer, which treats it as its NaN/Inf policy says (skip the step by default), as mixed
@@ -152,11 +177,14 @@ void tally__codec_free(tally__codec *c) {
 static int codec_reduce_half(tally__codec *c, int k, float *grad, size_t n, float denom) {
     tally_dtype dt = (tally_dtype)tally__codec_half_dtype(&c->cfg);
     int finite_in = tally__all_finite(grad, n);
-    tally__codec_to_half(grad, c->half, n, dt);
-    int rc = tally_allreduce(c->comm, c->half, c->half, n, dt, TALLY_SUM);
+    float scale;
+    int rc = tally__codec_half_scale(c->comm, grad, n, dt, &scale);
     if (rc) return rc;
+    tally__codec_to_half(grad, c->half, n, dt);
+    if ((rc = tally_allreduce(c->comm, c->half, c->half, n, dt, TALLY_SUM))) return rc;
     tally__codec_from_half(c->half, grad, n, dt);
-    for (size_t i = 0; i < n; i++) grad[i] /= denom;
+    const float div = denom * scale; /* exact: scale is a power of two */
+    for (size_t i = 0; i < n; i++) grad[i] /= div;
     if (finite_in && c->overflow < 0 && !tally__all_finite(grad, n)) c->overflow = k;
     return 0;
 }

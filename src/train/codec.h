@@ -68,6 +68,13 @@ float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols);
 void tally__codec_to_half(const float *src, uint16_t *dst, size_t n, tally_dtype dt);
 void tally__codec_from_half(const uint16_t *src, float *dst, size_t n, tally_dtype dt);
 
+/* fp16 reductions keep small gradients: x[n] is multiplied in place by a power of two that every rank
+ * agrees on (one allreduce of their largest finite magnitudes) so that the sum over the ranks stays
+ * below 2^15, and *scale says which, for the division after the reduction; 1 (and no collective) for
+ * bf16, whose range is f32's. Never below 1: what overflows at 1 is left to the --nan policy.
+ * Collective. */
+int tally__codec_half_scale(tally_comm *comm, float *x, size_t n, tally_dtype dt, float *scale);
+
 /* Top-k selection (codec_topk.c): the indices of the k largest |x| (a NaN counts as an Inf; ties go to
  * the lower index), ascending, into idx[k]. key is scratch of n floats. */
 void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float *key);

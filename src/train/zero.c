@@ -14,18 +14,22 @@
 
 static float *zero_alloc(size_t n) { return tally__alloc_zeroed(n * sizeof(float)); }
 
-/* Timed collectives, so the trainer can report the time spent communicating (run by one thread at a
- * time: the communication thread with overlap, else the training thread). */
-/* A layer's gradients in 16 bits when asked: cast, reduced, this rank's part cast back. A finite
- * input that comes back non-finite overflowed fp16's range: flagged for the trainer's NaN/Inf policy. */
+/* A layer's gradients in 16 bits when asked: scaled (fp16), cast, reduced, this rank's part cast back.
+ * A finite input that comes back non-finite overflowed fp16's range: flagged for the trainer's NaN/Inf
+ * policy. */
 static int zero_half_op(tally__zero *z, float *buf, size_t n, size_t mine, size_t len, tally_op op, int scatter) {
     tally_dtype dt = (tally_dtype)z->half;
     int finite_in = tally__all_finite(buf, n);
+    float scale;
+    int rc = tally__codec_half_scale(z->comm, buf, n, dt, &scale);
+    if (rc) return rc;
     tally__codec_to_half(buf, z->hbuf, n, dt);
-    int rc = scatter ? tally_reduce_scatter(z->comm, z->hbuf, z->hbuf + mine, len, dt, op)
-                     : tally_allreduce(z->comm, z->hbuf, z->hbuf, n, dt, op);
+    rc = scatter ? tally_reduce_scatter(z->comm, z->hbuf, z->hbuf + mine, len, dt, op)
+                 : tally_allreduce(z->comm, z->hbuf, z->hbuf, n, dt, op);
     if (rc) return rc;
     tally__codec_from_half(z->hbuf + mine, buf + mine, len, dt);
+    if (scale != 1.0f)
+        for (size_t i = mine; i < mine + len; i++) buf[i] /= scale;
     if (finite_in && !tally__all_finite(buf + mine, len)) z->overflow = 1;
     return 0;
 }

@@ -363,11 +363,52 @@ static void test_parse(void) {
     TH_CHECK(tally__codec_check(&c, 0, 0) == TALLY_E_INVALID, "--no-error-feedback with fp16 accepted");
 }
 
+/* fp16's scale: every rank gets the same power of two, from the largest magnitude of any rank, with
+ * the sum of N ranks below 2^15; none for bf16 or an all-zero bucket; never below 1; 2^40 at most. */
+typedef struct scale_case {
+    float got[8][6];
+    int rc[8];
+} scale_case;
+
+static int scale_rank(int rank, int size, void *arg) {
+    scale_case *sc = arg;
+    tally_comm *c;
+    if (tally_comm_init(&c)) return fprintf(stderr, "rank %d: %s\n", rank, tally_last_error()), 1;
+    /* Rank r holds a largest magnitude of m * (r + 1) (negative on odd ranks): the last rank's counts. */
+    const float ms[6] = {1e-6f, 3.0f, 0.0f, 1e5f, 1e-38f, 1e-6f};
+    for (int k = 0; k < 6 && !sc->rc[rank]; k++) {
+        float x[3] = {0, ms[k] * (float)(rank + 1) * (rank & 1 ? -1.0f : 1.0f), ms[k] / 4};
+        float before = x[1];
+        sc->rc[rank] = tally__codec_half_scale(c, x, 3, k == 5 ? TALLY_BF16 : TALLY_F16, &sc->got[rank][k]);
+        if (!sc->rc[rank] && x[1] != before * sc->got[rank][k]) sc->rc[rank] = -999; /* scaled in place */
+    }
+    tally_comm_free(c);
+    return sc->rc[rank] != 0;
+}
+
+static void test_half_scale(int n) {
+    scale_case *sc = th_shared_alloc(sizeof *sc);
+    th_opts o = {.transport = "shm", .wall_s = 60};
+    TH_CHECK(th_run(n, &o, scale_rank, sc) == 0, "half scale n=%d: ranks failed", n);
+    for (int k = 0; k < 6; k++) {
+        double m = (double)(float[]){1e-6f, 3.0f, 0.0f, 1e5f, 1e-38f, 1e-6f}[k] * n, want = 1;
+        if (k != 5 && m > 0) {
+            while (want * 2 * m * n <= 32768 && want < 0x1p40) want *= 2;
+        }
+        for (int r = 0; r < n; r++)
+            TH_CHECK(sc->got[r][k] == (float)want, "half scale n=%d case %d rank %d: %g, want %g", n, k, r,
+                     (double)sc->got[r][k], want);
+    }
+    th_shared_free(sc, sizeof *sc);
+}
+
 int main(void) {
     test_parse();
     test_casts();
     test_topk_select();
     test_orthonormalize();
+    test_half_scale(2);
+    test_half_scale(3);
     make_model();
     const char *specs[] = {"topk:0.1", "topk:0.01", "powersgd:1", "powersgd:2", "fp16", "bf16", "none"};
     for (size_t s = 0; s < sizeof specs / sizeof *specs; s++) {

@@ -161,8 +161,9 @@ int tally__codec_half_scale(tally_comm *comm, float *x, size_t n, tally_dtype dt
     }
     int rc = tally_allreduce(comm, &m, &m, 1, TALLY_F32, TALLY_MAX);
     if (rc || m == 0) return rc;
-    int e;
-    (void)frexpf(32768.0f / ((float)tally_comm_size(comm) * m), &e); /* 2^(e-1) <= that < 2^e */
+    float room = 32768.0f / ((float)tally_comm_size(comm) * m); /* Inf when m is near FLT_MIN */
+    int e = HALF_SCALE_MAX_EXP + 1;
+    if (room <= FLT_MAX) (void)frexpf(room, &e); /* 2^(e-1) <= room < 2^e */
     e = e - 1 < 0 ? 0 : e - 1 > HALF_SCALE_MAX_EXP ? HALF_SCALE_MAX_EXP : e - 1;
     if (!e) return 0;
     *scale = ldexpf(1.0f, e);

@@ -107,6 +107,30 @@ static int train_setup_zero(train_run *r, const tally__model_cfg *mc) {
     return rc;
 }
 
+int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers) {
+    const tally__train_cfg *cfg = r->cfg;
+    float lr = tally__train_default_lr(cfg);
+    long total = r->steps_per_epoch * cfg->epochs;
+    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
+    r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, workers) : lr,
+                                   .warmup_steps = cfg->warmup_steps,
+                                   .decay = cfg->decay,
+                                   .total_steps = total,
+                                   .min_lr = cfg->min_lr,
+                                   .step_every = cfg->step_every,
+                                   .step_gamma = cfg->step_gamma};
+    res->lr = r->sched.lr;
+    size_t B = (size_t)cfg->batch;
+    r->xb = malloc(B * r->train.dim * sizeof(float));
+    r->yb = malloc(B * sizeof(int32_t));
+    r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
+    r->idx = malloc(B * sizeof(size_t));
+    if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    res->nparams = r->model.nparams;
+    res->flops_per_sample = r->model.flops_per_sample;
+    return 0;
+}
+
 static int train_setup(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     const char *data_name = NULL;
@@ -137,25 +161,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
     if ((rc = tally__train_codec_attach(r, res))) return rc;
     if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->nan_policy, &r->hooks)))
         return rc;
-    float lr = tally__train_default_lr(cfg);
-    long total = r->steps_per_epoch * cfg->epochs;
-    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
-    r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, r->size) : lr,
-                                   .warmup_steps = cfg->warmup_steps,
-                                   .decay = cfg->decay,
-                                   .total_steps = total,
-                                   .min_lr = cfg->min_lr,
-                                   .step_every = cfg->step_every,
-                                   .step_gamma = cfg->step_gamma};
-    res->lr = r->sched.lr;
-    size_t B = (size_t)cfg->batch;
-    r->xb = malloc(B * r->train.dim * sizeof(float));
-    r->yb = malloc(B * sizeof(int32_t));
-    r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
-    r->idx = malloc(B * sizeof(size_t));
-    if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
-    res->nparams = r->model.nparams;
-    res->flops_per_sample = r->model.flops_per_sample;
+    if ((rc = tally__train_prepare_steps(r, res, r->size))) return rc;
     r->saved_step = -1;
     if (cfg->ckpt_dir && (rc = cfg->resume ? tally__train_ckpt_resume(r) : tally__train_ckpt_check_fresh(r)))
         return rc;

@@ -97,25 +97,7 @@ static int async_setup(async_run *a, tally__train_result *res) {
     tally__train_model_cfg(r, &mc);
     /* Every rank draws the same initial parameters from the seed; the server starts from rank 0's. */
     if ((rc = tally__model_init(&r->model, &mc, cfg->batch, cfg->seed, NULL, 0))) return rc;
-    float lr = tally__train_default_lr(cfg);
-    long total = r->steps_per_epoch * cfg->epochs;
-    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
-    r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, a->nworkers) : lr,
-                                   .warmup_steps = cfg->warmup_steps,
-                                   .decay = cfg->decay,
-                                   .total_steps = total,
-                                   .min_lr = cfg->min_lr,
-                                   .step_every = cfg->step_every,
-                                   .step_gamma = cfg->step_gamma};
-    res->lr = r->sched.lr;
-    size_t B = (size_t)cfg->batch;
-    r->xb = malloc(B * r->train.dim * sizeof(float));
-    r->yb = malloc(B * sizeof(int32_t));
-    r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
-    r->idx = malloc(B * sizeof(size_t));
-    if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
-    res->nparams = r->model.nparams;
-    res->flops_per_sample = r->model.flops_per_sample;
+    if ((rc = tally__train_prepare_steps(r, res, a->nworkers))) return rc;
     return async_address(a);
 }
 

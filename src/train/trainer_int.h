@@ -62,6 +62,9 @@ unsigned long long tally__train_codec_grad_bytes(const train_run *r);
 /* Pieces of the synchronous run (trainer.c) that the asynchronous one (trainer_async.c) shares. */
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);
 float tally__train_default_lr(const tally__train_cfg *cfg);
+/* Once the sampler and the model exist: the learning-rate schedule (--scale-lr over `workers`, the
+ * ranks that compute gradients), the micro-batch buffers, and the model's figures in res. */
+int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers);
 void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B);
 /* Test loss and score over the test set, each rank taking every size-th sample (collective). */
 int tally__train_evaluate(train_run *r, tally__train_result *res);

@@ -21,19 +21,7 @@
 #define P_MLP (784 * 20 + 20 + 20 * 21 + 21 + 21 * 10 + 10)
 
 static tally__train_cfg acfg(tally_optim_kind opt) {
-    tally__train_cfg c;
-    tally__train_cfg_default(&c);
-    c.nhidden = 2;
-    c.hidden[0] = 20;
-    c.hidden[1] = 21;
-    c.data = "synthetic";
-    c.synthetic_train = 4096;
-    c.synthetic_test = 256;
-    c.max_steps = STEPS;
-    c.batch = 8;
-    c.eval = 0;
-    c.quiet = 1;
-    c.seed = 5;
+    tally__train_cfg c = tr_small_cfg(4096, STEPS, 5);
     tally_optim_cfg_default(&c.optim, opt);
     c.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;
     return c;

@@ -22,20 +22,8 @@
 #define STEPS 50
 
 static tally__train_cfg ccfg(const char *codec, int ef, int zero, int accum, int no_overlap) {
-    tally__train_cfg c;
-    tally__train_cfg_default(&c);
-    c.nhidden = 2;
-    c.hidden[0] = 20;
-    c.hidden[1] = 21;
-    c.data = "synthetic";
-    c.synthetic_train = 4096;
-    c.synthetic_test = 256;
-    c.max_steps = STEPS;
-    c.batch = 8;
+    tally__train_cfg c = tr_small_cfg(4096, STEPS, 3);
     c.accum = accum;
-    c.eval = 0;
-    c.quiet = 1;
-    c.seed = 3;
     c.zero = zero;
     c.no_overlap = no_overlap;
     c.bucket_mb = 0.02; /* several buckets: per-bucket state and order matter */

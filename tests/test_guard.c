@@ -28,19 +28,7 @@ static void test_all_finite(void) {
 }
 
 static tally__train_cfg gcfg(int zero, long steps) {
-    tally__train_cfg c;
-    tally__train_cfg_default(&c);
-    c.nhidden = 2;
-    c.hidden[0] = 20;
-    c.hidden[1] = 21;
-    c.data = "synthetic";
-    c.synthetic_train = 2048;
-    c.synthetic_test = 128;
-    c.max_steps = steps;
-    c.batch = 8;
-    c.eval = 0;
-    c.quiet = 1;
-    c.seed = 5;
+    tally__train_cfg c = tr_small_cfg(2048, steps, 5);
     c.zero = zero;
     tally_optim_cfg_default(&c.optim, zero == 2 ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);
     return c;

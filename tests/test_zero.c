@@ -22,21 +22,9 @@
 #define PRIME_P 16361
 
 static tally__train_cfg zcfg(int zero, tally_optim_kind opt, int accum) {
-    tally__train_cfg c;
-    tally__train_cfg_default(&c);
+    tally__train_cfg c = tr_small_cfg(4096, STEPS, 11);
     c.model = TALLY__MODEL_MLP;
-    c.nhidden = 2;
-    c.hidden[0] = 20;
-    c.hidden[1] = 21;
-    c.data = "synthetic";
-    c.synthetic_train = 4096;
-    c.synthetic_test = 256;
-    c.max_steps = STEPS;
-    c.batch = 8;
     c.accum = accum;
-    c.eval = 0;
-    c.quiet = 1;
-    c.seed = 11;
     c.zero = zero;
     tally_optim_cfg_default(&c.optim, opt);
     c.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;

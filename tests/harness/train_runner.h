@@ -28,6 +28,10 @@ int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float
  * near zero against 1% of the largest (their own relative error is rounding noise around zero). */
 double tr_max_rel_diff(const float *a, const float *b, size_t n);
 
+/* The tests' small run: defaults, then an MLP 20-21 on `ntrain` synthetic samples (ntrain / 16 to
+ * test, not evaluated), batch 8, quiet, stopping after `steps` steps, drawn from `seed`. */
+tally__train_cfg tr_small_cfg(size_t ntrain, long steps, uint64_t seed);
+
 /* Runs $TALLY_BIN with args (args[0] is its name); returns its exit code, stderr in err. */
 int tr_run_tally(char *const args[], char *err, size_t errlen);
 

@@ -107,6 +107,18 @@ static int train_setup_zero(train_run *r, const tally__model_cfg *mc) {
     return rc;
 }
 
+int tally__train_load_data(train_run *r, tally__train_result *res) {
+    const tally__train_cfg *cfg = r->cfg;
+    const char *data_name = NULL;
+    int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
+    if (rc) return rc;
+    res->data_name = data_name;
+    if (cfg->model == TALLY__MODEL_LINEAR) res->true_w_len = r->train.dim + 1;
+    if (cfg->model == TALLY__MODEL_CNN && !r->train.height)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: the cnn model needs image data", r->rank);
+    return 0;
+}
+
 int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers) {
     const tally__train_cfg *cfg = r->cfg;
     float lr = tally__train_default_lr(cfg);
@@ -133,13 +145,8 @@ int tally__train_prepare_steps(train_run *r, tally__train_result *res, int worke
 
 static int train_setup(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
-    const char *data_name = NULL;
-    int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
+    int rc = tally__train_load_data(r, res);
     if (rc) return rc;
-    res->data_name = data_name;
-    if (cfg->model == TALLY__MODEL_LINEAR) res->true_w_len = r->train.dim + 1;
-    if (cfg->model == TALLY__MODEL_CNN && !r->train.height)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: the cnn model needs image data", r->rank);
     if ((rc = tally_sampler_init(&r->sampler, r->train.n, r->rank, r->size, cfg->seed, 1))) return rc;
     size_t per_step = (size_t)cfg->batch * cfg->accum;
     r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / per_step);

@@ -77,13 +77,8 @@ static int async_address(async_run *a) {
 static int async_setup(async_run *a, tally__train_result *res) {
     train_run *r = &a->r;
     const tally__train_cfg *cfg = r->cfg;
-    const char *data_name = NULL;
-    int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
+    int rc = tally__train_load_data(r, res);
     if (rc) return rc;
-    res->data_name = data_name;
-    if (cfg->model == TALLY__MODEL_LINEAR) res->true_w_len = r->train.dim + 1;
-    if (cfg->model == TALLY__MODEL_CNN && !r->train.height)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: the cnn model needs image data", r->rank);
     /* The same shards as synchronous training over the workers: worker w is rank w of nworkers. */
     if ((rc = tally_sampler_init(&r->sampler, r->train.n, a->worker >= 0 ? a->worker : 0, a->nworkers, cfg->seed, 1)))
         return rc;

@@ -62,6 +62,9 @@ unsigned long long tally__train_codec_grad_bytes(const train_run *r);
 /* Pieces of the synchronous run (trainer.c) that the asynchronous one (trainer_async.c) shares. */
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);
 float tally__train_default_lr(const tally__train_cfg *cfg);
+/* The run's training and test sets (and the linear model's true weights) into r and res; refuses the
+ * cnn without image data. */
+int tally__train_load_data(train_run *r, tally__train_result *res);
 /* Once the sampler and the model exist: the learning-rate schedule (--scale-lr over `workers`, the
  * ranks that compute gradients), the micro-batch buffers, and the model's figures in res. */
 int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers);

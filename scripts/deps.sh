@@ -1,20 +1,64 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tally needs to build and test, when they are missing (needs root or sudo).
-# Sourced by run.sh and test.sh; safe to run twice.
+# deps.sh - installs the Debian packages tally's build, main job and tests need that are not installed,
+# in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide.
+# Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs.
 set -eu
-tally_need=()
-command -v cmake >/dev/null || tally_need+=(cmake)
-command -v gcc >/dev/null || tally_need+=(build-essential)
-command -v pkg-config >/dev/null || tally_need+=(pkg-config)
-command -v mpirun >/dev/null || tally_need+=(openmpi-bin libopenmpi-dev)
-[ -f /usr/include/openssl/hmac.h ] || tally_need+=(libssl-dev)
-[ -f /usr/include/zlib.h ] || tally_need+=(zlib1g-dev)
-[ -f /usr/include/x86_64-linux-gnu/cblas.h ] || [ -f /usr/include/cblas.h ] || tally_need+=(libopenblas-dev)
-[ -d /usr/share/datasets/fashion-mnist ] || tally_need+=(dataset-fashion-mnist)
-if [ ${#tally_need[@]} -gt 0 ]; then
-  echo "installing: ${tally_need[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${tally_need[@]}" >/dev/null
+
+# package | why it is needed
+tally_deps=(
+  "build-essential|the C compiler, make and the C library's headers"
+  "cmake|the build (CMake 3.25 or later)"
+  "pkg-config|CMake finds OpenBLAS through its pkg-config module"
+  "libopenblas-dev|GEMM for the layers (the pkg-config module openblas; the reference BLAS is not enough)"
+  "zlib1g-dev|reading .gz IDX files"
+  "libssl-dev|HMAC-SHA256 peer authentication and randomness (OpenSSL)"
+  "dataset-fashion-mnist|the main job's data set"
+  "openmpi-bin|mpirun: the test that starts the installed library under Open MPI, and the benchmark peer"
+  "libopenmpi-dev|Open MPI's headers: the benchmark peer"
+)
+if [ "${1:-}" = "--fresh-check" ]; then
+  tally_deps+=("debootstrap|scripts/fresh-check.sh builds a Debian 12 root with it")
+elif [ $# -gt 0 ]; then
+  echo "deps.sh: unknown argument '$1' (the only option is --fresh-check)" >&2
+  exit 2
 fi
+
+tally_installed() { # dpkg's word, or for OpenBLAS an openblas.pc that pkg-config finds (a build of one's own)
+  [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ] && return 0
+  [ "$1" = libopenblas-dev ] && command -v pkg-config >/dev/null && pkg-config --exists openblas
+}
+
+tally_missing=()
+for entry in "${tally_deps[@]}"; do
+  pkg=${entry%%|*}
+  tally_installed "$pkg" || tally_missing+=("$pkg")
+done
+[ ${#tally_missing[@]} -eq 0 ] && exit 0
+
+echo "deps.sh: installing ${#tally_missing[@]} missing Debian package(s):"
+for entry in "${tally_deps[@]}"; do
+  for pkg in "${tally_missing[@]}"; do
+    [ "$pkg" = "${entry%%|*}" ] && printf '  %-22s %s\n' "$pkg" "${entry#*|}"
+  done
+done
+
+tally_cannot() {
+  {
+    echo "deps.sh: cannot install the packages tally needs: $1"
+    echo "  missing: ${tally_missing[*]}"
+    echo "  install them as root, then run this again:"
+    echo "    apt-get update && apt-get install --no-install-recommends ${tally_missing[*]}"
+  } >&2
+  exit 1
+}
+
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || tally_cannot "not running as root and sudo is not installed"
+  as_root=(sudo)
+fi
+command -v apt-get >/dev/null || tally_cannot "apt-get is not available (tally's install script knows Debian's packages)"
+"${as_root[@]}" apt-get update -qq || tally_cannot "apt-get update failed (see above)"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  "${tally_missing[@]}" >/dev/null || tally_cannot "apt-get install failed (see above)"
+echo "deps.sh: installed ${tally_missing[*]}"

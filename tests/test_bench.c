@@ -53,6 +53,7 @@ int main(void) {
              "TALLY_DEBUG=1 does not log the algorithm chosen by the model:\n%s", out);
 
     snprintf(cmd, sizeof cmd, "%s bench allreduce -n 2 -t nosuchtype", tally_bin());
-    TH_CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "usage"), "a bad dtype does not print the usage:\n%s", out);
+    TH_CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "-t 'nosuchtype' is not a type") && strstr(out, "--help"),
+             "a bad dtype is not named, with where the flags are described:\n%s", out);
     return th_verdict("test_bench");
 }

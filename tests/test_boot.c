@@ -158,7 +158,9 @@ static void env_bad_size(int rank, void *arg) {
 
 static int fn_init_only(int rank, int size, void *arg) {
     tally__fault f;
-    tally__boot *b = boot_up(rank, &f, tally__timeout_s());
+    double timeout_s = 300;
+    tally__env_timeout(&timeout_s);
+    tally__boot *b = boot_up(rank, &f, timeout_s);
     tally__boot_free(b);
     return 0;
 }
@@ -606,12 +608,15 @@ static int env_run(env_case c) {
         TH_CHECK(rc_ == 0 && (cond), __VA_ARGS__);                                 \
         if (rc_) fprintf(stderr, "   -> rc %d: %s\n", rc_, R[0].msg);              \
     } while (0)
-#define ENV_ERR(c, text)                                                                              \
-    do {                                                                                              \
-        int rc_ = env_run(c);                                                                         \
-        TH_CHECK(rc_ == TALLY_E_BOOT && strstr(R[0].msg, text), "expected TALLY_E_BOOT with '%s', got %d '%s'", \
-                 text, rc_, R[0].msg);                                                                \
+/* Something missing is TALLY_E_BOOT; a value that is set but malformed is TALLY_E_INVALID. */
+#define ENV_FAILS(c, code, text)                                                                           \
+    do {                                                                                                   \
+        int rc_ = env_run(c);                                                                              \
+        TH_CHECK(rc_ == (code) && strstr(R[0].msg, text), "expected %s with '%s', got %d '%s'", #code, text, \
+                 rc_, R[0].msg);                                                                           \
     } while (0)
+#define ENV_ERR(c, text) ENV_FAILS(c, TALLY_E_BOOT, text)
+#define ENV_BAD(c, text) ENV_FAILS(c, TALLY_E_INVALID, text)
 #define E(...) ((env_case){{__VA_ARGS__, NULL}})
 
 static void test_env_tally(void) {
@@ -624,16 +629,16 @@ static void test_env_tally(void) {
     ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=1"), e->size == 1 && e->rank == 0, "size 1 needs no address or token");
     ENV_ERR(E("TALLY_RANK=0"), "TALLY_WORLD_SIZE is not set");
     ENV_ERR(E("TALLY_WORLD_SIZE=2"), "TALLY_RANK is not set");
-    ENV_ERR(E("TALLY_RANK=4", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"), "TALLY_RANK=4 is out of range");
-    ENV_ERR(E("TALLY_RANK=-1", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"), "TALLY_RANK=-1");
-    ENV_ERR(E("TALLY_RANK=abc", "TALLY_WORLD_SIZE=4"), "TALLY_RANK='abc' is not an integer");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=0"), "TALLY_WORLD_SIZE=0 is out of range");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=5000"), "TALLY_WORLD_SIZE=5000 is out of range");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:0", "TALLY_TOKEN=t"), "port '0'");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:70000", "TALLY_TOKEN=t"), "port '70000'");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=node0", "TALLY_TOKEN=t"), "TALLY_ADDR='node0' has no port");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=::1:5", "TALLY_TOKEN=t"), "brackets");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=:5", "TALLY_TOKEN=t"), "empty host");
+    ENV_BAD(E("TALLY_RANK=4", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"), "TALLY_RANK='4' is out of range");
+    ENV_BAD(E("TALLY_RANK=-1", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"), "TALLY_RANK='-1' is out of range");
+    ENV_BAD(E("TALLY_RANK=abc", "TALLY_WORLD_SIZE=4"), "TALLY_RANK='abc' is not a whole number");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=0"), "TALLY_WORLD_SIZE='0' is out of range");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=5000"), "TALLY_WORLD_SIZE='5000' is out of range");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:0", "TALLY_TOKEN=t"), "port '0'");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:70000", "TALLY_TOKEN=t"), "port '70000'");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=node0", "TALLY_TOKEN=t"), "TALLY_ADDR='node0' has no port");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=::1:5", "TALLY_TOKEN=t"), "brackets");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=:5", "TALLY_TOKEN=t"), "empty host");
     ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_TOKEN=t"), "export TALLY_ADDR=");
     ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5"), "TALLY_TOKEN is not set");
     ENV_ERR(E("HOME=/"), "set TALLY_RANK and TALLY_WORLD_SIZE");
@@ -641,24 +646,24 @@ static void test_env_tally(void) {
            e->boot_timeout_s == 0 && e->bind[0] == '\0', "no TALLY_BOOT_TIMEOUT, no TALLY_BIND");
     ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=2.5"),
            e->boot_timeout_s == 2.5, "TALLY_BOOT_TIMEOUT parsed");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=soon"),
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=soon"),
             "TALLY_BOOT_TIMEOUT='soon'");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=0"),
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BOOT_TIMEOUT=0"),
             "TALLY_BOOT_TIMEOUT='0'");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=1", "TALLY_BOOT_TIMEOUT=-3"), "TALLY_BOOT_TIMEOUT='-3'");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=1", "TALLY_BOOT_TIMEOUT=-3"), "TALLY_BOOT_TIMEOUT='-3'");
     ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=0.0.0.0"),
            !strcmp(e->bind, "0.0.0.0") && !strcmp(e->host, "h"), "TALLY_BIND=0.0.0.0 parsed, TALLY_ADDR kept");
     ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=::"),
            !strcmp(e->bind, "::"), "TALLY_BIND=:: parsed");
     ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=[fe80::1]"),
            !strcmp(e->bind, "fe80::1"), "TALLY_BIND=[v6] parsed");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=0.0.0.0:5"),
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=0.0.0.0:5"),
             "TALLY_BIND='0.0.0.0:5' has a port");
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=[]"),
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", "TALLY_TOKEN=t", "TALLY_BIND=[]"),
             "TALLY_BIND='[]' is not an address");
     static char longtok[300] = "TALLY_TOKEN=";
     memset(longtok + 12, 'x', 280);
-    ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", longtok), "TALLY_TOKEN is 280 bytes");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:5", longtok), "TALLY_TOKEN is 280 bytes");
 }
 
 static void test_env_launchers(void) {
@@ -680,7 +685,7 @@ static void test_env_launchers(void) {
     ENV_OK(E("OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4", "TALLY_ADDR=node0:4000", "TALLY_TOKEN=s"),
            e->rank == 3 && !strcmp(e->host, "node0") && e->port == 4000 && !e->token_derived,
            "Open MPI with TALLY_ADDR/TALLY_TOKEN");
-    ENV_ERR(E("OMPI_COMM_WORLD_RANK=x", "OMPI_COMM_WORLD_SIZE=4"), "OMPI_COMM_WORLD_RANK='x'");
+    ENV_BAD(E("OMPI_COMM_WORLD_RANK=x", "OMPI_COMM_WORLD_SIZE=4"), "OMPI_COMM_WORLD_RANK='x'");
     ENV_OK(E("PMI_RANK=2", "PMI_SIZE=3", "MPI_LOCALNRANKS=3", "PMI_JOBID=j5"),
            e->rank == 2 && e->size == 3 && !strcmp(e->source, "PMI") && !strcmp(e->host, "127.0.0.1") &&
                e->token_derived,
@@ -703,7 +708,7 @@ static void test_env_launchers(void) {
            "torchrun: MASTER_ADDR:MASTER_PORT");
     ENV_OK(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500"),
            e->token_derived, "torchrun: token derived from the master address");
-    ENV_ERR(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=abc"), "MASTER_PORT: port 'abc'");
+    ENV_BAD(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=abc"), "MASTER_PORT: port 'abc'");
     ENV_ERR(E("RANK=1", "WORLD_SIZE=2", "MASTER_PORT=1"), "MASTER_ADDR is not set");
     ENV_OK(E("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "SLURM_PROCID=0", "SLURM_NTASKS=1",
              "TALLY_ADDR=h:1", "TALLY_TOKEN=t"),

@@ -224,8 +224,8 @@ static void test_cli(void) {
                          "--params 1G --workers 4 --model mlp", "--params 1G --workers 4 extra"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         st = run(bad[i], out, sizeof out);
-        TH_CHECK(st == 2 && strstr(out, "usage: tally plan"), "'plan %s' exited %d, want 2 with usage:\n%s", bad[i],
-                 st, out);
+        TH_CHECK(st == 2 && strstr(out, "tally plan: ") && strstr(out, "tally plan --help"),
+                 "'plan %s' exited %d, want 2 with a message and where the flags are described:\n%s", bad[i], st, out);
     }
 }
 

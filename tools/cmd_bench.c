@@ -11,9 +11,13 @@
 #include <unistd.h>
 
 #include "../src/core/dtype.h"
-#include "../src/core/env.h"
+#include "../src/core/parse.h"
 #include "cmd.h"
+#include "flags.h"
 #include "launch.h"
+
+#define BENCH_MAX_ROWS 1000
+#define BENCH_MAX_BYTES (64ull << 30)
 
 typedef enum { B_ALLREDUCE, B_REDUCE_SCATTER, B_ALLGATHER, B_BROADCAST } bench_coll;
 static const char *bench_coll_names[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
@@ -43,16 +47,17 @@ static double bench_now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static int bench_usage(void) {
-    fprintf(stderr,
+static void bench_usage(FILE *f) {
+    fprintf(f,
             "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
             "                   [--algo auto|ring|tree|rhd|direct] [--transport auto|shm|tcp]\n"
             "                   [--iters I] [--warmup W] [--shared-mem] [-c]\n"
-            "Sizes accept K/M/G (powers of 1024). -c checks every result and counts wrong elements.\n"
+            "Sizes (1 byte to 64G) accept K/M/G (powers of 1024); from MIN to MAX, times FACTOR (> 1) each row,\n"
+            "at most %d rows. -c checks every result and counts wrong elements.\n"
             "With -n N (and no rank environment) it starts N local ranks of itself.\n"
-            "--shared-mem takes the buffers from tally_mem_alloc (read in place by shm peers).\n");
-    return 2;
+            "--shared-mem takes the buffers from tally_mem_alloc (read in place by shm peers).\n",
+            BENCH_MAX_ROWS);
 }
 
 static int bench_parse_coll(const char *s, bench_coll *out) {
@@ -61,10 +66,53 @@ static int bench_parse_coll(const char *s, bench_coll *out) {
     return -1;
 }
 
+static const char *const bench_algos[] = {"auto", "ring", "tree", "rhd", "direct", NULL};
+static const char *const bench_transports[] = {"auto", "shm", "tcp", NULL};
+
+static int bench_parse_one(int ch, const char *flag, const char *a, bench_opts *o) {
+    long long v;
+    uint64_t b;
+    int k;
+    switch (ch) {
+    case 'n': return tally__parse_int(flag, a, 1, TALLY_LAUNCH_MAX_RANKS, &v) ? -1 : (o->n = (int)v, 0);
+    case 'b': return tally__parse_bytes(flag, a, 1, BENCH_MAX_BYTES, &b) ? -1 : (o->minb = (size_t)b, 0);
+    case 'e': return tally__parse_bytes(flag, a, 1, BENCH_MAX_BYTES, &b) ? -1 : (o->maxb = (size_t)b, 0);
+    case 'f': return tally__parse_real(flag, a, 1, 1, 1 << 20, &o->factor);
+    case 't':
+        if ((k = tally_dtype_parse(a)) < 0)
+            return tally__parse_fail(flag, a, "is not a type", "it takes f32, f64, f16, bf16, i32, i64 or u8");
+        return o->dtype = (tally_dtype)k, 0;
+    case 'o':
+        if ((k = tally_op_parse(a)) < 0)
+            return tally__parse_fail(flag, a, "is not an operation", "it takes sum, avg, prod, min or max");
+        return o->op = (tally_op)k, 0;
+    case 'r': return tally__parse_int(flag, a, 0, TALLY_LAUNCH_MAX_RANKS - 1, &v) ? -1 : (o->root = (int)v, 0);
+    case 'c': return o->check = 1, 0;
+    case 'A': return tally__parse_word(flag, a, bench_algos, &k) ? -1 : (o->algo = a, 0);
+    case 'T': return tally__parse_word(flag, a, bench_transports, &k) ? -1 : (o->transport = a, 0);
+    case 'I': return tally__parse_int(flag, a, 1, 1000000000, &v) ? -1 : (o->iters = (int)v, 0);
+    case 'W': return tally__parse_int(flag, a, 0, 1000000000, &v) ? -1 : (o->warmup = (int)v, 0);
+    case 'S': return o->shared_mem = 1, 0;
+    default: return -1;
+    }
+}
+
+/* Rows from MIN to MAX: a factor just above 1 would make millions of them. */
+static int bench_rows(const bench_opts *o) {
+    int rows = 0;
+    for (double s = (double)o->minb; s <= (double)o->maxb * 1.0000001 && rows <= BENCH_MAX_ROWS; s *= o->factor) rows++;
+    return rows;
+}
+
+/* 0 to run, 1 for --help (printed), 2 after a message about a bad flag. */
 static int bench_parse(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.n = 0, .minb = 8, .maxb = 64u << 20, .factor = 2, .dtype = TALLY_F32, .op = TALLY_SUM,
                       .iters = 20, .warmup = 5};
-    if (argc < 2 || bench_parse_coll(argv[1], &o->coll)) return -1;
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return bench_usage(stdout), 1;
+    if (argc < 2) return tally_flags_usage_error("bench", "which collective? allreduce, reduce_scatter, allgather or broadcast");
+    if (bench_parse_coll(argv[1], &o->coll))
+        return tally_flags_usage_error("bench", "'%s' is not a collective: it takes allreduce, reduce_scatter, allgather "
+                                                "or broadcast, then the flags", argv[1]);
     static const struct option longs[] = {{"algo", required_argument, 0, 'A'},
                                           {"transport", required_argument, 0, 'T'},
                                           {"iters", required_argument, 0, 'I'},
@@ -72,28 +120,20 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                                           {"shared-mem", no_argument, 0, 'S'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
-    optind = 2;
+    tally_flags f;
+    tally_flags_begin(&f, "bench", "n:b:e:f:t:o:r:ch", longs, 2);
     int ch;
-    long long v;
-    while ((ch = getopt_long(argc, argv, "n:b:e:f:t:o:r:ch", longs, NULL)) != -1) {
-        switch (ch) {
-        case 'n': o->n = atoi(optarg); if (o->n < 1) return -1; break;
-        case 'b': if ((v = tally__parse_size(optarg)) < 0) return -1; o->minb = (size_t)v; break;
-        case 'e': if ((v = tally__parse_size(optarg)) < 0) return -1; o->maxb = (size_t)v; break;
-        case 'f': o->factor = atof(optarg); if (o->factor <= 1) return -1; break;
-        case 't': if ((v = tally_dtype_parse(optarg)) < 0) return -1; o->dtype = (tally_dtype)v; break;
-        case 'o': if ((v = tally_op_parse(optarg)) < 0) return -1; o->op = (tally_op)v; break;
-        case 'r': o->root = atoi(optarg); break;
-        case 'c': o->check = 1; break;
-        case 'A': o->algo = optarg; break;
-        case 'T': o->transport = optarg; break;
-        case 'I': o->iters = atoi(optarg); if (o->iters < 1) return -1; break;
-        case 'W': o->warmup = atoi(optarg); if (o->warmup < 0) return -1; break;
-        case 'S': o->shared_mem = 1; break;
-        default: return -1;
-        }
+    while ((ch = tally_flags_next(&f, argc, argv)) != -1) {
+        if (ch == '?') return 2;
+        if (ch == 'h') return bench_usage(stdout), 1;
+        if (bench_parse_one(ch, f.flag, optarg, o)) return tally_flags_bad(&f);
     }
-    if (optind != argc || o->minb > o->maxb) return -1;
+    if (optind != argc) return tally_flags_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    if (o->minb > o->maxb)
+        return tally_flags_usage_error("bench", "-b %zu is above -e %zu: the smallest size comes first", o->minb, o->maxb);
+    if (bench_rows(o) > BENCH_MAX_ROWS)
+        return tally_flags_usage_error("bench", "-f %.10g from -b %zu to -e %zu makes more than %d rows: raise -f",
+                                       o->factor, o->minb, o->maxb, BENCH_MAX_ROWS);
     return 0;
 }
 
@@ -321,7 +361,8 @@ static int bench_as_rank(const bench_opts *o) {
 
 int tally_cmd_bench(int argc, char **argv) {
     bench_opts o;
-    if (bench_parse(argc, argv, &o)) return bench_usage();
+    int prc = bench_parse(argc, argv, &o);
+    if (prc) return prc == 1 ? 0 : 2;
     if (o.algo) setenv("TALLY_ALGO", o.algo, 1);
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {

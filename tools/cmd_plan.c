@@ -15,7 +15,9 @@
 #include "../src/train/model.h"
 #include "../src/train/plan.h"
 #include "../src/train/trainer.h"
+#include "../src/core/parse.h"
 #include "cmd.h"
+#include "flags.h"
 #include "launch.h"
 
 typedef struct plan_opts {
@@ -42,8 +44,8 @@ typedef struct plan_calib {
     const char *used;              /* the transport whose figures the plan uses */
 } plan_calib;
 
-static int plan_usage(void) {
-    fprintf(stderr,
+static void plan_usage(FILE *out) {
+    fprintf(out,
             "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
             "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear\n"
             "                  [--hidden W1,W2,...]] [--compute GFLOPS] [--bandwidth 25Gbps] [--latency 5us]\n"
@@ -59,7 +61,6 @@ static int plan_usage(void) {
             "  with --model, else single-thread sgemm), the optimizer update, and alpha/beta/gamma of the shm\n"
             "  and tcp links (2 local ranks each; shm's used when N fits this host's CPUs, else tcp's).\n"
             "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
-    return 2;
 }
 
 /* ---- flags ---- */
@@ -151,6 +152,30 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     }
 }
 
+/* What each flag takes, for the message when a value is refused. */
+static const char *plan_accepts(int ch) {
+    switch (ch) {
+    case O_PARAMS: return "it takes a count of parameters in 1..1e15, with K, M, G or T (powers of 1000; Ki.. of 1024): 7.5G";
+    case O_LAYERS: return "it takes a whole number in 1..1000000";
+    case 'n':
+    case O_WORKERS: return "it takes a whole number of ranks in 1..16777216 (K, M allowed)";
+    case O_OPT: return "it takes sgd or adam";
+    case O_PREC: return "it takes fp32 or mixed";
+    case O_ZERO: return "it takes 0, 1, 2 or 3";
+    case O_BATCH:
+    case O_ACCUM: return "it takes a whole number in 1..16777216";
+    case O_FLOPS: return "it takes a count > 0, with K, M, G or T: 4.2M";
+    case O_MODEL: return "it takes linear, mlp or cnn";
+    case O_HIDDEN: return "it takes up to 16 comma-separated widths, each a whole number in 1..1048576 (512,256)";
+    case O_COMPUTE: return "it takes GFLOP/s > 0 (a bare number), or a rate with its unit: 100, 1.5TFLOPS";
+    case O_BW: return "it takes a rate > 0 whose unit says bits or bytes: 25Gbps, 10GB/s, 800MiB/s";
+    case O_LAT: return "it takes a time >= 0 with its unit: 5us, 1.5ms, 100ns, 2s";
+    case O_ALGO: return "it takes ring, tree, rhd, direct or all";
+    case O_BUCKET: return "it takes a number of MiB > 0 (K, M, G, T allowed)";
+    default: return "see tally plan --help";
+    }
+}
+
 /* Combinations that cannot mean anything: say which and return -1. */
 static int plan_check(const plan_opts *o) {
     const char *why = NULL;
@@ -160,32 +185,30 @@ static int plan_check(const plan_opts *o) {
     else if (o->model >= 0 && o->have_flops) why = "give --flops-per-sample or --model, not both";
     else if (o->model >= 0 && o->layers) why = "--layers comes from --model";
     else if (o->mcfg.nhidden && o->model != TALLY__MODEL_MLP) why = "--hidden needs --model mlp";
-    if (why) fprintf(stderr, "tally plan: %s\n", why);
+    if (why) tally_flags_usage_error("plan", "%s", why);
     return why ? -1 : 0;
 }
 
+/* 0 to run, 1 for --help (printed), 2 after a message about a bad flag or combination. */
 static int plan_parse(int argc, char **argv, plan_opts *o) {
     memset(o, 0, sizeof *o);
     tally__plan_cfg_default(&o->cfg);
     o->model = -1;
     o->show_all = 1;
-    optind = 1;
-    int ch, idx = -1;
-    while ((ch = getopt_long(argc, argv, "n:h", plan_longs, &idx)) != -1) {
-        if (ch == 'h' || ch == '?' || plan_parse_one(ch, optarg, o)) {
-            if (ch != 'h' && ch != '?')
-                fprintf(stderr, "tally plan: bad value for %s%s: '%s'%s\n", ch == 'n' ? "-" : "--",
-                        ch == 'n' ? "n" : plan_longs[idx].name, optarg,
-                        ch == O_BW ? " (a unit says bits or bytes: 25Gbps, 10GB/s)" : "");
-            return -1;
+    tally_flags f;
+    tally_flags_begin(&f, "plan", "n:h", plan_longs, 1);
+    int ch;
+    while ((ch = tally_flags_next(&f, argc, argv)) != -1) {
+        if (ch == '?') return 2;
+        if (ch == 'h') return plan_usage(stdout), 1;
+        if (plan_parse_one(ch, optarg, o)) {
+            tally__parse_fail(f.flag, optarg, "is not accepted", plan_accepts(ch));
+            return tally_flags_bad(&f);
         }
-        idx = -1;
     }
-    if (optind != argc) {
-        fprintf(stderr, "tally plan: unexpected argument %s\n", argv[optind]);
-        return -1;
-    }
-    return o->calibrate_rank ? 0 : plan_check(o);
+    if (optind != argc) return tally_flags_usage_error("plan", "unexpected argument '%s'", argv[optind]);
+    if (o->calibrate_rank) return 0;
+    return plan_check(o) ? 2 : 0;
 }
 
 /* ---- the model ---- */
@@ -733,7 +756,8 @@ static void plan_print_json(const plan_opts *o, const plan_calib *k) {
 
 int tally_cmd_plan(int argc, char **argv) {
     plan_opts o;
-    if (plan_parse(argc, argv, &o)) return plan_usage();
+    int prc = plan_parse(argc, argv, &o);
+    if (prc) return prc == 1 ? 0 : 2;
     if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank, o.calibrate_bytes);
     if (plan_fill(&o)) return 1;
     plan_calib k;

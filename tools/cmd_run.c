@@ -1,11 +1,12 @@
 /* cmd_run.c - `tally run -n N [--transport T] [--timeout S] [--no-prefix] [--] PROG ARGS...`:
  * parses the flags and hands the program to the launcher (launch.c). */
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <tally.h>
 
+#include "../src/core/env.h"
+#include "../src/core/parse.h"
 #include "cmd.h"
 #include "launch.h"
 
@@ -58,54 +59,38 @@ static const char *flag_value(int argc, char **argv, int *i, const char *shortf,
     return v;
 }
 
-static int parse_ranks(const char *s, int *n) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > TALLY_LAUNCH_MAX_RANKS) return -1;
-    *n = (int)v;
-    return 0;
-}
-
-static int parse_seconds(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v > 0) || !isfinite(v)) return -1;
-    *out = v;
-    return 0;
-}
+/* A value the shared parser refused: its message, then the usage line. */
+static int bad_value(void) { return usage_error("%s", tally_last_error()); }
 
 /* One flag at argv[*i]; returns 0, 1 for --help, or 2 after printing a usage error. */
 static int parse_flag(int argc, char **argv, int *i, tally_launch_opts *o, int *have_n) {
     const char *a = argv[*i], *v;
     int missing = 0;
+    long long k;
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
     if (strcmp(a, "--no-prefix") == 0) {
         o->prefix_output = 0;
         return 0;
     }
     if ((v = flag_value(argc, argv, i, "-n", "--nproc", &missing))) {
-        if (parse_ranks(v, &o->n) < 0) return usage_error("-n wants a whole number of ranks 1..4096, not '%s'", v);
+        if (tally__parse_int(a[1] == '-' ? "--nproc" : "-n", v, 1, TALLY_LAUNCH_MAX_RANKS, &k)) return bad_value();
+        o->n = (int)k;
         *have_n = 1;
         return 0;
     }
     if (!missing && (v = flag_value(argc, argv, i, NULL, "--transport", &missing))) {
-        if (strcmp(v, "shm") && strcmp(v, "tcp") && strcmp(v, "auto"))
-            return usage_error("--transport wants shm, tcp or auto, not '%s'", v);
+        static const char *const transports[] = {"shm", "tcp", "auto", NULL};
+        int w;
+        if (tally__parse_word("--transport", v, transports, &w)) return bad_value();
         o->transport = v;
         return 0;
     }
     if (!missing && (v = flag_value(argc, argv, i, NULL, "--timeout", &missing))) {
-        if (parse_seconds(v, &o->timeout_s) < 0)
-            return usage_error("--timeout wants a positive number of seconds, not '%s'", v);
+        if (tally__parse_real("--timeout", v, 0, 1, TALLY__TIMEOUT_MAX_S, &o->timeout_s)) return bad_value();
         return 0;
     }
     if (!missing && (v = flag_value(argc, argv, i, NULL, "--max-restarts", &missing))) {
-        char *end;
-        long k = strtol(v, &end, 10);
-        if (end == v || *end || k < 0 || k > 1000)
-            return usage_error("--max-restarts wants a whole number 0..1000, not '%s'", v);
+        if (tally__parse_int("--max-restarts", v, 0, 1000, &k)) return bad_value();
         o->max_restarts = (int)k;
         return 0;
     }

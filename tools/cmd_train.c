@@ -7,10 +7,12 @@
 #include <tally.h>
 
 #include "../src/core/env.h"
+#include "../src/core/parse.h"
 #include "../src/train/guard.h"
 #include "../src/train/ps.h"
 #include "../src/train/trainer.h"
 #include "cmd.h"
+#include "flags.h"
 #include "launch.h"
 
 typedef struct train_opts {
@@ -21,8 +23,8 @@ typedef struct train_opts {
     char arch[128];
 } train_opts;
 
-static int train_usage(void) {
-    fprintf(stderr,
+static void train_usage(FILE *out) {
+    fprintf(out,
             "usage: tally train [-n N] [--model linear|mlp|cnn] [--hidden W1,W2,...]\n"
             "                   [--data fashion-mnist|synthetic[:N]|DIR] [--epochs E] [--steps S] [--batch B]\n"
             "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
@@ -74,18 +76,41 @@ static int train_usage(void) {
             "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
             "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
-    return 2;
 }
 
-static int parse_hidden(const char *s, tally__train_cfg *cfg) {
-    return tally__model_parse_hidden(s, cfg->hidden, &cfg->nhidden);
+#define TRAIN_MAX_STEPS 1000000000000LL /* 1e12 */
+
+static int parse_hidden(const char *flag, const char *s, int *hidden, int *n) {
+    if (!tally__model_parse_hidden(s, hidden, n)) return 0;
+    return tally__parse_fail(flag, s, "is not a list of widths",
+                             "it takes up to 16 comma-separated widths, each a whole number in 1..1048576 (512,256)");
 }
 
-static int parse_num(const char *s, double lo, double hi, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
+static int parse_word(const char *flag, const char *s, int (*parse)(const char *), const char *accepts, int *out) {
+    int k = parse(s);
+    if (k < 0) return tally__parse_fail(flag, s, "is not one of these", accepts);
+    *out = k;
+    return 0;
+}
+
+/* --data: fashion-mnist, synthetic, synthetic:N (a smaller generated set: quick runs and tests) or DIR. */
+static int parse_data(const char *flag, const char *a, tally__train_cfg *c) {
+    long long v;
+    if (!*a) return tally__parse_fail(flag, a, "", "it takes fashion-mnist, synthetic, synthetic:N or a directory");
+    c->data = a;
+    if (strncmp(a, "synthetic:", 10)) return 0;
+    if (tally__parse_int(flag, a + 10, 64, 10000000, &v))
+        return tally__parse_fail(flag, a, "has no sample count after 'synthetic:'",
+                                 "it takes synthetic:N, N a whole number in 64..10000000");
+    c->data = "synthetic";
+    c->synthetic_train = (size_t)v;
+    c->synthetic_test = (size_t)v / 6 > 64 ? (size_t)v / 6 : 64;
+    return 0;
+}
+
+static int parse_path(const char *flag, const char *a, const char **out) {
+    if (!*a) return tally__parse_fail(flag, a, "", "it takes a path");
+    *out = a;
     return 0;
 }
 
@@ -122,134 +147,157 @@ typedef struct pending {
     int has_async_only; /* --staleness, --stale-lr or --ps: meaningful only with --mode async */
 } pending;
 
-/* "RANK:STEP" (STEP counted from 1). */
-static int parse_rank_step(const char *s, int *rank, long *step) {
-    char *end;
-    long r = strtol(s, &end, 10);
-    if (end == s || *end != ':' || r < 0 || r >= TALLY_LAUNCH_MAX_RANKS) return -1;
-    const char *t = end + 1;
-    long k = strtol(t, &end, 10);
-    if (end == t || *end || k < 1) return -1;
-    *rank = (int)r;
-    *step = k;
+/* "RANK:N": a rank and a count from 1 (a step, or milliseconds), each checked by the shared parser. */
+static int parse_rank_step(const char *flag, const char *s, const char *what, long long max, int *rank, long *step) {
+    char accepts[128];
+    snprintf(accepts, sizeof accepts, "it takes RANK:%s, RANK in 0..%d and %s in 1..%lld", what,
+             TALLY_LAUNCH_MAX_RANKS - 1, what, max);
+    const char *colon = strchr(s, ':');
+    char r[24];
+    long long rv, kv;
+    if (!colon || (size_t)(colon - s) >= sizeof r) return tally__parse_fail(flag, s, "is not RANK:" , accepts);
+    memcpy(r, s, (size_t)(colon - s));
+    r[colon - s] = '\0';
+    if (tally__parse_int(flag, r, 0, TALLY_LAUNCH_MAX_RANKS - 1, &rv) || tally__parse_int(flag, colon + 1, 1, max, &kv))
+        return tally__parse_fail(flag, s, "is not RANK:N with both in range", accepts);
+    *rank = (int)rv;
+    *step = (long)kv;
     return 0;
 }
 
-static int train_parse_one(int ch, const char *a, train_opts *o, pending *p) {
+static const char *const train_modes[] = {"sync", "async", NULL};
+static const char *const train_quotas[] = {"per-worker", "shared", NULL};
+static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
+
+/* Flags that set a whole number: where it goes and its range. */
+static int train_parse_int(int ch, const char *flag, const char *a, train_opts *o) {
     tally__train_cfg *c = &o->cfg;
-    double v;
-    int k;
-    switch (ch) {
-    case 'n': return parse_num(a, 1, TALLY_LAUNCH_MAX_RANKS, &v) ? -1 : (o->n = (int)v, 0);
-    case O_MODEL: return (k = tally__model_parse(a)) < 0 ? -1 : (c->model = (tally__model_kind)k, 0);
-    case O_HIDDEN: return parse_hidden(a, c);
-    case O_DATA:
-        c->data = a;
-        if (!strncmp(a, "synthetic:", 10)) { /* a smaller generated set: quick runs and tests */
-            if (parse_num(a + 10, 64, 1e7, &v)) return -1;
-            c->data = "synthetic";
-            c->synthetic_train = (size_t)v;
-            c->synthetic_test = (size_t)v / 6 > 64 ? (size_t)v / 6 : 64;
+    static const struct {
+        int ch;
+        long long lo, hi;
+    } ranges[] = {{'n', 1, TALLY_LAUNCH_MAX_RANKS}, {O_EPOCHS, 1, 1000000}, {O_STEPS, 1, TRAIN_MAX_STEPS},
+                  {O_BATCH, 1, 1 << 20}, {O_WARMUP, 0, TRAIN_MAX_STEPS}, {O_STEP_EVERY, 1, TRAIN_MAX_STEPS},
+                  {O_ACCUM, 1, 1 << 20}, {O_THREADS, 1, 1024}, {O_ZERO, 0, 3},
+                  {O_CHECK_REPLICAS, 1, TRAIN_MAX_STEPS}, {O_CKPT_EVERY, 1, TRAIN_MAX_STEPS},
+                  {O_CKPT_KEEP, 1, 1000000}, {O_MAX_RESTARTS, 0, 1000}, {O_STALENESS, 0, 1000000000}};
+    long long v;
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+        if (ranges[i].ch != ch) continue;
+        if (tally__parse_int(flag, a, ranges[i].lo, ranges[i].hi, &v)) return -1;
+        switch (ch) {
+        case 'n': o->n = (int)v; break;
+        case O_EPOCHS: c->epochs = (int)v; break;
+        case O_STEPS: c->max_steps = (long)v; break;
+        case O_BATCH: c->batch = (int)v; break;
+        case O_WARMUP: c->warmup_steps = (long)v; break;
+        case O_STEP_EVERY: c->step_every = (long)v; break;
+        case O_ACCUM: c->accum = (int)v; break;
+        case O_THREADS: c->threads = (int)v; break;
+        case O_ZERO: c->zero = (int)v; break;
+        case O_CHECK_REPLICAS: c->check_replicas = (long)v; break;
+        case O_CKPT_EVERY: c->ckpt_every = (long)v; break;
+        case O_CKPT_KEEP: c->ckpt_keep = (int)v; break;
+        case O_MAX_RESTARTS: o->max_restarts = (int)v; break;
+        default: c->staleness = (long)v; break;
         }
         return 0;
-    case O_EPOCHS: return parse_num(a, 1, 1e6, &v) ? -1 : (c->epochs = (int)v, 0);
-    case O_STEPS: return parse_num(a, 1, 1e12, &v) ? -1 : (c->max_steps = (long)v, 0);
-    case O_BATCH: return parse_num(a, 1, 1 << 20, &v) ? -1 : (c->batch = (int)v, 0);
-    case O_LR: return parse_num(a, 1e-12, 1e6, &v) ? -1 : (c->lr = (float)v, 0);
+    }
+    return 1; /* not one of these */
+}
+
+static int train_parse_one(int ch, const char *flag, const char *a, train_opts *o, pending *p) {
+    tally__train_cfg *c = &o->cfg;
+    double v;
+    int k, rc;
+    uint64_t bytes;
+    if ((rc = train_parse_int(ch, flag, a, o)) <= 0) {
+        if (ch == O_STALENESS) p->has_async_only = 1;
+        return rc;
+    }
+    switch (ch) {
+    case O_MODEL:
+        return parse_word(flag, a, tally__model_parse, "it takes linear, mlp or cnn", &k) ? -1
+               : (c->model = (tally__model_kind)k, 0);
+    case O_HIDDEN: return parse_hidden(flag, a, c->hidden, &c->nhidden);
+    case O_DATA: return parse_data(flag, a, c);
+    case O_LR: return tally__parse_real(flag, a, 0, 1, 1e6, &v) ? -1 : (c->lr = (float)v, 0);
     case O_SCALE_LR: c->scale_lr = 1; return 0;
     case O_OPT:
-        if ((k = tally_optim_parse(a)) < 0) return -1;
+        if (parse_word(flag, a, tally_optim_parse, "it takes sgd or adamw", &k)) return -1;
         tally_optim_cfg_default(&c->optim, (tally_optim_kind)k);
         return 0;
-    case O_MOMENTUM: p->has_momentum = 1; return parse_num(a, 0, 0.999999, &p->momentum);
-    case O_WD: p->has_wd = 1; return parse_num(a, 0, 10, &p->wd);
-    case O_WARMUP: return parse_num(a, 0, 1e12, &v) ? -1 : (c->warmup_steps = (long)v, 0);
-    case O_DECAY: return (k = tally_decay_parse(a)) < 0 ? -1 : (c->decay = (tally_decay)k, 0);
-    case O_MIN_LR: return parse_num(a, 0, 1e6, &v) ? -1 : (c->min_lr = (float)v, 0);
-    case O_STEP_EVERY: return parse_num(a, 1, 1e12, &v) ? -1 : (c->step_every = (long)v, 0);
-    case O_STEP_GAMMA: return parse_num(a, 0, 1, &v) ? -1 : (c->step_gamma = (float)v, 0);
-    case O_ACCUM: return parse_num(a, 1, 1 << 20, &v) ? -1 : (c->accum = (int)v, 0);
-    case O_BUCKET: return parse_num(a, 1e-6, 1 << 20, &v) ? -1 : (c->bucket_mb = v, 0);
+    case O_MOMENTUM: p->has_momentum = 1; return tally__parse_real(flag, a, 0, 0, 0.999999, &p->momentum);
+    case O_WD: p->has_wd = 1; return tally__parse_real(flag, a, 0, 0, 10, &p->wd);
+    case O_DECAY:
+        return parse_word(flag, a, tally_decay_parse, "it takes none, cosine or step", &k) ? -1
+               : (c->decay = (tally_decay)k, 0);
+    case O_MIN_LR: return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->min_lr = (float)v, 0);
+    case O_STEP_GAMMA: return tally__parse_real(flag, a, 0, 0, 1, &v) ? -1 : (c->step_gamma = (float)v, 0);
+    case O_BUCKET: return tally__parse_real(flag, a, 0, 1, 1 << 20, &c->bucket_mb);
     case O_NO_OVERLAP: c->no_overlap = 1; return 0;
-    case O_SEED: return parse_num(a, 0, 1.8e19, &v) ? -1 : (c->seed = (uint64_t)v, 0);
-    case O_THREADS: return parse_num(a, 1, 1024, &v) ? -1 : (c->threads = (int)v, 0);
-    case O_TRANSPORT: o->transport = a; return 0;
+    case O_SEED: return tally__parse_u64(flag, a, &c->seed);
+    case O_TRANSPORT: return tally__parse_word(flag, a, train_transports, &k) ? -1 : (o->transport = a, 0);
     case O_NO_EVAL: c->eval = 0; return 0;
     case O_QUIET: c->quiet = 1; return 0;
-    case O_JSON: c->json = a; return 0;
-    case O_ZERO: return parse_num(a, 0, 3, &v) || v != (int)v ? -1 : (c->zero = (int)v, 0);
-    case O_NAN: return (k = tally__nan_policy_parse(a)) < 0 ? -1 : (c->nan_policy = k, 0);
-    case O_CHECK_REPLICAS: return parse_num(a, 1, 1e12, &v) ? -1 : (c->check_replicas = (long)v, 0);
-    case O_INJECT_NAN: return parse_rank_step(a, &c->inject_nan_rank, &c->inject_nan_step);
-    case O_INJECT_FLIP: return parse_rank_step(a, &c->inject_flip_rank, &c->inject_flip_step);
-    case O_INJECT_KILL: return parse_rank_step(a, &c->inject_kill_rank, &c->inject_kill_step);
-    case O_CKPT: c->ckpt_dir = a; return 0;
-    case O_CKPT_EVERY: return parse_num(a, 1, 1e12, &v) ? -1 : (c->ckpt_every = (long)v, 0);
-    case O_CKPT_KEEP: return parse_num(a, 1, 1e6, &v) ? -1 : (c->ckpt_keep = (int)v, 0);
+    case O_JSON: return parse_path(flag, a, &c->json);
+    case O_NAN:
+        return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k) ? -1
+               : (c->nan_policy = k, 0);
+    case O_INJECT_NAN: return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &c->inject_nan_rank, &c->inject_nan_step);
+    case O_INJECT_FLIP:
+        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &c->inject_flip_rank, &c->inject_flip_step);
+    case O_INJECT_KILL:
+        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &c->inject_kill_rank, &c->inject_kill_step);
+    case O_CKPT: return parse_path(flag, a, &c->ckpt_dir);
     case O_RESUME: c->resume = 1; return 0;
-    case O_COMPRESS:
-        if (!tally__codec_parse(a, &c->codec)) return 0;
-        fprintf(stderr, "tally train: %s\n", tally_last_error());
-        return -1;
+    case O_COMPRESS: return tally__codec_parse(a, &c->codec);
     case O_NO_EF: c->codec.error_feedback = 0; return 0;
-    case O_MAX_RESTARTS: return parse_num(a, 0, 1000, &v) ? -1 : (o->max_restarts = (int)v, 0);
-    case O_MODE:
-        if (strcmp(a, "sync") && strcmp(a, "async")) return -1;
-        c->async = !strcmp(a, "async");
-        return 0;
-    case O_STALENESS: /* a negative bound is refused by the trainer, with its reason */
+    case O_MODE: return tally__parse_word(flag, a, train_modes, &k) ? -1 : (c->async = k == 1, 0);
+    case O_STALE_LR:
         p->has_async_only = 1;
-        return parse_num(a, -1e9, 1e9, &v) || v != (long)v ? -1 : (c->staleness = (long)v, 0);
-    case O_STALE_LR: p->has_async_only = 1; return (k = tally__stale_lr_parse(a)) < 0 ? -1 : (c->stale_lr = k, 0);
+        return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1 : (c->stale_lr = k, 0);
     case O_PS: p->has_async_only = 1; c->ps_dedicated = 1; return 0;
     case O_QUOTA:
         p->has_async_only = 1;
-        if (strcmp(a, "per-worker") && strcmp(a, "shared")) return -1;
-        c->shared_quota = !strcmp(a, "shared");
-        return 0;
+        return tally__parse_word(flag, a, train_quotas, &k) ? -1 : (c->shared_quota = k == 1, 0);
     case O_STRAGGLER: {
         long ms;
-        if (parse_rank_step(a, &c->straggler_rank, &ms) || ms > 3600000) return -1;
+        if (parse_rank_step(flag, a, "MS", 3600000, &c->straggler_rank, &ms)) return -1;
         c->straggler_ms = (int)ms;
         return 0;
     }
-    case O_MAX_MEM: {
-        long long bytes = tally__parse_size(a);
-        return bytes <= 0 ? -1 : (c->max_mem = (size_t)bytes, 0);
-    }
+    case O_MAX_MEM: return tally__parse_bytes(flag, a, 1, 1ull << 50, &bytes) ? -1 : (c->max_mem = (size_t)bytes, 0);
     default: return -1;
     }
 }
 
+/* 0 to run, 1 for --help (printed), 2 after a message about a bad flag. */
 static int train_parse(int argc, char **argv, train_opts *o) {
     memset(o, 0, sizeof *o);
     tally__train_cfg_default(&o->cfg);
     o->cfg.measure_peak = 1;
     pending p = {0};
-    optind = 1;
+    tally_flags f;
+    tally_flags_begin(&f, "train", "n:h", train_longs, 1);
     int ch;
-    while ((ch = getopt_long(argc, argv, "n:h", train_longs, NULL)) != -1) {
-        if (ch == 'h' || train_parse_one(ch, optarg, o, &p)) {
-            if (ch != 'h' && ch != '?') fprintf(stderr, "tally train: bad value: %s\n", optarg ? optarg : "");
-            return -1;
-        }
+    while ((ch = tally_flags_next(&f, argc, argv)) != -1) {
+        if (ch == '?') return 2;
+        if (ch == 'h') return train_usage(stdout), 1;
+        if (train_parse_one(ch, f.flag, optarg, o, &p)) return tally_flags_bad(&f);
     }
-    if (optind != argc) {
-        fprintf(stderr, "tally train: unexpected argument %s\n", argv[optind]);
-        return -1;
-    }
+    if (optind != argc) return tally_flags_usage_error("train", "unexpected argument '%s'", argv[optind]);
     if ((o->cfg.resume || o->cfg.ckpt_every || o->max_restarts) && !o->cfg.ckpt_dir) {
         fprintf(stderr, "tally train: --resume, --ckpt-every and --max-restarts need --ckpt DIR\n");
-        return -1;
+        return 2;
     }
     if (p.has_async_only && !o->cfg.async) {
         fprintf(stderr, "tally train: --staleness, --stale-lr, --ps and --quota need --mode async\n");
-        return -1;
+        return 2;
     }
     if (tally__codec_check(&o->cfg.codec, o->cfg.zero, 0)) {
         const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
         fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
-        return -1;
+        return 2;
     }
     if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;
     if (p.has_wd) o->cfg.optim.weight_decay = (float)p.wd;
@@ -321,7 +369,8 @@ static int train_as_rank(train_opts *o) {
 
 int tally_cmd_train(int argc, char **argv) {
     train_opts o;
-    if (train_parse(argc, argv, &o)) return train_usage();
+    int prc = train_parse(argc, argv, &o);
+    if (prc) return prc == 1 ? 0 : 2;
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {
         tally_launch_opts lo = {
@@ -329,8 +378,12 @@ int tally_cmd_train(int argc, char **argv) {
         return tally_launch_self(&lo, argc, argv);
     }
     /* A restarted rank (tally run or train --max-restarts) picks up where the last checkpoint left off. */
-    const char *restart = getenv("TALLY_RESTART");
-    if (restart && atoi(restart) > 0) {
+    long long restart = 0;
+    if (tally__env_int("TALLY_RESTART", 0, 1000000, 0, &restart)) {
+        fprintf(stderr, "tally train: %s (it is set by tally run and --max-restarts)\n", tally_last_error());
+        return 2;
+    }
+    if (restart > 0) {
         if (o.cfg.ckpt_dir) o.cfg.resume = 1;
         o.cfg.inject_kill_step = 0; /* the injected death happens once */
     }

@@ -1,6 +1,5 @@
 /* env.c - who am I: rank, world size, rank 0's address and the token, from TALLY_* or from the
  * launcher that started us (Open MPI, PMI, Slurm, torchrun). Validates everything it reads. */
-#include <errno.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +7,7 @@
 
 #include "../core/env.h"
 #include "../core/log.h"
+#include "../core/parse.h"
 #include "boot.h"
 
 #define BOOT_MAX_SIZE 4096
@@ -37,27 +37,21 @@ static boot_launcher boot_detect(void) {
     return L_NONE;
 }
 
-/* Strict integer in [lo, hi]; the message names the variable and its value. */
-static int boot_int(const char *var, long lo, long hi, const char *range_txt, long *out) {
-    const char *s = tally__env_str(var);
+/* Strict integer in [lo, hi] (parse.c's message, then `why_range`); unset is a boot error. */
+static int boot_int(const char *var, long lo, long hi, const char *why_range, long *out) {
+    const char *s = tally__env_knob(var); /* set but empty is refused, not taken for unset */
     if (!s) return tally__seterr(TALLY_E_BOOT, "%s is not set", var);
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end)
-        return tally__seterr(TALLY_E_BOOT, "%s='%s' is not an integer", var, s);
-    if (v < lo || v > hi)
-        return tally__seterr(TALLY_E_BOOT, "%s=%ld is out of range: it must be %s", var, v, range_txt);
-    *out = v;
+    long long v;
+    int rc = tally__parse_int(var, s, lo, hi, &v);
+    if (rc) return tally__err_wrap(rc, "", why_range);
+    *out = (long)v;
     return 0;
 }
 
 static int boot_port(const char *var, const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > 65535)
-        return tally__seterr(TALLY_E_BOOT, "%s: port '%s' is not a number in 1..65535", var, s);
+    long long v;
+    if (tally__parse_int(var, s, 1, 65535, &v))
+        return tally__seterr(TALLY_E_INVALID, "%s: port '%s' is not a number in 1..65535", var, s);
     *out = (int)v;
     return 0;
 }
@@ -66,23 +60,24 @@ static int boot_port(const char *var, const char *s, int *out) {
 static int boot_parse_addr(const char *var, const char *val, tally__boot_env *env) {
     const char *host = val, *colon;
     size_t hl;
+    if (!*val) return tally__parse_fail(var, val, "", "it takes host:port (e.g. node0:29500)");
     if (val[0] == '[') {
         const char *rb = strchr(val, ']');
         if (!rb || rb[1] != ':')
-            return tally__seterr(TALLY_E_BOOT, "%s='%s' is not [ipv6]:port", var, val);
+            return tally__seterr(TALLY_E_INVALID, "%s='%s' is not [ipv6]:port", var, val);
         host = val + 1;
         hl = (size_t)(rb - host);
         colon = rb + 1;
     } else {
         colon = strrchr(val, ':');
         if (!colon)
-            return tally__seterr(TALLY_E_BOOT, "%s='%s' has no port: use host:port (e.g. node0:29500)", var, val);
+            return tally__seterr(TALLY_E_INVALID, "%s='%s' has no port: use host:port (e.g. node0:29500)", var, val);
         hl = (size_t)(colon - val);
         if (memchr(val, ':', hl))
-            return tally__seterr(TALLY_E_BOOT, "%s='%s': write IPv6 addresses in brackets, [addr]:port", var, val);
+            return tally__seterr(TALLY_E_INVALID, "%s='%s': write IPv6 addresses in brackets, [addr]:port", var, val);
     }
-    if (hl == 0) return tally__seterr(TALLY_E_BOOT, "%s='%s' has an empty host: use host:port", var, val);
-    if (hl >= sizeof env->host) return tally__seterr(TALLY_E_BOOT, "%s: host name is longer than 255 bytes", var);
+    if (hl == 0) return tally__seterr(TALLY_E_INVALID, "%s='%s' has an empty host: use host:port", var, val);
+    if (hl >= sizeof env->host) return tally__seterr(TALLY_E_INVALID, "%s: host name is longer than 255 bytes", var);
     memcpy(env->host, host, hl);
     env->host[hl] = '\0';
     char label[64];
@@ -111,21 +106,29 @@ static int boot_derived_port(const char *identity) {
     return BOOT_PORT_BASE + (int)(h % BOOT_PORT_SPAN);
 }
 
-/* 1 if the launcher says every rank is on this host; 0 if they span hosts or it does not say. */
+/* A count the launcher gave: strict, as our own variables are. */
+static int boot_count(const char *var, const char *v, long long *out) {
+    return tally__parse_int(var, v, 0, BOOT_MAX_SIZE, out);
+}
+
+/* 1 if the launcher says every rank is on this host; 0 if they span hosts or it does not say;
+ * TALLY_E_INVALID when the count it gives is not a number. */
 static int boot_one_host(boot_launcher l, int size, const char **why) {
+    long long k;
     static const char *ompi[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
     static const char *pmi[] = {"MPI_LOCALNRANKS", "PMI_LOCAL_SIZE", "PMIX_LOCAL_SIZE", NULL};
     const char **vars = l == L_OMPI ? ompi : l == L_PMI ? pmi : NULL;
     for (int i = 0; vars && vars[i]; i++) {
         const char *v = tally__env_str(vars[i]);
-        if (v) return *why = vars[i], atol(v) == size;
+        if (v) return *why = vars[i], boot_count(vars[i], v, &k) ? TALLY_E_INVALID : k == size;
     }
     const char *nodes = l == L_OMPI ? tally__env_str("OMPI_MCA_orte_num_nodes")
                         : l == L_SLURM ? (tally__env_str("SLURM_STEP_NUM_NODES") ? tally__env_str("SLURM_STEP_NUM_NODES")
                                                                                  : tally__env_str("SLURM_NNODES"))
                                        : NULL;
     *why = "the node count";
-    return nodes && atol(nodes) == 1;
+    if (!nodes) return 0;
+    return boot_count("the launcher's node count", nodes, &k) ? TALLY_E_INVALID : k == 1;
 }
 
 static int boot_need_addr(const char *launcher, const char *why) {
@@ -137,7 +140,7 @@ static int boot_need_addr(const char *launcher, const char *why) {
 
 /* Rank 0's address: TALLY_ADDR, else what the launcher implies. */
 static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
-    const char *a = tally__env_str("TALLY_ADDR");
+    const char *a = tally__env_knob("TALLY_ADDR");
     if (a) {
         tally__log_debug(1, "rendezvous address %s from TALLY_ADDR", a);
         return boot_parse_addr("TALLY_ADDR", a, env);
@@ -145,7 +148,7 @@ static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
     if (l == L_TORCHRUN) {
         const char *ma = tally__env_str("MASTER_ADDR"), *mp = tally__env_str("MASTER_PORT");
         if (!ma || !mp) return boot_need_addr("torchrun", !ma ? "MASTER_ADDR is not set" : "MASTER_PORT is not set");
-        if (strlen(ma) >= sizeof env->host) return tally__seterr(TALLY_E_BOOT, "MASTER_ADDR is longer than 255 bytes");
+        if (strlen(ma) >= sizeof env->host) return tally__seterr(TALLY_E_INVALID, "MASTER_ADDR is longer than 255 bytes");
         snprintf(env->host, sizeof env->host, "%s", ma);
         int rc = boot_port("MASTER_PORT", mp, &env->port);
         if (rc) return rc;
@@ -161,6 +164,7 @@ static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
     const char *why = "";
     int have_id = boot_job_identity(id, sizeof id);
     int local = boot_one_host(l, env->size, &why);
+    if (local < 0) return local;
     if (l == L_NONE)
         return boot_need_addr("no launcher was detected", "TALLY_WORLD_SIZE > 1 needs rank 0's address");
     if (!have_id) return boot_need_addr(launchers[l].name, "it gives no job id to derive a port from");
@@ -183,11 +187,14 @@ static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
 }
 
 static int boot_env_token(tally__boot_env *env) {
-    const char *t = tally__env_str("TALLY_TOKEN");
+    const char *t = tally__env_knob("TALLY_TOKEN");
     if (t) {
         env->token_len = strlen(t);
+        if (env->token_len == 0)
+            return tally__parse_fail("TALLY_TOKEN", t, "", "set it to the job's shared secret, or unset it where the "
+                                                          "launcher gives a job id to derive one from");
         if (env->token_len >= sizeof env->token)
-            return tally__seterr(TALLY_E_BOOT, "TALLY_TOKEN is %zu bytes long; at most %d are allowed", env->token_len,
+            return tally__seterr(TALLY_E_INVALID, "TALLY_TOKEN is %zu bytes long; at most %d are allowed", env->token_len,
                                  TALLY__TOKEN_MAX - 1);
         memcpy(env->token, t, env->token_len + 1);
         return 0;
@@ -214,7 +221,7 @@ static int boot_env_token(tally__boot_env *env) {
 /* TALLY_BIND: an address without a port (TALLY_ADDR's port is used); "0.0.0.0" or "::" for all
  * interfaces, which nothing else ever selects. */
 static int boot_env_bind(tally__boot_env *env) {
-    const char *v = tally__env_str("TALLY_BIND");
+    const char *v = tally__env_knob("TALLY_BIND");
     if (!v) return 0;
     const char *colon = strchr(v, ':');
     size_t len = strlen(v);
@@ -222,12 +229,12 @@ static int boot_env_bind(tally__boot_env *env) {
         v++;
         len -= 2;
     } else if (colon && !strchr(colon + 1, ':')) {
-        return tally__seterr(TALLY_E_BOOT, "TALLY_BIND='%s' has a port: give only the address rank 0 listens on "
+        return tally__seterr(TALLY_E_INVALID, "TALLY_BIND='%s' has a port: give only the address rank 0 listens on "
                                            "(e.g. 0.0.0.0 for every interface); the port is TALLY_ADDR's", v);
     }
     if (len == 0 || len >= sizeof env->bind || memchr(v, '[', len) || memchr(v, ']', len))
-        return tally__seterr(TALLY_E_BOOT, "TALLY_BIND='%s' is not an address (e.g. 10.0.0.5, 0.0.0.0, ::)",
-                             tally__env_str("TALLY_BIND"));
+        return tally__seterr(TALLY_E_INVALID, "TALLY_BIND='%s' is not an address (e.g. 10.0.0.5, 0.0.0.0, ::)",
+                             tally__env_knob("TALLY_BIND"));
     memcpy(env->bind, v, len);
     env->bind[len] = '\0';
     return 0;
@@ -235,43 +242,47 @@ static int boot_env_bind(tally__boot_env *env) {
 
 /* TALLY_BOOT_TIMEOUT: seconds the rendezvous may take; unset means TALLY_TIMEOUT's value. */
 static int boot_env_timeout(tally__boot_env *env) {
-    const char *v = tally__env_str("TALLY_BOOT_TIMEOUT");
-    if (!v) return 0;
-    char *end;
-    errno = 0;
-    double t = strtod(v, &end);
-    if (errno || end == v || *end || !(t > 0) || t > 1e6)
-        return tally__seterr(TALLY_E_BOOT, "TALLY_BOOT_TIMEOUT='%s' is not a number of seconds in (0, 1e6]", v);
-    env->boot_timeout_s = t;
-    return 0;
+    return tally__env_real("TALLY_BOOT_TIMEOUT", 0, 1, TALLY__TIMEOUT_MAX_S, 0, &env->boot_timeout_s);
 }
 
-int tally__boot_env_read(tally__boot_env *env) {
-    memset(env, 0, sizeof *env);
-    boot_launcher l = boot_detect();
-    int tally = tally__env_str("TALLY_RANK") || tally__env_str("TALLY_WORLD_SIZE");
-    boot_launcher from = tally ? L_NONE : l;
-    if (!tally && l == L_NONE)
-        return tally__seterr(TALLY_E_BOOT, "cannot tell this process's rank: set TALLY_RANK and TALLY_WORLD_SIZE "
-                                           "(or start it with tally run, mpirun, srun or torchrun)");
-    env->source = launchers[from].name;
-    long size, rank;
-    char range[96];
-    int rc = boot_int(launchers[from].size_var, 1, BOOT_MAX_SIZE, "in 1..4096", &size);
-    if (rc) return rc;
-    snprintf(range, sizeof range, "in [0, %s=%ld)", launchers[from].size_var, size);
-    if ((rc = boot_int(launchers[from].rank_var, 0, size - 1, range, &rank))) return rc;
-    env->rank = (int)rank;
-    env->size = (int)size;
-    tally__log_debug(1, "rank %d of %d from %s (%s, %s)", env->rank, env->size, env->source,
-                     launchers[from].rank_var, launchers[from].size_var);
+/* What is read once the rank is known: the rendezvous time limit, the listen address, rank 0's address
+ * and the token. */
+static int boot_env_rest(tally__boot_env *env, boot_launcher l) {
+    int rc;
     if ((rc = boot_env_timeout(env)) || (rc = boot_env_bind(env))) return rc;
-    if (size == 1) { /* a world of one needs no address and no token, but a given one must be valid */
-        const char *a = tally__env_str("TALLY_ADDR"), *t = tally__env_str("TALLY_TOKEN");
+    if (env->size == 1) { /* a world of one needs no address and no token, but a given one must be valid */
+        const char *a = tally__env_knob("TALLY_ADDR"), *t = tally__env_knob("TALLY_TOKEN");
         if (a && (rc = boot_parse_addr("TALLY_ADDR", a, env))) return rc;
         if (t && (rc = boot_env_token(env))) return rc;
         return 0;
     }
     if ((rc = boot_env_addr(env, l))) return rc;
     return boot_env_token(env);
+}
+
+int tally__boot_env_read(tally__boot_env *env) {
+    memset(env, 0, sizeof *env);
+    boot_launcher l = boot_detect();
+    int tally = tally__env_knob("TALLY_RANK") || tally__env_knob("TALLY_WORLD_SIZE");
+    boot_launcher from = tally ? L_NONE : l;
+    if (!tally && l == L_NONE)
+        return tally__seterr(TALLY_E_BOOT, "cannot tell this process's rank: set TALLY_RANK and TALLY_WORLD_SIZE "
+                                           "(or start it with tally run, mpirun, srun or torchrun)");
+    env->source = launchers[from].name;
+    long size = 0, rank = 0;
+    char range[96];
+    int rc = boot_int(launchers[from].size_var, 1, BOOT_MAX_SIZE, "", &size);
+    if (rc) return rc;
+    snprintf(range, sizeof range, " (below %s=%ld)", launchers[from].size_var, size);
+    if ((rc = boot_int(launchers[from].rank_var, 0, size - 1, range, &rank))) return rc;
+    env->rank = (int)rank;
+    env->size = (int)size;
+    tally__log_debug(1, "rank %d of %d from %s (%s, %s)", env->rank, env->size, env->source,
+                     launchers[from].rank_var, launchers[from].size_var);
+    if ((rc = boot_env_rest(env, l))) {
+        char who[32];
+        snprintf(who, sizeof who, "rank %d: ", env->rank);
+        return tally__err_wrap(rc, who, "");
+    }
+    return 0;
 }

@@ -69,6 +69,8 @@ typedef struct tally__cost {
 
 /* The model's parameters as this communicator measured them at init (for tally plan --calibrate). */
 const tally__cost *tally__comm_cost(const tally_comm *c);
+/* TALLY_TIMEOUT as this communicator read it at init: what the parts built on it wait at most. */
+double tally__comm_timeout_s(const tally_comm *c);
 
 const char *tally__algo_name(int algo);
 int tally__algo_parse(const char *name); /* -1 when unknown */

@@ -12,6 +12,7 @@
 #include "../core/dtype.h"
 #include "../core/env.h"
 #include "../core/log.h"
+#include "../core/parse.h"
 #include "../core/reduce.h"
 #include "coll.h"
 #include "measure.h"
@@ -24,6 +25,7 @@ struct tally_comm {
     uint64_t seq;
     uint64_t bytes_sent;   /* payload of every collective since init (not the set-up measurements) */
     int forced_algo;       /* TALLY_ALGO, or TALLY__ALGO_AUTO */
+    double timeout_s;      /* TALLY_TIMEOUT */
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
     struct tally__plain_mem *plain; /* tally_mem_alloc blocks where the transport has no mem ops */
@@ -47,7 +49,7 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp
     tally__tp_ctx tctx = {.rank = c->ctx.rank, .size = c->ctx.size, .boot = c->boot, .fault = &c->fault,
                           .timeout_s = timeout_s, .sig = &c->sig};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
-    const char *want = tally__env_str("TALLY_TRANSPORT");
+    const char *want = tally__env_knob("TALLY_TRANSPORT");
     int single_host = tally__boot_single_host(c->boot);
     if (!want || !strcasecmp(want, "auto")) want = single_host ? "shm" : "tcp";
     if (!strcasecmp(want, "shm")) {
@@ -58,20 +60,37 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp
                                  c->ctx.rank);
         return tally__shm_create(&tctx, tp);
     }
-    if (!strcasecmp(want, "tcp")) return tally__tcp_create(&tctx, tp);
-    return tally__seterr(TALLY_E_INVALID, "rank %d: TALLY_TRANSPORT='%s' is not one of auto, shm, tcp",
-                         c->ctx.rank, want);
+    return tally__tcp_create(&tctx, tp); /* the knob was checked at init */
 }
 
-static int tally__read_algo(int rank, int *algo) {
-    const char *s = tally__env_str("TALLY_ALGO");
+static int tally__check_transport(void) {
+    const char *s = tally__env_knob("TALLY_TRANSPORT");
+    if (!s || !strcasecmp(s, "auto") || !strcasecmp(s, "shm") || !strcasecmp(s, "tcp")) return 0;
+    return tally__parse_fail("TALLY_TRANSPORT", s, "is not a transport", "it takes auto, shm or tcp");
+}
+
+static int tally__read_algo(int *algo) {
+    const char *s = tally__env_knob("TALLY_ALGO");
     *algo = TALLY__ALGO_AUTO;
     if (!s) return 0;
     int a = tally__algo_parse(s);
-    if (a < 0)
-        return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: TALLY_ALGO='%s' is not one of auto, ring, tree, rhd, direct", rank, s);
+    if (a < 0) return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm", "it takes auto, ring, tree, rhd or direct");
     *algo = a;
+    return 0;
+}
+
+/* Every TALLY_* knob the library reads is checked here, at init, whatever the transport and world size:
+ * a bad value fails tally_comm_init on the spot, naming it, instead of being replaced by a default or
+ * found only on the path that reads it. */
+static int tally__check_knobs(tally_comm *c, double *timeout_s) {
+    int rc;
+    if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
+        (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) ||
+        (rc = tally__shm_check_env()) || (rc = tally__cost_check_env())) {
+        char rank[32];
+        snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
+        return tally__err_wrap(rc, rank, "");
+    }
     return 0;
 }
 
@@ -90,15 +109,14 @@ static void tally__comm_destroy(tally_comm *c) {
 
 static int tally__comm_setup(tally_comm *c) {
     tally__boot_env env;
-    double timeout_s = tally__timeout_s();
     int rc = tally__boot_env_read(&env);
     if (rc) return rc;
     c->ctx.rank = env.rank;
     c->ctx.size = env.size;
     tally__log_set_rank(env.rank);
-    if ((rc = tally__read_algo(env.rank, &c->forced_algo))) return rc;
-    if ((rc = tally__boot_init(&c->boot, &env, &c->fault, timeout_s))) return rc;
-    if ((rc = tally__pick_transport(c, timeout_s, &c->ctx.tp))) return rc;
+    if ((rc = tally__check_knobs(c, &c->timeout_s))) return rc;
+    if ((rc = tally__boot_init(&c->boot, &env, &c->fault, c->timeout_s))) return rc;
+    if ((rc = tally__pick_transport(c, c->timeout_s, &c->ctx.tp))) return rc;
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
@@ -167,6 +185,8 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
 }
 
 const tally__cost *tally__comm_cost(const tally_comm *c) { return &c->cost; }
+
+double tally__comm_timeout_s(const tally_comm *c) { return c->timeout_s; }
 
 TALLY_API unsigned long long tally_comm_bytes_sent(const tally_comm *c) { return c ? c->bytes_sent : 0; }
 

@@ -1,66 +1,34 @@
-/* env.c - environment knobs: typed parsing with messages that name the variable, and size suffixes. */
+/* env.c - environment knobs: TALLY_* values read strictly through parse.c, with defaults when unset;
+ * the collective timeout. */
 #include "env.h"
 
-#include <ctype.h>
-#include <errno.h>
 #include <stdlib.h>
-#include <strings.h>
 
-#include "err.h"
+#include "parse.h"
 
 const char *tally__env_str(const char *name) {
     const char *s = getenv(name);
     return (s && *s) ? s : NULL;
 }
 
-int tally__env_long(const char *name, long def, long *out) {
-    const char *s = tally__env_str(name);
-    *out = def;
-    if (!s) return 0;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end)
-        return tally__seterr(TALLY_E_INVALID, "%s='%s' is not an integer", name, s);
-    *out = v;
-    return 0;
+const char *tally__env_knob(const char *name) { return getenv(name); }
+
+int tally__env_int(const char *name, long long lo, long long hi, long long def, long long *out) {
+    const char *s = tally__env_knob(name);
+    if (!s) return *out = def, 0;
+    return tally__parse_int(name, s, lo, hi, out);
 }
 
-int tally__env_double(const char *name, double def, double *out) {
-    const char *s = tally__env_str(name);
-    *out = def;
-    if (!s) return 0;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end)
-        return tally__seterr(TALLY_E_INVALID, "%s='%s' is not a number", name, s);
-    *out = v;
-    return 0;
+int tally__env_real(const char *name, double lo, int lo_open, double hi, double def, double *out) {
+    const char *s = tally__env_knob(name);
+    if (!s) return *out = def, 0;
+    return tally__parse_real(name, s, lo, lo_open, hi, out);
 }
 
-long long tally__parse_size(const char *s) {
-    if (!s || !*s) return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0) return -1;
-    double mult = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 'K': mult = 1024.0; end++; break;
-    case 'M': mult = 1024.0 * 1024; end++; break;
-    case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
-    case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
-    return (long long)(v * mult);
+int tally__env_bytes(const char *name, uint64_t lo, uint64_t hi, uint64_t def, uint64_t *out) {
+    const char *s = tally__env_knob(name);
+    if (!s) return *out = def, 0;
+    return tally__parse_bytes(name, s, lo, hi, out);
 }
 
-double tally__timeout_s(void) {
-    double t;
-    if (tally__env_double("TALLY_TIMEOUT", 300.0, &t) != 0 || t <= 0) return 300.0;
-    return t;
-}
+int tally__env_timeout(double *out) { return tally__env_real("TALLY_TIMEOUT", 0, 1, TALLY__TIMEOUT_MAX_S, 300.0, out); }

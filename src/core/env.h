@@ -1,18 +1,22 @@
-/* env.h - typed reads of environment knobs, with validation messages that name the variable. */
+/* env.h - typed, strict reads of TALLY_* environment knobs through the one parser (parse.h): a value
+ * that is set must be valid, or the read fails with TALLY_E_INVALID naming the variable. */
 #ifndef TALLY_CORE_ENV_H
 #define TALLY_CORE_ENV_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-/* NULL when unset or empty. */
+/* NULL when unset or empty: for the launchers' own variables (RANK, OMPI_*, SLURM_*), where an empty
+ * one means "not this launcher". */
 const char *tally__env_str(const char *name);
-/* Parses an integer/double knob; returns 0 and stores `def` when unset, TALLY_E_INVALID (with a message
- * naming the variable) when set but malformed. */
-int tally__env_long(const char *name, long def, long *out);
-int tally__env_double(const char *name, double def, double *out);
-/* Parses sizes with K/M/G suffixes (powers of 1024) and optional B: "64M", "1KiB", "4096". -1 if bad. */
-long long tally__parse_size(const char *s);
-/* The collective timeout in seconds: TALLY_TIMEOUT, default 300. */
-double tally__timeout_s(void);
+/* The value of a TALLY_* knob as set: NULL when unset; "" when set empty, which the readers below refuse. */
+const char *tally__env_knob(const char *name);
+/* Unset: *out = def. Set: parsed strictly (parse.h), in range, or TALLY_E_INVALID. */
+int tally__env_int(const char *name, long long lo, long long hi, long long def, long long *out);
+int tally__env_real(const char *name, double lo, int lo_open, double hi, double def, double *out);
+int tally__env_bytes(const char *name, uint64_t lo, uint64_t hi, uint64_t def, uint64_t *out);
+/* The collective timeout in seconds: TALLY_TIMEOUT in (0, TALLY__TIMEOUT_MAX_S], default 300. */
+#define TALLY__TIMEOUT_MAX_S 1e6
+int tally__env_timeout(double *out);
 
 #endif

@@ -32,6 +32,13 @@ int tally__vseterr(int code, const char *fmt, va_list ap) {
     return code;
 }
 
+int tally__err_wrap(int code, const char *before, const char *after) {
+    char msg[sizeof tally__errmsg];
+    snprintf(msg, sizeof msg, "%s", tally__errmsg);
+    snprintf(tally__errmsg, sizeof tally__errmsg, "%s%s%s", before, msg, after);
+    return code;
+}
+
 int tally__seterr(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

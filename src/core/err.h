@@ -11,6 +11,8 @@
  * The message should say what went wrong, on which rank, and what to do. */
 int tally__seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int tally__vseterr(int code, const char *fmt, va_list ap);
+/* Puts `before` and `after` around this thread's message (a rank, a hint); returns `code`. */
+int tally__err_wrap(int code, const char *before, const char *after);
 /* Clears this thread's message (called at the start of each public call). */
 void tally__clearerr(void);
 

@@ -5,20 +5,30 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+#include "parse.h"
 
 static int tally__log_rank = -1;
 
 void tally__log_set_rank(int rank) { tally__log_rank = rank; }
 
+/* Lazily, without touching the thread's error message: any value but 1 or 2 logs nothing here, and
+ * tally_comm_init refuses it through tally__debug_check. */
 int tally__debug_level(void) {
     static int level = -1;
     if (level < 0) {
         const char *s = getenv("TALLY_DEBUG");
-        level = (s && *s) ? atoi(s) : 0;
-        if (level < 0) level = 0;
+        level = s && (!strcmp(s, "1") || !strcmp(s, "2")) ? s[0] - '0' : 0;
     }
     return level;
+}
+
+int tally__debug_check(void) {
+    const char *s = getenv("TALLY_DEBUG");
+    long long v;
+    return s ? tally__parse_int("TALLY_DEBUG", s, 0, 2, &v) : 0;
 }
 
 static void tally__log_line(const char *kind, const char *fmt, va_list ap) {

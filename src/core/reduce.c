@@ -10,6 +10,7 @@
 
 #include "dtype.h"
 #include "log.h"
+#include "parse.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
@@ -59,6 +60,14 @@ static int isa_level(void) {
         atomic_store_explicit(&isa_chosen, l, memory_order_relaxed);
     }
     return l;
+}
+
+int tally__reduce_isa_check(void) {
+    const char *s = getenv(TALLY_ENV_ISA);
+    if (!s || !strcasecmp(s, "auto")) return 0;
+    for (int l = ISA_SCALAR; l <= ISA_AVX512; l++)
+        if (!strcasecmp(s, isa_names[l])) return 0;
+    return tally__parse_fail(TALLY_ENV_ISA, s, "is not an instruction set", "it takes scalar, avx2, avx512 or auto");
 }
 
 void tally__reduce_set_isa(const char *isa) { atomic_store(&isa_chosen, isa_choose(isa)); }

@@ -16,6 +16,8 @@ const char *tally__reduce_isa(void);
 /* Chooses the kernels again: "scalar", "avx2" or "avx512" (lowered to what the CPU has), or NULL / ""
  * for TALLY_ISA, else the best the CPU has. Tests and benchmarks use it to run every level. */
 void tally__reduce_set_isa(const char *isa);
+/* 0, or TALLY_E_INVALID when TALLY_ISA is set to anything but scalar, avx2, avx512 or auto. */
+int tally__reduce_isa_check(void);
 
 /* The SIMD kernels, one file per instruction set, called by reduce.c only once the CPU is known to
  * have it. They do a leading part of the work and return how many elements they did; reduce.c does

@@ -9,20 +9,20 @@
 #include <string.h>
 
 #include "../core/err.h"
+#include "../core/parse.h"
 #include "alloc.h"
 #include "guard.h"
 
 int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
     const char *accepted = "use none, fp16, bf16, topk:R (0 < R <= 1) or powersgd:r (r >= 1)";
     if (!spec) return tally__seterr(TALLY_E_INVALID, "--compress: no codec given; %s", accepted);
-    char *end;
     if (!strcmp(spec, "none") || !strcmp(spec, "fp16") || !strcmp(spec, "bf16")) {
         out->kind = spec[0] == 'n' ? TALLY__CODEC_NONE : spec[0] == 'f' ? TALLY__CODEC_FP16 : TALLY__CODEC_BF16;
         return 0;
     }
     if (!strncmp(spec, "topk:", 5)) {
-        double r = strtod(spec + 5, &end);
-        if (end == spec + 5 || *end || !(r > 0 && r <= 1))
+        double r;
+        if (tally__parse_real("--compress", spec + 5, 0, 1, 1, &r))
             return tally__seterr(TALLY_E_INVALID, "--compress %s: the fraction kept must be a number in (0, 1], "
                                  "e.g. topk:0.01 keeps 1%% of each bucket", spec);
         out->kind = TALLY__CODEC_TOPK;
@@ -30,8 +30,8 @@ int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
         return 0;
     }
     if (!strncmp(spec, "powersgd:", 9)) {
-        long r = strtol(spec + 9, &end, 10);
-        if (end == spec + 9 || *end || r < 1 || r > 1024)
+        long long r;
+        if (tally__parse_int("--compress", spec + 9, 1, 1024, &r))
             return tally__seterr(TALLY_E_INVALID, "--compress %s: the rank must be an integer from 1 to 1024, "
                                  "e.g. powersgd:4", spec);
         out->kind = TALLY__CODEC_POWERSGD;

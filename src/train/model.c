@@ -24,14 +24,14 @@ int tally__model_parse(const char *name) {
 }
 
 int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
-    char *end;
     for (*n = 0;;) {
-        long w = strtol(s, &end, 10);
-        if (end == s || w < 1 || w > (1 << 20) || *n == TALLY__MODEL_MAX_HIDDEN) return -1;
+        size_t digits = strspn(s, "0123456789");
+        if (digits == 0 || digits > 7 || (s[digits] && s[digits] != ',') || *n == TALLY__MODEL_MAX_HIDDEN) return -1;
+        long w = strtol(s, NULL, 10);
+        if (w < 1 || w > (1 << 20)) return -1;
         hidden[(*n)++] = (int)w;
-        if (*end == 0) return 0;
-        if (*end != ',') return -1;
-        s = end + 1;
+        if (s[digits] == 0) return 0;
+        s += digits + 1;
     }
 }
 

@@ -10,6 +10,7 @@
 #include <tally/optim.h>
 
 #include "../coll/blocks.h"
+#include "../core/parse.h"
 #include "../core/sig.h"
 #include "memory.h"
 
@@ -215,10 +216,9 @@ double tally__plan_ceiling(double p) { return p < 1 ? 1.0 / (1 - p) : HUGE_VAL; 
 
 /* The number at the start of s; *rest points after it. -1 when there is none or it is not finite. */
 static int parse_number(const char *s, double *v, const char **rest) {
-    char *end;
-    if (!s || !*s || isspace((unsigned char)*s)) return -1;
-    *v = strtod(s, &end);
-    if (end == s || !isfinite(*v) || *v < 0) return -1;
+    int overflow;
+    const char *end = s ? tally__parse_real_prefix(s, v, &overflow) : NULL;
+    if (!end || overflow || !isfinite(*v) || *v < 0) return -1;
     *rest = end;
     return 0;
 }
@@ -248,7 +248,7 @@ int tally__plan_parse_count(const char *s, double *out) {
     const char *u;
     if (parse_number(s, &v, &u)) return -1;
     double mult = parse_prefix(&u);
-    if (*u) return -1;
+    if (*u || !isfinite(v * mult)) return -1;
     *out = v * mult;
     return 0;
 }
@@ -264,7 +264,7 @@ int tally__plan_parse_rate(const char *s, double *bytes_per_s) {
     if (one_of(u, bits)) mult /= 8;
     else if (!one_of(u, bytes) && !(*u == 0 && u == p)) return -1; /* "25G" alone: bits or bytes? */
     *bytes_per_s = v * mult;
-    return v > 0 ? 0 : -1;
+    return v > 0 && isfinite(*bytes_per_s) ? 0 : -1;
 }
 
 int tally__plan_parse_time(const char *s, double *seconds) {
@@ -287,7 +287,7 @@ int tally__plan_parse_gflops(const char *s, double *gflops) {
     if (u == p) mult = *u ? 1.0 : 1e9; /* a bare number is GFLOP/s */
     if (*u && strcasecmp(u, "flops") && strcasecmp(u, "flop/s")) return -1;
     *gflops = v * mult / 1e9;
-    return v > 0 ? 0 : -1;
+    return v > 0 && isfinite(*gflops) ? 0 : -1;
 }
 
 double tally__plan_fit_beta(const tally__cost *m, int n, double S, double seconds) {

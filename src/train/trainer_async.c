@@ -12,6 +12,7 @@
 #include "../core/clock.h"
 #include "../core/env.h"
 #include "../core/err.h"
+#include "../coll/coll.h"
 #include "codec.h"
 #include "ps.h"
 #include "trainer_int.h"
@@ -109,7 +110,7 @@ static int async_server_create(async_run *a) {
                         .token = a->env.token,
                         .token_len = a->env.token_len,
                         .host = a->env.bind[0] ? a->env.bind : a->host,
-                        .timeout_s = tally__timeout_s(),
+                        .timeout_s = tally__comm_timeout_s(a->r.comm),
                         .budget = cfg->shared_quota ? a->r.sched.total_steps * a->nworkers : 0};
     return tally__ps_server_create(&a->ps, &pc);
 }
@@ -150,7 +151,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
     train_run *r = &a->r;
     long total = r->sched.total_steps;
     int rc = tally__ps_worker_connect(&a->wk, a->host, port, a->env.token, a->env.token_len, a->worker, r->rank,
-                                      r->model.nparams, tally__timeout_s());
+                                      r->model.nparams, tally__comm_timeout_s(a->r.comm));
     if (rc) return rc;
     int show = r->rank == 0 && !r->cfg->quiet;
     if (show) tally__progress_init(&r->progress, stdout, total);

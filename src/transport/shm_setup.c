@@ -18,6 +18,7 @@
 #include "../core/clock.h"
 #include "../core/env.h"
 #include "../core/log.h"
+#include "../core/parse.h"
 #include "shm.h"
 
 /* Knobs (read once per communicator):
@@ -322,6 +323,31 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
     return rc;
 }
 
+/* TALLY_SHM_LARGE: "off" (or 0) for the slots only, else the size from which messages go single-copy;
+ * TALLY_SHM_CMA: 0 or 1. *large is NULL when TALLY_SHM_LARGE is unset (calibration decides). */
+typedef struct shm_knobs {
+    const char *large;
+    int off, cma;
+    uint64_t large_min;
+} shm_knobs;
+
+static int shm_read_knobs(shm_knobs *k) {
+    long long cma;
+    *k = (shm_knobs){.large = tally__env_knob("TALLY_SHM_LARGE")};
+    if (k->large && !strcasecmp(k->large, "off")) k->off = 1;
+    else if (k->large && tally__parse_bytes("TALLY_SHM_LARGE", k->large, 0, 1ull << 40, &k->large_min))
+        return tally__err_wrap(TALLY_E_INVALID, "", ", or off");
+    if (k->large && k->large_min == 0) k->off = 1;
+    if (tally__env_int("TALLY_SHM_CMA", 0, 1, 1, &cma)) return TALLY_E_INVALID;
+    k->cma = (int)cma;
+    return 0;
+}
+
+int tally__shm_check_env(void) {
+    shm_knobs k;
+    return shm_read_knobs(&k);
+}
+
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     *out = NULL;
     shm_tp *t = calloc(1, sizeof *t);
@@ -330,15 +356,16 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     t->base.ctx = *ctx;
     t->me = ctx->rank;
     t->n = ctx->size;
-    long cma_env;
-    const char *large = tally__env_str("TALLY_SHM_LARGE");
-    int off = large && (!strcasecmp(large, "off") || !strcmp(large, "0"));
-    long long large_min = large && !off ? tally__parse_size(large) : 0;
-    if (tally__env_long("TALLY_SHM_CMA", 1, &cma_env) || large_min < 0) {
+    shm_knobs k;
+    if (shm_read_knobs(&k)) { /* checked at init already; kept for a transport made some other way */
         free(t);
-        return tally__seterr(TALLY_E_INVALID, "rank %d: TALLY_SHM_CMA must be 0 or 1 and TALLY_SHM_LARGE a "
-                             "size such as 256K, or off", ctx->rank);
+        char rank[32];
+        snprintf(rank, sizeof rank, "rank %d: ", ctx->rank);
+        return tally__err_wrap(TALLY_E_INVALID, rank, "");
     }
+    const char *large = k.large;
+    int off = k.off;
+    uint64_t large_min = k.large_min;
     t->large_min = off ? SHM_LARGE_OFF : large_min > SHM_INLINE ? (size_t)large_min : SHM_INLINE + 1;
     /* Shared regions are read in place whatever the calibration says (no kernel copy to be slow), but
      * not below SHM_MEM_MIN, and not at all when TALLY_SHM_LARGE=off asks for the slots only. */
@@ -349,7 +376,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     char why[256] = "";
     int rc = shm_alloc_state(t) || tally__shm_mem_init(t) ? TALLY_E_NOMEM : 0;
     /* Even without memory this rank must take part in the rendezvous, or the others would wait. */
-    int rrc = shm_rendezvous(t, rc == 0, cma_env != 0, large == NULL, why, sizeof why);
+    int rrc = shm_rendezvous(t, rc == 0, k.cma, large == NULL, why, sizeof why);
     if (!rc) rc = rrc;
     if (rc) {
         tally__shm_destroy(&t->base);

@@ -88,6 +88,8 @@ int tally__stall_raise(tally__fault *f, const tally__stall *s);
 
 /* Backends. Each is collective over all ranks (uses the boot layer's bootstrap collectives). */
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out);
+/* 0, or TALLY_E_INVALID when TALLY_SHM_LARGE or TALLY_SHM_CMA is set to a value they do not take. */
+int tally__shm_check_env(void);
 int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
 /* The world of one rank: exchanges are never called (every algorithm returns early for size 1). */
 int tally__self_create(const tally__tp_ctx *ctx, tally__tp **out);

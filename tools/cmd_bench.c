@@ -69,7 +69,8 @@ static int bench_parse_coll(const char *s, bench_coll *out) {
 static const char *const bench_algos[] = {"auto", "ring", "tree", "rhd", "direct", NULL};
 static const char *const bench_transports[] = {"auto", "shm", "tcp", NULL};
 
-static int bench_parse_one(int ch, const char *flag, const char *a, bench_opts *o) {
+static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
+    bench_opts *o = ctx;
     long long v;
     uint64_t b;
     int k;
@@ -120,15 +121,10 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                                           {"shared-mem", no_argument, 0, 'S'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
-    tally_flags f;
-    tally_flags_begin(&f, "bench", "n:b:e:f:t:o:r:ch", longs, 2);
-    int ch;
-    while ((ch = tally_flags_next(&f, argc, argv)) != -1) {
-        if (ch == '?') return 2;
-        if (ch == 'h') return bench_usage(stdout), 1;
-        if (bench_parse_one(ch, f.flag, optarg, o)) return tally_flags_bad(&f);
-    }
-    if (optind != argc) return tally_flags_usage_error("bench", "unexpected argument '%s'", argv[optind]);
+    const tally_flags f = {.cmd = "bench", .shorts = "n:b:e:f:t:o:r:ch", .longs = longs, .first = 2,
+                           .one = bench_parse_one, .usage = bench_usage};
+    int rc = tally_flags_parse(&f, argc, argv, o);
+    if (rc) return rc;
     if (o->minb > o->maxb)
         return tally_flags_usage_error("bench", "-b %zu is above -e %zu: the smallest size comes first", o->minb, o->maxb);
     if (bench_rows(o) > BENCH_MAX_ROWS)

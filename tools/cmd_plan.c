@@ -176,6 +176,11 @@ static const char *plan_accepts(int ch) {
     }
 }
 
+static int plan_flag(int ch, const char *flag, const char *a, void *ctx) {
+    if (!plan_parse_one(ch, a, ctx)) return 0;
+    return tally__parse_fail(flag, a, "is not accepted", plan_accepts(ch));
+}
+
 /* Combinations that cannot mean anything: say which and return -1. */
 static int plan_check(const plan_opts *o) {
     const char *why = NULL;
@@ -195,19 +200,10 @@ static int plan_parse(int argc, char **argv, plan_opts *o) {
     tally__plan_cfg_default(&o->cfg);
     o->model = -1;
     o->show_all = 1;
-    tally_flags f;
-    tally_flags_begin(&f, "plan", "n:h", plan_longs, 1);
-    int ch;
-    while ((ch = tally_flags_next(&f, argc, argv)) != -1) {
-        if (ch == '?') return 2;
-        if (ch == 'h') return plan_usage(stdout), 1;
-        if (plan_parse_one(ch, optarg, o)) {
-            tally__parse_fail(f.flag, optarg, "is not accepted", plan_accepts(ch));
-            return tally_flags_bad(&f);
-        }
-    }
-    if (optind != argc) return tally_flags_usage_error("plan", "unexpected argument '%s'", argv[optind]);
-    if (o->calibrate_rank) return 0;
+    const tally_flags f = {.cmd = "plan", .shorts = "n:h", .longs = plan_longs, .first = 1, .one = plan_flag,
+                           .usage = plan_usage};
+    int rc = tally_flags_parse(&f, argc, argv, o);
+    if (rc || o->calibrate_rank) return rc;
     return plan_check(o) ? 2 : 0;
 }
 

@@ -68,6 +68,8 @@ static int parse_flag(int argc, char **argv, int *i, tally_launch_opts *o, int *
     int missing = 0;
     long long k;
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
+    if (!strncmp(a, "--help=", 7) || !strncmp(a, "--no-prefix=", 12))
+        return usage_error("%s takes no value", a[2] == 'h' ? "--help" : "--no-prefix");
     if (strcmp(a, "--no-prefix") == 0) {
         o->prefix_output = 0;
         return 0;

@@ -216,7 +216,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     }
     switch (ch) {
     case O_MODEL:
-        return parse_word(flag, a, tally__model_parse, "it takes linear, mlp or cnn", &k) ? -1
+        return parse_word(flag, a, tally__model_parse, "it takes the model linear, mlp or cnn", &k) ? -1
                : (c->model = (tally__model_kind)k, 0);
     case O_HIDDEN: return parse_hidden(flag, a, c->hidden, &c->nhidden);
     case O_DATA: return parse_data(flag, a, c);
@@ -271,21 +271,27 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     }
 }
 
+typedef struct train_parse_ctx {
+    train_opts *o;
+    pending *p;
+} train_parse_ctx;
+
+static int train_flag(int ch, const char *flag, const char *a, void *ctx) {
+    train_parse_ctx *t = ctx;
+    return train_parse_one(ch, flag, a, t->o, t->p);
+}
+
 /* 0 to run, 1 for --help (printed), 2 after a message about a bad flag. */
 static int train_parse(int argc, char **argv, train_opts *o) {
     memset(o, 0, sizeof *o);
     tally__train_cfg_default(&o->cfg);
     o->cfg.measure_peak = 1;
     pending p = {0};
-    tally_flags f;
-    tally_flags_begin(&f, "train", "n:h", train_longs, 1);
-    int ch;
-    while ((ch = tally_flags_next(&f, argc, argv)) != -1) {
-        if (ch == '?') return 2;
-        if (ch == 'h') return train_usage(stdout), 1;
-        if (train_parse_one(ch, f.flag, optarg, o, &p)) return tally_flags_bad(&f);
-    }
-    if (optind != argc) return tally_flags_usage_error("train", "unexpected argument '%s'", argv[optind]);
+    train_parse_ctx ctx = {o, &p};
+    const tally_flags f = {.cmd = "train", .shorts = "n:h", .longs = train_longs, .first = 1, .one = train_flag,
+                           .usage = train_usage};
+    int rc = tally_flags_parse(&f, argc, argv, &ctx);
+    if (rc) return rc;
     if ((o->cfg.resume || o->cfg.ckpt_every || o->max_restarts) && !o->cfg.ckpt_dir) {
         fprintf(stderr, "tally train: --resume, --ckpt-every and --max-restarts need --ckpt DIR\n");
         return 2;

@@ -7,54 +7,71 @@
 #include <string.h>
 #include <tally.h>
 
-void tally_flags_begin(tally_flags *f, const char *cmd, const char *shorts, const struct option *longs, int first) {
-    *f = (tally_flags){.cmd = cmd, .shorts = shorts, .longs = longs, .flag = ""};
-    optind = first;
-    opterr = 0;
-}
+static void point_to_help(const char *cmd) { fprintf(stderr, "Try 'tally %s --help' for its flags.\n", cmd); }
 
-static const char *flag_name_of(tally_flags *f, int val, int longindex) {
+/* Where getopt is: the flag just read, for messages. */
+typedef struct flags_at {
+    const tally_flags *f;
+    char name[64];
+} flags_at;
+
+static const char *flag_name_of(flags_at *at, int val, int longindex) {
+    const struct option *longs = at->f->longs;
     if (longindex >= 0) {
-        snprintf(f->name, sizeof f->name, "--%s", f->longs[longindex].name);
-        return f->name;
+        snprintf(at->name, sizeof at->name, "--%s", longs[longindex].name);
+        return at->name;
     }
-    for (int i = 0; f->longs[i].name; i++)
-        if (f->longs[i].val == val && (val > 255 || !strchr(f->shorts, val))) {
-            snprintf(f->name, sizeof f->name, "--%s", f->longs[i].name);
-            return f->name;
+    for (int i = 0; longs[i].name; i++)
+        if (longs[i].val == val && (val > 255 || !strchr(at->f->shorts, val))) {
+            snprintf(at->name, sizeof at->name, "--%s", longs[i].name);
+            return at->name;
         }
-    snprintf(f->name, sizeof f->name, "-%c", val > 0 && val < 256 ? val : '?');
-    return f->name;
+    snprintf(at->name, sizeof at->name, "-%c", val > 0 && val < 256 ? val : '?');
+    return at->name;
 }
 
-int tally_flags_next(tally_flags *f, int argc, char **argv) {
+/* The next option, -1 after the last, or '?' after printing why it is not one. */
+static int flags_next(flags_at *at, int argc, char **argv, const char **flag) {
     char shorts[64];
-    snprintf(shorts, sizeof shorts, ":%s", f->shorts); /* ':' first: a missing value returns ':' */
-    int idx = -1, ch = getopt_long(argc, argv, shorts, f->longs, &idx);
+    snprintf(shorts, sizeof shorts, ":%s", at->f->shorts); /* ':' first: a missing value returns ':' */
+    int idx = -1, ch = getopt_long(argc, argv, shorts, at->f->longs, &idx);
+    const char *cmd = at->f->cmd;
     if (ch == -1) return -1;
     if (ch == ':') {
-        tally_flags_usage_error(f->cmd, "%s needs a value", flag_name_of(f, optopt, -1));
+        tally_flags_usage_error(cmd, "%s needs a value", flag_name_of(at, optopt, -1));
         return '?';
     }
     if (ch == '?') {
         const char *arg = argv[optind - 1];
         if (optopt && !strncmp(arg, "--", 2)) /* a long flag that takes no value, given one */
-            tally_flags_usage_error(f->cmd, "%s takes no value (in '%s')", flag_name_of(f, optopt, -1), arg);
-        else if (optopt) tally_flags_usage_error(f->cmd, "unknown flag '-%c'", optopt);
-        else tally_flags_usage_error(f->cmd, "unknown flag '%s'", arg);
+            tally_flags_usage_error(cmd, "%s takes no value (in '%s')", flag_name_of(at, optopt, -1), arg);
+        else if (optopt) tally_flags_usage_error(cmd, "unknown flag '-%c'", optopt);
+        else tally_flags_usage_error(cmd, "unknown flag '%s'", arg);
         return '?';
     }
-    f->flag = flag_name_of(f, ch, idx);
+    *flag = flag_name_of(at, ch, idx);
     return ch;
 }
 
-static void point_to_help(const char *cmd) { fprintf(stderr, "Try 'tally %s --help' for its flags.\n", cmd); }
-
-int tally_flags_bad(const tally_flags *f) {
-    fprintf(stderr, "tally %s: %s\n", f->cmd, tally_last_error());
-    point_to_help(f->cmd);
-    return 2;
+int tally_flags_parse(const tally_flags *f, int argc, char **argv, void *ctx) {
+    flags_at at = {.f = f};
+    const char *flag = "";
+    int ch;
+    optind = f->first;
+    opterr = 0;
+    while ((ch = flags_next(&at, argc, argv, &flag)) != -1) {
+        if (ch == '?') return 2;
+        if (ch == 'h') return f->usage(stdout), 1;
+        if (f->one(ch, flag, optarg, ctx)) {
+            fprintf(stderr, "tally %s: %s\n", f->cmd, tally_last_error());
+            point_to_help(f->cmd);
+            return 2;
+        }
+    }
+    if (optind != argc) return tally_flags_usage_error(f->cmd, "unexpected argument '%s'", argv[optind]);
+    return 0;
 }
+
 
 int tally_flags_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;

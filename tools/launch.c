@@ -669,7 +669,8 @@ int tally_launch(const tally_launch_opts *opts, char *const argv[]) {
 
 int tally_launch_in_rank(void) {
     const char *v;
-    if ((v = getenv("TALLY_RANK")) && *v) return 1;
+    /* Ours count when set at all, as the library reads them: an empty one is refused there, by name. */
+    if (getenv("TALLY_RANK") || getenv("TALLY_WORLD_SIZE")) return 1;
     if ((v = getenv("OMPI_COMM_WORLD_RANK")) && *v) return 1;
     if ((v = getenv("PMI_RANK")) && *v) return 1;
     return getenv("RANK") && getenv("MASTER_ADDR");

@@ -69,7 +69,8 @@ int tally_launch(const tally_launch_opts *opts, char *const argv[]);
  */
 int tally_launch_self(const tally_launch_opts *opts, int argc, char **argv);
 
-/* Nonzero when some launcher already made this process a rank: TALLY_RANK, Open MPI's
+/* Nonzero when some launcher already made this process a rank: TALLY_RANK or TALLY_WORLD_SIZE (set, even
+ * empty: the library then names what is wrong), Open MPI's
  * OMPI_COMM_WORLD_RANK, PMI_RANK, or torchrun's RANK together with MASTER_ADDR is set. Slurm's
  * SLURM_PROCID is not taken as a sign: batch scripts have it too, and they are not ranks. */
 int tally_launch_in_rank(void);

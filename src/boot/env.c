@@ -229,12 +229,13 @@ static int boot_env_bind(tally__boot_env *env) {
         v++;
         len -= 2;
     } else if (colon && !strchr(colon + 1, ':')) {
-        return tally__seterr(TALLY_E_INVALID, "TALLY_BIND='%s' has a port: give only the address rank 0 listens on "
-                                           "(e.g. 0.0.0.0 for every interface); the port is TALLY_ADDR's", v);
+        return tally__parse_fail("TALLY_BIND", v, "has a port",
+                                 "it takes only the address rank 0 listens on (e.g. 0.0.0.0 for every interface); "
+                                 "the port is TALLY_ADDR's");
     }
     if (len == 0 || len >= sizeof env->bind || memchr(v, '[', len) || memchr(v, ']', len))
-        return tally__seterr(TALLY_E_INVALID, "TALLY_BIND='%s' is not an address (e.g. 10.0.0.5, 0.0.0.0, ::)",
-                             tally__env_knob("TALLY_BIND"));
+        return tally__parse_fail("TALLY_BIND", tally__env_knob("TALLY_BIND"), "is not an address",
+                                 "it takes an address without a port: 10.0.0.5, 0.0.0.0, ::, [fe80::1]");
     memcpy(env->bind, v, len);
     env->bind[len] = '\0';
     return 0;

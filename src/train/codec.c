@@ -14,8 +14,9 @@
 #include "guard.h"
 
 int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
-    const char *accepted = "use none, fp16, bf16, topk:R (0 < R <= 1) or powersgd:r (r >= 1)";
-    if (!spec) return tally__seterr(TALLY_E_INVALID, "--compress: no codec given; %s", accepted);
+    static const char accepts[] = "it takes none, fp16, bf16, topk:R (0 < R <= 1: topk:0.01 keeps 1% of each "
+                                  "bucket) or powersgd:r (a rank from 1 to 1024: powersgd:4)";
+    if (!spec) return tally__parse_fail("--compress", spec, "", accepts);
     if (!strcmp(spec, "none") || !strcmp(spec, "fp16") || !strcmp(spec, "bf16")) {
         out->kind = spec[0] == 'n' ? TALLY__CODEC_NONE : spec[0] == 'f' ? TALLY__CODEC_FP16 : TALLY__CODEC_BF16;
         return 0;
@@ -23,8 +24,7 @@ int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
     if (!strncmp(spec, "topk:", 5)) {
         double r;
         if (tally__parse_real("--compress", spec + 5, 0, 1, 1, &r))
-            return tally__seterr(TALLY_E_INVALID, "--compress %s: the fraction kept must be a number in (0, 1], "
-                                 "e.g. topk:0.01 keeps 1%% of each bucket", spec);
+            return tally__parse_fail("--compress", spec, "keeps no fraction in (0, 1]", accepts);
         out->kind = TALLY__CODEC_TOPK;
         out->ratio = r;
         return 0;
@@ -32,13 +32,12 @@ int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
     if (!strncmp(spec, "powersgd:", 9)) {
         long long r;
         if (tally__parse_int("--compress", spec + 9, 1, 1024, &r))
-            return tally__seterr(TALLY_E_INVALID, "--compress %s: the rank must be an integer from 1 to 1024, "
-                                 "e.g. powersgd:4", spec);
+            return tally__parse_fail("--compress", spec, "has no rank from 1 to 1024", accepts);
         out->kind = TALLY__CODEC_POWERSGD;
         out->rank = (int)r;
         return 0;
     }
-    return tally__seterr(TALLY_E_INVALID, "--compress %s: unknown codec; %s", spec, accepted);
+    return tally__parse_fail("--compress", spec, "is an unknown codec", accepts);
 }
 
 static int codec_has_ef(const tally__codec_cfg *c) {

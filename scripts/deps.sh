@@ -35,7 +35,7 @@ for entry in "${tally_deps[@]}"; do
 done
 [ ${#tally_missing[@]} -eq 0 ] && exit 0
 
-echo "deps.sh: installing ${#tally_missing[@]} missing Debian package(s):"
+echo "deps.sh: ${#tally_missing[@]} Debian package(s) missing:"
 for entry in "${tally_deps[@]}"; do
   for pkg in "${tally_missing[@]}"; do
     [ "$pkg" = "${entry%%|*}" ] && printf '  %-22s %s\n' "$pkg" "${entry#*|}"
@@ -58,6 +58,10 @@ if [ "$(id -u)" -ne 0 ]; then
   as_root=(sudo)
 fi
 command -v apt-get >/dev/null || tally_cannot "apt-get is not available (tally's install script knows Debian's packages)"
+if [ ${#as_root[@]} -gt 0 ]; then # sudo asks for a password here if it must, or fails at once without a terminal
+  sudo apt-get --version >/dev/null ||
+    tally_cannot "sudo would not run apt-get as root for $(id -un) (see above: not allowed by sudoers, or it needs a password and there is no terminal to ask on)"
+fi
 "${as_root[@]}" apt-get update -qq || tally_cannot "apt-get update failed (see above)"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
   "${tally_missing[@]}" >/dev/null || tally_cannot "apt-get install failed (see above)"

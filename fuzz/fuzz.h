@@ -26,8 +26,11 @@ enum { FZ_HS_RAW, FZ_HS_AUTH, FZ_HS_MODES };
 
 /* fuzz_idx: byte 0 % FZ_IDX_MODES: PLAIN writes the rest to a file named without .gz; GZ_RAW to a
  * file named .gz; GZ_WRAP gzips the rest first (level [1] % 10), so the IDX parser behind zlib is
- * reached too. */
-enum { FZ_IDX_PLAIN, FZ_IDX_GZ_RAW, FZ_IDX_GZ_WRAP, FZ_IDX_MODES };
+ * reached too; FIFO and DIR read a FIFO (no writer: it must be refused, never waited on) or a directory
+ * in the file's place, and HEADER reads the plain file's header alone (tally_idx_read_header). */
+enum { FZ_IDX_PLAIN, FZ_IDX_GZ_RAW, FZ_IDX_GZ_WRAP, FZ_IDX_FIFO, FZ_IDX_DIR, FZ_IDX_HEADER, FZ_IDX_MODES };
+
+/* fuzz_manifest: the whole input is the text of a checkpoint directory's LATEST. */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

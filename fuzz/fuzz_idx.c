@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -13,12 +14,29 @@
 #include "fuzz.h"
 
 static char fz_path[2][512]; /* [0] plain, [1] .gz */
+static char fz_fifo[600], fz_dir[512];
 static int fz_fd[2] = {-1, -1};
 static volatile uint64_t fz_sink;
 
 static void fz_unlink(void) {
     for (int i = 0; i < 2; i++)
         if (fz_path[i][0]) unlink(fz_path[i]);
+    if (fz_fifo[0]) unlink(fz_fifo);
+    if (fz_dir[0]) rmdir(fz_dir);
+}
+
+/* A FIFO no one writes and a directory, where a file is read: each must be refused at once. */
+static void fz_not_files(const char *dir) {
+    snprintf(fz_dir, sizeof fz_dir, "%s/tally-fuzz-idx-dir-XXXXXX", dir);
+    if (!mkdtemp(fz_dir)) {
+        perror("fuzz_idx: cannot make its directory");
+        abort();
+    }
+    snprintf(fz_fifo, sizeof fz_fifo, "%s/fifo", fz_dir);
+    if (mkfifo(fz_fifo, 0600) != 0) {
+        perror("fuzz_idx: cannot make its FIFO");
+        abort();
+    }
 }
 
 /* In TMPDIR, else in memory (/dev/shm) where there is one: a file per input on a disk would make the
@@ -34,6 +52,7 @@ static void fz_files(void) {
         perror("fuzz_idx: cannot create its temporary files");
         abort();
     }
+    fz_not_files(dir);
     atexit(fz_unlink);
 }
 
@@ -92,11 +111,37 @@ static void fz_check(int rc, const tally_idx *idx, const char *path) {
     for (size_t i = 0; i < count * es; i++) fz_sink += b[i]; /* every byte promised is there */
 }
 
+/* Not a regular file: refused with TALLY_E_INVALID naming it (and, by returning at all, not waited on). */
+static void fz_refused(const char *path, const char *kind) {
+    tally_idx idx;
+    int rc = tally_idx_read(path, &idx);
+    if (rc != TALLY_E_INVALID || !strstr(tally_last_error(), path) || !strstr(tally_last_error(), kind)) {
+        fprintf(stderr, "fuzz_idx: %s read with %d: %s\n", kind, rc, tally_last_error());
+        abort();
+    }
+}
+
+/* The header alone agrees with the whole read: same verdict, same header when both accept. */
+static void fz_header(const uint8_t *p, size_t n) {
+    fz_write(0, p, n);
+    tally_idx h, idx;
+    int hrc = tally_idx_read_header(fz_path[0], &h), rc = tally_idx_read(fz_path[0], &idx);
+    if (hrc == 0 && h.data) abort();
+    if ((rc == 0 && hrc != 0) || (rc == 0 && (h.type != idx.type || h.ndim != idx.ndim || h.count != idx.count))) {
+        fprintf(stderr, "fuzz_idx: the header (%d) disagrees with the whole read (%d)\n", hrc, rc);
+        abort();
+    }
+    tally_idx_free(&idx);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, fz_files);
     if (size < 1) return 0;
     int mode = data[0] % FZ_IDX_MODES, gz = mode != FZ_IDX_PLAIN;
+    if (mode == FZ_IDX_FIFO) return fz_refused(fz_fifo, "a FIFO"), 0;
+    if (mode == FZ_IDX_DIR) return fz_refused(fz_dir, "a directory"), 0;
+    if (mode == FZ_IDX_HEADER) return fz_header(data + 1, size - 1), 0;
     if (mode == FZ_IDX_GZ_WRAP) {
         if (size < 2) return 0;
         size_t n;

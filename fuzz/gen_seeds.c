@@ -14,6 +14,7 @@
 #include "boot/boot_int.h"
 #include "fuzz.h"
 #include "train/ckpt.h"
+#include "train/ckpt_int.h"
 #include "transport/tcp_int.h"
 
 /* An input under construction. */
@@ -333,7 +334,7 @@ static void gs_gzip(const gs_buf *in, gs_buf *out) {
     deflateEnd(&zs);
 }
 
-/* One IDX file three ways: plain, as a .gz file's bytes, and for the target to gzip. */
+/* One IDX file four ways: plain, as a .gz file's bytes, for the target to gzip, and its header alone. */
 static void gs_idx3(const char *name, const gs_buf *file) {
     gs_buf s = {0};
     char n[96];
@@ -350,6 +351,11 @@ static void gs_idx3(const char *name, const gs_buf *file) {
     gs_byte(&s, FZ_IDX_GZ_WRAP), gs_byte(&s, 6);
     gs_put(&s, file->b, file->n);
     snprintf(n, sizeof n, "%s-wrap", name);
+    gs_write("idx", n, &s);
+    s.n = 0;
+    gs_byte(&s, FZ_IDX_HEADER);
+    gs_put(&s, file->b, file->n);
+    snprintf(n, sizeof n, "%s-header", name);
     gs_write("idx", n, &s);
 }
 
@@ -373,6 +379,12 @@ static void gs_idx(void) {
     f.n = 0;
     gs_idx_file(&f, TALLY_IDX_F32, 1, empty, 4);
     gs_idx3("empty", &f);
+    gs_buf kind = {0}; /* not files at all */
+    gs_byte(&kind, FZ_IDX_FIFO);
+    gs_write("idx", "fifo", &kind);
+    kind.n = 0;
+    gs_byte(&kind, FZ_IDX_DIR);
+    gs_write("idx", "dir", &kind);
     gs_buf cut = {0};
     gs_idx_file(&cut, TALLY_IDX_I32, 2, dims2, 4);
     cut.n -= 5;
@@ -441,6 +453,34 @@ static void gs_ckpt(void) {
     gs_ckpt_one("model", 100, model, 7);
 }
 
+/* ---- manifests: what the writer writes, and what it never would ---- */
+
+static void gs_text(const char *name, const char *text) {
+    gs_buf s = {0};
+    gs_put(&s, text, strlen(text));
+    gs_write("manifest", name, &s);
+}
+
+static void gs_manifest(void) {
+    ckpt_manifest m = {.bytes = 4096, .step = 42, .head_crc = 0x1234abcd};
+    snprintf(m.file, sizeof m.file, "step-0000000042.tck");
+    char text[CKPT_MANIFEST_MAX], v[CKPT_MANIFEST_MAX + 64];
+    size_t n = tally__ckpt_manifest_format(&m, text, sizeof text);
+    text[n] = '\0';
+    gs_text("valid", text);
+    snprintf(v, sizeof v, "%.*s", (int)n - 1, text);
+    gs_text("no-newline", v);
+    snprintf(v, sizeof v, "%sextra line\n", text);
+    gs_text("extra-line", v);
+    gs_text("empty", "");
+    snprintf(v, sizeof v, "%.*s", (int)n / 2, text);
+    gs_text("truncated", v);
+    m.step = 43; /* the file name says 42 */
+    n = tally__ckpt_manifest_format(&m, v, sizeof v);
+    v[n] = '\0';
+    gs_text("step-disagrees", v);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s DIR\nWrites the fuzz targets' seed inputs under DIR/<target>/.\n", argv[0]);
@@ -452,6 +492,7 @@ int main(int argc, char **argv) {
     gs_handshake();
     gs_idx();
     gs_ckpt();
+    gs_manifest();
     printf("gen_seeds: %d seeds written under %s\n", gs_count, gs_dir);
     return 0;
 }

@@ -287,13 +287,24 @@ static void test_roundtrip(void) {
                  tally__ckpt_at(c, -1) == NULL,
              "round trip: lookups of what is absent");
     const void *p = NULL;
-    TH_CHECK(tally__ckpt_get(c, "odd f64", TALLY_F64, 105, &p) == 0 && p == tally__ckpt_at(c, 4)->data,
+    static const uint64_t s357[3] = {3, 5, 7}, s753[3] = {7, 5, 3}, s105[1] = {105}, s1[1] = {1};
+    TH_CHECK(tally__ckpt_get(c, "odd f64", TALLY_F64, 3, s357, &p) == 0 && p == tally__ckpt_at(c, 4)->data,
              "round trip: get odd f64: %s", tally_last_error());
-    TH_CHECK(tally__ckpt_get(c, "scalar0d", TALLY_I64, 1, &p) == 0, "round trip: a 0-d tensor has 1 element");
-    rc = tally__ckpt_get(c, "odd f64", TALLY_F32, 105, &p);
-    TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "'odd f64' is f64 [3, 5, 7] (105 elements)"),
+    TH_CHECK(tally__ckpt_get(c, "scalar0d", TALLY_I64, 0, NULL, &p) == 0, "round trip: a 0-d tensor: %s",
+             tally_last_error());
+    rc = tally__ckpt_get(c, "odd f64", TALLY_F32, 3, s357, &p);
+    TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "'odd f64' is f64 [3, 5, 7] (105 elements), but the "
+                                                              "model has f32 [3, 5, 7]"),
              "round trip: get with a wrong dtype: %s", tally_last_error());
-    rc = tally__ckpt_get(c, "fc9.bias", TALLY_F32, 1, &p);
+    /* The same 105 elements in another shape, or flat, are another tensor. */
+    rc = tally__ckpt_get(c, "odd f64", TALLY_F64, 3, s753, &p);
+    TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "f64 [3, 5, 7] (105 elements), but the model has f64 "
+                                                              "[7, 5, 3] (105 elements)"),
+             "round trip: get with the shape reversed: %s", tally_last_error());
+    rc = tally__ckpt_get(c, "odd f64", TALLY_F64, 1, s105, &p);
+    TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "the model has f64 [105]"),
+             "round trip: get flat: %s", tally_last_error());
+    rc = tally__ckpt_get(c, "fc9.bias", TALLY_F32, 1, s1, &p);
     TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "no tensor 'fc9.bias'"), "round trip: get absent: %s",
              tally_last_error());
     TH_CHECK(has(tally__ckpt_label(c), "step-0001234567.tck"), "round trip: label %s", tally__ckpt_label(c));

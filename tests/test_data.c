@@ -212,8 +212,12 @@ static void test_idx_header_errors(void) {
     expect_fail("empty.idx.gz", TALLY_E_INVALID, "empty");
     write_gz(tpath("emptydata.idx.gz"), NULL, 0);
     expect_fail("emptydata.idx.gz", TALLY_E_INVALID, "empty");
-    mkdir(tpath("adir.idx"), 0700);
-    expect_fail("adir.idx", TALLY_E_SYSTEM, "directory");
+    mkdir(tpath("adir.idx"), 0700); /* not a regular file: refused as input, and a FIFO without blocking */
+    expect_fail("adir.idx", TALLY_E_INVALID, "is a directory, not a regular file");
+    mkfifo(tpath("afifo.idx"), 0600);
+    expect_fail("afifo.idx", TALLY_E_INVALID, "is a FIFO, not a regular file");
+    mkfifo(tpath("afifo.idx.gz"), 0600);
+    expect_fail("afifo.idx.gz", TALLY_E_INVALID, "is a FIFO");
 
     const unsigned char magic1[] = {0x01, 0, 8, 1, 0, 0, 0, 1, 5};
     write_raw("magic1.idx", magic1, sizeof magic1);

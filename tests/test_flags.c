@@ -1,103 +1,24 @@
 /* test_flags.c - first contact: every flag of every command, and every TALLY_* variable, given bad values:
  * exit 2 (1 for the library's variables, whose tally_comm_init says TALLY_E_INVALID), the name and the
  * value in the message with what is accepted, a bounded output, no hang. The shared parser on its own. */
-#include <errno.h>
-#include <poll.h>
-#include <signal.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <tally.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "core/parse.h"
 #include "harness.h"
+#include "tool_runner.h"
 
 #define RUN_WALL_S 20
-#define RUN_OUT_CAP (1 << 16)
 #define FLOOD_BYTES 2048 /* a refusal is a few lines; a usage page or a runaway loop is more */
 
-typedef struct result {
-    int rc; /* exit status, 128+signal when killed, -1 when the harness could not run it */
-    int timed_out;
-    size_t len;
-    char out[RUN_OUT_CAP]; /* stdout and stderr together */
-} result;
-
-static const char *tally_bin(void) {
-    const char *b = getenv("TALLY_BIN");
-    return b && *b ? b : "./tally";
+static void run_tool(const char *const *args, const char *const *env, th_tool *r) {
+    th_tool_opts o = {.env = env, .wall_s = RUN_WALL_S};
+    th_tool_run(args, &o, r);
 }
 
-/* The child: a clean rank environment (none of the harness's), `env` added, then the tool. */
-static void child_exec(char *const argv[], const char *const *env, int fd) {
-    dup2(fd, 1);
-    dup2(fd, 2);
-    static const char *strip[] = {"TALLY_RANK", "TALLY_WORLD_SIZE", "TALLY_ADDR", "TALLY_TOKEN", "TALLY_TIMEOUT",
-                                  "TALLY_TRANSPORT", "TALLY_ALGO", "TALLY_DEBUG", "RANK", "WORLD_SIZE",
-                                  "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
-    for (int i = 0; strip[i]; i++) unsetenv(strip[i]);
-    for (int i = 0; env && env[i]; i++) {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", env[i]);
-        char *eq = strchr(buf, '=');
-        *eq = '\0';
-        setenv(buf, eq + 1, 1);
-    }
-    execv(tally_bin(), argv);
-    _exit(127);
-}
-
-/* Runs `tally ARGS...` with `env` (NAME=VALUE, NULL-terminated), bounded in time and output. */
-static void run_tool(const char *const *args, const char *const *env, result *r) {
-    char *argv[32];
-    int n = 0;
-    argv[n++] = "tally";
-    for (int i = 0; args[i] && n < 31; i++) argv[n++] = (char *)args[i];
-    argv[n] = NULL;
-    memset(r, 0, offsetof(result, out));
-    r->out[0] = '\0';
-    r->rc = -1;
-    int p[2];
-    if (pipe(p)) return;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        setpgid(0, 0);
-        child_exec(argv, env, p[1]);
-    }
-    close(p[1]);
-    if (pid < 0) return (void)close(p[0]);
-    double end = th_now() + RUN_WALL_S;
-    for (;;) {
-        struct pollfd pf = {.fd = p[0], .events = POLLIN};
-        int ms = (int)((end - th_now()) * 1000);
-        if (ms <= 0) {
-            r->timed_out = 1;
-            break;
-        }
-        if (poll(&pf, 1, ms) <= 0) continue;
-        char buf[4096];
-        ssize_t got = read(p[0], buf, sizeof buf);
-        if (got <= 0) break;
-        size_t room = sizeof r->out - 1 - r->len, take = (size_t)got < room ? (size_t)got : room;
-        memcpy(r->out + r->len, buf, take);
-        r->len += take;
-        r->out[r->len] = '\0';
-        if (take < (size_t)got) r->len = sizeof r->out; /* a flood: stop reading, stop it */
-        if (r->len >= sizeof r->out - 1) break;
-    }
-    close(p[0]);
-    if (r->timed_out || r->len >= sizeof r->out - 1) kill(-pid, SIGKILL);
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    r->rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-static result R;
+static th_tool R;
 
 /* Runs the tool and checks it refused as a first-time user needs: exit `want_rc`, every one of `want`
  * in the output, a few lines, promptly. */

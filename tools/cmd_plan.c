@@ -1,6 +1,7 @@
 /* cmd_plan.c - `tally plan`: parses the flags (or measures this machine with --calibrate), asks the
  * planner (src/train/plan.c) for memory, communication, step time and scaling, prints text or JSON. */
 #include <cblas.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "../src/train/model.h"
 #include "../src/train/plan.h"
 #include "../src/train/trainer.h"
+#include "../src/core/file.h"
 #include "../src/core/parse.h"
 #include "cmd.h"
 #include "flags.h"
@@ -285,7 +287,10 @@ static int plan_calibrate_rank(const char *file, double bytes) {
     int rc = 0;
     if (tally_comm_rank(comm) == 0) {
         const tally__cost *m = tally__comm_cost(comm);
-        FILE *f = fopen(file, "w");
+        /* The parent made the file with mkstemp: open that one, never a link put in its place. */
+        int fd = open(file, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        if (fd >= 0 && !f) close(fd);
         rc = !f || fprintf(f, "%.9e %.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma, ar) < 0;
         if (f && fclose(f)) rc = 1;
         if (rc) fprintf(stderr, "tally plan: calibrate: cannot write %s\n", file);
@@ -307,7 +312,10 @@ static int calibrate_link(const char *transport, double bytes, tally__cost *out,
     char *argv[] = {"/proc/self/exe", "plan", "--calibrate-rank", path, "--calibrate-bytes", size, NULL};
     tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
     int rc = tally_launch(&lo, argv);
-    FILE *f = rc ? NULL : fopen(path, "r");
+    int rfd = -1;
+    if (!rc && tally__file_open_read(AT_FDCWD, path, path, &rfd)) rc = -1;
+    FILE *f = rc ? NULL : fdopen(rfd, "r");
+    if (!f && rfd >= 0) close(rfd);
     if (f && fscanf(f, "%lf %lf %lf %lf", &out->alpha, &out->beta, &out->gamma, allreduce_s) != 4) rc = -1;
     if (f) fclose(f);
     unlink(path);

@@ -6,7 +6,9 @@
 #include <string.h>
 #include <tally.h>
 
+#include "../src/core/cpus.h"
 #include "../src/core/env.h"
+#include "../src/core/err.h"
 #include "../src/core/parse.h"
 #include "../src/train/guard.h"
 #include "../src/train/ps.h"
@@ -177,13 +179,15 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
         long long lo, hi;
     } ranges[] = {{'n', 1, TALLY_LAUNCH_MAX_RANKS}, {O_EPOCHS, 1, 1000000}, {O_STEPS, 1, TRAIN_MAX_STEPS},
                   {O_BATCH, 1, 1 << 20}, {O_WARMUP, 0, TRAIN_MAX_STEPS}, {O_STEP_EVERY, 1, TRAIN_MAX_STEPS},
-                  {O_ACCUM, 1, 1 << 20}, {O_THREADS, 1, 1024}, {O_ZERO, 0, 3},
+                  {O_ACCUM, 1, 1 << 20}, {O_THREADS, 1, 0 /* the CPUs allowed */}, {O_ZERO, 0, 3},
                   {O_CHECK_REPLICAS, 1, TRAIN_MAX_STEPS}, {O_CKPT_EVERY, 1, TRAIN_MAX_STEPS},
                   {O_CKPT_KEEP, 1, 1000000}, {O_MAX_RESTARTS, 0, 1000}, {O_STALENESS, 0, 1000000000}};
     long long v;
     for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
         if (ranges[i].ch != ch) continue;
-        if (tally__parse_int(flag, a, ranges[i].lo, ranges[i].hi, &v)) return -1;
+        long long hi = ch == O_THREADS ? tally__cpus_allowed() : ranges[i].hi;
+        if (tally__parse_int(flag, a, ranges[i].lo, hi, &v))
+            return ch == O_THREADS ? tally__err_wrap(-1, "", " (the CPUs this process may use)") : -1;
         switch (ch) {
         case 'n': o->n = (int)v; break;
         case O_EPOCHS: c->epochs = (int)v; break;

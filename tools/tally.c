@@ -1,7 +1,9 @@
 /* tally.c - main() of the tally tool: picks the subcommand (run, bench, train, plan) and hands it
  * its arguments; --help and --version. Each subcommand lives in its own cmd_*.c. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <tally.h>
 
@@ -36,6 +38,24 @@ static const tally_command *find_command(const char *name) {
     return NULL;
 }
 
+/* What runs at exit (OpenBLAS joins its threads there) must not keep a failed or finished command from
+ * ending: past EXIT_GRACE_S the process leaves with its status, without the rest of the exit path. */
+#define EXIT_GRACE_S 10
+static volatile sig_atomic_t exit_status;
+
+static void exit_now(int sig) {
+    (void)sig;
+    _exit(exit_status);
+}
+
+static int exit_bounded(int rc) {
+    exit_status = rc;
+    fflush(NULL);
+    signal(SIGALRM, exit_now);
+    alarm(EXIT_GRACE_S);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -60,5 +80,5 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tally %s: not built yet\n", c->name);
         return 2;
     }
-    return c->fn(argc - 1, argv + 1);
+    return exit_bounded(c->fn(argc - 1, argv + 1));
 }

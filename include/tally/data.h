@@ -33,6 +33,11 @@ typedef struct tally_idx {
  * unknown type, zero or too many dimensions, a size that overflows, data shorter or longer than the
  * header says, a corrupt gzip stream (TALLY_E_INVALID). Never allocates more than the file can hold. */
 TALLY_API int tally_idx_read(const char *path, tally_idx *out);
+/* The header alone (type, dims, count; data NULL, nothing to free), checked as tally_idx_read checks
+ * it, so a caller can hold what a file declares against what it expects (and two files against each
+ * other) before reading its data: a small .gz can declare gigabytes. Only regular files are read: a FIFO
+ * or a device is refused (TALLY_E_INVALID) without blocking. */
+TALLY_API int tally_idx_read_header(const char *path, tally_idx *out);
 TALLY_API void tally_idx_free(tally_idx *idx);
 
 /* A data set held in memory: n samples of dim floats, and either class labels or regression targets. */

@@ -138,10 +138,12 @@ int64_t tally__ckpt_step(const tally__ckpt *c);
 const char *tally__ckpt_label(const tally__ckpt *c); /* the path or label, for the caller's messages */
 uint32_t tally__ckpt_head_crc(const tally__ckpt *c); /* the head CRC, as LATEST records it */
 
-/* The tensor `name` when it has this dtype and `count` elements (any shape): *data points at them.
- * Otherwise TALLY_E_INVALID with a message saying what the file holds and what was expected, for a
- * trainer restoring state into buffers of known sizes. */
-int tally__ckpt_get(const tally__ckpt *c, const char *name, tally_dtype dtype, size_t count, const void **data);
+/* The tensor `name` when it has this dtype and exactly this shape (ndim dimensions; ndim 0 is a scalar):
+ * *data points at its elements. Otherwise TALLY_E_INVALID with a message giving the dtype and shape the
+ * file holds and those expected: the same elements in another shape (a [784, 512] for a [512, 784]) are
+ * another tensor, not a transposed copy to load. */
+int tally__ckpt_get(const tally__ckpt *c, const char *name, tally_dtype dtype, int ndim, const uint64_t *shape,
+                    const void **data);
 
 /* ---- Writing (one process per DIR; rank 0 in a job) ---- */
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../core/err.h"
+#include "../core/file.h"
 #include "../core/log.h"
 #include "ckpt_int.h"
 #include "crc32c.h"
@@ -41,8 +42,8 @@ int tally__ckpt_file_parse(const char *name, int tmp, int64_t *step) {
 int tally__ckpt_fsync(int fd, const char *dir, const char *name) {
     while (fsync(fd) != 0)
         if (errno != EINTR)
-            return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: fsync failed: %s; the data may not be on disk", dir,
-                                 name, strerror(errno));
+            return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: fsync failed: %s; the data may not be on disk%s", dir,
+                                 name, strerror(errno), tally__errno_hint(errno));
     return 0;
 }
 
@@ -64,8 +65,8 @@ int tally__ckpt_mkdirs(const char *dir) {
         char c = p[i];
         p[i] = '\0';
         if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            rc =
-                tally__seterr(TALLY_E_SYSTEM, "checkpoint directory %s: cannot create %s: %s", dir, p, strerror(errno));
+            rc = tally__seterr(TALLY_E_SYSTEM, "checkpoint directory %s: cannot create %s: %s%s", dir, p,
+                               strerror(errno), tally__errno_hint(errno));
         p[i] = c;
     }
     free(p);
@@ -91,7 +92,7 @@ size_t tally__ckpt_manifest_format(const ckpt_manifest *m, char *out, size_t cap
 #define MANIFEST_FIX "restore it, or remove it to start without a checkpoint"
 
 /* text holds len bytes (NUL-terminated): the CRC line first, so a flipped byte reads as corruption. */
-static int manifest_parse(const char *text, size_t len, const char *dir, ckpt_manifest *m) {
+int tally__ckpt_manifest_parse(const char *text, size_t len, const char *dir, ckpt_manifest *m) {
     if (len == 0 || text[len - 1] != '\n' || strlen(text) != len)
         return tally__seterr(TALLY_E_CORRUPT,
                              "checkpoint %s/LATEST: the manifest is empty, truncated or not text; " MANIFEST_FIX, dir);
@@ -142,10 +143,12 @@ static int manifest_parse(const char *text, size_t len, const char *dir, ckpt_ma
 }
 
 int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m) {
-    int fd = openat(dirfd, CKPT_LATEST, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT)
+    char label[4200];
+    snprintf(label, sizeof label, "checkpoint %s/LATEST", dir);
+    int fd, rc = tally__file_open_read(dirfd, CKPT_LATEST, label, &fd);
+    if (rc == TALLY_E_SYSTEM && errno == ENOENT)
         return tally__seterr(TALLY__CKPT_NONE, "no checkpoint in %s: %s/LATEST does not exist", dir, dir);
-    if (fd < 0) return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/LATEST: cannot open it: %s", dir, strerror(errno));
+    if (rc) return rc;
     char text[CKPT_MANIFEST_MAX + 2]; /* one byte more than a manifest may have, and the NUL */
     size_t len = 0;
     while (len < sizeof text - 1) {
@@ -166,7 +169,7 @@ int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m) {
                              "corrupt; " MANIFEST_FIX,
                              dir, CKPT_MANIFEST_MAX);
     text[len] = '\0';
-    return manifest_parse(text, len, dir, m);
+    return tally__ckpt_manifest_parse(text, len, dir, m);
 }
 
 static int write_all(int fd, const char *p, size_t n) {
@@ -184,20 +187,19 @@ int tally__ckpt_manifest_commit(int dirfd, const char *dir, const ckpt_manifest 
     *renamed = 0;
     char text[CKPT_MANIFEST_MAX];
     size_t len = tally__ckpt_manifest_format(m, text, sizeof text);
-    int fd = openat(dirfd, CKPT_LATEST_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: cannot create it: %s", dir, CKPT_LATEST_TMP,
-                             strerror(errno));
-    int rc = 0;
+    char label[4200];
+    snprintf(label, sizeof label, "checkpoint %s/%s", dir, CKPT_LATEST_TMP);
+    int fd, rc = tally__file_create(dirfd, CKPT_LATEST_TMP, label, &fd);
+    if (rc) return rc;
     if (write_all(fd, text, len))
-        rc = tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: write failed: %s", dir, CKPT_LATEST_TMP, strerror(errno));
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: write failed: %s%s", label, strerror(errno), tally__errno_hint(errno));
     if (!rc) rc = tally__ckpt_fsync(fd, dir, CKPT_LATEST_TMP);
     if (close(fd) != 0 && !rc)
-        rc = tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: close failed: %s", dir, CKPT_LATEST_TMP, strerror(errno));
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: close failed: %s%s", label, strerror(errno), tally__errno_hint(errno));
     if (!rc) tally__ckpt_stage(TALLY__CKPT_AT_MANIFEST_WRITTEN);
     if (!rc && renameat(dirfd, CKPT_LATEST_TMP, dirfd, CKPT_LATEST) != 0)
-        rc = tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: renaming %s to LATEST failed: %s", dir, CKPT_LATEST_TMP,
-                           strerror(errno));
+        rc = tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: renaming %s to LATEST failed: %s%s", dir, CKPT_LATEST_TMP,
+                           strerror(errno), tally__errno_hint(errno));
     if (rc) {
         unlinkat(dirfd, CKPT_LATEST_TMP, 0);
         return rc;

@@ -77,6 +77,9 @@ size_t tally__ckpt_manifest_format(const ckpt_manifest *m, char *out, size_t cap
 /* Reads and checks dir/LATEST through dirfd: 0, TALLY__CKPT_NONE when it does not exist, or an error
  * (TALLY_E_CORRUPT for a corrupt manifest) with its message set. */
 int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m);
+/* The manifest's text (len bytes, NUL after them) as read from dir/LATEST: 0 with m filled, or
+ * TALLY_E_CORRUPT naming what is wrong. What tally__ckpt_manifest_read does after reading. */
+int tally__ckpt_manifest_parse(const char *text, size_t len, const char *dir, ckpt_manifest *m);
 /* Writes LATEST for m: LATEST.tmp, fsync, rename, fsync the directory, with the stage hook between.
  * *renamed says whether the rename (the commit) happened, which an error after it does not undo. */
 int tally__ckpt_manifest_commit(int dirfd, const char *dir, const ckpt_manifest *m, int *renamed);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../core/err.h"
+#include "../core/file.h"
 #include "ckpt_int.h"
 #include "crc32c.h"
 
@@ -296,10 +297,12 @@ static int file_size(int fd, const char *label, size_t *size) {
 int tally__ckpt_open(const char *path, tally__ckpt **out) {
     if (!out || !path) return tally__seterr(TALLY_E_INVALID, "tally__ckpt_open: path or out is NULL");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: cannot open it: %s", path, strerror(errno));
+    char label[4200];
+    snprintf(label, sizeof label, "checkpoint %s", path);
+    int fd, rc = tally__file_open_read(AT_FDCWD, path, label, &fd);
+    if (rc) return rc;
     size_t size = 0;
-    int rc = file_size(fd, path, &size);
+    rc = file_size(fd, path, &size);
     if (!rc) rc = map_and_parse(fd, size, path, out);
     close(fd);
     return rc;
@@ -311,15 +314,17 @@ static int open_named(int dirfd, const char *dir, const ckpt_manifest *m, tally_
     size_t dl = strlen(dir);
     while (dl > 1 && dir[dl - 1] == '/') dl--;
     snprintf(label, sizeof label, "%.*s/%s", (int)dl, dir, m->file);
-    int fd = openat(dirfd, m->file, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT)
+    char what[4200];
+    snprintf(what, sizeof what, "checkpoint %s", label);
+    int fd, rc = tally__file_open_read(dirfd, m->file, what, &fd);
+    if (rc == TALLY_E_SYSTEM && errno == ENOENT)
         return bad(label,
                    "LATEST names this file but it does not exist: it was removed by hand or by another "
                    "program; restore it, or remove %.*s/LATEST to start without a checkpoint",
                    (int)dl, dir);
-    if (fd < 0) return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: cannot open it: %s", label, strerror(errno));
+    if (rc) return rc;
     size_t size = 0;
-    int rc = file_size(fd, label, &size);
+    rc = file_size(fd, label, &size);
     if (!rc && size != m->bytes)
         rc = bad(label, "the file is %zu bytes but LATEST says %" PRIu64 ": it was truncated or replaced", size,
                  m->bytes);
@@ -340,13 +345,14 @@ static int open_named(int dirfd, const char *dir, const ckpt_manifest *m, tally_
 int tally__ckpt_open_latest(const char *dir, tally__ckpt **out) {
     if (!out || !dir) return tally__seterr(TALLY_E_INVALID, "tally__ckpt_open_latest: dir or out is NULL");
     *out = NULL;
-    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dirfd < 0 && errno == ENOENT)
+    char label[4200];
+    snprintf(label, sizeof label, "checkpoint directory %s", dir);
+    int dirfd, rc = tally__file_open_dir(dir, label, &dirfd);
+    if (rc && errno == ENOENT)
         return tally__seterr(TALLY__CKPT_NONE, "no checkpoint in %s: the directory does not exist", dir);
-    if (dirfd < 0)
-        return tally__seterr(TALLY_E_SYSTEM, "checkpoint directory %s: cannot open it: %s", dir, strerror(errno));
+    if (rc) return rc;
     ckpt_manifest m;
-    int rc = tally__ckpt_manifest_read(dirfd, dir, &m);
+    rc = tally__ckpt_manifest_read(dirfd, dir, &m);
     if (rc == 0) rc = open_named(dirfd, dir, &m, out);
     close(dirfd);
     return rc;
@@ -368,21 +374,39 @@ const tally__ckpt_tensor *tally__ckpt_find(const tally__ckpt *c, const char *nam
     return i < 0 ? NULL : &c->t[i];
 }
 
-int tally__ckpt_get(const tally__ckpt *c, const char *name, tally_dtype dtype, size_t count, const void **data) {
+static int same_shape(const tally__ckpt_tensor *t, tally_dtype dtype, int ndim, const uint64_t *shape) {
+    if (t->dtype != dtype || t->ndim != ndim) return 0;
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] != shape[d]) return 0;
+    return 1;
+}
+
+static size_t elements(int ndim, const uint64_t *shape) {
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= (size_t)shape[d];
+    return n;
+}
+
+int tally__ckpt_get(const tally__ckpt *c, const char *name, tally_dtype dtype, int ndim, const uint64_t *shape,
+                    const void **data) {
     const tally__ckpt_tensor *t = tally__ckpt_find(c, name);
     if (!t)
         return tally__seterr(TALLY_E_INVALID,
                              "checkpoint %s: no tensor '%s': it was written by another model or configuration",
                              c->label, name ? name : "(null)");
-    size_t es = tally__ckpt_dtype_size((uint32_t)dtype);
-    if (t->dtype != dtype || !es || t->bytes / es != count) {
-        char shape[160];
-        shape_text(t, shape, sizeof shape);
+    if (ndim < 0 || ndim > TALLY__CKPT_MAX_DIMS)
+        return tally__seterr(TALLY_E_INVALID, "tally__ckpt_get: %d dimensions asked for", ndim);
+    if (!same_shape(t, dtype, ndim, shape)) {
+        tally__ckpt_tensor want = {.dtype = dtype, .ndim = ndim};
+        for (int d = 0; d < ndim; d++) want.shape[d] = shape[d];
+        char has[160], wants[160];
+        shape_text(t, has, sizeof has);
+        shape_text(&want, wants, sizeof wants);
         return tally__seterr(TALLY_E_INVALID,
-                             "checkpoint %s: tensor '%s' is %s %s (%zu elements), but %s with %zu "
-                             "elements was expected: it was written by another model or configuration",
-                             c->label, t->name, tally_dtype_name(t->dtype), shape,
-                             t->bytes / tally__ckpt_dtype_size(t->dtype), tally_dtype_name(dtype), count);
+                             "checkpoint %s: tensor '%s' is %s %s (%zu elements), but the model has %s %s (%zu "
+                             "elements): it was written by another model or configuration",
+                             c->label, t->name, tally_dtype_name(t->dtype), has, elements(t->ndim, t->shape),
+                             tally_dtype_name(dtype), wants, elements(ndim, shape));
     }
     *data = t->data;
     return 0;

@@ -134,12 +134,19 @@ typedef struct ck_save {
     ck_table tb;
     tally__ckpt_writer *w;   /* rank 0 only; NULL elsewhere, or once writing failed */
     int wrc;                 /* rank 0: the first writing error */
+    char why[1024];          /* its message: the collectives after it start with a clear one */
     float *layer_buf;        /* a whole layer's optimizer state, gathered from the shards */
 } ck_save;
 
+static void ck_write_failed(ck_save *s, int rc) {
+    if (!rc || s->wrc) return;
+    s->wrc = rc;
+    snprintf(s->why, sizeof s->why, "%s", tally_last_error());
+}
+
 static void ck_put(ck_save *s, int index, const void *p, size_t bytes) {
     if (!s->w || s->wrc) return;
-    s->wrc = tally__ckpt_write(s->w, index, p, bytes);
+    ck_write_failed(s, tally__ckpt_write(s->w, index, p, bytes));
 }
 
 /* The tensors of the layer whose flat values [off, off + n) are at p, as entries first + tensor. */
@@ -224,15 +231,20 @@ static int ck_put_codec(ck_save *s) {
     return rc;
 }
 
-/* Every rank learns rank 0's outcome, so all go on or all stop. */
-static int ck_agree(train_run *r, int rc, const char *what) {
+/* Every rank learns rank 0's outcome, so all go on or all stop, and on a failure rank 0's message `why`
+ * too: the first rank to exit stops the others, and that may be one that only knew "rank 0 failed". */
+static int ck_agree(train_run *r, int rc, const char *why, const char *what) {
     int32_t v = rc;
     int brc = tally_broadcast(r->comm, &v, 1, TALLY_I32, 0);
-    if (brc) return brc;
-    if (v && r->rank != 0)
-        return tally__seterr(v, "rank %d: rank 0 could not %s the checkpoint in %s (rank 0's message says why)",
-                             r->rank, what, r->cfg->ckpt_dir);
-    return v;
+    if (brc || !v) return brc;
+    char text[1024];
+    snprintf(text, sizeof text, "%.1000s", why[0] ? why : "no reason given");
+    if ((brc = tally_broadcast(r->comm, text, sizeof text, TALLY_U8, 0))) return brc;
+    text[sizeof text - 1] = '\0';
+    if (r->rank != 0)
+        return tally__seterr(v, "rank %d: rank 0 could not %s the checkpoint in %s: %s", r->rank, what,
+                             r->cfg->ckpt_dir, text);
+    return tally__seterr(v, "rank 0: %s", text);
 }
 
 int tally__train_ckpt_save(train_run *r, long steps_done) {
@@ -241,7 +253,7 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
     if (!rc && r->cfg->zero && !(s.layer_buf = malloc(r->zero.largest * sizeof(float) + 4)))
         rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     if (!rc && r->rank == 0)
-        s.wrc = tally__ckpt_write_begin(r->cfg->ckpt_dir, steps_done, s.tb.t, s.tb.count, &s.w);
+        ck_write_failed(&s, tally__ckpt_write_begin(r->cfg->ckpt_dir, steps_done, s.tb.t, s.tb.count, &s.w));
     if (!rc) {
         ck_put_scalars(&s, steps_done);
         rc = ck_put_params(&s);
@@ -252,13 +264,13 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
         if (rc || s.wrc) {
             tally__ckpt_write_abort(s.w);
         } else {
-            s.wrc = tally__ckpt_write_commit(s.w, r->cfg->ckpt_keep > 0 ? r->cfg->ckpt_keep : 2);
+            ck_write_failed(&s, tally__ckpt_write_commit(s.w, r->cfg->ckpt_keep > 0 ? r->cfg->ckpt_keep : 2));
         }
     }
     free(s.layer_buf);
     ck_table_free(&s.tb);
     if (rc) return rc; /* a collective failed: every rank has its own error */
-    if ((rc = ck_agree(r, s.wrc, "write"))) return rc;
+    if ((rc = ck_agree(r, s.wrc, s.why, "write"))) return rc;
     r->saved_step = steps_done;
     r->saves++;
     return 0;
@@ -277,7 +289,9 @@ static int ck_read_range(const tally__ckpt *ck, const tally__model *m, const cha
         char name[TALLY__CKPT_NAME_MAX + 1];
         snprintf(name, sizeof name, "%s%s%s%s", prefix, T->name, suffix[0] ? "." : "", suffix);
         const void *data;
-        int rc = tally__ckpt_get(ck, name, TALLY_F32, T->count, &data);
+        uint64_t shape[TALLY__CKPT_MAX_DIMS];
+        for (int d = 0; d < T->ndim; d++) shape[d] = (uint64_t)T->shape[d];
+        int rc = tally__ckpt_get(ck, name, TALLY_F32, T->ndim, shape, &data);
         if (rc) return rc;
         memcpy(dst + (lo - begin), (const float *)data + (lo - T->offset), (hi - lo) * sizeof(float));
     }
@@ -286,7 +300,8 @@ static int ck_read_range(const tally__ckpt *ck, const tally__model *m, const cha
 
 static int ck_scalar_get(const tally__ckpt *ck, const char *name, int64_t *v) {
     const void *p;
-    int rc = tally__ckpt_get(ck, name, TALLY_I64, 1, &p);
+    static const uint64_t one[1] = {1};
+    int rc = tally__ckpt_get(ck, name, TALLY_I64, 1, one, &p);
     if (!rc) memcpy(v, p, sizeof *v);
     return rc;
 }
@@ -391,7 +406,8 @@ static int ck_load_codec(train_run *r, const tally__ckpt *ck) {
         if (saved == r->size && k != r->rank) continue;
         const void *p;
         snprintf(name, sizeof name, "codec.residual.%d", k);
-        if ((rc = tally__ckpt_get(ck, name, TALLY_F32, n, &p))) break;
+        const uint64_t flat[1] = {n};
+        if ((rc = tally__ckpt_get(ck, name, TALLY_F32, 1, flat, &p))) break;
         const float *v = p;
         for (size_t i = 0; i < n; i++)
             res[i] = saved == r->size ? v[i] : (k ? res[i] : 0.0f) + v[i] / (float)saved;
@@ -401,7 +417,8 @@ static int ck_load_codec(train_run *r, const tally__ckpt *ck) {
         float *q = tally__codec_q(r->codec, i, &rows, &cols);
         const void *p;
         snprintf(name, sizeof name, "codec.q.%s", r->model.tensor[i].name);
-        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, (size_t)rows * cols, &p)))
+        const uint64_t qshape[2] = {(uint64_t)rows, (uint64_t)cols};
+        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, 2, qshape, &p)))
             memcpy(q, p, (size_t)rows * cols * sizeof(float));
     }
     return rc;

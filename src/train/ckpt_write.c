@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../core/err.h"
+#include "../core/file.h"
 #include "../core/log.h"
 #include "ckpt_int.h"
 #include "crc32c.h"
@@ -76,7 +78,7 @@ static int write_at(tally__ckpt_writer *w, const unsigned char *p, size_t n, uin
     if (pwrite_all(w->fd, p, n, off) == 0) return 0;
     int e = errno;
     return wfail(w, TALLY_E_SYSTEM, "writing %zu bytes at offset %" PRIu64 " failed: %s%s", n, off, strerror(e),
-                 e == ENOSPC ? "; free space there or choose another checkpoint directory" : "");
+                 tally__errno_hint(e));
 }
 
 /* ---- layout ---- */
@@ -133,10 +135,22 @@ static int describe(tally__ckpt_writer *w, const tally__ckpt_tensor *in, int cou
 
 /* ---- the directory and the temporary file ---- */
 
+/* Files are created without following links whoever can write the directory, but another user who can
+ * write it can still delete or replace them: say so once. */
+static void warn_shared_dir(const tally__ckpt_writer *w) {
+    struct stat st;
+    if (fstat(w->dirfd, &st) != 0 || !(st.st_mode & (S_IWGRP | S_IWOTH))) return;
+    tally__log_notice("checkpoint directory %s is writable by %s (mode %04o): others there can delete or replace "
+                      "its checkpoints; use a directory only you can write",
+                      w->dir, st.st_mode & S_IWOTH ? "every user" : "its group", (unsigned)(st.st_mode & 07777));
+}
+
 static int open_dir(tally__ckpt_writer *w) {
     if (tally__ckpt_mkdirs(w->dir)) return wkeep(w, TALLY_E_SYSTEM);
-    w->dirfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (w->dirfd < 0) return wfail(w, TALLY_E_SYSTEM, "cannot open the directory: %s", strerror(errno));
+    char label[4200];
+    snprintf(label, sizeof label, "checkpoint directory %s", w->dir);
+    if (tally__file_open_dir(w->dir, label, &w->dirfd)) return wkeep(w, TALLY_E_SYSTEM);
+    warn_shared_dir(w);
     if (flock(w->dirfd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EWOULDBLOCK)
             return wfail(w, TALLY_E_INVALID,
@@ -153,9 +167,9 @@ static int open_dir(tally__ckpt_writer *w) {
                      "step %" PRId64 " is already committed (LATEST names %s): a step is "
                      "written once, so that LATEST always names the file it was checked against",
                      w->step, m.file);
-    w->fd = openat(w->dirfd, w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) return wfail(w, TALLY_E_SYSTEM, "cannot create it: %s", strerror(errno));
-    return 0;
+    snprintf(label, sizeof label, "checkpoint %s/%s", w->dir, w->tmp);
+    rc = tally__file_create(w->dirfd, w->tmp, label, &w->fd);
+    return rc ? wkeep(w, rc) : 0;
 }
 
 static void writer_free(tally__ckpt_writer *w, int unlink_tmp) {
@@ -335,8 +349,9 @@ int tally__ckpt_write_commit(tally__ckpt_writer *w, int keep) {
     int e = close(w->fd) != 0 ? errno : 0;
     w->fd = -1;
     if (e || renameat(w->dirfd, w->tmp, w->dirfd, w->file) != 0) {
-        rc = wfail(w, TALLY_E_SYSTEM, "%s failed: %s", e ? "close" : "renaming it to its final name",
-                   strerror(e ? e : errno));
+        e = e ? e : errno;
+        rc = wfail(w, TALLY_E_SYSTEM, "%s failed: %s%s", w->fd < 0 && e ? "close or rename" : "renaming it",
+                   strerror(e), tally__errno_hint(e));
         unlinkat(w->dirfd, w->tmp, 0);
         writer_free(w, 0);
         return rc;

@@ -62,15 +62,16 @@ static int mnist_path(const char *dir, const char *name, char *path, size_t cap)
     return tally__seterr(TALLY_E_SYSTEM, "%s: file not found (nor %s.gz); %s", path, path, MNIST_HINT);
 }
 
-/* Reads one file, adding to the reader's message where a good copy comes from. */
-static int mnist_read(const char *path, tally_idx *idx) {
-    int rc = tally_idx_read(path, idx);
+/* Adds to the reader's message where a good copy comes from. */
+static int mnist_reason(int rc) {
     if (rc == 0 || rc == TALLY_E_NOMEM) return rc;
     char msg[768];
     snprintf(msg, sizeof msg, "%s", tally_last_error());
     if (rc == TALLY_E_SYSTEM) return tally__seterr(rc, "%s; %s", msg, MNIST_HINT);
     return tally__seterr(rc, "%s (reinstall Debian's dataset-fashion-mnist, or use --data synthetic)", msg);
 }
+
+static int mnist_read(const char *path, tally_idx *idx) { return mnist_reason(tally_idx_read(path, idx)); }
 
 static int check_images(const char *path, const tally_idx *im) {
     if (im->type != TALLY_IDX_U8 || im->ndim != 3)
@@ -83,7 +84,7 @@ static int check_images(const char *path, const tally_idx *im) {
     return 0;
 }
 
-static int check_labels(const char *path, const tally_idx *lb, size_t n_images, const char *images) {
+static int check_labels_header(const char *path, const tally_idx *lb, size_t n_images, const char *images) {
     if (lb->type != TALLY_IDX_U8 || lb->ndim != 1)
         return tally__seterr(TALLY_E_INVALID,
                              "%s: expected u8 labels [n] (type 0x08, 1 dimension), found type 0x%02x with %d "
@@ -91,6 +92,12 @@ static int check_labels(const char *path, const tally_idx *lb, size_t n_images, 
     if (lb->count != n_images)
         return tally__seterr(TALLY_E_INVALID, "%s: count mismatch: %zu labels but %s holds %zu images", path,
                              lb->count, images, n_images);
+    return 0;
+}
+
+static int check_labels(const char *path, const tally_idx *lb, size_t n_images, const char *images) {
+    int rc = check_labels_header(path, lb, n_images, images);
+    if (rc) return rc;
     const uint8_t *l = lb->data;
     for (size_t i = 0; i < lb->count; i++)
         if (l[i] >= MNIST_CLASSES)
@@ -122,6 +129,15 @@ static int mnist_fill(const tally_idx *im, const tally_idx *lb, tally_dataset *d
     return 0;
 }
 
+static int mnist_headers(const char *ipath, const char *lpath) {
+    tally_idx im, lb;
+    int rc = tally_idx_read_header(ipath, &im);
+    if (rc) return mnist_reason(rc);
+    if ((rc = check_images(ipath, &im))) return rc;
+    if ((rc = tally_idx_read_header(lpath, &lb))) return mnist_reason(rc);
+    return check_labels_header(lpath, &lb, im.dims[0], ipath);
+}
+
 /* Loads one split ("train" or "t10k") into d. */
 static int mnist_split(const char *dir, const char *split, tally_dataset *d) {
     char name[64], ipath[4096], lpath[4096];
@@ -131,6 +147,8 @@ static int mnist_split(const char *dir, const char *split, tally_dataset *d) {
     if ((rc = mnist_path(dir, name, ipath, sizeof ipath))) return rc;
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte", split);
     if ((rc = mnist_path(dir, name, lpath, sizeof lpath))) return rc;
+    /* Both headers first: what the files declare must agree before gigabytes are inflated for it. */
+    if ((rc = mnist_headers(ipath, lpath))) return rc;
     if (!(rc = mnist_read(ipath, &im)) && !(rc = check_images(ipath, &im)) && !(rc = mnist_read(lpath, &lb)) &&
         !(rc = check_labels(lpath, &lb, im.dims[0], ipath)))
         rc = mnist_fill(&im, &lb, d);

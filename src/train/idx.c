@@ -7,10 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "../core/err.h"
+#include "../core/file.h"
 
 /* Far above any real data set (Fashion-MNIST is 47 MB) yet small enough that a hostile header cannot
  * make us reserve absurd amounts of memory. */
@@ -26,8 +29,7 @@
 typedef struct idx_src {
     const char *path;
     FILE *f;
-    int regular;          /* a regular file: fsize is meaningful */
-    uint64_t fsize;
+    uint64_t fsize;       /* a regular file's size: nothing else is read */
     int gz;
     int zlive;            /* inflateInit2 succeeded */
     int member_end;       /* inflate reached the end of a gzip member */
@@ -67,16 +69,16 @@ static int src_open(idx_src *s, const char *path) {
     memset(s, 0, sizeof *s);
     s->path = path;
     s->gz = ends_with_gz(path);
-    s->f = fopen(path, "rbe");
-    if (!s->f) return tally__seterr(TALLY_E_SYSTEM, "%s: cannot open: %s", path, strerror(errno));
+    int fd, rc = tally__file_open_read(AT_FDCWD, path, path, &fd); /* a FIFO would block the read for ever */
+    if (rc) return rc;
     struct stat st;
-    if (fstat(fileno(s->f), &st) != 0)
-        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return tally__seterr(TALLY_E_SYSTEM, "%s: is a directory, not an IDX file", path);
-    s->regular = S_ISREG(st.st_mode);
+    if (fstat(fd, &st) != 0 || !(s->f = fdopen(fd, "rb"))) {
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot read it: %s", path, strerror(errno));
+        close(fd);
+        return rc;
+    }
     s->fsize = (uint64_t)st.st_size;
-    if (s->regular && s->fsize == 0)
+    if (s->fsize == 0)
         return tally__seterr(TALLY_E_INVALID, "%s: empty file (0 bytes), not an IDX file; replace it", path);
     return s->gz ? src_open_gz(s) : 0;
 }
@@ -224,7 +226,6 @@ static int data_bytes(idx_src *s, const tally_idx *out, uint64_t *bytes) {
 
 /* Compares the declared size with what the file on disk can hold, before allocating it. */
 static int check_fits(idx_src *s, uint64_t hdr, uint64_t bytes) {
-    if (!s->regular) return 0;
     unsigned long long have = s->fsize, need = hdr + bytes;
     if (s->gz) {
         unsigned long long most = have * GZ_MAX_RATIO + GZ_SLACK;
@@ -246,7 +247,7 @@ static int check_fits(idx_src *s, uint64_t hdr, uint64_t bytes) {
 }
 
 static size_t next_cap(size_t cap, size_t bytes, const idx_src *s) {
-    if (s->regular && !s->gz) return bytes; /* the size on disk was checked already */
+    if (!s->gz) return bytes; /* the size on disk was checked already */
     size_t n = cap ? (cap > bytes / 2 ? bytes : cap * 2) : GZ_FIRST_ALLOC;
     return n < bytes ? n : bytes;
 }
@@ -311,11 +312,18 @@ static void to_host_order(tally_idx *idx) {
 #endif
 }
 
+static int read_header(idx_src *s, tally_idx *out, uint64_t *bytes) {
+    int rc;
+    if ((rc = read_magic(s, out)) || (rc = read_dims(s, out)) || (rc = data_bytes(s, out, bytes))) return rc;
+    if ((rc = check_fits(s, 4 + 4 * (uint64_t)out->ndim, *bytes))) return rc;
+    out->count = (size_t)(*bytes / elem_size(out->type));
+    return 0;
+}
+
 static int read_idx(idx_src *s, tally_idx *out) {
     int rc;
     uint64_t bytes = 0;
-    if ((rc = read_magic(s, out)) || (rc = read_dims(s, out)) || (rc = data_bytes(s, out, &bytes))) return rc;
-    if ((rc = check_fits(s, 4 + 4 * (uint64_t)out->ndim, bytes))) return rc;
+    if ((rc = read_header(s, out, &bytes))) return rc;
     if ((rc = read_body(s, (size_t)bytes, &out->data))) return rc;
     out->count = (size_t)(bytes / elem_size(out->type));
     to_host_order(out);
@@ -332,6 +340,19 @@ TALLY_API int tally_idx_read(const char *path, tally_idx *out) {
     if (!rc) rc = read_idx(&s, out);
     src_close(&s);
     if (rc) tally_idx_free(out);
+    return rc;
+}
+
+TALLY_API int tally_idx_read_header(const char *path, tally_idx *out) {
+    tally__clearerr();
+    if (!out) return tally__seterr(TALLY_E_INVALID, "tally_idx_read_header: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!path) return tally__seterr(TALLY_E_INVALID, "tally_idx_read_header: path is NULL");
+    idx_src s;
+    uint64_t bytes;
+    int rc = src_open(&s, path);
+    if (!rc) rc = read_header(&s, out, &bytes);
+    src_close(&s);
     return rc;
 }
 

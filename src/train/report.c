@@ -7,6 +7,7 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "../core/file.h"
 #include "trainer.h"
 
 #define BAR_WIDTH 24
@@ -189,8 +190,10 @@ static void json_escaped(char *out, size_t n, const char *s) {
 }
 
 int tally__summary_json(const char *path, const tally__run_info *in, const tally__train_result *r) {
-    FILE *f = fopen(path, "w");
-    if (!f) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));
+    tally__file_out out; /* written beside path, then renamed over it: a link at path is replaced, not followed */
+    int rc = tally__file_out_open(&out, path);
+    if (rc) return rc;
+    FILE *f = out.f;
     step_ms ms = per_step(r);
     double steps = r->steps > 0 ? (double)r->steps : 1, gf = gflops_per_rank(r, in->world);
     char hash[65];
@@ -246,6 +249,5 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
     }
     fprintf(f, "  \"skipped_steps\": %ld, \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n",
             r->skipped_steps, hash, r->replicas_identical ? "true" : "false");
-    if (fclose(f) != 0) return tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s", path, strerror(errno));
-    return 0;
+    return tally__file_out_commit(&out);
 }

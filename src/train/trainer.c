@@ -12,6 +12,7 @@
 #include <tally/ddp.h>
 
 #include "../core/clock.h"
+#include "../core/cpus.h"
 #include "../core/err.h"
 #include "ckpt_train.h"
 #include "memory.h"
@@ -467,6 +468,33 @@ static void train_account(const train_run *r, tally__train_result *res) {
     if (getrusage(RUSAGE_SELF, &ru) == 0) res->peak_rss = (size_t)ru.ru_maxrss * 1024;
 }
 
+/* OpenBLAS takes one buffer per thread at its first GEMM (128 MiB of address space on x86-64) and, when
+ * malloc refuses one, retries for ever: under ulimit -v a run would spin instead of failing. */
+#define TRAIN_BLAS_BUFFER_BYTES ((size_t)128 << 20)
+#define TRAIN_MAX_THREADS_PROBED 1024
+
+/* After every allocation of the set-up, so BLAS starts its threads last; first the address space its
+ * buffers will need is asked for once (and given back), so a limit is an error now rather than a hang. */
+int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
+    int threads = cfg->threads > 0 ? cfg->threads : 1;
+    size_t need = TRAIN_BLAS_BUFFER_BYTES * (size_t)threads; /* the calling thread is one of them */
+    void *probe[TRAIN_MAX_THREADS_PROBED] = {0};
+    int got = 0;
+    while (got < threads && got < TRAIN_MAX_THREADS_PROBED && (probe[got] = malloc(TRAIN_BLAS_BUFFER_BYTES))) got++;
+    for (int i = 0; i < got; i++) free(probe[i]);
+    if (got < threads && got < TRAIN_MAX_THREADS_PROBED) {
+        struct rlimit lim;
+        char limit[64] = "no limit";
+        if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
+            snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)lim.rlim_cur / 1024);
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: OpenBLAS needs about %zu MiB more address space for %d "
+                             "thread%s' buffers and this process cannot get it (ulimit -v: %s): raise the limit, "
+                             "or give fewer --threads", rank, need >> 20, threads, threads == 1 ? "" : "s", limit);
+    }
+    openblas_set_num_threads(threads);
+    return 0;
+}
+
 int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res) {
     memset(res, 0, sizeof *res);
     res->test_acc = -1;
@@ -477,10 +505,15 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     if (cfg->straggler_ms > 0 && (cfg->straggler_rank < 0 || cfg->straggler_rank >= tally_comm_size(comm)))
         return tally__seterr(TALLY_E_INVALID, "train: --straggler names rank %d, and the ranks are 0..%d",
                              cfg->straggler_rank, tally_comm_size(comm) - 1);
-    openblas_set_num_threads(cfg->threads > 0 ? cfg->threads : 1);
+    int cpus = tally__cpus_allowed();
+    if (cfg->threads > cpus)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: --threads %d is more BLAS threads than the %d CPU%s this "
+                             "process may use: give at most %d", tally_comm_rank(comm), cfg->threads, cpus,
+                             cpus == 1 ? "" : "s", cpus);
     if (cfg->async) return tally__train_async(comm, cfg, res);
     train_run r = {.cfg = cfg, .comm = comm, .rank = tally_comm_rank(comm), .size = tally_comm_size(comm)};
     int rc = train_setup(&r, res);
+    if (!rc) rc = tally__train_blas_threads(cfg, r.rank);
     if (!rc) rc = train_epochs(&r, res);
     if (!rc) rc = tally__train_fingerprint(&r, res);
     if (!rc) train_account(&r, res);

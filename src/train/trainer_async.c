@@ -263,6 +263,7 @@ int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__tra
                    .worker = rank - (cfg->ps_dedicated ? 1 : 0)};
     a.wk.fd = -1;
     rc = async_setup(&a, res);
+    if (!rc) rc = tally__train_blas_threads(cfg, rank);
     if (!rc) rc = async_train(&a, res);
     if (!rc && cfg->eval) rc = tally__train_evaluate(&a.r, res);
     if (!rc) rc = tally__train_fingerprint(&a.r, res);

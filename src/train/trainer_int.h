@@ -74,6 +74,9 @@ int tally__train_evaluate(train_run *r, tally__train_result *res);
 /* SHA-256 of the parameters, and whether every rank holds the same (collective). */
 int tally__train_fingerprint(train_run *r, tally__train_result *res);
 void tally__train_teardown(train_run *r);
+/* Sets the BLAS threads of --threads, once the set-up has allocated all it needs; TALLY_E_NOMEM when
+ * the address space their buffers need cannot be had. */
+int tally__train_blas_threads(const tally__train_cfg *cfg, int rank);
 
 /* --mode async (trainer_async.c): workers and a parameter server instead of allreduce. */
 int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);

@@ -23,7 +23,7 @@ fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(frame handshake idx)
-  [ -f src/train/ckpt.h ] && targets+=(ckpt)
+  [ -f src/train/ckpt.h ] && targets+=(ckpt manifest)
 fi
 
 # Longest input per target: a few frames each (a fault report is ~800 bytes, a TCP message of 255
@@ -34,6 +34,7 @@ max_len() {
     handshake) echo 2048 ;;
     idx) echo 4096 ;;
     ckpt) echo 65536 ;;
+    manifest) echo 600 ;;
     *) echo "unknown fuzz target: $1" >&2; exit 2 ;;
   esac
 }

@@ -80,9 +80,19 @@ TALLY_API int tally_comm_abort(tally_comm *comm);
 /* Collectives. send == recv means in place; count 0 is valid; counts need not divide by the size.
  * reduce_scatter: send holds size*recvcount elements, rank r receives the reduction of block r.
  * allgather: recv holds size*sendcount elements, rank-major.
- * Ranks that disagree on the collective, count, dtype, op or root get TALLY_E_MISMATCH naming both
- * calls, never wrong data. A broadcast root, which needs nothing from its peers, may return before the
- * disagreement is seen; its next call then returns the error. After TALLY_E_MISMATCH, _PEER_LOST,
+ * Ranks that disagree on the collective, count, dtype, op or root (or one that skipped a call) get
+ * TALLY_E_MISMATCH naming both calls, in that very call and on every rank: no call returns 0 unless every
+ * rank made the same one, because every collective has each rank hear, directly or through others, from
+ * every other before it returns. A broadcast, whose data flows one way, pays for this with ceil(log2 size)
+ * rounds of empty messages (the binomial broadcast's data rides in them): its root waits for its peers as
+ * long as a barrier takes instead of returning once its data is out. Not reported as a mismatch: a rank
+ * that frees the communicator (or exits) instead of making the call its peers make; they get
+ * TALLY_E_PEER_LOST naming it (on shm once its process has exited: TALLY_E_TIMEOUT if it lives on past
+ * TALLY_TIMEOUT), and its own tally_comm_free returns 0, as it waits for nobody. Nor a
+ * disagreement in which no message of one call ever reaches a rank making the other: it would end in
+ * TALLY_E_TIMEOUT. Every pair of calls the tests try (each collective against each, roots, counts,
+ * dtypes, ops, skipped calls, every algorithm, 2 to 4 ranks) has a message cross. On shm fingerprints are
+ * compared as 64-bit hashes. After TALLY_E_MISMATCH, _PEER_LOST,
  * _TIMEOUT or _ABORTED the communicator is broken on every rank: only tally_comm_free may follow.
  * TALLY_E_TIMEOUT: a rank waited TALLY_TIMEOUT seconds for a peer. Its message names the rank that holds
  * the collective up (the one that waits for nobody at the end of the chain of waiting ranks, so every

@@ -62,8 +62,8 @@ static int hang_rank(int rank, int n, void *arg) {
     S->start[rank] = th_now();
     if (!rc) rc = tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_SUM);
     S->when[rank] = th_now();
-    /* Resumed, the stopped rank may find every message it needs already there and complete its call (as
-     * a broadcast root can): the result is then right, and the next call reports the broken communicator. */
+    /* Resumed, the stopped rank may find every message it needs already there and complete its call: the
+     * result is then right, and the next call reports the broken communicator. */
     if (!rc && rank == S->victim) {
         S->victim_result_ok = buf[0] == want && buf[count - 1] == want;
         rc = tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_SUM);

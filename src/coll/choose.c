@@ -83,14 +83,16 @@ static double cost_allgather(const shape *x, int algo) {
     return HUGE_VAL;
 }
 
-/* Broadcast of S bytes: pipelined chain, pipelined tree (a rank feeds two children), binomial tree. */
+/* Broadcast of S bytes: pipelined chain, pipelined tree (a rank feeds two children), binomial tree. The
+ * chain, the tree and direct start with the lg rounds of fingerprints of tally__agree; the binomial
+ * tree's data rides in those rounds. */
 static double cost_broadcast(const shape *x, int algo) {
-    double n = x->n, S = x->S, s = S / x->m;
+    double n = x->n, S = x->S, s = S / x->m, agree = x->lg * x->a;
     switch (algo) {
-    case TALLY__ALGO_RING: return (n + x->m - 2) * (x->a + s * x->b);
-    case TALLY__ALGO_TREE: return (x->depth + x->m - 1) * (x->a + 2 * s * x->b);
+    case TALLY__ALGO_RING: return agree + (n + x->m - 2) * (x->a + s * x->b);
+    case TALLY__ALGO_TREE: return agree + (x->depth + x->m - 1) * (x->a + 2 * s * x->b);
     case TALLY__ALGO_RHD: return x->lg * (x->a + S * x->b);
-    case TALLY__ALGO_DIRECT: return (n - 1) * (x->a + S * x->b);
+    case TALLY__ALGO_DIRECT: return agree + (n - 1) * (x->a + S * x->b);
     }
     return HUGE_VAL;
 }

@@ -40,6 +40,12 @@ static inline int tally__recv_one(const tally__ctx *c, int peer, void *dst, cons
  * unless in place); the other ranks send theirs. */
 int tally__gather_to_root(const tally__ctx *c, const void *send, void *recv, size_t bytes);
 
+/* ceil(log2 n) rounds after which every rank has heard from every other in this collective (agree.c):
+ * the dissemination barrier, and what a broadcast, whose data flows one way, adds so that no rank returns
+ * 0 while another called something else. With bytes > 0 the root's `bytes` at buf reach every rank in the
+ * same rounds (a binomial broadcast); bytes 0 moves no data (buf may be NULL). */
+int tally__agree(const tally__ctx *c, void *buf, size_t bytes, tally_dtype t, int root);
+
 /* Every algorithm implements every collective with the same contract as the public call, except:
  * op is never AVG (the entry point reduces AVG as SUM and divides after; ring's allreduce alone takes
  * AVG and divides each block between its two phases, where it is in cache), arguments are valid,

@@ -68,15 +68,22 @@ int tally__direct_allgather(const tally__ctx *c, const void *send, void *recv, s
     return root_scatter(c, recv, 0, total);
 }
 
-/* The root sends to everyone at once (routing through rank 0 would only add a hop). */
+/* The root sends to everyone at once (routing through rank 0 would only add a hop), after the fingerprint
+ * rounds of tally__agree: without them the root, which needs nothing from its peers, would return before
+ * a rank that called something else is noticed. */
 int tally__direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     size_t bytes = count * tally_dtype_size(t);
-    if (c->rank != root) return tally__recv_one(c, root, buf, NULL, bytes, t, TALLY_SUM);
+    int rc;
+    if (c->rank != root) {
+        rc = tally__agree(c, NULL, 0, t, root);
+        return rc ? rc : tally__recv_one(c, root, buf, NULL, bytes, t, TALLY_SUM);
+    }
     tally__send *s = malloc((size_t)(c->size - 1) * sizeof *s);
     if (!s) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct broadcast: no memory", c->rank);
     for (int k = 0, i = 0; k < c->size; k++)
         if (k != root) s[i++] = (tally__send){.peer = k, .buf = buf, .len = bytes};
-    int rc = tally__xchg(c, s, c->size - 1, NULL, 0);
+    rc = tally__agree(c, NULL, 0, t, root);
+    if (!rc) rc = tally__xchg(c, s, c->size - 1, NULL, 0);
     free(s);
     return rc;
 }

@@ -195,32 +195,14 @@ int tally__rhd_allgather(const tally__ctx *c, const void *send, void *recv, size
     return f.partner >= 0 ? tally__send_one(c, f.partner, recv, total) : 0;
 }
 
-/* Binomial tree from the root over virtual ranks v = rank - root: in the round of distance m, the
- * ranks v < m that have the data send it to v + m. ceil(log2 n) rounds. */
+/* Binomial tree from the root over virtual ranks v = rank - root: in the round of distance m, the ranks
+ * v < m that have the data send it to v + m; ceil(log2 n) rounds. They run as the dissemination rounds of
+ * tally__agree, whose other edges carry empty fingerprints: the root and every receiver hear from all
+ * ranks before returning, for the latency of a barrier and no extra round. */
 int tally__rhd_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
-    int n = c->size, v = (c->rank - root + n) % n, rc;
-    size_t bytes = count * tally_dtype_size(t);
-    for (int m = 1; m < n; m *= 2) {
-        if (v < m && v + m < n) {
-            if ((rc = tally__send_one(c, (c->rank + m) % n, buf, bytes))) return rc;
-        } else if (v >= m && v < 2 * m) {
-            if ((rc = tally__recv_one(c, (c->rank - m + n) % n, buf, NULL, bytes, t, TALLY_SUM))) return rc;
-        }
-    }
-    return 0;
+    return tally__agree(c, buf, count * tally_dtype_size(t), t, root);
 }
 
 /* Dissemination: in round k every rank signals rank + 2^k and waits for rank - 2^k; after
  * ceil(log2 n) rounds each rank has heard, directly or not, from all others. */
-int tally__rhd_barrier(const tally__ctx *c) {
-    static const char none;
-    int n = c->size;
-    char sink;
-    for (int d = 1; d < n; d *= 2) {
-        tally__send s = {.peer = (c->rank + d) % n, .buf = &none};
-        tally__recv r = {.peer = (c->rank - d + n) % n, .dst = &sink, .dtype = TALLY_U8};
-        int rc = tally__xchg(c, &s, 1, &r, 1);
-        if (rc) return rc;
-    }
-    return 0;
-}
+int tally__rhd_barrier(const tally__ctx *c) { return tally__agree(c, NULL, 0, TALLY_U8, 0); }

@@ -92,9 +92,12 @@ int tally__ring_allgather(const tally__ctx *c, const void *send, void *recv, siz
 }
 
 /* Broadcast down the chain root, root+1, ..., root-1, in segments so every link is busy at once:
- * the rank at chain position v sends segment j at step j+v and receives it at step j+v-1. */
+ * the rank at chain position v sends segment j at step j+v and receives it at step j+v-1. The chain only
+ * tells a rank about those before it, so the fingerprint rounds of tally__agree come first: a rank that
+ * called something else fails the call on every rank, the root included, before any data moves. */
 int tally__ring_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
-    int n = c->size, v = mod(c->rank - root, n), rc;
+    int n = c->size, v = mod(c->rank - root, n), rc = tally__agree(c, NULL, 0, t, root);
+    if (rc) return rc;
     size_t es = tally_dtype_size(t), seg = tally__seg_elems(es);
     long m = (long)tally__seg_count(count, es);
     for (long step = 0; step < m + n - 2; step++) {

@@ -142,9 +142,17 @@ int tally__tree_allreduce(const tally__ctx *c, const void *send, void *recv, siz
     return tree_run(c, 0, &x);
 }
 
-int tally__tree_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+/* The pipelined broadcast down the tree from root: data only, for callers that already heard from every rank. */
+static int tree_bcast_data(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     tree_pass x = {.send = buf, .buf = buf, .count = count, .es = tally_dtype_size(t), .t = t, .down = 1};
     return tree_run(c, root, &x);
+}
+
+/* Data flows down only, telling a rank nothing of the ranks beside or below it: the fingerprint rounds of
+ * tally__agree come first, so a rank that called something else fails the call on every rank. */
+int tally__tree_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+    int rc = tally__agree(c, NULL, 0, t, root);
+    return rc ? rc : tree_bcast_data(c, buf, count, t, root);
 }
 
 /* Reduce-scatter: the whole vector is reduced up the tree to rank 0 (inner ranks accumulate in a
@@ -177,11 +185,11 @@ int tally__tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv
 }
 
 /* All-gather: every rank sends its block to rank 0 in one exchange, then rank 0 broadcasts the whole
- * vector down the pipelined tree. */
+ * vector down the pipelined tree (rank 0 heard from everyone first: no fingerprint rounds needed). */
 int tally__tree_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     int rc = tally__gather_to_root(c, send, recv, count * tally_dtype_size(t));
     if (rc) return rc;
-    return tally__tree_broadcast(c, recv, (size_t)c->size * count, t, 0);
+    return tree_bcast_data(c, recv, (size_t)c->size * count, t, 0);
 }
 
 /* Empty messages up the tree (a rank reports once its children have), then down (the release). */

@@ -2,6 +2,7 @@
  * shared by waiters, transports and the monitor thread. */
 #include "err.h"
 
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,10 +62,15 @@ static void tally__fault_wake(tally__fault *f) {
     }
 }
 
-/* Writes the record once; returns 1 if this call was the first. */
+/* Writes the record once; returns 1 if this call was the first. A later call returns only once the first
+ * one's code is published (it follows its message at once): a raiser that then checked the fault would
+ * otherwise read 0, and take the message it was refusing for a good one. */
 static int tally__fault_record(tally__fault *f, int code, int culprit, const char *msg) {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&f->claimed, &expected, 1)) return 0;
+    if (!atomic_compare_exchange_strong(&f->claimed, &expected, 1)) {
+        while (!atomic_load_explicit(&f->code, memory_order_acquire)) sched_yield();
+        return 0;
+    }
     f->culprit = culprit;
     snprintf(f->msg, sizeof f->msg, "%s", msg);
     atomic_store_explicit(&f->code, code, memory_order_release);

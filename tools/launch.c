@@ -19,12 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "../src/boot/fdlimit.h"
 
 extern char **environ;
 
@@ -35,6 +38,9 @@ extern char **environ;
 #define LAUNCH_REAP_WAIT_MS 5000  /* after SIGKILL, before giving up on a child */
 #define LAUNCH_DRAIN_MS 1000      /* after the last rank exits, for pipes its leftovers hold open */
 #define LAUNCH_TICK_MS 1000       /* poll wakes at least this often to re-check the children */
+/* Descriptors the launcher holds besides two pipes per rank: /dev/null, the signalfd, a rank's status
+ * pipe while it starts, the socket that finds a free port, and a little room. */
+#define LAUNCH_FD_EXTRA 8
 
 typedef struct {
     int fd;      /* read end of the rank's pipe; -1 once closed */
@@ -64,6 +70,8 @@ typedef struct {
     int result;                /* exit code once decided, -1 while all is well */
     int signalled;             /* the launcher itself was told to stop: no restart */
     int out_dead[3];           /* our stdout/stderr reader went away */
+    int fd_raised;             /* we raised RLIMIT_NOFILE's soft limit: fd_orig is what the ranks get */
+    struct rlimit fd_orig;
 } launcher;
 
 static int64_t now_ms(void) {
@@ -301,6 +309,7 @@ static void child_exec(const launcher *L, int r, int pipes[2][2], int status_fd,
     sigaction(SIGPIPE, &L->old_pipe, NULL);
     sigaction(SIGCHLD, &L->old_chld, NULL);
     sigprocmask(SIG_SETMASK, &L->oldmask, NULL);
+    if (L->fd_raised) setrlimit(RLIMIT_NOFILE, &L->fd_orig); /* the ranks start with the limits they were given */
     execvpe(file, argv, envp);
     int e = errno;
     char msg[512];
@@ -355,7 +364,10 @@ static int rank_start(launcher *L, int r, const char *file, char *const argv[], 
     char **envp = NULL;
     int rc = 1;
     if (open_pipes(L, pipes) < 0 || pipe2(status, O_CLOEXEC) < 0) {
-        fprintf(stderr, "%s: cannot create pipes for rank %d: %s\n", L->name, r, strerror(errno));
+        char why[600];
+        if (tally__fd_exhausted(errno)) tally__fd_explain(errno, why, sizeof why);
+        else snprintf(why, sizeof why, "%s", strerror(errno));
+        fprintf(stderr, "%s: cannot create pipes for rank %d: %s\n", L->name, r, why);
         goto out;
     }
     rankvars[0] = dup_printf("TALLY_RANK=%d", r);
@@ -600,6 +612,30 @@ static int opts_valid(const tally_launch_opts *o, const char *name, const char *
     return 1;
 }
 
+/* Room for the pipes of every rank, made before the first starts (raising the soft limit if it must),
+ * so a low limit stops the launch at once, by name, rather than at the rank whose pipes do not fit. */
+static int fd_budget(launcher *L) {
+    long need = (L->o->prefix_output ? 2L * L->n : 0) + LAUNCH_FD_EXTRA;
+    tally__fd_limit lim;
+    getrlimit(RLIMIT_NOFILE, &L->fd_orig);
+    if (tally__fd_room(need, &lim) == 0) {
+        L->fd_raised = lim.raised_from != 0;
+        return 0;
+    }
+    char adv[420];
+    tally__fd_advice(&lim, adv, sizeof adv);
+    int norelay = L->o->prefix_output && strcmp(L->name, "tally run") == 0;
+    fprintf(stderr, "%s: %d rank%s%s need about %ld file descriptors in the launcher (%ld open already) but %s%s\n",
+            L->name, L->n, plural(L->n), L->o->prefix_output ? " with their output relayed" : "", lim.want, lim.open,
+            adv, norelay ? "; or pass --no-prefix: the ranks then write to the terminal themselves and the launcher "
+                           "holds no pipes" : "");
+    return -1;
+}
+
+static void fd_budget_give_back(launcher *L) {
+    if (L->fd_raised) setrlimit(RLIMIT_NOFILE, &L->fd_orig);
+}
+
 /* Starts ranks one by one, so a program that cannot be executed stops the launch at the first. */
 static int start_all(launcher *L, const char *file, char *const argv[], char **common) {
     for (int r = 0; r < L->n; r++) {
@@ -616,36 +652,44 @@ static int start_all(launcher *L, const char *file, char *const argv[], char **c
 }
 
 /* One start of all ranks, until they have all exited. *signalled says the launcher was told to stop. */
+/* Takes the signals, starts every rank and relays until all have exited; gives the signals back. */
+static void launch_run(launcher *L, const char *file, char *const argv[], char **common) {
+    if (signals_take(L) < 0) {
+        fprintf(stderr, "%s: signalfd: %s\n", L->name, strerror(errno));
+        L->result = 1;
+    } else {
+        start_all(L, file, argv, common);
+        run_loop(L);
+        if (L->stopping) signal_ranks(L, SIGKILL); /* leftovers of the stopped ranks, if any */
+    }
+    signals_give_back(L);
+}
+
 static int launch_once(const tally_launch_opts *o, const char *name, const char *file, char *const argv[],
                        int restart, int *signalled) {
+    launcher L = {.o = o, .name = name, .n = o->n, .self = getpid(), .sigfd = -1, .result = -1, .devnull = -1};
+    if (fd_budget(&L) < 0) return 1;
     char token[2 * LAUNCH_TOKEN_BYTES + 1];
     int port = free_port();
+    char **common = NULL;
     if (hex_token(token, sizeof token) < 0 || port < 0) {
         fprintf(stderr, "%s: cannot %s\n", name,
                 port < 0 ? "find a free port on 127.0.0.1" : "generate TALLY_TOKEN (RAND_bytes failed)");
-        return 1;
-    }
-    char **common = common_vars(o, token, port, restart);
-    launcher L = {.o = o, .name = name, .n = o->n, .self = getpid(), .sigfd = -1, .result = -1};
-    L.ranks = calloc((size_t)o->n, sizeof *L.ranks);
-    L.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (!common || !L.ranks || L.devnull < 0) {
-        fprintf(stderr, "%s: cannot set up the launch: %s\n", name,
-                L.devnull < 0 && L.ranks && common ? "cannot open /dev/null" : "out of memory");
-        free_vars(common);
-        launcher_free(&L);
-        return 1;
-    }
-    if (signals_take(&L) < 0) {
-        fprintf(stderr, "%s: signalfd: %s\n", name, strerror(errno));
         L.result = 1;
     } else {
-        start_all(&L, file, argv, common);
-        run_loop(&L);
-        if (L.stopping) signal_ranks(&L, SIGKILL); /* leftovers of the stopped ranks, if any */
+        common = common_vars(o, token, port, restart);
+        L.ranks = calloc((size_t)o->n, sizeof *L.ranks);
+        L.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (!common || !L.ranks || L.devnull < 0) {
+            fprintf(stderr, "%s: cannot set up the launch: %s\n", name,
+                    L.devnull < 0 && L.ranks && common ? "cannot open /dev/null" : "out of memory");
+            L.result = 1;
+        } else {
+            launch_run(&L, file, argv, common);
+        }
     }
-    signals_give_back(&L);
     launcher_free(&L);
+    fd_budget_give_back(&L);
     free_vars(common);
     *signalled = L.signalled;
     return L.result < 0 ? 0 : L.result;

@@ -92,27 +92,45 @@ int tally__auth_accept(int fd, const void *token, size_t token_len, const char *
     return rc ? auth_io_err(rc, fd, role) : 0;
 }
 
+int tally__auth_connect_begin(tally__auth_con *a) {
+    memset(a, 0, sizeof *a);
+    return RAND_bytes(a->nonce, sizeof a->nonce) == 1 ? 0 : TALLY_E_SYSTEM;
+}
+
+int tally__auth_connect_answer(tally__auth_con *a, const void *token, size_t token_len, const char *role,
+                               const unsigned char reply[TALLY__AUTH_REPLY]) {
+    unsigned char expect[AUTH_MAC];
+    if (auth_mac(token, token_len, role, 'A', a->nonce, reply, expect) ||
+        auth_mac(token, token_len, role, 'C', a->nonce, reply, a->proof))
+        return TALLY_E_SYSTEM;
+    int peer_ok = CRYPTO_memcmp(reply + AUTH_NONCE, expect, AUTH_MAC) == 0;
+    /* An unproven peer gets no proof from us (zeros), so it learns nothing it could replay. */
+    if (!peer_ok) memset(a->proof, 0, sizeof a->proof);
+    return peer_ok;
+}
+
+/* The token mismatch, as the connector says it. */
+static int auth_mismatch(int fd, const char *role) {
+    char peer[TALLY__NET_ADDRSTR];
+    tally__net_peer_str(fd, peer, sizeof peer);
+    return tally__seterr(TALLY_E_AUTH,
+                         "authentication (%s) with %s failed: this process's TALLY_TOKEN does not match the "
+                         "peer's; every rank of a job must have the same TALLY_TOKEN",
+                         role, peer);
+}
+
 int tally__auth_connect(int fd, const void *token, size_t token_len, const char *role, uint64_t deadline) {
-    unsigned char nc[AUTH_NONCE], in[AUTH_NONCE + AUTH_MAC], expect[AUTH_MAC], proof[AUTH_MAC], verdict = 0;
-    if (RAND_bytes(nc, sizeof nc) != 1)
+    unsigned char in[TALLY__AUTH_REPLY], verdict = 0;
+    tally__auth_con a;
+    if (tally__auth_connect_begin(&a))
         return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL RAND_bytes failed", role);
-    int rc = tally__net_send_all(fd, nc, sizeof nc, deadline);
+    int rc = tally__net_send_all(fd, a.nonce, sizeof a.nonce, deadline);
     if (!rc) rc = tally__net_recv_all(fd, in, sizeof in, deadline);
     if (rc) return auth_io_err(rc, fd, role);
-    if (auth_mac(token, token_len, role, 'A', nc, in, expect) || auth_mac(token, token_len, role, 'C', nc, in, proof))
-        return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL HMAC failed", role);
-    int peer_ok = CRYPTO_memcmp(in + AUTH_NONCE, expect, AUTH_MAC) == 0;
-    /* An unproven peer gets no proof from us (zeros), so it learns nothing it could replay. */
-    if (!peer_ok) memset(proof, 0, sizeof proof);
-    rc = tally__net_send_all(fd, proof, sizeof proof, deadline);
+    int peer_ok = tally__auth_connect_answer(&a, token, token_len, role, in);
+    if (peer_ok < 0) return tally__seterr(TALLY_E_SYSTEM, "authentication (%s): OpenSSL HMAC failed", role);
+    rc = tally__net_send_all(fd, a.proof, sizeof a.proof, deadline);
     if (peer_ok && !rc) rc = tally__net_recv_all(fd, &verdict, 1, deadline);
-    if (!peer_ok || (!rc && verdict != 1)) {
-        char peer[TALLY__NET_ADDRSTR];
-        tally__net_peer_str(fd, peer, sizeof peer);
-        return tally__seterr(TALLY_E_AUTH,
-                             "authentication (%s) with %s failed: this process's TALLY_TOKEN does not match the "
-                             "peer's; every rank of a job must have the same TALLY_TOKEN",
-                             role, peer);
-    }
+    if (!peer_ok || (!rc && verdict != 1)) return auth_mismatch(fd, role);
     return rc ? auth_io_err(rc, fd, role) : 0;
 }

@@ -1,5 +1,5 @@
-/* boot.c - the rendezvous: rank 0 accepts an authenticated control connection from every other rank,
- * checks who they are, and sends everyone the peer table; then bootstrap bcast/allgather/barrier. */
+/* boot.c - the rendezvous: every rank joins rank 0 (serve.c) over an authenticated control connection
+ * and receives the peer table; the descriptor budget of a world; bootstrap bcast/allgather/barrier. */
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -7,20 +7,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../core/clock.h"
+#include "../core/env.h"
 #include "../core/log.h"
 #include "boot_int.h"
+#include "fdlimit.h"
 #include "net.h"
 
-#define PEER_LEN 144        /* pid, 0, hostid u64, ip[64], hostname[64] */
-#define PEND_MAX 64         /* accepted connections still authenticating */
-#define HANDSHAKE_S 5.0     /* a legitimate peer answers in microseconds; a silent stranger gets this long */
-#define R0_LOG_MAX 10       /* refused connections logged one by one; past that, counted */
-#define TABLE_GRACE_S 5.0   /* connectors wait this much past rank 0's limit so its verdict arrives first */
+/* Knob read here only to name the transport in messages about descriptors (comm.c checks and uses it):
+ *   TALLY_TRANSPORT */
+
+/* Descriptors a rank holds besides one per peer and its control connections: the tcp listener or shm's
+ * segment and probe memfd, the monitor's two eventfds, and short-lived ones (a name lookup, /proc files,
+ * a pidfd_getfd, a rendezvous connection being refused). */
+#define BOOT_FD_EXTRA 12
 
 /* The thread's current message, copied: tally__seterr cannot take its own buffer as an argument. */
 static const char *boot_prev(char prev[1024]) {
@@ -49,7 +54,7 @@ static void boot_self(tally__peer *p) {
 }
 
 /* A fixed 64-byte string field from the wire: NUL-terminated and printable, else rejected. */
-static int boot_str_ok(const unsigned char *s, size_t n) {
+int tally__boot_str_ok(const unsigned char *s, size_t n) {
     size_t i = 0;
     while (i < n && s[i]) {
         if (s[i] < 0x20 || s[i] > 0x7e) return 0;
@@ -58,7 +63,7 @@ static int boot_str_ok(const unsigned char *s, size_t n) {
     return i < n;
 }
 
-static void boot_peer_put(unsigned char *o, const tally__peer *p) {
+void tally__boot_peer_put(unsigned char *o, const tally__peer *p) {
     memset(o, 0, PEER_LEN);
     ctl_put32(o, (uint32_t)p->pid);
     ctl_put64(o + 8, p->hostid);
@@ -67,7 +72,7 @@ static void boot_peer_put(unsigned char *o, const tally__peer *p) {
 }
 
 static int boot_peer_get(const unsigned char *in, tally__peer *p) {
-    if (!boot_str_ok(in + 16, 64) || !boot_str_ok(in + 80, 64)) return TALLY_E_PROTOCOL;
+    if (!tally__boot_str_ok(in + 16, 64) || !tally__boot_str_ok(in + 80, 64)) return TALLY_E_PROTOCOL;
     p->pid = (int32_t)ctl_get32(in);
     p->hostid = ctl_get64(in + 8);
     memcpy(p->ip, in + 16, 64);
@@ -84,358 +89,47 @@ static void boot_hello_put(unsigned char *o, const tally__boot *b) {
     ctl_put32(o + 12, (uint32_t)b->size);
     ctl_put32(o + 16, (uint32_t)me->pid);
     ctl_put64(o + 24, me->hostid);
+    ctl_put32(o + 20, b->fd_hard);
     memcpy(o + 32, me->hostname, strnlen(me->hostname, 63));
     memcpy(o + 96, me->ip, strnlen(me->ip, 63));
 }
 
-/* ---- rank 0: accepting and checking the others ---- */
+/* ---- the descriptor budget ---- */
 
-/* Rank 0 serves every connection at once, each one a small state machine fed by poll(): a stranger
- * that sends nothing, or part of a handshake, holds a slot until HANDSHAKE_S and never delays a rank. */
-enum { P_NONCE, P_PROOF, P_HDR, P_HELLO }; /* what the connection must send next */
-
-typedef struct r0_pend {
-    int fd;
-    int stage;
-    size_t got;     /* bytes of this stage received */
-    uint64_t until; /* dropped if the handshake is not done by then */
-    tally__auth_acc auth;
-    unsigned char buf[HELLO_LEN]; /* the largest stage */
-    char from[TALLY__NET_ADDRSTR];
-} r0_pend;
-
-typedef struct r0_state {
-    int lfd;
-    r0_pend *pend; /* [PEND_MAX], oldest first */
-    int npend;
-    int joined;
-    int refused;        /* connections turned away (logged up to R0_LOG_MAX) */
-    struct pollfd *pfd; /* [1 + PEND_MAX + size] */
-    int *who;           /* rank of each ctl entry in pfd */
-    char addr[TALLY__NET_ADDRSTR + 256];
-} r0_state;
-
-static const size_t stage_len[] = {[P_NONCE] = TALLY__AUTH_IN, [P_PROOF] = TALLY__AUTH_PROOF, [P_HDR] = CTL_HDR,
-                                   [P_HELLO] = HELLO_LEN};
-static const char *const stage_name[] = {[P_NONCE] = "its nonce", [P_PROOF] = "its proof of the token",
-                                         [P_HDR] = "a frame header", [P_HELLO] = "its hello"};
-
-/* Logs one turned-away connection; a flood is counted, not logged line by line. */
-static void r0_note(r0_state *s, const char *from, const char *why) {
-    if (++s->refused <= R0_LOG_MAX)
-        tally__log_warn("refused a connection from %s: %s; still waiting for the other ranks", from, why);
-    if (s->refused == R0_LOG_MAX)
-        tally__log_warn("further refused connections are counted, not logged one by one");
+int tally__boot_fd_need(int rank, int size) {
+    if (size <= 1) return 0;
+    /* Rank 0 holds a control connection per rank (and the rendezvous listener); both transports hold
+     * one descriptor per peer: a tcp socket, or a shm pidfd. */
+    return (rank == 0 ? size : 1) + (size - 1) + BOOT_FD_EXTRA;
 }
 
-static void r0_drop(r0_state *s, r0_pend *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void r0_drop(r0_state *s, r0_pend *p, const char *fmt, ...) {
-    char why[CTL_MSG_MAX + 1];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    r0_note(s, p->from, why);
-    close(p->fd);
-    p->fd = -1;
+void tally__boot_fd_world(int size, char *buf, size_t n) {
+    const char *t = tally__env_knob("TALLY_TRANSPORT");
+    const char *name = !t ? NULL : !strcasecmp(t, "tcp") ? "tcp " : !strcasecmp(t, "shm") ? "shm " : NULL;
+    snprintf(buf, n, "a %sworld of %d ranks", name ? name : "", size);
 }
 
-/* Sends a short answer at once: a fresh socket's buffer always has room for it, so a peer that leaves
- * no room is not one of ours and is not waited for. */
-static int r0_put(int fd, const void *buf, size_t len) {
-    ssize_t k;
-    do k = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (k < 0 && errno == EINTR);
-    return k == (ssize_t)len ? 0 : -1;
-}
-
-/* Refuses an authenticated connection: tells the process why (`code` and the text), then drops it. */
-static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) {
-    char msg[CTL_MSG_MAX + 1];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    unsigned char buf[CTL_HDR + CTL_MSG_MAX];
-    size_t ml = strlen(msg);
-    tally__ctl_hdr_put(buf, CTL_REFUSE, (uint32_t)-code, (uint32_t)ml);
-    memcpy(buf + CTL_HDR, msg, ml);
-    (void)r0_put(p->fd, buf, CTL_HDR + ml);
-    r0_drop(s, p, "%s", msg);
-}
-
-/* Checks a hello (h holds its HELLO_LEN bytes) against the job: the rank it names, or -1 with the
- * refusal's code and text in *code and why. Pure, so the frame fuzzer can call it. */
-int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *code, char *why, size_t n) {
-    uint32_t magic = ctl_get32(h), version = ctl_get32(h + 4);
-    int rank = (int32_t)ctl_get32(h + 8), size = (int32_t)ctl_get32(h + 12), pid = (int32_t)ctl_get32(h + 16);
-    *code = magic != HELLO_MAGIC || version != BOOT_VERSION || !boot_str_ok(h + 32, 64) || !boot_str_ok(h + 96, 64)
-                ? TALLY_E_PROTOCOL
-                : TALLY_E_BOOT;
-    if (magic != HELLO_MAGIC || version != BOOT_VERSION)
-        snprintf(why, n,
-                 "it speaks rendezvous protocol %u (hello magic %08x), rank 0 speaks %u (magic %08x): every rank "
-                 "must run the same tally version", version, magic, BOOT_VERSION, HELLO_MAGIC);
-    else if (!boot_str_ok(h + 32, 64) || !boot_str_ok(h + 96, 64))
-        snprintf(why, n, "its hello has a malformed host name or address");
-    else if (size != b->size)
-        snprintf(why, n,
-                 "it (rank %d, pid %d) says the world size is %d but rank 0 has %d: every rank must be started "
-                 "with the same world size (TALLY_WORLD_SIZE or the launcher's)", rank, pid, size, b->size);
-    else if (rank <= 0 || rank >= b->size)
-        snprintf(why, n,
-                 "it (pid %d) claims rank %d, which is not in 1..%d (rank 0 is this process): check TALLY_RANK or "
-                 "the launcher's rank variable", pid, rank, b->size - 1);
-    else if (b->ctl[rank] >= 0)
-        snprintf(why, n,
-                 "it (pid %d on host %s) claims rank %d, which pid %d on host %s already holds: two processes "
-                 "have the same rank (check TALLY_RANK or the launcher)",
-                 pid, (const char *)h + 32, rank, b->peers[rank].pid, b->peers[rank].hostname);
-    else
-        return rank;
-    return -1;
-}
-
-/* Checks a hello; on success the connection becomes rank k's control connection. 1 joined, -1 refused. */
-static int r0_hello(tally__boot *b, r0_state *s, r0_pend *p) {
-    const unsigned char *h = p->buf;
-    char why[CTL_MSG_MAX + 1];
-    int code, rank = tally__boot_hello_check(b, h, &code, why, sizeof why);
-    if (rank < 0) return r0_refuse(s, p, code, "%s", why), -1;
-    int pid = (int32_t)ctl_get32(h + 16);
-    tally__peer *q = &b->peers[rank];
-    q->pid = pid;
-    q->hostid = ctl_get64(h + 24);
-    memcpy(q->hostname, h + 32, 64);
-    memcpy(q->ip, h + 96, 64);
-    b->ctl[rank] = p->fd;
-    p->fd = -1;
-    if (!b->peers[0].ip[0] || !strcmp(b->peers[0].ip, "0.0.0.0") || !strcmp(b->peers[0].ip, "::"))
-        tally__net_local_ip(b->ctl[rank], b->peers[0].ip, sizeof b->peers[0].ip); /* wildcard bind: name a real one */
-    tally__log_debug(2, "rank %d joined from %s (pid %d on %s)", rank, p->from, pid, q->hostname);
-    return 1;
-}
-
-/* Reads what the current stage still lacks, without waiting. 1 complete, 0 not yet, -1 closed/failed. */
-static int r0_fill(r0_pend *p) {
-    size_t need = stage_len[p->stage];
-    while (p->got < need) {
-        ssize_t n = recv(p->fd, p->buf + p->got, need - p->got, MSG_DONTWAIT);
-        if (n > 0) {
-            p->got += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-        return -1;
+/* Makes room now, once, for every descriptor this rank will hold (raising the soft limit if it must), so
+ * a low limit fails the init by name on every rank instead of leaving a rank "missing" at the timeout.
+ * A rank that cannot have them still joins: rank 0 learns it from the hello and tells everyone. */
+static void boot_fd_check(tally__boot *b) {
+    int need = tally__boot_fd_need(b->rank, b->size);
+    tally__fd_limit lim;
+    char world[64], adv[420], hard[24] = "unlimited";
+    tally__boot_fd_world(b->size, world, sizeof world);
+    int rc = tally__fd_room(need, &lim);
+    if (lim.hard != TALLY__FD_UNLIMITED) snprintf(hard, sizeof hard, "%llu", lim.hard);
+    if (rc == 0) {
+        if (lim.raised_from)
+            tally__log_debug(1, "rank %d: raised RLIMIT_NOFILE's soft limit from %llu to %llu (hard %s): %s needs "
+                             "about %ld file descriptors on this rank", b->rank, lim.raised_from, lim.soft, hard,
+                             world, lim.want);
+        return;
     }
-    return 1;
-}
-
-/* Completes one stage. 0 on to the next, 1 joined, -1 dropped. */
-static int r0_stage(tally__boot *b, r0_state *s, r0_pend *p) {
-    ctl_frame f;
-    unsigned char ok;
-    switch (p->stage) {
-    case P_NONCE:
-        if (tally__auth_accept_begin(&p->auth, b->token, b->token_len, "ctl", p->buf) ||
-            r0_put(p->fd, p->auth.reply, sizeof p->auth.reply))
-            return r0_drop(s, p, "could not answer its handshake (%s)", tally_last_error()), -1;
-        break;
-    case P_PROOF:
-        ok = (unsigned char)tally__auth_accept_check(&p->auth, p->buf);
-        if (r0_put(p->fd, &ok, 1) || !ok)
-            return r0_drop(s, p, "wrong TALLY_TOKEN or not a tally process (its proof does not match rank 0's "
-                                 "token)"), -1;
-        break;
-    case P_HDR:
-        if (tally__ctl_hdr_get(p->buf, &f) || f.type != CTL_HELLO || f.len != HELLO_LEN)
-            return r0_refuse(s, p, TALLY_E_PROTOCOL,
-                             "its first frame after authentication is not a hello (magic %08x, type %u, length %u; "
-                             "rank 0 expects %08x, %d, %d): every rank must run the same tally version",
-                             ctl_get32(p->buf), p->buf[4], ctl_get32(p->buf + 12), CTL_MAGIC, CTL_HELLO, HELLO_LEN), -1;
-        break;
-    case P_HELLO:
-        return r0_hello(b, s, p);
-    }
-    p->stage++;
-    p->got = 0;
-    return 0;
-}
-
-/* Advances a connection as far as the bytes that arrived allow. 1 joined, 0 pending, -1 dropped. */
-static int r0_advance(tally__boot *b, r0_state *s, r0_pend *p) {
-    for (;;) {
-        int rc = r0_fill(p);
-        if (rc == 0) return 0;
-        if (rc < 0) {
-            if (p->stage == P_NONCE && p->got == 0)
-                r0_drop(s, p, "it closed without a byte of the handshake (a port probe?)");
-            else
-                r0_drop(s, p, "it closed the connection after %zu bytes of %s (not a tally rank?)", p->got,
-                        stage_name[p->stage]);
-            return -1;
-        }
-        if ((rc = r0_stage(b, s, p))) return rc;
-    }
-}
-
-/* Fills the poll set: listener, pending, joined ranks. */
-static int r0_pollset(tally__boot *b, r0_state *s) {
-    int n = 0;
-    s->pfd[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
-    for (int i = 0; i < s->npend; i++) s->pfd[n++] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
-    for (int k = 1; k < b->size; k++)
-        if (b->ctl[k] >= 0) {
-            s->who[n] = k;
-            s->pfd[n++] = (struct pollfd){.fd = b->ctl[k], .events = POLLIN};
-        }
-    return n;
-}
-
-static void r0_accept(r0_state *s) {
-    for (;;) {
-        int fd;
-        if (tally__net_accept(s->lfd, &fd) != 0) { /* e.g. out of descriptors: let pending ones finish, not spin */
-            struct timespec ts = {0, 10 * 1000000L};
-            nanosleep(&ts, NULL);
-            return;
-        }
-        if (fd < 0) return;
-        if (s->npend == PEND_MAX) { /* the oldest has had the longest to prove itself */
-            r0_drop(s, &s->pend[0], "%d connections were authenticating at once; the oldest gave way", PEND_MAX);
-            memmove(s->pend, s->pend + 1, sizeof s->pend[0] * (PEND_MAX - 1));
-            s->npend--;
-        }
-        r0_pend *p = &s->pend[s->npend++];
-        p->fd = fd;
-        p->stage = P_NONCE;
-        p->got = 0;
-        p->until = tally__deadline(HANDSHAKE_S);
-        tally__net_peer_str(fd, p->from, sizeof p->from);
-    }
-}
-
-/* When poll must return: the rendezvous deadline, or the first pending handshake to expire. */
-static uint64_t r0_wake(const r0_state *s, uint64_t deadline) {
-    for (int i = 0; i < s->npend; i++)
-        if (s->pend[i].until < deadline) deadline = s->pend[i].until;
-    return deadline;
-}
-
-/* One round: waits for activity and handles it. */
-static void r0_round(tally__boot *b, r0_state *s, uint64_t deadline) {
-    int n = r0_pollset(b, s);
-    if (poll(s->pfd, (nfds_t)n, tally__net_poll_ms(r0_wake(s, deadline))) < 0) return; /* EINTR: next round */
-    /* A joined rank has nothing to say before the table: readable means it died or misbehaves. */
-    for (int i = 1 + s->npend; i < n; i++)
-        if (s->pfd[i].revents) {
-            int k = s->who[i];
-            tally__log_warn("rank %d (pid %d on host %s) closed its connection during the rendezvous; waiting for it "
-                            "to reconnect", k, b->peers[k].pid, b->peers[k].hostname);
-            close(b->ctl[k]);
-            b->ctl[k] = -1;
-            s->joined--;
-        }
-    uint64_t now = tally__now_ns();
-    int keep = 0;
-    for (int i = 0; i < s->npend; i++) {
-        r0_pend *p = &s->pend[i];
-        int st = s->pfd[1 + i].revents ? r0_advance(b, s, p) : 0;
-        if (st == 0 && now >= p->until) {
-            r0_drop(s, p, "it sent %zu bytes of %s and then nothing for %g s (not a tally rank?)", p->got,
-                    stage_name[p->stage], HANDSHAKE_S);
-            st = -1;
-        }
-        if (st > 0) s->joined++;
-        if (st == 0 && keep != i) s->pend[keep] = *p;
-        keep += st == 0;
-    }
-    s->npend = keep;
-    if (s->pfd[0].revents) r0_accept(s);
-}
-
-static int r0_timeout(tally__boot *b, r0_state *s) {
-    char list[600] = "";
-    size_t len = 0;
-    int missing = 0;
-    for (int k = 1; k < b->size; k++) {
-        if (b->ctl[k] >= 0) continue;
-        if (missing++ < 32 && len < sizeof list - 16)
-            len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", missing > 1 ? ", " : "", k);
-    }
-    if (missing > 32) snprintf(list + len, sizeof list - len, ", ...");
-    char refused[96] = "";
-    if (s->refused) snprintf(refused, sizeof refused, "; rank 0 refused %d connection%s: see its log", s->refused,
-                             s->refused == 1 ? "" : "s");
-    char msg[1400]; /* sent clamped to CTL_MSG_MAX; a long host name may cut the advice short */
-    snprintf(msg, sizeof msg,
-             "rendezvous timed out after %g s: rank 0 (listening on %s) is still missing %d of %d ranks: %s. Check "
-             "that they were started, can reach that address, and have the same TALLY_TOKEN%s. Raise "
-             "TALLY_BOOT_TIMEOUT (default: TALLY_TIMEOUT) if they start slowly",
-             b->rdv_timeout_s, s->addr, missing, b->size, list, refused);
-    uint64_t dl = tally__deadline(1.0);
-    for (int k = 1; k < b->size; k++)
-        if (b->ctl[k] >= 0)
-            (void)tally__ctl_send(b, k, CTL_REFUSE, (uint32_t)-TALLY_E_TIMEOUT, msg, strnlen(msg, CTL_MSG_MAX), dl);
-    return tally__seterr(TALLY_E_TIMEOUT, "%s", msg);
-}
-
-static int r0_send_table(tally__boot *b) {
-    size_t len = (size_t)b->size * PEER_LEN;
-    unsigned char *t = malloc(len);
-    if (!t) return tally__seterr(TALLY_E_NOMEM, "rank 0: out of memory for the peer table");
-    for (int k = 0; k < b->size; k++) boot_peer_put(t + (size_t)k * PEER_LEN, &b->peers[k]);
-    uint64_t dl = tally__deadline(b->timeout_s < TABLE_GRACE_S ? b->timeout_s : TABLE_GRACE_S);
-    int rc = 0;
-    for (int k = 1; k < b->size && !rc; k++) {
-        rc = tally__ctl_send(b, k, CTL_TABLE, (uint32_t)b->size, t, len, dl);
-        if (rc) {
-            char who[160];
-            tally__ctl_who(b, k, who, sizeof who);
-            rc = tally__seterr(TALLY_E_PEER_LOST, "rank 0 could not send the peer table to %s (%s): it exited or "
-                               "hung during the rendezvous; check its output", who, tally_strerror(rc));
-        }
-    }
-    free(t);
-    return rc;
-}
-
-static void r0_free(r0_state *s) {
-    for (int i = 0; i < s->npend; i++) close(s->pend[i].fd);
-    if (s->refused > R0_LOG_MAX) tally__log_warn("refused %d connections in all during the rendezvous", s->refused);
-    if (s->lfd >= 0) close(s->lfd); /* a later communicator of this job can listen on the same port */
-    free(s->pend);
-    free(s->pfd);
-    free(s->who);
-}
-
-static int r0_rendezvous(tally__boot *b, const tally__boot_env *env, uint64_t deadline) {
-    r0_state s = {.lfd = -1};
-    const char *host = env->bind[0] ? env->bind : env->host; /* never a wildcard unless one was given */
-    tally__net_fmt_addr(host, env->port, s.addr, sizeof s.addr);
-    int rc = tally__net_listen(host, env->port, SOMAXCONN, &s.lfd);
-    char prev[1024];
-    if (rc)
-        return tally__seterr(rc, "rank 0 %s (environment: %s%s)", boot_prev(prev), env->source,
-                             env->bind[0] ? ", address from TALLY_BIND" : "");
-    tally__net_local_ip(s.lfd, b->peers[0].ip, sizeof b->peers[0].ip);
-    tally__log_debug(1, "rank 0 listening on %s%s for %d ranks", s.addr, env->bind[0] ? " (TALLY_BIND)" : "",
-                     b->size - 1);
-    s.pend = calloc(PEND_MAX, sizeof *s.pend);
-    s.pfd = calloc((size_t)(1 + PEND_MAX + b->size), sizeof *s.pfd);
-    s.who = calloc((size_t)(1 + PEND_MAX + b->size), sizeof *s.who);
-    if (!s.pend || !s.pfd || !s.who) rc = tally__seterr(TALLY_E_NOMEM, "rank 0: out of memory in the rendezvous");
-    while (!rc && s.joined < b->size - 1) {
-        if (tally__now_ns() >= deadline) {
-            rc = r0_timeout(b, &s);
-            break;
-        }
-        r0_round(b, &s, deadline);
-    }
-    r0_free(&s);
-    return rc ? rc : r0_send_table(b);
+    tally__fd_advice(&lim, adv, sizeof adv);
+    snprintf(b->fd_short, sizeof b->fd_short, "rank %d: %s needs about %ld file descriptors on rank %d (%d for its "
+             "connections, %ld open already) but %s", b->rank, world, lim.want, b->rank, need, lim.open, adv);
+    b->fd_hard = lim.hard >= UINT32_MAX ? UINT32_MAX - 1 : lim.hard ? (uint32_t)lim.hard : 1;
 }
 
 /* ---- ranks 1..n-1: joining ---- */
@@ -564,7 +258,8 @@ static int bc_recv(tally__boot *b, int peer, void *buf, size_t len, const char *
         unsigned char p[CTL_FAULT_MAX];
         if (f.len > sizeof p) return bc_fail(b, TALLY_E_PROTOCOL, peer, what);
         if ((rc = tally__net_recv_all(fd, p, f.len, deadline))) return bc_fail(b, rc, peer, what);
-        if (tally__ctl_on_fault(b, peer, p, f.len) == TALLY_E_PROTOCOL) return bc_fail(b, TALLY_E_PROTOCOL, peer, what);
+        if (tally__ctl_on_fault_aux(b, peer, f.aux, p, f.len) == TALLY_E_PROTOCOL)
+            return bc_fail(b, TALLY_E_PROTOCOL, peer, what);
         return tally__fault_check(b->fault);
     }
     if (f.type == CTL_BYE) return bc_fail(b, TALLY_E_PEER_LOST, peer, what);
@@ -649,6 +344,7 @@ static void boot_close(tally__boot *b) {
     pthread_mutex_destroy(&b->wlock);
     free(b->ctl);
     free(b->peers);
+    free(b->watch);
     free(b);
 }
 
@@ -663,8 +359,9 @@ static tally__boot *boot_alloc(const tally__boot_env *env, tally__fault *fault, 
     b->stop_fd = -1;
     b->peers = calloc((size_t)env->size, sizeof *b->peers);
     b->ctl = malloc((size_t)env->size * sizeof *b->ctl);
+    b->watch = calloc((size_t)env->size, 1);
     pthread_mutex_init(&b->wlock, NULL);
-    if (!b->peers || !b->ctl) {
+    if (!b->peers || !b->ctl || !b->watch) {
         boot_close(b);
         return NULL;
     }
@@ -689,7 +386,9 @@ int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault
         snprintf(b->peers[0].ip, sizeof b->peers[0].ip, "127.0.0.1");
     } else {
         uint64_t deadline = tally__deadline(b->rdv_timeout_s);
-        int rc = b->rank == 0 ? r0_rendezvous(b, env, deadline) : rk_rendezvous(b, env, deadline);
+        boot_fd_check(b);
+        int rc = b->rank == 0 ? tally__boot_serve(b, env, deadline) : rk_rendezvous(b, env, deadline);
+        if (b->fd_short[0]) rc = tally__seterr(TALLY_E_SYSTEM, "%s", b->fd_short); /* ours says more than 0's */
         if (rc) {
             boot_close(b);
             return rc;

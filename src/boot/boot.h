@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include "../core/err.h"
 
+struct pollfd;
+
 #define TALLY__TOKEN_MAX 256
 
 /* What the environment says about this process, before any connection. */
@@ -58,6 +60,26 @@ int tally__boot_bcast(tally__boot *b, void *buf, size_t len, int root);
 int tally__boot_allgather(tally__boot *b, const void *mine, void *all, size_t len);
 int tally__boot_barrier(tally__boot *b);
 
+/* Setup steps outside the bootstrap collectives (the tcp mesh) must still hear that another rank failed
+ * its setup: a rank that fails while in the setup phase reports it (fault->propagate, or tell_setup_failure
+ * where a fault was recorded before) as a setup failure, which rank 0 relays. The watch puts the control
+ * connections in the step's poll set and looks at what arrived without taking any frame a later step reads.
+ * watch_max: pollfds fill may add; fill returns how many it added. check returns 0, or the code of a setup
+ * failure reported meanwhile (in this thread's message), or TALLY_E_PEER_LOST when a rank died; other faults
+ * are recorded and left for the first collective. failed_elsewhere: check ended this rank's setup.
+ * b may be NULL (a transport made without the boot layer). */
+void tally__boot_setup_phase(tally__boot *b, int on);
+void tally__boot_tell_setup_failure(tally__boot *b, int code, const char *msg);
+int tally__boot_watch_max(const tally__boot *b);
+int tally__boot_watch_fill(const tally__boot *b, struct pollfd *pfd);
+int tally__boot_watch_check(tally__boot *b);
+int tally__boot_setup_failed_elsewhere(const tally__boot *b);
+/* Rank 0, after its own part of such a step: waits (watching, so it relays what fails meanwhile) until
+ * every other rank has sent its next bootstrap frame, i.e. finished the step or reported why not. The
+ * bootstrap collective that follows then reads them without waiting on one rank while another fails.
+ * 0, a setup failure's code, or TALLY_E_TIMEOUT past the deadline (raised, naming the rank). Others: 0. */
+int tally__boot_watch_all_done(tally__boot *b, uint64_t deadline);
+
 /* Starts the monitor thread: from now on the control connections carry only fault reports and
  * goodbyes. A peer that closes its control connection without saying goodbye raises
  * TALLY_E_PEER_LOST naming it, on every rank. */
@@ -86,5 +108,17 @@ int tally__auth_accept_begin(tally__auth_acc *a, const void *token, size_t token
                              const unsigned char nonce[TALLY__AUTH_IN]);
 /* 1 when the proof matches (compared in constant time), else 0. */
 int tally__auth_accept_check(const tally__auth_acc *a, const unsigned char proof[TALLY__AUTH_PROOF]);
+
+/* The connector's side in steps, for a dialer that waits on more than its own socket: send a->nonce;
+ * read TALLY__AUTH_REPLY bytes and call answer (1: the acceptor proved the token; 0: it did not, and
+ * a->proof is zeros so it learns nothing it could replay; TALLY_E_SYSTEM: HMAC failed); send a->proof;
+ * when the acceptor proved itself, read the verdict byte (1 accepted). tally__auth_connect is these. */
+typedef struct tally__auth_con {
+    unsigned char nonce[TALLY__AUTH_IN];
+    unsigned char proof[TALLY__AUTH_PROOF];
+} tally__auth_con;
+int tally__auth_connect_begin(tally__auth_con *a); /* 0, or TALLY_E_SYSTEM when RAND_bytes failed */
+int tally__auth_connect_answer(tally__auth_con *a, const void *token, size_t token_len, const char *role,
+                               const unsigned char reply[TALLY__AUTH_REPLY]);
 
 #endif

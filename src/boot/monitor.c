@@ -1,5 +1,5 @@
-/* monitor.c - control-connection frames, fault propagation between ranks, and the monitor thread that
- * turns a peer's fault report or unannounced close into a fault on this rank. */
+/* monitor.c - control-connection frames, fault propagation between ranks (setup failures flagged as such),
+ * and the monitor thread that turns a peer's fault report or unannounced close into a fault on this rank. */
 #include <errno.h>
 #include <poll.h>
 #include <stdatomic.h>
@@ -13,6 +13,7 @@
 #include "../core/clock.h"
 #include "../core/log.h"
 #include "boot_int.h"
+#include "fdlimit.h"
 #include "net.h"
 
 /* A control frame is at most ~800 bytes: a healthy peer takes it at once, so a short bound only
@@ -79,35 +80,63 @@ static size_t ctl_fault_payload(unsigned char *buf, int code, int culprit, const
 }
 
 /* Sends a FAULT to every rank but `skip` and ourselves (rank 0), or to rank 0. Best effort: a peer
- * that cannot take it is dead or hung, and its own monitor or timeout will notice. */
-static void ctl_send_fault(tally__boot *b, int skip, int code, int culprit, const char *msg) {
+ * that cannot take it is dead or hung, and its own monitor or timeout will notice. aux: CTL_FAULT_SETUP
+ * or 0. */
+static void ctl_send_fault(tally__boot *b, int skip, uint32_t aux, int code, int culprit, const char *msg) {
     unsigned char buf[CTL_FAULT_MAX];
     size_t len = ctl_fault_payload(buf, code, culprit, msg);
     uint64_t deadline = tally__deadline(CTL_SEND_S);
     for (int k = 0; k < b->size; k++) {
         if (k == b->rank || k == skip || (b->rank != 0 && k != 0)) continue;
-        (void)tally__ctl_send(b, k, CTL_FAULT, 0, buf, len, deadline);
+        (void)tally__ctl_send(b, k, CTL_FAULT, aux, buf, len, deadline);
     }
 }
 
 void tally__ctl_propagate(void *arg, int code, int culprit, const char *msg) {
-    ctl_send_fault(arg, -1, code, culprit, msg);
+    tally__boot *b = arg;
+    ctl_send_fault(b, -1, b->in_setup ? CTL_FAULT_SETUP : 0, code, culprit, msg);
+}
+
+void tally__boot_setup_phase(tally__boot *b, int on) {
+    if (!b) return;
+    b->in_setup = on;
+    if (!on) return;
+    memset(b->watch, 0, (size_t)b->size); /* a new step: what an earlier one's watch saw is read by now */
+    b->watch_ended = b->setup_relayed = 0;
+}
+
+void tally__boot_tell_setup_failure(tally__boot *b, int code, const char *msg) {
+    if (b && b->size > 1) ctl_send_fault(b, -1, CTL_FAULT_SETUP, code, b->rank, msg);
+}
+
+int tally__ctl_fault_parse(const tally__boot *b, const unsigned char *p, size_t len, int *code, int *culprit,
+                           char msg[CTL_MSG_MAX + 1]) {
+    if (len < 8 || len > CTL_FAULT_MAX) return TALLY_E_PROTOCOL;
+    *code = (int32_t)ctl_get32(p);
+    *culprit = (int32_t)ctl_get32(p + 4);
+    if (*code >= 0 || *code < -1000 || *culprit < -1 || *culprit >= b->size) return TALLY_E_PROTOCOL;
+    memcpy(msg, p + 8, len - 8);
+    msg[len - 8] = '\0';
+    return 0;
+}
+
+int tally__ctl_on_fault_aux(tally__boot *b, int from, uint32_t aux, const unsigned char *p, size_t len) {
+    int code, culprit;
+    char msg[CTL_MSG_MAX + 1];
+    if (tally__ctl_fault_parse(b, p, len, &code, &culprit, msg)) return TALLY_E_PROTOCOL;
+    /* Relay only a fault that is the first here: a later one lost the race and every rank already
+     * has (or is being sent) the winner. A concurrent local raise may win between the load and the
+     * adopt; then both reach the others and the first to arrive wins there, which is harmless. The
+     * first setup failure is relayed too, whatever came before it: it ends setup on ranks still in it. */
+    int first = atomic_load(&b->fault->claimed) == 0, setup = (aux & CTL_FAULT_SETUP) && !b->setup_relayed;
+    tally__fault_adopt(b->fault, code, culprit, msg);
+    if (b->rank == 0 && (first || setup)) ctl_send_fault(b, from, aux & CTL_FAULT_SETUP, code, culprit, msg);
+    if (aux & CTL_FAULT_SETUP) b->setup_relayed = 1;
+    return code;
 }
 
 int tally__ctl_on_fault(tally__boot *b, int from, const unsigned char *p, size_t len) {
-    if (len < 8 || len > CTL_FAULT_MAX) return TALLY_E_PROTOCOL;
-    int code = (int32_t)ctl_get32(p), culprit = (int32_t)ctl_get32(p + 4);
-    if (code >= 0 || code < -1000 || culprit < -1 || culprit >= b->size) return TALLY_E_PROTOCOL;
-    char msg[CTL_MSG_MAX + 1];
-    memcpy(msg, p + 8, len - 8);
-    msg[len - 8] = '\0';
-    /* Relay only a fault that is the first here: a later one lost the race and every rank already
-     * has (or is being sent) the winner. A concurrent local raise may win between the load and the
-     * adopt; then both reach the others and the first to arrive wins there, which is harmless. */
-    int first = atomic_load(&b->fault->claimed) == 0;
-    tally__fault_adopt(b->fault, code, culprit, msg);
-    if (b->rank == 0 && first) ctl_send_fault(b, from, code, culprit, msg);
-    return code;
+    return tally__ctl_on_fault_aux(b, from, 0, p, len);
 }
 
 /* ---- the monitor thread ---- */
@@ -142,7 +171,7 @@ static int mon_frame(tally__boot *b, ctl_conn *c, const ctl_frame *f) {
         tally__log_debug(2, "rank %d said goodbye", c->rank);
         return 0;
     }
-    if (tally__ctl_on_fault(b, c->rank, c->buf + CTL_HDR, f->len) != TALLY_E_PROTOCOL) return 0;
+    if (tally__ctl_on_fault_aux(b, c->rank, f->aux, c->buf + CTL_HDR, f->len) != TALLY_E_PROTOCOL) return 0;
     tally__fault_raise(b->fault, TALLY_E_PROTOCOL, c->rank, "rank %d sent a malformed fault report", c->rank);
     return 1;
 }
@@ -219,18 +248,28 @@ static int mon_alloc(tally__boot *b) {
     return 0;
 }
 
+/* Raised, not only returned: the peers have their monitors running and would otherwise take our exit
+ * for a clean one. Out of descriptors, the message names the limit. */
+static int mon_eventfd_failed(tally__boot *b, int err) {
+    char why[600];
+    if (tally__fd_exhausted(err)) tally__fd_explain(err, why, sizeof why);
+    else snprintf(why, sizeof why, "%s", strerror(err));
+    return tally__fault_raise(b->fault, TALLY_E_SYSTEM, b->rank, "rank %d: cannot create the monitor's eventfd: %s",
+                              b->rank, why);
+}
+
 int tally__boot_start_monitor(tally__boot *b) {
     if (b->monitor_on) return tally__seterr(TALLY_E_INVALID, "rank %d: the boot monitor is already running", b->rank);
     if (b->fault->wake_fd < 0) { /* transports poll() this alongside their sockets */
         int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (fd < 0) return tally__seterr(TALLY_E_SYSTEM, "rank %d: eventfd failed: %s", b->rank, strerror(errno));
+        if (fd < 0) return mon_eventfd_failed(b, errno);
         b->fault->wake_fd = fd;
         b->own_wake_fd = 1;
     }
     b->monitor_on = 1; /* from here on the bootstrap collectives are refused */
     if (b->size == 1) return 0; /* nobody to watch */
     b->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (b->stop_fd < 0) return tally__seterr(TALLY_E_SYSTEM, "rank %d: eventfd failed: %s", b->rank, strerror(errno));
+    if (b->stop_fd < 0) return mon_eventfd_failed(b, errno);
     if (mon_alloc(b)) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory starting the monitor", b->rank);
     int rc = pthread_create(&b->monitor, NULL, mon_main, b);
     if (rc) {

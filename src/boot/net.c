@@ -19,6 +19,7 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "fdlimit.h"
 
 int tally__net_poll_ms(uint64_t deadline) {
     uint64_t now = tally__now_ns();
@@ -171,6 +172,11 @@ int tally__net_listen(const char *host, int port, int backlog, int *fd_out) {
         close(fd);
     }
     freeaddrinfo(res);
+    if (tally__fd_exhausted(err)) {
+        char why[600];
+        tally__fd_explain(err, why, sizeof why);
+        return tally__seterr(TALLY_E_SYSTEM, "cannot listen on %s: %s", addr, why);
+    }
     if (err == EADDRINUSE)
         return tally__seterr(TALLY_E_BOOT,
                              "cannot listen on %s: the port is already in use (another job, or an earlier run "
@@ -236,7 +242,7 @@ int tally__net_connect(const char *host, int port, uint64_t deadline, int *fd_ou
     int err = 0;
     for (;;) {
         struct addrinfo *res = NULL;
-        int g = net_resolve(host, port, 0, &res);
+        int g = net_resolve(host, port, 0, &res), gerr = errno;
         if (g == EAI_NONAME || g == EAI_SERVICE || g == EAI_FAMILY)
             return tally__seterr(TALLY_E_BOOT, "cannot connect to %s: cannot resolve '%s': %s", addr, host,
                                  gai_strerror(g));
@@ -246,6 +252,12 @@ int tally__net_connect(const char *host, int port, uint64_t deadline, int *fd_ou
                 return 0;
             }
         if (res) freeaddrinfo(res);
+        if (g == EAI_SYSTEM && tally__fd_exhausted(gerr)) err = gerr; /* could not even read /etc/hosts */
+        if (tally__fd_exhausted(err)) { /* no retry frees a descriptor: say which limit, now */
+            char why[600];
+            tally__fd_explain(err, why, sizeof why);
+            return tally__seterr(TALLY_E_SYSTEM, "cannot connect to %s: %s", addr, why);
+        }
         if (g != 0) err = EAGAIN;
         /* The listener may not be up yet: back off (10 ms doubling to 250 ms) until the deadline. */
         int left = tally__net_poll_ms(deadline);

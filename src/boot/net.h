@@ -23,9 +23,11 @@
  * SO_REUSEADDR so a restarted job can reuse the port while old connections sit in TIME_WAIT. */
 int tally__net_listen(const char *host, int port, int backlog, int *fd_out);
 /* Connects to host:port, retrying refused/unreachable attempts with backoff until the deadline (the
- * listener may start later). An unresolvable host name fails at once. */
+ * listener may start later). An unresolvable host name fails at once, and so does a full descriptor
+ * table (TALLY_E_SYSTEM naming RLIMIT_NOFILE). */
 int tally__net_connect(const char *host, int port, uint64_t deadline, int *fd_out);
-/* Accepts one pending connection. 0 with *fd_out = -1 when none is pending. */
+/* Accepts one pending connection. 0 with *fd_out = -1 when none is pending; TALLY_E_SYSTEM with errno
+ * kept (EMFILE, ENFILE: the descriptor table is full) when the accept itself failed. */
 int tally__net_accept(int lfd, int *fd_out);
 /* Makes an existing socket non-blocking, close-on-exec and TCP_NODELAY. */
 int tally__net_tune(int fd);

@@ -11,6 +11,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "../boot/fdlimit.h"
+#include "../core/log.h"
 #include "shm.h"
 
 #ifndef SYS_pidfd_getfd
@@ -83,7 +85,11 @@ static void *shm_region_make(shm_tp *t, size_t len, int *fd_out) {
     snprintf(name, sizeof name, "tally-mem-%llu", (unsigned long long)t->ms->next_id);
     int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0) {
-        tally__seterr(TALLY_E_SYSTEM, "rank %d: tally_mem_alloc: memfd_create: %s", t->me, strerror(errno));
+        char why[600];
+        if (tally__fd_exhausted(errno)) tally__fd_explain(errno, why, sizeof why);
+        else snprintf(why, sizeof why, "%s", strerror(errno));
+        tally__seterr(TALLY_E_SYSTEM, "rank %d: tally_mem_alloc: memfd_create: %s (each buffer holds one descriptor "
+                      "until tally_mem_free)", t->me, why);
         return NULL;
     }
     int e = ftruncate(fd, (off_t)len) ? errno : posix_fallocate(fd, 0, (off_t)len);
@@ -147,10 +153,28 @@ int tally__shm_mem_find(shm_tp *t, const void *buf, size_t len, uint64_t *id, in
     return 0;
 }
 
+/* Out of descriptors fetching a peer's region. With process_vm_readv to fall back on the message still
+ * arrives (said once); without, it cannot, and the fault names the limit (shm.c's own raise then keeps it). */
+static void shm_map_no_fd(shm_tp *t, int p, int err) {
+    char why[600];
+    tally__fd_explain(err, why, sizeof why);
+    if (t->cma) {
+        static _Atomic int said;
+        if (!atomic_exchange(&said, 1))
+            tally__log_warn("rank %d: cannot fetch rank %d's tally_mem_alloc buffer: %s; reading such buffers "
+                            "with process_vm_readv instead", t->me, p, why);
+        return;
+    }
+    tally__fault_raise(t->base.ctx.fault, TALLY_E_SYSTEM, t->me, "rank %d could not fetch rank %d's tally_mem_alloc "
+                       "buffer (pidfd_getfd): %s", t->me, p, why);
+    errno = err;
+}
+
 /* Copies rank p's descriptor `fd` into this process and maps it whole, read-only. */
 static const unsigned char *shm_map_peer(shm_tp *t, int p, int fd, size_t *len) {
     if (t->pidfd[p] < 0) return NULL;
     int mine = (int)syscall(SYS_pidfd_getfd, t->pidfd[p], fd, 0);
+    if (mine < 0 && tally__fd_exhausted(errno)) shm_map_no_fd(t, p, errno);
     if (mine < 0) return NULL;
     struct stat st;
     void *base = MAP_FAILED;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../boot/boot.h"
+#include "../boot/fdlimit.h"
 #include "../core/clock.h"
 #include "../core/env.h"
 #include "../core/log.h"
@@ -35,6 +36,7 @@
 #define SHM_LARGE_OFF ((size_t)-1)
 
 #define SHM_MAGIC 0x32766d68736c6c74ull /* "tllshmv2": v2 added the wait records */
+#define SHM_WHY_MAX 768 /* what failed, as a fault message is long: room for the descriptor limit's words */
 
 /* What each rank tells the others after mapping the segment. */
 typedef struct shm_info {
@@ -42,19 +44,41 @@ typedef struct shm_info {
     uint64_t pidns, probe_addr, probe;
     int32_t cma_pays; /* rank 0's verdict: the kernel's copy keeps up with memcpy here */
     int32_t mem_fd;   /* a memfd holding `probe`, for the peers' pidfd_getfd probe; -1 none */
-    int32_t mem_ok, pad; /* we could fetch and read the next rank's probe memfd */
+    int32_t mem_ok;   /* we could fetch and read the next rank's probe memfd */
+    int32_t fd_err;   /* EMFILE or ENFILE: this rank ran out of descriptors (its message names the limit) */
 } shm_info;
 
-/* What rank 0 broadcasts: where the segment is, or that there is none. */
+/* What rank 0 broadcasts: where the segment is, or that there is none (and then rank 0's errno). */
 typedef struct shm_where {
     char name[64];
     uint64_t bytes;
+    int32_t err, pad;
 } shm_where;
 
 static const tally__tp_ops shm_ops = {"shm", tally__shm_exchange, tally__shm_destroy, tally__shm_mem_alloc,
                                       tally__shm_mem_free};
 
 static size_t shm_round(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+/* What a failed call said, naming the descriptor limit when that is what it hit. */
+static void shm_why(char *why, size_t n, const char *what, int err) {
+    char fd[600];
+    if (tally__fd_exhausted(err)) tally__fd_explain(err, fd, sizeof fd);
+    snprintf(why, n, "%s: %s", what, tally__fd_exhausted(err) ? fd : strerror(err));
+}
+
+/* A peer's failure in words: out of descriptors, or the step that failed. */
+static void shm_peer_why(char *why, size_t n, int r, int fd_err, const char *step) {
+    if (fd_err == ENFILE)
+        snprintf(why, n, "rank %d found the system's table of open files full (ENFILE) %s: raise fs.file-max, or "
+                 "stop programs that hold many files", r, step);
+    else if (fd_err == EMFILE)
+        snprintf(why, n, "rank %d ran out of file descriptors (EMFILE) %s: its RLIMIT_NOFILE is too low for a world "
+                 "of this size; raise it where the ranks start (ulimit -n, or the hard limit), by as much as its "
+                 "own message says", r, step);
+    else
+        snprintf(why, n, "rank %d could not %s", r, step);
+}
 
 static size_t shm_layout_bytes(int n, size_t slot_bytes, shm_seg_hdr *h) {
     h->magic = SHM_MAGIC;
@@ -106,7 +130,10 @@ static int shm_make(shm_tp *t, shm_where *w, char *why, size_t whylen) {
         if (fd < 0 && errno != EEXIST) break;
     }
     if (fd < 0) {
-        snprintf(why, whylen, "shm_open(%s): %s", t->name, strerror(errno));
+        char what[96];
+        w->err = errno;
+        snprintf(what, sizeof what, "shm_open(%s)", t->name);
+        shm_why(why, whylen, what, w->err);
         t->name[0] = '\0';
         return -1;
     }
@@ -132,10 +159,13 @@ static int shm_make(shm_tp *t, shm_where *w, char *why, size_t whylen) {
 }
 
 /* The other ranks: map what rank 0 made, and check it is what it claims. */
-static int shm_attach(shm_tp *t, const shm_where *w, char *why, size_t whylen) {
+static int shm_attach(shm_tp *t, const shm_where *w, int32_t *fd_err, char *why, size_t whylen) {
     int fd = shm_open(w->name, O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
-        snprintf(why, whylen, "shm_open(%s): %s", w->name, strerror(errno));
+        char what[96];
+        if (tally__fd_exhausted(errno)) *fd_err = errno;
+        snprintf(what, sizeof what, "shm_open(%s)", w->name);
+        shm_why(why, whylen, what, errno);
         return -1;
     }
     struct stat st;
@@ -219,20 +249,24 @@ static int shm_cma_pays(shm_tp *t) {
 
 /* Fetches the next rank's probe memfd as a receiver fetches a shared region: proves tally_mem_alloc
  * buffers can be read in place here (same rights as process_vm_readv, but no per-message syscall). */
-static int shm_probe_mem(shm_tp *t, const shm_info *all) {
+static int shm_probe_mem(shm_tp *t, const shm_info *all, int32_t *fd_err) {
     int p = (t->me + 1) % t->n;
     if (tally__shm_mem_probe_read(t->pidfd[p], all[p].mem_fd, all[p].probe)) return 1;
+    if (t->pidfd[p] >= 0 && all[p].mem_fd >= 0 && tally__fd_exhausted(errno) && !*fd_err) *fd_err = errno;
     tally__log_debug(1, "shm: rank %d cannot fetch rank %d's memory file (pidfd_getfd: %s); tally_mem_alloc "
                      "buffers will be sent like any other", t->me, p, strerror(errno));
     return 0;
 }
 
-static void shm_open_pidfds(shm_tp *t, const shm_info *all) {
+/* A kernel without pidfds only costs the prompt notice of a dead peer; running out of descriptors for
+ * them is an error (*fd_err), since every later descriptor would fail too. */
+static void shm_open_pidfds(shm_tp *t, const shm_info *all, int32_t *fd_err) {
     for (int r = 0; r < t->n; r++) {
         t->pid[r] = t->liveness ? all[r].pid : -1;
         t->pidfd[r] = -1;
 #ifdef SYS_pidfd_open
         if (r != t->me && t->liveness) t->pidfd[r] = (int)syscall(SYS_pidfd_open, all[r].pid, 0);
+        if (t->pidfd[r] < 0 && r != t->me && t->liveness && tally__fd_exhausted(errno) && !*fd_err) *fd_err = errno;
 #endif
     }
 }
@@ -268,21 +302,56 @@ static int shm_alloc_state(shm_tp *t) {
                : -1;
 }
 
-/* Steps every rank takes together; each failure is shared so no rank is left waiting. */
-static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, char *why, size_t whylen) {
+/* After the segment is mapped: pidfds, the single-copy and in-place probes, and what every rank found.
+ * A rank out of descriptors says so in fd_err, and every rank fails. */
+static int shm_probe_all(shm_tp *t, shm_info *mine, shm_info *all, int cma, int same_ns, int calibrate, char *why,
+                         size_t whylen) {
+    t->liveness = same_ns;
+    shm_open_pidfds(t, all, &mine->fd_err);
+    if (mine->fd_err) shm_why(why, whylen, "pidfd_open (to watch the peers)", mine->fd_err);
+    mine->cma_ok = cma && same_ns && shm_probe_cma(t, all);
+    mine->cma_pays = mine->cma_ok && calibrate && t->me == 0 && shm_cma_pays(t);
+    int32_t had = mine->fd_err;
+    mine->mem_ok = same_ns && shm_probe_mem(t, all, &mine->fd_err);
+    if (mine->fd_err && !had) shm_why(why, whylen, "pidfd_getfd (the in-place read probe)", mine->fd_err);
+    int rc = tally__boot_allgather(t->base.ctx.boot, mine, all, sizeof *mine);
+    int mem = 1;
+    for (int r = 0; r < t->n && !rc; r++) {
+        cma &= all[r].cma_ok;
+        mem &= all[r].mem_ok;
+        if (!all[r].fd_err) continue;
+        if (!mine->fd_err) shm_peer_why(why, whylen, r, all[r].fd_err, "opening its peers' pidfds");
+        rc = TALLY_E_SYSTEM;
+    }
+    t->cma = !rc && cma && same_ns;
+    t->mem = !rc && mem && same_ns;
+    if (!rc && calibrate) t->large_min = all[0].cma_pays ? SHM_LARGE_DEFAULT : SHM_LARGE_OFF;
+    return rc;
+}
+
+/* Steps every rank takes together; each failure is shared so no rank is left waiting. *fd_short: the
+ * failure was a rank out of descriptors (another transport would need as many). */
+static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, int *fd_short, char *why,
+                          size_t whylen) {
     tally__boot *b = t->base.ctx.boot;
-    shm_where w = {{0}, 0};
+    shm_where w = {{0}, 0, 0, 0};
     int rc, me_ok = usable;
     if (t->me == 0 && shm_make(t, &w, why, whylen)) me_ok = 0;
     if ((rc = tally__boot_bcast(b, &w, sizeof w, 0))) return rc;
     if (!w.name[0]) {
-        if (t->me != 0) snprintf(why, whylen, "rank 0 could not create the shared-memory segment");
+        if (t->me != 0) shm_peer_why(why, whylen, 0, w.err, "create the shared-memory segment");
+        *fd_short = tally__fd_exhausted(w.err);
         return TALLY_E_SYSTEM;
     }
-    if (t->me != 0 && shm_attach(t, &w, why, whylen)) me_ok = 0;
-    shm_info mine = {.pid = (int32_t)getpid(), .mapped = me_ok, .cma_wanted = cma_wanted, .pidns = shm_pidns(),
+    shm_info mine = {.pid = (int32_t)getpid(), .cma_wanted = cma_wanted, .pidns = shm_pidns(),
                      .probe_addr = (uint64_t)(uintptr_t)&t->probe, .probe = atomic_load(&t->probe)};
+    if (t->me != 0 && shm_attach(t, &w, &mine.fd_err, why, whylen)) me_ok = 0;
+    mine.mapped = me_ok;
     mine.mem_fd = tally__shm_mem_probe_make(mine.probe); /* closed once every peer has probed it */
+    if (mine.mem_fd < 0 && tally__fd_exhausted(errno) && me_ok) {
+        mine.fd_err = errno;
+        shm_why(why, whylen, "memfd_create (the in-place read probe)", errno);
+    }
     shm_info *all = calloc((size_t)t->n, sizeof *all);
     if (!all) {
         if (mine.mem_fd >= 0) close(mine.mem_fd);
@@ -295,29 +364,17 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
     t->name[0] = '\0';
     int same_ns = 1, cma = 1;
     for (int r = 0; r < t->n && !rc; r++) {
-        if (!all[r].mapped) {
-            if (me_ok) snprintf(why, whylen, "rank %d could not map the shared-memory segment", r);
+        if (!all[r].mapped || all[r].fd_err) {
+            if (me_ok && !mine.fd_err) shm_peer_why(why, whylen, r, all[r].fd_err, "map the shared-memory segment");
+            *fd_short |= tally__fd_exhausted(all[r].fd_err);
             rc = TALLY_E_SYSTEM;
         }
         same_ns &= all[r].pidns == all[0].pidns && all[r].pidns != 0;
         cma &= all[r].cma_wanted;
     }
-    if (!rc) {
-        t->liveness = same_ns;
-        shm_open_pidfds(t, all);
-        mine.cma_ok = cma && same_ns && shm_probe_cma(t, all);
-        mine.cma_pays = mine.cma_ok && calibrate && t->me == 0 && shm_cma_pays(t);
-        mine.mem_ok = same_ns && shm_probe_mem(t, all);
-        rc = tally__boot_allgather(b, &mine, all, sizeof mine);
-        int mem = 1;
-        for (int r = 0; r < t->n && !rc; r++) {
-            cma &= all[r].cma_ok;
-            mem &= all[r].mem_ok;
-        }
-        t->cma = !rc && cma && same_ns;
-        t->mem = !rc && mem && same_ns;
-        if (!rc && calibrate) t->large_min = all[0].cma_pays ? SHM_LARGE_DEFAULT : SHM_LARGE_OFF;
-    }
+    if (!rc) rc = shm_probe_all(t, &mine, all, cma, same_ns, calibrate, why, whylen);
+    if (rc == TALLY_E_SYSTEM && mine.fd_err) *fd_short = 1;
+    for (int r = 0; r < t->n && rc == TALLY_E_SYSTEM; r++) *fd_short |= tally__fd_exhausted(all[r].fd_err);
     free(all);
     if (mine.mem_fd >= 0) close(mine.mem_fd);
     return rc;
@@ -373,15 +430,15 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     uint64_t nonce = 0;
     if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) nonce = tally__now_ns();
     atomic_store(&t->probe, nonce | 1);
-    char why[256] = "";
-    int rc = shm_alloc_state(t) || tally__shm_mem_init(t) ? TALLY_E_NOMEM : 0;
+    char why[SHM_WHY_MAX] = "";
+    int rc = shm_alloc_state(t) || tally__shm_mem_init(t) ? TALLY_E_NOMEM : 0, fd_short = 0;
     /* Even without memory this rank must take part in the rendezvous, or the others would wait. */
-    int rrc = shm_rendezvous(t, rc == 0, k.cma, large == NULL, why, sizeof why);
+    int rrc = shm_rendezvous(t, rc == 0, k.cma, large == NULL, &fd_short, why, sizeof why);
     if (!rc) rc = rrc;
     if (rc) {
         tally__shm_destroy(&t->base);
-        return tally__seterr(rc, "rank %d: shared-memory transport setup failed: %s; TALLY_TRANSPORT=tcp avoids "
-                             "it", ctx->rank, why[0] ? why : tally_strerror(rc));
+        return tally__seterr(rc, "rank %d: shared-memory transport setup failed: %s%s", ctx->rank,
+                             why[0] ? why : tally_strerror(rc), fd_short ? "" : "; TALLY_TRANSPORT=tcp avoids it");
     }
     shm_adopt_layout(t);
     atomic_store(&t->wait[t->me].peer, -1);

@@ -1,5 +1,6 @@
 /* tcp_accept.c - the TCP mesh's accepting side: every connection from a higher rank is advanced as
- * far as its bytes allow, none waited on, so a stranger that stalls or sends junk cannot hold up the mesh. */
+ * far as its bytes allow, none waited on, so a stranger that stalls or sends junk cannot hold up the mesh;
+ * every rank still expected has room, however large the world, and strangers share a few slots more. */
 #include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -11,18 +12,23 @@
 #include <unistd.h>
 
 #include "../boot/boot.h"
+#include "../boot/fdlimit.h"
 #include "../boot/net.h"
 #include "../core/clock.h"
 #include "../core/err.h"
 #include "../core/log.h"
 #include "tcp_int.h"
 
-/* Connections authenticating at once; past it the oldest gives way (it has had the longest). */
+/* Connections authenticating at once beyond one per rank still expected: strangers share these; past them
+ * the oldest connection that has not proved the token gives way (a rank it was dials again). */
 #define ACC_PEND_MAX 64
+/* Longest poll() sleep: control connections holding unread frames are looked at again this often. */
+#define ACC_WATCH_MS 200
 /* Refusals logged one by one; the rest are counted in one line at the end. */
 #define ACC_LOG_MAX 8
 
-enum { ACC_NONCE, ACC_PROOF, ACC_HELLO }; /* what a pending connection must send next */
+/* What a pending connection must send next. At ACC_HELLO it has proved the token: the job's own. */
+enum { ACC_NONCE, ACC_PROOF, ACC_HELLO };
 static const size_t acc_need[] = {TALLY__AUTH_IN, TALLY__AUTH_PROOF, sizeof(tally__tcp_hello)};
 static const char *const acc_what[] = {"the handshake's nonce", "the handshake's proof", "the hello"};
 
@@ -40,9 +46,11 @@ typedef struct acc_state {
     const void *tok;
     size_t tlen;
     tally__tcp_conn *conns;
-    int lfd, npend, refused;
-    acc_pend pend[ACC_PEND_MAX];
-    struct pollfd pfd[1 + ACC_PEND_MAX];
+    int lfd, npend, cap, refused;
+    int listen_off;     /* no room (or no descriptor) for another connection until a pending one finishes */
+    int failed;         /* an error that ends the mesh, in this thread's message */
+    acc_pend *pend;     /* [cap], oldest first */
+    struct pollfd *pfd; /* [1 + cap + the boot watch's] */
 } acc_state;
 
 static void acc_drop(acc_state *s, acc_pend *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -131,20 +139,60 @@ static int acc_advance(acc_state *s, acc_pend *p) {
     }
 }
 
+static int acc_missing(const acc_state *s) {
+    int m = 0;
+    for (int r = s->ctx->rank + 1; r < s->ctx->size; r++) m += s->conns[r].fd < 0;
+    return m;
+}
+
+/* Makes room by dropping the oldest connection that has not proved the token; 0 when all pending ones
+ * have (they are the job's own and name themselves at once). */
+static int acc_evict(acc_state *s, const char *why) {
+    for (int i = 0; i < s->npend; i++) {
+        if (s->pend[i].stage == ACC_HELLO) continue;
+        acc_drop(s, &s->pend[i], "%s", why);
+        memmove(s->pend + i, s->pend + i + 1, sizeof s->pend[0] * (size_t)(s->npend - i - 1));
+        s->npend--;
+        return 1;
+    }
+    return 0;
+}
+
+/* accept() failed. Out of descriptors while more connections are pending than ranks are missing, a
+ * stranger gives way; else the limit cannot hold this rank's peers: the mesh fails, naming it. */
+static void acc_accept_failed(acc_state *s, int err) {
+    if (!tally__fd_exhausted(err)) { /* e.g. ENOBUFS: let pending ones finish, not spin */
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    if (s->npend > acc_missing(s) && acc_evict(s, "this rank is out of file descriptors and the ranks still "
+                                                 "expected come first"))
+        return;
+    if (s->npend > acc_missing(s)) { /* the job's own (duplicates?) hold them: they finish or expire */
+        s->listen_off = 1;
+        return;
+    }
+    char why[600];
+    tally__fd_explain(err, why, sizeof why);
+    s->failed = tally__seterr(TALLY_E_SYSTEM, "rank %d: tcp transport: accepting the connections of the %d ranks "
+                              "above it (%d still to come): %s", s->ctx->rank, s->ctx->size - 1 - s->ctx->rank,
+                              acc_missing(s), why);
+}
+
 static void acc_accept(acc_state *s) {
-    for (;;) {
+    while (!s->listen_off && !s->failed) {
+        if (s->npend >= ACC_PEND_MAX + acc_missing(s) &&
+            !acc_evict(s, "too many connections were authenticating at once (a flood?); the oldest gave way")) {
+            s->listen_off = 1; /* all pending are the job's: they finish within a round or two */
+            return;
+        }
         int fd;
-        if (tally__net_accept(s->lfd, &fd) != 0) { /* e.g. out of descriptors: let pending ones finish, not spin */
-            struct timespec ts = {0, 10 * 1000000L};
-            nanosleep(&ts, NULL);
+        if (tally__net_accept(s->lfd, &fd) != 0) {
+            acc_accept_failed(s, errno);
             return;
         }
         if (fd < 0) return;
-        if (s->npend == ACC_PEND_MAX) {
-            acc_drop(s, &s->pend[0], "%d connections were authenticating at once; the oldest gave way", ACC_PEND_MAX);
-            memmove(s->pend, s->pend + 1, sizeof s->pend[0] * (ACC_PEND_MAX - 1));
-            s->npend--;
-        }
         acc_pend *p = &s->pend[s->npend++];
         memset(p, 0, sizeof *p);
         p->fd = fd;
@@ -156,13 +204,15 @@ static void acc_accept(acc_state *s) {
 /* One round: waits for activity (or the first pending connection to expire) and handles it. */
 static void acc_round(acc_state *s, uint64_t deadline) {
     int n = 0;
-    uint64_t wake = deadline;
-    s->pfd[n++] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+    uint64_t wake = deadline, soon = tally__deadline(ACC_WATCH_MS * 1e-3);
+    if (wake > soon && tally__boot_watch_max(s->ctx->boot)) wake = soon;
+    s->pfd[n++] = (struct pollfd){.fd = s->listen_off ? -1 : s->lfd, .events = POLLIN}; /* -1: poll skips it */
     for (int i = 0; i < s->npend; i++) {
         s->pfd[n++] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
         if (s->pend[i].until < wake) wake = s->pend[i].until;
     }
-    if (poll(s->pfd, (nfds_t)n, tally__net_poll_ms(wake)) < 0) return; /* EINTR: next round */
+    int nw = tally__boot_watch_fill(s->ctx->boot, s->pfd + n);
+    if (poll(s->pfd, (nfds_t)(n + nw), tally__net_poll_ms(wake)) < 0) return; /* EINTR: next round */
     uint64_t now = tally__now_ns();
     int keep = 0;
     for (int i = 0; i < s->npend; i++) {
@@ -176,35 +226,38 @@ static void acc_round(acc_state *s, uint64_t deadline) {
         if (st == 0 && keep != i) s->pend[keep] = *p;
         keep += st == 0;
     }
+    if (keep < s->npend) s->listen_off = 0; /* a slot, and maybe a descriptor, came free */
     s->npend = keep;
     if (s->pfd[0].revents) acc_accept(s);
 }
 
-static int acc_missing(const acc_state *s) {
-    int m = 0;
-    for (int r = s->ctx->rank + 1; r < s->ctx->size; r++) m += s->conns[r].fd < 0;
-    return m;
+static int acc_alloc(acc_state *s) {
+    s->cap = ACC_PEND_MAX + s->ctx->size - s->ctx->rank;
+    s->pend = calloc((size_t)s->cap, sizeof *s->pend);
+    s->pfd = calloc((size_t)(1 + s->cap + tally__boot_watch_max(s->ctx->boot)), sizeof *s->pfd);
+    return s->pend && s->pfd ? 0 : -1;
 }
 
 int tally__tcp_accept_peers(const tally__tp_ctx *ctx, const void *tok, size_t tlen, int lfd, tally__tcp_conn *conns,
                             uint64_t deadline) {
-    acc_state *s = calloc(1, sizeof *s);
-    if (!s) return tally__seterr(TALLY_E_NOMEM, "rank %d: tcp transport: out of memory", ctx->rank);
-    *s = (acc_state){.ctx = ctx, .tok = tok, .tlen = tlen, .conns = conns, .lfd = lfd};
-    int rc = 0;
-    while (acc_missing(s) > 0) {
+    acc_state s = {.ctx = ctx, .tok = tok, .tlen = tlen, .conns = conns, .lfd = lfd};
+    int rc = acc_alloc(&s) ? tally__seterr(TALLY_E_NOMEM, "rank %d: tcp transport: out of memory", ctx->rank) : 0;
+    while (!rc && acc_missing(&s) > 0) {
+        /* A rank that failed elsewhere (rank 0 relays its report) ends our wait now, not at the deadline. */
+        if ((rc = tally__boot_watch_check(ctx->boot)) || (rc = s.failed)) break;
         if (tally__now_ns() >= deadline) {
             rc = tally__seterr(TALLY_E_TIMEOUT, "rank %d: tcp transport: %d rank(s) above us did not connect within "
-                               "%.0f s%s", ctx->rank, acc_missing(s), ctx->timeout_s,
-                               s->refused ? " (connections were refused meanwhile: see the log)" : "");
+                               "%.0f s%s", ctx->rank, acc_missing(&s), ctx->timeout_s,
+                               s.refused ? " (connections were refused meanwhile: see the log)" : "");
             break;
         }
-        acc_round(s, deadline);
+        acc_round(&s, deadline);
     }
-    for (int i = 0; i < s->npend; i++) close(s->pend[i].fd);
-    if (s->refused > ACC_LOG_MAX)
+    for (int i = 0; i < s.npend; i++) close(s.pend[i].fd);
+    if (s.refused > ACC_LOG_MAX)
         tally__log_warn("rank %d: tcp transport: refused %d connections in all while the mesh was built", ctx->rank,
-                        s->refused);
-    free(s);
+                        s.refused);
+    free(s.pend);
+    free(s.pfd);
     return rc;
 }

@@ -91,12 +91,17 @@ typedef struct tally__tcp_hello {
 
 /* The accepting half of the mesh (tcp_accept.c): takes connections on lfd until every rank above ours
  * has authenticated with tok and named itself, into conns[rank].fd; strangers, wrong tokens and
- * duplicates are refused and logged without delaying the others. TALLY_E_TIMEOUT past deadline. */
+ * duplicates are refused and logged without delaying the others. Every rank still expected has room
+ * whatever the world size; strangers share a fixed number of slots more. TALLY_E_TIMEOUT past deadline,
+ * TALLY_E_SYSTEM naming RLIMIT_NOFILE when accept() finds no descriptor for a rank, or the code of a
+ * setup failure another rank reported (ctx->boot's watch; ctx->boot may be NULL). */
 int tally__tcp_accept_peers(const tally__tp_ctx *ctx, const void *tok, size_t tlen, int lfd, tally__tcp_conn *conns,
                             uint64_t deadline);
 
 /* Builds the mesh: one authenticated, non-blocking, TCP_NODELAY connection per pair of ranks, in
- * conns[peer].fd. Collective; bounded by ctx->timeout_s. On failure every fd it opened is closed. */
+ * conns[peer].fd. Collective, ending when every rank has built its part; bounded by ctx->timeout_s. A
+ * rank that fails tells the others, whose setup then fails at once with its message. On failure every
+ * fd it opened is closed. */
 int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns);
 
 #endif

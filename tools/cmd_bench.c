@@ -15,6 +15,7 @@
 #include "cmd.h"
 #include "flags.h"
 #include "launch.h"
+#include "place.h"
 
 #define BENCH_MAX_ROWS 1000
 #define BENCH_MAX_BYTES (64ull << 30)
@@ -31,7 +32,7 @@ typedef struct {
     tally_op op;
     int root, iters, warmup, check;
     int shared_mem; /* --shared-mem: buffers from tally_mem_alloc, which shm peers read in place */
-    const char *algo, *transport;
+    const char *algo, *transport, *bind;
 } bench_opts;
 
 typedef struct {
@@ -52,10 +53,11 @@ static void bench_usage(FILE *f) {
             "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
             "                   [--algo auto|ring|tree|rhd|direct] [--transport auto|shm|tcp]\n"
-            "                   [--iters I] [--warmup W] [--shared-mem] [-c]\n"
+            "                   [--iters I] [--warmup W] [--shared-mem] [--bind core|none] [-c]\n"
             "Sizes (1 byte to 64G) accept K/M/G (powers of 1024); from MIN to MAX, times FACTOR (> 1) each row,\n"
             "at most %d rows. -c checks every result and counts wrong elements.\n"
-            "With -n N (and no rank environment) it starts N local ranks of itself.\n"
+            "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU\n"
+            "when they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is).\n"
             "--shared-mem takes the buffers from tally_mem_alloc (read in place by shm peers).\n",
             BENCH_MAX_ROWS);
 }
@@ -94,6 +96,7 @@ static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
     case 'I': return tally__parse_int(flag, a, 1, 1000000000, &v) ? -1 : (o->iters = (int)v, 0);
     case 'W': return tally__parse_int(flag, a, 0, 1000000000, &v) ? -1 : (o->warmup = (int)v, 0);
     case 'S': return o->shared_mem = 1, 0;
+    case 'B': return tally_place_parse(flag, a, &k) ? -1 : (o->bind = a, 0);
     default: return -1;
     }
 }
@@ -119,6 +122,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                                           {"iters", required_argument, 0, 'I'},
                                           {"warmup", required_argument, 0, 'W'},
                                           {"shared-mem", no_argument, 0, 'S'},
+                                          {"bind", required_argument, 0, 'B'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     const tally_flags f = {.cmd = "bench", .shorts = "n:b:e:f:t:o:r:ch", .longs = longs, .first = 2,
@@ -363,7 +367,7 @@ int tally_cmd_bench(int argc, char **argv) {
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {
         tally_launch_opts lo = {.n = o.n ? o.n : 2, .transport = o.transport, .prefix_output = 0,
-                                .name = "tally bench"};
+                                .name = "tally bench", .bind = o.bind};
         return tally_launch_self(&lo, argc, argv);
     }
     return bench_as_rank(&o);

@@ -9,10 +9,11 @@
 #include "../src/core/parse.h"
 #include "cmd.h"
 #include "launch.h"
+#include "place.h"
 
 static const char run_usage[] =
-    "usage: tally run -n N [--transport shm|tcp|auto] [--timeout S] [--max-restarts R] [--no-prefix]\n"
-    "                 [--] PROG [ARGS...]\n"
+    "usage: tally run -n N [--transport shm|tcp|auto] [--timeout S] [--max-restarts R] [--bind core|none]\n"
+    "                 [--no-prefix] [--] PROG [ARGS...]\n"
     "\n"
     "Starts N ranks of PROG on this machine and waits for them. Each rank gets TALLY_RANK,\n"
     "TALLY_WORLD_SIZE, TALLY_ADDR, TALLY_TOKEN, LOCAL_RANK and LOCAL_WORLD_SIZE; its output lines\n"
@@ -21,6 +22,9 @@ static const char run_usage[] =
     "  -n, --nproc N        number of ranks (1..4096)\n"
     "  --transport T        sets TALLY_TRANSPORT for the ranks: shm, tcp or auto\n"
     "  --timeout S          sets TALLY_TIMEOUT: seconds a collective waits for a peer\n"
+    "  --bind core|none     core (the default, or TALLY_CPU_BIND): rank r runs on its own CPU of the\n"
+    "                       set tally was given (one per physical core first) when the ranks fit,\n"
+    "                       unpinned when they do not; none: affinity left as inherited\n"
     "  --max-restarts R     when a rank fails, stop the others and start all ranks again, up to R\n"
     "                       times (TALLY_RESTART tells the ranks which start this is)\n"
     "  --no-prefix          let the ranks write to the terminal directly, unprefixed\n"
@@ -89,6 +93,12 @@ static int parse_flag(int argc, char **argv, int *i, tally_launch_opts *o, int *
     }
     if (!missing && (v = flag_value(argc, argv, i, NULL, "--timeout", &missing))) {
         if (tally__parse_real("--timeout", v, 0, 1, TALLY__TIMEOUT_MAX_S, &o->timeout_s)) return bad_value();
+        return 0;
+    }
+    if (!missing && (v = flag_value(argc, argv, i, NULL, "--bind", &missing))) {
+        int core;
+        if (tally_place_parse("--bind", v, &core)) return bad_value();
+        o->bind = v;
         return 0;
     }
     if (!missing && (v = flag_value(argc, argv, i, NULL, "--max-restarts", &missing))) {

@@ -16,12 +16,13 @@
 #include "cmd.h"
 #include "flags.h"
 #include "launch.h"
+#include "place.h"
 
 typedef struct train_opts {
     tally__train_cfg cfg;
     int n;                 /* -n: ranks to start (0: join the job, or 1) */
     int max_restarts;
-    const char *transport;
+    const char *transport, *bind;
     char arch[128];
 } train_opts;
 
@@ -32,7 +33,8 @@ static void train_usage(FILE *out) {
             "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
             "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
             "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
-            "                   [--threads T] [--transport auto|shm|tcp] [--no-eval] [--quiet] [--json FILE]\n"
+            "                   [--threads T] [--transport auto|shm|tcp] [--bind core|none] [--no-eval] [--quiet]\n"
+            "                   [--json FILE]\n"
             "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
             "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
             "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
@@ -76,7 +78,8 @@ static void train_usage(FILE *out) {
             "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
             "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
             "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
-            "With -n N (and no rank environment) it starts N local ranks of itself; under tally run,\n"
+            "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
+            "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
             "mpirun, srun or torchrun it joins that job.\n");
 }
 
@@ -120,7 +123,7 @@ enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCAL
        O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
        O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
        O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL,
-       O_COMPRESS, O_NO_EF, O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA };
+       O_COMPRESS, O_NO_EF, O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA, O_BIND };
 
 static const struct option train_longs[] = {
     {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
@@ -140,6 +143,7 @@ static const struct option train_longs[] = {
     {"compress", 1, 0, O_COMPRESS},   {"no-error-feedback", 0, 0, O_NO_EF},
     {"mode", 1, 0, O_MODE},           {"staleness", 1, 0, O_STALENESS},   {"stale-lr", 1, 0, O_STALE_LR},
     {"ps", 0, 0, O_PS},               {"straggler", 1, 0, O_STRAGGLER},   {"quota", 1, 0, O_QUOTA},
+    {"bind", 1, 0, O_BIND},
     {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
@@ -241,6 +245,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_NO_OVERLAP: c->no_overlap = 1; return 0;
     case O_SEED: return tally__parse_u64(flag, a, &c->seed);
     case O_TRANSPORT: return tally__parse_word(flag, a, train_transports, &k) ? -1 : (o->transport = a, 0);
+    case O_BIND: return tally_place_parse(flag, a, &k) ? -1 : (o->bind = a, 0);
     case O_NO_EVAL: c->eval = 0; return 0;
     case O_QUIET: c->quiet = 1; return 0;
     case O_JSON: return parse_path(flag, a, &c->json);
@@ -384,7 +389,8 @@ int tally_cmd_train(int argc, char **argv) {
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {
         tally_launch_opts lo = {
-            .n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train", .max_restarts = o.max_restarts};
+            .n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train", .max_restarts = o.max_restarts,
+            .bind = o.bind};
         return tally_launch_self(&lo, argc, argv);
     }
     /* A restarted rank (tally run or train --max-restarts) picks up where the last checkpoint left off. */

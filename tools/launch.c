@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -24,10 +25,12 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <tally.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../src/boot/fdlimit.h"
+#include "place.h"
 
 extern char **environ;
 
@@ -72,6 +75,7 @@ typedef struct {
     int out_dead[3];           /* our stdout/stderr reader went away */
     int fd_raised;             /* we raised RLIMIT_NOFILE's soft limit: fd_orig is what the ranks get */
     struct rlimit fd_orig;
+    tally_place place;         /* each rank's CPU, or -1 */
 } launcher;
 
 static int64_t now_ms(void) {
@@ -310,6 +314,12 @@ static void child_exec(const launcher *L, int r, int pipes[2][2], int status_fd,
     sigaction(SIGCHLD, &L->old_chld, NULL);
     sigprocmask(SIG_SETMASK, &L->oldmask, NULL);
     if (L->fd_raised) setrlimit(RLIMIT_NOFILE, &L->fd_orig); /* the ranks start with the limits they were given */
+    if (L->place.cpu && L->place.cpu[r] >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(L->place.cpu[r], &one);
+        sched_setaffinity(0, sizeof one, &one); /* within our own set, so it cannot be refused */
+    }
     execvpe(file, argv, envp);
     int e = errno;
     char msg[512];
@@ -598,6 +608,16 @@ static void launcher_free(launcher *L) {
         }
     free(L->ranks);
     if (L->devnull >= 0) close(L->devnull);
+    tally_place_free(&L->place);
+}
+
+/* --bind, else TALLY_CPU_BIND, else core: 1 to pin, 0 not to, -1 (said why) when the word is bad. */
+static int bind_mode(const tally_launch_opts *o, const char *name) {
+    const char *from = o->bind ? "--bind" : "TALLY_CPU_BIND", *s = o->bind ? o->bind : getenv("TALLY_CPU_BIND");
+    int core;
+    if (tally_place_parse(from, s, &core) == 0) return core;
+    fprintf(stderr, "%s: %s\n", name, tally_last_error());
+    return -1;
 }
 
 static int opts_valid(const tally_launch_opts *o, const char *name, const char *file) {
@@ -609,7 +629,7 @@ static int opts_valid(const tally_launch_opts *o, const char *name, const char *
         fprintf(stderr, "%s: no program to run\n", name);
         return 0;
     }
-    return 1;
+    return bind_mode(o, name) >= 0;
 }
 
 /* Room for the pipes of every rank, made before the first starts (raising the soft limit if it must),
@@ -669,6 +689,11 @@ static int launch_once(const tally_launch_opts *o, const char *name, const char 
                        int restart, int *signalled) {
     launcher L = {.o = o, .name = name, .n = o->n, .self = getpid(), .sigfd = -1, .result = -1, .devnull = -1};
     if (fd_budget(&L) < 0) return 1;
+    if (tally_place_plan(o->n, bind_mode(o, name) == 1, &L.place) < 0) {
+        fprintf(stderr, "%s: out of memory\n", name);
+        fd_budget_give_back(&L);
+        return 1;
+    }
     char token[2 * LAUNCH_TOKEN_BYTES + 1];
     int port = free_port();
     char **common = NULL;

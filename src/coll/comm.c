@@ -9,6 +9,7 @@
 
 #include "../boot/boot.h"
 #include "../core/clock.h"
+#include "../core/cpus.h"
 #include "../core/dtype.h"
 #include "../core/env.h"
 #include "../core/log.h"
@@ -121,8 +122,10 @@ static int tally__comm_setup(tally_comm *c) {
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     c->ctx.sent = &c->bytes_sent;
-    tally__log_debug(1, "rank %d of %d: transport %s, alpha %.2f us, beta %.3f GB/s, gamma %.3f GB/s, algo %s",
-                     c->ctx.rank, c->ctx.size, c->ctx.tp->ops->name, c->cost.alpha * 1e6,
+    char cpus[128];
+    tally__cpus_list(cpus, sizeof cpus);
+    tally__log_debug(1, "rank %d of %d: CPUs %s, transport %s, alpha %.2f us, beta %.3f GB/s, gamma %.3f GB/s, "
+                     "algo %s", c->ctx.rank, c->ctx.size, cpus, c->ctx.tp->ops->name, c->cost.alpha * 1e6,
                      1e-9 / (c->cost.beta > 0 ? c->cost.beta : 1e-30),
                      1e-9 / (c->cost.gamma > 0 ? c->cost.gamma : 1e-30), tally__algo_name(c->forced_algo));
     return 0;

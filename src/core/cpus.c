@@ -3,6 +3,7 @@
 #include "cpus.h"
 
 #include <sched.h>
+#include <stdio.h>
 #include <unistd.h>
 
 int tally__cpus_allowed(void) {
@@ -13,4 +14,21 @@ int tally__cpus_allowed(void) {
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+void tally__cpus_list(char *buf, size_t n) {
+    cpu_set_t set;
+    size_t o = 0;
+    buf[0] = '\0';
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        snprintf(buf, n, "?");
+        return;
+    }
+    for (int c = 0; c < CPU_SETSIZE && o < n; c++) {
+        if (!CPU_ISSET(c, &set)) continue;
+        int e = c;
+        while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, &set)) e++;
+        o += (size_t)snprintf(buf + o, n - o, e > c ? "%s%d-%d" : "%s%d", o ? "," : "", c, e);
+        c = e;
+    }
 }

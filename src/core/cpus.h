@@ -3,7 +3,11 @@
 #ifndef TALLY_CORE_CPUS_H
 #define TALLY_CORE_CPUS_H
 
+#include <stddef.h>
+
 /* CPUs in this process's affinity set; the online count when the set cannot be read; at least 1. */
 int tally__cpus_allowed(void);
+/* This thread's affinity as a list of ranges, "0-3,8" ("?" when it cannot be read). */
+void tally__cpus_list(char *buf, size_t n);
 
 #endif

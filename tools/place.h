@@ -1,0 +1,26 @@
+/* place.h - where the local ranks tally starts run: rank r on its own core of the CPU set tally was
+ * given (one thread of each physical core first), or, when they do not fit or --bind none, unpinned. */
+#ifndef TALLY_TOOLS_PLACE_H
+#define TALLY_TOOLS_PLACE_H
+
+/* The CPU of each rank, -1 for "leave its affinity as inherited". */
+typedef struct tally_place {
+    int n;
+    int *cpu;
+    int pinned;   /* 1 when every rank has a CPU of its own */
+    int allowed;  /* CPUs in the set tally was given */
+    int cores;    /* physical cores among them */
+} tally_place;
+
+/* "core" (the default, also when s is NULL) or "none"; anything else is TALLY_E_INVALID naming `name`
+ * (a flag or TALLY_CPU_BIND). */
+int tally_place_parse(const char *name, const char *s, int *bind_core);
+
+/* Plans n ranks within this process's affinity set: with bind_core and n <= the CPUs there, rank r
+ * gets the r-th of them, each physical core's first thread before any core's second, so ranks share
+ * a core only when there are more ranks than cores; otherwise no rank is pinned and the scheduler
+ * spreads them over the whole set. Never a CPU outside the set. 0, or -1 when out of memory. */
+int tally_place_plan(int n, int bind_core, tally_place *p);
+void tally_place_free(tally_place *p);
+
+#endif

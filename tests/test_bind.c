@@ -114,5 +114,12 @@ int main(void) {
     th_tool_run(bench, &o, &R);
     TH_CHECK(R.rc == 0 && strstr(R.out, "rank 0 of 2: CPUs ") && strstr(R.out, "rank 1 of 2: CPUs "),
              "TALLY_DEBUG=1 names each rank's CPUs: exit %d:\n%s", R.rc, R.out);
+    /* A rank of tally train gets as many CPUs as it has BLAS threads: one rank may use them all. */
+    char all[16];
+    snprintf(all, sizeof all, "%d", cpus);
+    const char *threads[] = {"train", "-n", "1", "--threads", all, "--data", "synthetic:256", "--steps", "1",
+                             "--quiet", NULL};
+    th_tool_run(threads, &o, &R);
+    TH_CHECK(R.rc == 0, "train -n 1 --threads %d (every CPU): exit %d:\n%s", cpus, R.rc, R.out);
     return th_verdict("test_bind");
 }

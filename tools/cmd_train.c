@@ -390,7 +390,7 @@ int tally_cmd_train(int argc, char **argv) {
     if (!tally_launch_in_rank()) {
         tally_launch_opts lo = {
             .n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train", .max_restarts = o.max_restarts,
-            .bind = o.bind};
+            .bind = o.bind, .cpus_per_rank = o.cfg.threads};
         return tally_launch_self(&lo, argc, argv);
     }
     /* A restarted rank (tally run or train --max-restarts) picks up where the last checkpoint left off. */

@@ -75,7 +75,7 @@ typedef struct {
     int out_dead[3];           /* our stdout/stderr reader went away */
     int fd_raised;             /* we raised RLIMIT_NOFILE's soft limit: fd_orig is what the ranks get */
     struct rlimit fd_orig;
-    tally_place place;         /* each rank's CPU, or -1 */
+    tally_place place;         /* each rank's CPUs, when pinned */
 } launcher;
 
 static int64_t now_ms(void) {
@@ -314,11 +314,11 @@ static void child_exec(const launcher *L, int r, int pipes[2][2], int status_fd,
     sigaction(SIGCHLD, &L->old_chld, NULL);
     sigprocmask(SIG_SETMASK, &L->oldmask, NULL);
     if (L->fd_raised) setrlimit(RLIMIT_NOFILE, &L->fd_orig); /* the ranks start with the limits they were given */
-    if (L->place.cpu && L->place.cpu[r] >= 0) {
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(L->place.cpu[r], &one);
-        sched_setaffinity(0, sizeof one, &one); /* within our own set, so it cannot be refused */
+    if (L->place.pinned) {
+        cpu_set_t mine;
+        CPU_ZERO(&mine);
+        for (int k = 0; k < L->place.per; k++) CPU_SET(L->place.order[r * L->place.per + k], &mine);
+        sched_setaffinity(0, sizeof mine, &mine); /* within our own set, so it cannot be refused */
     }
     execvpe(file, argv, envp);
     int e = errno;
@@ -689,7 +689,7 @@ static int launch_once(const tally_launch_opts *o, const char *name, const char 
                        int restart, int *signalled) {
     launcher L = {.o = o, .name = name, .n = o->n, .self = getpid(), .sigfd = -1, .result = -1, .devnull = -1};
     if (fd_budget(&L) < 0) return 1;
-    if (tally_place_plan(o->n, bind_mode(o, name) == 1, &L.place) < 0) {
+    if (tally_place_plan(o->n, o->cpus_per_rank, bind_mode(o, name) == 1, &L.place) < 0) {
         fprintf(stderr, "%s: out of memory\n", name);
         fd_budget_give_back(&L);
         return 1;

@@ -14,9 +14,10 @@ typedef struct {
     double grace_s;        /* SIGTERM-to-SIGKILL delay when stopping the ranks; 0 means 2 s */
     int max_restarts;      /* when a rank fails, stop the others and start all ranks again, up to this
                             * many times (each start gets a fresh port and token, and TALLY_RESTART=k) */
-    const char *bind;      /* "core": rank r on its own CPU of our affinity set when the ranks fit
+    const char *bind;      /* "core": rank r on its own CPUs of our affinity set when the ranks fit
                             * (place.h); "none": affinity left as inherited; NULL: TALLY_CPU_BIND, else
                             * "core" */
+    int cpus_per_rank;     /* CPUs each rank is bound to (tally train: --threads); 0 means 1 */
 } tally_launch_opts;
 
 #define TALLY_LAUNCH_MAX_RANKS 4096

@@ -1,5 +1,5 @@
-/* place.c - the CPU each local rank is bound to: the inherited affinity set (taskset, a cgroup's cpuset)
- * ordered by physical core from sysfs, rank r on the r-th CPU when the ranks fit, else nobody pinned. */
+/* place.c - the CPUs each local rank is bound to: the inherited affinity set (taskset, a cgroup's cpuset)
+ * ordered by physical core from sysfs, rank r on the r-th block when the ranks fit, else nobody pinned. */
 #include "place.h"
 
 #include <sched.h>
@@ -62,26 +62,23 @@ static int ordered_cpus(int *out, int cap, int *cores) {
     return n;
 }
 
-int tally_place_plan(int n, int bind_core, tally_place *p) {
+int tally_place_plan(int n, int per, int bind_core, tally_place *p) {
     memset(p, 0, sizeof *p);
     p->n = n;
-    p->cpu = malloc((size_t)n * sizeof *p->cpu);
-    int *cpus = malloc(CPU_SETSIZE * sizeof *cpus);
-    if (!p->cpu || !cpus) {
-        free(cpus);
+    p->per = per > 0 ? per : 1;
+    p->order = malloc(CPU_SETSIZE * sizeof *p->order);
+    if (!p->order) return -1;
+    int allowed = ordered_cpus(p->order, CPU_SETSIZE, &p->cores);
+    if (allowed < 0) {
         tally_place_free(p);
         return -1;
     }
-    int allowed = ordered_cpus(cpus, CPU_SETSIZE, &p->cores);
-    if (allowed < 0) allowed = 0;
     p->allowed = allowed;
-    p->pinned = bind_core && n <= allowed;
-    for (int r = 0; r < n; r++) p->cpu[r] = p->pinned ? cpus[r] : -1;
-    free(cpus);
+    p->pinned = bind_core && (long)n * p->per <= allowed;
     return 0;
 }
 
 void tally_place_free(tally_place *p) {
-    free(p->cpu);
-    p->cpu = NULL;
+    free(p->order);
+    p->order = NULL;
 }

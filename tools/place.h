@@ -1,14 +1,14 @@
-/* place.h - where the local ranks tally starts run: rank r on its own core of the CPU set tally was
- * given (one thread of each physical core first), or, when they do not fit or --bind none, unpinned. */
+/* place.h - where the local ranks tally starts run: rank r on its own CPUs of the set tally was given
+ * (one thread of each physical core first), or, when they do not fit or --bind none, unpinned. */
 #ifndef TALLY_TOOLS_PLACE_H
 #define TALLY_TOOLS_PLACE_H
 
-/* The CPU of each rank, -1 for "leave its affinity as inherited". */
+/* Rank r's CPUs are order[r * per .. r * per + per) when pinned; else every rank keeps the inherited set. */
 typedef struct tally_place {
-    int n;
-    int *cpu;
-    int pinned;   /* 1 when every rank has a CPU of its own */
-    int allowed;  /* CPUs in the set tally was given */
+    int n, per;
+    int *order;   /* the CPUs of the set tally was given, one thread of every core first */
+    int pinned;   /* 1 when every rank has CPUs of its own */
+    int allowed;  /* CPUs in that set */
     int cores;    /* physical cores among them */
 } tally_place;
 
@@ -16,11 +16,12 @@ typedef struct tally_place {
  * (a flag or TALLY_CPU_BIND). */
 int tally_place_parse(const char *name, const char *s, int *bind_core);
 
-/* Plans n ranks within this process's affinity set: with bind_core and n <= the CPUs there, rank r
- * gets the r-th of them, each physical core's first thread before any core's second, so ranks share
- * a core only when there are more ranks than cores; otherwise no rank is pinned and the scheduler
- * spreads them over the whole set. Never a CPU outside the set. 0, or -1 when out of memory. */
-int tally_place_plan(int n, int bind_core, tally_place *p);
+/* Plans n ranks of `per` CPUs each (a rank's BLAS threads) within this process's affinity set: with
+ * bind_core and n * per <= the CPUs there, rank r gets the r-th block of `per` of them, each physical
+ * core's first thread before any core's second, so ranks share a core only when there are more ranks
+ * than cores; otherwise no rank is pinned and the scheduler spreads them over the whole set. Never a
+ * CPU outside the set. 0, or -1 when out of memory. */
+int tally_place_plan(int n, int per, int bind_core, tally_place *p);
 void tally_place_free(tally_place *p);
 
 #endif

@@ -313,7 +313,7 @@ static int calibrate_link(const char *transport, double bytes, tally__cost *out,
     tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
     int rc = tally_launch(&lo, argv);
     int rfd = -1;
-    if (!rc && tally__file_open_read(AT_FDCWD, path, path, &rfd)) rc = -1;
+    if (!rc && tally__file_open_read(AT_FDCWD, path, path, &rfd, NULL)) rc = -1;
     FILE *f = rc ? NULL : fdopen(rfd, "r");
     if (!f && rfd >= 0) close(rfd);
     if (f && fscanf(f, "%lf %lf %lf %lf", &out->alpha, &out->beta, &out->gamma, allreduce_s) != 4) rc = -1;

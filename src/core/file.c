@@ -37,16 +37,18 @@ static const char *kind_of(mode_t m) {
 }
 
 /* The descriptor is what was opened, so the check cannot be raced by a rename between stat and open. */
-static int check_kind(int fd, const char *label, mode_t want, const char *want_text) {
+static int check_regular(int fd, const char *label, uint64_t *size) {
     struct stat st;
     if (fstat(fd, &st) != 0)
         return tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
-    if ((st.st_mode & S_IFMT) == want) return 0;
-    return tally__seterr(TALLY_E_INVALID, "%s: is %s, not %s; tally reads only %ss", label, kind_of(st.st_mode),
-                         want_text, want_text + 2);
+    if (!S_ISREG(st.st_mode))
+        return tally__seterr(TALLY_E_INVALID, "%s: is %s, not a regular file; tally reads only regular files",
+                             label, kind_of(st.st_mode));
+    if (size) *size = (uint64_t)st.st_size;
+    return 0;
 }
 
-int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd) {
+int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd, uint64_t *size) {
     *fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (*fd < 0) {
         int e = errno;
@@ -54,7 +56,7 @@ int tally__file_open_read(int dirfd, const char *name, const char *label, int *f
         errno = e;
         return TALLY_E_SYSTEM;
     }
-    int rc = check_kind(*fd, label, S_IFREG, "a regular file");
+    int rc = check_regular(*fd, label, size);
     if (!rc && fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_NONBLOCK) != 0)
         rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", label, strerror(errno));
     if (rc) {

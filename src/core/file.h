@@ -3,6 +3,7 @@
 #ifndef TALLY_CORE_FILE_H
 #define TALLY_CORE_FILE_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 /* What a user can do about errno `e` after a failed create or write ("free space there or choose another
@@ -12,8 +13,9 @@ const char *tally__errno_hint(int e);
 /* Opens `name` under dirfd (AT_FDCWD: a plain path) to read it. The open cannot block (O_NONBLOCK,
  * cleared after it), and anything but a regular file is refused: TALLY_E_INVALID, "<label>: is a FIFO,
  * not a regular file". A failing open is TALLY_E_SYSTEM naming label and the error, with errno left as
- * the open set it, so a caller can tell a missing file (ENOENT) apart. */
-int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd);
+ * the open set it, so a caller can tell a missing file (ENOENT) apart. *size (when not NULL) is the
+ * file's size as the check saw it. */
+int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd, uint64_t *size);
 /* The same for a directory (O_DIRECTORY). */
 int tally__file_open_dir(const char *path, const char *label, int *fd);
 

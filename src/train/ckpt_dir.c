@@ -145,7 +145,7 @@ int tally__ckpt_manifest_parse(const char *text, size_t len, const char *dir, ck
 int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m) {
     char label[4200];
     snprintf(label, sizeof label, "checkpoint %s/LATEST", dir);
-    int fd, rc = tally__file_open_read(dirfd, CKPT_LATEST, label, &fd);
+    int fd, rc = tally__file_open_read(dirfd, CKPT_LATEST, label, &fd, NULL);
     if (rc == TALLY_E_SYSTEM && errno == ENOENT)
         return tally__seterr(TALLY__CKPT_NONE, "no checkpoint in %s: %s/LATEST does not exist", dir, dir);
     if (rc) return rc;

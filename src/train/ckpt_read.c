@@ -283,14 +283,10 @@ static int map_and_parse(int fd, size_t size, const char *label, tally__ckpt **o
     return 0;
 }
 
-static int file_size(int fd, const char *label, size_t *size) {
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-        return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: fstat failed: %s", label, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return tally__seterr(TALLY_E_INVALID, "checkpoint %s: not a regular file", label);
-    if ((uint64_t)st.st_size > SIZE_MAX)
-        return tally__seterr(TALLY_E_UNSUPPORTED, "checkpoint %s: too large to map here", label);
-    *size = (size_t)st.st_size;
+/* The size tally__file_open_read saw, as a length this process can map. */
+static int map_size(uint64_t bytes, const char *label, size_t *size) {
+    if (bytes > SIZE_MAX) return tally__seterr(TALLY_E_UNSUPPORTED, "checkpoint %s: too large to map here", label);
+    *size = (size_t)bytes;
     return 0;
 }
 
@@ -299,10 +295,11 @@ int tally__ckpt_open(const char *path, tally__ckpt **out) {
     *out = NULL;
     char label[4200];
     snprintf(label, sizeof label, "checkpoint %s", path);
-    int fd, rc = tally__file_open_read(AT_FDCWD, path, label, &fd);
+    uint64_t bytes = 0;
+    int fd, rc = tally__file_open_read(AT_FDCWD, path, label, &fd, &bytes);
     if (rc) return rc;
     size_t size = 0;
-    rc = file_size(fd, path, &size);
+    rc = map_size(bytes, path, &size);
     if (!rc) rc = map_and_parse(fd, size, path, out);
     close(fd);
     return rc;
@@ -316,7 +313,8 @@ static int open_named(int dirfd, const char *dir, const ckpt_manifest *m, tally_
     snprintf(label, sizeof label, "%.*s/%s", (int)dl, dir, m->file);
     char what[4200];
     snprintf(what, sizeof what, "checkpoint %s", label);
-    int fd, rc = tally__file_open_read(dirfd, m->file, what, &fd);
+    uint64_t bytes = 0;
+    int fd, rc = tally__file_open_read(dirfd, m->file, what, &fd, &bytes);
     if (rc == TALLY_E_SYSTEM && errno == ENOENT)
         return bad(label,
                    "LATEST names this file but it does not exist: it was removed by hand or by another "
@@ -324,7 +322,7 @@ static int open_named(int dirfd, const char *dir, const ckpt_manifest *m, tally_
                    (int)dl, dir);
     if (rc) return rc;
     size_t size = 0;
-    rc = file_size(fd, label, &size);
+    rc = map_size(bytes, label, &size);
     if (!rc && size != m->bytes)
         rc = bad(label, "the file is %zu bytes but LATEST says %" PRIu64 ": it was truncated or replaced", size,
                  m->bytes);

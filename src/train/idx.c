@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -69,15 +68,13 @@ static int src_open(idx_src *s, const char *path) {
     memset(s, 0, sizeof *s);
     s->path = path;
     s->gz = ends_with_gz(path);
-    int fd, rc = tally__file_open_read(AT_FDCWD, path, path, &fd); /* a FIFO would block the read for ever */
+    int fd, rc = tally__file_open_read(AT_FDCWD, path, path, &fd, &s->fsize); /* a FIFO would block for ever */
     if (rc) return rc;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !(s->f = fdopen(fd, "rb"))) {
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot read it: %s", path, strerror(errno));
+    if (!(s->f = fdopen(fd, "rb"))) {
+        rc = tally__seterr(TALLY_E_NOMEM, "%s: out of memory", path);
         close(fd);
         return rc;
     }
-    s->fsize = (uint64_t)st.st_size;
     if (s->fsize == 0)
         return tally__seterr(TALLY_E_INVALID, "%s: empty file (0 bytes), not an IDX file; replace it", path);
     return s->gz ? src_open_gz(s) : 0;
@@ -325,7 +322,6 @@ static int read_idx(idx_src *s, tally_idx *out) {
     uint64_t bytes = 0;
     if ((rc = read_header(s, out, &bytes))) return rc;
     if ((rc = read_body(s, (size_t)bytes, &out->data))) return rc;
-    out->count = (size_t)(bytes / elem_size(out->type));
     to_host_order(out);
     return 0;
 }

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <tally/ddp.h>
 
@@ -471,18 +472,17 @@ static void train_account(const train_run *r, tally__train_result *res) {
 /* OpenBLAS takes one buffer per thread at its first GEMM (128 MiB of address space on x86-64) and, when
  * malloc refuses one, retries for ever: under ulimit -v a run would spin instead of failing. */
 #define TRAIN_BLAS_BUFFER_BYTES ((size_t)128 << 20)
-#define TRAIN_MAX_THREADS_PROBED 1024
 
 /* After every allocation of the set-up, so BLAS starts its threads last; first the address space its
- * buffers will need is asked for once (and given back), so a limit is an error now rather than a hang. */
+ * buffers will need is asked for once (and given back), so a limit is an error now rather than a hang.
+ * threads is at most the CPUs allowed (tally__train checked), which an affinity mask bounds. */
 int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
-    int threads = cfg->threads > 0 ? cfg->threads : 1;
+    int threads = cfg->threads > 0 ? cfg->threads : 1, got = 0;
     size_t need = TRAIN_BLAS_BUFFER_BYTES * (size_t)threads; /* the calling thread is one of them */
-    void *probe[TRAIN_MAX_THREADS_PROBED] = {0};
-    int got = 0;
-    while (got < threads && got < TRAIN_MAX_THREADS_PROBED && (probe[got] = malloc(TRAIN_BLAS_BUFFER_BYTES))) got++;
+    void *probe[CPU_SETSIZE];
+    while (got < threads && got < CPU_SETSIZE && (probe[got] = malloc(TRAIN_BLAS_BUFFER_BYTES))) got++;
     for (int i = 0; i < got; i++) free(probe[i]);
-    if (got < threads && got < TRAIN_MAX_THREADS_PROBED) {
+    if (got < threads && got < CPU_SETSIZE) {
         struct rlimit lim;
         char limit[64] = "no limit";
         if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)

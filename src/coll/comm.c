@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "../boot/boot.h"
+#include "../boot/host_cpus.h"
 #include "../core/clock.h"
 #include "../core/cpus.h"
 #include "../core/dtype.h"
@@ -50,6 +51,8 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp
     tally__tp_ctx tctx = {.rank = c->ctx.rank, .size = c->ctx.size, .boot = c->boot, .fault = &c->fault,
                           .timeout_s = timeout_s, .sig = &c->sig};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
+    int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
+    if (rc) return rc;
     const char *want = tally__env_knob("TALLY_TRANSPORT");
     int single_host = tally__boot_single_host(c->boot);
     if (!want || !strcasecmp(want, "auto")) want = single_host ? "shm" : "tcp";

@@ -322,6 +322,7 @@ static int shm_exchange(shm_tp *t, const tally__send *s, int ns, const tally__re
     if (rc || (rc = shm_validate(t, s, ns, r, nr))) return rc;
     shm_xchg x = {.t = t, .ns = ns, .nr = nr, .left = ns + nr, .hash = tally__shm_sighash(t->base.ctx.sig),
                   .t_start = tally__now_ns(), .waiting_on = -1};
+    tally__shm_note_cpu(t); /* before a peer may wait on us: it yields when we share its CPU */
     rc = shm_progress(t, &x, s, ns, r, nr);
     /* After a failure the record stays: peers that time out a moment later still see whom we waited for. */
     if (!rc) tally__shm_unwait(&x);

@@ -63,7 +63,7 @@ typedef struct shm_wait_rec {
 } shm_wait_rec;
 
 /* The segment starts with this header; then per rank a doorbell and a sleeping word; then the
- * fault records and the wait records; then the channels, page aligned: [consumed line][slot headers][slot data] each. */
+ * fault records, the wait records and the CPU words; then the channels, page aligned: [consumed line][slot headers][slot data] each. */
 typedef struct shm_seg_hdr {
     uint64_t magic;
     uint32_t nranks, nslots;
@@ -99,6 +99,10 @@ typedef struct shm_tp {
     shm_word32 *sleeping;  /* [n] 1 while rank r may be asleep on its bell */
     shm_fault_rec *rec;    /* [n] */
     shm_wait_rec *wait;    /* [n] */
+    shm_word32 *oncpu;     /* [n] the CPU rank r last ran on + 1 (0: not known), written by r */
+    uint32_t mycpu;        /* what oncpu[me] holds */
+    uint64_t crowded_ns;   /* idle time spent yielding to a peer on our CPU since we last moved */
+    uint64_t crowded_at;   /* tally__now_ns() of the latest such yield */
     int published;         /* our fault is in rec[me] */
     uint64_t *tx;          /* [n] slot uses posted to each peer */
     uint64_t *tx_free;     /* [n] last seen consumed counter of each outgoing channel */
@@ -157,6 +161,11 @@ void tally__shm_wake(shm_tp *t, int r);
 int tally__shm_idle(shm_xchg *x);
 /* Leaves this rank's fault, if any, in the segment for the peers (once; shm.c). */
 void tally__shm_publish(shm_tp *t);
+/* Where ranks run (shm_cpu.c). Publishes the CPU this rank runs on, when it changed. */
+void tally__shm_note_cpu(shm_tp *t);
+/* 1 when a peer this idle exchange waits on runs on our CPU, so spinning would only keep it off;
+ * it may first move this rank to a CPU of its set that no rank runs on. */
+int tally__shm_crowded(shm_xchg *x);
 /* Ends an exchange: our wait record no longer names a peer. */
 void tally__shm_unwait(shm_xchg *x);
 /* Raises the mismatch fault for a head slot from `peer` whose hash differs from ours. */

@@ -1,5 +1,5 @@
-/* shm_wait.c - how the shared-memory transport waits: spin briefly, yield, then sleep on a futex; and
- * in that slow path, check for faults, the deadline, dead peers and mismatched collectives. */
+/* shm_wait.c - how the shared-memory transport waits: spin briefly (or yield at once to an awaited peer
+ * on our CPU), yield, then sleep on a futex; and in that slow path check faults, deadline, peers. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -220,12 +220,13 @@ int tally__shm_idle(shm_xchg *x) {
     uint64_t now = tally__now_ns();
     if (!x->idle_since) x->idle_since = now;
     uint64_t idle = now - x->idle_since;
-    if (idle < t->spin_ns) {
-        for (int i = 0; i < 8; i++) shm_pause();
-        return 0;
-    }
     if (idle < t->yield_ns) {
-        sched_yield();
+        tally__shm_note_cpu(t);
+        if (idle >= t->spin_ns || tally__shm_crowded(x)) {
+            sched_yield();
+            return 0;
+        }
+        for (int i = 0; i < 8; i++) shm_pause();
         return 0;
     }
     if ((double)(now - x->t_start) * 1e-9 > t->base.ctx.timeout_s) return shm_timeout(x);

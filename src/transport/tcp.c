@@ -499,16 +499,6 @@ static int tcp_alloc(const tally__tp_ctx *ctx, tally__tcp_tp **out) {
     return 0;
 }
 
-/* How long to busy-poll: long when every rank on this host can have a CPU of its own. */
-static uint64_t tcp_spin_ns(const tally__tp_ctx *ctx) {
-    const tally__peer *peers = tally__boot_peers(ctx->boot);
-    int local = 0;
-    for (int p = 0; p < ctx->size; p++) local += peers[p].hostid == peers[ctx->rank].hostid;
-    cpu_set_t set;
-    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return local <= cpus ? TCP_SPIN_NS : TCP_SPIN_CROWDED_NS;
-}
-
 int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out) {
     *out = NULL;
     if (!ctx || ctx->size < 2 || ctx->rank < 0 || ctx->rank >= ctx->size || !ctx->boot || !ctx->fault || !ctx->sig)
@@ -519,7 +509,7 @@ int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out) {
         if (t) tcp_destroy(&t->base);
         return tally__seterr(rc, "rank %d: tcp transport: out of memory", ctx->rank);
     }
-    t->spin_ns = tcp_spin_ns(ctx);
+    t->spin_ns = ctx->crowded ? TCP_SPIN_CROWDED_NS : TCP_SPIN_NS;
     if ((rc = tally__tcp_mesh(ctx, t->conns))) {
         tcp_destroy(&t->base);
         return rc;

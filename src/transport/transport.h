@@ -35,6 +35,7 @@ typedef struct tally__tp_ctx {
     tally__fault *fault;
     double timeout_s;
     const tally__sig *sig;
+    int crowded;      /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
 } tally__tp_ctx;
 
 typedef struct tally__tp tally__tp;

@@ -1,0 +1,85 @@
+/* shm_cpu.c - where the ranks of a segment run: each publishes its CPU, a waiter whose awaited peer
+ * shares its CPU yields instead of spinning, and if they stay together it moves to a CPU nobody uses. */
+#include <sched.h>
+
+#include "../core/clock.h"
+#include "../core/log.h"
+#include "shm.h"
+
+/* Yielding to a peer on our CPU this long (idle time, summed) before we move away from it. */
+#define SHM_CROWDED_MOVE_NS 100000u
+/* Two idle yields further apart than this belong to different spells: the sum starts again. */
+#define SHM_CROWDED_GAP_NS 5000000u
+
+void tally__shm_note_cpu(shm_tp *t) {
+    int c = sched_getcpu(); /* glibc reads it from rseq: a load, not a system call */
+    uint32_t v = c < 0 ? 0 : (uint32_t)c + 1;
+    if (v == t->mycpu) return; /* a store only on a move: the line stays shared in the readers' caches */
+    t->mycpu = v;
+    atomic_store_explicit(&t->oncpu[t->me].v, v, memory_order_relaxed);
+}
+
+static uint32_t shm_cpu_of(const shm_tp *t, int r) { return atomic_load_explicit(&t->oncpu[r].v, memory_order_relaxed); }
+
+/* The lowest-numbered pending peer of this exchange on our CPU, or -1. Four looks at most: a wide
+ * exchange pays no more per spin than a ring step. */
+static int shm_peer_here(const shm_xchg *x) {
+    const shm_tp *t = x->t;
+    int looked = 0, found = -1;
+    for (int i = 0; i < x->nr && looked < 4; i++) {
+        if (t->rop[i].done) continue;
+        looked++;
+        int p = t->rop[i].r->peer;
+        if (shm_cpu_of(t, p) == t->mycpu && (found < 0 || p < found)) found = p;
+    }
+    for (int i = 0; i < x->ns && looked < 4; i++) {
+        if (t->sop[i].done) continue;
+        looked++;
+        int p = t->sop[i].peer;
+        if (shm_cpu_of(t, p) == t->mycpu && (found < 0 || p < found)) found = p;
+    }
+    return found;
+}
+
+/* Moves this thread to a CPU of its affinity set that no rank of the segment last ran on, and gives the
+ * set back at once: the kernel migrates a thread whose set excludes its CPU, and restoring the set keeps
+ * the rank exactly as bound (or unbound) as its launcher made it. Nothing happens when every CPU of the
+ * set has a rank, as with more ranks than CPUs. */
+static void shm_move_off(shm_tp *t) {
+    cpu_set_t mine, used, one;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return;
+    CPU_ZERO(&used);
+    for (int r = 0; r < t->n; r++) {
+        uint32_t c = shm_cpu_of(t, r);
+        if (c && c - 1 < CPU_SETSIZE) CPU_SET(c - 1, &used);
+    }
+    int free_cpus[64], nfree = 0;
+    for (int c = 0; c < CPU_SETSIZE && nfree < 64; c++)
+        if (CPU_ISSET(c, &mine) && !CPU_ISSET(c, &used)) free_cpus[nfree++] = c;
+    if (nfree == 0) return;
+    int to = free_cpus[t->me % nfree]; /* ranks moving at once spread over the free CPUs */
+    CPU_ZERO(&one);
+    CPU_SET(to, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return;
+    sched_setaffinity(0, sizeof mine, &mine);
+    tally__log_debug(1, "shm: rank %d shared CPU %u with a peer it waits for; moved to CPU %d", t->me,
+                     t->mycpu - 1, to);
+    tally__shm_note_cpu(t);
+}
+
+int tally__shm_crowded(shm_xchg *x) {
+    shm_tp *t = x->t;
+    if (!t->mycpu) return 0;
+    int p = shm_peer_here(x);
+    if (p < 0) return 0;
+    uint64_t now = tally__now_ns();
+    if (now - t->crowded_at > SHM_CROWDED_GAP_NS) t->crowded_ns = 0;
+    else t->crowded_ns += now - t->crowded_at;
+    t->crowded_at = now;
+    /* Of two ranks on one CPU the higher one moves, so they do not both land on the same free CPU. */
+    if (p < t->me && t->crowded_ns > SHM_CROWDED_MOVE_NS) {
+        t->crowded_ns = 0;
+        shm_move_off(t);
+    }
+    return 1;
+}

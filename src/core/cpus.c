@@ -1,5 +1,5 @@
 /* cpus.c - the CPUs this process may use, from sched_getaffinity (the set taskset or a cgroup gave it),
- * falling back to the online count. */
+ * falling back to the online count; where this thread runs, and a move to a CPU nobody uses. */
 #include "cpus.h"
 
 #include <sched.h>
@@ -31,4 +31,25 @@ void tally__cpus_list(char *buf, size_t n) {
         o += (size_t)snprintf(buf + o, n - o, e > c ? "%s%d-%d" : "%s%d", o ? "," : "", c, e);
         c = e;
     }
+}
+
+unsigned tally__cpus_current(void) {
+    int c = sched_getcpu();
+    return c < 0 ? 0u : (unsigned)c + 1u;
+}
+
+int tally__cpus_move_off(const cpu_set_t *busy, int salt) {
+    cpu_set_t mine, one;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return -1;
+    int nfree = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) nfree += CPU_ISSET(c, &mine) && !CPU_ISSET(c, busy);
+    if (nfree == 0) return -1;
+    int k = (salt < 0 ? -salt : salt) % nfree, to = -1;
+    for (int c = 0; c < CPU_SETSIZE && to < 0; c++)
+        if (CPU_ISSET(c, &mine) && !CPU_ISSET(c, busy) && k-- == 0) to = c;
+    CPU_ZERO(&one);
+    CPU_SET(to, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) return -1;
+    sched_setaffinity(0, sizeof mine, &mine);
+    return to;
 }

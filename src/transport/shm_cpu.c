@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include "../core/clock.h"
+#include "../core/cpus.h"
 #include "../core/log.h"
 #include "shm.h"
 
@@ -12,8 +13,7 @@
 #define SHM_CROWDED_GAP_NS 5000000u
 
 void tally__shm_note_cpu(shm_tp *t) {
-    int c = sched_getcpu(); /* glibc reads it from rseq: a load, not a system call */
-    uint32_t v = c < 0 ? 0 : (uint32_t)c + 1;
+    uint32_t v = tally__cpus_current();
     if (v == t->mycpu) return; /* a store only on a move: the line stays shared in the readers' caches */
     t->mycpu = v;
     atomic_store_explicit(&t->oncpu[t->me].v, v, memory_order_relaxed);
@@ -41,29 +41,18 @@ static int shm_peer_here(const shm_xchg *x) {
     return found;
 }
 
-/* Moves this thread to a CPU of its affinity set that no rank of the segment last ran on, and gives the
- * set back at once: the kernel migrates a thread whose set excludes its CPU, and restoring the set keeps
- * the rank exactly as bound (or unbound) as its launcher made it. Nothing happens when every CPU of the
- * set has a rank, as with more ranks than CPUs. */
+/* Nothing happens when every CPU of our set has a rank, as with more ranks than CPUs. */
 static void shm_move_off(shm_tp *t) {
-    cpu_set_t mine, used, one;
-    if (sched_getaffinity(0, sizeof mine, &mine) != 0) return;
+    cpu_set_t used;
     CPU_ZERO(&used);
     for (int r = 0; r < t->n; r++) {
         uint32_t c = shm_cpu_of(t, r);
         if (c && c - 1 < CPU_SETSIZE) CPU_SET(c - 1, &used);
     }
-    int free_cpus[64], nfree = 0;
-    for (int c = 0; c < CPU_SETSIZE && nfree < 64; c++)
-        if (CPU_ISSET(c, &mine) && !CPU_ISSET(c, &used)) free_cpus[nfree++] = c;
-    if (nfree == 0) return;
-    int to = free_cpus[t->me % nfree]; /* ranks moving at once spread over the free CPUs */
-    CPU_ZERO(&one);
-    CPU_SET(to, &one);
-    if (sched_setaffinity(0, sizeof one, &one) != 0) return;
-    sched_setaffinity(0, sizeof mine, &mine);
-    tally__log_debug(1, "shm: rank %d shared CPU %u with a peer it waits for; moved to CPU %d", t->me,
-                     t->mycpu - 1, to);
+    unsigned was = t->mycpu - 1;
+    int to = tally__cpus_move_off(&used, t->me);
+    if (to < 0) return;
+    tally__log_debug(1, "shm: rank %d shared CPU %u with a peer it waits for; moved to CPU %d", t->me, was, to);
     tally__shm_note_cpu(t);
 }
 

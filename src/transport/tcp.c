@@ -12,6 +12,7 @@
 
 #include "../boot/boot.h"
 #include "../core/clock.h"
+#include "../core/cpus.h"
 #include "../core/reduce.h"
 #include "tcp_int.h"
 
@@ -173,6 +174,7 @@ static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c)
         return tcp_protocol(t, o->peer, "message of the wrong length", (size_t)h.len, o->len);
     }
     c->rb_head += sizeof h;
+    c->cpu = h.aux;
     o->have_hdr = 1;
     if (o->esize) tcp_align(c);
     return 0;
@@ -358,7 +360,8 @@ static int tcp_post(tally__tcp_tp *t, const tally__send *s, int ns, const tally_
     int n = 0;
     for (int i = 0; i < ns; i++, n++)
         t->ops[n] = (tally__tcp_op){.peer = s[i].peer, .len = s[i].len, .sbuf = s[i].buf,
-                                    .hdr = {.magic = TALLY__TCP_MAGIC_DATA, .sig = *t->base.ctx.sig, .len = s[i].len}};
+                                    .hdr = {.magic = TALLY__TCP_MAGIC_DATA, .aux = t->mycpu, .sig = *t->base.ctx.sig,
+                                            .len = s[i].len}};
     for (int i = 0; i < nr; i++, n++)
         t->ops[n] = (tally__tcp_op){.peer = r[i].peer, .is_recv = 1, .len = r[i].len, .dst = r[i].dst,
                                     .src = r[i].src, .dtype = r[i].dtype, .op = r[i].op,
@@ -392,6 +395,7 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
     int rc = tally__fault_check(t->base.ctx.fault);
     if (rc) return rc;
     if ((rc = tcp_validate(t, s, ns, r, nr))) return rc;
+    t->mycpu = tally__cpus_current();
     int nops = tcp_post(t, s, ns, r, nr), pending = nops;
     uint64_t now = tally__now_ns(), deadline = now + (uint64_t)(t->base.ctx.timeout_s * 1e9);
     uint64_t spin_ns = t->spin_ns, spin_until = now + spin_ns;
@@ -420,7 +424,11 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
                 t->stalled = 0;
             }
         }
-        if (now < spin_until) continue;
+        if (now < spin_until) {
+            /* A peer on our CPU cannot run while we spin: give it the CPU now. */
+            if (!moved && tally__tcp_peer_here(t, t->ops[tcp_first_pending(t, nops)].peer)) sched_yield();
+            continue;
+        }
         if (now >= deadline) return tcp_abort(t, nops, tcp_timeout(t, &t->ops[tcp_first_pending(t, nops)]));
         if (now >= next_beat) {
             tally__tcp_tell_wait(t, t->ops[tcp_first_pending(t, nops)].peer);
@@ -510,6 +518,8 @@ int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out) {
         return tally__seterr(rc, "rank %d: tcp transport: out of memory", ctx->rank);
     }
     t->spin_ns = ctx->crowded ? TCP_SPIN_CROWDED_NS : TCP_SPIN_NS;
+    const tally__peer *peers = tally__boot_peers(ctx->boot);
+    for (int p = 0; p < ctx->size; p++) t->conns[p].local = peers[p].hostid == peers[ctx->rank].hostid;
     if ((rc = tally__tcp_mesh(ctx, t->conns))) {
         tcp_destroy(&t->base);
         return rc;

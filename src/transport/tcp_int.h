@@ -22,7 +22,7 @@
  * the sender's collective, so a peer learns the cause even when the relay through rank 0 cannot run. */
 typedef struct tally__tcp_hdr {
     uint32_t magic;
-    uint32_t aux;      /* 0 except in WAIT; keeps sig 8-aligned */
+    uint32_t aux;      /* DATA: the sender's CPU + 1 (0 unknown); WAIT: see above; keeps sig 8-aligned */
     tally__sig sig;    /* the sender's collective fingerprint */
     uint64_t len;      /* payload bytes that follow */
 } tally__tcp_hdr;
@@ -45,6 +45,8 @@ typedef struct tally__tcp_conn {
     int mid;            /* a message of ours to this peer is partly sent: no control frame may cut in */
     unsigned char cout[1024]; /* control frames of ours the socket has not taken yet: they go out first */
     uint16_t cout_off, cout_len;
+    int local;          /* the peer is on our host (the CPU it sends from means something here) */
+    uint32_t cpu;       /* the CPU + 1 the peer's latest message came from (header's aux), 0 unknown */
 } tally__tcp_conn;
 
 typedef struct tally__tcp_tp {
@@ -57,12 +59,17 @@ typedef struct tally__tcp_tp {
     char *awaited;             /* scratch: [size], peers with a receive pending in this exchange */
     int stalled;               /* this exchange told the peers it waits (they must hear when it stops) */
     int fault_told;            /* our fault went out as FAULT frames */
+    uint32_t mycpu;            /* our CPU + 1 at the start of this exchange (0 unknown): sent in aux */
+    uint64_t crowded_ns, crowded_at; /* yielding to a peer on our CPU: for how long, and the latest */
 } tally__tcp_tp;
 
 /* What a receiver expecting a `want`-byte message of the collective `mine` makes of the next header
  * on a data connection, decided before any of its payload is read (pure: the frame fuzzer calls it). */
 enum { TALLY__TCP_HDR_OK, TALLY__TCP_HDR_BYE, TALLY__TCP_HDR_BAD_MAGIC, TALLY__TCP_HDR_MISMATCH, TALLY__TCP_HDR_BAD_LEN };
 int tally__tcp_hdr_judge(const tally__tcp_hdr *h, const tally__sig *mine, size_t want);
+/* Where local peers run (tcp_cpu.c): 1 when `peer`, which we wait for, last sent from our CPU, so
+ * spinning would keep it off; after 0.1 ms of that the higher rank moves to a CPU no peer uses. */
+int tally__tcp_peer_here(tally__tcp_tp *t, int peer);
 /* Control frames (tcp_ctl.c). Each goes only where our stream is between messages. */
 int tally__tcp_ctl_flush(tally__tcp_conn *c); /* 1 when no control bytes wait to go out */
 void tally__tcp_tell_wait(tally__tcp_tp *t, int peer); /* we wait for `peer` (-1: for nobody any more) */

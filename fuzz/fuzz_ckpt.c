@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "fuzz.h"
-#include "train/ckpt.h"
+#include "ckpt/ckpt.h"
 #include <tally.h>
 
 /* A tensor is had with its own dtype and shape, and refused with any other: one dimension more or less,

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "train/ckpt_int.h"
+#include "ckpt/ckpt_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > CKPT_MANIFEST_MAX) return 0; /* the reader refuses those before parsing */

@@ -13,8 +13,8 @@
 
 #include "boot/boot_int.h"
 #include "fuzz.h"
-#include "train/ckpt.h"
-#include "train/ckpt_int.h"
+#include "ckpt/ckpt.h"
+#include "ckpt/ckpt_int.h"
 #include "transport/tcp_int.h"
 
 /* An input under construction. */
@@ -80,20 +80,20 @@ static void gs_ctl(gs_buf *s, int type, uint32_t aux, const void *p, uint32_t le
 static void gs_hello(unsigned char h[FZ_HELLO_LEN], uint32_t magic, uint32_t version, int rank, int size,
                      const char *host) {
     memset(h, 0, FZ_HELLO_LEN);
-    ctl_put32(h, magic);
-    ctl_put32(h + 4, version);
-    ctl_put32(h + 8, (uint32_t)rank);
-    ctl_put32(h + 12, (uint32_t)size);
-    ctl_put32(h + 16, 31337);
-    ctl_put64(h + 24, 0x0123456789abcdefull);
+    tally__put_be32(h, magic);
+    tally__put_be32(h + 4, version);
+    tally__put_be32(h + 8, (uint32_t)rank);
+    tally__put_be32(h + 12, (uint32_t)size);
+    tally__put_be32(h + 16, 31337);
+    tally__put_be64(h + 24, 0x0123456789abcdefull);
     memcpy(h + 32, host, strlen(host));
     memcpy(h + 96, "127.0.0.1", 9);
 }
 #define GS_HELLO_MAGIC 0x544c5948u /* "TLYH" */
 
 static size_t gs_fault(unsigned char *p, int code, int culprit, const char *msg) {
-    ctl_put32(p, (uint32_t)code);
-    ctl_put32(p + 4, (uint32_t)culprit);
+    tally__put_be32(p, (uint32_t)code);
+    tally__put_be32(p + 4, (uint32_t)culprit);
     memcpy(p + 8, msg, strlen(msg));
     return 8 + strlen(msg);
 }
@@ -310,7 +310,7 @@ static void gs_handshake(void) {
 
 static void gs_be32(gs_buf *s, uint32_t v) {
     unsigned char b[4];
-    ctl_put32(b, v);
+    tally__put_be32(b, v);
     gs_put(s, b, 4);
 }
 

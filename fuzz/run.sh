@@ -23,7 +23,7 @@ fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(frame handshake idx)
-  [ -f src/train/ckpt.h ] && targets+=(ckpt manifest)
+  [ -f src/ckpt/ckpt.h ] && targets+=(ckpt manifest)
 fi
 
 # Longest input per target: a few frames each (a fault report is ~800 bytes, a TCP message of 255

@@ -11,7 +11,7 @@
 #include "boot/net.h"
 #include "core/clock.h"
 #include "harness.h"
-#include "train/ps.h"
+#include "ps/ps.h"
 #include "train_runner.h"
 
 /* The bound the issue sets: staleness 0 is the synchronous step, summed in worker order where the
@@ -138,11 +138,11 @@ static int mod_tear(tally__ps_worker *k, int w, long c, float *p, float *g) {
     if (tally__ps_worker_pull(k, c, p, &stale)) return 13;
     for (size_t i = 0; i < g_n; i++) g[i] = 1e6f; /* would show in the parameters if applied */
     unsigned char b[TALLY__PS_HDR] = {0}; /* the header as the wire format defines it */
-    ctl_put32(b, TALLY__PS_MAGIC);
-    ctl_put32(b + 4, TALLY__PS_PUSH);
-    ctl_put32(b + 8, (uint32_t)w);
-    ctl_put64(b + 16, (uint64_t)c);
-    ctl_put32(b + 24, (uint32_t)(g_n * sizeof(float)));
+    tally__put_be32(b, TALLY__PS_MAGIC);
+    tally__put_be32(b + 4, TALLY__PS_PUSH);
+    tally__put_be32(b + 8, (uint32_t)w);
+    tally__put_be64(b + 16, (uint64_t)c);
+    tally__put_be32(b + 24, (uint32_t)(g_n * sizeof(float)));
     uint64_t dl = tally__deadline(5);
     if (tally__net_send_all(k->fd, b, sizeof b, dl) || tally__net_send_all(k->fd, g, g_n * sizeof(float) / 2, dl))
         return 14;

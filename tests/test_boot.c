@@ -274,11 +274,11 @@ static void forge_one(const tally__boot_env *env, int k, const unsigned char *hd
 
 static void forge_hello(unsigned char *o, uint32_t magic, uint32_t version, int rank, int size) {
     memset(o, 0, HELLO_LEN);
-    ctl_put32(o, magic);
-    ctl_put32(o + 4, version);
-    ctl_put32(o + 8, (uint32_t)rank);
-    ctl_put32(o + 12, (uint32_t)size);
-    ctl_put32(o + 16, (uint32_t)getpid());
+    tally__put_be32(o, magic);
+    tally__put_be32(o + 4, version);
+    tally__put_be32(o + 8, (uint32_t)rank);
+    tally__put_be32(o + 12, (uint32_t)size);
+    tally__put_be32(o + 16, (uint32_t)getpid());
     memcpy(o + 32, "forger", 6);
     memcpy(o + 96, "127.0.0.1", 9);
 }

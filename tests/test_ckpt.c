@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "train/ckpt.h"
-#include "train/crc32c.h"
+#include "ckpt/ckpt.h"
+#include "ckpt/crc32c.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1

@@ -8,7 +8,7 @@
 #include <tally/ddp.h>
 
 #include "harness.h"
-#include "train/codec.h"
+#include "dp/codec.h"
 
 static uint32_t bits_of(float f) {
     uint32_t x;

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "train/guard.h"
+#include "dp/guard.h"
 #include "train_runner.h"
 
 static void test_all_finite(void) {

@@ -15,7 +15,7 @@
 #include "core/cpus.h"
 #include "harness.h"
 #include "tool_runner.h"
-#include "train/ckpt.h"
+#include "ckpt/ckpt.h"
 
 static th_tool R;
 static char base[64];

@@ -9,7 +9,7 @@
 #include <tally/layers.h>
 
 #include "harness.h"
-#include "train/rng.h"
+#include "core/rng.h"
 
 /* Tolerances, all as |got - want| <= tol * max(1, |want|):
  * - TOL_F: float fast path against a double reference (forward, analytic backward, and central

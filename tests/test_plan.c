@@ -8,8 +8,8 @@
 #include <tally/optim.h>
 
 #include "harness.h"
-#include "train/model.h"
-#include "train/plan.h"
+#include "nn/model.h"
+#include "plan/plan.h"
 
 static int near(double got, double want, double tol) { return fabs(got - want) <= tol; }
 static int rel(double got, double want) { return fabs(got - want) <= 1e-9 * fmax(1, fabs(want)); }

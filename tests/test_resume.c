@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "train/ckpt.h"
+#include "ckpt/ckpt.h"
 #include "train_runner.h"
 
 static char g_dir[256];
@@ -135,7 +135,7 @@ static void test_cli(void) {
     rc = run_cli("--resume", "--seed=3", "16", err, sizeof err);
     TH_CHECK(rc != 0 && strstr(err, "--seed"), "another seed: exit %d '%s'", rc, err);
     /* One byte flipped in fc2.weight's data: refused, naming the tensor. Data begins right after the
-     * header and the table, in table order (the format in train/ckpt.h). */
+     * header and the table, in table order (the format in ckpt/ckpt.h). */
     tally__ckpt *ck = NULL;
     if (newest_file(path, sizeof path) || tally__ckpt_open(path, &ck)) {
         TH_CHECK(0, "no checkpoint to corrupt: %s", tally_last_error());

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "train/memory.h"
+#include "plan/memory.h"
 #include "train_runner.h"
 
 /* Equivalence bound, as tests/test_train.c states it: tr_max_rel_diff <= 1e-5. The runner pins the

@@ -1,5 +1,5 @@
 /* cmd_plan.c - `tally plan`: parses the flags (or measures this machine with --calibrate), asks the
- * planner (src/train/plan.c) for memory, communication, step time and scaling, prints text or JSON. */
+ * planner (src/plan/plan.c) for memory, communication, step time and scaling, prints text or JSON. */
 #include <cblas.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -13,8 +13,8 @@
 
 #include "../src/core/clock.h"
 #include "../src/core/sig.h"
-#include "../src/train/model.h"
-#include "../src/train/plan.h"
+#include "../src/nn/model.h"
+#include "../src/plan/plan.h"
 #include "../src/train/trainer.h"
 #include "../src/core/file.h"
 #include "../src/core/parse.h"

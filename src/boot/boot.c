@@ -19,14 +19,6 @@
 #include "fdlimit.h"
 #include "net.h"
 
-/* Knob read here only to name the transport in messages about descriptors (comm.c checks and uses it):
- *   TALLY_TRANSPORT */
-
-/* Descriptors a rank holds besides one per peer and its control connections: the tcp listener or shm's
- * segment and probe memfd, the monitor's two eventfds, and short-lived ones (a name lookup, /proc files,
- * a pidfd_getfd, a rendezvous connection being refused). */
-#define BOOT_FD_EXTRA 12
-
 /* The thread's current message, copied: tally__seterr cannot take its own buffer as an argument. */
 static const char *boot_prev(char prev[1024]) {
     snprintf(prev, 1024, "%s", tally_last_error());
@@ -53,60 +45,18 @@ static void boot_self(tally__peer *p) {
     p->hostid = h;
 }
 
-/* A fixed 64-byte string field from the wire: NUL-terminated and printable, else rejected. */
-int tally__boot_str_ok(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n && s[i]) {
-        if (s[i] < 0x20 || s[i] > 0x7e) return 0;
-        i++;
-    }
-    return i < n;
-}
-
-void tally__boot_peer_put(unsigned char *o, const tally__peer *p) {
-    memset(o, 0, PEER_LEN);
-    ctl_put32(o, (uint32_t)p->pid);
-    ctl_put64(o + 8, p->hostid);
-    memcpy(o + 16, p->ip, strnlen(p->ip, 63));
-    memcpy(o + 80, p->hostname, strnlen(p->hostname, 63));
-}
-
-static int boot_peer_get(const unsigned char *in, tally__peer *p) {
-    if (!tally__boot_str_ok(in + 16, 64) || !tally__boot_str_ok(in + 80, 64)) return TALLY_E_PROTOCOL;
-    p->pid = (int32_t)ctl_get32(in);
-    p->hostid = ctl_get64(in + 8);
-    memcpy(p->ip, in + 16, 64);
-    memcpy(p->hostname, in + 80, 64);
-    return 0;
-}
-
 static void boot_hello_put(unsigned char *o, const tally__boot *b) {
     const tally__peer *me = &b->peers[b->rank];
     memset(o, 0, HELLO_LEN);
-    ctl_put32(o, HELLO_MAGIC);
-    ctl_put32(o + 4, BOOT_VERSION);
-    ctl_put32(o + 8, (uint32_t)b->rank);
-    ctl_put32(o + 12, (uint32_t)b->size);
-    ctl_put32(o + 16, (uint32_t)me->pid);
-    ctl_put64(o + 24, me->hostid);
-    ctl_put32(o + 20, b->fd_hard);
+    tally__put_be32(o, HELLO_MAGIC);
+    tally__put_be32(o + 4, BOOT_VERSION);
+    tally__put_be32(o + 8, (uint32_t)b->rank);
+    tally__put_be32(o + 12, (uint32_t)b->size);
+    tally__put_be32(o + 16, (uint32_t)me->pid);
+    tally__put_be64(o + 24, me->hostid);
+    tally__put_be32(o + 20, b->fd_hard);
     memcpy(o + 32, me->hostname, strnlen(me->hostname, 63));
     memcpy(o + 96, me->ip, strnlen(me->ip, 63));
-}
-
-/* ---- the descriptor budget ---- */
-
-int tally__boot_fd_need(int rank, int size) {
-    if (size <= 1) return 0;
-    /* Rank 0 holds a control connection per rank (and the rendezvous listener); both transports hold
-     * one descriptor per peer: a tcp socket, or a shm pidfd. */
-    return (rank == 0 ? size : 1) + (size - 1) + BOOT_FD_EXTRA;
-}
-
-void tally__boot_fd_world(int size, char *buf, size_t n) {
-    const char *t = tally__env_knob("TALLY_TRANSPORT");
-    const char *name = !t ? NULL : !strcasecmp(t, "tcp") ? "tcp " : !strcasecmp(t, "shm") ? "shm " : NULL;
-    snprintf(buf, n, "a %sworld of %d ranks", name ? name : "", size);
 }
 
 /* Makes room now, once, for every descriptor this rank will hold (raising the soft limit if it must), so
@@ -188,7 +138,7 @@ static int rk_table(tally__boot *b, int fd, const ctl_frame *f, uint64_t deadlin
     unsigned char *t = malloc(len);
     if (!t) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the peer table", b->rank);
     int rc = tally__net_recv_all(fd, t, len, deadline);
-    for (int k = 0; k < b->size && !rc; k++) rc = boot_peer_get(t + (size_t)k * PEER_LEN, &b->peers[k]);
+    for (int k = 0; k < b->size && !rc; k++) rc = tally__boot_peer_get(t + (size_t)k * PEER_LEN, &b->peers[k]);
     free(t);
     if (!rc && b->peers[b->rank].pid != (int)getpid()) rc = TALLY_E_PROTOCOL;
     return rc;

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "../core/bytes.h"
 #include "boot.h"
 
 /* Control frame: 16-byte header (network byte order) then `len` payload bytes.
@@ -91,23 +92,13 @@ int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *c
 int tally__boot_serve(tally__boot *b, const tally__boot_env *env, uint64_t deadline);
 /* A fixed 64-byte string field from the wire: NUL-terminated and printable. */
 int tally__boot_str_ok(const unsigned char *s, size_t n);
-/* One peer table entry, PEER_LEN bytes. */
+/* One peer table entry, PEER_LEN bytes, out and back in (peers.c); the way in refuses bad strings
+ * with TALLY_E_PROTOCOL. */
 void tally__boot_peer_put(unsigned char *o, const tally__peer *p);
-/* Descriptors rank `rank` of a world of `size` holds at once from init to free (boot.c), and the world
+int tally__boot_peer_get(const unsigned char *in, tally__peer *p);
+/* Descriptors rank `rank` of a world of `size` holds at once from init to free (peers.c), and the world
  * in words for messages about them: "a tcp world of 64 ranks". */
 int tally__boot_fd_need(int rank, int size);
 void tally__boot_fd_world(int size, char *buf, size_t n);
-
-static inline void ctl_put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
-}
-static inline uint32_t ctl_get32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static inline void ctl_put64(unsigned char *p, uint64_t v) {
-    ctl_put32(p, (uint32_t)(v >> 32));
-    ctl_put32(p + 4, (uint32_t)v);
-}
-static inline uint64_t ctl_get64(const unsigned char *p) { return (uint64_t)ctl_get32(p) << 32 | ctl_get32(p + 4); }
 
 #endif

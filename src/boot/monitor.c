@@ -21,19 +21,19 @@
 #define CTL_SEND_S 5.0
 
 void tally__ctl_hdr_put(unsigned char h[CTL_HDR], int type, uint32_t aux, uint32_t len) {
-    ctl_put32(h, CTL_MAGIC);
+    tally__put_be32(h, CTL_MAGIC);
     h[4] = (unsigned char)type;
     h[5] = h[6] = h[7] = 0;
-    ctl_put32(h + 8, aux);
-    ctl_put32(h + 12, len);
+    tally__put_be32(h + 8, aux);
+    tally__put_be32(h + 12, len);
 }
 
 int tally__ctl_hdr_get(const unsigned char h[CTL_HDR], ctl_frame *f) {
-    if (ctl_get32(h) != CTL_MAGIC || h[4] == 0 || h[4] >= CTL_TYPE_MAX || h[5] || h[6] || h[7])
+    if (tally__get_be32(h) != CTL_MAGIC || h[4] == 0 || h[4] >= CTL_TYPE_MAX || h[5] || h[6] || h[7])
         return TALLY_E_PROTOCOL;
     f->type = h[4];
-    f->aux = ctl_get32(h + 8);
-    f->len = ctl_get32(h + 12);
+    f->aux = tally__get_be32(h + 8);
+    f->len = tally__get_be32(h + 12);
     return 0;
 }
 
@@ -73,8 +73,8 @@ void tally__ctl_who(const tally__boot *b, int rank, char *buf, size_t n) {
 
 static size_t ctl_fault_payload(unsigned char *buf, int code, int culprit, const char *msg) {
     size_t ml = strnlen(msg, CTL_MSG_MAX);
-    ctl_put32(buf, (uint32_t)code);
-    ctl_put32(buf + 4, (uint32_t)culprit);
+    tally__put_be32(buf, (uint32_t)code);
+    tally__put_be32(buf + 4, (uint32_t)culprit);
     memcpy(buf + 8, msg, ml);
     return 8 + ml;
 }
@@ -112,8 +112,8 @@ void tally__boot_tell_setup_failure(tally__boot *b, int code, const char *msg) {
 int tally__ctl_fault_parse(const tally__boot *b, const unsigned char *p, size_t len, int *code, int *culprit,
                            char msg[CTL_MSG_MAX + 1]) {
     if (len < 8 || len > CTL_FAULT_MAX) return TALLY_E_PROTOCOL;
-    *code = (int32_t)ctl_get32(p);
-    *culprit = (int32_t)ctl_get32(p + 4);
+    *code = (int32_t)tally__get_be32(p);
+    *culprit = (int32_t)tally__get_be32(p + 4);
     if (*code >= 0 || *code < -1000 || *culprit < -1 || *culprit >= b->size) return TALLY_E_PROTOCOL;
     memcpy(msg, p + 8, len - 8);
     msg[len - 8] = '\0';
@@ -200,7 +200,7 @@ static int mon_read(tally__boot *b, ctl_conn *c, int fd) {
             tally__fault_raise(b->fault, TALLY_E_PROTOCOL, c->rank,
                                "rank %d sent an unexpected control message after setup (type %d, %u bytes): the "
                                "ranks disagree on the setup steps, or it is not a tally peer of this version",
-                               c->rank, c->buf[4], (unsigned)ctl_get32(c->buf + 12));
+                               c->rank, c->buf[4], (unsigned)tally__get_be32(c->buf + 12));
             return 1;
         }
         if (f.len > 0) return 0; /* the payload comes next */

@@ -147,8 +147,8 @@ static void r0_short_rank(tally__boot *b, r0_state *s, int rank, uint32_t hard) 
 /* Checks a hello (h holds its HELLO_LEN bytes) against the job: the rank it names, or -1 with the
  * refusal's code and text in *code and why. Pure, so the frame fuzzer can call it. */
 int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *code, char *why, size_t n) {
-    uint32_t magic = ctl_get32(h), version = ctl_get32(h + 4);
-    int rank = (int32_t)ctl_get32(h + 8), size = (int32_t)ctl_get32(h + 12), pid = (int32_t)ctl_get32(h + 16);
+    uint32_t magic = tally__get_be32(h), version = tally__get_be32(h + 4);
+    int rank = (int32_t)tally__get_be32(h + 8), size = (int32_t)tally__get_be32(h + 12), pid = (int32_t)tally__get_be32(h + 16);
     int strings_ok = tally__boot_str_ok(h + 32, 64) && tally__boot_str_ok(h + 96, 64);
     *code = magic != HELLO_MAGIC || version != BOOT_VERSION || !strings_ok ? TALLY_E_PROTOCOL : TALLY_E_BOOT;
     if (magic != HELLO_MAGIC || version != BOOT_VERSION)
@@ -181,13 +181,13 @@ static int r0_hello(tally__boot *b, r0_state *s, r0_pend *p) {
     char why[CTL_MSG_MAX + 1];
     int code, rank = tally__boot_hello_check(b, h, &code, why, sizeof why);
     if (rank < 0) return r0_refuse(s, p, code, "%s", why), -1;
-    int pid = (int32_t)ctl_get32(h + 16);
+    int pid = (int32_t)tally__get_be32(h + 16);
     tally__peer *q = &b->peers[rank];
     q->pid = pid;
-    q->hostid = ctl_get64(h + 24);
+    q->hostid = tally__get_be64(h + 24);
     memcpy(q->hostname, h + 32, 64);
     memcpy(q->ip, h + 96, 64);
-    if (ctl_get32(h + 20)) r0_short_rank(b, s, rank, ctl_get32(h + 20));
+    if (tally__get_be32(h + 20)) r0_short_rank(b, s, rank, tally__get_be32(h + 20));
     if (s->refuse_code) { /* told, not joined: it ends its rendezvous with our reason */
         r0_say_refuse(p->fd, s->refuse_code, s->refuse_msg);
         close(p->fd);
@@ -241,7 +241,7 @@ static int r0_stage(tally__boot *b, r0_state *s, r0_pend *p) {
             return r0_refuse(s, p, TALLY_E_PROTOCOL,
                              "its first frame after authentication is not a hello (magic %08x, type %u, length %u; "
                              "rank 0 expects %08x, %d, %d): every rank must run the same tally version",
-                             ctl_get32(p->buf), p->buf[4], ctl_get32(p->buf + 12), CTL_MAGIC, CTL_HELLO, HELLO_LEN), -1;
+                             tally__get_be32(p->buf), p->buf[4], tally__get_be32(p->buf + 12), CTL_MAGIC, CTL_HELLO, HELLO_LEN), -1;
         break;
     case P_HELLO:
         return r0_hello(b, s, p);

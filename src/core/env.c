@@ -32,3 +32,8 @@ int tally__env_bytes(const char *name, uint64_t lo, uint64_t hi, uint64_t def, u
 }
 
 int tally__env_timeout(double *out) { return tally__env_real("TALLY_TIMEOUT", 0, 1, TALLY__TIMEOUT_MAX_S, 300.0, out); }
+
+int tally__debug_check(void) {
+    long long v;
+    return tally__env_int("TALLY_DEBUG", 0, 2, 0, &v);
+}

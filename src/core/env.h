@@ -18,5 +18,7 @@ int tally__env_bytes(const char *name, uint64_t lo, uint64_t hi, uint64_t def, u
 /* The collective timeout in seconds: TALLY_TIMEOUT in (0, TALLY__TIMEOUT_MAX_S], default 300. */
 #define TALLY__TIMEOUT_MAX_S 1e6
 int tally__env_timeout(double *out);
+/* 0, or TALLY_E_INVALID when TALLY_DEBUG is set to anything but 0, 1 or 2. */
+int tally__debug_check(void);
 
 #endif

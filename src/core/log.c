@@ -8,14 +8,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "parse.h"
-
 static int tally__log_rank = -1;
 
 void tally__log_set_rank(int rank) { tally__log_rank = rank; }
 
 /* Lazily, without touching the thread's error message: any value but 1 or 2 logs nothing here, and
- * tally_comm_init refuses it through tally__debug_check. */
+ * tally_comm_init refuses it through tally__debug_check (env.c). */
 int tally__debug_level(void) {
     static int level = -1;
     if (level < 0) {
@@ -23,12 +21,6 @@ int tally__debug_level(void) {
         level = s && (!strcmp(s, "1") || !strcmp(s, "2")) ? s[0] - '0' : 0;
     }
     return level;
-}
-
-int tally__debug_check(void) {
-    const char *s = getenv("TALLY_DEBUG");
-    long long v;
-    return s ? tally__parse_int("TALLY_DEBUG", s, 0, 2, &v) : 0;
 }
 
 static void tally__log_line(const char *kind, const char *fmt, va_list ap) {

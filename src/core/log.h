@@ -7,8 +7,6 @@
 void tally__log_set_rank(int rank);
 /* TALLY_DEBUG level: 0 quiet, 1 decisions, 2 verbose. */
 int tally__debug_level(void);
-/* 0, or TALLY_E_INVALID when TALLY_DEBUG is set to anything but 0, 1 or 2. */
-int tally__debug_check(void);
 void tally__log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Something the user should know that is not an error (a step skipped, a fallback taken). */
 void tally__log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

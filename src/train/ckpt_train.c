@@ -9,7 +9,7 @@
 
 #include "../core/err.h"
 #include "../core/log.h"
-#include "ckpt.h"
+#include "../ckpt/ckpt.h"
 
 /* The optimizer's per-parameter state, named as torch.optim's state_dict names it. */
 typedef struct state_kind {

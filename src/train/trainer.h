@@ -9,8 +9,8 @@
 #include <tally/data.h>
 #include <tally/optim.h>
 
-#include "codec.h"
-#include "model.h"
+#include "../dp/codec.h"
+#include "../nn/model.h"
 
 typedef struct tally__train_cfg {
     tally__model_kind model;

@@ -13,18 +13,11 @@
 #include "../core/env.h"
 #include "../core/err.h"
 #include "../coll/coll.h"
-#include "codec.h"
-#include "ps.h"
+#include "../dp/codec.h"
+#include "../ps/ps.h"
 #include "trainer_int.h"
 
 _Static_assert(TALLY__TRAIN_STALE_BINS == TALLY__PS_STALE_BINS, "the result holds the server's histogram");
-
-void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
-    if (cfg->straggler_ms <= 0 || rank != cfg->straggler_rank) return;
-    struct timespec ts = {.tv_sec = cfg->straggler_ms / 1000, .tv_nsec = (long)(cfg->straggler_ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
 
 typedef struct async_run {
     train_run r;

@@ -7,11 +7,11 @@
 #include <tally/ddp.h>
 #include <tally/optim.h>
 
-#include "codec.h"
-#include "guard.h"
-#include "model.h"
+#include "../dp/codec.h"
+#include "../dp/guard.h"
+#include "../nn/model.h"
 #include "trainer.h"
-#include "zero.h"
+#include "../dp/zero.h"
 
 /* Everything a run holds, so the loop, the evaluation and the checkpoints take one argument. */
 typedef struct train_run {

@@ -7,7 +7,7 @@
 
 #include "../core/err.h"
 #include "codec_int.h"
-#include "rng.h"
+#include "../core/rng.h"
 
 #define PSGD_NONE ((size_t)-1)
 

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/bytes.h"
 #include "ckpt.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -17,22 +18,6 @@
 #define CKPT_MANIFEST_MAX 512 /* bytes; a real manifest is under 200 */
 #define CKPT_FILE_NAME_MAX 48 /* "step-" + up to 19 digits + ".tck.tmp" + NUL */
 
-static inline void ckpt_put32(unsigned char *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static inline void ckpt_put64(unsigned char *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static inline uint32_t ckpt_get32(const unsigned char *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-static inline uint64_t ckpt_get64(const unsigned char *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 static inline uint64_t ckpt_align(uint64_t x) {
     return (x + TALLY__CKPT_ALIGN - 1) & ~(uint64_t)(TALLY__CKPT_ALIGN - 1);
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../core/err.h"
-#include "rng.h"
+#include "../core/rng.h"
 
 TALLY_API int tally_sampler_init(tally_sampler *s, size_t n, int rank, int size, uint64_t seed, int shuffle) {
     tally__clearerr();

@@ -7,10 +7,10 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
-#include "alloc.h"
+#include "../core/alloc.h"
 #include "codec.h"
 #include "guard.h"
-#include "rng.h"
+#include "../core/rng.h"
 
 static float *zero_alloc(size_t n) { return tally__alloc_zeroed(n * sizeof(float)); }
 

@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 
 #include "../core/err.h"
-#include "alloc.h"
-#include "rng.h"
+#include "../core/alloc.h"
+#include "../core/rng.h"
 
 #define IMG_SIDE 28
 #define IMG_DIM (IMG_SIDE * IMG_SIDE)

@@ -8,6 +8,8 @@
 #include <tally.h>
 #include <tally/layers.h>
 
+#include "../core/alloc.h"
+
 typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__model_kind;
 
 typedef enum { TALLY__OP_LINEAR, TALLY__OP_RELU, TALLY__OP_CONV, TALLY__OP_POOL } tally__op_kind;
@@ -58,7 +60,7 @@ typedef struct tally__model {
     tally__tensor tensor[TALLY__MODEL_MAX_TENSORS]; /* every weight and bias, in buffer order */
     float *params;           /* [nparams]: every layer's w then b, layers in forward order */
     float *grads;            /* [nparams], same layout; from tally_mem_alloc when a comm is given */
-    tally_comm *grads_comm;  /* who allocated grads (NULL: plain memory) */
+    tally__mem_source grads_src; /* who allocated grads (alloc NULL: plain memory) */
     size_t params_bytes, grads_bytes; /* what the flat buffers hold (0 when not allocated) */
     int max_batch;
     float *act[TALLY__MODEL_MAX_OPS + 1]; /* act[0] is the input batch, act[i+1] the output of op i */
@@ -77,15 +79,15 @@ int tally__model_parse_hidden(const char *s, int *hidden, int *n);
 const char *tally__model_name(tally__model_kind k);
 int tally__model_parse(const char *name);
 
-/* Lays out the model, allocates its buffers for batches up to max_batch (grads through
- * tally_mem_alloc(comm) when comm is not NULL) and initialises the parameters from seed as PyTorch
+/* Lays out the model, allocates its buffers for batches up to max_batch (grads from grads_src when
+ * it is not NULL, e.g. the communicator's shared memory) and initialises the parameters from seed as PyTorch
  * does (uniform in +-1/sqrt(fan_in)). flags leave out the flat parameter or gradient buffer (ZeRO
  * keeps shards instead; it then points each layer's w/b/dw/db where it wants them). Returns 0 or a
  * TALLY_E_* code with a message. */
 #define TALLY__MODEL_NO_PARAMS 1
 #define TALLY__MODEL_NO_GRADS 2
-int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed, tally_comm *comm,
-                      int flags);
+int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed,
+                      const tally__mem_source *grads_src, int flags);
 /* The initial parameters of layer `layer` (weights then bias, offsets[layer+1] - offsets[layer] floats)
  * as tally__model_init draws them: layer by layer from one stream, so a rank holding a shard can draw
  * the layers in order into a buffer of one layer and keep its part. Call for layers 0, 1, ... in turn

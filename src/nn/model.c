@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "../core/err.h"
-#include "alloc.h"
-#include "rng.h"
+#include "../core/alloc.h"
+#include "../core/rng.h"
 
 static const char *const model_names[] = {"linear", "mlp", "cnn"};
 
@@ -162,17 +162,17 @@ static size_t model_activation_bytes(const tally__model *m, int B) {
     return bytes + (size_t)B * m->op[m->nops - 1].out * sizeof(float) + scratch * sizeof(float);
 }
 
-static int model_alloc_flat(tally__model *m, tally_comm *comm, int flags) {
+static int model_alloc_flat(tally__model *m, const tally__mem_source *src, int flags) {
     size_t pbytes = m->nparams * sizeof(float);
     if (!(flags & TALLY__MODEL_NO_PARAMS)) {
         if (!(m->params = tally__alloc_zeroed(pbytes))) goto nomem;
         m->params_bytes = pbytes;
     }
     if (!(flags & TALLY__MODEL_NO_GRADS)) {
-        m->grads = comm ? tally_mem_alloc(comm, pbytes ? pbytes : 64) : tally__alloc_zeroed(pbytes);
+        m->grads = src ? src->alloc(src->ctx, pbytes ? pbytes : 64) : tally__alloc_zeroed(pbytes);
         if (!m->grads) goto nomem;
-        if (comm) {
-            m->grads_comm = comm;
+        if (src) {
+            m->grads_src = *src;
             memset(m->grads, 0, pbytes);
         }
         m->grads_bytes = pbytes;
@@ -259,7 +259,7 @@ int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_d
 }
 
 int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed,
-                      tally_comm *comm, int flags) {
+                      const tally__mem_source *grads_src, int flags) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->regression = cfg->kind == TALLY__MODEL_LINEAR;
@@ -268,7 +268,7 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
         return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
                              max_batch, cfg->in_dim, cfg->outputs);
     int rc = model_layout(m, cfg);
-    if (!rc) rc = model_alloc_flat(m, comm, flags);
+    if (!rc) rc = model_alloc_flat(m, grads_src, flags);
     if (!rc) rc = model_alloc_buffers(m, max_batch);
     if (rc) {
         tally__model_free(m);
@@ -284,8 +284,8 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
 
 void tally__model_free(tally__model *m) {
     free(m->params);
-    if (m->grads_comm)
-        tally_mem_free(m->grads_comm, m->grads);
+    if (m->grads_src.alloc)
+        m->grads_src.release(m->grads_src.ctx, m->grads);
     else
         free(m->grads);
     for (int i = 1; i <= m->nops; i++) {

@@ -13,7 +13,7 @@
 #endif
 
 #include "../core/err.h"
-#include "alloc.h"
+#include "../core/alloc.h"
 
 #define STATE_ALIGN 64
 #define BLOCK 16

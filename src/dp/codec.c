@@ -10,7 +10,7 @@
 
 #include "../core/err.h"
 #include "../core/parse.h"
-#include "alloc.h"
+#include "../core/alloc.h"
 #include "guard.h"
 
 int tally__codec_parse(const char *spec, tally__codec_cfg *out) {

@@ -2,18 +2,18 @@
  * length held against what the frame's type must carry before a payload byte is read. */
 #include <string.h>
 
-#include "../boot/boot_int.h"
+#include "../core/bytes.h"
 #include "../boot/net.h"
 #include "ps.h"
 
 static void hdr_put(unsigned char o[TALLY__PS_HDR], const tally__ps_hdr *h) {
-    ctl_put32(o, TALLY__PS_MAGIC);
-    ctl_put32(o + 4, (uint32_t)h->type);
-    ctl_put32(o + 8, (uint32_t)h->rank);
-    ctl_put32(o + 12, h->aux);
-    ctl_put64(o + 16, h->clock);
-    ctl_put32(o + 24, h->len);
-    ctl_put32(o + 28, 0);
+    tally__put_be32(o, TALLY__PS_MAGIC);
+    tally__put_be32(o + 4, (uint32_t)h->type);
+    tally__put_be32(o + 8, (uint32_t)h->rank);
+    tally__put_be32(o + 12, h->aux);
+    tally__put_be64(o + 16, h->clock);
+    tally__put_be32(o + 24, h->len);
+    tally__put_be32(o + 28, 0);
 }
 
 int tally__ps_send(int fd, const tally__ps_hdr *h, const void *payload, uint64_t deadline) {
@@ -34,14 +34,14 @@ int tally__ps_recv_hdr(int fd, size_t nparams, tally__ps_hdr *h, uint64_t deadli
     unsigned char b[TALLY__PS_HDR];
     int rc = tally__net_recv_all(fd, b, sizeof b, deadline);
     if (rc) return rc;
-    h->type = (int)ctl_get32(b + 4);
-    h->rank = (int)ctl_get32(b + 8);
-    h->aux = ctl_get32(b + 12);
-    h->clock = ctl_get64(b + 16);
-    h->len = ctl_get32(b + 24);
-    *why = ctl_get32(b) != TALLY__PS_MAGIC ? "bad magic (not a parameter-server frame)"
+    h->type = (int)tally__get_be32(b + 4);
+    h->rank = (int)tally__get_be32(b + 8);
+    h->aux = tally__get_be32(b + 12);
+    h->clock = tally__get_be64(b + 16);
+    h->len = tally__get_be32(b + 24);
+    *why = tally__get_be32(b) != TALLY__PS_MAGIC ? "bad magic (not a parameter-server frame)"
            : h->type < TALLY__PS_HELLO || h->type >= TALLY__PS_TYPE_MAX ? "unknown frame type"
-           : ctl_get32(b + 28) != 0                                    ? "reserved header word not zero"
+           : tally__get_be32(b + 28) != 0                                    ? "reserved header word not zero"
            : h->clock > (uint64_t)1 << 62                               ? "clock out of range"
            : !len_ok(h->type, h->len, nparams)                          ? "payload length does not match the model"
                                                                         : NULL;

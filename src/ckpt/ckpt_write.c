@@ -289,15 +289,15 @@ int tally__ckpt_write(tally__ckpt_writer *w, int index, const void *data, size_t
 static void encode_entry(const tally__ckpt_writer *w, int i, unsigned char *e) {
     const tally__ckpt_tensor *t = &w->t[i];
     memcpy(e + TALLY__CKPT_E_NAME, w->s[i].name, 64);
-    ckpt_put32(e + TALLY__CKPT_E_DTYPE, (uint32_t)t->dtype);
-    ckpt_put32(e + TALLY__CKPT_E_NDIM, (uint32_t)t->ndim);
-    for (int d = 0; d < TALLY__CKPT_MAX_DIMS; d++) ckpt_put64(e + TALLY__CKPT_E_SHAPE + 8 * d, t->shape[d]);
-    ckpt_put64(e + TALLY__CKPT_E_OFFSET, w->s[i].off);
-    ckpt_put64(e + TALLY__CKPT_E_BYTES, t->bytes);
-    ckpt_put32(e + TALLY__CKPT_E_DATA_CRC, w->s[i].crc);
+    tally__put_le32(e + TALLY__CKPT_E_DTYPE, (uint32_t)t->dtype);
+    tally__put_le32(e + TALLY__CKPT_E_NDIM, (uint32_t)t->ndim);
+    for (int d = 0; d < TALLY__CKPT_MAX_DIMS; d++) tally__put_le64(e + TALLY__CKPT_E_SHAPE + 8 * d, t->shape[d]);
+    tally__put_le64(e + TALLY__CKPT_E_OFFSET, w->s[i].off);
+    tally__put_le64(e + TALLY__CKPT_E_BYTES, t->bytes);
+    tally__put_le32(e + TALLY__CKPT_E_DATA_CRC, w->s[i].crc);
     unsigned char idx[4];
-    ckpt_put32(idx, (uint32_t)i);
-    ckpt_put32(e + TALLY__CKPT_E_CRC, tally__crc32c(tally__crc32c(0, idx, 4), e, TALLY__CKPT_E_CRC));
+    tally__put_le32(idx, (uint32_t)i);
+    tally__put_le32(e + TALLY__CKPT_E_CRC, tally__crc32c(tally__crc32c(0, idx, 4), e, TALLY__CKPT_E_CRC));
 }
 
 /* Header and table, written last at offset 0: a file cut short before this point has no valid header. */
@@ -305,14 +305,14 @@ static int write_head(tally__ckpt_writer *w, uint32_t *head_crc) {
     unsigned char *h = calloc(1, (size_t)w->data_start);
     if (!h) return wfail(w, TALLY_E_NOMEM, "out of memory for the %" PRIu64 "-byte table", w->data_start);
     memcpy(h + TALLY__CKPT_H_MAGIC, TALLY__CKPT_MAGIC, 8);
-    ckpt_put32(h + TALLY__CKPT_H_VERSION, TALLY__CKPT_VERSION);
-    ckpt_put32(h + TALLY__CKPT_H_HEADER_BYTES, TALLY__CKPT_HEADER_BYTES);
-    ckpt_put32(h + TALLY__CKPT_H_ENTRY_BYTES, TALLY__CKPT_ENTRY_BYTES);
-    ckpt_put32(h + TALLY__CKPT_H_COUNT, (uint32_t)w->count);
-    ckpt_put64(h + TALLY__CKPT_H_TABLE_BYTES, (uint64_t)w->count * TALLY__CKPT_ENTRY_BYTES);
-    ckpt_put64(h + TALLY__CKPT_H_FILE_BYTES, w->file_bytes);
-    ckpt_put64(h + TALLY__CKPT_H_STEP, (uint64_t)w->step);
-    ckpt_put32(h + TALLY__CKPT_H_CRC, tally__crc32c(0, h, TALLY__CKPT_H_CRC));
+    tally__put_le32(h + TALLY__CKPT_H_VERSION, TALLY__CKPT_VERSION);
+    tally__put_le32(h + TALLY__CKPT_H_HEADER_BYTES, TALLY__CKPT_HEADER_BYTES);
+    tally__put_le32(h + TALLY__CKPT_H_ENTRY_BYTES, TALLY__CKPT_ENTRY_BYTES);
+    tally__put_le32(h + TALLY__CKPT_H_COUNT, (uint32_t)w->count);
+    tally__put_le64(h + TALLY__CKPT_H_TABLE_BYTES, (uint64_t)w->count * TALLY__CKPT_ENTRY_BYTES);
+    tally__put_le64(h + TALLY__CKPT_H_FILE_BYTES, w->file_bytes);
+    tally__put_le64(h + TALLY__CKPT_H_STEP, (uint64_t)w->step);
+    tally__put_le32(h + TALLY__CKPT_H_CRC, tally__crc32c(0, h, TALLY__CKPT_H_CRC));
     for (int i = 0; i < w->count; i++)
         encode_entry(w, i, h + TALLY__CKPT_HEADER_BYTES + (size_t)i * TALLY__CKPT_ENTRY_BYTES);
     *head_crc = tally__ckpt_head_crc_of(h, (uint32_t)w->count);

@@ -53,16 +53,16 @@ static int check_header(const unsigned char *p, size_t len, const char *L, uint3
     if (memcmp(p, TALLY__CKPT_MAGIC, 8))
         return bad(L, "it does not start with '" TALLY__CKPT_MAGIC "': not a tally checkpoint, or its first bytes "
                       "are corrupt");
-    uint32_t stored = ckpt_get32(p + TALLY__CKPT_H_CRC), computed = tally__crc32c(0, p, TALLY__CKPT_H_CRC);
+    uint32_t stored = tally__get_le32(p + TALLY__CKPT_H_CRC), computed = tally__crc32c(0, p, TALLY__CKPT_H_CRC);
     if (stored != computed)
         return bad(L, "header CRC32C mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32 "): the file is corrupt",
                    stored, computed);
-    uint32_t version = ckpt_get32(p + TALLY__CKPT_H_VERSION);
+    uint32_t version = tally__get_le32(p + TALLY__CKPT_H_VERSION);
     if (version != TALLY__CKPT_VERSION)
         return bad(L,
                    "format version %" PRIu32 ", but this tally reads version %u: load it with the tally that wrote it",
                    version, TALLY__CKPT_VERSION);
-    uint32_t hb = ckpt_get32(p + TALLY__CKPT_H_HEADER_BYTES), eb = ckpt_get32(p + TALLY__CKPT_H_ENTRY_BYTES);
+    uint32_t hb = tally__get_le32(p + TALLY__CKPT_H_HEADER_BYTES), eb = tally__get_le32(p + TALLY__CKPT_H_ENTRY_BYTES);
     if (hb != TALLY__CKPT_HEADER_BYTES || eb != TALLY__CKPT_ENTRY_BYTES)
         return bad(L,
                    "header of %" PRIu32 " bytes and entries of %" PRIu32 " bytes, but version 1 has 64 and 128: "
@@ -70,17 +70,17 @@ static int check_header(const unsigned char *p, size_t len, const char *L, uint3
                    hb, eb);
     for (unsigned i = TALLY__CKPT_H_RESERVED; i < TALLY__CKPT_H_CRC; i++)
         if (p[i]) return bad(L, "reserved header byte %u is 0x%02x, not zero: the file is malformed", i, p[i]);
-    uint64_t file_bytes = ckpt_get64(p + TALLY__CKPT_H_FILE_BYTES);
+    uint64_t file_bytes = tally__get_le64(p + TALLY__CKPT_H_FILE_BYTES);
     if (file_bytes > len)
         return bad(L, "the header says the file is %" PRIu64 " bytes, but it is %zu: it is truncated", file_bytes, len);
     if (file_bytes < len)
         return bad(L, "the header says the file is %" PRIu64 " bytes, but it is %zu: %" PRIu64 " trailing bytes",
                    file_bytes, len, (uint64_t)len - file_bytes);
-    *count = ckpt_get32(p + TALLY__CKPT_H_COUNT);
+    *count = tally__get_le32(p + TALLY__CKPT_H_COUNT);
     if (*count > TALLY__CKPT_MAX_TENSORS)
         return bad(L, "tensor count %" PRIu32 " exceeds the limit of %u: the file is malformed", *count,
                    TALLY__CKPT_MAX_TENSORS);
-    uint64_t table = ckpt_get64(p + TALLY__CKPT_H_TABLE_BYTES), want = (uint64_t)*count * TALLY__CKPT_ENTRY_BYTES;
+    uint64_t table = tally__get_le64(p + TALLY__CKPT_H_TABLE_BYTES), want = (uint64_t)*count * TALLY__CKPT_ENTRY_BYTES;
     if (table != want)
         return bad(L,
                    "table size %" PRIu64 " is not tensor count %" PRIu32 " x 128 = %" PRIu64 ": the file is malformed",
@@ -90,7 +90,7 @@ static int check_header(const unsigned char *p, size_t len, const char *L, uint3
                    "the table of %" PRIu32 " entries (%" PRIu64 " bytes) does not fit in the %zu-byte file: it is "
                    "malformed or truncated",
                    *count, table, len);
-    uint64_t s = ckpt_get64(p + TALLY__CKPT_H_STEP);
+    uint64_t s = tally__get_le64(p + TALLY__CKPT_H_STEP);
     if (s > (uint64_t)INT64_MAX) return bad(L, "step %" PRIu64 " is out of range: the file is malformed", s);
     *step = (int64_t)s;
     return 0;
@@ -99,8 +99,8 @@ static int check_header(const unsigned char *p, size_t len, const char *L, uint3
 /* Entry i's fields that do not depend on its place: CRC, name, dtype, shape, size. Fills t. */
 static int check_entry_fields(const unsigned char *e, int i, const char *L, tally__ckpt_tensor *t) {
     unsigned char idx[4];
-    ckpt_put32(idx, (uint32_t)i);
-    uint32_t stored = ckpt_get32(e + TALLY__CKPT_E_CRC);
+    tally__put_le32(idx, (uint32_t)i);
+    uint32_t stored = tally__get_le32(e + TALLY__CKPT_E_CRC);
     uint32_t computed = tally__crc32c(tally__crc32c(0, idx, 4), e, TALLY__CKPT_E_CRC);
     char q[64 * 4 + 1], why[128];
     if (stored != computed || tally__ckpt_name_defect(e, why, sizeof why)) tally__ckpt_name_quote(e, 64, q, sizeof q);
@@ -112,7 +112,7 @@ static int check_entry_fields(const unsigned char *e, int i, const char *L, tall
     if (tally__ckpt_name_defect(e, why, sizeof why))
         return bad(L, "tensor #%d (name as read '%s'): its name %s: the file is malformed", i, q, why);
     const char *name = (const char *)e; /* valid from here on */
-    uint32_t dtype = ckpt_get32(e + TALLY__CKPT_E_DTYPE), ndim = ckpt_get32(e + TALLY__CKPT_E_NDIM);
+    uint32_t dtype = tally__get_le32(e + TALLY__CKPT_E_DTYPE), ndim = tally__get_le32(e + TALLY__CKPT_E_NDIM);
     if (!tally__ckpt_dtype_size(dtype))
         return bad(L, "tensor '%s' (#%d): dtype code %" PRIu32 " is not f32, f64, i64 or u8: the file is malformed",
                    name, i, dtype);
@@ -121,7 +121,7 @@ static int check_entry_fields(const unsigned char *e, int i, const char *L, tall
                    TALLY__CKPT_MAX_DIMS);
     *t = (tally__ckpt_tensor){.name = name, .dtype = (tally_dtype)dtype, .ndim = (int)ndim};
     for (int d = 0; d < TALLY__CKPT_MAX_DIMS; d++) {
-        t->shape[d] = ckpt_get64(e + TALLY__CKPT_E_SHAPE + 8 * d);
+        t->shape[d] = tally__get_le64(e + TALLY__CKPT_E_SHAPE + 8 * d);
         if (d >= (int)ndim && t->shape[d])
             return bad(L,
                        "tensor '%s' (#%d): shape[%d] is %" PRIu64 " but ndim is %" PRIu32 ": unused dimensions "
@@ -130,7 +130,7 @@ static int check_entry_fields(const unsigned char *e, int i, const char *L, tall
     }
     char shape[160];
     shape_text(t, shape, sizeof shape);
-    uint64_t want, bytes = ckpt_get64(e + TALLY__CKPT_E_BYTES);
+    uint64_t want, bytes = tally__get_le64(e + TALLY__CKPT_E_BYTES);
     if (tally__ckpt_shape_bytes(dtype, ndim, t->shape, &want))
         return bad(L, "tensor '%s' (#%d): shape %s of %s elements overflows 64 bits: the file is malformed", name, i,
                    shape, tally_dtype_name(t->dtype));
@@ -147,7 +147,7 @@ static int check_entry_fields(const unsigned char *e, int i, const char *L, tall
 /* Entry i's place: aligned, inside the file, right after the previous tensor's padding (*pos). */
 static int check_entry_place(size_t len, const unsigned char *e, int i, const char *L, const tally__ckpt_tensor *prev,
                              uint64_t data_start, uint64_t *pos) {
-    uint64_t off = ckpt_get64(e + TALLY__CKPT_E_OFFSET), bytes = ckpt_get64(e + TALLY__CKPT_E_BYTES);
+    uint64_t off = tally__get_le64(e + TALLY__CKPT_E_OFFSET), bytes = tally__get_le64(e + TALLY__CKPT_E_BYTES);
     const char *name = (const char *)e;
     if (off % TALLY__CKPT_ALIGN)
         return bad(L, "tensor '%s' (#%d): data offset %" PRIu64 " is not a multiple of 64: the file is malformed", name,
@@ -178,8 +178,8 @@ static int check_entry_place(size_t len, const unsigned char *e, int i, const ch
 
 static int check_data(const unsigned char *p, const unsigned char *e, int i, const char *L,
                       const tally__ckpt_tensor *t) {
-    uint64_t off = ckpt_get64(e + TALLY__CKPT_E_OFFSET);
-    uint32_t stored = ckpt_get32(e + TALLY__CKPT_E_DATA_CRC), computed = tally__crc32c(0, p + off, t->bytes);
+    uint64_t off = tally__get_le64(e + TALLY__CKPT_E_OFFSET);
+    uint32_t stored = tally__get_le32(e + TALLY__CKPT_E_DATA_CRC), computed = tally__crc32c(0, p + off, t->bytes);
     if (stored != computed)
         return bad(L,
                    "tensor '%s' (#%d): data CRC32C mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32 "): the "
@@ -202,7 +202,7 @@ static int check_all(tally__ckpt *c, const char *L) {
         int rc = check_entry_fields(e, i, L, &c->t[i]);
         if (!rc) rc = check_entry_place(c->len, e, i, L, i ? &c->t[i - 1] : NULL, data_start, &pos);
         if (rc) return rc;
-        c->t[i].data = p + ckpt_get64(e + TALLY__CKPT_E_OFFSET);
+        c->t[i].data = p + tally__get_le64(e + TALLY__CKPT_E_OFFSET);
     }
     if (pos != c->len)
         return bad(L,

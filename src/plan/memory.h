@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <tally/optim.h>
 
-#include "model.h"
+#include "../nn/model.h"
 
 typedef struct tally__mem_need {
     size_t params, grads, optim; /* model state */

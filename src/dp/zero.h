@@ -7,7 +7,7 @@
 #include <tally.h>
 #include <tally/optim.h>
 
-#include "model.h"
+#include "../nn/model.h"
 #include "opqueue.h"
 
 /* Rank r owns elements [off + r*piece, off + (r+1)*piece) of the layer and all of its tail

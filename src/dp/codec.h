@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <tally.h>
 
-#include "model.h"
+#include "../nn/model.h"
 
 typedef enum {
     TALLY__CODEC_NONE,

@@ -5,7 +5,7 @@
 
 #include <tally.h>
 
-#include "model.h"
+#include "../nn/model.h"
 
 typedef enum { TALLY__NAN_SKIP, TALLY__NAN_ERROR, TALLY__NAN_IGNORE } tally__nan_policy;
 

@@ -1,0 +1,207 @@
+/* run_common.c - what the synchronous and the asynchronous runs share: the model's configuration, the
+ * data and its steps, batches, evaluation, the parameters' fingerprint, BLAS threads, the straggler. */
+#include <cblas.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "../core/err.h"
+#include "trainer_int.h"
+
+float tally__train_default_lr(const tally__train_cfg *cfg) {
+    if (cfg->lr > 0) return cfg->lr;
+    if (cfg->optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
+    return cfg->model == TALLY__MODEL_LINEAR ? 0.01f : 0.05f;
+}
+
+void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
+    const tally__train_cfg *cfg = r->cfg;
+    memset(mc, 0, sizeof *mc);
+    mc->kind = cfg->model;
+    mc->in_dim = r->train.dim;
+    mc->channels = r->train.channels ? r->train.channels : 1;
+    mc->height = r->train.height;
+    mc->width = r->train.width;
+    mc->outputs = r->train.classes ? r->train.classes : r->train.tdim;
+    mc->nhidden = cfg->nhidden;
+    memcpy(mc->hidden, cfg->hidden, sizeof mc->hidden);
+    if (mc->kind == TALLY__MODEL_MLP && mc->nhidden == 0) {
+        mc->nhidden = 2;
+        mc->hidden[0] = mc->hidden[1] = 512;
+    }
+}
+
+int tally__train_load_data(train_run *r, tally__train_result *res) {
+    const tally__train_cfg *cfg = r->cfg;
+    const char *data_name = NULL;
+    int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
+    if (rc) return rc;
+    res->data_name = data_name;
+    if (cfg->model == TALLY__MODEL_LINEAR) res->true_w_len = r->train.dim + 1;
+    if (cfg->model == TALLY__MODEL_CNN && !r->train.height)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: the cnn model needs image data", r->rank);
+    return 0;
+}
+
+int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers) {
+    const tally__train_cfg *cfg = r->cfg;
+    float lr = tally__train_default_lr(cfg);
+    long total = r->steps_per_epoch * cfg->epochs;
+    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
+    r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, workers) : lr,
+                                   .warmup_steps = cfg->warmup_steps,
+                                   .decay = cfg->decay,
+                                   .total_steps = total,
+                                   .min_lr = cfg->min_lr,
+                                   .step_every = cfg->step_every,
+                                   .step_gamma = cfg->step_gamma};
+    res->lr = r->sched.lr;
+    size_t B = (size_t)cfg->batch;
+    r->xb = malloc(B * r->train.dim * sizeof(float));
+    r->yb = malloc(B * sizeof(int32_t));
+    r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
+    r->idx = malloc(B * sizeof(size_t));
+    if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    res->nparams = r->model.nparams;
+    res->flops_per_sample = r->model.flops_per_sample;
+    return 0;
+}
+
+void tally__train_teardown(train_run *r) {
+    tally_ddp_free(r->ddp);
+    tally__codec_free(r->codec);
+    tally__zero_free(&r->zero);
+    tally__guard_free(&r->guard);
+    tally_optim_free(&r->optim);
+    tally__model_free(&r->model);
+    tally_sampler_free(&r->sampler);
+    tally_dataset_free(&r->train);
+    tally_dataset_free(&r->test);
+    free(r->xb);
+    free(r->yb);
+    free(r->tb);
+    free(r->idx);
+}
+
+/* Copies the samples at data set indices idx[0..B) into the micro-batch buffers. */
+void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B) {
+    size_t dim = (size_t)d->dim;
+    for (int s = 0; s < B; s++) {
+        memcpy(r->xb + s * dim, d->x + idx[s] * dim, dim * sizeof(float));
+        if (d->y) r->yb[s] = d->y[idx[s]];
+        if (d->t) memcpy(r->tb + (size_t)s * d->tdim, d->t + idx[s] * d->tdim, (size_t)d->tdim * sizeof(float));
+    }
+}
+
+/* Test loss and score over the whole test set, each rank taking every size-th sample. */
+int tally__train_evaluate(train_run *r, tally__train_result *res) {
+    const tally_dataset *d = &r->test;
+    int B = r->cfg->batch;
+    size_t *idx = r->idx;
+    double sums[3] = {0, 0, 0}; /* score, loss * samples, samples */
+    /* Every rank runs as many batches as the rank with the most samples (stage 3 gathers parameters
+     * in each, and collectives need every rank); a rank out of samples scores a stand-in, unseen. */
+    size_t per_rank = (d->n + (size_t)r->size - 1) / (size_t)r->size, batches = (per_rank + (size_t)B - 1) / (size_t)B;
+    for (size_t k = 0, i = (size_t)r->rank; k < batches; k++) {
+        int n = 0;
+        for (; n < B && i < d->n; n++, i += (size_t)r->size) idx[n] = i;
+        int real = n;
+        if (!n) idx[n++] = 0;
+        tally__train_gather(r, d, idx, n);
+        float loss;
+        int rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, n, &r->hooks, &loss);
+        if (rc) return rc;
+        if (!real) continue;
+        sums[0] += tally__model_score(&r->model, r->yb, r->tb, n);
+        sums[1] += (double)loss * n;
+        sums[2] += n;
+    }
+    int rc = r->cfg->zero ? tally__zero_drain(&r->zero) : 0;
+    if (!rc) rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
+    if (rc) return rc;
+    double n = sums[2] > 0 ? sums[2] : 1;
+    res->evaluated = 1;
+    res->test_acc = r->model.regression ? -1 : sums[0] / n;
+    res->test_loss = r->model.regression ? sums[0] / n / (d->tdim ? d->tdim : 1) : sums[1] / n;
+    return 0;
+}
+
+/* Every layer's parameters in order: the flat buffer, or stage 3's gathers (collective). */
+typedef struct fp_ctx {
+    EVP_MD_CTX *md;
+    float *copy;
+    const tally__model *m;
+} fp_ctx;
+
+static void fp_layer(void *arg, int layer, const float *p, size_t n) {
+    fp_ctx *c = arg;
+    EVP_DigestUpdate(c->md, p, n * sizeof(float));
+    if (c->copy) memcpy(c->copy + c->m->offsets[layer], p, n * sizeof(float));
+}
+
+static int train_visit_layers(train_run *r, fp_ctx *c) {
+    if (r->cfg->zero) return tally__zero_each_layer(&r->zero, fp_layer, c);
+    for (int l = 0; l < r->model.nlayers; l++)
+        fp_layer(c, l, r->model.params + r->model.offsets[l], r->model.offsets[l + 1] - r->model.offsets[l]);
+    return 0;
+}
+
+/* SHA-256 of the parameters, and whether every rank holds the same. */
+int tally__train_fingerprint(train_run *r, tally__train_result *res) {
+    fp_ctx c = {.md = EVP_MD_CTX_new(), .m = &r->model};
+    if (r->cfg->keep_params && !(c.copy = res->params = malloc(r->model.nparams * sizeof(float) + 1)))
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    unsigned int len = 0;
+    int rc = !c.md || !EVP_DigestInit_ex(c.md, EVP_sha256(), NULL)
+                 ? tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 unavailable", r->rank)
+                 : train_visit_layers(r, &c);
+    if (!rc && !EVP_DigestFinal_ex(c.md, res->hash, &len))
+        rc = tally__seterr(TALLY_E_SYSTEM, "rank %d: SHA-256 of the parameters failed", r->rank);
+    EVP_MD_CTX_free(c.md);
+    if (rc) return rc;
+    unsigned char *all = malloc(32 * (size_t)r->size);
+    if (!all) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
+    rc = tally_allgather(r->comm, res->hash, all, 32, TALLY_U8);
+    res->replicas_identical = 1;
+    for (int i = 1; i < r->size && !rc; i++) res->replicas_identical &= !memcmp(all, all + 32 * (size_t)i, 32);
+    free(all);
+    return rc;
+}
+
+/* OpenBLAS takes one buffer per thread at its first GEMM (128 MiB of address space on x86-64) and, when
+ * malloc refuses one, retries for ever: under ulimit -v a run would spin instead of failing. */
+#define TRAIN_BLAS_BUFFER_BYTES ((size_t)128 << 20)
+
+/* After every allocation of the set-up, so BLAS starts its threads last; first the address space its
+ * buffers will need is asked for once (and given back), so a limit is an error now rather than a hang.
+ * threads is at most the CPUs allowed (tally__train checked), which an affinity mask bounds. */
+int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
+    int threads = cfg->threads > 0 ? cfg->threads : 1, got = 0;
+    size_t need = TRAIN_BLAS_BUFFER_BYTES * (size_t)threads; /* the calling thread is one of them */
+    void *probe[CPU_SETSIZE];
+    while (got < threads && got < CPU_SETSIZE && (probe[got] = malloc(TRAIN_BLAS_BUFFER_BYTES))) got++;
+    for (int i = 0; i < got; i++) free(probe[i]);
+    if (got < threads && got < CPU_SETSIZE) {
+        struct rlimit lim;
+        char limit[64] = "no limit";
+        if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
+            snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)lim.rlim_cur / 1024);
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: OpenBLAS needs about %zu MiB more address space for %d "
+                             "thread%s' buffers and this process cannot get it (ulimit -v: %s): raise the limit, "
+                             "or give fewer --threads", rank, need >> 20, threads, threads == 1 ? "" : "s", limit);
+    }
+    openblas_set_num_threads(threads);
+    return 0;
+}
+
+void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
+    if (cfg->straggler_ms <= 0 || rank != cfg->straggler_rank) return;
+    struct timespec ts = {.tv_sec = cfg->straggler_ms / 1000, .tv_nsec = (long)(cfg->straggler_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}

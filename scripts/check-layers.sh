@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check-layers.sh - the source tree's layering, as docs/DESIGN.md draws it: each folder of src/ includes only
-# the folders below it, and (given a build directory) no object file uses a symbol of a folder above its
-# own, and no two object files depend on each other, directly or around a loop.
+# the folders below it, the library never writes to stdout, and (given a build directory) no object file
+# uses a symbol of a folder above its own, and no two object files depend on each other around a loop.
 # usage: scripts/check-layers.sh [BUILD_DIR]     exit 0 when every rule holds, 1 naming each breach.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,7 +57,13 @@ for f in src/*/*.[ch]; do
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(tally[^>]*\)>.*/\1/p' "$f")
 done
 
-# 2. Symbols, from the objects of a build: who defines what, who uses it.
+# 2. The library never prints: stdout belongs to the program (the CLI draws progress from the trainer's events).
+while IFS= read -r hit; do
+  breach "${hit%%:*}: the library writes to stdout (${hit#*:})"
+done < <(grep -nE '(^|[^a-z_])(printf|puts|putchar|vprintf)[[:space:]]*\(|stdout' src/*/*.[ch] |
+  grep -vE '^[^:]*:[0-9]+:[[:space:]]*(/?\*|//)' | sed -E 's/^([^:]*):([0-9]+):[[:space:]]*/\1:\2:/')
+
+# 3. Symbols, from the objects of a build: who defines what, who uses it.
 if [ $# -ge 1 ]; then
   build=$1
   tmp=$(mktemp -d)
@@ -85,5 +91,5 @@ if [ $# -ge 1 ]; then
   fi
 fi
 
-[ "$bad" = 0 ] && echo "check-layers: every folder uses only the ones below it; no cycles between files"
+[ "$bad" = 0 ] && echo "check-layers: every folder uses only the ones below it; no stdout; no cycles between files"
 exit "$bad"

@@ -17,6 +17,7 @@
 #include "flags.h"
 #include "launch.h"
 #include "place.h"
+#include "train_report.h"
 
 typedef struct train_opts {
     tally__train_cfg cfg;
@@ -350,6 +351,9 @@ static int train_as_rank(train_opts *o) {
         return 2;
     }
     tally__train_result res;
+    tally__progress progress;
+    o->cfg.observer = tally__progress_observe;
+    o->cfg.observer_arg = &progress;
     rc = tally__train(comm, &o->cfg, &res);
     if (rc) {
         fprintf(stderr, "tally train: %s\n", tally_last_error()); /* messages name their rank */

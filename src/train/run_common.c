@@ -205,3 +205,7 @@ void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
     while (nanosleep(&ts, &ts) != 0) {
     }
 }
+
+void tally__train_tell(const train_run *r, const tally__train_event *ev) {
+    if (r->rank == 0 && !r->cfg->quiet && r->cfg->observer) r->cfg->observer(r->cfg->observer_arg, ev);
+}

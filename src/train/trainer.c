@@ -237,7 +237,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     tally_ddp_stats s0;
     tally_ddp_get_stats(r->ddp, &s0);
     unsigned long long grad0 = tally__train_codec_grad_bytes(r);
-    if (r->rank == 0 && !cfg->quiet) tally__progress_init(&r->progress, stdout, total);
+    tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_BEGIN, .step = step, .total_steps = total});
     for (int epoch = r->start_epoch; epoch < cfg->epochs && step < total; epoch++) {
         tally_sampler_set_epoch(&r->sampler, epoch);
         r->epoch = epoch;
@@ -262,25 +262,25 @@ static int train_epochs(train_run *r, tally__train_result *res) {
             if (cfg->check_replicas > 0 && (step + 1) % cfg->check_replicas == 0 &&
                 (rc = tally__guard_check_replicas(r->comm, &r->model, step)))
                 return rc;
-            if (r->rank == 0 && !cfg->quiet)
-                tally__progress_update(&r->progress, step + 1, epoch, cfg->epochs,
-                                       (double)(step + 1) * samples_per_step, st.loss - before);
+            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP, .step = step + 1, .total_steps = total,
+                                                       .epoch = epoch, .epochs = cfg->epochs,
+                                                       .samples = (double)(step + 1) * samples_per_step,
+                                                       .loss = st.loss - before});
         }
         res->train_s += (double)(tally__now_ns() - t0) * 1e-9;
         res->last_loss = epoch_loss / (epoch_steps ? epoch_steps : 1);
         if (cfg->eval) {
             int rc = tally__train_evaluate(r, res);
             if (rc) return rc;
-            if (r->rank == 0 && !cfg->quiet) {
-                tally__progress_end(&r->progress);
-                printf("epoch %d/%d: train loss %.4f, test %s %.4f, test loss %.4f\n", epoch + 1, cfg->epochs,
-                       res->last_loss, r->model.regression ? "mse" : "accuracy",
-                       r->model.regression ? res->test_loss : res->test_acc, res->test_loss);
-                fflush(stdout);
-            }
+            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_EVALUATED, .step = step, .total_steps = total,
+                                                       .epoch = epoch, .epochs = cfg->epochs, .loss = res->last_loss,
+                                                       .regression = r->model.regression,
+                                                       .test_metric = r->model.regression ? res->test_loss
+                                                                                          : res->test_acc,
+                                                       .test_loss = res->test_loss});
         }
     }
-    if (r->rank == 0 && !cfg->quiet) tally__progress_end(&r->progress);
+    tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_END, .step = step, .total_steps = total});
     int rc = train_maybe_save(r, step, 1);
     if (rc) return rc;
     tally_ddp_stats s1;

@@ -12,6 +12,25 @@
 #include "../dp/codec.h"
 #include "../nn/model.h"
 
+/* What the training loop tells its observer, on rank 0 only and on the thread that trains: the CLI draws
+ * the progress line and the epoch lines from these (tools/train_report.c); the library never prints. */
+typedef enum {
+    TALLY__TRAIN_BEGIN,     /* before the first step: total_steps */
+    TALLY__TRAIN_STEP,      /* after each step: step, epoch, samples, loss (this step's) */
+    TALLY__TRAIN_EVALUATED, /* after an epoch's test pass: epoch, loss (the epoch's mean), the test figures */
+    TALLY__TRAIN_END,       /* after the last step */
+} tally__train_event_kind;
+typedef struct tally__train_event {
+    tally__train_event_kind kind;
+    long step, total_steps; /* steps done so far, and in all */
+    int epoch, epochs;      /* the epoch in progress (from 0), and how many */
+    double samples;         /* samples trained so far, over all ranks */
+    double loss;
+    int regression;         /* the test figure is a mean squared error, not an accuracy */
+    double test_metric, test_loss;
+} tally__train_event;
+typedef void (*tally__train_observer)(void *arg, const tally__train_event *ev);
+
 typedef struct tally__train_cfg {
     tally__model_kind model;
     int nhidden, hidden[TALLY__MODEL_MAX_HIDDEN]; /* mlp; nhidden 0 means 512,512 */
@@ -33,6 +52,8 @@ typedef struct tally__train_cfg {
     uint64_t seed;
     int eval;                /* evaluate on the test set after every epoch */
     int quiet;               /* no progress and no summary (tests) */
+    tally__train_observer observer; /* NULL: nobody is told of the progress */
+    void *observer_arg;
     const char *json;        /* write the summary there (rank 0) */
     int threads;             /* BLAS threads per rank; 0 means 1 */
     int measure_peak;        /* time single-thread sgemm after training, for MFU */
@@ -129,29 +150,6 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
  * default data set is absent. */
 int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test,
                       float *true_w, const char **name);
-
-/* Rank 0's progress line: a bar with ETA on a terminal, a plain line now and then otherwise. */
-typedef struct tally__progress {
-    FILE *out;
-    int tty;
-    long total_steps;
-    double t0, last;
-    int last_pct;
-    double loss_avg;
-} tally__progress;
-void tally__progress_init(tally__progress *p, FILE *out, long total_steps);
-void tally__progress_update(tally__progress *p, long step, int epoch, int epochs, double samples, double loss);
-void tally__progress_end(tally__progress *p);
-
-/* The summary after training, as text (rank 0's stdout) and as JSON. */
-typedef struct tally__run_info {
-    const char *model, *data, *transport, *optimizer;
-    char arch[128];
-    int world, batch, accum, epochs, overlap, zero;
-    double lr, bucket_mb;
-} tally__run_info;
-void tally__summary_print(FILE *out, const tally__run_info *info, const tally__train_result *r);
-int tally__summary_json(const char *path, const tally__run_info *info, const tally__train_result *r);
 
 /* Single-thread sgemm rate of this machine in GFLOP/s (about 0.2 s of measuring). */
 double tally__sgemm_peak_gflops(void);

@@ -146,8 +146,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
     int rc = tally__ps_worker_connect(&a->wk, a->host, port, a->env.token, a->env.token_len, a->worker, r->rank,
                                       r->model.nparams, tally__comm_timeout_s(a->r.comm));
     if (rc) return rc;
-    int show = r->rank == 0 && !r->cfg->quiet;
-    if (show) tally__progress_init(&r->progress, stdout, total);
+    tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_BEGIN, .total_steps = total});
     double epoch_loss = 0;
     long c = 0, limit = r->cfg->shared_quota ? total * a->nworkers : total; /* the server says stop */
     for (; c < limit && !rc; c++) {
@@ -161,13 +160,15 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
             res->last_loss = epoch_loss / (double)in_epoch; /* the epoch so far */
             if (in_epoch == r->steps_per_epoch) epoch_loss = 0;
             if (r->cfg->inject_kill_step == c + 1 && r->cfg->inject_kill_rank == r->rank) raise(SIGKILL);
-            if (show)
-                tally__progress_update(&r->progress, c + 1 < total ? c + 1 : total, (int)(c / r->steps_per_epoch),
-                                       r->cfg->epochs,
-                                       (double)(c + 1) * r->cfg->batch * a->nworkers, a->loss);
+            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP, .step = c + 1 < total ? c + 1 : total,
+                                                       .total_steps = total, .epoch = (int)(c / r->steps_per_epoch),
+                                                       .epochs = r->cfg->epochs,
+                                                       .samples = (double)(c + 1) * r->cfg->batch * a->nworkers,
+                                                       .loss = a->loss});
         }
     }
-    if (show) tally__progress_end(&r->progress);
+    tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_END, .step = c < total ? c : total,
+                                               .total_steps = total});
     a->steps = c;
     if (!rc) rc = tally__ps_worker_bye(&a->wk, c);
     tally__ps_worker_close(&a->wk);

@@ -32,7 +32,6 @@ typedef struct train_run {
     int32_t *yb;
     size_t *idx;             /* the data set indices of its samples */
     long steps_per_epoch;
-    tally__progress progress;
     /* Where training starts: 0, or where a resumed checkpoint left off. */
     long start_step;         /* optimizer steps already taken */
     int start_epoch;
@@ -82,5 +81,7 @@ int tally__train_blas_threads(const tally__train_cfg *cfg, int rank);
 int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);
 /* --straggler: the named rank sleeps its milliseconds once per step (sync and async). */
 void tally__train_straggle(const tally__train_cfg *cfg, int rank);
+/* Hands ev to the run's observer, on rank 0 when there is one and the run is not quiet. */
+void tally__train_tell(const train_run *r, const tally__train_event *ev);
 
 #endif

@@ -1,14 +1,14 @@
-/* report.c - what rank 0 shows of a training run: the progress bar (or plain lines off a terminal),
- * the closing summary, and the same summary as JSON. */
+/* train_report.c - what the CLI shows of a training run on rank 0: the progress bar (or plain lines off a
+ * terminal) and the epoch lines from the trainer's events, the closing summary, and the same as JSON. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/clock.h"
-#include "../core/err.h"
-#include "../core/file.h"
-#include "trainer.h"
+#include "../src/core/clock.h"
+#include "../src/core/err.h"
+#include "../src/core/file.h"
+#include "train_report.h"
 
 #define BAR_WIDTH 24
 #define TTY_REDRAW_S 0.1
@@ -62,6 +62,27 @@ void tally__progress_end(tally__progress *p) {
         fputc('\n', p->out);
         fflush(p->out);
         p->last = 0;
+    }
+}
+
+void tally__progress_observe(void *arg, const tally__train_event *ev) {
+    tally__progress *p = arg;
+    switch (ev->kind) {
+    case TALLY__TRAIN_BEGIN:
+        tally__progress_init(p, stdout, ev->total_steps);
+        break;
+    case TALLY__TRAIN_STEP:
+        tally__progress_update(p, ev->step, ev->epoch, ev->epochs, ev->samples, ev->loss);
+        break;
+    case TALLY__TRAIN_EVALUATED:
+        tally__progress_end(p);
+        printf("epoch %d/%d: train loss %.4f, test %s %.4f, test loss %.4f\n", ev->epoch + 1, ev->epochs, ev->loss,
+               ev->regression ? "mse" : "accuracy", ev->test_metric, ev->test_loss);
+        fflush(stdout);
+        break;
+    case TALLY__TRAIN_END:
+        tally__progress_end(p);
+        break;
     }
 }
 

@@ -12,6 +12,7 @@ tally_deps=(
   "libopenblas-dev|GEMM for the layers (the pkg-config module openblas; the reference BLAS is not enough)"
   "zlib1g-dev|reading .gz IDX files"
   "libssl-dev|HMAC-SHA256 peer authentication and randomness (OpenSSL)"
+  "libisal-dev|CRC32C of checkpoint files (ISA-L's crc32_iscsi)"
   "dataset-fashion-mnist|the main job's data set"
   "openmpi-bin|mpirun: the test that starts the installed library under Open MPI, and the benchmark peer"
   "libopenmpi-dev|Open MPI's headers: the benchmark peer"

@@ -1,5 +1,5 @@
-/* model.c - builds the linear, mlp and cnn models as op sequences over flat buffers, and runs their
- * forward pass, backward pass (marking layers ready for the engine) and scoring. */
+/* model.c - runs a model's graph over its flat buffers: allocation, initialisation, the forward pass,
+ * the backward pass (gradients of values read twice summed; layers marked ready for the engine), scoring. */
 #include "model.h"
 
 #include <math.h>
@@ -10,18 +10,7 @@
 #include "../core/err.h"
 #include "../core/alloc.h"
 #include "../core/rng.h"
-
-static const char *const model_names[] = {"linear", "mlp", "cnn"};
-
-const char *tally__model_name(tally__model_kind k) {
-    return (unsigned)k < sizeof model_names / sizeof *model_names ? model_names[k] : "?";
-}
-
-int tally__model_parse(const char *name) {
-    for (int i = 0; i < (int)(sizeof model_names / sizeof *model_names); i++)
-        if (name && !strcmp(name, model_names[i])) return i;
-    return -1;
-}
+#include "model_build.h"
 
 int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
     for (*n = 0;;) {
@@ -35,131 +24,22 @@ int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
     }
 }
 
-static tally__op *model_push(tally__model *m, tally__op_kind kind, size_t in, size_t out) {
-    tally__op *op = &m->op[m->nops++];
-    memset(op, 0, sizeof *op);
-    op->kind = kind;
-    op->in = in;
-    op->out = out;
-    op->layer = -1;
-    return op;
-}
-
-static void model_add_tensor(tally__model *m, const char *layer, const char *what, size_t offset, int ndim,
-                             const int *shape) {
-    tally__tensor *t = &m->tensor[m->ntensors++];
-    snprintf(t->name, sizeof t->name, "%s.%s", layer, what);
-    t->ndim = ndim;
-    t->offset = offset;
-    t->count = 1;
-    for (int i = 0; i < ndim; i++) t->count *= (size_t)(t->shape[i] = shape[i]);
-}
-
-/* A layer with parameters: weight [wshape] then bias [wshape[0]], appended to the flat buffer. */
-static void model_add_params(tally__model *m, tally__op *op, const char *name, int wdim, const int *wshape) {
-    op->layer = m->nlayers;
-    op->w_off = m->nparams;
-    model_add_tensor(m, name, "weight", m->nparams, wdim, wshape);
-    op->b_off = m->nparams + m->tensor[m->ntensors - 1].count;
-    model_add_tensor(m, name, "bias", op->b_off, 1, wshape);
-    m->offsets[m->nlayers++] = m->nparams;
-    m->nparams = op->b_off + (size_t)wshape[0];
-    m->offsets[m->nlayers] = m->nparams;
-}
-
-/* Names as PyTorch's modules would have them: fc1, fc2, ... and conv1, conv2, ... */
-static void model_layer_name(const tally__model *m, const char *prefix, char *buf, size_t n) {
-    int k = 1;
-    for (int i = 0; i < m->nops - 1; i++) k += m->op[i].layer >= 0 && m->op[i].kind == m->op[m->nops - 1].kind;
-    snprintf(buf, n, "%s%d", prefix, k);
-}
-
-/* FLOPs a layer of `macs` multiply-adds per sample costs in forward and backward: 2 for the forward,
- * 2 for the weight gradient, 2 for the input gradient, which the first layer does not compute. */
-static double model_flops(const tally__model *m, double macs) { return (m->nops == 1 ? 4.0 : 6.0) * macs; }
-
-static void model_linear(tally__model *m, int in, int out, int relu) {
-    tally__op *op = model_push(m, TALLY__OP_LINEAR, (size_t)in, (size_t)out);
-    op->fan_in = in;
-    op->fan_out = out;
-    char name[16] = "linear"; /* the linear model's one layer */
-    if (m->cfg.kind != TALLY__MODEL_LINEAR) model_layer_name(m, "fc", name, sizeof name);
-    model_add_params(m, op, name, 2, (int[]){out, in});
-    m->flops_per_sample += model_flops(m, (double)in * out);
-    if (relu) model_push(m, TALLY__OP_RELU, (size_t)out, (size_t)out);
-}
-
-/* conv + relu + 2x2 max-pool; returns the pooled geometry through c/h/w. */
-static void model_conv_block(tally__model *m, int *c, int *h, int *w, int k, int r, int pad) {
-    tally_conv2d_shape s = {.C = *c, .H = *h, .W = *w, .K = k, .R = r, .stride = 1, .pad = pad};
-    int oh = tally_conv2d_out_h(&s), ow = tally_conv2d_out_w(&s);
-    size_t in = (size_t)*c * *h * *w, out = (size_t)k * oh * ow;
-    tally__op *op = model_push(m, TALLY__OP_CONV, in, out);
-    op->conv = s;
-    op->fan_in = *c * r * r;
-    char name[16];
-    model_layer_name(m, "conv", name, sizeof name);
-    model_add_params(m, op, name, 4, (int[]){k, *c, r, r});
-    m->flops_per_sample += model_flops(m, (double)k * *c * r * r * oh * ow);
-    model_push(m, TALLY__OP_RELU, out, out);
-    tally__op *pool = model_push(m, TALLY__OP_POOL, out, (size_t)k * (oh / 2) * (ow / 2));
-    pool->pool_c = k;
-    pool->pool_h = oh;
-    pool->pool_w = ow;
-    pool->pool_k = 2;
-    *c = k;
-    *h = oh / 2;
-    *w = ow / 2;
-}
-
-static int model_layout(tally__model *m, const tally__model_cfg *cfg) {
-    switch (cfg->kind) {
-    case TALLY__MODEL_LINEAR:
-        model_linear(m, cfg->in_dim, cfg->outputs, 0);
-        return 0;
-    case TALLY__MODEL_MLP: {
-        int in = cfg->in_dim;
-        for (int i = 0; i < cfg->nhidden; i++) {
-            if (cfg->hidden[i] < 1)
-                return tally__seterr(TALLY_E_INVALID, "model: hidden layer %d has width %d", i, cfg->hidden[i]);
-            model_linear(m, in, cfg->hidden[i], 1);
-            in = cfg->hidden[i];
-        }
-        model_linear(m, in, cfg->outputs, 0);
-        return 0;
-    }
-    case TALLY__MODEL_CNN: {
-        /* LeNet-5 as the PyTorch peer builds it: conv 6@5x5 pad 2, pool, conv 16@5x5, pool, 120, 84. */
-        int c = cfg->channels, h = cfg->height, w = cfg->width;
-        if (c < 1 || h < 12 || w < 12)
-            return tally__seterr(TALLY_E_INVALID, "model cnn: needs images of at least 12x12 (got %dx%dx%d)", c,
-                                 h, w);
-        model_conv_block(m, &c, &h, &w, 6, 5, 2);
-        model_conv_block(m, &c, &h, &w, 16, 5, 0);
-        model_linear(m, c * h * w, 120, 1);
-        model_linear(m, 120, 84, 1);
-        model_linear(m, 84, cfg->outputs, 0);
-        return 0;
-    }
-    }
-    return tally__seterr(TALLY_E_INVALID, "model: unknown kind %d", (int)cfg->kind);
-}
-
-
 /* Bytes model_alloc_buffers allocates for activations at batch B (both passes, pool winners, softmax,
  * the shared im2col scratch), without allocating. */
 static size_t model_activation_bytes(const tally__model *m, int B) {
-    size_t bytes = 0, scratch = 0;
+    size_t bytes = 0, scratch = 0, tmp = 0;
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
-        size_t out = (size_t)B * op->out;
+        size_t out = (size_t)B * m->value_n[op->dst];
         bytes += 2 * out * sizeof(float) + (op->kind == TALLY__OP_POOL ? out * sizeof(int32_t) : 0);
         if (op->kind == TALLY__OP_CONV) {
             size_t sc = tally_conv2d_scratch_floats(&op->conv, B);
             if (sc > scratch) scratch = sc;
         }
     }
-    return bytes + (size_t)B * m->op[m->nops - 1].out * sizeof(float) + scratch * sizeof(float);
+    for (int v = 1; v < m->nvalues; v++)
+        if (m->readers[v] > 1 && m->value_n[v] > tmp) tmp = m->value_n[v];
+    return bytes + (size_t)B * m->value_n[m->nvalues - 1] * sizeof(float) + (scratch + (size_t)B * tmp) * sizeof(float);
 }
 
 static int model_alloc_flat(tally__model *m, const tally__mem_source *src, int flags) {
@@ -191,14 +71,14 @@ nomem:
 }
 
 static int model_alloc_buffers(tally__model *m, int B) {
-    size_t scratch = 0;
+    size_t scratch = 0, tmp = 0;
     m->act[0] = NULL; /* the caller's input batch */
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
-        size_t out = (size_t)B * op->out;
-        m->act[i + 1] = tally__alloc_zeroed(out * sizeof(float));
-        m->dact[i + 1] = tally__alloc_zeroed(out * sizeof(float));
-        if (!m->act[i + 1] || !m->dact[i + 1]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
+        size_t out = (size_t)B * m->value_n[op->dst];
+        m->act[op->dst] = tally__alloc_zeroed(out * sizeof(float));
+        m->dact[op->dst] = tally__alloc_zeroed(out * sizeof(float));
+        if (!m->act[op->dst] || !m->dact[op->dst]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
         if (op->kind == TALLY__OP_POOL) {
             m->argmax[i] = tally__alloc_zeroed(out * sizeof(int32_t));
             if (!m->argmax[i]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
@@ -208,10 +88,14 @@ static int model_alloc_buffers(tally__model *m, int B) {
             if (s > scratch) scratch = s;
         }
     }
-    m->probs = tally__alloc_zeroed((size_t)B * m->op[m->nops - 1].out * sizeof(float));
+    for (int v = 1; v < m->nvalues; v++)
+        if (m->readers[v] > 1 && m->value_n[v] > tmp) tmp = m->value_n[v];
+    m->probs = tally__alloc_zeroed((size_t)B * m->value_n[m->nvalues - 1] * sizeof(float));
     m->scratch = scratch ? tally__alloc_zeroed(scratch * sizeof(float)) : NULL;
+    m->dtmp = tmp ? tally__alloc_zeroed((size_t)B * tmp * sizeof(float)) : NULL;
     m->activation_bytes = model_activation_bytes(m, B);
-    if (!m->probs || (scratch && !m->scratch)) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
+    if (!m->probs || (scratch && !m->scratch) || (tmp && !m->dtmp))
+        return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
     return 0;
 }
 
@@ -244,7 +128,7 @@ int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_d
     int rc = batch < 1 || cfg->in_dim < 1 || cfg->outputs < 1
                  ? tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
                                  batch, cfg->in_dim, cfg->outputs)
-                 : model_layout(m, cfg);
+                 : tally__model_layout(m, cfg);
     if (!rc) {
         memset(out, 0, sizeof *out);
         out->nparams = m->nparams;
@@ -262,12 +146,11 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
                       const tally__mem_source *grads_src, int flags) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    m->regression = cfg->kind == TALLY__MODEL_LINEAR;
     m->max_batch = max_batch;
     if (max_batch < 1 || cfg->in_dim < 1 || cfg->outputs < 1)
         return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
                              max_batch, cfg->in_dim, cfg->outputs);
-    int rc = model_layout(m, cfg);
+    int rc = tally__model_layout(m, cfg);
     if (!rc) rc = model_alloc_flat(m, grads_src, flags);
     if (!rc) rc = model_alloc_buffers(m, max_batch);
     if (rc) {
@@ -288,20 +171,21 @@ void tally__model_free(tally__model *m) {
         m->grads_src.release(m->grads_src.ctx, m->grads);
     else
         free(m->grads);
-    for (int i = 1; i <= m->nops; i++) {
-        free(m->act[i]);
-        free(m->dact[i]);
+    for (int v = 1; v < m->nvalues; v++) {
+        free(m->act[v]);
+        free(m->dact[v]);
     }
     for (int i = 0; i < m->nops; i++) free(m->argmax[i]);
     free(m->probs);
     free(m->scratch);
+    free(m->dtmp);
     memset(m, 0, sizeof *m);
 }
 
 static void model_op_forward(tally__model *m, int i, int B) {
     const tally__op *op = &m->op[i];
-    const float *x = m->act[i];
-    float *y = m->act[i + 1];
+    const float *x = m->act[op->src[0]];
+    float *y = m->act[op->dst];
     const float *w = op->w, *b = op->b;
     switch (op->kind) {
     case TALLY__OP_LINEAR: tally_linear_forward(y, x, w, b, B, op->fan_in, op->fan_out); break;
@@ -310,7 +194,19 @@ static void model_op_forward(tally__model *m, int i, int B) {
     case TALLY__OP_POOL:
         tally_maxpool_forward(y, m->argmax[i], x, B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
         break;
+    case TALLY__OP_ADD: {
+        const float *x2 = m->act[op->src[1]];
+        for (size_t k = 0, n = (size_t)B * op->out; k < n; k++) y[k] = x[k] + x2[k];
+        break;
     }
+    }
+}
+
+/* Rows and classes of the loss: each sample's outputs are `positions` rows of classes. */
+static void model_loss_shape(const tally__model *m, int B, int *rows, int *C) {
+    int P = m->positions > 0 ? m->positions : 1;
+    *rows = B * P;
+    *C = (int)(m->value_n[m->nvalues - 1] / (size_t)P);
 }
 
 int tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B,
@@ -321,38 +217,63 @@ int tally__model_forward(tally__model *m, const float *x, const int32_t *y, cons
         if (rc) return rc;
         model_op_forward(m, i, B);
     }
-    const float *out = m->act[m->nops];
-    int C = (int)m->op[m->nops - 1].out;
-    *loss = m->regression ? tally_mse_forward(out, t, B, C) : tally_softmax_xent_forward(m->probs, out, y, B, C);
+    const float *out = m->act[m->nvalues - 1];
+    int rows, C;
+    model_loss_shape(m, B, &rows, &C);
+    *loss = m->regression ? tally_mse_forward(out, t, rows, C) : tally_softmax_xent_forward(m->probs, out, y, rows, C);
     return 0;
 }
 
-/* dx is NULL for the first op: nobody needs the gradient of the input batch. */
+/* Where input k of op i gets its gradient: nowhere for the batch (nobody needs it), straight into the
+ * value's gradient when op i is its only reader, else into dtmp, which model_grad_add then adds in. */
+static float *model_grad_dst(tally__model *m, const tally__op *op, int k) {
+    int v = op->src[k];
+    if (v <= 0) return NULL;
+    return m->readers[v] == 1 ? m->dact[v] : m->dtmp;
+}
+
+static void model_grad_add(tally__model *m, const tally__op *op, int k, int B) {
+    int v = op->src[k];
+    if (v <= 0 || m->readers[v] == 1) return;
+    float *d = m->dact[v];
+    for (size_t j = 0, n = (size_t)B * m->value_n[v]; j < n; j++) d[j] += m->dtmp[j];
+}
+
 static void model_op_backward(tally__model *m, int i, int B) {
     const tally__op *op = &m->op[i];
-    float *dx = i ? m->dact[i] : NULL;
-    const float *dy = m->dact[i + 1], *x = m->act[i];
+    float *dx = model_grad_dst(m, op, 0);
+    const float *dy = m->dact[op->dst], *x = m->act[op->src[0]];
     const float *w = op->w;
     float *dw = op->dw, *db = op->db;
     switch (op->kind) {
     case TALLY__OP_LINEAR: tally_linear_backward(dx, dw, db, dy, x, w, B, op->fan_in, op->fan_out); break;
     case TALLY__OP_RELU:
-        if (dx) tally_relu_backward(dx, dy, m->act[i + 1], (size_t)B * op->out);
+        if (dx) tally_relu_backward(dx, dy, m->act[op->dst], (size_t)B * op->out);
         break;
     case TALLY__OP_CONV: tally_conv2d_backward(dx, dw, db, dy, x, w, &op->conv, B, m->scratch); break;
     case TALLY__OP_POOL:
         if (dx) tally_maxpool_backward(dx, dy, m->argmax[i], B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
         break;
+    case TALLY__OP_ADD: /* both inputs get dy: one at a time, since they may share dtmp */
+        if (dx) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));
+        model_grad_add(m, op, 0, B);
+        if ((dx = model_grad_dst(m, op, 1))) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));
+        model_grad_add(m, op, 1, B);
+        return;
     }
+    model_grad_add(m, op, 0, B);
 }
 
 int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, const tally__model_hooks *h) {
-    const float *out = m->act[m->nops];
-    int C = (int)m->op[m->nops - 1].out;
+    const float *out = m->act[m->nvalues - 1];
+    int rows, C;
+    model_loss_shape(m, B, &rows, &C);
     if (m->regression)
-        tally_mse_backward(m->dact[m->nops], out, t, B, C);
+        tally_mse_backward(m->dact[m->nvalues - 1], out, t, rows, C);
     else
-        tally_softmax_xent_backward(m->dact[m->nops], m->probs, y, B, C);
+        tally_softmax_xent_backward(m->dact[m->nvalues - 1], m->probs, y, rows, C);
+    for (int v = 1; v < m->nvalues - 1; v++) /* values read more than once collect a sum */
+        if (m->readers[v] > 1) memset(m->dact[v], 0, (size_t)B * m->value_n[v] * sizeof(float));
     for (int i = m->nops - 1; i >= 0; i--) {
         int layer = m->op[i].layer, rc = 0;
         if (layer >= 0 && h && h->before_backward && (rc = h->before_backward(h->arg, layer))) return rc;
@@ -363,10 +284,11 @@ int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int
 }
 
 double tally__model_score(const tally__model *m, const int32_t *y, const float *t, int B) {
-    const float *out = m->act[m->nops];
-    int C = (int)m->op[m->nops - 1].out;
+    const float *out = m->act[m->nvalues - 1];
+    int rows, C;
+    model_loss_shape(m, B, &rows, &C);
     double score = 0;
-    for (int s = 0; s < B; s++) {
+    for (int s = 0; s < rows; s++) {
         const float *row = out + (size_t)s * C;
         if (m->regression) {
             for (int j = 0; j < C; j++) {

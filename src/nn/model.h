@@ -1,7 +1,7 @@
-/* model.h - the trainer's models (linear, mlp, cnn) as a sequence of layer ops over one flat parameter
- * buffer and one flat gradient buffer, with their forward, backward and evaluation. */
-#ifndef TALLY_TRAIN_MODEL_H
-#define TALLY_TRAIN_MODEL_H
+/* model.h - the trainer's models as a graph of nodes (an op, its input values, its output value, its
+ * parameters) over one flat parameter buffer and one flat gradient buffer: forward, backward, scoring. */
+#ifndef TALLY_NN_MODEL_H
+#define TALLY_NN_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -12,14 +12,21 @@
 
 typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__model_kind;
 
-typedef enum { TALLY__OP_LINEAR, TALLY__OP_RELU, TALLY__OP_CONV, TALLY__OP_POOL } tally__op_kind;
+/* The ops a model's nodes run. ADD takes two inputs of one size (a residual connection). */
+typedef enum { TALLY__OP_LINEAR, TALLY__OP_RELU, TALLY__OP_CONV, TALLY__OP_POOL, TALLY__OP_ADD } tally__op_kind;
 
-#define TALLY__MODEL_MAX_OPS 32
+#define TALLY__MODEL_MAX_OPS 256
+#define TALLY__MODEL_MAX_VALUES (TALLY__MODEL_MAX_OPS + 1)
 #define TALLY__MODEL_MAX_HIDDEN 16
 
+/* One node of the model's graph: an op reading one or two values and writing a new one. Value 0 is the
+ * input batch; each node's output is a value of its own, so a value is written once per pass, and read
+ * by any later nodes (a value read twice gets the sum of both gradients in backward). */
 typedef struct tally__op {
     tally__op_kind kind;
-    size_t in, out;          /* floats per sample in and out */
+    int src[2];              /* the values it reads; src[1] = -1 for one input */
+    int dst;                 /* the value it writes */
+    size_t in, out;          /* floats per sample of src[0] and dst */
     int layer;               /* index among the layers with parameters, -1 for none */
     size_t w_off, b_off;     /* into the flat buffers: w then b */
     float *w, *b, *dw, *db;  /* what forward and backward use: the flat buffers, or what ZeRO points
@@ -33,13 +40,14 @@ typedef struct tally__op {
  * read as in a state_dict: "fc1.weight" [out, in], "conv1.weight" [K, C, R, R], "*.bias" [out]). */
 #define TALLY__MODEL_MAX_TENSORS (2 * TALLY__MODEL_MAX_OPS)
 typedef struct tally__tensor {
-    char name[24];
+    char name[64];
     int ndim, shape[4];
     size_t offset, count;    /* into params and grads */
     float *param, *grad;     /* params + offset, grads + offset */
 } tally__tensor;
 
 /* What to build. */
+struct tally__model;
 typedef struct tally__model_cfg {
     tally__model_kind kind;
     int in_dim;              /* features per sample (784 for 28x28 images) */
@@ -47,13 +55,21 @@ typedef struct tally__model_cfg {
     int outputs;             /* classes, or the regression width */
     int nhidden;             /* mlp */
     int hidden[TALLY__MODEL_MAX_HIDDEN];
+    /* A graph of one's own (tests, embedders), laid out with model_build.h after the input value,
+     * instead of kind's entry in the table; NULL for the table's. */
+    int (*build)(struct tally__model *m, const struct tally__model_cfg *cfg);
 } tally__model_cfg;
 
 typedef struct tally__model {
     tally__model_cfg cfg;
     int regression;          /* mse loss instead of softmax cross-entropy */
     int nops, nlayers;
-    tally__op op[TALLY__MODEL_MAX_OPS];
+    tally__op op[TALLY__MODEL_MAX_OPS];  /* in forward order: a node reads only values made before it */
+    int nvalues;             /* value 0 is the input batch; the last value holds the outputs */
+    size_t value_n[TALLY__MODEL_MAX_VALUES];  /* floats per sample of each value */
+    int readers[TALLY__MODEL_MAX_VALUES];     /* how many node inputs read it */
+    int positions;           /* outputs per sample the loss scores: 1, or a sequence's length (each of the
+                              * last value's positions is a row of outputs / positions classes) */
     size_t offsets[TALLY__MODEL_MAX_OPS + 1]; /* layer boundaries in the flat buffers, for the engine */
     size_t nparams;
     int ntensors;
@@ -63,8 +79,9 @@ typedef struct tally__model {
     tally__mem_source grads_src; /* who allocated grads (alloc NULL: plain memory) */
     size_t params_bytes, grads_bytes; /* what the flat buffers hold (0 when not allocated) */
     int max_batch;
-    float *act[TALLY__MODEL_MAX_OPS + 1]; /* act[0] is the input batch, act[i+1] the output of op i */
-    float *dact[TALLY__MODEL_MAX_OPS + 1];
+    float *act[TALLY__MODEL_MAX_VALUES];  /* each value at the batch; act[0] is the caller's input */
+    float *dact[TALLY__MODEL_MAX_VALUES]; /* the loss's gradient with respect to each value */
+    float *dtmp;             /* one input's gradient, before it is added to a value read more than once */
     float *probs;            /* softmax output */
     int32_t *argmax[TALLY__MODEL_MAX_OPS];
     float *scratch;          /* im2col, shared by the conv ops */

@@ -1,0 +1,22 @@
+/* model_mlp.c - the linear model (one layer: least squares) and the multi-layer perceptron (linear
+ * layers with ReLU between them), as PyTorch's nn.Linear stacks name and lay them out. */
+#include "../core/err.h"
+#include "model_build.h"
+
+int tally__build_linear(tally__model *m, const tally__model_cfg *cfg) {
+    m->regression = 1; /* least squares: mean squared error against targets */
+    tally__graph_linear(m, cfg->in_dim, cfg->outputs, 0, "linear");
+    return 0;
+}
+
+int tally__build_mlp(tally__model *m, const tally__model_cfg *cfg) {
+    int in = cfg->in_dim;
+    for (int i = 0; i < cfg->nhidden; i++) {
+        if (cfg->hidden[i] < 1)
+            return tally__seterr(TALLY_E_INVALID, "model: hidden layer %d has width %d", i, cfg->hidden[i]);
+        tally__graph_linear(m, in, cfg->hidden[i], 1, NULL);
+        in = cfg->hidden[i];
+    }
+    tally__graph_linear(m, in, cfg->outputs, 0, NULL);
+    return 0;
+}

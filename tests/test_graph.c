@@ -1,0 +1,78 @@
+/* test_graph.c - the model graph beyond a chain: a value read by two nodes (a residual add) gets the sum
+ * of both gradients, and a loss over positions (rows per sample) scores each row; both against central
+ * finite differences of the float loss, as test_layers checks each layer. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "core/rng.h"
+#include "nn/model.h"
+#include "nn/model_build.h"
+
+#define EPS 1e-2f
+#define TOL 1e-3 /* |fd - analytic| <= TOL * max(1, |analytic|): see test_layers.c's TOL_FD32 */
+
+enum { IN = 5, H = 6, B = 3 };
+
+/* x -> fc1 -> v1 -> fc2 -> v2; v3 = v1 + v2 (v1 read twice); fc3 on v3 -> outputs. No ReLU: the loss is
+ * smooth everywhere, so central differences are exact up to rounding. */
+static int build_residual(tally__model *m, const tally__model_cfg *cfg) {
+    tally__graph_linear(m, IN, H, 0, NULL);
+    int v1 = tally__graph_last(m);
+    tally__graph_linear(m, H, H, 0, NULL);
+    int v2 = tally__graph_last(m);
+    tally__graph_node(m, TALLY__OP_ADD, v1, v2, H);
+    tally__graph_linear(m, H, cfg->outputs, 0, NULL);
+    if (cfg->outputs == 2 * 3) m->positions = 2; /* two rows of three classes per sample */
+    return 0;
+}
+
+static float loss_of(tally__model *m, const float *x, const int32_t *y) {
+    float loss = 0;
+    TH_CHECK(tally__model_forward(m, x, y, NULL, B, NULL, &loss) == 0, "forward: %s", tally_last_error());
+    return loss;
+}
+
+/* Every parameter's analytic gradient against (L(p + eps) - L(p - eps)) / 2 eps; returns the mismatches. */
+static int check_grads(const char *what, int outputs, const int32_t *y) {
+    tally__model m;
+    tally__model_cfg cfg = {.in_dim = IN, .outputs = outputs, .build = build_residual};
+    if (tally__model_init(&m, &cfg, B, 11, NULL, 0)) {
+        TH_CHECK(0, "%s: init: %s", what, tally_last_error());
+        return 1;
+    }
+    TH_CHECK(m.readers[1] == 2, "%s: v1 is read by %d nodes, expected 2", what, m.readers[1]);
+    float x[B * IN];
+    tally__rng r;
+    tally__rng_seed(&r, 5, 0);
+    for (int i = 0; i < B * IN; i++) x[i] = 2.0f * tally__rng_uniform(&r) - 1.0f;
+    memset(m.grads, 0, m.nparams * sizeof(float));
+    loss_of(&m, x, y);
+    TH_CHECK(tally__model_backward(&m, y, NULL, B, NULL) == 0, "%s: backward", what);
+    int bad = 0;
+    for (size_t p = 0; p < m.nparams; p++) {
+        float keep = m.params[p];
+        m.params[p] = keep + EPS;
+        double up = loss_of(&m, x, y);
+        m.params[p] = keep - EPS;
+        double down = loss_of(&m, x, y);
+        m.params[p] = keep;
+        double fd = (up - down) / (2.0 * EPS), g = m.grads[p];
+        if (fabs(fd - g) > TOL * fmax(1.0, fabs(g)) && !bad++)
+            fprintf(stderr, "%s: parameter %zu: finite differences %.6f, backward %.6f\n", what, p, fd, g);
+    }
+    TH_CHECK(bad == 0, "%s: %d of %zu gradients differ from finite differences", what, bad, m.nparams);
+    printf("  %s: %zu parameters, %d nodes, %d values: %s\n", what, m.nparams, m.nops, m.nvalues,
+           bad ? "FAIL" : "ok");
+    tally__model_free(&m);
+    return bad;
+}
+
+int main(void) {
+    int32_t y1[B] = {2, 0, 1}, y2[2 * B] = {1, 2, 0, 0, 2, 1};
+    check_grads("residual add, one row per sample", 3, y1);
+    check_grads("residual add, two positions per sample", 6, y2);
+    return th_verdict("test_graph");
+}

@@ -73,6 +73,7 @@ if [ $# -ge 1 ]; then
   while IFS= read -r o; do
     src=src/${o##*/src/}
     src=${src%.o}
+    [ -f "$src" ] || continue # an object left in the build by a file since moved or deleted
     nm "$o" | awk -v f="$src" '$1 == "U" {print "U", f, $2} NF == 3 && $2 ~ /^[TDBRC]$/ {print "D", f, $3}'
   done <"$tmp/objs" >"$tmp/syms"
   # One edge per pair of files: user, definer.

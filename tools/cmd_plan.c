@@ -14,6 +14,7 @@
 #include "../src/core/clock.h"
 #include "../src/core/sig.h"
 #include "../src/nn/model.h"
+#include "../src/plan/calibrate.h"
 #include "../src/plan/plan.h"
 #include "../src/train/trainer.h"
 #include "../src/core/file.h"
@@ -34,17 +35,6 @@ typedef struct plan_opts {
     double calibrate_bytes;        /* hidden: the allreduce those ranks time (the plan's S) */
     const char *flops_source, *link_source;
 } plan_opts;
-
-/* What --calibrate measured on this machine. */
-typedef struct plan_calib {
-    double sgemm_gflops, update_s_per_param;
-    double model_gflops;           /* --model: its forward + backward, timed (0 without --model) */
-    tally__cost shm, tcp;
-    double shm_allreduce_s, tcp_allreduce_s; /* an allreduce of S on 2 ranks, timed: beta is fitted to it */
-    double shm_ping_beta, tcp_ping_beta;     /* beta as the ping-pong measured it, before the fit */
-    long cpus;
-    const char *used;              /* the transport whose figures the plan uses */
-} plan_calib;
 
 static void plan_usage(FILE *out) {
     fprintf(out,
@@ -257,24 +247,6 @@ static int plan_fill(plan_opts *o) {
 
 /* ---- --calibrate ---- */
 
-/* Mean seconds of an allreduce of `bytes` (at most 256 MiB) in a buffer from tally_mem_alloc, as
- * the trainer's gradients are; 0 when it could not run. */
-static double time_allreduce(tally_comm *comm, double bytes) {
-    size_t count = (size_t)(fmin(bytes, 256.0 * 1048576.0) / sizeof(float));
-    float *buf = count ? tally_mem_alloc(comm, count * sizeof(float)) : NULL;
-    if (!buf) return 0;
-    memset(buf, 0, count * sizeof(float));
-    double t = 0;
-    int iters = 10;
-    for (int i = -2; i < iters; i++) { /* two to warm up */
-        double t0 = tally__now_s();
-        if (tally_allreduce(comm, buf, buf, count, TALLY_F32, TALLY_AVG)) break;
-        if (i >= 0) t += tally__now_s() - t0;
-    }
-    tally_mem_free(comm, buf);
-    return t / iters * (bytes / (count * sizeof(float))); /* scaled up when capped */
-}
-
 /* Hidden mode: one of the 2 ranks tally_launch started; the communicator measures its links at init,
  * then the ranks time one allreduce of the plan's gradients; rank 0 writes what it found. */
 static int plan_calibrate_rank(const char *file, double bytes) {
@@ -283,7 +255,7 @@ static int plan_calibrate_rank(const char *file, double bytes) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
         return 1;
     }
-    double ar = bytes > 0 ? time_allreduce(comm, bytes) : 0;
+    double ar = bytes > 0 ? tally__plan_time_allreduce(comm, bytes) : 0;
     int rc = 0;
     if (tally_comm_rank(comm) == 0) {
         const tally__cost *m = tally__comm_cost(comm);
@@ -323,107 +295,17 @@ static int calibrate_link(const char *transport, double bytes, tally__cost *out,
     return rc || !f ? -1 : 0;
 }
 
-/* Seconds per parameter of the optimizer update as the trainer does it (step, then clear the
- * gradients), on the plan's parameter count (at most 16 M: the rate is per parameter). */
-static double calibrate_update(const tally__plan_cfg *c) {
-    size_t n = c->params < (16u << 20) ? (size_t)c->params : (16u << 20);
-    float *p = calloc(n, sizeof *p), *g = calloc(n, sizeof *g);
-    tally_optim_cfg oc;
-    tally_optim_cfg_default(&oc, (tally_optim_kind)c->optimizer);
-    tally_optim opt;
-    double best = 0;
-    if (p && g && !tally_optim_init(&opt, &oc, n)) {
-        for (int i = 0; i < 3; i++) tally_optim_step(&opt, p, g, 1e-3f);
-        double t_end = tally__now_s() + 0.2;
-        while (tally__now_s() < t_end) {
-            double t0 = tally__now_s();
-            tally_optim_step(&opt, p, g, 1e-3f);
-            memset(g, 0, n * sizeof *g);
-            double t = (tally__now_s() - t0) / (double)n;
-            if (best == 0 || t < best) best = t;
-        }
-        tally_optim_free(&opt);
-    }
-    free(p);
-    free(g);
-    return best;
-}
-
-/* A deterministic batch of inputs, labels and targets for timing a model. */
-typedef struct plan_batch {
-    float *x, *t;
-    int32_t *y;
-} plan_batch;
-
-static int batch_alloc(plan_batch *b, const tally__model_cfg *m, int B) {
-    b->x = malloc((size_t)B * m->in_dim * sizeof(float));
-    b->t = calloc((size_t)B * m->outputs, sizeof(float));
-    b->y = malloc((size_t)B * sizeof(int32_t));
-    if (!b->x || !b->t || !b->y) return -1;
-    for (size_t i = 0; i < (size_t)B * m->in_dim; i++) b->x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
-    for (int i = 0; i < B; i++) b->y[i] = i % m->outputs;
-    return 0;
-}
-
-static void batch_free(plan_batch *b) {
-    free(b->x);
-    free(b->t);
-    free(b->y);
-}
-
-/* Times forward + backward of the real model at the batch, and the optimizer update right after it
- * (caches as a training step leaves them), on one BLAS thread as a rank of tally train runs. */
-static int calibrate_model(const plan_opts *o, plan_calib *k) {
-    const tally__plan_cfg *c = &o->cfg;
-    tally__model m;
-    plan_batch b = {0};
-    tally_optim opt = {0};
-    tally_optim_cfg oc;
-    tally_optim_cfg_default(&oc, (tally_optim_kind)c->optimizer);
-    int rc = tally__model_init(&m, &o->mcfg, c->batch, 1, NULL, 0);
-    if (!rc) rc = batch_alloc(&b, &o->mcfg, c->batch) || tally_optim_init(&opt, &oc, m.nparams);
-    int threads = openblas_get_num_threads(), iters = 0;
-    openblas_set_num_threads(1);
-    double fb = 0, up = 0, t_end = tally__now_s() + 0.3;
-    for (int i = -3; !rc && (i < 10 || tally__now_s() < t_end); i++) { /* three to warm up */
-        float loss;
-        double t0 = tally__now_s();
-        rc = tally__model_forward(&m, b.x, b.y, b.t, c->batch, NULL, &loss) ||
-             tally__model_backward(&m, b.y, b.t, c->batch, NULL);
-        double t1 = tally__now_s();
-        tally_optim_step(&opt, m.params, m.grads, 1e-6f);
-        memset(m.grads, 0, m.nparams * sizeof(float));
-        if (i >= 0) fb += t1 - t0, up += tally__now_s() - t1, iters++;
-    }
-    openblas_set_num_threads(threads);
-    tally_optim_free(&opt);
-    batch_free(&b);
-    tally__model_free(&m);
-    if (rc || !iters) return fprintf(stderr, "tally plan: calibrate: timing the model failed\n"), -1;
-    k->model_gflops = c->flops_per_sample * c->batch / (fb / iters) * 1e-9;
-    k->update_s_per_param = up / iters / (double)c->params;
-    return 0;
-}
-
-/* Links first: tally_launch wants a process without threads, and BLAS may start some. */
-static int plan_calibrate(plan_opts *o, plan_calib *k) {
+/* Links first (two ranks of this binary each): tally_launch wants a process without threads, and BLAS
+ * may start some; then the library's measurements of compute and the update. */
+static int plan_calibrate(plan_opts *o, tally__plan_calib *k) {
     memset(k, 0, sizeof *k);
     double S = tally__plan_grad_bytes(&o->cfg);
     if (calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) || calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
         return -1;
-    k->sgemm_gflops = tally__sgemm_peak_gflops();
-    if (o->model >= 0 && calibrate_model(o, k)) return -1;
-    if (o->model < 0) k->update_s_per_param = calibrate_update(&o->cfg);
-    k->cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    k->used = o->cfg.workers <= k->cpus ? "shm" : "tcp";
-    /* The ping-pong's beta misses the memory traffic of a real allreduce of the gradient: fit it. */
-    k->shm_ping_beta = k->shm.beta;
-    k->tcp_ping_beta = k->tcp.beta;
-    if (k->shm_allreduce_s > 0) k->shm.beta = tally__plan_fit_beta(&k->shm, 2, S, k->shm_allreduce_s);
-    if (k->tcp_allreduce_s > 0) k->tcp.beta = tally__plan_fit_beta(&k->tcp, 2, S, k->tcp_allreduce_s);
-    o->cfg.cost = o->cfg.workers <= k->cpus ? k->shm : k->tcp;
-    o->cfg.gflops = k->model_gflops > 0 ? k->model_gflops : k->sgemm_gflops;
-    o->cfg.update_s_per_param = k->update_s_per_param;
+    if (tally__plan_calibrate(&o->cfg, o->model >= 0 ? &o->mcfg : NULL, k)) {
+        fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
+        return -1;
+    }
     return 0;
 }
 
@@ -488,7 +370,7 @@ static void print_link(const char *name, const tally__cost *m, double ping_beta,
            fmt_bytes(1 / ping_beta, p), fmt_bytes(1 / m->gamma, g));
 }
 
-static void print_calib(const plan_opts *o, const plan_calib *k) {
+static void print_calib(const plan_opts *o, const tally__plan_calib *k) {
     printf("\ncalibration (this machine):\n");
     if (k->model_gflops > 0)
         printf("  compute   %.1f GFLOP/s: the model's forward + backward at batch %d, timed on one BLAS thread\n"
@@ -627,7 +509,7 @@ static void print_scaling(const plan_opts *o, const tally__plan_step *s) {
     printf("  samples/s (model): n x batch x accum / T predicted at n ranks, straight from the model\n");
 }
 
-static void plan_print_text(const plan_opts *o, const plan_calib *k) {
+static void plan_print_text(const plan_opts *o, const tally__plan_calib *k) {
     print_header(o);
     if (k) print_calib(o, k);
     print_memory(o);
@@ -720,7 +602,7 @@ static void json_amdahl(const tally__plan_cfg *c, const tally__plan_step *s) {
     printf("\n  ]}");
 }
 
-static void json_calib(const plan_calib *k) {
+static void json_calib(const tally__plan_calib *k) {
     printf(",\n  \"calibration\": {");
     json_num("sgemm_gflops", k->sgemm_gflops, ", ");
     json_num("update_s_per_param", k->update_s_per_param, ", ");
@@ -737,7 +619,7 @@ static void json_calib(const plan_calib *k) {
     printf("\"cpus\": %ld, \"used\": \"%s\"}", k->cpus, k->used);
 }
 
-static void plan_print_json(const plan_opts *o, const plan_calib *k) {
+static void plan_print_json(const plan_opts *o, const tally__plan_calib *k) {
     const tally__plan_cfg *c = &o->cfg;
     printf("{\n  \"params\": %llu, \"layers\": %d, \"largest_layer\": %llu, \"workers\": %d, \"optimizer\": \"%s\",\n",
            c->params, c->nlayers, c->largest, c->workers, optim_name(c->optimizer));
@@ -764,7 +646,7 @@ int tally_cmd_plan(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : 2;
     if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank, o.calibrate_bytes);
     if (plan_fill(&o)) return 1;
-    plan_calib k;
+    tally__plan_calib k;
     o.flops_source = "--compute";
     o.link_source = "--latency, --bandwidth; gamma assumed";
     if (o.calibrate) {

@@ -16,6 +16,7 @@
 #include "../core/cpus.h"
 #include "../core/err.h"
 #include "ckpt_train.h"
+#include "../plan/calibrate.h"
 #include "../plan/memory.h"
 #include "../ps/ps.h"
 #include "trainer_int.h"

@@ -151,7 +151,5 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
 int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test,
                       float *true_w, const char **name);
 
-/* Single-thread sgemm rate of this machine in GFLOP/s (about 0.2 s of measuring). */
-double tally__sgemm_peak_gflops(void);
 
 #endif

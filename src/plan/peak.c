@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "../core/clock.h"
-#include "trainer.h"
+#include "calibrate.h"
 
 #define PEAK_N 512
 #define PEAK_MIN_S 0.2

@@ -251,8 +251,8 @@ static void test_killed_rank(void) {
     c.staleness = 2;
     c.straggler_rank = 1;
     c.straggler_ms = 5;
-    c.inject_kill_rank = 2;
-    c.inject_kill_step = 8;
+    static tally__train_faults kill = {.kill_rank = 2, .kill_step = 8}; /* read in the forked ranks */
+    c.hook = tally__train_faults_hook(&kill);
     th_opts o = {.transport = "shm", .timeout_s = 20, .wall_s = 60};
     th_job job;
     double t0 = th_now();

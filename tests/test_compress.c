@@ -163,8 +163,8 @@ static void test_nan_step(void) {
     const char *codecs[] = {"topk:0.05", "powersgd:2"};
     for (int k = 0; k < 2; k++) {
         tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
-        c.inject_nan_rank = 1;
-        c.inject_nan_step = 10;
+        static tally__train_faults nan = {.nan_rank = 1, .nan_step = 10};
+        c.hook = tally__train_faults_hook(&nan);
         char what[96];
         snprintf(what, sizeof what, "%s with a NaN at step 10", codecs[k]);
         if (tr_train_on("shm", 2, &c, g_got, what)) continue;
@@ -189,7 +189,9 @@ static void test_resume(const char *codec, int n) {
     tally__train_cfg first = straight, second = straight;
     first.ckpt_dir = second.ckpt_dir = g_dir;
     first.ckpt_every = 10;
-    first.halt_after = K;
+    static tally__train_faults halt;
+    halt.halt_after = K;
+    first.hook = tally__train_faults_hook(&halt);
     second.resume = 1;
     if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_got, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);

@@ -43,8 +43,9 @@ static void test_skip(int zero, int n, int nan_rank) {
     char what[80];
     snprintf(what, sizeof what, "zero %d n=%d nan on rank %d", zero, n, nan_rank);
     tally__train_cfg before = gcfg(zero, K - 1), after = gcfg(zero, K), longer = gcfg(zero, K + 4);
-    after.inject_nan_rank = longer.inject_nan_rank = nan_rank;
-    after.inject_nan_step = longer.inject_nan_step = K;
+    static tally__train_faults nan; /* read in the forked ranks */
+    nan = (tally__train_faults){.nan_rank = nan_rank, .nan_step = K};
+    after.hook = longer.hook = tally__train_faults_hook(&nan);
     if (tr_train_on("shm", n, &before, g_before, what) || tr_train_on("shm", n, &after, g_after, what)) return;
     size_t np = tr->res[0].nparams;
     TH_CHECK(!memcmp(g_before, g_after, np * sizeof(float)), "%s: the skipped step changed the parameters", what);

@@ -25,6 +25,7 @@ typedef struct train_opts {
     int max_restarts;
     const char *transport, *bind;
     char arch[128];
+    tally__train_faults faults; /* --inject-*: carried out through cfg.hook */
 } train_opts;
 
 static void train_usage(FILE *out) {
@@ -253,11 +254,11 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_NAN:
         return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k) ? -1
                : (c->nan_policy = k, 0);
-    case O_INJECT_NAN: return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &c->inject_nan_rank, &c->inject_nan_step);
+    case O_INJECT_NAN: return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.nan_rank, &o->faults.nan_step);
     case O_INJECT_FLIP:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &c->inject_flip_rank, &c->inject_flip_step);
+        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.flip_rank, &o->faults.flip_step);
     case O_INJECT_KILL:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &c->inject_kill_rank, &c->inject_kill_step);
+        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.kill_rank, &o->faults.kill_step);
     case O_CKPT: return parse_path(flag, a, &c->ckpt_dir);
     case O_RESUME: c->resume = 1; return 0;
     case O_COMPRESS: return tally__codec_parse(a, &c->codec);
@@ -338,6 +339,7 @@ static void train_arch(const train_opts *o, const tally__train_result *r, char *
 }
 
 static int train_as_rank(train_opts *o) {
+    o->cfg.hook = tally__train_faults_hook(&o->faults);
     tally_comm *comm = NULL;
     int rc = tally_comm_init(&comm);
     if (rc) {
@@ -405,7 +407,7 @@ int tally_cmd_train(int argc, char **argv) {
     }
     if (restart > 0) {
         if (o.cfg.ckpt_dir) o.cfg.resume = 1;
-        o.cfg.inject_kill_step = 0; /* the injected death happens once */
+        o.faults.kill_step = 0; /* the injected death happens once */
     }
     return train_as_rank(&o);
 }

@@ -152,21 +152,6 @@ static int train_agree_finite(train_run *r, long step, int *skip) {
     return r->cfg->zero ? tally__zero_skip(&r->zero) : 0;
 }
 
-/* Testing aids: a NaN fed into one rank's data, a bit flipped in one rank's parameters. */
-static void train_inject_nan(train_run *r, long step, int micro) {
-    if (micro == 0 && r->cfg->inject_nan_step == step + 1 && r->cfg->inject_nan_rank == r->rank) r->xb[0] = NAN;
-}
-
-static void train_inject_flip(train_run *r, long step) {
-    if (r->cfg->inject_flip_step != step + 1 || r->cfg->inject_flip_rank != r->rank || !r->model.params) return;
-    uint32_t bits;
-    float *p = r->model.params + r->model.nparams / 2;
-    memcpy(&bits, p, sizeof bits);
-    bits ^= 1u << 20;
-    memcpy(p, &bits, sizeof bits);
-}
-
-/* One optimizer step: accum micro-batches of batch samples each, starting at sampler position pos. */
 static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     const tally__train_cfg *cfg = r->cfg;
     int B = cfg->batch, rc;
@@ -181,7 +166,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         tally__train_gather(r, &r->train, idx, B);
-        train_inject_nan(r, step, k);
+        if (cfg->hook.batch) cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
         if (r->ddp && (rc = tally_ddp_begin(r->ddp)) < 0) return rc;
         if (k == 0) tally__train_straggle(cfg, r->rank);
@@ -209,7 +194,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     } else if ((rc = tally__zero_step(&r->zero, lr))) {
         return rc;
     }
-    train_inject_flip(r, step);
+    if (r->cfg->hook.updated) r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     /* ZeRO's waits for communication happen inside the passes and the update: count them as
      * waiting, not work. The byte counter is read once the step has drained every collective. */
@@ -255,8 +240,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
             epoch_steps += st.skipped == skipped;
             r->in_epoch = s + 1;
             if ((rc = train_maybe_save(r, step + 1, 0))) return rc;
-            if (cfg->inject_kill_step == step + 1 && cfg->inject_kill_rank == r->rank) raise(SIGKILL);
-            if (cfg->halt_after > 0 && step + 1 == cfg->halt_after) {
+            if (cfg->hook.done && cfg->hook.done(cfg->hook.arg, r->rank, step + 1)) {
                 res->steps = step + 1 - r->start_step;
                 return 0; /* as if killed here: nothing more is saved or evaluated */
             }

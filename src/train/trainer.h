@@ -11,6 +11,7 @@
 
 #include "../dp/codec.h"
 #include "../nn/model.h"
+#include "faults.h"
 
 /* What the training loop tells its observer, on rank 0 only and on the thread that trains: the CLI draws
  * the progress line and the epoch lines from these (tools/train_report.c); the library never prints. */
@@ -65,18 +66,11 @@ typedef struct tally__train_cfg {
     int nan_policy;          /* tally__nan_policy: a NaN or Inf gradient skips the step (default), stops, or
                               * is not looked for */
     long check_replicas;     /* > 0: compare the replicas' parameter hashes every this many steps */
-    int inject_nan_rank;     /* testing: this rank feeds a NaN into step inject_nan_step (1-based; 0 none) */
-    long inject_nan_step;
-    int inject_flip_rank;    /* testing: this rank flips a parameter bit after step inject_flip_step */
-    long inject_flip_step;
     const char *ckpt_dir;    /* checkpoints go (and --resume reads them) there; NULL: none */
     long ckpt_every;         /* > 0: save after every this many steps; the end of training always saves */
     int ckpt_keep;           /* checkpoints kept in ckpt_dir; 0 means 2 */
     int resume;              /* start from the newest checkpoint in ckpt_dir, when there is one */
-    int inject_kill_rank;    /* testing: this rank kills itself (SIGKILL) after step inject_kill_step */
-    long inject_kill_step;
-    long halt_after;         /* testing: > 0 stops after this many steps as a killed run would (no final
-                              * checkpoint, no evaluation) */
+    tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
     /* compression */
     tally__codec_cfg codec;  /* --compress and --no-error-feedback; kind 0 (none) by default */
     /* asynchronous training */
@@ -122,6 +116,7 @@ typedef struct tally__train_result {
     size_t peak_rss;          /* bytes, from getrusage */
     float true_w[64];         /* linear model: the generating weights then bias */
     int true_w_len;
+    tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
     /* compression */
     char codec[40];           /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
     unsigned long long grad_bytes; /* sent by this rank in the gradient reductions over the steps */

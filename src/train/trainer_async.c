@@ -37,8 +37,7 @@ static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
                        : cfg->codec.kind != TALLY__CODEC_NONE
                            ? "--compress (pushes and pulls carry f32 gradients and parameters)"
                        : cfg->check_replicas > 0 ? "--check-replicas (workers hold different parameters by design)"
-                       : cfg->inject_nan_step || cfg->inject_flip_step || cfg->halt_after
-                           ? "--inject-nan or --inject-flip"
+                       : cfg->hook.batch || cfg->hook.updated ? "--inject-nan or --inject-flip"
                            : NULL;
     if (what) return tally__seterr(TALLY_E_INVALID, "rank %d: --mode async does not work with %s", rank, what);
     if (cfg->staleness < 0)
@@ -159,7 +158,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
             long in_epoch = c % r->steps_per_epoch + 1;
             res->last_loss = epoch_loss / (double)in_epoch; /* the epoch so far */
             if (in_epoch == r->steps_per_epoch) epoch_loss = 0;
-            if (r->cfg->inject_kill_step == c + 1 && r->cfg->inject_kill_rank == r->rank) raise(SIGKILL);
+            if (r->cfg->hook.done) (void)r->cfg->hook.done(r->cfg->hook.arg, r->rank, c + 1); /* kills; no halt */
             tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP, .step = c + 1 < total ? c + 1 : total,
                                                        .total_steps = total, .epoch = (int)(c / r->steps_per_epoch),
                                                        .epochs = r->cfg->epochs,

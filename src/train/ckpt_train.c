@@ -34,7 +34,7 @@ static float *ck_state_of(const tally_optim *o, int second) { return second ? o-
 
 /* The optimizer whose step count stands for all (every shard's counts the same updates). */
 static tally_optim *ck_first_optim(train_run *r) {
-    return r->cfg->zero ? &r->zero.layer[0].opt_piece : &r->optim;
+    return r->cfg->zero ? &r->sync.zero.layer[0].opt_piece : &r->sync.optim;
 }
 
 /* ---- the table ---- */
@@ -81,7 +81,7 @@ static void ck_table_codec(const train_run *r, ck_table *tb) {
     }
     for (int t = 0; t < r->model.ntensors; t++) {
         int rows, cols;
-        if (!tally__codec_q(r->codec, t, &rows, &cols)) continue;
+        if (!tally__codec_q(r->sync.codec, t, &rows, &cols)) continue;
         snprintf(tb->names[i], sizeof tb->names[i], "codec.q.%s", r->model.tensor[t].name);
         tb->t[i] = (tally__ckpt_tensor){.name = tb->names[i], .dtype = TALLY_F32, .ndim = 2,
                                         .shape = {(uint64_t)rows, (uint64_t)cols}};
@@ -91,7 +91,7 @@ static void ck_table_codec(const train_run *r, ck_table *tb) {
 
 static int ck_count_q(const train_run *r) {
     int n = 0;
-    for (int t = 0; t < r->model.ntensors; t++) n += tally__codec_q(r->codec, t, NULL, NULL) != NULL;
+    for (int t = 0; t < r->model.ntensors; t++) n += tally__codec_q(r->sync.codec, t, NULL, NULL) != NULL;
     return n;
 }
 
@@ -99,7 +99,7 @@ static int ck_table_make(const train_run *r, ck_table *tb) {
     memset(tb, 0, sizeof *tb);
     const tally__model *m = &r->model;
     tb->nkinds = ck_state_kinds(&r->cfg->optim, tb->kinds);
-    tb->nresidual = tally__codec_residual(r->codec) ? r->size : 0;
+    tb->nresidual = tally__codec_residual(r->sync.codec) ? r->size : 0;
     tb->nq = ck_count_q(r);
     tb->first_codec = CK_NSCALAR + m->ntensors * (1 + tb->nkinds);
     tb->count = tb->first_codec + 1 + tb->nresidual + tb->nq;
@@ -181,8 +181,8 @@ static void ck_stage3_layer(void *arg, int layer, const float *p, size_t n) {
 static int ck_put_params(ck_save *s) {
     train_run *r = s->r;
     if (r->cfg->zero == 3) {
-        int rc = tally__zero_each_layer(&r->zero, ck_stage3_layer, s); /* gathers: collective */
-        return rc ? rc : tally__zero_drain(&r->zero);
+        int rc = tally__zero_each_layer(&r->sync.zero, ck_stage3_layer, s); /* gathers: collective */
+        return rc ? rc : tally__zero_drain(&r->sync.zero);
     }
     ck_put_layer(s, s->tb.first_param, 0, r->model.nparams, r->model.params);
     return 0;
@@ -194,11 +194,11 @@ static int ck_put_state(ck_save *s, int k) {
     train_run *r = s->r;
     int first = s->tb.first_state + k * r->model.ntensors, second = s->tb.kinds[k].second;
     if (!r->cfg->zero) {
-        ck_put_layer(s, first, 0, r->model.nparams, ck_state_of(&r->optim, second));
+        ck_put_layer(s, first, 0, r->model.nparams, ck_state_of(&r->sync.optim, second));
         return 0;
     }
-    for (int l = 0; l < r->zero.nlayers; l++) {
-        tally__zero_layer *L = &r->zero.layer[l];
+    for (int l = 0; l < r->sync.zero.nlayers; l++) {
+        tally__zero_layer *L = &r->sync.zero.layer[l];
         int rc = tally_allgather(r->comm, ck_state_of(&L->opt_piece, second), s->layer_buf, L->piece, TALLY_F32);
         if (rc) return rc;
         if (L->tail) memcpy(s->layer_buf + (size_t)r->size * L->piece, ck_state_of(&L->opt_tail, second), L->tail * 4);
@@ -213,7 +213,7 @@ static int ck_put_codec(ck_save *s) {
     train_run *r = s->r;
     int i = s->tb.first_codec;
     ck_put(s, i++, s->tb.codec_spec, strlen(s->tb.codec_spec));
-    float *res = tally__codec_residual(r->codec), *buf = NULL;
+    float *res = tally__codec_residual(r->sync.codec), *buf = NULL;
     size_t n = r->model.nparams;
     if (s->tb.nresidual && !(buf = malloc(n * sizeof(float) + 4)))
         return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
@@ -225,7 +225,7 @@ static int ck_put_codec(ck_save *s) {
     free(buf);
     for (int t = 0; t < r->model.ntensors && !rc; t++) {
         int rows, cols;
-        const float *q = tally__codec_q(r->codec, t, &rows, &cols);
+        const float *q = tally__codec_q(r->sync.codec, t, &rows, &cols);
         if (q) ck_put(s, i++, q, (size_t)rows * cols * sizeof(float));
     }
     return rc;
@@ -250,7 +250,7 @@ static int ck_agree(train_run *r, int rc, const char *why, const char *what) {
 int tally__train_ckpt_save(train_run *r, long steps_done) {
     ck_save s = {.r = r};
     int rc = ck_table_make(r, &s.tb);
-    if (!rc && r->cfg->zero && !(s.layer_buf = malloc(r->zero.largest * sizeof(float) + 4)))
+    if (!rc && r->cfg->zero && !(s.layer_buf = malloc(r->sync.zero.largest * sizeof(float) + 4)))
         rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     if (!rc && r->rank == 0)
         ck_write_failed(&s, tally__ckpt_write_begin(r->cfg->ckpt_dir, steps_done, s.tb.t, s.tb.count, &s.w));
@@ -339,9 +339,9 @@ static int ck_check_identity(train_run *r, const tally__ckpt *ck) {
 static int ck_load_params(train_run *r, const tally__ckpt *ck) {
     const tally__model *m = &r->model;
     if (r->cfg->zero != 3) return ck_read_range(ck, m, "param.", "", 0, m->nparams, m->params);
-    for (int l = 0; l < r->zero.nlayers; l++) {
-        const tally__zero_layer *L = &r->zero.layer[l];
-        float *piece = r->zero.pshard + L->shard_off;
+    for (int l = 0; l < r->sync.zero.nlayers; l++) {
+        const tally__zero_layer *L = &r->sync.zero.layer[l];
+        float *piece = r->sync.zero.pshard + L->shard_off;
         int rc = ck_read_range(ck, m, "param.", "", L->off + (size_t)r->rank * L->piece, L->piece, piece);
         if (!rc) rc = ck_read_range(ck, m, "param.", "", L->off + (size_t)r->size * L->piece, L->tail, piece + L->piece);
         if (rc) return rc;
@@ -358,11 +358,11 @@ static int ck_load_state(train_run *r, const tally__ckpt *ck) {
     for (int k = 0; k < nk && !rc; k++) {
         const char *sfx = kinds[k].suffix;
         if (!r->cfg->zero) {
-            rc = ck_read_range(ck, m, "optim.", sfx, 0, m->nparams, ck_state_of(&r->optim, kinds[k].second));
+            rc = ck_read_range(ck, m, "optim.", sfx, 0, m->nparams, ck_state_of(&r->sync.optim, kinds[k].second));
             continue;
         }
-        for (int l = 0; l < r->zero.nlayers && !rc; l++) {
-            tally__zero_layer *L = &r->zero.layer[l];
+        for (int l = 0; l < r->sync.zero.nlayers && !rc; l++) {
+            tally__zero_layer *L = &r->sync.zero.layer[l];
             rc = ck_read_range(ck, m, "optim.", sfx, L->off + (size_t)r->rank * L->piece, L->piece,
                                ck_state_of(&L->opt_piece, kinds[k].second));
             if (!rc)
@@ -371,9 +371,9 @@ static int ck_load_state(train_run *r, const tally__ckpt *ck) {
         }
     }
     if (rc) return rc;
-    if (!r->cfg->zero) r->optim.step = step;
-    for (int l = 0; r->cfg->zero && l < r->zero.nlayers; l++) r->zero.layer[l].opt_piece.step =
-        r->zero.layer[l].opt_tail.step = step;
+    if (!r->cfg->zero) r->sync.optim.step = step;
+    for (int l = 0; r->cfg->zero && l < r->sync.zero.nlayers; l++) r->sync.zero.layer[l].opt_piece.step =
+        r->sync.zero.layer[l].opt_tail.step = step;
     return 0;
 }
 
@@ -391,7 +391,7 @@ static int ck_load_codec(train_run *r, const tally__ckpt *ck) {
                                                        "settings that wrote it, or use another --ckpt directory",
                                                        r->rank, tally__ckpt_label(ck), want)
                                       : 0;
-    float *res = tally__codec_residual(r->codec);
+    float *res = tally__codec_residual(r->sync.codec);
     size_t n = r->model.nparams;
     int saved = 0;
     char name[TALLY__CKPT_NAME_MAX + 1];
@@ -414,7 +414,7 @@ static int ck_load_codec(train_run *r, const tally__ckpt *ck) {
     }
     for (int i = 0; i < r->model.ntensors && !rc; i++) {
         int rows, cols;
-        float *q = tally__codec_q(r->codec, i, &rows, &cols);
+        float *q = tally__codec_q(r->sync.codec, i, &rows, &cols);
         const void *p;
         snprintf(name, sizeof name, "codec.q.%s", r->model.tensor[i].name);
         const uint64_t qshape[2] = {(uint64_t)rows, (uint64_t)cols};
@@ -491,7 +491,7 @@ int tally__train_ckpt_resume(train_run *r) {
     if (!rc) rc = ck_load_state(r, ck);
     if (!rc) rc = ck_load_position(r, ck);
     if (!rc) rc = ck_load_codec(r, ck);
-    if (!rc && r->cfg->zero) tally__zero_params_changed(&r->zero);
+    if (!rc && r->cfg->zero) tally__zero_params_changed(&r->sync.zero);
     if (!rc) r->saved_step = r->start_step;
     tally__ckpt_close(ck);
     /* A rank that failed here stops every rank: the others would otherwise train from another state. */

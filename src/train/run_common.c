@@ -73,11 +73,8 @@ int tally__train_prepare_steps(train_run *r, tally__train_result *res, int worke
 }
 
 void tally__train_teardown(train_run *r) {
-    tally_ddp_free(r->ddp);
-    tally__codec_free(r->codec);
-    tally__zero_free(&r->zero);
+    tally__sync_close(&r->sync);
     tally__guard_free(&r->guard);
-    tally_optim_free(&r->optim);
     tally__model_free(&r->model);
     tally_sampler_free(&r->sampler);
     tally_dataset_free(&r->train);
@@ -121,7 +118,7 @@ int tally__train_evaluate(train_run *r, tally__train_result *res) {
         sums[1] += (double)loss * n;
         sums[2] += n;
     }
-    int rc = r->cfg->zero ? tally__zero_drain(&r->zero) : 0;
+    int rc = r->sync.ops ? tally__sync_drain(&r->sync) : 0; /* async runs have no engine */
     if (!rc) rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
     if (rc) return rc;
     double n = sums[2] > 0 ? sums[2] : 1;
@@ -145,7 +142,7 @@ static void fp_layer(void *arg, int layer, const float *p, size_t n) {
 }
 
 static int train_visit_layers(train_run *r, fp_ctx *c) {
-    if (r->cfg->zero) return tally__zero_each_layer(&r->zero, fp_layer, c);
+    if (r->sync.ops) return tally__sync_each_layer(&r->sync, fp_layer, c);
     for (int l = 0; l < r->model.nlayers; l++)
         fp_layer(c, l, r->model.params + r->model.offsets[l], r->model.offsets[l + 1] - r->model.offsets[l]);
     return 0;

@@ -54,49 +54,6 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
                          need.activations, cfg->max_mem);
 }
 
-/* Gradients in the communicator's shared memory, so its peers read them in place. */
-static void *grads_alloc(void *comm, size_t bytes) { return tally_mem_alloc(comm, bytes); }
-static void grads_release(void *comm, void *p) { tally_mem_free(comm, p); }
-
-static tally__mem_source train_grads_source(train_run *r) {
-    return (tally__mem_source){.alloc = grads_alloc, .release = grads_release, .ctx = r->comm};
-}
-
-/* Stage 0: full replicas; the data-parallel engine averages bucket by bucket during backward. */
-static int ddp_layer_ready(void *arg, int layer) { return tally_ddp_layer_ready(arg, layer); }
-
-static int train_setup_ddp(train_run *r, const tally__model_cfg *mc) {
-    const tally__train_cfg *cfg = r->cfg;
-    tally__mem_source src = train_grads_source(r);
-    int rc = tally__model_init(&r->model, mc, cfg->batch, cfg->seed, &src, 0);
-    /* Identical initialisation already follows from the seed; the broadcast makes it so by contract. */
-    if (!rc) rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams);
-    if (rc) return rc;
-    tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
-                            .no_overlap = cfg->no_overlap,
-                            .accum = cfg->accum};
-    if ((rc = tally__train_codec_setup(r, &dopts))) return rc;
-    if ((rc = tally_ddp_create(r->comm, r->model.grads, r->model.nparams, r->model.offsets, r->model.nlayers,
-                               &dopts, &r->ddp)))
-        return rc;
-    r->hooks = (tally__model_hooks){.arg = r->ddp, .after_backward = ddp_layer_ready};
-    return tally_optim_init(&r->optim, &cfg->optim, r->model.nparams);
-}
-
-/* Stages 1-3: the model keeps only what the stage leaves whole; the rest lives in the shards. */
-static int train_setup_zero(train_run *r, const tally__model_cfg *mc) {
-    const tally__train_cfg *cfg = r->cfg;
-    int flags = (cfg->zero >= 2 ? TALLY__MODEL_NO_GRADS : 0) | (cfg->zero == 3 ? TALLY__MODEL_NO_PARAMS : 0);
-    tally__mem_source src = train_grads_source(r);
-    int rc = tally__model_init(&r->model, mc, cfg->batch, cfg->seed, cfg->zero >= 2 ? NULL : &src, flags);
-    if (!rc && r->model.params) rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams);
-    if (!rc)
-        rc = tally__zero_init(&r->zero, r->comm, &r->model, cfg->zero, cfg->accum, &cfg->optim, cfg->seed,
-                              !cfg->no_overlap);
-    r->hooks = tally__zero_hooks(&r->zero);
-    return rc;
-}
-
 static int train_setup(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     int rc = tally__train_load_data(r, res);
@@ -118,8 +75,12 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              "only its shard of the parameters; use it with --zero 0, 1 or 2",
                              r->rank);
     if ((rc = tally__codec_check(&cfg->codec, cfg->zero, r->rank))) return rc;
-    if ((rc = cfg->zero ? train_setup_zero(r, &mc) : train_setup_ddp(r, &mc))) return rc;
-    if ((rc = tally__train_codec_attach(r, res))) return rc;
+    tally__sync_cfg sc = {.zero = cfg->zero, .accum = cfg->accum, .overlap = !cfg->no_overlap,
+                          .bucket_mb = cfg->bucket_mb, .seed = cfg->seed, .optim = &cfg->optim, .codec = &cfg->codec};
+    if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &sc))) return rc;
+    r->hooks = tally__sync_hooks(&r->sync);
+    tally__codec_spec(&cfg->codec, res->codec, sizeof res->codec);
+    res->grad_bytes_f32_step = r->sync.f32_bytes_step;
     if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->nan_policy, &r->hooks)))
         return rc;
     if ((rc = tally__train_prepare_steps(r, res, r->size))) return rc;
@@ -132,8 +93,8 @@ static int train_setup(train_run *r, tally__train_result *res) {
 
 typedef struct step_times {
     double data, compute, update;
-    double zero_wait;        /* stages 1-3: time blocked on communication inside the passes and the step */
-    double zero_comm;        /* stages 1-3: time in their collectives (on whichever thread) */
+    double wait;             /* blocked on the gradients' communication */
+    double comm;             /* in the gradients' collectives (on whichever thread) */
     unsigned long long bytes; /* sent in the steps' collectives */
     double loss;
     long skipped;            /* steps every rank skipped for a NaN or Inf gradient */
@@ -144,12 +105,11 @@ typedef struct step_times {
 static int train_agree_finite(train_run *r, long step, int *skip) {
     *skip = 0;
     if (r->cfg->nan_policy == TALLY__NAN_IGNORE) return 0;
-    int rc = r->cfg->zero ? tally__zero_drain(&r->zero) : 0; /* the flag's allreduce needs the comm idle */
+    int rc = tally__sync_drain(&r->sync); /* the flag's allreduce needs the communicator idle */
     if (!rc) tally__train_codec_check_overflow(r, step);
     if (!rc) rc = tally__guard_agree(&r->guard, r->comm, step, skip);
     if (rc || !*skip) return rc;
-    if (r->ddp) memset(r->model.grads, 0, r->model.nparams * sizeof(float));
-    return r->cfg->zero ? tally__zero_skip(&r->zero) : 0;
+    return tally__sync_skip(&r->sync);
 }
 
 static int train_step(train_run *r, long step, size_t pos, step_times *st) {
@@ -157,52 +117,49 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     int B = cfg->batch, rc;
     size_t *idx = r->idx;
     unsigned long long sent0 = tally_comm_bytes_sent(r->comm);
-    double blocked0 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0, comm0 = r->zero.comm_s; /* idle queue */
+    tally__sync_stats s0, s1, s2;
+    tally__sync_stats_get(&r->sync, &s0); /* between steps: nothing in flight */
     double loss0 = st->loss;
     tally__guard_begin(&r->guard);
-    tally__train_codec_step_begin(r);
+    tally__sync_step_begin(&r->sync);
     for (int k = 0; k < cfg->accum; k++) {
-        if (r->cfg->zero) tally__zero_micro(&r->zero, k);
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         tally__train_gather(r, &r->train, idx, B);
         if (cfg->hook.batch) cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
-        if (r->ddp && (rc = tally_ddp_begin(r->ddp)) < 0) return rc;
+        if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
         if (k == 0) tally__train_straggle(cfg, r->rank);
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
         st->loss += loss / cfg->accum;
         if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
-        if (r->ddp && (rc = tally_ddp_wait(r->ddp))) return rc;
+        if ((rc = tally__sync_micro_end(&r->sync))) return rc;
         st->data += (double)(t1 - t0) * 1e-9;
         st->compute += (double)(t2 - t1) * 1e-9;
     }
-    double blocked1 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0;
+    tally__sync_stats_get(&r->sync, &s1);
     uint64_t t3 = tally__now_ns();
     float lr = tally_lr_at(&r->sched, step);
     int skip;
     if ((rc = train_agree_finite(r, step, &skip))) return rc;
-    tally__train_codec_step_end(r, !skip);
+    tally__sync_step_end(&r->sync, !skip);
     if (skip) {
         st->loss = loss0; /* a NaN does not belong in the mean loss */
         st->skipped++;
-    } else if (r->ddp) {
-        tally_optim_step(&r->optim, r->model.params, r->model.grads, lr);
-        memset(r->model.grads, 0, r->model.nparams * sizeof(float));
-    } else if ((rc = tally__zero_step(&r->zero, lr))) {
+    } else if ((rc = tally__sync_apply(&r->sync, lr))) {
         return rc;
     }
     if (r->cfg->hook.updated) r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     /* ZeRO's waits for communication happen inside the passes and the update: count them as
-     * waiting, not work. The byte counter is read once the step has drained every collective. */
-    double blocked2 = r->cfg->zero ? tally__zero_blocked(&r->zero) : 0;
-    st->compute -= blocked1 - blocked0;
-    st->update -= blocked2 - blocked1;
-    st->zero_wait += blocked2 - blocked0;
-    st->zero_comm += r->zero.comm_s - comm0; /* the step drained the queue */
+     * waiting, not work. The counters are read once the step has drained every collective. */
+    tally__sync_stats_get(&r->sync, &s2);
+    st->compute -= s1.blocked_s - s0.blocked_s;
+    st->update -= s2.blocked_s - s1.blocked_s;
+    st->wait += s2.wait_s - s0.wait_s;
+    st->comm += s2.comm_s - s0.comm_s;
     st->bytes += tally_comm_bytes_sent(r->comm) - sent0;
     return 0;
 }
@@ -220,9 +177,8 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     long step = r->start_step, total = r->sched.total_steps;
     double samples_per_step = (double)cfg->batch * cfg->accum * r->size;
     step_times st = {0};
-    tally_ddp_stats s0;
-    tally_ddp_get_stats(r->ddp, &s0);
-    unsigned long long grad0 = tally__train_codec_grad_bytes(r);
+    tally__sync_stats s0;
+    tally__sync_stats_get(&r->sync, &s0);
     tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_BEGIN, .step = step, .total_steps = total});
     for (int epoch = r->start_epoch; epoch < cfg->epochs && step < total; epoch++) {
         tally_sampler_set_epoch(&r->sampler, epoch);
@@ -268,8 +224,8 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_END, .step = step, .total_steps = total});
     int rc = train_maybe_save(r, step, 1);
     if (rc) return rc;
-    tally_ddp_stats s1;
-    tally_ddp_get_stats(r->ddp, &s1);
+    tally__sync_stats s1;
+    tally__sync_stats_get(&r->sync, &s1);
     res->steps = step - r->start_step;
     res->checkpoints = r->saves;
     res->samples = (double)res->steps * samples_per_step;
@@ -277,10 +233,10 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->data_s = st.data;
     res->compute_s = st.compute;
     res->update_s = st.update;
-    res->wait_s = s1.wait_s - s0.wait_s + st.zero_wait;
-    res->comm_s = s1.comm_s - s0.comm_s + st.zero_comm;
+    res->wait_s = st.wait;
+    res->comm_s = st.comm;
     res->bytes_sent = st.bytes;
-    res->grad_bytes = tally__train_codec_grad_bytes(r) - grad0;
+    res->grad_bytes = s1.grad_bytes - s0.grad_bytes;
     res->buckets = s1.buckets;
     res->skipped_steps = r->start_skipped + st.skipped;
     return 0;
@@ -288,17 +244,11 @@ static int train_epochs(train_run *r, tally__train_result *res) {
 
 /* What this rank holds, as allocated (not predicted), and the peak resident set. */
 static void train_account(const train_run *r, tally__train_result *res) {
-    if (r->cfg->zero) {
-        tally__zero_bytes b = tally__zero_memory(&r->zero);
-        res->mem_params = b.params;
-        res->mem_grads = b.grads;
-        res->mem_optim = b.optim;
-        res->mem_buffers = b.buffers;
-    } else {
-        res->mem_params = r->model.params_bytes;
-        res->mem_grads = r->model.grads_bytes;
-        res->mem_optim = tally_optim_state_bytes(&r->optim);
-    }
+    tally__sync_mem b = tally__sync_memory(&r->sync);
+    res->mem_params = b.params;
+    res->mem_grads = b.grads;
+    res->mem_optim = b.optim;
+    res->mem_buffers = b.buffers;
     res->mem_activations = r->model.activation_bytes;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0) res->peak_rss = (size_t)ru.ru_maxrss * 1024;

@@ -11,7 +11,7 @@
 #include "../dp/guard.h"
 #include "../nn/model.h"
 #include "trainer.h"
-#include "../dp/zero.h"
+#include "../dp/sync.h"
 
 /* Everything a run holds, so the loop, the evaluation and the checkpoints take one argument. */
 typedef struct train_run {
@@ -21,10 +21,7 @@ typedef struct train_run {
     tally_dataset train, test;
     tally_sampler sampler;
     tally__model model;
-    tally_ddp *ddp;          /* stage 0 */
-    tally_optim optim;       /* stage 0 */
-    tally__zero zero;        /* stages 1-3 */
-    tally__codec *codec;     /* --compress at stage 0 (NULL: none, or 16 bits inside ZeRO) */
+    tally__sync sync;        /* keeps the replicas in step, whatever the ZeRO stage (synchronous runs) */
     tally__model_hooks hooks;
     tally__guard guard;      /* non-finite gradients; wraps hooks */
     tally_lr_schedule sched;
@@ -43,20 +40,9 @@ typedef struct train_run {
     long in_epoch;           /* and the steps of it taken */
 } train_run;
 
-/* Compression's part of a run (train_codec.c). setup, before the engine is made: the codec and the
- * engine's reducer; attach, once the engine or ZeRO exists: buckets, 16-bit ZeRO reductions, and the
- * f32 bytes of one step's gradient reductions (measured, collective). */
-int tally__train_codec_setup(train_run *r, tally_ddp_opts *dopts);
-int tally__train_codec_attach(train_run *r, tally__train_result *res);
-/* Before a step's first micro-batch. */
-void tally__train_codec_step_begin(train_run *r);
-/* After the step's reductions (ZeRO drained): an overflowed 16-bit sum counts as a non-finite gradient
- * of this rank for the guard. */
+/* After the step's reductions (drained): an overflowed 16-bit sum counts as a non-finite gradient of
+ * this rank for the guard (train_codec.c). */
 void tally__train_codec_check_overflow(train_run *r, long step);
-/* Every rank agreed to take the step (taken = 1) or to skip it: the codec keeps or drops its state. */
-void tally__train_codec_step_end(train_run *r, int taken);
-/* Gradient bytes sent so far (the engine's, or ZeRO's reductions). */
-unsigned long long tally__train_codec_grad_bytes(const train_run *r);
 
 /* Pieces of the synchronous run (trainer.c) that the asynchronous one (trainer_async.c) shares. */
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);

@@ -1,0 +1,108 @@
+/* sync.h - one interface for keeping the replicas in step whatever the ZeRO stage: stage 0 (the DDP
+ * engine's buckets and a whole optimizer, sync_ddp.c) and stages 1-3 (ZeRO's shards, sync_zero.c). */
+#ifndef TALLY_DP_SYNC_H
+#define TALLY_DP_SYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <tally.h>
+#include <tally/ddp.h>
+#include <tally/optim.h>
+
+#include "../nn/model.h"
+#include "codec.h"
+#include "zero.h"
+
+/* How to keep the replicas in step. */
+typedef struct tally__sync_cfg {
+    int zero;                      /* the ZeRO stage, 0-3 */
+    int accum;                     /* micro-batches per step */
+    int overlap;                   /* communicate while backward (and, stage 3, forward) runs */
+    double bucket_mb;              /* stage 0's buckets; 0 means 25 */
+    uint64_t seed;                 /* the model's parameters and PowerSGD's first factors */
+    const tally_optim_cfg *optim;
+    const tally__codec_cfg *codec; /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
+} tally__sync_cfg;
+
+/* Cumulative since open; take differences around a step. */
+typedef struct tally__sync_stats {
+    double comm_s;                 /* seconds in the gradient collectives (whichever thread ran them) */
+    double wait_s;                 /* seconds the training thread waited for them */
+    double blocked_s;              /* of which inside the passes and the update (stages 1-3 only) */
+    unsigned long long grad_bytes; /* sent in the gradient reductions */
+    int buckets;                   /* stage 0's buckets per step (0 for stages 1-3) */
+} tally__sync_stats;
+
+/* What this rank holds: parameters, gradients, optimizer state, layer-sized buffers. */
+typedef struct tally__sync_mem {
+    size_t params, grads, optim, buffers;
+} tally__sync_mem;
+
+/* tally__sync_overflow's answer for a 16-bit sum that overflowed in some layer (stages 1-3). */
+#define TALLY__SYNC_OVERFLOW_LAYER (-2)
+
+typedef struct tally__sync tally__sync;
+typedef struct tally__sync_ops {
+    tally__model_hooks (*hooks)(tally__sync *s);
+    int (*micro_begin)(tally__sync *s, int k);
+    int (*micro_end)(tally__sync *s);
+    int (*drain)(tally__sync *s);
+    int (*skip)(tally__sync *s);
+    int (*apply)(tally__sync *s, float lr);
+    void (*stats)(const tally__sync *s, tally__sync_stats *out);
+    int (*each_layer)(tally__sync *s, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
+    tally__sync_mem (*memory)(const tally__sync *s);
+    int (*overflow)(const tally__sync *s);
+    void (*step_begin)(tally__sync *s);
+    void (*step_end)(tally__sync *s, int taken);
+    void (*close)(tally__sync *s);
+} tally__sync_ops;
+
+/* The engines' state lives here (the checkpoint code reads the one in use: optim or zero). */
+struct tally__sync {
+    const tally__sync_ops *ops;
+    tally_comm *comm;
+    tally__model *m;
+    tally_ddp *ddp;                /* stage 0 */
+    tally_optim optim;             /* stage 0 */
+    tally__codec *codec;           /* stage 0 with --compress */
+    tally__zero zero;              /* stages 1-3 */
+    unsigned long long f32_bytes_step; /* what one step's gradient reductions would send in f32 (measured) */
+};
+
+/* Lays out the model m for the stage (the buffers it keeps whole; gradients from the communicator's
+ * shared memory) with batches up to max_batch, and the engine over it; with a codec, measures the f32
+ * baseline of a step (collective). Every rank calls it alike. */
+int tally__sync_open(tally__sync *s, tally_comm *comm, tally__model *m, const tally__model_cfg *mc, int max_batch,
+                     const tally__sync_cfg *cfg);
+/* The hooks forward and backward run with. */
+static inline tally__model_hooks tally__sync_hooks(tally__sync *s) { return s->ops->hooks(s); }
+/* Before micro-batch k of a step's forward. */
+static inline int tally__sync_micro_begin(tally__sync *s, int k) { return s->ops->micro_begin(s, k); }
+/* After its backward: on the step's last micro-batch stage 0 waits here for its buckets. */
+static inline int tally__sync_micro_end(tally__sync *s) { return s->ops->micro_end(s); }
+/* Every reduction of the step done: the communicator is free for the caller's collectives. */
+static inline int tally__sync_drain(tally__sync *s) { return s->ops->drain(s); }
+/* Drops the step's gradients (every rank agreed to skip it); parameters and state stay. */
+static inline int tally__sync_skip(tally__sync *s) { return s->ops->skip(s); }
+/* The optimizer's update from the averaged gradients, then the gradients cleared. */
+static inline int tally__sync_apply(tally__sync *s, float lr) { return s->ops->apply(s, lr); }
+static inline void tally__sync_stats_get(const tally__sync *s, tally__sync_stats *out) { s->ops->stats(s, out); }
+/* Every layer's whole parameters in turn (stage 3 gathers them: collective). */
+static inline int tally__sync_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
+    return s->ops->each_layer(s, fn, arg);
+}
+static inline tally__sync_mem tally__sync_memory(const tally__sync *s) { return s->ops->memory(s); }
+/* After drain: -1, or where a 16-bit sum overflowed (a bucket, or TALLY__SYNC_OVERFLOW_LAYER). */
+static inline int tally__sync_overflow(const tally__sync *s) { return s->ops->overflow(s); }
+/* Around a step: the codec's state is kept (taken) or dropped. */
+static inline void tally__sync_step_begin(tally__sync *s) { s->ops->step_begin(s); }
+static inline void tally__sync_step_end(tally__sync *s, int taken) { s->ops->step_end(s, taken); }
+/* Frees the engine (not the model); safe on a zeroed or half-opened one. */
+void tally__sync_close(tally__sync *s);
+
+/* The two engines (sync_ddp.c, sync_zero.c): open after the model, then set s->ops. */
+int tally__sync_open_ddp(tally__sync *s, const tally__sync_cfg *cfg);
+int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg);
+
+#endif

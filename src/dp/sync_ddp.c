@@ -1,0 +1,107 @@
+/* sync_ddp.c - stage 0 behind the sync interface: whole replicas, the DDP engine averaging bucket by
+ * bucket while backward runs (a codec may replace a bucket's allreduce), a whole optimizer. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/err.h"
+#include "sync.h"
+
+static int ddp_layer_ready(void *arg, int layer) { return tally_ddp_layer_ready(arg, layer); }
+
+static tally__model_hooks ddp_hooks(tally__sync *s) {
+    return (tally__model_hooks){.arg = s->ddp, .after_backward = ddp_layer_ready};
+}
+
+static int ddp_micro_begin(tally__sync *s, int k) {
+    int rc = tally_ddp_begin(s->ddp);
+    return rc < 0 ? rc : 0;
+}
+
+static int ddp_micro_end(tally__sync *s) { return tally_ddp_wait(s->ddp); }
+static int ddp_drain(tally__sync *s) { return 0; } /* tally_ddp_wait left nothing in flight */
+
+static int ddp_skip(tally__sync *s) {
+    memset(s->m->grads, 0, s->m->nparams * sizeof(float));
+    return 0;
+}
+
+static int ddp_apply(tally__sync *s, float lr) {
+    tally_optim_step(&s->optim, s->m->params, s->m->grads, lr);
+    memset(s->m->grads, 0, s->m->nparams * sizeof(float));
+    return 0;
+}
+
+static void ddp_stats(const tally__sync *s, tally__sync_stats *out) {
+    tally_ddp_stats d;
+    tally_ddp_get_stats(s->ddp, &d);
+    *out = (tally__sync_stats){.comm_s = d.comm_s, .wait_s = d.wait_s, .grad_bytes = d.bytes_sent, .buckets = d.buckets};
+}
+
+static int ddp_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
+    const tally__model *m = s->m;
+    for (int l = 0; l < m->nlayers; l++) fn(arg, l, m->params + m->offsets[l], m->offsets[l + 1] - m->offsets[l]);
+    return 0;
+}
+
+static tally__sync_mem ddp_memory(const tally__sync *s) {
+    return (tally__sync_mem){.params = s->m->params_bytes, .grads = s->m->grads_bytes,
+                             .optim = tally_optim_state_bytes(&s->optim)};
+}
+
+static int ddp_overflow(const tally__sync *s) { return tally__codec_overflow(s->codec); }
+static void ddp_step_begin(tally__sync *s) { tally__codec_step_begin(s->codec); }
+static void ddp_step_end(tally__sync *s, int taken) { tally__codec_step_end(s->codec, taken); }
+
+static void ddp_close(tally__sync *s) {
+    tally_ddp_free(s->ddp);
+    tally__codec_free(s->codec);
+    tally_optim_free(&s->optim);
+    s->ddp = NULL;
+    s->codec = NULL;
+}
+
+static const tally__sync_ops ddp_ops = {
+    .hooks = ddp_hooks, .micro_begin = ddp_micro_begin, .micro_end = ddp_micro_end, .drain = ddp_drain,
+    .skip = ddp_skip, .apply = ddp_apply, .stats = ddp_stats, .each_layer = ddp_each_layer, .memory = ddp_memory,
+    .overflow = ddp_overflow, .step_begin = ddp_step_begin, .step_end = ddp_step_end, .close = ddp_close};
+
+/* The engine's buckets to the codec, and one plain f32 allreduce of each, on zeros, counted: the bytes
+ * the step would send uncompressed. */
+static int ddp_codec_attach(tally__sync *s) {
+    tally_ddp_stats st;
+    tally_ddp_get_stats(s->ddp, &st);
+    int rank = tally_comm_rank(s->comm);
+    size_t *begin = malloc(2 * (size_t)st.buckets * sizeof *begin), *end = begin + st.buckets, most = 0;
+    if (!begin) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
+    for (int i = 0; i < st.buckets; i++) {
+        tally_ddp_bucket(s->ddp, i, &begin[i], &end[i]);
+        if (end[i] - begin[i] > most) most = end[i] - begin[i];
+    }
+    int rc = tally__codec_set_buckets(s->codec, st.buckets, begin, end);
+    float *zeros = rc ? NULL : calloc(most + 1, sizeof(float));
+    if (!rc && !zeros) rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
+    unsigned long long sent0 = tally_comm_bytes_sent(s->comm);
+    for (int i = 0; i < st.buckets && !rc; i++)
+        rc = tally_allreduce(s->comm, zeros, zeros, end[i] - begin[i], TALLY_F32, TALLY_SUM);
+    s->f32_bytes_step = tally_comm_bytes_sent(s->comm) - sent0;
+    free(zeros);
+    free(begin);
+    return rc;
+}
+
+int tally__sync_open_ddp(tally__sync *s, const tally__sync_cfg *cfg) {
+    tally__model *m = s->m;
+    s->ops = &ddp_ops;
+    tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
+                            .no_overlap = !cfg->overlap,
+                            .accum = cfg->accum};
+    int compress = cfg->codec && cfg->codec->kind != TALLY__CODEC_NONE, rc;
+    if (compress) {
+        if ((rc = tally__codec_create(cfg->codec, s->comm, m, cfg->seed, &s->codec))) return rc;
+        dopts.reduce = tally__codec_reduce;
+        dopts.reduce_arg = s->codec;
+    }
+    if ((rc = tally_ddp_create(s->comm, m->grads, m->nparams, m->offsets, m->nlayers, &dopts, &s->ddp))) return rc;
+    if (compress && (rc = ddp_codec_attach(s))) return rc;
+    return tally_optim_init(&s->optim, cfg->optim, m->nparams);
+}

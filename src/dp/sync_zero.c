@@ -1,0 +1,48 @@
+/* sync_zero.c - ZeRO stages 1-3 behind the sync interface: each rank owns a shard of the optimizer
+ * state (and of the gradients, and of the parameters), its collectives on ZeRO's queue. */
+#include "sync.h"
+
+static tally__model_hooks zs_hooks(tally__sync *s) { return tally__zero_hooks(&s->zero); }
+
+static int zs_micro_begin(tally__sync *s, int k) {
+    tally__zero_micro(&s->zero, k);
+    return 0;
+}
+
+static int zs_micro_end(tally__sync *s) { return 0; } /* the reductions run on the queue meanwhile */
+static int zs_drain(tally__sync *s) { return tally__zero_drain(&s->zero); }
+static int zs_skip(tally__sync *s) { return tally__zero_skip(&s->zero); }
+static int zs_apply(tally__sync *s, float lr) { return tally__zero_step(&s->zero, lr); }
+
+static void zs_stats(const tally__sync *s, tally__sync_stats *out) {
+    double blocked = tally__zero_blocked(&s->zero);
+    *out = (tally__sync_stats){.comm_s = s->zero.comm_s, .wait_s = blocked, .blocked_s = blocked,
+                               .grad_bytes = s->zero.grad_bytes};
+}
+
+static int zs_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
+    return tally__zero_each_layer(&s->zero, fn, arg);
+}
+
+static tally__sync_mem zs_memory(const tally__sync *s) {
+    tally__zero_bytes b = tally__zero_memory(&s->zero);
+    return (tally__sync_mem){.params = b.params, .grads = b.grads, .optim = b.optim, .buffers = b.buffers};
+}
+
+static int zs_overflow(const tally__sync *s) { return s->zero.overflow ? TALLY__SYNC_OVERFLOW_LAYER : -1; }
+static void zs_step_begin(tally__sync *s) { s->zero.overflow = 0; }
+static void zs_step_end(tally__sync *s, int taken) {}
+static void zs_close(tally__sync *s) { tally__zero_free(&s->zero); }
+
+static const tally__sync_ops zero_ops = {
+    .hooks = zs_hooks, .micro_begin = zs_micro_begin, .micro_end = zs_micro_end, .drain = zs_drain,
+    .skip = zs_skip, .apply = zs_apply, .stats = zs_stats, .each_layer = zs_each_layer, .memory = zs_memory,
+    .overflow = zs_overflow, .step_begin = zs_step_begin, .step_end = zs_step_end, .close = zs_close};
+
+int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg) {
+    s->ops = &zero_ops;
+    int rc = tally__zero_init(&s->zero, s->comm, s->m, cfg->zero, cfg->accum, cfg->optim, cfg->seed, cfg->overlap);
+    if (rc || !cfg->codec || cfg->codec->kind == TALLY__CODEC_NONE) return rc;
+    if ((rc = tally__zero_set_half(&s->zero, (tally_dtype)tally__codec_half_dtype(cfg->codec)))) return rc;
+    return tally__zero_measure_f32(&s->zero, &s->f32_bytes_step);
+}

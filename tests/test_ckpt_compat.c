@@ -1,0 +1,72 @@
+/* test_ckpt_compat.c - checkpoints written by an earlier tally (format v1, tests/data/ckpt_v1) still
+ * load, exactly: each is resumed and trained on, and the final parameters must hash to what that earlier
+ * tally reached from the same checkpoint (across world size and ZeRO stage for one of them). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tool_runner.h"
+
+/* Written by tally at e5db619 with `tally train -n 2 ... --steps 6 --ckpt-keep 1`, then resumed by it to
+ * step 12 with the flags below; its params_sha256 then. */
+typedef struct compat_case {
+    const char *dir;
+    const char *flags[24];
+    const char *sha256;
+} compat_case;
+
+static const compat_case cases[] = {
+    {"linear_adamw",
+     {"-n", "2", "--model", "linear", "--optimizer", "adamw", "--batch", "16", NULL},
+     "0e205813f480d4f451d6dfad9778787f47ea759f6bb25c6cd0919b3da963d955"},
+    {"mlp_powersgd",
+     {"-n", "2", "--model", "mlp", "--hidden", "8", "--compress", "powersgd:1", "--data", "synthetic:512",
+      "--batch", "16", NULL},
+     "317eab5ff8e2bac27612724b83e95a6ccbb677a44174faf1c28b6b3a96ef79fb"},
+    /* Written at 2 ranks under --zero 3, loaded by one rank at stage 0 (the same 32 samples a step). */
+    {"mlp_zero3",
+     {"-n", "1", "--model", "mlp", "--hidden", "8", "--zero", "0", "--optimizer", "adamw", "--data",
+      "synthetic:512", "--batch", "32", NULL},
+     "b3321d642d8bd272aee8c34682555f2fb13c6583abe11d7d39ec889091ff8cfe"},
+};
+
+static void check_case(const compat_case *c, const char *data_dir, const char *tmp) {
+    char dir[512], cmd[1200], out[512], json[600];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, c->dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/%s' '%s/'", data_dir, c->dir, tmp);
+    TH_CHECK(th_shell(cmd, 20, out, sizeof out) == 0, "%s: copying the checkpoint: %s", c->dir, out);
+    snprintf(json, sizeof json, "%s/%s.json", tmp, c->dir);
+    const char *args[40];
+    int n = 0;
+    args[n++] = "train";
+    for (int i = 0; c->flags[i]; i++) args[n++] = c->flags[i];
+    const char *tail[] = {"--steps", "12", "--seed", "3", "--quiet", "--no-eval", "--ckpt", dir, "--resume",
+                          "--json", json, NULL};
+    for (int i = 0; tail[i]; i++) args[n++] = tail[i];
+    args[n] = NULL;
+    static th_tool r;
+    th_tool_opts o = {.wall_s = 60};
+    th_tool_run(args, &o, &r);
+    TH_CHECK(r.rc == 0, "%s: tally train --resume failed (%d): %.600s", c->dir, r.rc, r.out);
+    TH_CHECK(strstr(r.out, "resumed from the checkpoint of step 6") != NULL, "%s: did not resume from step 6: %.400s",
+             c->dir, r.out);
+    snprintf(cmd, sizeof cmd, "sed -n 's/.*\"params_sha256\": \"\\([0-9a-f]*\\)\".*/\\1/p' '%s'", json);
+    th_shell(cmd, 10, out, sizeof out);
+    out[strcspn(out, "\n")] = 0;
+    TH_CHECK(!strcmp(out, c->sha256), "%s: parameters %s after resuming, the earlier tally reached %s", c->dir, out,
+             c->sha256);
+    printf("  %s: %s\n", c->dir, strcmp(out, c->sha256) ? "DIFFERENT" : "the same parameters");
+}
+
+int main(void) {
+    const char *src = getenv("TALLY_SOURCE_DIR");
+    char data_dir[512], tmp[] = "/tmp/tally_test_ckpt_compat.XXXXXX";
+    snprintf(data_dir, sizeof data_dir, "%s/tests/data/ckpt_v1", src ? src : ".");
+    if (!mkdtemp(tmp)) return perror("mkdtemp"), 2;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], data_dir, tmp);
+    char cmd[600], out[64];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    th_shell(cmd, 20, out, sizeof out);
+    return th_verdict("test_ckpt_compat");
+}

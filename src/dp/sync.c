@@ -20,6 +20,8 @@ int tally__sync_open(tally__sync *s, tally_comm *comm, tally__model *m, const ta
     /* Identical initialisation already follows from the seed; the broadcast makes it so by contract. */
     if (!rc && m->params) rc = tally_ddp_sync_params(comm, m->params, m->nparams);
     if (rc) return rc;
+    s->optim_cfg = *cfg->optim;
+    if (cfg->codec) s->codec_cfg = *cfg->codec;
     return cfg->zero ? tally__sync_open_zero(s, cfg) : tally__sync_open_ddp(s, cfg);
 }
 

@@ -56,6 +56,16 @@ typedef struct tally__sync_ops {
     void (*step_begin)(tally__sync *s);
     void (*step_end)(tally__sync *s, int taken);
     void (*close)(tally__sync *s);
+    /* For the state dict (sync_state.c). The optimizer's state of kind `second` (0: m, 1: v) for a
+     * whole layer: its own memory, or buf (stages 1-3 gather it: collective); NULL with *rc on failure. */
+    const float *(*opt_layer)(tally__sync *s, int second, int layer, float *buf, int *rc);
+    /* Asks read() for every range of the flat layout this rank keeps of `what` (0: parameters; 1, 2: the
+     * optimizer's m, v), into where it keeps them. */
+    int (*load_part)(tally__sync *s, int what, int (*read)(void *arg, size_t begin, size_t count, float *dst),
+                     void *arg);
+    long long (*opt_step)(const tally__sync *s);
+    void (*set_opt_step)(tally__sync *s, long long step);
+    void (*params_changed)(tally__sync *s); /* parameters were replaced from outside */
 } tally__sync_ops;
 
 /* The engines' state lives here (the checkpoint code reads the one in use: optim or zero). */
@@ -68,6 +78,8 @@ struct tally__sync {
     tally__codec *codec;           /* stage 0 with --compress */
     tally__zero zero;              /* stages 1-3 */
     unsigned long long f32_bytes_step; /* what one step's gradient reductions would send in f32 (measured) */
+    tally_optim_cfg optim_cfg;     /* what it was opened with, for the state dict */
+    tally__codec_cfg codec_cfg;
 };
 
 /* Lays out the model m for the stage (the buffers it keeps whole; gradients from the communicator's
@@ -98,6 +110,11 @@ static inline int tally__sync_overflow(const tally__sync *s) { return s->ops->ov
 /* Around a step: the codec's state is kept (taken) or dropped. */
 static inline void tally__sync_step_begin(tally__sync *s) { s->ops->step_begin(s); }
 static inline void tally__sync_step_end(tally__sync *s, int taken) { s->ops->step_end(s, taken); }
+/* Its state dict (sync_state.c): the optimizer's kind and step, every parameter tensor as param.<name>,
+ * the optimizer's state per tensor as optim.<name>.<exp_avg|exp_avg_sq|momentum_buffer> (torch.optim's
+ * names), and the codec's spec, residuals and factors; all whole. */
+struct tally__state;
+void tally__sync_state(tally__sync *s, struct tally__state *out);
 /* Frees the engine (not the model); safe on a zeroed or half-opened one. */
 void tally__sync_close(tally__sync *s);
 

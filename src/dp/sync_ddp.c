@@ -60,10 +60,26 @@ static void ddp_close(tally__sync *s) {
     s->codec = NULL;
 }
 
+static const float *ddp_opt_layer(tally__sync *s, int second, int layer, float *buf, int *rc) {
+    *rc = 0;
+    return (second ? s->optim.v : s->optim.m) + s->m->offsets[layer];
+}
+
+static int ddp_load_part(tally__sync *s, int what, int (*read)(void *, size_t, size_t, float *), void *arg) {
+    float *dst = what == 0 ? s->m->params : what == 1 ? s->optim.m : s->optim.v;
+    return read(arg, 0, s->m->nparams, dst);
+}
+
+static long long ddp_opt_step(const tally__sync *s) { return s->optim.step; }
+static void ddp_set_opt_step(tally__sync *s, long long step) { s->optim.step = step; }
+static void ddp_params_changed(tally__sync *s) {}
+
 static const tally__sync_ops ddp_ops = {
     .hooks = ddp_hooks, .micro_begin = ddp_micro_begin, .micro_end = ddp_micro_end, .drain = ddp_drain,
     .skip = ddp_skip, .apply = ddp_apply, .stats = ddp_stats, .each_layer = ddp_each_layer, .memory = ddp_memory,
-    .overflow = ddp_overflow, .step_begin = ddp_step_begin, .step_end = ddp_step_end, .close = ddp_close};
+    .overflow = ddp_overflow, .step_begin = ddp_step_begin, .step_end = ddp_step_end, .close = ddp_close,
+    .opt_layer = ddp_opt_layer, .load_part = ddp_load_part, .opt_step = ddp_opt_step,
+    .set_opt_step = ddp_set_opt_step, .params_changed = ddp_params_changed};
 
 /* The engine's buckets to the codec, and one plain f32 allreduce of each, on zeros, counted: the bytes
  * the step would send uncompressed. */

@@ -2,6 +2,8 @@
  * state (and of the gradients, and of the parameters), its collectives on ZeRO's queue. */
 #include "sync.h"
 
+#include <string.h>
+
 static tally__model_hooks zs_hooks(tally__sync *s) { return tally__zero_hooks(&s->zero); }
 
 static int zs_micro_begin(tally__sync *s, int k) {
@@ -34,10 +36,46 @@ static void zs_step_begin(tally__sync *s) { s->zero.overflow = 0; }
 static void zs_step_end(tally__sync *s, int taken) {}
 static void zs_close(tally__sync *s) { tally__zero_free(&s->zero); }
 
+static float *zs_state_of(const tally_optim *o, int second) { return second ? o->v : o->m; }
+
+/* A layer's pieces from their owners, then the tail every rank holds alike. */
+static const float *zs_opt_layer(tally__sync *s, int second, int layer, float *buf, int *rc) {
+    tally__zero_layer *L = &s->zero.layer[layer];
+    if ((*rc = tally_allgather(s->comm, zs_state_of(&L->opt_piece, second), buf, L->piece, TALLY_F32))) return NULL;
+    if (L->tail) memcpy(buf + (size_t)s->zero.size * L->piece, zs_state_of(&L->opt_tail, second), L->tail * 4);
+    return buf;
+}
+
+/* This rank's piece of each layer, then the layer's tail; parameters below stage 3 are whole. */
+static int zs_load_part(tally__sync *s, int what, int (*read)(void *, size_t, size_t, float *), void *arg) {
+    tally__zero *z = &s->zero;
+    if (what == 0 && z->stage < 3) return read(arg, 0, s->m->nparams, s->m->params);
+    int rc = 0;
+    for (int l = 0; l < z->nlayers && !rc; l++) {
+        tally__zero_layer *L = &z->layer[l];
+        float *piece = what == 0 ? z->pshard + L->shard_off : zs_state_of(&L->opt_piece, what == 2);
+        float *tail = what == 0 ? piece + L->piece : zs_state_of(&L->opt_tail, what == 2);
+        rc = read(arg, L->off + (size_t)z->rank * L->piece, L->piece, piece);
+        if (!rc) rc = read(arg, L->off + (size_t)z->size * L->piece, L->tail, tail);
+    }
+    return rc;
+}
+
+/* Every shard's optimizer counts the same updates: the first stands for all. */
+static long long zs_opt_step(const tally__sync *s) { return s->zero.layer[0].opt_piece.step; }
+
+static void zs_set_opt_step(tally__sync *s, long long step) {
+    for (int l = 0; l < s->zero.nlayers; l++) s->zero.layer[l].opt_piece.step = s->zero.layer[l].opt_tail.step = step;
+}
+
+static void zs_params_changed(tally__sync *s) { tally__zero_params_changed(&s->zero); }
+
 static const tally__sync_ops zero_ops = {
     .hooks = zs_hooks, .micro_begin = zs_micro_begin, .micro_end = zs_micro_end, .drain = zs_drain,
     .skip = zs_skip, .apply = zs_apply, .stats = zs_stats, .each_layer = zs_each_layer, .memory = zs_memory,
-    .overflow = zs_overflow, .step_begin = zs_step_begin, .step_end = zs_step_end, .close = zs_close};
+    .overflow = zs_overflow, .step_begin = zs_step_begin, .step_end = zs_step_end, .close = zs_close,
+    .opt_layer = zs_opt_layer, .load_part = zs_load_part, .opt_step = zs_opt_step,
+    .set_opt_step = zs_set_opt_step, .params_changed = zs_params_changed};
 
 int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg) {
     s->ops = &zero_ops;

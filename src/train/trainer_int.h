@@ -36,6 +36,7 @@ typedef struct train_run {
     long start_skipped;      /* steps skipped for a NaN or Inf before the checkpoint */
     long saved_step;         /* the step of the last checkpoint written or loaded (-1: none) */
     long saves;              /* checkpoints written */
+    long saving_step;        /* the step the checkpoint being written is of */
     int epoch;               /* the loop's position: the epoch in progress, */
     long in_epoch;           /* and the steps of it taken */
 } train_run;

@@ -1,0 +1,31 @@
+/* state.h - a component's part of a checkpoint (its state dict): named entries with their whole shapes,
+ * how it saves them (collective: shards are gathered; the bytes go to rank 0's writer) and how each rank
+ * loads back its own part, whatever world size wrote them. The checkpoint code only iterates. */
+#ifndef TALLY_CKPT_STATE_H
+#define TALLY_CKPT_STATE_H
+
+#include <stddef.h>
+
+#include "ckpt.h"
+
+/* Where saved bytes go: entry `index` (of the whole table), in order; nowhere on ranks other than 0. A
+ * writing error is the sink's to keep: the collectives of a save go on regardless, on every rank. */
+typedef struct tally__state_sink {
+    void (*put)(void *arg, int index, const void *p, size_t bytes);
+    void *arg;
+} tally__state_sink;
+
+typedef struct tally__state {
+    void *arg;
+    /* Its entries: how many, and entry i's name (into name, cap bytes), dtype and shape (t->name is set
+     * by the caller to that name). */
+    int (*count)(void *arg);
+    void (*entry)(void *arg, int i, char *name, size_t cap, tally__ckpt_tensor *t);
+    /* Every entry's bytes, as entries first + i. Every rank calls it. */
+    int (*save)(void *arg, int first, const tally__state_sink *out);
+    /* Its part of every entry from ck: a refusal (another model, optimizer, codec) or a missing entry is
+     * an error with a message. */
+    int (*load)(void *arg, const tally__ckpt *ck);
+} tally__state;
+
+#endif

@@ -1,0 +1,277 @@
+/* sync_state.c - the sync engine's state dict: the optimizer's kind and step, every parameter tensor,
+ * the optimizer's state per tensor and the codec's state, all whole (torch.optim's names), saved and
+ * loaded through the engine's calls, so it holds for stage 0 and ZeRO 1-3 alike. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ckpt/state.h"
+#include "../core/err.h"
+#include "sync.h"
+
+/* The optimizer's per-parameter state, named as torch.optim's state_dict names it. */
+typedef struct state_kind {
+    const char *suffix;
+    int second; /* 0: tally_optim.m, 1: tally_optim.v */
+} state_kind;
+
+static int kinds_of(const tally_optim_cfg *o, state_kind *out) {
+    if (o->kind == TALLY_OPTIM_ADAMW) {
+        out[0] = (state_kind){"exp_avg", 0};
+        out[1] = (state_kind){"exp_avg_sq", 1};
+        return 2;
+    }
+    if (o->momentum > 0) {
+        out[0] = (state_kind){"momentum_buffer", 0};
+        return 1;
+    }
+    return 0;
+}
+
+/* The table: optim.step, optim.kind, param.* [T], optim.*.<kind> [K x T], codec.spec, codec.residual.<k>
+ * [R], codec.q.* [Q]; T tensors, K state kinds, R residuals (one per rank), Q PowerSGD factors. */
+typedef struct layout {
+    int T, K, R, Q;
+    state_kind kinds[2];
+    int first_param, first_state, first_codec;
+} layout;
+
+static layout layout_of(const tally__sync *s) {
+    layout L = {.T = s->m->ntensors};
+    L.K = kinds_of(&s->optim_cfg, L.kinds);
+    L.R = tally__codec_residual(s->codec) ? tally_comm_size(s->comm) : 0;
+    for (int t = 0; t < s->m->ntensors; t++) L.Q += tally__codec_q(s->codec, t, NULL, NULL) != NULL;
+    L.first_param = 2;
+    L.first_state = L.first_param + L.T;
+    L.first_codec = L.first_state + L.K * L.T;
+    return L;
+}
+
+static int st_count(void *arg) {
+    layout L = layout_of(arg);
+    return L.first_codec + 1 + L.R + L.Q;
+}
+
+/* The k-th factor's tensor, in tensor order. */
+static int nth_q(const tally__sync *s, int k) {
+    for (int t = 0; t < s->m->ntensors; t++)
+        if (tally__codec_q(s->codec, t, NULL, NULL) && k-- == 0) return t;
+    return -1;
+}
+
+static void st_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tensor *t) {
+    const tally__sync *s = arg;
+    layout L = layout_of(s);
+    const tally__model *m = s->m;
+    *t = (tally__ckpt_tensor){.dtype = TALLY_F32, .ndim = 1};
+    if (i == 0) {
+        snprintf(name, cap, "optim.step");
+        *t = (tally__ckpt_tensor){.dtype = TALLY_I64, .ndim = 1, .shape = {1}};
+    } else if (i == 1) {
+        snprintf(name, cap, "optim.kind");
+        *t = (tally__ckpt_tensor){.dtype = TALLY_U8, .ndim = 1, .shape = {strlen(tally_optim_name(s->optim_cfg.kind))}};
+    } else if (i < L.first_codec) {
+        int param = i < L.first_state, k = param ? 0 : (i - L.first_state) / L.T;
+        const tally__tensor *T = &m->tensor[param ? i - L.first_param : (i - L.first_state) % L.T];
+        if (param) snprintf(name, cap, "param.%s", T->name);
+        else snprintf(name, cap, "optim.%s.%s", T->name, L.kinds[k].suffix);
+        t->ndim = T->ndim;
+        for (int d = 0; d < T->ndim; d++) t->shape[d] = (uint64_t)T->shape[d];
+    } else if (i == L.first_codec) {
+        char spec[48];
+        tally__codec_spec(&s->codec_cfg, spec, sizeof spec);
+        snprintf(name, cap, "codec.spec");
+        *t = (tally__ckpt_tensor){.dtype = TALLY_U8, .ndim = 1, .shape = {strlen(spec)}};
+    } else if (i <= L.first_codec + L.R) {
+        snprintf(name, cap, "codec.residual.%d", i - L.first_codec - 1);
+        t->shape[0] = m->nparams;
+    } else {
+        int tq = nth_q(s, i - L.first_codec - 1 - L.R), rows = 0, cols = 0;
+        tally__codec_q(s->codec, tq, &rows, &cols);
+        snprintf(name, cap, "codec.q.%s", m->tensor[tq].name);
+        *t = (tally__ckpt_tensor){.dtype = TALLY_F32, .ndim = 2, .shape = {(uint64_t)rows, (uint64_t)cols}};
+    }
+}
+
+/* ---- saving ---- */
+
+typedef struct st_save {
+    const tally__sync *s;
+    const tally__state_sink *out;
+    int first;  /* entry index of this layer's first tensor of the kind being saved */
+} st_save;
+
+/* The tensors of the layer whose flat values [off, off + n) are at p. */
+static void put_layer(const st_save *v, size_t off, size_t n, const float *p) {
+    const tally__model *m = v->s->m;
+    for (int t = 0; t < m->ntensors; t++) {
+        const tally__tensor *T = &m->tensor[t];
+        if (T->offset >= off && T->offset < off + n) v->out->put(v->out->arg, v->first + t, p + (T->offset - off), T->count * 4);
+    }
+}
+
+static void put_param_layer(void *arg, int layer, const float *p, size_t n) {
+    const st_save *v = arg;
+    put_layer(v, v->s->m->offsets[layer], n, p);
+}
+
+/* Every rank's residual sent in turn to rank 0 (one in memory at a time); the factors, the same on
+ * every rank, from rank 0's own. */
+static int put_codec(tally__sync *s, const layout *L, int first, const tally__state_sink *out) {
+    char spec[48];
+    tally__codec_spec(&s->codec_cfg, spec, sizeof spec);
+    int i = first + L->first_codec, rank = tally_comm_rank(s->comm), rc = 0;
+    out->put(out->arg, i++, spec, strlen(spec));
+    float *res = tally__codec_residual(s->codec), *buf = NULL;
+    size_t n = s->m->nparams;
+    if (L->R && !(buf = malloc(n * sizeof(float) + 4))) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
+    for (int k = 0; k < L->R && !rc; k++, i++) {
+        if (rank == k) memcpy(buf, res, n * sizeof(float));
+        if (!(rc = tally_broadcast(s->comm, buf, n, TALLY_F32, k))) out->put(out->arg, i, buf, n * sizeof(float));
+    }
+    free(buf);
+    for (int t = 0; t < s->m->ntensors && !rc; t++) {
+        int rows, cols;
+        const float *q = tally__codec_q(s->codec, t, &rows, &cols);
+        if (q) out->put(out->arg, i++, q, (size_t)rows * cols * sizeof(float));
+    }
+    return rc;
+}
+
+static int st_save_all(void *arg, int first, const tally__state_sink *out) {
+    tally__sync *s = arg;
+    layout L = layout_of(s);
+    const tally__model *m = s->m;
+    int64_t step = s->ops->opt_step(s);
+    const char *kind = tally_optim_name(s->optim_cfg.kind);
+    out->put(out->arg, first, &step, sizeof step);
+    out->put(out->arg, first + 1, kind, strlen(kind));
+    st_save v = {.s = s, .out = out, .first = first + L.first_param};
+    int rc = tally__sync_each_layer(s, put_param_layer, &v); /* stage 3 gathers: collective */
+    if (!rc) rc = tally__sync_drain(s);
+    size_t largest = 0;
+    for (int l = 0; l < m->nlayers; l++)
+        if (m->offsets[l + 1] - m->offsets[l] > largest) largest = m->offsets[l + 1] - m->offsets[l];
+    float *buf = L.K ? malloc(largest * sizeof(float) + 4) : NULL;
+    if (!rc && L.K && !buf) rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", tally_comm_rank(s->comm));
+    for (int k = 0; k < L.K && !rc; k++) {
+        v.first = first + L.first_state + k * L.T;
+        for (int l = 0; l < m->nlayers && !rc; l++) {
+            const float *p = s->ops->opt_layer(s, L.kinds[k].second, l, buf, &rc);
+            if (p) put_layer(&v, m->offsets[l], m->offsets[l + 1] - m->offsets[l], p);
+        }
+    }
+    free(buf);
+    return rc ? rc : put_codec(s, &L, first, out);
+}
+
+/* ---- loading ---- */
+
+typedef struct st_read {
+    const tally__ckpt *ck;
+    const tally__model *m;
+    const char *prefix, *suffix;
+} st_read;
+
+/* Values [begin, begin + count) of the flat layout from the tensors prefix + name (+ "." + suffix). */
+static int read_range(void *arg, size_t begin, size_t count, float *dst) {
+    const st_read *q = arg;
+    for (int t = 0; t < q->m->ntensors; t++) {
+        const tally__tensor *T = &q->m->tensor[t];
+        size_t lo = T->offset > begin ? T->offset : begin;
+        size_t hi = T->offset + T->count < begin + count ? T->offset + T->count : begin + count;
+        if (lo >= hi) continue;
+        char name[TALLY__CKPT_NAME_MAX + 1];
+        snprintf(name, sizeof name, "%s%s%s%s", q->prefix, T->name, q->suffix[0] ? "." : "", q->suffix);
+        const void *data;
+        uint64_t shape[TALLY__CKPT_MAX_DIMS];
+        for (int d = 0; d < T->ndim; d++) shape[d] = (uint64_t)T->shape[d];
+        int rc = tally__ckpt_get(q->ck, name, TALLY_F32, T->ndim, shape, &data);
+        if (rc) return rc;
+        memcpy(dst + (lo - begin), (const float *)data + (lo - T->offset), (hi - lo) * sizeof(float));
+    }
+    return 0;
+}
+
+/* A string entry must hold `want`, or the checkpoint belongs to another run. */
+static int string_is(const tally__ckpt *ck, const char *name, const char *want, int rank, const char *what) {
+    const tally__ckpt_tensor *t = tally__ckpt_find(ck, name);
+    if (!t || t->dtype != TALLY_U8)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s has no %s ('%s')", rank, tally__ckpt_label(ck),
+                             what, name);
+    if (t->bytes == strlen(want) && !memcmp(t->data, want, t->bytes)) return 0;
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: checkpoint %s was written for %s '%.*s', and this run has '%s': resume with the "
+                         "settings that wrote it, or use another --ckpt directory",
+                         rank, tally__ckpt_label(ck), what, (int)(t->bytes < 200 ? t->bytes : 200),
+                         (const char *)t->data, want);
+}
+
+/* The codec must be the one that wrote it (a checkpoint without codec.spec was written without one).
+ * At the same world size each rank takes back its own residual: exact. At another, each rank starts
+ * from the mean of the saved residuals: the ranks' residuals enter the next averaged update as their
+ * mean, so that mean is what carries their contribution over, whatever the number of ranks. */
+static int load_codec(tally__sync *s, const tally__ckpt *ck) {
+    int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm);
+    char want[48], name[TALLY__CKPT_NAME_MAX + 1];
+    tally__codec_spec(&s->codec_cfg, want, sizeof want);
+    int rc = tally__ckpt_find(ck, "codec.spec") ? string_is(ck, "codec.spec", want, rank, "--compress")
+             : strcmp(want, "none") ? tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s was written for "
+                                                    "--compress 'none', and this run has '%s': resume with the "
+                                                    "settings that wrote it, or use another --ckpt directory",
+                                                    rank, tally__ckpt_label(ck), want)
+                                    : 0;
+    float *res = tally__codec_residual(s->codec);
+    size_t n = s->m->nparams;
+    int saved = 0;
+    for (; !rc && res; saved++) {
+        snprintf(name, sizeof name, "codec.residual.%d", saved);
+        if (!tally__ckpt_find(ck, name)) break;
+    }
+    if (!rc && res && !saved)
+        rc = tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no codec.residual.0", rank, tally__ckpt_label(ck));
+    for (int k = 0; !rc && res && k < saved; k++) {
+        if (saved == size && k != rank) continue;
+        const void *p;
+        snprintf(name, sizeof name, "codec.residual.%d", k);
+        const uint64_t flat[1] = {n};
+        if ((rc = tally__ckpt_get(ck, name, TALLY_F32, 1, flat, &p))) break;
+        const float *v = p;
+        for (size_t i = 0; i < n; i++) res[i] = saved == size ? v[i] : (k ? res[i] : 0.0f) + v[i] / (float)saved;
+    }
+    for (int i = 0; i < s->m->ntensors && !rc; i++) {
+        int rows, cols;
+        float *q = tally__codec_q(s->codec, i, &rows, &cols);
+        const void *p;
+        snprintf(name, sizeof name, "codec.q.%s", s->m->tensor[i].name);
+        const uint64_t qshape[2] = {(uint64_t)rows, (uint64_t)cols};
+        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, 2, qshape, &p))) memcpy(q, p, (size_t)rows * cols * sizeof(float));
+    }
+    return rc;
+}
+
+static int st_load(void *arg, const tally__ckpt *ck) {
+    tally__sync *s = arg;
+    int rank = tally_comm_rank(s->comm);
+    int rc = string_is(ck, "optim.kind", tally_optim_name(s->optim_cfg.kind), rank, "the optimizer");
+    st_read q = {.ck = ck, .m = s->m, .prefix = "param.", .suffix = ""};
+    if (!rc) rc = s->ops->load_part(s, 0, read_range, &q);
+    state_kind kinds[2];
+    int nk = kinds_of(&s->optim_cfg, kinds);
+    const void *p;
+    static const uint64_t one[1] = {1};
+    int64_t step = 0;
+    if (!rc && !(rc = tally__ckpt_get(ck, "optim.step", TALLY_I64, 1, one, &p))) memcpy(&step, p, sizeof step);
+    for (int k = 0; k < nk && !rc; k++) {
+        q = (st_read){.ck = ck, .m = s->m, .prefix = "optim.", .suffix = kinds[k].suffix};
+        rc = s->ops->load_part(s, 1 + kinds[k].second, read_range, &q);
+    }
+    if (!rc) s->ops->set_opt_step(s, step);
+    if (!rc) rc = load_codec(s, ck);
+    if (!rc) s->ops->params_changed(s);
+    return rc;
+}
+
+void tally__sync_state(tally__sync *s, tally__state *out) {
+    *out = (tally__state){.arg = s, .count = st_count, .entry = st_entry, .save = st_save_all, .load = st_load};
+}

@@ -68,7 +68,9 @@ if [ $# -ge 1 ]; then
   build=$1
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  find "$build" -path '*/src/*' -name '*.c.o' -not -path '*/tests/*' | sort >"$tmp/objs"
+  # The two libraries' objects only: a build directory may keep objects of targets since renamed.
+  find "$build" \( -path '*/tally_comm_objs.dir/src/*' -o -path '*/tally_train_objs.dir/src/*' \) -name '*.c.o' |
+    sort >"$tmp/objs"
   [ -s "$tmp/objs" ] || { echo "check-layers: no objects of src/ under $build: build first" >&2; exit 2; }
   while IFS= read -r o; do
     src=src/${o##*/src/}

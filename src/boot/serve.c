@@ -12,6 +12,7 @@
 
 #include "../core/clock.h"
 #include "../core/log.h"
+#include "accept.h"
 #include "boot_int.h"
 #include "fdlimit.h"
 #include "net.h"
@@ -22,28 +23,17 @@
 #define HANDSHAKE_S 5.0     /* a legitimate peer answers in microseconds; a silent stranger gets this long */
 #define R0_LOG_MAX 10       /* refused connections logged one by one; past that, counted */
 
-/* Rank 0 serves every connection at once, each one a small state machine fed by poll(): a stranger
- * that sends nothing, or part of a handshake, holds a slot until HANDSHAKE_S and never delays a rank.
- * From P_HDR on, a connection has proved the token: it is one of the job's processes, never evicted. */
-enum { P_NONCE, P_PROOF, P_HDR, P_HELLO }; /* what the connection must send next */
-
-typedef struct r0_pend {
-    int fd;
-    int stage;
-    size_t got;     /* bytes of this stage received */
-    uint64_t until; /* dropped if the handshake is not done by then */
-    tally__auth_acc auth;
-    unsigned char buf[HELLO_LEN]; /* the largest stage */
-    char from[TALLY__NET_ADDRSTR];
-} r0_pend;
+/* Rank 0 serves every connection at once through the job's acceptor (accept.c): a stranger that sends
+ * nothing, or part of a handshake, holds a slot until HANDSHAKE_S and never delays a rank. Once it has
+ * proved the token, a connection sends a frame header, then its hello (the acceptor's stages 2 and 3). */
+enum { P_HDR = 2, P_HELLO = 3 };
+_Static_assert(HELLO_LEN <= TALLY__ACC_BUF, "the acceptor holds a whole hello");
 
 typedef struct r0_state {
-    int lfd;
-    r0_pend *pend; /* [PEND_MAX + size - 1], oldest first */
-    int npend;
+    tally__boot *b;
+    tally__acceptor a;
     int joined;
     int refused;        /* connections turned away (logged up to R0_LOG_MAX) */
-    int listen_off;     /* no room for another connection until a pending one finishes: not polled */
     struct pollfd *pfd; /* [1 + PEND_MAX + 2 * size] */
     int *who;           /* rank of each ctl entry in pfd */
     char addr[TALLY__NET_ADDRSTR + 256];
@@ -55,38 +45,13 @@ typedef struct r0_state {
     int ntold, stuck;    /* stuck: nothing pending, no descriptor free: nobody else can be told */
 } r0_state;
 
-static const size_t stage_len[] = {[P_NONCE] = TALLY__AUTH_IN, [P_PROOF] = TALLY__AUTH_PROOF, [P_HDR] = CTL_HDR,
-                                   [P_HELLO] = HELLO_LEN};
-static const char *const stage_name[] = {[P_NONCE] = "its nonce", [P_PROOF] = "its proof of the token",
-                                         [P_HDR] = "a frame header", [P_HELLO] = "its hello"};
-
 /* Logs one turned-away connection; a flood is counted, not logged line by line. */
-static void r0_note(r0_state *s, const char *from, const char *why) {
+static void r0_note(void *arg, const char *from, const char *why) {
+    r0_state *s = arg;
     if (++s->refused <= R0_LOG_MAX)
         tally__log_warn("refused a connection from %s: %s; still waiting for the other ranks", from, why);
     if (s->refused == R0_LOG_MAX)
         tally__log_warn("further refused connections are counted, not logged one by one");
-}
-
-static void r0_drop(r0_state *s, r0_pend *p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void r0_drop(r0_state *s, r0_pend *p, const char *fmt, ...) {
-    char why[CTL_MSG_MAX + 1];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    r0_note(s, p->from, why);
-    close(p->fd);
-    p->fd = -1;
-}
-
-/* Sends a short answer at once: a fresh socket's buffer always has room for it, so a peer that leaves
- * no room is not one of ours and is not waited for. */
-static int r0_put(int fd, const void *buf, size_t len) {
-    ssize_t k;
-    do k = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (k < 0 && errno == EINTR);
-    return k == (ssize_t)len ? 0 : -1;
 }
 
 /* Sends a refusal (`code` and the text) on a control connection; best effort, the close follows. */
@@ -95,22 +60,23 @@ static void r0_say_refuse(int fd, int code, const char *msg) {
     size_t ml = strnlen(msg, CTL_MSG_MAX);
     tally__ctl_hdr_put(buf, CTL_REFUSE, (uint32_t)-code, (uint32_t)ml);
     memcpy(buf + CTL_HDR, msg, ml);
-    (void)r0_put(fd, buf, CTL_HDR + ml);
+    (void)tally__acc_put(fd, buf, CTL_HDR + ml);
 }
 
 /* Refuses an authenticated connection: tells the process why (`code` and the text), then drops it. */
-static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void r0_refuse(r0_state *s, r0_pend *p, int code, const char *fmt, ...) {
+static void r0_refuse(r0_state *s, tally__acc_conn *p, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void r0_refuse(r0_state *s, tally__acc_conn *p, int code, const char *fmt, ...) {
     char msg[CTL_MSG_MAX + 1];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     r0_say_refuse(p->fd, code, msg);
-    r0_drop(s, p, "%s", msg);
+    tally__acc_drop(&s->a, p, "%s", msg);
 }
 
 static int r0_missing(const tally__boot *b, const r0_state *s) { return b->size - 1 - s->joined - s->ntold; }
+static int r0_missing_cb(void *arg) { return r0_missing(((r0_state *)arg)->b, arg); }
 
 /* Ends the rendezvous for everyone: the ranks that joined are told now (and their descriptors freed),
  * the rest when they say hello. The first reason stays. */
@@ -176,7 +142,7 @@ int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *c
 }
 
 /* Checks a hello; on success the connection becomes rank k's control connection. 1 joined, -1 refused. */
-static int r0_hello(tally__boot *b, r0_state *s, r0_pend *p) {
+static int r0_hello(tally__boot *b, r0_state *s, tally__acc_conn *p) {
     const unsigned char *h = p->buf;
     char why[CTL_MSG_MAX + 1];
     int code, rank = tally__boot_hello_check(b, h, &code, why, sizeof why);
@@ -204,75 +170,26 @@ static int r0_hello(tally__boot *b, r0_state *s, r0_pend *p) {
     return 1;
 }
 
-/* Reads what the current stage still lacks, without waiting. 1 complete, 0 not yet, -1 closed/failed. */
-static int r0_fill(r0_pend *p) {
-    size_t need = stage_len[p->stage];
-    while (p->got < need) {
-        ssize_t n = recv(p->fd, p->buf + p->got, need - p->got, MSG_DONTWAIT);
-        if (n > 0) {
-            p->got += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-        return -1;
-    }
-    return 1;
-}
+static size_t r0_need(void *arg, int stage) { return stage == P_HDR ? CTL_HDR : HELLO_LEN; }
+static const char *r0_what(void *arg, int stage) { return stage == P_HDR ? "a frame header" : "its hello"; }
 
-/* Completes one stage. 0 on to the next, 1 joined, -1 dropped. */
-static int r0_stage(tally__boot *b, r0_state *s, r0_pend *p) {
+/* An authenticated connection's stage is complete. 0 on to the next, 1 joined, -1 refused. */
+static int r0_stage(void *arg, tally__acc_conn *p) {
+    r0_state *s = arg;
     ctl_frame f;
-    unsigned char ok;
-    switch (p->stage) {
-    case P_NONCE:
-        if (tally__auth_accept_begin(&p->auth, b->token, b->token_len, "ctl", p->buf) ||
-            r0_put(p->fd, p->auth.reply, sizeof p->auth.reply))
-            return r0_drop(s, p, "could not answer its handshake (%s)", tally_last_error()), -1;
-        break;
-    case P_PROOF:
-        ok = (unsigned char)tally__auth_accept_check(&p->auth, p->buf);
-        if (r0_put(p->fd, &ok, 1) || !ok)
-            return r0_drop(s, p, "wrong TALLY_TOKEN or not a tally process (its proof does not match rank 0's "
-                                 "token)"), -1;
-        break;
-    case P_HDR:
-        if (tally__ctl_hdr_get(p->buf, &f) || f.type != CTL_HELLO || f.len != HELLO_LEN)
-            return r0_refuse(s, p, TALLY_E_PROTOCOL,
-                             "its first frame after authentication is not a hello (magic %08x, type %u, length %u; "
-                             "rank 0 expects %08x, %d, %d): every rank must run the same tally version",
-                             tally__get_be32(p->buf), p->buf[4], tally__get_be32(p->buf + 12), CTL_MAGIC, CTL_HELLO, HELLO_LEN), -1;
-        break;
-    case P_HELLO:
-        return r0_hello(b, s, p);
-    }
-    p->stage++;
-    p->got = 0;
+    if (p->stage == P_HELLO) return r0_hello(s->b, s, p);
+    if (tally__ctl_hdr_get(p->buf, &f) || f.type != CTL_HELLO || f.len != HELLO_LEN)
+        return r0_refuse(s, p, TALLY_E_PROTOCOL,
+                         "its first frame after authentication is not a hello (magic %08x, type %u, length %u; "
+                         "rank 0 expects %08x, %d, %d): every rank must run the same tally version",
+                         tally__get_be32(p->buf), p->buf[4], tally__get_be32(p->buf + 12), CTL_MAGIC, CTL_HELLO,
+                         HELLO_LEN), -1;
     return 0;
-}
-
-/* Advances a connection as far as the bytes that arrived allow. 1 joined, 0 pending, -1 dropped. */
-static int r0_advance(tally__boot *b, r0_state *s, r0_pend *p) {
-    for (;;) {
-        int rc = r0_fill(p);
-        if (rc == 0) return 0;
-        if (rc < 0) {
-            if (p->stage == P_NONCE && p->got == 0)
-                r0_drop(s, p, "it closed without a byte of the handshake (a port probe?)");
-            else
-                r0_drop(s, p, "it closed the connection after %zu bytes of %s (not a tally rank?)", p->got,
-                        stage_name[p->stage]);
-            return -1;
-        }
-        if ((rc = r0_stage(b, s, p))) return rc;
-    }
 }
 
 /* Fills the poll set: listener, pending, joined ranks. */
 static int r0_pollset(tally__boot *b, r0_state *s) {
-    int n = 0;
-    s->pfd[n++] = (struct pollfd){.fd = s->listen_off ? -1 : s->lfd, .events = POLLIN}; /* -1: poll skips it */
-    for (int i = 0; i < s->npend; i++) s->pfd[n++] = (struct pollfd){.fd = s->pend[i].fd, .events = POLLIN};
+    int n = tally__acc_poll_fill(&s->a, s->pfd);
     for (int k = 1; k < b->size; k++)
         if (b->ctl[k] >= 0) {
             s->who[n] = k;
@@ -281,81 +198,31 @@ static int r0_pollset(tally__boot *b, r0_state *s) {
     return n;
 }
 
-/* Makes room by dropping the oldest connection that has not proved the token; 0 when every pending
- * one has (they are the job's own and finish at once). */
-static int r0_evict(r0_state *s, const char *why) {
-    for (int i = 0; i < s->npend; i++) {
-        if (s->pend[i].stage > P_PROOF) continue;
-        r0_drop(s, &s->pend[i], "%s", why);
-        memmove(s->pend + i, s->pend + i + 1, sizeof s->pend[0] * (size_t)(s->npend - i - 1));
-        s->npend--;
-        return 1;
-    }
-    return 0;
-}
-
-/* accept() failed. Out of descriptors while more connections are pending than ranks are missing, a
- * stranger gives way; else the limit cannot hold the world, and every rank is told so. */
-static void r0_accept_failed(tally__boot *b, r0_state *s, int err) {
-    if (!tally__fd_exhausted(err)) { /* e.g. ENOBUFS: let pending ones finish, not spin */
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
-        return;
-    }
-    if (s->npend > r0_missing(b, s) && r0_evict(s, "rank 0 is out of file descriptors and the ranks still "
-                                                    "expected come first"))
-        return;
-    if (s->npend > r0_missing(b, s) && !s->refuse_code) { /* the job's own (duplicates?): they finish or expire */
-        s->listen_off = 1;
-        return;
-    }
+/* accept() is out of descriptors and no stranger could give way: the job's own (duplicates?) finish or
+ * expire; else the limit cannot hold the world, and every rank is told so. 1: stop listening for now. */
+static int r0_out_of_fds(void *arg, int err) {
+    r0_state *s = arg;
+    tally__boot *b = s->b;
+    if (s->a.npend > r0_missing(b, s) && !s->refuse_code) return 1;
     if (!s->refuse_code) {
         char why[600];
         tally__fd_explain(err, why, sizeof why);
         r0_refuse_all(b, s, TALLY_E_SYSTEM, "rank 0: rendezvous: accepting the connections of %d ranks: %s",
                       b->size - 1, why);
-        return; /* the joined ranks' descriptors are free now */
+        return 0; /* the joined ranks' descriptors are free now */
     }
-    if (s->npend > 0) s->listen_off = 1; /* refused as they say hello, they free theirs */
-    else s->stuck = 1;
-}
-
-static void r0_accept(tally__boot *b, r0_state *s) {
-    while (!s->listen_off) {
-        if (s->npend >= PEND_MAX + r0_missing(b, s) &&
-            !r0_evict(s, "too many connections were authenticating at once (a flood?); the oldest gave way")) {
-            s->listen_off = 1; /* all pending are the job's: they finish within a round or two */
-            return;
-        }
-        int fd;
-        if (tally__net_accept(s->lfd, &fd) != 0) {
-            r0_accept_failed(b, s, errno);
-            return;
-        }
-        if (fd < 0) return;
-        r0_pend *p = &s->pend[s->npend++];
-        p->fd = fd;
-        p->stage = P_NONCE;
-        p->got = 0;
-        p->until = tally__deadline(HANDSHAKE_S);
-        tally__net_peer_str(fd, p->from, sizeof p->from);
-    }
-}
-
-/* When poll must return: the rendezvous deadline, or the first pending handshake to expire. */
-static uint64_t r0_wake(const r0_state *s, uint64_t deadline) {
-    for (int i = 0; i < s->npend; i++)
-        if (s->pend[i].until < deadline) deadline = s->pend[i].until;
-    return deadline;
+    if (s->a.npend > 0) return 1; /* refused as they say hello, they free theirs */
+    s->stuck = 1;
+    return 0;
 }
 
 /* One round: waits for activity and handles it. */
 static void r0_round(tally__boot *b, r0_state *s, uint64_t deadline) {
-    if (s->listen_off && s->npend == 0 && !s->refuse_code) s->listen_off = 0; /* nothing left to wait for */
-    int n = r0_pollset(b, s);
-    if (poll(s->pfd, (nfds_t)n, tally__net_poll_ms(r0_wake(s, deadline))) < 0) return; /* EINTR: next round */
+    if (s->a.listen_off && s->a.npend == 0 && !s->refuse_code) s->a.listen_off = 0; /* nothing left to wait for */
+    int n = r0_pollset(b, s), first_ctl = 1 + s->a.npend;
+    if (poll(s->pfd, (nfds_t)n, tally__net_poll_ms(tally__acc_wake(&s->a, deadline))) < 0) return; /* EINTR */
     /* A joined rank has nothing to say before the table: readable means it died or misbehaves. */
-    for (int i = 1 + s->npend; i < n; i++)
+    for (int i = first_ctl; i < n; i++)
         if (s->pfd[i].revents) {
             int k = s->who[i];
             tally__log_warn("rank %d (pid %d on host %s) closed its connection during the rendezvous; waiting for it "
@@ -363,25 +230,9 @@ static void r0_round(tally__boot *b, r0_state *s, uint64_t deadline) {
             close(b->ctl[k]);
             b->ctl[k] = -1;
             s->joined--;
-            s->listen_off = 0;
+            s->a.listen_off = 0;
         }
-    uint64_t now = tally__now_ns();
-    int keep = 0;
-    for (int i = 0; i < s->npend; i++) {
-        r0_pend *p = &s->pend[i];
-        int st = s->pfd[1 + i].revents ? r0_advance(b, s, p) : 0;
-        if (st == 0 && now >= p->until) {
-            r0_drop(s, p, "it sent %zu bytes of %s and then nothing for %g s (not a tally rank?)", p->got,
-                    stage_name[p->stage], HANDSHAKE_S);
-            st = -1;
-        }
-        if (st > 0) s->joined++;
-        if (st == 0 && keep != i) s->pend[keep] = *p;
-        keep += st == 0;
-    }
-    if (keep < s->npend) s->listen_off = 0; /* a slot, and maybe a descriptor, came free */
-    s->npend = keep;
-    if (s->pfd[0].revents) r0_accept(b, s);
+    s->joined += tally__acc_handle(&s->a, s->pfd);
 }
 
 static int r0_timeout(tally__boot *b, r0_state *s) {
@@ -430,38 +281,40 @@ static int r0_send_table(tally__boot *b) {
     return rc;
 }
 
-static void r0_free(r0_state *s) {
-    for (int i = 0; i < s->npend; i++) close(s->pend[i].fd);
+static void r0_free(r0_state *s, int lfd) {
+    tally__acc_free(&s->a);
     if (s->refused > R0_LOG_MAX) tally__log_warn("refused %d connections in all during the rendezvous", s->refused);
-    if (s->lfd >= 0) close(s->lfd); /* a later communicator of this job can listen on the same port */
-    free(s->pend);
+    if (lfd >= 0) close(lfd); /* a later communicator of this job can listen on the same port */
     free(s->pfd);
     free(s->who);
     free(s->told);
 }
 
 int tally__boot_serve(tally__boot *b, const tally__boot_env *env, uint64_t deadline) {
-    r0_state s = {.lfd = -1};
+    r0_state s = {.b = b};
+    int lfd = -1;
     const char *host = env->bind[0] ? env->bind : env->host; /* never a wildcard unless one was given */
     tally__net_fmt_addr(host, env->port, s.addr, sizeof s.addr);
-    int rc = tally__net_listen(host, env->port, SOMAXCONN, &s.lfd);
+    int rc = tally__net_listen(host, env->port, SOMAXCONN, &lfd);
     char prev[1024];
     if (rc) {
         snprintf(prev, sizeof prev, "%s", tally_last_error());
         return tally__seterr(rc, "rank 0 %s (environment: %s%s)", prev, env->source,
                              env->bind[0] ? ", address from TALLY_BIND" : "");
     }
-    tally__net_local_ip(s.lfd, b->peers[0].ip, sizeof b->peers[0].ip);
+    tally__net_local_ip(lfd, b->peers[0].ip, sizeof b->peers[0].ip);
     tally__log_debug(1, "rank 0 listening on %s%s for %d ranks", s.addr, env->bind[0] ? " (TALLY_BIND)" : "",
                      b->size - 1);
     size_t cap = (size_t)PEND_MAX + (size_t)b->size;
-    s.pend = calloc(cap, sizeof *s.pend);
+    tally__acc_user u = {.arg = &s, .role = "ctl", .need = r0_need, .what = r0_what, .stage = r0_stage,
+                         .missing = r0_missing_cb, .out_of_fds = r0_out_of_fds, .note = r0_note};
     s.pfd = calloc(1 + cap + (size_t)b->size, sizeof *s.pfd);
     s.who = calloc(1 + cap + (size_t)b->size, sizeof *s.who);
     s.told = calloc((size_t)b->size, 1);
-    if (!s.pend || !s.pfd || !s.who || !s.told)
+    if (!s.pfd || !s.who || !s.told ||
+        tally__acc_init(&s.a, lfd, b->token, b->token_len, PEND_MAX, (int)cap, HANDSHAKE_S, &u))
         rc = tally__seterr(TALLY_E_NOMEM, "rank 0: out of memory in the rendezvous");
-    if (b->fd_short[0]) r0_refuse_all(b, &s, TALLY_E_SYSTEM, "%s", b->fd_short); /* we cannot hold them all */
+    if (!rc && b->fd_short[0]) r0_refuse_all(b, &s, TALLY_E_SYSTEM, "%s", b->fd_short); /* we cannot hold them all */
     while (!rc && r0_missing(b, &s) > 0 && !s.stuck) {
         if (tally__now_ns() >= deadline) {
             rc = s.refuse_code ? s.refuse_code : r0_timeout(b, &s);
@@ -469,7 +322,7 @@ int tally__boot_serve(tally__boot *b, const tally__boot_env *env, uint64_t deadl
         }
         r0_round(b, &s, deadline);
     }
-    r0_free(&s);
+    r0_free(&s, lfd);
     if (s.refuse_code && (!rc || rc == s.refuse_code)) return tally__seterr(s.refuse_code, "%s", s.refuse_msg);
     return rc ? rc : r0_send_table(b);
 }

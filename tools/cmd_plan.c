@@ -181,7 +181,8 @@ static int plan_check(const plan_opts *o) {
     else if (o->model >= 0 && o->have_params) why = "give --params or --model, not both";
     else if (o->model >= 0 && o->have_flops) why = "give --flops-per-sample or --model, not both";
     else if (o->model >= 0 && o->layers) why = "--layers comes from --model";
-    else if (o->mcfg.nhidden && o->model != TALLY__MODEL_MLP) why = "--hidden needs --model mlp";
+    else if (o->mcfg.nhidden && o->model >= 0 && !tally__model_info_of(o->model)->takes_hidden)
+        why = "--hidden needs --model mlp";
     if (why) tally_flags_usage_error("plan", "%s", why);
     return why ? -1 : 0;
 }
@@ -201,27 +202,21 @@ static int plan_parse(int argc, char **argv, plan_opts *o) {
 
 /* ---- the model ---- */
 
-/* tally train's models on its default data: 28x28 images in 10 classes; the linear model's own
- * least-squares set of 8 features. */
+/* tally train's models on its default data: 28x28 images in 10 classes, or the least-squares set of 8
+ * features that a model needing it trains on. */
 static void plan_model_cfg(plan_opts *o) {
     tally__model_cfg *m = &o->mcfg;
     m->kind = (tally__model_kind)o->model;
-    m->in_dim = 784;
+    const tally__model_info *info = tally__model_info_of(m->kind);
+    int lsq = info->data == TALLY__DATA_LEAST_SQUARES;
+    m->in_dim = lsq ? 8 : 784;
     m->channels = 1;
     m->height = m->width = 28;
-    m->outputs = 10;
-    if (m->kind == TALLY__MODEL_LINEAR) m->in_dim = 8, m->outputs = 1;
-    if (m->kind == TALLY__MODEL_MLP && m->nhidden == 0) m->nhidden = 2, m->hidden[0] = m->hidden[1] = 512;
+    m->outputs = lsq ? 1 : 10;
+    if (info->defaults) info->defaults(m);
 }
 
-static void plan_arch(const plan_opts *o, char *buf, size_t n) {
-    const tally__model_cfg *m = &o->mcfg;
-    if (m->kind == TALLY__MODEL_CNN) return (void)snprintf(buf, n, "LeNet-5");
-    if (m->kind == TALLY__MODEL_LINEAR) return (void)snprintf(buf, n, "8-1");
-    int len = snprintf(buf, n, "784");
-    for (int i = 0; i < m->nhidden && len < (int)n; i++) len += snprintf(buf + len, n - len, "-%d", m->hidden[i]);
-    if (len < (int)n) snprintf(buf + len, n - len, "-10");
-}
+static void plan_arch(const plan_opts *o, char *buf, size_t n) { tally__model_arch(&o->mcfg, buf, n); }
 
 /* P, the layers, FLOPs/sample and activations: from --model, or from --params/--layers. */
 static int plan_fill(plan_opts *o) {

@@ -321,23 +321,6 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     return 0;
 }
 
-static void train_arch(const train_opts *o, const tally__train_result *r, char *buf, size_t n) {
-    const tally__train_cfg *c = &o->cfg;
-    if (c->model == TALLY__MODEL_CNN) {
-        snprintf(buf, n, "LeNet-5");
-        return;
-    }
-    if (c->model == TALLY__MODEL_LINEAR) {
-        snprintf(buf, n, "8-1");
-        return;
-    }
-    int len = snprintf(buf, n, "784");
-    int nh = c->nhidden ? c->nhidden : 2;
-    for (int i = 0; i < nh && len < (int)n; i++) len += snprintf(buf + len, n - len, "-%d", c->nhidden ? c->hidden[i] : 512);
-    if (len < (int)n) snprintf(buf + len, n - len, "-10");
-    (void)r;
-}
-
 static int train_as_rank(train_opts *o) {
     o->cfg.hook = tally__train_faults_hook(&o->faults);
     tally_comm *comm = NULL;
@@ -376,7 +359,7 @@ static int train_as_rank(train_opts *o) {
                                 .zero = o->cfg.zero,
                                 .lr = res.lr,
                                 .bucket_mb = o->cfg.bucket_mb > 0 ? o->cfg.bucket_mb : 25};
-        train_arch(o, &res, info.arch, sizeof info.arch);
+        snprintf(info.arch, sizeof info.arch, "%s", res.arch);
         if (!o->cfg.quiet) tally__summary_print(stdout, &info, &res);
         if (o->cfg.json && tally__summary_json(o->cfg.json, &info, &res)) {
             fprintf(stderr, "tally train: %s\n", tally_last_error());

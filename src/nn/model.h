@@ -92,6 +92,25 @@ typedef struct tally__model {
 /* "W1,W2,..." (each 1..2^20, at most TALLY__MODEL_MAX_HIDDEN) into hidden[] and *n; -1 when malformed. */
 int tally__model_parse_hidden(const char *s, int *hidden, int *n);
 
+/* What the rest of tally knows of a model, from its line in models.c's table. */
+typedef enum {
+    TALLY__DATA_FEATURES,      /* any set of feature vectors with classes (IDX, synthetic) */
+    TALLY__DATA_IMAGES,        /* an image set: channels, height, width */
+    TALLY__DATA_LEAST_SQUARES, /* its own generated least-squares set (8 features, 1 target) */
+} tally__data_need;
+typedef struct tally__model_info {
+    const char *name;          /* --model */
+    tally__data_need data;     /* what it trains on */
+    float sgd_lr;              /* the default learning rate with SGD (AdamW's is 1e-3 for every model) */
+    int takes_hidden;          /* --hidden sets its widths */
+    void (*defaults)(tally__model_cfg *mc);  /* fills what the flags left unset; NULL: nothing */
+    void (*arch)(const tally__model_cfg *mc, char *buf, size_t n); /* "784-512-512-10", "LeNet-5" */
+} tally__model_info;
+/* The table's line for k; NULL when k is not a model. */
+const tally__model_info *tally__model_info_of(tally__model_kind k);
+/* mc's architecture in words, as the summary prints it. */
+void tally__model_arch(const tally__model_cfg *mc, char *buf, size_t n);
+
 /* "linear", "mlp", "cnn" and the reverse (-1 when unknown). */
 const char *tally__model_name(tally__model_kind k);
 int tally__model_parse(const char *name);

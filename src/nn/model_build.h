@@ -27,6 +27,10 @@ void tally__graph_linear(tally__model *m, int in, int out, int relu, const char 
 int tally__build_linear(tally__model *m, const tally__model_cfg *cfg);
 int tally__build_mlp(tally__model *m, const tally__model_cfg *cfg);
 int tally__build_cnn(tally__model *m, const tally__model_cfg *cfg);
+/* Their lines' other entries (model_mlp.c, model_cnn.c). */
+void tally__mlp_defaults(tally__model_cfg *mc);
+void tally__mlp_arch(const tally__model_cfg *mc, char *buf, size_t n);
+void tally__cnn_arch(const tally__model_cfg *mc, char *buf, size_t n);
 /* Through the table (models.c): the input value, then cfg->kind's builder. */
 int tally__model_layout(tally__model *m, const tally__model_cfg *cfg);
 

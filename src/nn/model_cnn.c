@@ -39,3 +39,5 @@ int tally__build_cnn(tally__model *m, const tally__model_cfg *cfg) {
     tally__graph_linear(m, 84, cfg->outputs, 0, NULL);
     return 0;
 }
+
+void tally__cnn_arch(const tally__model_cfg *mc, char *buf, size_t n) { snprintf(buf, n, "LeNet-5"); }

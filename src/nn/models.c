@@ -1,27 +1,40 @@
-/* models.c - the table of models: each one's name (for --model) and builder. Adding a model is a file
- * with its builder and one line here (and its name in tally__model_kind). */
+/* models.c - the table of models: each one's name (for --model), the data it needs, its defaults and
+ * builder. Adding a model is a file with its builder and one line here (and its name in
+ * tally__model_kind); the trainer, the checkpoints and the planner ask the table. */
+#include <stdio.h>
 #include <string.h>
 
 #include "../core/err.h"
 #include "model_build.h"
 
 typedef struct model_def {
-    const char *name;
+    tally__model_info info;
     int (*build)(tally__model *m, const tally__model_cfg *cfg);
 } model_def;
 
+/* name, data, SGD's default lr, takes --hidden, defaults, arch; builder. */
 static const model_def model_defs[] = {
-    [TALLY__MODEL_LINEAR] = {"linear", tally__build_linear},
-    [TALLY__MODEL_MLP] = {"mlp", tally__build_mlp},
-    [TALLY__MODEL_CNN] = {"cnn", tally__build_cnn},
+    [TALLY__MODEL_LINEAR] = {{"linear", TALLY__DATA_LEAST_SQUARES, 0.01f, 0, NULL, tally__mlp_arch}, tally__build_linear},
+    [TALLY__MODEL_MLP] = {{"mlp", TALLY__DATA_FEATURES, 0.05f, 1, tally__mlp_defaults, tally__mlp_arch}, tally__build_mlp},
+    [TALLY__MODEL_CNN] = {{"cnn", TALLY__DATA_IMAGES, 0.05f, 0, NULL, tally__cnn_arch}, tally__build_cnn},
 };
 #define MODEL_COUNT ((int)(sizeof model_defs / sizeof *model_defs))
 
-const char *tally__model_name(tally__model_kind k) { return (unsigned)k < MODEL_COUNT ? model_defs[k].name : "?"; }
+const tally__model_info *tally__model_info_of(tally__model_kind k) {
+    return (unsigned)k < MODEL_COUNT ? &model_defs[k].info : NULL;
+}
+
+void tally__model_arch(const tally__model_cfg *mc, char *buf, size_t n) {
+    const tally__model_info *info = tally__model_info_of(mc->kind);
+    if (info && !mc->build) info->arch(mc, buf, n);
+    else snprintf(buf, n, "%s", info && !mc->build ? info->name : "a graph of its own");
+}
+
+const char *tally__model_name(tally__model_kind k) { return (unsigned)k < MODEL_COUNT ? model_defs[k].info.name : "?"; }
 
 int tally__model_parse(const char *name) {
     for (int i = 0; i < MODEL_COUNT; i++)
-        if (name && !strcmp(name, model_defs[i].name)) return i;
+        if (name && !strcmp(name, model_defs[i].info.name)) return i;
     return -1;
 }
 

@@ -16,7 +16,8 @@
 float tally__train_default_lr(const tally__train_cfg *cfg) {
     if (cfg->lr > 0) return cfg->lr;
     if (cfg->optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
-    return cfg->model == TALLY__MODEL_LINEAR ? 0.01f : 0.05f;
+    const tally__model_info *info = tally__model_info_of(cfg->model);
+    return info ? info->sgd_lr : 0.05f;
 }
 
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
@@ -30,10 +31,8 @@ void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     mc->outputs = r->train.classes ? r->train.classes : r->train.tdim;
     mc->nhidden = cfg->nhidden;
     memcpy(mc->hidden, cfg->hidden, sizeof mc->hidden);
-    if (mc->kind == TALLY__MODEL_MLP && mc->nhidden == 0) {
-        mc->nhidden = 2;
-        mc->hidden[0] = mc->hidden[1] = 512;
-    }
+    const tally__model_info *info = tally__model_info_of(mc->kind);
+    if (info && info->defaults) info->defaults(mc);
 }
 
 int tally__train_load_data(train_run *r, tally__train_result *res) {
@@ -42,9 +41,10 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
     int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
     if (rc) return rc;
     res->data_name = data_name;
-    if (cfg->model == TALLY__MODEL_LINEAR) res->true_w_len = r->train.dim + 1;
-    if (cfg->model == TALLY__MODEL_CNN && !r->train.height)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: the cnn model needs image data", r->rank);
+    const tally__model_info *info = tally__model_info_of(cfg->model);
+    if (info && info->data == TALLY__DATA_LEAST_SQUARES) res->true_w_len = r->train.dim + 1;
+    if (info && info->data == TALLY__DATA_IMAGES && !r->train.height)
+        return tally__seterr(TALLY_E_INVALID, "rank %d: the %s model needs image data", r->rank, info->name);
     return 0;
 }
 
@@ -68,6 +68,7 @@ int tally__train_prepare_steps(train_run *r, tally__train_result *res, int worke
     r->idx = malloc(B * sizeof(size_t));
     if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     res->nparams = r->model.nparams;
+    tally__model_arch(&r->model.cfg, res->arch, sizeof res->arch);
     res->flops_per_sample = r->model.flops_per_sample;
     return 0;
 }

@@ -50,11 +50,12 @@ int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *trai
     memset(train, 0, sizeof *train);
     memset(test, 0, sizeof *test);
     const char *want = cfg->data ? cfg->data : "fashion-mnist";
-    if (cfg->model == TALLY__MODEL_LINEAR) {
+    const tally__model_info *info = tally__model_info_of(cfg->model);
+    if (info && info->data == TALLY__DATA_LEAST_SQUARES) {
         if (strcmp(want, "synthetic") && strcmp(want, "fashion-mnist") && strcmp(want, "linear"))
             return tally__seterr(TALLY_E_INVALID,
-                                 "rank %d: the linear model trains on its own least-squares data; drop --data %s",
-                                 rank, want);
+                                 "rank %d: the %s model trains on its own least-squares data; drop --data %s",
+                                 rank, info->name, want);
         *name = "least-squares (8 features)";
         return train_linear_data(cfg, train, test, true_w);
     }

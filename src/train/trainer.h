@@ -119,6 +119,7 @@ typedef struct tally__train_result {
     tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
     /* compression */
     char codec[40];           /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
+    char arch[96];            /* the model's architecture in words ("784-512-512-10", "LeNet-5") */
     unsigned long long grad_bytes; /* sent by this rank in the gradient reductions over the steps */
     unsigned long long grad_bytes_f32_step; /* what one step's gradient reductions send uncompressed in
                                               * f32 (measured once at setup by reducing every bucket, or

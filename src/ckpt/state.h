@@ -5,6 +5,7 @@
 #define TALLY_CKPT_STATE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ckpt.h"
 
@@ -27,5 +28,11 @@ typedef struct tally__state {
      * an error with a message. */
     int (*load)(void *arg, const tally__ckpt *ck);
 } tally__state;
+
+/* For loads: entry `name` must be a string equal to want (this run's model, optimizer, codec), else
+ * TALLY_E_INVALID saying what differs (`what`: "the optimizer") and what to do. */
+int tally__state_string_is(const tally__ckpt *ck, const char *name, const char *want, int rank, const char *what);
+/* A one-element I64 entry. */
+int tally__state_i64(const tally__ckpt *ck, const char *name, int64_t *v);
 
 #endif

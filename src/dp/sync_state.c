@@ -193,20 +193,6 @@ static int read_range(void *arg, size_t begin, size_t count, float *dst) {
     return 0;
 }
 
-/* A string entry must hold `want`, or the checkpoint belongs to another run. */
-static int string_is(const tally__ckpt *ck, const char *name, const char *want, int rank, const char *what) {
-    const tally__ckpt_tensor *t = tally__ckpt_find(ck, name);
-    if (!t || t->dtype != TALLY_U8)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s has no %s ('%s')", rank, tally__ckpt_label(ck),
-                             what, name);
-    if (t->bytes == strlen(want) && !memcmp(t->data, want, t->bytes)) return 0;
-    return tally__seterr(TALLY_E_INVALID,
-                         "rank %d: checkpoint %s was written for %s '%.*s', and this run has '%s': resume with the "
-                         "settings that wrote it, or use another --ckpt directory",
-                         rank, tally__ckpt_label(ck), what, (int)(t->bytes < 200 ? t->bytes : 200),
-                         (const char *)t->data, want);
-}
-
 /* The codec must be the one that wrote it (a checkpoint without codec.spec was written without one).
  * At the same world size each rank takes back its own residual: exact. At another, each rank starts
  * from the mean of the saved residuals: the ranks' residuals enter the next averaged update as their
@@ -215,7 +201,7 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
     int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm);
     char want[48], name[TALLY__CKPT_NAME_MAX + 1];
     tally__codec_spec(&s->codec_cfg, want, sizeof want);
-    int rc = tally__ckpt_find(ck, "codec.spec") ? string_is(ck, "codec.spec", want, rank, "--compress")
+    int rc = tally__ckpt_find(ck, "codec.spec") ? tally__state_string_is(ck, "codec.spec", want, rank, "--compress")
              : strcmp(want, "none") ? tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s was written for "
                                                     "--compress 'none', and this run has '%s': resume with the "
                                                     "settings that wrote it, or use another --ckpt directory",
@@ -253,15 +239,13 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
 static int st_load(void *arg, const tally__ckpt *ck) {
     tally__sync *s = arg;
     int rank = tally_comm_rank(s->comm);
-    int rc = string_is(ck, "optim.kind", tally_optim_name(s->optim_cfg.kind), rank, "the optimizer");
+    int rc = tally__state_string_is(ck, "optim.kind", tally_optim_name(s->optim_cfg.kind), rank, "the optimizer");
     st_read q = {.ck = ck, .m = s->m, .prefix = "param.", .suffix = ""};
     if (!rc) rc = s->ops->load_part(s, 0, read_range, &q);
     state_kind kinds[2];
     int nk = kinds_of(&s->optim_cfg, kinds);
-    const void *p;
-    static const uint64_t one[1] = {1};
     int64_t step = 0;
-    if (!rc && !(rc = tally__ckpt_get(ck, "optim.step", TALLY_I64, 1, one, &p))) memcpy(&step, p, sizeof step);
+    if (!rc) rc = tally__state_i64(ck, "optim.step", &step);
     for (int k = 0; k < nk && !rc; k++) {
         q = (st_read){.ck = ck, .m = s->m, .prefix = "optim.", .suffix = kinds[k].suffix};
         rc = s->ops->load_part(s, 1 + kinds[k].second, read_range, &q);

@@ -50,34 +50,13 @@ static int run_save(void *arg, int first, const tally__state_sink *out) {
     return 0;
 }
 
-static int ck_scalar_get(const tally__ckpt *ck, const char *name, int64_t *v) {
-    const void *p;
-    static const uint64_t one[1] = {1};
-    int rc = tally__ckpt_get(ck, name, TALLY_I64, 1, one, &p);
-    if (!rc) memcpy(v, p, sizeof *v);
-    return rc;
-}
-
-static int ck_string_is(const tally__ckpt *ck, const char *name, const char *want, int rank, const char *what) {
-    const tally__ckpt_tensor *t = tally__ckpt_find(ck, name);
-    if (!t || t->dtype != TALLY_U8)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s has no %s ('%s')", rank, tally__ckpt_label(ck),
-                             what, name);
-    if (t->bytes == strlen(want) && !memcmp(t->data, want, t->bytes)) return 0;
-    return tally__seterr(TALLY_E_INVALID,
-                         "rank %d: checkpoint %s was written for %s '%.*s', and this run has '%s': resume with the "
-                         "settings that wrote it, or use another --ckpt directory",
-                         rank, tally__ckpt_label(ck), what, (int)(t->bytes < 200 ? t->bytes : 200),
-                         (const char *)t->data, want);
-}
-
 /* The run must be the one that wrote it: the model, and the seed (which fixes data order). */
 static int ck_check_identity(train_run *r, const tally__ckpt *ck) {
     char id[96];
     ck_model_id(r, id, sizeof id);
-    int rc = ck_string_is(ck, "train.model", id, r->rank, "the model");
+    int rc = tally__state_string_is(ck, "train.model", id, r->rank, "the model");
     int64_t seed = 0;
-    if (!rc) rc = ck_scalar_get(ck, "train.seed", &seed);
+    if (!rc) rc = tally__state_i64(ck, "train.seed", &seed);
     if (!rc && (uint64_t)seed != r->cfg->seed)
         rc = tally__seterr(TALLY_E_INVALID,
                            "rank %d: checkpoint %s was written with --seed %llu and this run has --seed %llu: the seed "
@@ -91,10 +70,10 @@ static int ck_check_identity(train_run *r, const tally__ckpt *ck) {
  * run's size (exact when batch, accum and world size are those that wrote it). */
 static int ck_load_position(train_run *r, const tally__ckpt *ck) {
     int64_t step, epoch, samples, skipped;
-    int rc = ck_scalar_get(ck, "train.step", &step);
-    if (!rc) rc = ck_scalar_get(ck, "train.epoch", &epoch);
-    if (!rc) rc = ck_scalar_get(ck, "train.epoch_samples", &samples);
-    if (!rc) rc = ck_scalar_get(ck, "train.skipped", &skipped);
+    int rc = tally__state_i64(ck, "train.step", &step);
+    if (!rc) rc = tally__state_i64(ck, "train.epoch", &epoch);
+    if (!rc) rc = tally__state_i64(ck, "train.epoch_samples", &samples);
+    if (!rc) rc = tally__state_i64(ck, "train.skipped", &skipped);
     if (rc) return rc;
     if (step < 0 || epoch < 0 || epoch > 1000000 || samples < 0 || skipped < 0)
         return tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s holds an impossible position (step %lld, epoch "

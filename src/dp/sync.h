@@ -24,11 +24,11 @@ typedef struct tally__sync_cfg {
     const tally__codec_cfg *codec; /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
 } tally__sync_cfg;
 
-/* Cumulative since open; take differences around a step. */
+/* Cumulative since open; take differences around a step. Read between steps only, when nothing is in
+ * flight (the communication thread writes them meanwhile). */
 typedef struct tally__sync_stats {
     double comm_s;                 /* seconds in the gradient collectives (whichever thread ran them) */
     double wait_s;                 /* seconds the training thread waited for them */
-    double blocked_s;              /* of which inside the passes and the update (stages 1-3 only) */
     unsigned long long grad_bytes; /* sent in the gradient reductions */
     int buckets;                   /* stage 0's buckets per step (0 for stages 1-3) */
 } tally__sync_stats;
@@ -50,6 +50,7 @@ typedef struct tally__sync_ops {
     int (*skip)(tally__sync *s);
     int (*apply)(tally__sync *s, float lr);
     void (*stats)(const tally__sync *s, tally__sync_stats *out);
+    double (*blocked)(const tally__sync *s);
     int (*each_layer)(tally__sync *s, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
     tally__sync_mem (*memory)(const tally__sync *s);
     int (*overflow)(const tally__sync *s);
@@ -100,6 +101,9 @@ static inline int tally__sync_skip(tally__sync *s) { return s->ops->skip(s); }
 /* The optimizer's update from the averaged gradients, then the gradients cleared. */
 static inline int tally__sync_apply(tally__sync *s, float lr) { return s->ops->apply(s, lr); }
 static inline void tally__sync_stats_get(const tally__sync *s, tally__sync_stats *out) { s->ops->stats(s, out); }
+/* Seconds the training thread has waited for communication inside the passes and the update so far
+ * (stages 1-3; 0 for stage 0, which waits only in micro_end): readable at any time on that thread. */
+static inline double tally__sync_blocked(const tally__sync *s) { return s->ops->blocked(s); }
 /* Every layer's whole parameters in turn (stage 3 gathers them: collective). */
 static inline int tally__sync_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
     return s->ops->each_layer(s, fn, arg);

@@ -37,6 +37,8 @@ static void ddp_stats(const tally__sync *s, tally__sync_stats *out) {
     *out = (tally__sync_stats){.comm_s = d.comm_s, .wait_s = d.wait_s, .grad_bytes = d.bytes_sent, .buckets = d.buckets};
 }
 
+static double ddp_blocked(const tally__sync *s) { return 0; }
+
 static int ddp_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
     const tally__model *m = s->m;
     for (int l = 0; l < m->nlayers; l++) fn(arg, l, m->params + m->offsets[l], m->offsets[l + 1] - m->offsets[l]);
@@ -76,7 +78,7 @@ static void ddp_params_changed(tally__sync *s) {}
 
 static const tally__sync_ops ddp_ops = {
     .hooks = ddp_hooks, .micro_begin = ddp_micro_begin, .micro_end = ddp_micro_end, .drain = ddp_drain,
-    .skip = ddp_skip, .apply = ddp_apply, .stats = ddp_stats, .each_layer = ddp_each_layer, .memory = ddp_memory,
+    .skip = ddp_skip, .apply = ddp_apply, .stats = ddp_stats, .blocked = ddp_blocked, .each_layer = ddp_each_layer, .memory = ddp_memory,
     .overflow = ddp_overflow, .step_begin = ddp_step_begin, .step_end = ddp_step_end, .close = ddp_close,
     .opt_layer = ddp_opt_layer, .load_part = ddp_load_part, .opt_step = ddp_opt_step,
     .set_opt_step = ddp_set_opt_step, .params_changed = ddp_params_changed};

@@ -181,7 +181,7 @@ static int read_range(void *arg, size_t begin, size_t count, float *dst) {
         size_t lo = T->offset > begin ? T->offset : begin;
         size_t hi = T->offset + T->count < begin + count ? T->offset + T->count : begin + count;
         if (lo >= hi) continue;
-        char name[TALLY__CKPT_NAME_MAX + 1];
+        char name[128];
         snprintf(name, sizeof name, "%s%s%s%s", q->prefix, T->name, q->suffix[0] ? "." : "", q->suffix);
         const void *data;
         uint64_t shape[TALLY__CKPT_MAX_DIMS];
@@ -199,7 +199,7 @@ static int read_range(void *arg, size_t begin, size_t count, float *dst) {
  * mean, so that mean is what carries their contribution over, whatever the number of ranks. */
 static int load_codec(tally__sync *s, const tally__ckpt *ck) {
     int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm);
-    char want[48], name[TALLY__CKPT_NAME_MAX + 1];
+    char want[48], name[128]; /* room for any tensor name: too long a one is simply not found */
     tally__codec_spec(&s->codec_cfg, want, sizeof want);
     int rc = tally__ckpt_find(ck, "codec.spec") ? tally__state_string_is(ck, "codec.spec", want, rank, "--compress")
              : strcmp(want, "none") ? tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s was written for "

@@ -17,10 +17,11 @@ static int zs_skip(tally__sync *s) { return tally__zero_skip(&s->zero); }
 static int zs_apply(tally__sync *s, float lr) { return tally__zero_step(&s->zero, lr); }
 
 static void zs_stats(const tally__sync *s, tally__sync_stats *out) {
-    double blocked = tally__zero_blocked(&s->zero);
-    *out = (tally__sync_stats){.comm_s = s->zero.comm_s, .wait_s = blocked, .blocked_s = blocked,
+    *out = (tally__sync_stats){.comm_s = s->zero.comm_s, .wait_s = tally__zero_blocked(&s->zero),
                                .grad_bytes = s->zero.grad_bytes};
 }
+
+static double zs_blocked(const tally__sync *s) { return tally__zero_blocked(&s->zero); }
 
 static int zs_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
     return tally__zero_each_layer(&s->zero, fn, arg);
@@ -72,7 +73,7 @@ static void zs_params_changed(tally__sync *s) { tally__zero_params_changed(&s->z
 
 static const tally__sync_ops zero_ops = {
     .hooks = zs_hooks, .micro_begin = zs_micro_begin, .micro_end = zs_micro_end, .drain = zs_drain,
-    .skip = zs_skip, .apply = zs_apply, .stats = zs_stats, .each_layer = zs_each_layer, .memory = zs_memory,
+    .skip = zs_skip, .apply = zs_apply, .stats = zs_stats, .blocked = zs_blocked, .each_layer = zs_each_layer, .memory = zs_memory,
     .overflow = zs_overflow, .step_begin = zs_step_begin, .step_end = zs_step_end, .close = zs_close,
     .opt_layer = zs_opt_layer, .load_part = zs_load_part, .opt_step = zs_opt_step,
     .set_opt_step = zs_set_opt_step, .params_changed = zs_params_changed};

@@ -117,8 +117,9 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     int B = cfg->batch, rc;
     size_t *idx = r->idx;
     unsigned long long sent0 = tally_comm_bytes_sent(r->comm);
-    tally__sync_stats s0, s1, s2;
+    tally__sync_stats s0, s2;
     tally__sync_stats_get(&r->sync, &s0); /* between steps: nothing in flight */
+    double blocked0 = tally__sync_blocked(&r->sync);
     double loss0 = st->loss;
     tally__guard_begin(&r->guard);
     tally__sync_step_begin(&r->sync);
@@ -139,7 +140,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         st->data += (double)(t1 - t0) * 1e-9;
         st->compute += (double)(t2 - t1) * 1e-9;
     }
-    tally__sync_stats_get(&r->sync, &s1);
+    double blocked1 = tally__sync_blocked(&r->sync); /* reductions may still run: only our own counter */
     uint64_t t3 = tally__now_ns();
     float lr = tally_lr_at(&r->sched, step);
     int skip;
@@ -155,9 +156,10 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     /* ZeRO's waits for communication happen inside the passes and the update: count them as
      * waiting, not work. The counters are read once the step has drained every collective. */
+    double blocked2 = tally__sync_blocked(&r->sync);
     tally__sync_stats_get(&r->sync, &s2);
-    st->compute -= s1.blocked_s - s0.blocked_s;
-    st->update -= s2.blocked_s - s1.blocked_s;
+    st->compute -= blocked1 - blocked0;
+    st->update -= blocked2 - blocked1;
     st->wait += s2.wait_s - s0.wait_s;
     st->comm += s2.comm_s - s0.comm_s;
     st->bytes += tally_comm_bytes_sent(r->comm) - sent0;

@@ -8,7 +8,7 @@
 #include "harness.h"
 #include "tool_runner.h"
 
-/* Written by tally at e5db619 with `tally train -n 2 ... --steps 6 --ckpt-keep 1`, then resumed by it to
+/* Written by tally at a8744b5 with `tally train -n 2 ... --steps 6 --ckpt-keep 1`, then resumed by it to
  * step 12 with the flags below; its params_sha256 then. */
 typedef struct compat_case {
     const char *dir;

@@ -1,7 +1,7 @@
 /* ckpt.h - tally's checkpoint files: the format (below), a streaming writer with an atomic commit
  * protocol, and a loader that maps a file and verifies every byte before anything is used. */
-#ifndef TALLY_TRAIN_CKPT_H
-#define TALLY_TRAIN_CKPT_H
+#ifndef TALLY_CKPT_CKPT_H
+#define TALLY_CKPT_CKPT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* ckpt_int.h - what the checkpoint writer and loader share: little-endian fields, tensor name rules, the
  * name index, file names in DIR, the LATEST manifest, pruning and directory fsync. */
-#ifndef TALLY_TRAIN_CKPT_INT_H
-#define TALLY_TRAIN_CKPT_INT_H
+#ifndef TALLY_CKPT_CKPT_INT_H
+#define TALLY_CKPT_CKPT_INT_H
 
 #include <stddef.h>
 #include <stdint.h>

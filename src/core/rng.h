@@ -1,7 +1,7 @@
 /* rng.h - the trainer's deterministic random numbers (splitmix64 seeding a xoshiro256** stream):
  * the same seed gives the same numbers on every rank and every machine. */
-#ifndef TALLY_TRAIN_RNG_H
-#define TALLY_TRAIN_RNG_H
+#ifndef TALLY_CORE_RNG_H
+#define TALLY_CORE_RNG_H
 
 #include <stdint.h>
 

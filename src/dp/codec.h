@@ -1,7 +1,7 @@
 /* codec.h - gradient compression for the data-parallel engine (--compress): the codec spec, per-bucket
  * state (error-feedback residuals, PowerSGD's factors) and the bucket reducer that replaces an allreduce. */
-#ifndef TALLY_TRAIN_CODEC_H
-#define TALLY_TRAIN_CODEC_H
+#ifndef TALLY_DP_CODEC_H
+#define TALLY_DP_CODEC_H
 
 #include <stddef.h>
 #include <stdint.h>

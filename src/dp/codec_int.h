@@ -1,7 +1,7 @@
 /* codec_int.h - the codec's state as its files share it (dispatch in codec.c, top-k in codec_topk.c,
  * PowerSGD in codec_powersgd.c); not part of any interface. */
-#ifndef TALLY_TRAIN_CODEC_INT_H
-#define TALLY_TRAIN_CODEC_INT_H
+#ifndef TALLY_DP_CODEC_INT_H
+#define TALLY_DP_CODEC_INT_H
 
 #include "codec.h"
 

@@ -1,7 +1,7 @@
 /* guard.h - numerical guards of a training run: non-finite gradients caught where backward makes them
  * and agreed on by every rank before the update, and the replica check that compares parameter hashes. */
-#ifndef TALLY_TRAIN_GUARD_H
-#define TALLY_TRAIN_GUARD_H
+#ifndef TALLY_DP_GUARD_H
+#define TALLY_DP_GUARD_H
 
 #include <tally.h>
 

@@ -1,7 +1,7 @@
 /* opqueue.h - a thread that runs queued communication operations in order, for ZeRO's prefetching
  * and early reductions: the communicator is used by that thread alone while operations are queued. */
-#ifndef TALLY_TRAIN_OPQUEUE_H
-#define TALLY_TRAIN_OPQUEUE_H
+#ifndef TALLY_DP_OPQUEUE_H
+#define TALLY_DP_OPQUEUE_H
 
 #include <pthread.h>
 

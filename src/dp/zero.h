@@ -1,7 +1,7 @@
 /* zero.h - ZeRO stages 1-3 for the trainer: each rank owns 1/N of every layer (its piece; the few
  * elements a layer has beyond a multiple of N, its tail, every rank keeps) and holds state only for it. */
-#ifndef TALLY_TRAIN_ZERO_H
-#define TALLY_TRAIN_ZERO_H
+#ifndef TALLY_DP_ZERO_H
+#define TALLY_DP_ZERO_H
 
 #include <stddef.h>
 #include <tally.h>

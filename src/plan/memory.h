@@ -1,7 +1,7 @@
 /* memory.h - what a training run holds per rank, by ZeRO stage: the formulas the trainer checks
  * --max-mem against before allocating, and that tally plan prints (fp32 model state). */
-#ifndef TALLY_TRAIN_MEMORY_H
-#define TALLY_TRAIN_MEMORY_H
+#ifndef TALLY_PLAN_MEMORY_H
+#define TALLY_PLAN_MEMORY_H
 
 #include <stddef.h>
 #include <tally/optim.h>

@@ -1,7 +1,7 @@
 /* plan.h - the planner behind `tally plan`: per-rank memory for each ZeRO stage, communication per
  * algorithm, step time with and without overlap, Amdahl's law; pure functions, no I/O. */
-#ifndef TALLY_TRAIN_PLAN_H
-#define TALLY_TRAIN_PLAN_H
+#ifndef TALLY_PLAN_PLAN_H
+#define TALLY_PLAN_PLAN_H
 
 #include <stddef.h>
 

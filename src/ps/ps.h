@@ -1,7 +1,7 @@
 /* ps.h - the parameter server of asynchronous training (stale synchronous parallel): its wire frames,
  * the server that holds the master parameters and optimizer state, and the worker's side of it. */
-#ifndef TALLY_TRAIN_PS_H
-#define TALLY_TRAIN_PS_H
+#ifndef TALLY_PS_PS_H
+#define TALLY_PS_PS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -45,7 +45,7 @@ typedef struct train_run {
  * this rank for the guard (train_codec.c). */
 void tally__train_codec_check_overflow(train_run *r, long step);
 
-/* Pieces of the synchronous run (trainer.c) that the asynchronous one (trainer_async.c) shares. */
+/* What the synchronous run (trainer.c) and the asynchronous one (trainer_async.c) share (run_common.c). */
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);
 float tally__train_default_lr(const tally__train_cfg *cfg);
 /* The run's training and test sets (and the linear model's true weights) into r and res; refuses the

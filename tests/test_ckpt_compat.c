@@ -1,6 +1,5 @@
-/* test_ckpt_compat.c - checkpoints written by an earlier tally (format v1, tests/data/ckpt_v1) still
- * load, exactly: each is resumed and trained on, and the final parameters must hash to what that earlier
- * tally reached from the same checkpoint (across world size and ZeRO stage for one of them). */
+/* test_ckpt_compat.c - checkpoints written by an earlier tally (tests/data/ckpt_v1) still load exactly:
+ * resumed, they reach the parameters that tally reached (across world size and ZeRO stage for one). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,5 @@
-/* test_graph.c - the model graph beyond a chain: a value read by two nodes (a residual add) gets the sum
- * of both gradients, and a loss over positions (rows per sample) scores each row; both against central
- * finite differences of the float loss, as test_layers checks each layer. */
+/* test_graph.c - the model graph beyond a chain: a value read twice gets both gradients, and a loss over
+ * positions scores each row; both against central finite differences of the float loss. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,5 @@
-/* state.h - a component's part of a checkpoint (its state dict): named entries with their whole shapes,
- * how it saves them (collective: shards are gathered; the bytes go to rank 0's writer) and how each rank
- * loads back its own part, whatever world size wrote them. The checkpoint code only iterates. */
+/* state.h - a component's state dict: named entries with whole shapes, saved collectively (rank 0
+ * writes) and loaded back by each rank, its own part; the checkpoint code only iterates over them. */
 #ifndef TALLY_CKPT_STATE_H
 #define TALLY_CKPT_STATE_H
 

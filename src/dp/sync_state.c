@@ -1,6 +1,5 @@
-/* sync_state.c - the sync engine's state dict: the optimizer's kind and step, every parameter tensor,
- * the optimizer's state per tensor and the codec's state, all whole (torch.optim's names), saved and
- * loaded through the engine's calls, so it holds for stage 0 and ZeRO 1-3 alike. */
+/* sync_state.c - the sync engine's state dict: the optimizer's kind, step and per-tensor state, the
+ * parameters and the codec's state, whole, through the engine's calls (every stage alike). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

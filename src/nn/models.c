@@ -1,6 +1,5 @@
-/* models.c - the table of models: each one's name (for --model), the data it needs, its defaults and
- * builder. Adding a model is a file with its builder and one line here (and its name in
- * tally__model_kind); the trainer, the checkpoints and the planner ask the table. */
+/* models.c - the table of models: name, data needed, defaults, lr, arch and builder. Adding a model is a
+ * file with its builder and one line here; the trainer, the checkpoints and the planner ask the table. */
 #include <stdio.h>
 #include <string.h>
 

@@ -1,7 +1,5 @@
 /* ckpt_train.c - a training run as a checkpoint: the table of every component's state dict (the run's
- * position and identity here, the sync engine's parameters, optimizer and codec state), written by rank 0
- * while every rank takes part in the gathers, and loaded back by each rank, whatever world size or ZeRO
- * stage wrote it. This file only iterates over the components. */
+ * position and identity here, the sync engine's), written by rank 0, loaded by each rank at any size. */
 #include "ckpt_train.h"
 
 #include <stdio.h>

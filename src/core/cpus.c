@@ -53,3 +53,14 @@ int tally__cpus_move_off(const cpu_set_t *busy, int salt) {
     sched_setaffinity(0, sizeof mine, &mine);
     return to;
 }
+
+#define CROWDING_MOVE_NS 100000u /* yielding to a peer on our CPU this long (summed) before one moves */
+#define CROWDING_GAP_NS 5000000u /* yields further apart than this are different spells */
+
+int tally__crowding_yield(tally__crowding *c, uint64_t now) {
+    c->ns = now - c->at > CROWDING_GAP_NS ? 0 : c->ns + (now - c->at);
+    c->at = now;
+    if (c->ns <= CROWDING_MOVE_NS) return 0;
+    c->ns = 0;
+    return 1;
+}

@@ -5,6 +5,7 @@
 
 #include <sched.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* CPUs in this process's affinity set; the online count when the set cannot be read; at least 1. */
 int tally__cpus_allowed(void);
@@ -18,5 +19,14 @@ unsigned tally__cpus_current(void);
  * thread whose set excludes its CPU, and restoring the set keeps it exactly as bound (or unbound) as
  * its launcher made it. Returns the CPU moved to, or -1 when every CPU of the set is busy. */
 int tally__cpus_move_off(const cpu_set_t *busy, int salt);
+
+/* How long a waiter has been yielding to a peer on its own CPU: yields further apart than 5 ms belong to
+ * different spells and start the sum again. */
+typedef struct tally__crowding {
+    uint64_t ns, at; /* the spell's idle time so far, and tally__now_ns() of its latest yield */
+} tally__crowding;
+/* Counts one more such yield, now. 1 when the spell has lasted 0.1 ms: time for one of the two to move
+ * (the count starts again). */
+int tally__crowding_yield(tally__crowding *c, uint64_t now);
 
 #endif

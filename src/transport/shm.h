@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/cpus.h"
 #include "transport.h"
 
 #define SHM_LINE 64
@@ -101,8 +102,7 @@ typedef struct shm_tp {
     shm_wait_rec *wait;    /* [n] */
     shm_word32 *oncpu;     /* [n] the CPU rank r last ran on + 1 (0: not known), written by r */
     uint32_t mycpu;        /* what oncpu[me] holds */
-    uint64_t crowded_ns;   /* idle time spent yielding to a peer on our CPU since we last moved */
-    uint64_t crowded_at;   /* tally__now_ns() of the latest such yield */
+    tally__crowding crowding; /* yielding to a peer on our CPU since we last moved */
     int published;         /* our fault is in rec[me] */
     uint64_t *tx;          /* [n] slot uses posted to each peer */
     uint64_t *tx_free;     /* [n] last seen consumed counter of each outgoing channel */

@@ -7,11 +7,6 @@
 #include "../core/log.h"
 #include "shm.h"
 
-/* Yielding to a peer on our CPU this long (idle time, summed) before we move away from it. */
-#define SHM_CROWDED_MOVE_NS 100000u
-/* Two idle yields further apart than this belong to different spells: the sum starts again. */
-#define SHM_CROWDED_GAP_NS 5000000u
-
 void tally__shm_note_cpu(shm_tp *t) {
     uint32_t v = tally__cpus_current();
     if (v == t->mycpu) return; /* a store only on a move: the line stays shared in the readers' caches */
@@ -61,14 +56,7 @@ int tally__shm_crowded(shm_xchg *x) {
     if (!t->mycpu) return 0;
     int p = shm_peer_here(x);
     if (p < 0) return 0;
-    uint64_t now = tally__now_ns();
-    if (now - t->crowded_at > SHM_CROWDED_GAP_NS) t->crowded_ns = 0;
-    else t->crowded_ns += now - t->crowded_at;
-    t->crowded_at = now;
     /* Of two ranks on one CPU the higher one moves, so they do not both land on the same free CPU. */
-    if (p < t->me && t->crowded_ns > SHM_CROWDED_MOVE_NS) {
-        t->crowded_ns = 0;
-        shm_move_off(t);
-    }
+    if (tally__crowding_yield(&t->crowding, tally__now_ns()) && p < t->me) shm_move_off(t);
     return 1;
 }

@@ -7,9 +7,6 @@
 #include "../core/log.h"
 #include "tcp_int.h"
 
-#define TCP_CROWDED_MOVE_NS 100000u /* yielding to a peer on our CPU this long (summed) before we move */
-#define TCP_CROWDED_GAP_NS 5000000u /* yields further apart than this are different spells: start again */
-
 /* Every CPU a local peer last sent from, and ours: the ones a move must avoid. */
 static void tcp_move_off(tally__tcp_tp *t) {
     cpu_set_t used;
@@ -28,14 +25,7 @@ static void tcp_move_off(tally__tcp_tp *t) {
 int tally__tcp_peer_here(tally__tcp_tp *t, int peer) {
     const tally__tcp_conn *c = &t->conns[peer];
     if (!t->mycpu || !c->local || c->cpu != t->mycpu) return 0;
-    uint64_t now = tally__now_ns();
-    if (now - t->crowded_at > TCP_CROWDED_GAP_NS) t->crowded_ns = 0;
-    else t->crowded_ns += now - t->crowded_at;
-    t->crowded_at = now;
     /* Of two ranks on one CPU the higher one moves, so they do not both land on the same free CPU. */
-    if (peer < t->base.ctx.rank && t->crowded_ns > TCP_CROWDED_MOVE_NS) {
-        t->crowded_ns = 0;
-        tcp_move_off(t);
-    }
+    if (tally__crowding_yield(&t->crowding, tally__now_ns()) && peer < t->base.ctx.rank) tcp_move_off(t);
     return 1;
 }

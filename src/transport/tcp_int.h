@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../core/cpus.h"
 #include "../core/sig.h"
 #include "transport.h"
 
@@ -60,7 +61,7 @@ typedef struct tally__tcp_tp {
     int stalled;               /* this exchange told the peers it waits (they must hear when it stops) */
     int fault_told;            /* our fault went out as FAULT frames */
     uint32_t mycpu;            /* our CPU + 1 at the start of this exchange (0 unknown): sent in aux */
-    uint64_t crowded_ns, crowded_at; /* yielding to a peer on our CPU: for how long, and the latest */
+    tally__crowding crowding;  /* yielding to a peer on our CPU since we last moved */
 } tally__tcp_tp;
 
 /* What a receiver expecting a `want`-byte message of the collective `mine` makes of the next header

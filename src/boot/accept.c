@@ -120,7 +120,8 @@ static int acc_advance(tally__acceptor *a, tally__acc_conn *c) {
     }
 }
 
-int tally__acc_evict(tally__acceptor *a, const char *why) {
+/* Makes room by refusing the oldest connection that has not proved the token; 0 when none is left. */
+static int acc_evict(tally__acceptor *a, const char *why) {
     for (int i = 0; i < a->npend; i++) {
         if (a->pend[i].stage > 1) continue; /* it proved the token: one of the job's, never evicted */
         tally__acc_drop(a, &a->pend[i], "%s", why);
@@ -140,7 +141,7 @@ static void acc_accept_failed(tally__acceptor *a, int err) {
         return;
     }
     int missing = a->u.missing(a->u.arg);
-    if (a->npend > missing && tally__acc_evict(a, "out of file descriptors, and the ranks still expected come first"))
+    if (a->npend > missing && acc_evict(a, "out of file descriptors, and the ranks still expected come first"))
         return;
     if (a->u.out_of_fds(a->u.arg, err)) a->listen_off = 1;
 }
@@ -148,7 +149,7 @@ static void acc_accept_failed(tally__acceptor *a, int err) {
 static void acc_accept(tally__acceptor *a) {
     while (!a->listen_off && a->npend < a->cap) {
         if (a->npend >= a->strangers + a->u.missing(a->u.arg) &&
-            !tally__acc_evict(a, "too many connections were authenticating at once (a flood?); the oldest gave way")) {
+            !acc_evict(a, "too many connections were authenticating at once (a flood?); the oldest gave way")) {
             a->listen_off = 1; /* all pending are the job's: they finish within a round or two */
             return;
         }

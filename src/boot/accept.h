@@ -64,7 +64,5 @@ int tally__acc_handle(tally__acceptor *a, const struct pollfd *pfd);
 /* A reply of a few bytes on a fresh socket, whole or not at all (0 / -1): its buffer always has room,
  * so a peer that leaves none is not one of ours and is not waited for. */
 int tally__acc_put(int fd, const void *p, size_t n);
-/* Makes room by refusing the oldest connection that has not proved the token; 0 when none is left. */
-int tally__acc_evict(tally__acceptor *a, const char *why);
 
 #endif

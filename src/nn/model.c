@@ -26,20 +26,34 @@ int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
 
 /* Bytes model_alloc_buffers allocates for activations at batch B (both passes, pool winners, softmax,
  * the shared im2col scratch), without allocating. */
+/* Floats of the im2col scratch the conv ops share at batch B. */
+static size_t model_scratch_floats(const tally__model *m, int B) {
+    size_t scratch = 0;
+    for (int i = 0; i < m->nops; i++) {
+        if (m->op[i].kind != TALLY__OP_CONV) continue;
+        size_t sc = tally_conv2d_scratch_floats(&m->op[i].conv, B);
+        if (sc > scratch) scratch = sc;
+    }
+    return scratch;
+}
+
+/* Floats per sample of dtmp: the largest value read by more than one node (0: none is). */
+static size_t model_dtmp_floats(const tally__model *m) {
+    size_t tmp = 0;
+    for (int v = 1; v < m->nvalues; v++)
+        if (m->readers[v] > 1 && m->value_n[v] > tmp) tmp = m->value_n[v];
+    return tmp;
+}
+
 static size_t model_activation_bytes(const tally__model *m, int B) {
-    size_t bytes = 0, scratch = 0, tmp = 0;
+    size_t bytes = 0;
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
         size_t out = (size_t)B * m->value_n[op->dst];
         bytes += 2 * out * sizeof(float) + (op->kind == TALLY__OP_POOL ? out * sizeof(int32_t) : 0);
-        if (op->kind == TALLY__OP_CONV) {
-            size_t sc = tally_conv2d_scratch_floats(&op->conv, B);
-            if (sc > scratch) scratch = sc;
-        }
     }
-    for (int v = 1; v < m->nvalues; v++)
-        if (m->readers[v] > 1 && m->value_n[v] > tmp) tmp = m->value_n[v];
-    return bytes + (size_t)B * m->value_n[m->nvalues - 1] * sizeof(float) + (scratch + (size_t)B * tmp) * sizeof(float);
+    return bytes + (size_t)B * m->value_n[m->nvalues - 1] * sizeof(float) +
+           (model_scratch_floats(m, B) + (size_t)B * model_dtmp_floats(m)) * sizeof(float);
 }
 
 static int model_alloc_flat(tally__model *m, const tally__mem_source *src, int flags) {
@@ -71,7 +85,6 @@ nomem:
 }
 
 static int model_alloc_buffers(tally__model *m, int B) {
-    size_t scratch = 0, tmp = 0;
     m->act[0] = NULL; /* the caller's input batch */
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
@@ -79,17 +92,10 @@ static int model_alloc_buffers(tally__model *m, int B) {
         m->act[op->dst] = tally__alloc_zeroed(out * sizeof(float));
         m->dact[op->dst] = tally__alloc_zeroed(out * sizeof(float));
         if (!m->act[op->dst] || !m->dact[op->dst]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
-        if (op->kind == TALLY__OP_POOL) {
-            m->argmax[i] = tally__alloc_zeroed(out * sizeof(int32_t));
-            if (!m->argmax[i]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
-        }
-        if (op->kind == TALLY__OP_CONV) {
-            size_t s = tally_conv2d_scratch_floats(&op->conv, B);
-            if (s > scratch) scratch = s;
-        }
+        if (op->kind == TALLY__OP_POOL && !(m->argmax[i] = tally__alloc_zeroed(out * sizeof(int32_t))))
+            return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
     }
-    for (int v = 1; v < m->nvalues; v++)
-        if (m->readers[v] > 1 && m->value_n[v] > tmp) tmp = m->value_n[v];
+    size_t scratch = model_scratch_floats(m, B), tmp = model_dtmp_floats(m);
     m->probs = tally__alloc_zeroed((size_t)B * m->value_n[m->nvalues - 1] * sizeof(float));
     m->scratch = scratch ? tally__alloc_zeroed(scratch * sizeof(float)) : NULL;
     m->dtmp = tmp ? tally__alloc_zeroed((size_t)B * tmp * sizeof(float)) : NULL;

@@ -13,7 +13,8 @@
 #include "../core/err.h"
 #include "trainer_int.h"
 
-float tally__train_default_lr(const tally__train_cfg *cfg) {
+/* --lr, or the optimizer's default for this model. */
+static float train_default_lr(const tally__train_cfg *cfg) {
     if (cfg->lr > 0) return cfg->lr;
     if (cfg->optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
     const tally__model_info *info = tally__model_info_of(cfg->model);
@@ -50,7 +51,7 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
 
 int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers) {
     const tally__train_cfg *cfg = r->cfg;
-    float lr = tally__train_default_lr(cfg);
+    float lr = train_default_lr(cfg);
     long total = r->steps_per_epoch * cfg->epochs;
     if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
     r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, workers) : lr,

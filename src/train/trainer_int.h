@@ -47,7 +47,6 @@ void tally__train_codec_check_overflow(train_run *r, long step);
 
 /* What the synchronous run (trainer.c) and the asynchronous one (trainer_async.c) share (run_common.c). */
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);
-float tally__train_default_lr(const tally__train_cfg *cfg);
 /* The run's training and test sets (and the linear model's true weights) into r and res; refuses the
  * cnn without image data. */
 int tally__train_load_data(train_run *r, tally__train_result *res);

@@ -99,6 +99,7 @@ static int run_load(void *arg, const tally__ckpt *ck) {
 
 typedef struct ck_parts {
     tally__state p[2];
+    int count[2];            /* each one's entries, asked once */
     int n;
 } ck_parts;
 
@@ -106,6 +107,7 @@ static void ck_parts_of(train_run *r, ck_parts *out) {
     out->p[0] = (tally__state){.arg = r, .count = run_count, .entry = run_entry, .save = run_save, .load = run_load};
     tally__sync_state(&r->sync, &out->p[1]);
     out->n = 2;
+    for (int i = 0; i < out->n; i++) out->count[i] = out->p[i].count(out->p[i].arg);
 }
 
 /* ---- saving ---- */
@@ -133,12 +135,12 @@ static void ck_put(void *arg, int index, const void *p, size_t bytes) {
 
 /* Every component's entries, one after another. */
 static int ck_table_make(train_run *r, const ck_parts *parts, ck_save *s) {
-    for (int i = 0; i < parts->n; i++) s->count += parts->p[i].count(parts->p[i].arg);
+    for (int i = 0; i < parts->n; i++) s->count += parts->count[i];
     s->t = calloc((size_t)s->count, sizeof *s->t);
     s->names = calloc((size_t)s->count, sizeof *s->names);
     if (!s->t || !s->names) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
     for (int i = 0, k = 0; i < parts->n; i++)
-        for (int j = 0, n = parts->p[i].count(parts->p[i].arg); j < n; j++, k++) {
+        for (int j = 0; j < parts->count[i]; j++, k++) {
             parts->p[i].entry(parts->p[i].arg, j, s->names[k], sizeof s->names[k], &s->t[k]);
             s->t[k].name = s->names[k];
         }
@@ -170,7 +172,7 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
     if (!rc && r->rank == 0)
         ck_write_failed(&s, tally__ckpt_write_begin(r->cfg->ckpt_dir, steps_done, s.t, s.count, &s.w));
     tally__state_sink sink = {.put = ck_put, .arg = &s};
-    for (int i = 0, first = 0; i < parts.n && !rc; first += parts.p[i].count(parts.p[i].arg), i++)
+    for (int i = 0, first = 0; i < parts.n && !rc; first += parts.count[i], i++)
         rc = parts.p[i].save(parts.p[i].arg, first, &sink);
     if (r->rank == 0 && s.w) {
         if (rc || s.wrc) {

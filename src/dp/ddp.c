@@ -1,5 +1,5 @@
 /* ddp.c - the data-parallel engine: gradient buckets (views into the flat buffer, last layers first),
- * reduced in a fixed order on a thread of their own while backward goes on; accumulation; averaging. */
+ * reduced in a fixed order on the communication thread (opqueue.c) while backward goes on; averaging. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "opqueue.h"
 
 #define DDP_DEFAULT_BUCKET_BYTES (25u << 20)
 
@@ -22,7 +23,7 @@ struct tally_ddp {
     float *grad;
     int size;            /* world size */
     int accum;
-    int overlap;         /* reductions on the engine thread while backward runs */
+    int overlap;         /* reductions on the communication thread while backward runs */
     int (*reduce)(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
     void *reduce_arg;    /* the caller's bucket reducer (NULL: plain allreduce) */
     int nlayers, nbuckets;
@@ -32,18 +33,11 @@ struct tally_ddp {
 
     int micro;           /* micro-batch index within the step */
     int begun, sync;     /* inside a micro-batch; it is the step's last */
+    int posted;          /* buckets of the step in flight handed to the queue (they go in index order) */
+    int queue_open;
+    tally__opq q;        /* the communication thread (or, without overlap, inline in tally_ddp_wait) */
 
-    pthread_t thread;
-    int thread_started;
-    pthread_mutex_t mu;
-    pthread_cond_t work, done_cv;
-    int in_flight;       /* a step's buckets may be reduced */
-    int busy;            /* a thread is reducing bucket `done` */
-    int done;            /* buckets reduced so far in the step in flight (they go in index order) */
-    int stop;
-    int err;             /* sticky: the first failed reduction */
-    char errmsg[1024];
-
+    pthread_mutex_t mu;  /* the counters below: the queue's operations add, tally_ddp_get_stats reads */
     double comm_s, wait_s;
     unsigned long long bytes_sent, reductions;
 };
@@ -70,49 +64,18 @@ static int ddp_reduce_bucket(tally_ddp *d, int k, double *secs, unsigned long lo
     return rc;
 }
 
-/* Called with mu held: keeps the first error's message for the thread that will wait. */
-static void ddp_record_error(tally_ddp *d, int rc) {
-    if (d->err) return;
-    d->err = rc;
-    snprintf(d->errmsg, sizeof d->errmsg, "%s", tally_last_error());
-}
-
-static int ddp_bucket_launchable(const tally_ddp *d) {
-    return d->in_flight && !d->busy && d->done < d->nbuckets && d->bucket[d->done].remaining == 0;
-}
-
-/* With mu held and the next bucket launchable: reduces it with mu released (only one thread reduces
- * at a time: `busy`), then publishes the result. Either the engine thread or the waiter calls it. */
-static void ddp_take_bucket(tally_ddp *d) {
-    int k = d->done, prior = d->err;
-    d->busy = 1;
-    pthread_mutex_unlock(&d->mu);
+/* The queue's operation: bucket k, on the communication thread or on the waiter. */
+static int ddp_op_reduce(void *ctx, int k, int unused) {
+    tally_ddp *d = ctx;
     double secs = 0;
     unsigned long long bytes = 0;
-    int rc = prior ? prior : ddp_reduce_bucket(d, k, &secs, &bytes);
+    int rc = ddp_reduce_bucket(d, k, &secs, &bytes);
+    if (rc) return rc;
     pthread_mutex_lock(&d->mu);
-    d->busy = 0;
-    if (rc) {
-        ddp_record_error(d, rc);
-        d->done = d->nbuckets; /* nothing more this step: the waiter returns the error */
-    } else {
-        d->comm_s += secs;
-        d->bytes_sent += bytes;
-        d->done++;
-    }
-    pthread_cond_broadcast(&d->done_cv);
-}
-
-static void *ddp_thread(void *arg) {
-    tally_ddp *d = arg;
-    pthread_mutex_lock(&d->mu);
-    for (;;) {
-        while (!d->stop && !ddp_bucket_launchable(d)) pthread_cond_wait(&d->work, &d->mu);
-        if (d->stop) break;
-        ddp_take_bucket(d);
-    }
+    d->comm_s += secs;
+    d->bytes_sent += bytes;
     pthread_mutex_unlock(&d->mu);
-    return NULL;
+    return 0;
 }
 
 static int ddp_check_layout(const size_t *off, int nlayers, size_t count) {
@@ -172,17 +135,10 @@ TALLY_API int tally_ddp_create(tally_comm *comm, float *grad, size_t count, cons
     size_t bucket_bytes = o.bucket_bytes ? o.bucket_bytes : DDP_DEFAULT_BUCKET_BYTES;
     size_t bucket_elems = (bucket_bytes + sizeof(float) - 1) / sizeof(float);
     pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->work, NULL);
-    pthread_cond_init(&d->done_cv, NULL);
     if ((rc = ddp_make_buckets(d, offsets, bucket_elems))) goto fail;
-    if (d->overlap) {
-        if ((rc = pthread_create(&d->thread, NULL, ddp_thread, d))) {
-            rc = tally__seterr(TALLY_E_SYSTEM, "tally_ddp_create: cannot start the engine thread: %s",
-                               strerror(rc));
-            goto fail;
-        }
-        d->thread_started = 1;
-    }
+    rc = tally__opq_init(&d->q, d, d->overlap);
+    d->queue_open = 1; /* initialised even when the thread failed to start */
+    if (rc) goto fail;
     *out = d;
     return 0;
 fail:
@@ -192,15 +148,7 @@ fail:
 
 TALLY_API int tally_ddp_free(tally_ddp *d) {
     if (!d) return 0;
-    if (d->thread_started) {
-        pthread_mutex_lock(&d->mu);
-        d->stop = 1;
-        pthread_cond_broadcast(&d->work);
-        pthread_mutex_unlock(&d->mu);
-        pthread_join(d->thread, NULL);
-    }
-    pthread_cond_destroy(&d->done_cv);
-    pthread_cond_destroy(&d->work);
+    if (d->queue_open) tally__opq_free(&d->q);
     pthread_mutex_destroy(&d->mu);
     free(d->bucket);
     free(d->layer_bucket);
@@ -213,32 +161,33 @@ TALLY_API int tally_ddp_sync_params(tally_comm *comm, float *params, size_t coun
     return tally_broadcast(comm, params, count, TALLY_F32, 0);
 }
 
-static int ddp_error(tally_ddp *d) { return tally__seterr(d->err, "%s", d->errmsg); }
-
 TALLY_API int tally_ddp_begin(tally_ddp *d) {
     if (!d) return tally__seterr(TALLY_E_INVALID, "tally_ddp_begin: engine is NULL");
-    if (d->err) return ddp_error(d);
+    int rc = tally__opq_failed(&d->q);
+    if (rc) return rc;
     if (d->begun)
         return tally__seterr(TALLY_E_INVALID, "tally_ddp_begin: the previous micro-batch was not ended with "
                                               "tally_ddp_wait");
     d->begun = 1;
     d->sync = d->micro == d->accum - 1;
     if (!d->sync) return 0;
-    pthread_mutex_lock(&d->mu);
     for (int k = 0; k < d->nbuckets; k++) d->bucket[k].remaining = d->bucket[k].layers;
     memset(d->layer_ready, 0, (size_t)d->nlayers);
-    d->done = 0;
-    d->in_flight = 1;
-    pthread_mutex_unlock(&d->mu);
+    d->posted = 0;
     return 1;
 }
 
-/* With mu held. Returns nonzero when this made the next bucket in line launchable. */
-static int ddp_mark_ready(tally_ddp *d, int layer) {
-    if (d->layer_ready[layer]) return 0;
+/* Hands every bucket whose layers are all ready, in index order, to the queue. An error is the
+ * queue's: it stays there for tally_ddp_wait to report. */
+static void ddp_post_ready(tally_ddp *d) {
+    while (d->posted < d->nbuckets && d->bucket[d->posted].remaining == 0)
+        if (tally__opq_post(&d->q, ddp_op_reduce, d->posted++, 0) < 0) d->posted = d->nbuckets;
+}
+
+static void ddp_mark_ready(tally_ddp *d, int layer) {
+    if (d->layer_ready[layer]) return;
     d->layer_ready[layer] = 1;
-    int k = d->layer_bucket[layer];
-    return --d->bucket[k].remaining == 0 && k == d->done;
+    d->bucket[d->layer_bucket[layer]].remaining--;
 }
 
 TALLY_API int tally_ddp_layer_ready(tally_ddp *d, int layer) {
@@ -249,47 +198,9 @@ TALLY_API int tally_ddp_layer_ready(tally_ddp *d, int layer) {
     if (!d->begun)
         return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: call tally_ddp_begin first");
     if (!d->sync || !d->overlap) return 0; /* accumulating locally, or everything waits for the end */
-    pthread_mutex_lock(&d->mu);
-    if (ddp_mark_ready(d, layer)) pthread_cond_signal(&d->work);
-    pthread_mutex_unlock(&d->mu);
+    ddp_mark_ready(d, layer);
+    ddp_post_ready(d);
     return 0;
-}
-
-/* No engine thread: every bucket in order on the caller's thread, after backward. */
-static int ddp_reduce_inline(tally_ddp *d) {
-    for (int k = 0; k < d->nbuckets; k++) {
-        double secs;
-        unsigned long long bytes;
-        int rc = ddp_reduce_bucket(d, k, &secs, &bytes);
-        if (rc) {
-            ddp_record_error(d, rc);
-            return rc;
-        }
-        d->comm_s += secs;
-        d->wait_s += secs;
-        d->bytes_sent += bytes;
-    }
-    return 0;
-}
-
-/* What backward left unreduced the waiter reduces itself: handing it to the engine thread would only
- * add two thread switches (on a busy core, a scheduling delay each) to a wait that has nothing else
- * to do. A bucket the engine thread is reducing is waited for. */
-static int ddp_wait_thread(tally_ddp *d) {
-    pthread_mutex_lock(&d->mu);
-    for (int l = d->nlayers - 1; l >= 0; l--) ddp_mark_ready(d, l);
-    uint64_t t0 = tally__now_ns();
-    while (d->done < d->nbuckets) {
-        if (ddp_bucket_launchable(d))
-            ddp_take_bucket(d);
-        else
-            pthread_cond_wait(&d->done_cv, &d->mu);
-    }
-    d->wait_s += (double)(tally__now_ns() - t0) * 1e-9;
-    d->in_flight = 0;
-    int rc = d->err;
-    pthread_mutex_unlock(&d->mu);
-    return rc;
 }
 
 TALLY_API int tally_ddp_wait(tally_ddp *d) {
@@ -301,11 +212,19 @@ TALLY_API int tally_ddp_wait(tally_ddp *d) {
         return 0;
     }
     d->micro = 0;
-    if (d->err) return ddp_error(d);
-    int rc = d->overlap ? ddp_wait_thread(d) : ddp_reduce_inline(d);
-    if (rc) return ddp_error(d);
-    d->reductions++;
-    return 0;
+    int rc = tally__opq_failed(&d->q);
+    if (rc) return rc;
+    /* A layer never marked is reduced now; without a thread every bucket runs here, in order. */
+    uint64_t t0 = tally__now_ns();
+    for (int l = d->nlayers - 1; l >= 0; l--) ddp_mark_ready(d, l);
+    ddp_post_ready(d);
+    rc = tally__opq_drain(&d->q);
+    double waited = (double)(tally__now_ns() - t0) * 1e-9;
+    pthread_mutex_lock(&d->mu);
+    d->wait_s += waited;
+    if (!rc) d->reductions++;
+    pthread_mutex_unlock(&d->mu);
+    return rc;
 }
 
 TALLY_API void tally_ddp_get_stats(const tally_ddp *d, tally_ddp_stats *out) {

@@ -1,4 +1,4 @@
-/* opqueue.c - the communication thread behind ZeRO's overlap: operations run one at a time in the
+/* opqueue.c - the communication thread behind both sync engines: operations run one at a time in the
  * order posted (every rank posts the same sequence, so collectives match), tickets say what is done. */
 #include "opqueue.h"
 
@@ -8,25 +8,41 @@
 #include "../core/clock.h"
 #include "../core/err.h"
 
+/* Called with mu held. Keeps the first error and its message for whoever waits. */
+static void opq_record(tally__opq *q, int rc) {
+    if (!rc || q->err || q->stop) return;
+    q->err = rc;
+    snprintf(q->errmsg, sizeof q->errmsg, "%s", tally_last_error());
+}
+
+/* With mu held, op[head] queued and nobody running it: runs it with mu released, whichever thread
+ * calls. After an error, or once the owner is tearing down, the rest are skipped, not run. */
+static void opq_run_head(tally__opq *q) {
+    int i = (int)(q->head % TALLY__OPQ_CAP), prior = q->err ? q->err : q->stop ? TALLY_E_ABORTED : 0;
+    tally__op_fn fn = q->op[i].fn;
+    int a = q->op[i].a, b = q->op[i].b;
+    q->busy = 1;
+    pthread_mutex_unlock(&q->mu);
+    int rc = prior ? prior : fn(q->ctx, a, b);
+    pthread_mutex_lock(&q->mu);
+    opq_record(q, rc);
+    q->busy = 0;
+    q->head++;
+    pthread_cond_broadcast(&q->finished);
+    if (q->head < q->tail) pthread_cond_signal(&q->posted); /* the thread may wait for busy to clear */
+}
+
 static void *opq_thread(void *arg) {
     tally__opq *q = arg;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        while (!q->stop && q->head == q->tail) pthread_cond_wait(&q->posted, &q->mu);
-        if (q->head == q->tail) break; /* stopping, and nothing left to run */
-        /* after an error, or once the owner is tearing down, the rest are skipped, not run */
-        int i = (int)(q->head % TALLY__OPQ_CAP), prior = q->err ? q->err : q->stop ? TALLY_E_ABORTED : 0;
-        tally__op_fn fn = q->op[i].fn;
-        int a = q->op[i].a, b = q->op[i].b;
-        pthread_mutex_unlock(&q->mu);
-        int rc = prior ? prior : fn(q->ctx, a, b);
-        pthread_mutex_lock(&q->mu);
-        if (rc && !q->err && !q->stop) {
-            q->err = rc;
-            snprintf(q->errmsg, sizeof q->errmsg, "%s", tally_last_error());
+        while (!q->stop && (q->head == q->tail || q->busy)) pthread_cond_wait(&q->posted, &q->mu);
+        if (q->busy) { /* stopping while a waiter runs one: let it finish */
+            pthread_cond_wait(&q->finished, &q->mu);
+            continue;
         }
-        q->head++;
-        pthread_cond_broadcast(&q->finished);
+        if (q->head == q->tail) break; /* stopping, and nothing left to run */
+        opq_run_head(q);
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
@@ -65,12 +81,8 @@ long tally__opq_post(tally__opq *q, tally__op_fn fn, int a, int b) {
     if (!q->started) { /* inline: the same order, no thread */
         if (q->err) return opq_error(q);
         int rc = fn(q->ctx, a, b);
-        if (rc) {
-            q->err = rc;
-            snprintf(q->errmsg, sizeof q->errmsg, "%s", tally_last_error());
-            return rc;
-        }
-        return q->tail++;
+        opq_record(q, rc);
+        return rc ? rc : q->tail++;
     }
     pthread_mutex_lock(&q->mu);
     while (q->tail - q->head >= TALLY__OPQ_CAP && !q->err) pthread_cond_wait(&q->finished, &q->mu);
@@ -92,7 +104,12 @@ int tally__opq_wait(tally__opq *q, long ticket) {
     if (ticket < 0) return 0;
     uint64_t t0 = tally__now_ns();
     pthread_mutex_lock(&q->mu);
-    while (q->head <= ticket) pthread_cond_wait(&q->finished, &q->mu);
+    while (q->head <= ticket) {
+        if (!q->busy)
+            opq_run_head(q);
+        else
+            pthread_cond_wait(&q->finished, &q->mu);
+    }
     int rc = q->err;
     pthread_mutex_unlock(&q->mu);
     q->wait_s += (double)(tally__now_ns() - t0) * 1e-9;
@@ -105,4 +122,11 @@ int tally__opq_drain(tally__opq *q) {
     long last = q->tail - 1;
     pthread_mutex_unlock(&q->mu);
     return last < 0 ? (q->err ? opq_error(q) : 0) : tally__opq_wait(q, last);
+}
+
+int tally__opq_failed(tally__opq *q) {
+    pthread_mutex_lock(&q->mu);
+    int rc = q->err;
+    pthread_mutex_unlock(&q->mu);
+    return rc ? opq_error(q) : 0;
 }

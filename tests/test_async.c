@@ -22,8 +22,8 @@
 
 static tally__train_cfg acfg(tally_optim_kind opt) {
     tally__train_cfg c = tr_small_cfg(4096, STEPS, 5);
-    tally_optim_cfg_default(&c.optim, opt);
-    c.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;
+    tally_optim_cfg_default(&c.opt.optim, opt);
+    c.opt.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;
     return c;
 }
 
@@ -35,11 +35,11 @@ static void test_bsp_equals_sync(void) {
         for (int o = 0; o < 2; o++) {
             char what[96];
             tally__train_cfg c = acfg(opts[o]);
-            c.warmup_steps = 5; /* the server must take each round's rate from the schedule */
-            c.decay = TALLY_DECAY_COSINE;
+            c.opt.warmup_steps = 5; /* the server must take each round's rate from the schedule */
+            c.opt.decay = TALLY_DECAY_COSINE;
             snprintf(what, sizeof what, "sync %s n=%d", tally_optim_name(opts[o]), n);
             if (tr_train_on("shm", n, &c, g_ref, what)) continue;
-            c.async = 1;
+            c.async.enabled = 1;
             snprintf(what, sizeof what, "async S=0 %s n=%d", tally_optim_name(opts[o]), n);
             if (tr_train_on("shm", n, &c, g_got, what)) continue;
             double d = tr_max_rel_diff(g_got, g_ref, P_MLP);
@@ -57,8 +57,8 @@ static void test_bsp_equals_sync(void) {
 static void test_bound_under_straggler(void) {
     const long S = 2;
     tally__train_cfg c = acfg(TALLY_OPTIM_SGD);
-    c.async = 1;
-    c.staleness = S;
+    c.async.enabled = 1;
+    c.async.staleness = S;
     c.straggler_rank = 1;
     c.straggler_ms = 20;
     c.max_steps = th_light() ? 12 : 20;
@@ -85,10 +85,10 @@ static void test_bound_under_straggler(void) {
 
 static void test_dedicated(void) {
     tally__train_cfg c = acfg(TALLY_OPTIM_ADAMW);
-    c.async = 1;
-    c.staleness = 1;
-    c.ps_dedicated = 1;
-    c.stale_lr = TALLY__STALE_LR_NONE;
+    c.async.enabled = 1;
+    c.async.staleness = 1;
+    c.async.ps_dedicated = 1;
+    c.async.stale_lr = TALLY__STALE_LR_NONE;
     if (tr_train_on("tcp", 3, &c, NULL, "async S=1 --ps n=3")) return;
     const tally__train_result *r = &tr->res[0];
     TH_CHECK(r->workers == 2 && r->ps_pushes == 2 * STEPS && r->ps_updates == 2 * STEPS && r->max_staleness <= 1,
@@ -99,9 +99,9 @@ static void test_dedicated(void) {
 /* A shared quota: the steps x workers gradients in all, the fast workers computing more of them. */
 static void test_shared_quota(void) {
     tally__train_cfg c = acfg(TALLY_OPTIM_SGD);
-    c.async = 1;
-    c.staleness = 8;
-    c.shared_quota = 1;
+    c.async.enabled = 1;
+    c.async.staleness = 8;
+    c.async.shared_quota = 1;
     c.straggler_rank = 1;
     c.straggler_ms = 20;
     c.max_steps = 20;
@@ -247,8 +247,8 @@ static int kill_rank(int rank, int size, void *arg) {
 static void test_killed_rank(void) {
     if (!g_kill) g_kill = th_shared_alloc(sizeof *g_kill);
     tally__train_cfg c = acfg(TALLY_OPTIM_SGD);
-    c.async = 1;
-    c.staleness = 2;
+    c.async.enabled = 1;
+    c.async.staleness = 2;
     c.straggler_rank = 1;
     c.straggler_ms = 5;
     static tally__train_faults kill = {.kill_rank = 2, .kill_step = 8}; /* read in the forked ranks */

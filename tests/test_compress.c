@@ -23,13 +23,13 @@
 
 static tally__train_cfg ccfg(const char *codec, int ef, int zero, int accum, int no_overlap) {
     tally__train_cfg c = tr_small_cfg(4096, STEPS, 3);
-    c.accum = accum;
-    c.zero = zero;
-    c.no_overlap = no_overlap;
-    c.bucket_mb = 0.02; /* several buckets: per-bucket state and order matter */
-    c.lr = 0.02f;
-    tally__codec_parse(codec, &c.codec);
-    c.codec.error_feedback = ef;
+    c.sync.accum = accum;
+    c.sync.zero = zero;
+    c.sync.no_overlap = no_overlap;
+    c.sync.bucket_mb = 0.02; /* several buckets: per-bucket state and order matter */
+    c.opt.lr = 0.02f;
+    tally__codec_parse(codec, &c.sync.codec);
+    c.sync.codec.error_feedback = ef;
     return c;
 }
 
@@ -136,17 +136,17 @@ static void test_refused(void) {
  * rank (f32 takes them all), --nan error stops. */
 static void test_overflow(void) {
     tally__train_cfg c = ccfg("fp16", 1, 0, 1, 0);
-    c.model = TALLY__MODEL_LINEAR;
-    c.data = "linear";
-    c.linear_samples = 2048;
-    c.lr = 2.0f;
+    c.model.kind = TALLY__MODEL_LINEAR;
+    c.data.source = "linear";
+    c.data.linear_samples = 2048;
+    c.opt.lr = 2.0f;
     c.max_steps = 60;
     tally__train_cfg f32 = c;
-    f32.codec.kind = TALLY__CODEC_NONE;
+    f32.sync.codec.kind = TALLY__CODEC_NONE;
     if (!tr_train_on("shm", 2, &f32, NULL, "diverging f32"))
         TH_CHECK(tr->res[0].skipped_steps == 0, "diverging f32 skipped %ld steps", tr->res[0].skipped_steps);
     for (int z = 0; z <= 1; z++) {
-        c.zero = z;
+        c.sync.zero = z;
         if (!tr_train_on("shm", 2, &c, NULL, "diverging fp16"))
             TH_CHECK(tr->res[0].skipped_steps > 0, "fp16 zero %d: an overflowed sum skipped no step", z);
     }
@@ -187,12 +187,12 @@ static void test_resume(const char *codec, int n) {
     straight.max_steps = END;
     if (tr_train_on("shm", n, &straight, g_ref, what)) return;
     tally__train_cfg first = straight, second = straight;
-    first.ckpt_dir = second.ckpt_dir = g_dir;
-    first.ckpt_every = 10;
+    first.ckpt.dir = second.ckpt.dir = g_dir;
+    first.ckpt.every = 10;
     static tally__train_faults halt;
     halt.halt_after = K;
     first.hook = tally__train_faults_hook(&halt);
-    second.resume = 1;
+    second.ckpt.resume = 1;
     if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_got, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
     TH_CHECK(!memcmp(g_ref, g_got, tr->res[0].nparams * sizeof(float)), "%s: differs from the run that never "

@@ -29,8 +29,8 @@ static void test_all_finite(void) {
 
 static tally__train_cfg gcfg(int zero, long steps) {
     tally__train_cfg c = tr_small_cfg(2048, steps, 5);
-    c.zero = zero;
-    tally_optim_cfg_default(&c.optim, zero == 2 ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);
+    c.sync.zero = zero;
+    tally_optim_cfg_default(&c.opt.optim, zero == 2 ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);
     return c;
 }
 

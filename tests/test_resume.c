@@ -22,24 +22,24 @@ static char g_dir[256];
 static tally__train_cfg rcfg(int zero, tally_optim_kind opt, long steps) {
     tally__train_cfg c;
     tally__train_cfg_default(&c);
-    c.nhidden = 2;
-    c.hidden[0] = 20;
-    c.hidden[1] = 21; /* 16361 parameters, a prime: uneven shards at every N */
-    c.data = "synthetic";
-    c.synthetic_train = 2048;
-    c.synthetic_test = 128;
+    c.model.nhidden = 2;
+    c.model.hidden[0] = 20;
+    c.model.hidden[1] = 21; /* 16361 parameters, a prime: uneven shards at every N */
+    c.data.source = "synthetic";
+    c.data.synthetic_train = 2048;
+    c.data.synthetic_test = 128;
     c.epochs = 3;
     c.max_steps = steps;
     c.batch = 8;
     c.eval = 0;
-    c.quiet = 1;
+    c.report.quiet = 1;
     c.seed = 7;
-    c.zero = zero;
-    c.decay = TALLY_DECAY_COSINE;
-    c.warmup_steps = 5;
-    tally_optim_cfg_default(&c.optim, opt);
-    c.lr = opt == TALLY_OPTIM_ADAMW ? 2e-3f : 0.02f;
-    c.ckpt_dir = g_dir;
+    c.sync.zero = zero;
+    c.opt.decay = TALLY_DECAY_COSINE;
+    c.opt.warmup_steps = 5;
+    tally_optim_cfg_default(&c.opt.optim, opt);
+    c.opt.lr = opt == TALLY_OPTIM_ADAMW ? 2e-3f : 0.02f;
+    c.ckpt.dir = g_dir;
     return c;
 }
 
@@ -53,14 +53,14 @@ static void test_exact(int zero, tally_optim_kind opt, int n) {
     snprintf(what, sizeof what, "resume zero %d %s n=%d", zero, tally_optim_name(opt), n);
     th_rm_dir(g_dir);
     tally__train_cfg straight = rcfg(zero, opt, END);
-    straight.ckpt_dir = NULL;
+    straight.ckpt.dir = NULL;
     if (tr_train_on("shm", n, &straight, g_a, what)) return;
     tally__train_cfg first = rcfg(zero, opt, END), second = rcfg(zero, opt, END);
-    first.ckpt_every = 20;
+    first.ckpt.every = 20;
     static tally__train_faults halt; /* read in the forked ranks */
     halt.halt_after = K;
     first.hook = tally__train_faults_hook(&halt);
-    second.resume = 1;
+    second.ckpt.resume = 1;
     if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_b, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
     TH_CHECK(tr->res[0].steps == END - K, "%s: %ld steps after resuming", what, tr->res[0].steps);
@@ -80,7 +80,7 @@ static void test_any_world(int zero) {
             if (n == 1 && z) continue; /* one rank has nothing to shard */
             if (th_light() && !(n == 2 && z == 1) && n != 1) continue;
             tally__train_cfg l = rcfg(z, TALLY_OPTIM_ADAMW, 30);
-            l.resume = 1;
+            l.ckpt.resume = 1;
             char w2[128];
             snprintf(w2, sizeof w2, "%s, loaded at n=%d zero %d", what, n, z);
             if (tr_train_on("shm", n, &l, g_b, w2)) continue;
@@ -90,7 +90,7 @@ static void test_any_world(int zero) {
         }
     /* ... and trains on from there at another world size. */
     tally__train_cfg more = rcfg(1, TALLY_OPTIM_ADAMW, 40);
-    more.resume = 1;
+    more.ckpt.resume = 1;
     if (!tr_train_on("shm", 2, &more, g_b, "train on at n=2 zero 1"))
         TH_CHECK(tr->res[0].steps == 10, "n=4 -> n=2: %ld steps after resuming", tr->res[0].steps);
 }

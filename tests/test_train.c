@@ -21,20 +21,20 @@
 static tally__train_cfg base_cfg(tally__model_kind model, int batch) {
     tally__train_cfg c;
     tally__train_cfg_default(&c);
-    c.model = model;
-    c.nhidden = 2;
-    c.hidden[0] = 64;
-    c.hidden[1] = 32;
-    c.data = "synthetic";
-    c.synthetic_train = 4096;
-    c.synthetic_test = 256;
+    c.model.kind = model;
+    c.model.nhidden = 2;
+    c.model.hidden[0] = 64;
+    c.model.hidden[1] = 32;
+    c.data.source = "synthetic";
+    c.data.synthetic_train = 4096;
+    c.data.synthetic_test = 256;
     c.max_steps = STEPS;
     c.batch = batch;
     c.eval = 0;
-    c.quiet = 1;
+    c.report.quiet = 1;
     c.seed = 7;
-    c.lr = 0.01f;
-    c.bucket_mb = 0.02; /* several buckets, so overlap has something to overlap */
+    c.opt.lr = 0.01f;
+    c.sync.bucket_mb = 0.02; /* several buckets, so overlap has something to overlap */
     c.keep_params = 1;
     return c;
 }
@@ -68,16 +68,16 @@ static void test_equivalence(void) {
     }
     for (int n = 2; n <= 4; n += 2) {
         tally__train_cfg ref = base_cfg(TALLY__MODEL_MLP, 4 * n), cfg = base_cfg(TALLY__MODEL_MLP, 4);
-        tally_optim_cfg_default(&ref.optim, TALLY_OPTIM_ADAMW);
-        tally_optim_cfg_default(&cfg.optim, TALLY_OPTIM_ADAMW);
-        ref.lr = cfg.lr = 1e-3f;
+        tally_optim_cfg_default(&ref.opt.optim, TALLY_OPTIM_ADAMW);
+        tally_optim_cfg_default(&cfg.opt.optim, TALLY_OPTIM_ADAMW);
+        ref.opt.lr = cfg.opt.lr = 1e-3f;
         snprintf(what, sizeof what, "mlp adamw: n=%d batch 4 vs n=1 batch %d", n, 4 * n);
         expect_same(what, "shm", n, &cfg, &ref, ADAMW_TOL);
     }
     tally__train_cfg ref = base_cfg(TALLY__MODEL_MLP, 16), acc = base_cfg(TALLY__MODEL_MLP, 4);
-    acc.accum = 4;
+    acc.sync.accum = 4;
     expect_same("mlp sgd: n=1 accum 4 batch 4 vs batch 16", "shm", 1, &acc, &ref, REL_TOL);
-    acc.accum = 2;
+    acc.sync.accum = 2;
     expect_same("mlp sgd: n=2 accum 2 batch 4 vs n=1 batch 16", "shm", 2, &acc, &ref, REL_TOL);
     tally__train_cfg tcp = base_cfg(TALLY__MODEL_MLP, 8), tref = base_cfg(TALLY__MODEL_MLP, 16);
     expect_same("mlp sgd over tcp: n=2 batch 8 vs n=1 batch 16", "tcp", 2, &tcp, &tref, REL_TOL);
@@ -90,7 +90,7 @@ static void test_equivalence(void) {
 static void test_overlap_identical(void) {
     for (int n = 2; n <= 3; n++) {
         tally__train_cfg on = base_cfg(TALLY__MODEL_MLP, 8), off = on;
-        off.no_overlap = 1;
+        off.sync.no_overlap = 1;
         char what[64];
         snprintf(what, sizeof what, "overlap on/off n=%d", n);
         if (tr_train_on("shm", n, &on, g_ref, what) || tr_train_on("shm", n, &off, g_got, what)) continue;
@@ -104,7 +104,7 @@ static void test_linear_recovers_weights(void) {
     c.max_steps = 0;
     c.epochs = 3;
     c.eval = 1;
-    c.data = "fashion-mnist"; /* ignored by the linear model */
+    c.data.source = "fashion-mnist"; /* ignored by the linear model */
     if (tr_train_on("shm", 2, &c, g_got, "linear")) return;
     TH_CHECK(tr->res[0].true_w_len == 9 && tr->res[0].nparams == 9, "linear: %zu parameters, %d true weights",
              tr->res[0].nparams, tr->res[0].true_w_len);
@@ -120,7 +120,7 @@ static void test_learns(void) {
     c.max_steps = 0;
     c.epochs = 2;
     c.eval = 1;
-    c.synthetic_test = 1000;
+    c.data.synthetic_test = 1000;
     if (tr_train_on("shm", 2, &c, NULL, "mlp learns")) return;
     TH_CHECK(tr->res[0].test_acc > 0.5, "mlp on synthetic data: test accuracy %.3f", tr->res[0].test_acc);
 }

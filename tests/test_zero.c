@@ -23,11 +23,11 @@
 
 static tally__train_cfg zcfg(int zero, tally_optim_kind opt, int accum) {
     tally__train_cfg c = tr_small_cfg(4096, STEPS, 11);
-    c.model = TALLY__MODEL_MLP;
-    c.accum = accum;
-    c.zero = zero;
-    tally_optim_cfg_default(&c.optim, opt);
-    c.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;
+    c.model.kind = TALLY__MODEL_MLP;
+    c.sync.accum = accum;
+    c.sync.zero = zero;
+    tally_optim_cfg_default(&c.opt.optim, opt);
+    c.opt.lr = opt == TALLY_OPTIM_ADAMW ? 1e-3f : 0.01f;
     return c;
 }
 
@@ -59,7 +59,7 @@ static void test_equivalence(void) {
                 TH_CHECK(d <= tol, "%s: max relative difference %.3g > %.0e", what, d, tol);
                 /* the communication thread changes when collectives run, never what they compute */
                 static float serial[TR_MAX_PARAMS];
-                c.no_overlap = 1;
+                c.sync.no_overlap = 1;
                 snprintf(what, sizeof what, "stage %d %s n=%d without overlap", z, on, n);
                 if (!tr_train_on("shm", n, &c, serial, what))
                     TH_CHECK(!memcmp(serial, g_got, PRIME_P * sizeof(float)),
@@ -75,7 +75,7 @@ static void test_accum(void) {
     if (tr_train_on("shm", 3, &ref, g_ref, "accum stage 0")) return;
     for (int z = 1; z <= 3; z++) {
         tally__train_cfg c = ref;
-        c.zero = z;
+        c.sync.zero = z;
         char what[64];
         snprintf(what, sizeof what, "accum 2, stage %d, n=3", z);
         if (tr_train_on("shm", 3, &c, g_got, what)) continue;
@@ -126,13 +126,13 @@ static void test_bytes(void) {
  * than stage 0's replicas. */
 static void test_max_mem(void) {
     tally__train_cfg c = zcfg(0, TALLY_OPTIM_ADAMW, 1);
-    c.nhidden = 4;
-    c.hidden[0] = c.hidden[1] = c.hidden[2] = c.hidden[3] = 512;
+    c.model.nhidden = 4;
+    c.model.hidden[0] = c.model.hidden[1] = c.model.hidden[2] = c.model.hidden[3] = 512;
     tally__model_cfg mc = {.kind = TALLY__MODEL_MLP, .in_dim = 784, .outputs = 10, .nhidden = 4,
                            .hidden = {512, 512, 512, 512}};
     tally__model_desc d;
     TH_CHECK(tally__model_describe(&mc, c.batch, &d) == 0, "describe: %s", tally_last_error());
-    tally__mem_need s0 = tally__mem_predict(&d, 0, 2, &c.optim, 1), s3 = tally__mem_predict(&d, 3, 2, &c.optim, 1);
+    tally__mem_need s0 = tally__mem_predict(&d, 0, 2, &c.opt.optim, 1), s3 = tally__mem_predict(&d, 3, 2, &c.opt.optim, 1);
     TH_CHECK(s0.params + s0.grads + s0.optim == 16 * d.nparams, "stage 0 prediction %zu",
              s0.params + s0.grads + s0.optim);
     TH_CHECK(s3.total < s0.total, "stage 3 predicted %zu, not below stage 0's %zu", s3.total, s0.total);
@@ -149,7 +149,7 @@ static void test_max_mem(void) {
     TH_CHECK(rc == 0, "stage 3 under --max-mem %s: exit %d, %s", limit, rc, err);
     /* what a rank then holds is what was predicted (shards counted as ceil(P/N) there: each layer's
      * tail, under N elements, is the difference) */
-    c.zero = 3;
+    c.sync.zero = 3;
     c.max_mem = (s0.total + s3.total) / 2;
     c.max_steps = 2;
     if (tr_train_on("shm", 2, &c, NULL, "stage 3 under --max-mem")) return;
@@ -166,7 +166,7 @@ static void test_serial_buffers(void) {
     for (int z = 2; z <= 3; z++) {
         tally__train_cfg c = zcfg(z, TALLY_OPTIM_ADAMW, 1);
         c.max_steps = 2;
-        c.no_overlap = 1;
+        c.sync.no_overlap = 1;
         if (tr_train_on("shm", 2, &c, NULL, "serial buffers")) continue;
         size_t want = (z == 3 ? 2 : 1) * largest * sizeof(float);
         TH_CHECK(tr->res[0].mem_buffers == want, "stage %d without overlap: %zu bytes of buffers, expected %zu", z,

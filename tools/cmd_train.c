@@ -104,14 +104,14 @@ static int parse_word(const char *flag, const char *s, int (*parse)(const char *
 static int parse_data(const char *flag, const char *a, tally__train_cfg *c) {
     long long v;
     if (!*a) return tally__parse_fail(flag, a, "", "it takes fashion-mnist, synthetic, synthetic:N or a directory");
-    c->data = a;
+    c->data.source = a;
     if (strncmp(a, "synthetic:", 10)) return 0;
     if (tally__parse_int(flag, a + 10, 64, 10000000, &v))
         return tally__parse_fail(flag, a, "has no sample count after 'synthetic:'",
                                  "it takes synthetic:N, N a whole number in 64..10000000");
-    c->data = "synthetic";
-    c->synthetic_train = (size_t)v;
-    c->synthetic_test = (size_t)v / 6 > 64 ? (size_t)v / 6 : 64;
+    c->data.source = "synthetic";
+    c->data.synthetic_train = (size_t)v;
+    c->data.synthetic_test = (size_t)v / 6 > 64 ? (size_t)v / 6 : 64;
     return 0;
 }
 
@@ -199,16 +199,16 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
         case O_EPOCHS: c->epochs = (int)v; break;
         case O_STEPS: c->max_steps = (long)v; break;
         case O_BATCH: c->batch = (int)v; break;
-        case O_WARMUP: c->warmup_steps = (long)v; break;
-        case O_STEP_EVERY: c->step_every = (long)v; break;
-        case O_ACCUM: c->accum = (int)v; break;
+        case O_WARMUP: c->opt.warmup_steps = (long)v; break;
+        case O_STEP_EVERY: c->opt.step_every = (long)v; break;
+        case O_ACCUM: c->sync.accum = (int)v; break;
         case O_THREADS: c->threads = (int)v; break;
-        case O_ZERO: c->zero = (int)v; break;
+        case O_ZERO: c->sync.zero = (int)v; break;
         case O_CHECK_REPLICAS: c->check_replicas = (long)v; break;
-        case O_CKPT_EVERY: c->ckpt_every = (long)v; break;
-        case O_CKPT_KEEP: c->ckpt_keep = (int)v; break;
+        case O_CKPT_EVERY: c->ckpt.every = (long)v; break;
+        case O_CKPT_KEEP: c->ckpt.keep = (int)v; break;
         case O_MAX_RESTARTS: o->max_restarts = (int)v; break;
-        default: c->staleness = (long)v; break;
+        default: c->async.staleness = (long)v; break;
         }
         return 0;
     }
@@ -227,50 +227,50 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     switch (ch) {
     case O_MODEL:
         return parse_word(flag, a, tally__model_parse, "it takes the model linear, mlp or cnn", &k) ? -1
-               : (c->model = (tally__model_kind)k, 0);
-    case O_HIDDEN: return parse_hidden(flag, a, c->hidden, &c->nhidden);
+               : (c->model.kind = (tally__model_kind)k, 0);
+    case O_HIDDEN: return parse_hidden(flag, a, c->model.hidden, &c->model.nhidden);
     case O_DATA: return parse_data(flag, a, c);
-    case O_LR: return tally__parse_real(flag, a, 0, 1, 1e6, &v) ? -1 : (c->lr = (float)v, 0);
-    case O_SCALE_LR: c->scale_lr = 1; return 0;
+    case O_LR: return tally__parse_real(flag, a, 0, 1, 1e6, &v) ? -1 : (c->opt.lr = (float)v, 0);
+    case O_SCALE_LR: c->opt.scale_lr = 1; return 0;
     case O_OPT:
         if (parse_word(flag, a, tally_optim_parse, "it takes sgd or adamw", &k)) return -1;
-        tally_optim_cfg_default(&c->optim, (tally_optim_kind)k);
+        tally_optim_cfg_default(&c->opt.optim, (tally_optim_kind)k);
         return 0;
     case O_MOMENTUM: p->has_momentum = 1; return tally__parse_real(flag, a, 0, 0, 0.999999, &p->momentum);
     case O_WD: p->has_wd = 1; return tally__parse_real(flag, a, 0, 0, 10, &p->wd);
     case O_DECAY:
         return parse_word(flag, a, tally_decay_parse, "it takes none, cosine or step", &k) ? -1
-               : (c->decay = (tally_decay)k, 0);
-    case O_MIN_LR: return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->min_lr = (float)v, 0);
-    case O_STEP_GAMMA: return tally__parse_real(flag, a, 0, 0, 1, &v) ? -1 : (c->step_gamma = (float)v, 0);
-    case O_BUCKET: return tally__parse_real(flag, a, 0, 1, 1 << 20, &c->bucket_mb);
-    case O_NO_OVERLAP: c->no_overlap = 1; return 0;
+               : (c->opt.decay = (tally_decay)k, 0);
+    case O_MIN_LR: return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.min_lr = (float)v, 0);
+    case O_STEP_GAMMA: return tally__parse_real(flag, a, 0, 0, 1, &v) ? -1 : (c->opt.step_gamma = (float)v, 0);
+    case O_BUCKET: return tally__parse_real(flag, a, 0, 1, 1 << 20, &c->sync.bucket_mb);
+    case O_NO_OVERLAP: c->sync.no_overlap = 1; return 0;
     case O_SEED: return tally__parse_u64(flag, a, &c->seed);
     case O_TRANSPORT: return tally__parse_word(flag, a, train_transports, &k) ? -1 : (o->transport = a, 0);
     case O_BIND: return tally_place_parse(flag, a, &k) ? -1 : (o->bind = a, 0);
     case O_NO_EVAL: c->eval = 0; return 0;
-    case O_QUIET: c->quiet = 1; return 0;
-    case O_JSON: return parse_path(flag, a, &c->json);
+    case O_QUIET: c->report.quiet = 1; return 0;
+    case O_JSON: return parse_path(flag, a, &c->report.json);
     case O_NAN:
         return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k) ? -1
-               : (c->nan_policy = k, 0);
+               : (c->sync.nan_policy = k, 0);
     case O_INJECT_NAN: return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.nan_rank, &o->faults.nan_step);
     case O_INJECT_FLIP:
         return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.flip_rank, &o->faults.flip_step);
     case O_INJECT_KILL:
         return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.kill_rank, &o->faults.kill_step);
-    case O_CKPT: return parse_path(flag, a, &c->ckpt_dir);
-    case O_RESUME: c->resume = 1; return 0;
-    case O_COMPRESS: return tally__codec_parse(a, &c->codec);
-    case O_NO_EF: c->codec.error_feedback = 0; return 0;
-    case O_MODE: return tally__parse_word(flag, a, train_modes, &k) ? -1 : (c->async = k == 1, 0);
+    case O_CKPT: return parse_path(flag, a, &c->ckpt.dir);
+    case O_RESUME: c->ckpt.resume = 1; return 0;
+    case O_COMPRESS: return tally__codec_parse(a, &c->sync.codec);
+    case O_NO_EF: c->sync.codec.error_feedback = 0; return 0;
+    case O_MODE: return tally__parse_word(flag, a, train_modes, &k) ? -1 : (c->async.enabled = k == 1, 0);
     case O_STALE_LR:
         p->has_async_only = 1;
-        return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1 : (c->stale_lr = k, 0);
-    case O_PS: p->has_async_only = 1; c->ps_dedicated = 1; return 0;
+        return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1 : (c->async.stale_lr = k, 0);
+    case O_PS: p->has_async_only = 1; c->async.ps_dedicated = 1; return 0;
     case O_QUOTA:
         p->has_async_only = 1;
-        return tally__parse_word(flag, a, train_quotas, &k) ? -1 : (c->shared_quota = k == 1, 0);
+        return tally__parse_word(flag, a, train_quotas, &k) ? -1 : (c->async.shared_quota = k == 1, 0);
     case O_STRAGGLER: {
         long ms;
         if (parse_rank_step(flag, a, "MS", 3600000, &c->straggler_rank, &ms)) return -1;
@@ -303,21 +303,21 @@ static int train_parse(int argc, char **argv, train_opts *o) {
                            .usage = train_usage};
     int rc = tally_flags_parse(&f, argc, argv, &ctx);
     if (rc) return rc;
-    if ((o->cfg.resume || o->cfg.ckpt_every || o->max_restarts) && !o->cfg.ckpt_dir) {
+    if ((o->cfg.ckpt.resume || o->cfg.ckpt.every || o->max_restarts) && !o->cfg.ckpt.dir) {
         fprintf(stderr, "tally train: --resume, --ckpt-every and --max-restarts need --ckpt DIR\n");
         return 2;
     }
-    if (p.has_async_only && !o->cfg.async) {
+    if (p.has_async_only && !o->cfg.async.enabled) {
         fprintf(stderr, "tally train: --staleness, --stale-lr, --ps and --quota need --mode async\n");
         return 2;
     }
-    if (tally__codec_check(&o->cfg.codec, o->cfg.zero, 0)) {
+    if (tally__codec_check(&o->cfg.sync.codec, o->cfg.sync.zero, 0)) {
         const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
         fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return 2;
     }
-    if (p.has_momentum) o->cfg.optim.momentum = (float)p.momentum;
-    if (p.has_wd) o->cfg.optim.weight_decay = (float)p.wd;
+    if (p.has_momentum) o->cfg.opt.optim.momentum = (float)p.momentum;
+    if (p.has_wd) o->cfg.opt.optim.weight_decay = (float)p.wd;
     return 0;
 }
 
@@ -337,8 +337,8 @@ static int train_as_rank(train_opts *o) {
     }
     tally__train_result res;
     tally__progress progress;
-    o->cfg.observer = tally__progress_observe;
-    o->cfg.observer_arg = &progress;
+    o->cfg.report.observer = tally__progress_observe;
+    o->cfg.report.observer_arg = &progress;
     rc = tally__train(comm, &o->cfg, &res);
     if (rc) {
         fprintf(stderr, "tally train: %s\n", tally_last_error()); /* messages name their rank */
@@ -347,21 +347,21 @@ static int train_as_rank(train_opts *o) {
         return 1;
     }
     if (rank == 0) {
-        tally__run_info info = {.model = tally__model_name(o->cfg.model),
+        tally__run_info info = {.model = tally__model_name(o->cfg.model.kind),
                                 .data = res.data_name,
                                 .transport = tally_comm_transport(comm),
-                                .optimizer = tally_optim_name(o->cfg.optim.kind),
+                                .optimizer = tally_optim_name(o->cfg.opt.optim.kind),
                                 .world = size,
                                 .batch = o->cfg.batch,
-                                .accum = o->cfg.accum,
+                                .accum = o->cfg.sync.accum,
                                 .epochs = o->cfg.epochs,
-                                .overlap = !o->cfg.no_overlap && size > 1 && !o->cfg.zero,
-                                .zero = o->cfg.zero,
+                                .overlap = !o->cfg.sync.no_overlap && size > 1 && !o->cfg.sync.zero,
+                                .zero = o->cfg.sync.zero,
                                 .lr = res.lr,
-                                .bucket_mb = o->cfg.bucket_mb > 0 ? o->cfg.bucket_mb : 25};
+                                .bucket_mb = o->cfg.sync.bucket_mb > 0 ? o->cfg.sync.bucket_mb : 25};
         snprintf(info.arch, sizeof info.arch, "%s", res.arch);
-        if (!o->cfg.quiet) tally__summary_print(stdout, &info, &res);
-        if (o->cfg.json && tally__summary_json(o->cfg.json, &info, &res)) {
+        if (!o->cfg.report.quiet) tally__summary_print(stdout, &info, &res);
+        if (o->cfg.report.json && tally__summary_json(o->cfg.report.json, &info, &res)) {
             fprintf(stderr, "tally train: %s\n", tally_last_error());
             rc = 1;
         }
@@ -389,7 +389,7 @@ int tally_cmd_train(int argc, char **argv) {
         return 2;
     }
     if (restart > 0) {
-        if (o.cfg.ckpt_dir) o.cfg.resume = 1;
+        if (o.cfg.ckpt.dir) o.cfg.ckpt.resume = 1;
         o.faults.kill_step = 0; /* the injected death happens once */
     }
     return train_as_rank(&o);

@@ -7,6 +7,15 @@
 #include <stdint.h>
 #include <tally.h>
 
+/* Where a run's checkpoints go and how often (`tally train --ckpt DIR --ckpt-every K --ckpt-keep N
+ * --resume`). */
+typedef struct tally__ckpt_cfg {
+    const char *dir;         /* checkpoints go (and resume reads them) there; NULL: none */
+    long every;              /* > 0: save after every this many steps; the end of training always saves */
+    int keep;                /* checkpoints kept in dir; 0 means 2 */
+    int resume;              /* start from the newest checkpoint in dir, when there is one */
+} tally__ckpt_cfg;
+
 /* ---- Format, version 1 (all integers little-endian) ----
  *
  * A checkpoint is one canonical, unsharded list of named tensors, whatever the world size or ZeRO

@@ -13,15 +13,16 @@
 #include "codec.h"
 #include "zero.h"
 
-/* How to keep the replicas in step. */
+/* How to keep the replicas in step (`tally train --zero --accum --bucket-mb --no-overlap --compress
+ * --nan`). */
 typedef struct tally__sync_cfg {
     int zero;                      /* the ZeRO stage, 0-3 */
     int accum;                     /* micro-batches per step */
-    int overlap;                   /* communicate while backward (and, stage 3, forward) runs */
+    int no_overlap;                /* communicate after backward, not while it (and, stage 3, forward) runs */
     double bucket_mb;              /* stage 0's buckets; 0 means 25 */
-    uint64_t seed;                 /* the model's parameters and PowerSGD's first factors */
-    const tally_optim_cfg *optim;
-    const tally__codec_cfg *codec; /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
+    tally__codec_cfg codec;        /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
+    int nan_policy;                /* tally__nan_policy (guard.h): a NaN or Inf gradient skips the step,
+                                    * stops, or is not looked for */
 } tally__sync_cfg;
 
 /* Cumulative since open; take differences around a step. Read between steps only, when nothing is in
@@ -80,14 +81,15 @@ struct tally__sync {
     tally__zero zero;              /* stages 1-3 */
     unsigned long long f32_bytes_step; /* what one step's gradient reductions would send in f32 (measured) */
     tally_optim_cfg optim_cfg;     /* what it was opened with, for the state dict */
+    uint64_t seed;                 /* the model's parameters and PowerSGD's first factors */
     tally__codec_cfg codec_cfg;
 };
 
 /* Lays out the model m for the stage (the buffers it keeps whole; gradients from the communicator's
- * shared memory) with batches up to max_batch, and the engine over it; with a codec, measures the f32
- * baseline of a step (collective). Every rank calls it alike. */
+ * shared memory) with batches up to max_batch, initialised from seed, and the engine over it with the
+ * optimizer; with a codec, measures the f32 baseline of a step (collective). Every rank calls it alike. */
 int tally__sync_open(tally__sync *s, tally_comm *comm, tally__model *m, const tally__model_cfg *mc, int max_batch,
-                     const tally__sync_cfg *cfg);
+                     const tally__sync_cfg *cfg, const tally_optim_cfg *optim, uint64_t seed);
 /* The hooks forward and backward run with. */
 static inline tally__model_hooks tally__sync_hooks(tally__sync *s) { return s->ops->hooks(s); }
 /* Before micro-batch k of a step's forward. */

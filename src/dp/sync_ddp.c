@@ -111,15 +111,15 @@ int tally__sync_open_ddp(tally__sync *s, const tally__sync_cfg *cfg) {
     tally__model *m = s->m;
     s->ops = &ddp_ops;
     tally_ddp_opts dopts = {.bucket_bytes = (size_t)((cfg->bucket_mb > 0 ? cfg->bucket_mb : 25.0) * 1048576.0),
-                            .no_overlap = !cfg->overlap,
+                            .no_overlap = cfg->no_overlap,
                             .accum = cfg->accum};
-    int compress = cfg->codec && cfg->codec->kind != TALLY__CODEC_NONE, rc;
+    int compress = cfg->codec.kind != TALLY__CODEC_NONE, rc;
     if (compress) {
-        if ((rc = tally__codec_create(cfg->codec, s->comm, m, cfg->seed, &s->codec))) return rc;
+        if ((rc = tally__codec_create(&cfg->codec, s->comm, m, s->seed, &s->codec))) return rc;
         dopts.reduce = tally__codec_reduce;
         dopts.reduce_arg = s->codec;
     }
     if ((rc = tally_ddp_create(s->comm, m->grads, m->nparams, m->offsets, m->nlayers, &dopts, &s->ddp))) return rc;
     if (compress && (rc = ddp_codec_attach(s))) return rc;
-    return tally_optim_init(&s->optim, cfg->optim, m->nparams);
+    return tally_optim_init(&s->optim, &s->optim_cfg, m->nparams);
 }

@@ -80,8 +80,9 @@ static const tally__sync_ops zero_ops = {
 
 int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg) {
     s->ops = &zero_ops;
-    int rc = tally__zero_init(&s->zero, s->comm, s->m, cfg->zero, cfg->accum, cfg->optim, cfg->seed, cfg->overlap);
-    if (rc || !cfg->codec || cfg->codec->kind == TALLY__CODEC_NONE) return rc;
-    if ((rc = tally__zero_set_half(&s->zero, (tally_dtype)tally__codec_half_dtype(cfg->codec)))) return rc;
+    int rc = tally__zero_init(&s->zero, s->comm, s->m, cfg->zero, cfg->accum, &s->optim_cfg, s->seed,
+                              !cfg->no_overlap);
+    if (rc || cfg->codec.kind == TALLY__CODEC_NONE) return rc;
+    if ((rc = tally__zero_set_half(&s->zero, (tally_dtype)tally__codec_half_dtype(&cfg->codec)))) return rc;
     return tally__zero_measure_f32(&s->zero, &s->f32_bytes_step);
 }

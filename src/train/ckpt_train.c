@@ -35,7 +35,7 @@ static void run_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tens
 static int run_save(void *arg, int first, const tally__state_sink *out) {
     train_run *r = arg;
     const tally__train_cfg *c = r->cfg;
-    long samples_per_step = (long)c->batch * c->accum * r->size;
+    long samples_per_step = (long)c->batch * c->sync.accum * r->size;
     int epoch = r->epoch;
     long in_epoch = r->in_epoch;
     if (in_epoch >= r->steps_per_epoch) epoch++, in_epoch = 0;
@@ -77,7 +77,7 @@ static int ck_load_position(train_run *r, const tally__ckpt *ck) {
         return tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s holds an impossible position (step %lld, epoch "
                              "%lld, %lld samples into it)", r->rank, tally__ckpt_label(ck), (long long)step,
                              (long long)epoch, (long long)samples);
-    long per_step = (long)r->cfg->batch * r->cfg->accum * r->size;
+    long per_step = (long)r->cfg->batch * r->cfg->sync.accum * r->size;
     r->start_step = step;
     r->start_epoch = (int)epoch;
     r->start_in_epoch = samples / per_step;
@@ -159,7 +159,7 @@ static int ck_agree(train_run *r, int rc, const char *why, const char *what) {
     text[sizeof text - 1] = '\0';
     if (r->rank != 0)
         return tally__seterr(v, "rank %d: rank 0 could not %s the checkpoint in %s: %s", r->rank, what,
-                             r->cfg->ckpt_dir, text);
+                             r->cfg->ckpt.dir, text);
     return tally__seterr(v, "rank 0: %s", text);
 }
 
@@ -170,7 +170,7 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
     r->saving_step = steps_done;
     int rc = ck_table_make(r, &parts, &s);
     if (!rc && r->rank == 0)
-        ck_write_failed(&s, tally__ckpt_write_begin(r->cfg->ckpt_dir, steps_done, s.t, s.count, &s.w));
+        ck_write_failed(&s, tally__ckpt_write_begin(r->cfg->ckpt.dir, steps_done, s.t, s.count, &s.w));
     tally__state_sink sink = {.put = ck_put, .arg = &s};
     for (int i = 0, first = 0; i < parts.n && !rc; first += parts.count[i], i++)
         rc = parts.p[i].save(parts.p[i].arg, first, &sink);
@@ -178,7 +178,7 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
         if (rc || s.wrc) {
             tally__ckpt_write_abort(s.w);
         } else {
-            ck_write_failed(&s, tally__ckpt_write_commit(s.w, r->cfg->ckpt_keep > 0 ? r->cfg->ckpt_keep : 2));
+            ck_write_failed(&s, tally__ckpt_write_commit(s.w, r->cfg->ckpt.keep > 0 ? r->cfg->ckpt.keep : 2));
         }
     }
     free(s.t);
@@ -203,13 +203,13 @@ static int ck_same_everywhere(train_run *r, int found, int64_t step) {
     return tally__seterr(TALLY_E_INVALID,
                          "rank %d: the ranks found different checkpoints in %s (this rank: %s step %lld; others "
                          "from step %lld to %lld): --ckpt must name a directory every rank sees alike",
-                         r->rank, r->cfg->ckpt_dir, found ? "at" : "none,", (long long)mine[1], (long long)lo[1],
+                         r->rank, r->cfg->ckpt.dir, found ? "at" : "none,", (long long)mine[1], (long long)lo[1],
                          (long long)hi[1]);
 }
 
 int tally__train_ckpt_resume(train_run *r) {
     tally__ckpt *ck = NULL;
-    int rc = tally__ckpt_open_latest(r->cfg->ckpt_dir, &ck);
+    int rc = tally__ckpt_open_latest(r->cfg->ckpt.dir, &ck);
     int found = rc == 0;
     /* A rank that cannot read it says why; the others learn of it from the agreement below. */
     int32_t bad = rc < 0, any_bad = 0;
@@ -221,11 +221,11 @@ int tally__train_ckpt_resume(train_run *r) {
         if (crc) return crc;
         if (bad) return tally__seterr(rc, "%s", why);
         return tally__seterr(TALLY_E_CORRUPT, "rank %d: another rank could not read the checkpoint in %s (its "
-                             "message says why)", r->rank, r->cfg->ckpt_dir);
+                             "message says why)", r->rank, r->cfg->ckpt.dir);
     }
     rc = ck_same_everywhere(r, found, found ? tally__ckpt_step(ck) : -1);
     if (!rc && !found) {
-        if (r->rank == 0) tally__log_notice("--resume: no checkpoint in %s yet; starting from step 0", r->cfg->ckpt_dir);
+        if (r->rank == 0) tally__log_notice("--resume: no checkpoint in %s yet; starting from step 0", r->cfg->ckpt.dir);
         return 0;
     }
     ck_parts parts;
@@ -240,9 +240,9 @@ int tally__train_ckpt_resume(train_run *r) {
     if (crc) return crc;
     if (failed) return tally__seterr(rc, "%s", why);
     if (anyf) return tally__seterr(TALLY_E_INVALID, "rank %d: another rank could not resume from the checkpoint in %s "
-                                   "(its message says why)", r->rank, r->cfg->ckpt_dir);
+                                   "(its message says why)", r->rank, r->cfg->ckpt.dir);
     if (r->rank == 0)
-        tally__log_notice("resumed from the checkpoint of step %ld in %s", r->start_step, r->cfg->ckpt_dir);
+        tally__log_notice("resumed from the checkpoint of step %ld in %s", r->start_step, r->cfg->ckpt.dir);
     return 0;
 }
 
@@ -251,12 +251,12 @@ int tally__train_ckpt_check_fresh(train_run *r) {
     char why[1024] = "";
     if (r->rank == 0) {
         tally__ckpt *ck = NULL;
-        int rc = tally__ckpt_open_latest(r->cfg->ckpt_dir, &ck);
+        int rc = tally__ckpt_open_latest(r->cfg->ckpt.dir, &ck);
         if (rc == 0)
             v = tally__seterr(TALLY_E_INVALID,
                               "rank 0: %s already holds checkpoints (the newest of step %lld): continue that run "
                               "with --resume, or give another --ckpt directory",
-                              r->cfg->ckpt_dir, (long long)tally__ckpt_step(ck));
+                              r->cfg->ckpt.dir, (long long)tally__ckpt_step(ck));
         else if (rc < 0)
             v = rc;
         snprintf(why, sizeof why, "%s", v ? tally_last_error() : "");
@@ -267,5 +267,5 @@ int tally__train_ckpt_check_fresh(train_run *r) {
     if (!v) return 0;
     if (r->rank == 0) return tally__seterr(v, "%s", why);
     return tally__seterr(v, "rank %d: rank 0 refused the --ckpt directory %s (its message says why)", r->rank,
-                         r->cfg->ckpt_dir);
+                         r->cfg->ckpt.dir);
 }

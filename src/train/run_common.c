@@ -15,23 +15,20 @@
 
 /* --lr, or the optimizer's default for this model. */
 static float train_default_lr(const tally__train_cfg *cfg) {
-    if (cfg->lr > 0) return cfg->lr;
-    if (cfg->optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
-    const tally__model_info *info = tally__model_info_of(cfg->model);
+    if (cfg->opt.lr > 0) return cfg->opt.lr;
+    if (cfg->opt.optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
+    const tally__model_info *info = tally__model_info_of(cfg->model.kind);
     return info ? info->sgd_lr : 0.05f;
 }
 
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     const tally__train_cfg *cfg = r->cfg;
-    memset(mc, 0, sizeof *mc);
-    mc->kind = cfg->model;
+    *mc = cfg->model; /* the kind, the widths and any graph of the caller's own; the geometry is the data's */
     mc->in_dim = r->train.dim;
     mc->channels = r->train.channels ? r->train.channels : 1;
     mc->height = r->train.height;
     mc->width = r->train.width;
     mc->outputs = r->train.classes ? r->train.classes : r->train.tdim;
-    mc->nhidden = cfg->nhidden;
-    memcpy(mc->hidden, cfg->hidden, sizeof mc->hidden);
     const tally__model_info *info = tally__model_info_of(mc->kind);
     if (info && info->defaults) info->defaults(mc);
 }
@@ -42,7 +39,7 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
     int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
     if (rc) return rc;
     res->data_name = data_name;
-    const tally__model_info *info = tally__model_info_of(cfg->model);
+    const tally__model_info *info = tally__model_info_of(cfg->model.kind);
     if (info && info->data == TALLY__DATA_LEAST_SQUARES) res->true_w_len = r->train.dim + 1;
     if (info && info->data == TALLY__DATA_IMAGES && !r->train.height)
         return tally__seterr(TALLY_E_INVALID, "rank %d: the %s model needs image data", r->rank, info->name);
@@ -54,13 +51,13 @@ int tally__train_prepare_steps(train_run *r, tally__train_result *res, int worke
     float lr = train_default_lr(cfg);
     long total = r->steps_per_epoch * cfg->epochs;
     if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
-    r->sched = (tally_lr_schedule){.lr = cfg->scale_lr ? tally_lr_scaled(lr, workers) : lr,
-                                   .warmup_steps = cfg->warmup_steps,
-                                   .decay = cfg->decay,
+    r->sched = (tally_lr_schedule){.lr = cfg->opt.scale_lr ? tally_lr_scaled(lr, workers) : lr,
+                                   .warmup_steps = cfg->opt.warmup_steps,
+                                   .decay = cfg->opt.decay,
                                    .total_steps = total,
-                                   .min_lr = cfg->min_lr,
-                                   .step_every = cfg->step_every,
-                                   .step_gamma = cfg->step_gamma};
+                                   .min_lr = cfg->opt.min_lr,
+                                   .step_every = cfg->opt.step_every,
+                                   .step_gamma = cfg->opt.step_gamma};
     res->lr = r->sched.lr;
     size_t B = (size_t)cfg->batch;
     r->xb = malloc(B * r->train.dim * sizeof(float));
@@ -206,5 +203,5 @@ void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
 }
 
 void tally__train_tell(const train_run *r, const tally__train_event *ev) {
-    if (r->rank == 0 && !r->cfg->quiet && r->cfg->observer) r->cfg->observer(r->cfg->observer_arg, ev);
+    if (r->rank == 0 && !r->cfg->report.quiet && r->cfg->report.observer) r->cfg->report.observer(r->cfg->report.observer_arg, ev);
 }

@@ -39,7 +39,7 @@ static int split_tail(tally_dataset *all, size_t tail, tally_dataset *test) {
 
 static int train_linear_data(const tally__train_cfg *cfg, tally_dataset *train, tally_dataset *test,
                              float *true_w) {
-    size_t n = cfg->linear_samples ? cfg->linear_samples : 16384, held_out = n / 8 ? n / 8 : 1;
+    size_t n = cfg->data.linear_samples ? cfg->data.linear_samples : 16384, held_out = n / 8 ? n / 8 : 1;
     int rc = tally_dataset_linear(cfg->seed, n + held_out, LINEAR_FEATURES, LINEAR_NOISE, true_w, train);
     if (!rc && (rc = split_tail(train, held_out, test))) tally_dataset_free(train);
     return rc;
@@ -49,8 +49,8 @@ int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *trai
                       float *true_w, const char **name) {
     memset(train, 0, sizeof *train);
     memset(test, 0, sizeof *test);
-    const char *want = cfg->data ? cfg->data : "fashion-mnist";
-    const tally__model_info *info = tally__model_info_of(cfg->model);
+    const char *want = cfg->data.source ? cfg->data.source : "fashion-mnist";
+    const tally__model_info *info = tally__model_info_of(cfg->model.kind);
     if (info && info->data == TALLY__DATA_LEAST_SQUARES) {
         if (strcmp(want, "synthetic") && strcmp(want, "fashion-mnist") && strcmp(want, "linear"))
             return tally__seterr(TALLY_E_INVALID,
@@ -59,8 +59,8 @@ int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *trai
         *name = "least-squares (8 features)";
         return train_linear_data(cfg, train, test, true_w);
     }
-    size_t ntrain = cfg->synthetic_train ? cfg->synthetic_train : SYNTHETIC_TRAIN;
-    size_t ntest = cfg->synthetic_test ? cfg->synthetic_test : SYNTHETIC_TEST;
+    size_t ntrain = cfg->data.synthetic_train ? cfg->data.synthetic_train : SYNTHETIC_TRAIN;
+    size_t ntest = cfg->data.synthetic_test ? cfg->data.synthetic_test : SYNTHETIC_TEST;
     if (!strcmp(want, "synthetic")) {
         *name = "synthetic";
         return tally_dataset_synthetic(cfg->seed, ntrain, ntest, train, test);

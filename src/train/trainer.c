@@ -23,18 +23,18 @@
 
 void tally__train_cfg_default(tally__train_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    cfg->model = TALLY__MODEL_MLP;
-    cfg->data = "fashion-mnist";
+    cfg->model.kind = TALLY__MODEL_MLP;
+    cfg->data.source = "fashion-mnist";
     cfg->epochs = 1;
     cfg->batch = 64;
-    cfg->accum = 1;
-    tally_optim_cfg_default(&cfg->optim, TALLY_OPTIM_SGD);
-    cfg->decay = TALLY_DECAY_NONE;
-    cfg->step_gamma = 0.1f;
+    cfg->sync.accum = 1;
+    tally_optim_cfg_default(&cfg->opt.optim, TALLY_OPTIM_SGD);
+    cfg->opt.decay = TALLY_DECAY_NONE;
+    cfg->opt.step_gamma = 0.1f;
     cfg->eval = 1;
     cfg->threads = 1;
-    cfg->stale_lr = TALLY__STALE_LR_INVERSE;
-    cfg->codec.error_feedback = 1;
+    cfg->async.stale_lr = TALLY__STALE_LR_INVERSE;
+    cfg->sync.codec.error_feedback = 1;
 }
 
 /* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */
@@ -44,13 +44,13 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
     tally__model_desc d;
     int rc = tally__model_describe(mc, cfg->batch, &d);
     if (rc) return rc;
-    tally__mem_need need = tally__mem_predict(&d, cfg->zero, r->size, &cfg->optim, !cfg->no_overlap);
+    tally__mem_need need = tally__mem_predict(&d, cfg->sync.zero, r->size, &cfg->opt.optim, !cfg->sync.no_overlap);
     if (need.total <= cfg->max_mem) return 0;
     return tally__seterr(TALLY_E_NOMEM,
                          "rank %d: ZeRO stage %d needs %zu bytes per rank (parameters %zu, gradients %zu, optimizer "
                          "%zu, layer buffers %zu, activations %zu) and --max-mem allows %zu; use a higher --zero "
                          "stage, more ranks, or a smaller model or batch",
-                         r->rank, cfg->zero, need.total, need.params, need.grads, need.optim, need.buffers,
+                         r->rank, cfg->sync.zero, need.total, need.params, need.grads, need.optim, need.buffers,
                          need.activations, cfg->max_mem);
 }
 
@@ -59,33 +59,31 @@ static int train_setup(train_run *r, tally__train_result *res) {
     int rc = tally__train_load_data(r, res);
     if (rc) return rc;
     if ((rc = tally_sampler_init(&r->sampler, r->train.n, r->rank, r->size, cfg->seed, 1))) return rc;
-    size_t per_step = (size_t)cfg->batch * cfg->accum;
+    size_t per_step = (size_t)cfg->batch * cfg->sync.accum;
     r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / per_step);
     if (r->steps_per_epoch < 1)
         return tally__seterr(TALLY_E_INVALID,
                              "rank %d: %zu training samples per rank cannot fill one step of batch %d x accum %d;"
                              " use a smaller --batch or --accum, or fewer ranks",
-                             r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->accum);
+                             r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->sync.accum);
     tally__model_cfg mc;
     tally__train_model_cfg(r, &mc);
     if ((rc = train_check_memory(r, &mc))) return rc;
-    if (cfg->check_replicas > 0 && cfg->zero == 3)
+    if (cfg->check_replicas > 0 && cfg->sync.zero == 3)
         return tally__seterr(TALLY_E_INVALID,
                              "rank %d: --check-replicas compares whole replicas, and under --zero 3 each rank holds "
                              "only its shard of the parameters; use it with --zero 0, 1 or 2",
                              r->rank);
-    if ((rc = tally__codec_check(&cfg->codec, cfg->zero, r->rank))) return rc;
-    tally__sync_cfg sc = {.zero = cfg->zero, .accum = cfg->accum, .overlap = !cfg->no_overlap,
-                          .bucket_mb = cfg->bucket_mb, .seed = cfg->seed, .optim = &cfg->optim, .codec = &cfg->codec};
-    if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &sc))) return rc;
+    if ((rc = tally__codec_check(&cfg->sync.codec, cfg->sync.zero, r->rank))) return rc;
+    if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed))) return rc;
     r->hooks = tally__sync_hooks(&r->sync);
-    tally__codec_spec(&cfg->codec, res->codec, sizeof res->codec);
+    tally__codec_spec(&cfg->sync.codec, res->codec, sizeof res->codec);
     res->grad_bytes_f32_step = r->sync.f32_bytes_step;
-    if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->nan_policy, &r->hooks)))
+    if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->sync.nan_policy, &r->hooks)))
         return rc;
     if ((rc = tally__train_prepare_steps(r, res, r->size))) return rc;
     r->saved_step = -1;
-    if (cfg->ckpt_dir && (rc = cfg->resume ? tally__train_ckpt_resume(r) : tally__train_ckpt_check_fresh(r)))
+    if (cfg->ckpt.dir && (rc = cfg->ckpt.resume ? tally__train_ckpt_resume(r) : tally__train_ckpt_check_fresh(r)))
         return rc;
     res->resumed_from = r->saved_step;
     return 0;
@@ -104,7 +102,7 @@ typedef struct step_times {
  * per rank: every rank decides alike). *skip says whether it did. */
 static int train_agree_finite(train_run *r, long step, int *skip) {
     *skip = 0;
-    if (r->cfg->nan_policy == TALLY__NAN_IGNORE) return 0;
+    if (r->cfg->sync.nan_policy == TALLY__NAN_IGNORE) return 0;
     int rc = tally__sync_drain(&r->sync); /* the flag's allreduce needs the communicator idle */
     if (!rc) tally__train_codec_check_overflow(r, step);
     if (!rc) rc = tally__guard_agree(&r->guard, r->comm, step, skip);
@@ -123,7 +121,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     double loss0 = st->loss;
     tally__guard_begin(&r->guard);
     tally__sync_step_begin(&r->sync);
-    for (int k = 0; k < cfg->accum; k++) {
+    for (int k = 0; k < cfg->sync.accum; k++) {
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         tally__train_gather(r, &r->train, idx, B);
@@ -133,7 +131,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         if (k == 0) tally__train_straggle(cfg, r->rank);
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
-        st->loss += loss / cfg->accum;
+        st->loss += loss / cfg->sync.accum;
         if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
         if ((rc = tally__sync_micro_end(&r->sync))) return rc;
@@ -169,15 +167,15 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
 /* After step `done` (counted from 1): a checkpoint when one is due. */
 static int train_maybe_save(train_run *r, long done, int last) {
     const tally__train_cfg *cfg = r->cfg;
-    if (!cfg->ckpt_dir || r->saved_step == done) return 0;
-    if (!last && !(cfg->ckpt_every > 0 && done % cfg->ckpt_every == 0)) return 0;
+    if (!cfg->ckpt.dir || r->saved_step == done) return 0;
+    if (!last && !(cfg->ckpt.every > 0 && done % cfg->ckpt.every == 0)) return 0;
     return tally__train_ckpt_save(r, done);
 }
 
 static int train_epochs(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     long step = r->start_step, total = r->sched.total_steps;
-    double samples_per_step = (double)cfg->batch * cfg->accum * r->size;
+    double samples_per_step = (double)cfg->batch * cfg->sync.accum * r->size;
     step_times st = {0};
     tally__sync_stats s0;
     tally__sync_stats_get(&r->sync, &s0);
@@ -192,7 +190,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
              s++, step++) {
             double before = st.loss;
             long skipped = st.skipped;
-            int rc = train_step(r, step, (size_t)s * cfg->batch * cfg->accum, &st);
+            int rc = train_step(r, step, (size_t)s * cfg->batch * cfg->sync.accum, &st);
             if (rc) return rc;
             epoch_loss += st.loss - before;
             epoch_steps += st.skipped == skipped;
@@ -260,9 +258,9 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     memset(res, 0, sizeof *res);
     res->test_acc = -1;
     res->resumed_from = -1;
-    if (cfg->batch < 1 || cfg->accum < 1 || cfg->epochs < 1)
+    if (cfg->batch < 1 || cfg->sync.accum < 1 || cfg->epochs < 1)
         return tally__seterr(TALLY_E_INVALID, "train: batch (%d), accum (%d) and epochs (%d) must be >= 1",
-                             cfg->batch, cfg->accum, cfg->epochs);
+                             cfg->batch, cfg->sync.accum, cfg->epochs);
     if (cfg->straggler_ms > 0 && (cfg->straggler_rank < 0 || cfg->straggler_rank >= tally_comm_size(comm)))
         return tally__seterr(TALLY_E_INVALID, "train: --straggler names rank %d, and the ranks are 0..%d",
                              cfg->straggler_rank, tally_comm_size(comm) - 1);
@@ -271,7 +269,7 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
         return tally__seterr(TALLY_E_INVALID, "rank %d: --threads %d is more BLAS threads than the %d CPU%s this "
                              "process may use: give at most %d", tally_comm_rank(comm), cfg->threads, cpus,
                              cpus == 1 ? "" : "s", cpus);
-    if (cfg->async) return tally__train_async(comm, cfg, res);
+    if (cfg->async.enabled) return tally__train_async(comm, cfg, res);
     train_run r = {.cfg = cfg, .comm = comm, .rank = tally_comm_rank(comm), .size = tally_comm_size(comm)};
     int rc = train_setup(&r, res);
     if (!rc) rc = tally__train_blas_threads(cfg, r.rank);

@@ -9,8 +9,11 @@
 #include <tally/data.h>
 #include <tally/optim.h>
 
+#include "../ckpt/ckpt.h"
 #include "../dp/codec.h"
+#include "../dp/sync.h"
 #include "../nn/model.h"
+#include "../ps/ps.h"
 #include "faults.h"
 
 /* What the training loop tells its observer, on rank 0 only and on the thread that trains: the CLI draws
@@ -32,56 +35,55 @@ typedef struct tally__train_event {
 } tally__train_event;
 typedef void (*tally__train_observer)(void *arg, const tally__train_event *ev);
 
-typedef struct tally__train_cfg {
-    tally__model_kind model;
-    int nhidden, hidden[TALLY__MODEL_MAX_HIDDEN]; /* mlp; nhidden 0 means 512,512 */
-    const char *data;        /* "fashion-mnist" (default), "synthetic", or a directory of IDX files */
-    int epochs;              /* default 1 */
-    long max_steps;          /* > 0: stop after this many optimizer steps in all */
-    int batch;               /* per rank, per micro-batch; default 64 */
-    int accum;               /* micro-batches per step; default 1 */
+/* The data set of a run and its sizes. */
+typedef struct tally__data_cfg {
+    const char *source;      /* "fashion-mnist" (default), "synthetic", or a directory of IDX files */
+    size_t linear_samples;   /* linear model: training set size; 0 means 16384 */
+    size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
+} tally__data_cfg;
+
+/* The optimizer and its learning rate: the rate, its scaling and its schedule over the run. */
+typedef struct tally__optim_run_cfg {
+    tally_optim_cfg optim;   /* kind and hyper-parameters (tally_optim_cfg_default fills them) */
     float lr;                /* per rank; 0 means the optimizer's default (sgd 0.05, adamw 1e-3) */
     int scale_lr;            /* multiply lr by the world size (linear scaling rule) */
-    tally_optim_cfg optim;   /* kind and hyper-parameters (tally_optim_cfg_default fills them) */
     long warmup_steps;
     tally_decay decay;
     float min_lr;
     long step_every;         /* step decay */
     float step_gamma;
-    double bucket_mb;        /* 0 means 25 */
-    int no_overlap;
-    uint64_t seed;
-    int eval;                /* evaluate on the test set after every epoch */
-    int quiet;               /* no progress and no summary (tests) */
+} tally__optim_run_cfg;
+
+/* Who hears of the run: the observer of its progress, the summary's JSON file. */
+typedef struct tally__report_cfg {
+    int quiet;               /* nobody is told of the progress (tests) */
     tally__train_observer observer; /* NULL: nobody is told of the progress */
     void *observer_arg;
     const char *json;        /* write the summary there (rank 0) */
+} tally__report_cfg;
+
+/* A run: one struct per module it configures, then the loop's own settings. */
+typedef struct tally__train_cfg {
+    tally__model_cfg model;  /* kind and widths (nn); the geometry comes from the data set */
+    tally__data_cfg data;
+    tally__optim_run_cfg opt;
+    tally__sync_cfg sync;    /* ZeRO stage, accumulation, buckets, overlap, compression, NaN policy (dp) */
+    tally__ckpt_cfg ckpt;
+    tally__async_cfg async;  /* --mode async (ps) */
+    tally__report_cfg report;
+    int epochs;              /* default 1 */
+    long max_steps;          /* > 0: stop after this many optimizer steps in all */
+    int batch;               /* per rank, per micro-batch; default 64 */
+    uint64_t seed;
+    int eval;                /* evaluate on the test set after every epoch */
     int threads;             /* BLAS threads per rank; 0 means 1 */
     int measure_peak;        /* time single-thread sgemm after training, for MFU */
-    size_t linear_samples;   /* linear model: training set size; 0 means 16384 */
-    size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
-    int zero;                /* ZeRO stage 0-3 */
     size_t max_mem;          /* > 0: refuse to start when a rank would need more bytes than this */
     int keep_params;         /* copy the final parameters into the result (tests) */
-    int nan_policy;          /* tally__nan_policy: a NaN or Inf gradient skips the step (default), stops, or
-                              * is not looked for */
     long check_replicas;     /* > 0: compare the replicas' parameter hashes every this many steps */
-    const char *ckpt_dir;    /* checkpoints go (and --resume reads them) there; NULL: none */
-    long ckpt_every;         /* > 0: save after every this many steps; the end of training always saves */
-    int ckpt_keep;           /* checkpoints kept in ckpt_dir; 0 means 2 */
-    int resume;              /* start from the newest checkpoint in ckpt_dir, when there is one */
-    tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
-    /* compression */
-    tally__codec_cfg codec;  /* --compress and --no-error-feedback; kind 0 (none) by default */
-    /* asynchronous training */
-    int async;               /* --mode async: workers push gradients to a parameter server (rank 0) */
-    long staleness;          /* SSP bound S >= 0: no worker more than S steps ahead of the slowest */
-    int stale_lr;            /* tally__stale_lr (ps.h): how a stale gradient's lr is damped */
-    int ps_dedicated;        /* --ps: rank 0 only serves; ranks 1..N-1 are the workers */
     int straggler_rank;      /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
     int straggler_ms;        /* 0: no straggler */
-    int shared_quota;        /* async: the run's steps x workers gradients are shared out to whoever is
-                              * ready (a fast worker computes more), not steps to each worker */
+    tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */

@@ -31,19 +31,19 @@ typedef struct async_run {
 } async_run;
 
 static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
-    const char *what = cfg->zero ? "--zero (the server holds the whole optimizer state; shards are not done)"
-                       : cfg->accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
-                       : cfg->ckpt_dir  ? "--ckpt (the server's state is not checkpointed)"
-                       : cfg->codec.kind != TALLY__CODEC_NONE
+    const char *what = cfg->sync.zero ? "--zero (the server holds the whole optimizer state; shards are not done)"
+                       : cfg->sync.accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
+                       : cfg->ckpt.dir  ? "--ckpt (the server's state is not checkpointed)"
+                       : cfg->sync.codec.kind != TALLY__CODEC_NONE
                            ? "--compress (pushes and pulls carry f32 gradients and parameters)"
                        : cfg->check_replicas > 0 ? "--check-replicas (workers hold different parameters by design)"
                        : cfg->hook.batch || cfg->hook.updated ? "--inject-nan or --inject-flip"
                            : NULL;
     if (what) return tally__seterr(TALLY_E_INVALID, "rank %d: --mode async does not work with %s", rank, what);
-    if (cfg->staleness < 0)
+    if (cfg->async.staleness < 0)
         return tally__seterr(TALLY_E_INVALID, "rank %d: --staleness %ld: the bound must be >= 0 (0 is synchronous)",
-                             rank, cfg->staleness);
-    if (cfg->ps_dedicated && size < 2)
+                             rank, cfg->async.staleness);
+    if (cfg->async.ps_dedicated && size < 2)
         return tally__seterr(TALLY_E_INVALID, "rank %d: --ps makes rank 0 a server that does not train, so it needs "
                                               "at least 2 ranks (-n 2 or more)",
                              rank);
@@ -92,18 +92,18 @@ static int async_setup(async_run *a, tally__train_result *res) {
 static int async_server_create(async_run *a) {
     const tally__train_cfg *cfg = a->r.cfg;
     tally__ps_cfg pc = {.nworkers = a->nworkers,
-                        .rank_base = cfg->ps_dedicated,
-                        .staleness = cfg->staleness,
-                        .stale_lr = (tally__stale_lr)cfg->stale_lr,
+                        .rank_base = cfg->async.ps_dedicated,
+                        .staleness = cfg->async.staleness,
+                        .stale_lr = (tally__stale_lr)cfg->async.stale_lr,
                         .nparams = a->r.model.nparams,
                         .init = a->r.model.params,
-                        .optim = cfg->optim,
+                        .optim = cfg->opt.optim,
                         .sched = a->r.sched,
                         .token = a->env.token,
                         .token_len = a->env.token_len,
                         .host = a->env.bind[0] ? a->env.bind : a->host,
                         .timeout_s = tally__comm_timeout_s(a->r.comm),
-                        .budget = cfg->shared_quota ? a->r.sched.total_steps * a->nworkers : 0};
+                        .budget = cfg->async.shared_quota ? a->r.sched.total_steps * a->nworkers : 0};
     return tally__ps_server_create(&a->ps, &pc);
 }
 
@@ -147,7 +147,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
     if (rc) return rc;
     tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_BEGIN, .total_steps = total});
     double epoch_loss = 0;
-    long c = 0, limit = r->cfg->shared_quota ? total * a->nworkers : total; /* the server says stop */
+    long c = 0, limit = r->cfg->async.shared_quota ? total * a->nworkers : total; /* the server says stop */
     for (; c < limit && !rc; c++) {
         if ((rc = async_step(a, c)) == TALLY__PS_STOPPED) {
             rc = 0;
@@ -216,13 +216,13 @@ static void async_result(const async_run *a, tally__train_result *res) {
     const train_run *r = &a->r;
     const tally__train_cfg *cfg = r->cfg;
     res->async = 1;
-    res->staleness = cfg->staleness;
-    res->stale_lr = cfg->stale_lr;
-    res->ps_dedicated = cfg->ps_dedicated;
+    res->staleness = cfg->async.staleness;
+    res->stale_lr = cfg->async.stale_lr;
+    res->ps_dedicated = cfg->async.ps_dedicated;
     res->workers = a->nworkers;
     res->steps = a->worker >= 0 ? a->steps : r->sched.total_steps;
     res->samples = (double)r->sched.total_steps * cfg->batch * a->nworkers;
-    res->shared_quota = cfg->shared_quota;
+    res->shared_quota = cfg->async.shared_quota;
     res->samples_per_s = res->train_s > 0 ? res->samples / res->train_s : 0;
     res->data_s = a->data_s;
     res->compute_s = a->compute_s;
@@ -243,7 +243,7 @@ static void async_result(const async_run *a, tally__train_result *res) {
     res->pulls = st->pulls;
     res->pulls_waited = st->pulls_waited;
     res->pull_wait_s = st->wait_s;
-    int moments = cfg->optim.kind == TALLY_OPTIM_ADAMW ? 2 : cfg->optim.momentum != 0.0f ? 1 : 0;
+    int moments = cfg->opt.optim.kind == TALLY_OPTIM_ADAMW ? 2 : cfg->opt.optim.momentum != 0.0f ? 1 : 0;
     res->mem_optim = (size_t)moments * r->model.nparams * sizeof(float); /* the server's state */
 }
 
@@ -252,8 +252,8 @@ int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__tra
     int rc = async_refuse(cfg, rank, size);
     if (rc) return rc;
     async_run a = {.r = {.cfg = cfg, .comm = comm, .rank = rank, .size = size},
-                   .nworkers = size - (cfg->ps_dedicated ? 1 : 0),
-                   .worker = rank - (cfg->ps_dedicated ? 1 : 0)};
+                   .nworkers = size - (cfg->async.ps_dedicated ? 1 : 0),
+                   .worker = rank - (cfg->async.ps_dedicated ? 1 : 0)};
     a.wk.fd = -1;
     rc = async_setup(&a, res);
     if (!rc) rc = tally__train_blas_threads(cfg, rank);

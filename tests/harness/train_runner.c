@@ -97,16 +97,16 @@ int tr_run_tally(char *const args[], char *err, size_t errlen) {
 tally__train_cfg tr_small_cfg(size_t ntrain, long steps, uint64_t seed) {
     tally__train_cfg c;
     tally__train_cfg_default(&c);
-    c.nhidden = 2;
-    c.hidden[0] = 20;
-    c.hidden[1] = 21;
-    c.data = "synthetic";
-    c.synthetic_train = ntrain;
-    c.synthetic_test = ntrain / 16;
+    c.model.nhidden = 2;
+    c.model.hidden[0] = 20;
+    c.model.hidden[1] = 21;
+    c.data.source = "synthetic";
+    c.data.synthetic_train = ntrain;
+    c.data.synthetic_test = ntrain / 16;
     c.max_steps = steps;
     c.batch = 8;
     c.eval = 0;
-    c.quiet = 1;
+    c.report.quiet = 1;
     c.seed = seed;
     return c;
 }

@@ -1,7 +1,8 @@
 /* test_resume.c - checkpoints in training: a run stopped at step K and resumed ends bit-identical to one
  * that never stopped (every ZeRO stage, SGD-momentum and AdamW, a cosine schedule); a checkpoint
  * written at N = 4 under any stage loads at N = 2 and 1, and under any other stage, with the same
- * parameters; a flipped byte, another model or seed, and an empty directory each get their answer. */
+ * parameters; a flipped byte, another model or seed, and an empty directory each get their answer; names
+ * too long for a checkpoint are refused before the first step. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 
 #include "harness.h"
 #include "ckpt/ckpt.h"
+#include "nn/model_build.h"
 #include "train_runner.h"
 
 static char g_dir[256];
@@ -208,6 +210,38 @@ static void test_kill_while_saving(void) {
     }
 }
 
+/* 56 characters: "<it>.weight" fits a tensor's name, "param.<it>.weight" (69) not a checkpoint's. */
+#define LONG_LAYER "a_linear_layer_named_at_such_length_that_it_cannot_be_st"
+static int build_long(tally__model *m, const tally__model_cfg *cfg) {
+    tally__graph_linear(m, cfg->in_dim, cfg->outputs, 0, LONG_LAYER);
+    return 0;
+}
+
+static int long_name_rank(int rank, int size, void *arg) {
+    tally__train_cfg c = rcfg(0, TALLY_OPTIM_SGD, 4);
+    c.model.build = build_long;
+    tally_comm *comm;
+    if (tally_comm_init(&comm)) return 2;
+    tally__train_result res;
+    int rc = tally__train(comm, &c, &res);
+    int ok = rc == TALLY_E_INVALID && strstr(tally_last_error(), "param." LONG_LAYER) &&
+             strstr(tally_last_error(), "shorten the model's tensor names");
+    if (!ok) fprintf(stderr, "rank %d: rc %d: %s\n", rank, rc, tally_last_error());
+    tally_comm_free(comm);
+    return !ok;
+}
+
+/* Refused at set-up on every rank, naming the entry, and nothing written. */
+static void test_long_names(void) {
+    th_rm_dir(g_dir);
+    th_opts o = {.transport = "shm", .timeout_s = 30, .wall_s = 120};
+    TH_CHECK(th_run(2, &o, long_name_rank, NULL) == 0, "long names: a rank did not refuse them as expected");
+    tally__ckpt *ck = NULL;
+    TH_CHECK(tally__ckpt_open_latest(g_dir, &ck) == TALLY__CKPT_NONE, "long names: a checkpoint was written");
+    if (ck) tally__ckpt_close(ck);
+    fprintf(stderr, "  a checkpoint entry name of 69 characters: refused before the first step\n");
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/tally-test-resume-%d", (int)getpid());
     const tally_optim_kind opts[] = {TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW};
@@ -220,6 +254,7 @@ int main(void) {
     for (int zero = 0; zero <= 3; zero++)
         if (!th_light() || zero == 3) test_any_world(zero);
     test_cli();
+    test_long_names();
     test_kill_while_saving();
     th_rm_dir(g_dir);
     return th_verdict("test_resume");

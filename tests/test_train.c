@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "nn/model_build.h"
 #include "train_runner.h"
 
 /* The bound of the equivalence tests: after STEPS steps, for every parameter,
@@ -188,8 +189,37 @@ static void test_tensors(void) {
     tally__model_free(&m);
 }
 
+/* A graph of the caller's own reaches the trainer (cfg.model.build); one that reads token indices is
+ * refused by name on the feature-vector data, not fed floats as tokens. */
+static int build_tokens(tally__model *m, const tally__model_cfg *cfg) {
+    m->token_input = 1;
+    int rc = tally__graph_embedding(m, 16, 4, "wte");
+    if (!rc) tally__graph_linear(m, 4, cfg->outputs, 0, "head");
+    m->positions = cfg->in_dim;
+    return rc;
+}
+
+static int token_rank(int rank, int size, void *arg) {
+    tally__train_cfg c = base_cfg(TALLY__MODEL_MLP, 8);
+    c.model.build = build_tokens;
+    tally_comm *comm;
+    if (tally_comm_init(&comm)) return 2;
+    tally__train_result res;
+    int rc = tally__train(comm, &c, &res);
+    int ok = rc == TALLY_E_INVALID && strstr(tally_last_error(), "reads token indices");
+    if (!ok) fprintf(stderr, "rank %d: rc %d: %s\n", rank, rc, tally_last_error());
+    tally_comm_free(comm);
+    return !ok;
+}
+
+static void test_token_model_refused(void) {
+    th_opts o = {.transport = "shm", .timeout_s = 30, .wall_s = 120};
+    TH_CHECK(th_run(2, &o, token_rank, NULL) == 0, "a token model on feature data was not refused as expected");
+}
+
 int main(void) {
     test_tensors();
+    test_token_model_refused();
     test_equivalence();
     test_overlap_identical();
     test_linear_recovers_weights();

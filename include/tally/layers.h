@@ -67,6 +67,13 @@ TALLY_API void tally_maxpool_forward(float *y, int32_t *argmax, const float *x, 
 TALLY_API void tally_maxpool_backward(float *dx, const float *dy, const int32_t *argmax, int B, int C, int H,
                                       int W, int k);
 
+/* Embedding lookup: y[n,D] = w[tokens[i]] for each of n tokens (0 <= token < V, w[V,D] as PyTorch's
+ * nn.Embedding). Returns the index of the first token outside 0..V-1, writing nothing for it and what
+ * follows, or -1 when every token is in range. Backward scatter-adds: dw[tokens[i]] += dy[i], so a
+ * token seen twice gets both rows. */
+TALLY_API long tally_embedding_forward(float *y, const int32_t *tokens, const float *w, size_t n, int V, int D);
+TALLY_API void tally_embedding_backward(float *dw, const float *dy, const int32_t *tokens, size_t n, int D);
+
 #ifdef __cplusplus
 }
 #endif

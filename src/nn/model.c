@@ -107,11 +107,16 @@ static int model_alloc_buffers(tally__model *m, int B) {
 
 void tally__model_init_rng(tally__rng *r, uint64_t seed) { tally__rng_seed(r, seed, 0x6d6f64656cull); }
 
-/* PyTorch's default for Linear and Conv2d: weights and biases uniform in +-1/sqrt(fan_in). */
+/* PyTorch's defaults: Linear and Conv2d weights and biases uniform in +-1/sqrt(fan_in), Embedding
+ * standard normal. */
 void tally__model_init_layer(const tally__model *m, int layer, float *dst, tally__rng *r) {
     const tally__op *op = &m->op[tally__model_layer_op(m, layer)];
-    float bound = 1.0f / sqrtf((float)op->fan_in);
     size_t n = m->offsets[layer + 1] - m->offsets[layer];
+    if (op->kind == TALLY__OP_EMBED) {
+        for (size_t j = 0; j < n; j++) dst[j] = tally__rng_normal(r);
+        return;
+    }
+    float bound = 1.0f / sqrtf((float)op->fan_in);
     for (size_t j = 0; j < n; j++) dst[j] = (2.0f * tally__rng_uniform(r) - 1.0f) * bound;
 }
 
@@ -188,13 +193,23 @@ void tally__model_free(tally__model *m) {
     memset(m, 0, sizeof *m);
 }
 
-static void model_op_forward(tally__model *m, int i, int B) {
+/* An embedding's lookup; a token outside its table is the data's error, named with where it is. */
+static int model_embed_forward(tally__model *m, const tally__op *op, int B) {
+    const int32_t *tokens = (const int32_t *)m->act[op->src[0]];
+    long bad = tally_embedding_forward(m->act[op->dst], tokens, op->w, (size_t)B * op->in, op->fan_in, op->fan_out);
+    if (bad < 0) return 0;
+    return tally__seterr(TALLY_E_INVALID, "model: token %d (sample %ld, position %ld) is outside the vocabulary "
+                                          "0..%d; the data must be tokenized for this model",
+                         (int)tokens[bad], bad / (long)op->in, bad % (long)op->in, op->fan_in - 1);
+}
+
+static int model_op_forward(tally__model *m, int i, int B) {
     const tally__op *op = &m->op[i];
     const float *x = m->act[op->src[0]];
     float *y = m->act[op->dst];
     const float *w = op->w, *b = op->b;
     switch (op->kind) {
-    case TALLY__OP_LINEAR: tally_linear_forward(y, x, w, b, B, op->fan_in, op->fan_out); break;
+    case TALLY__OP_LINEAR: tally_linear_forward(y, x, w, b, B * op->rows, op->fan_in, op->fan_out); break;
     case TALLY__OP_RELU: tally_relu_forward(y, x, (size_t)B * op->out); break;
     case TALLY__OP_CONV: tally_conv2d_forward(y, x, w, b, &op->conv, B, m->scratch); break;
     case TALLY__OP_POOL:
@@ -205,7 +220,9 @@ static void model_op_forward(tally__model *m, int i, int B) {
         for (size_t k = 0, n = (size_t)B * op->out; k < n; k++) y[k] = x[k] + x2[k];
         break;
     }
+    case TALLY__OP_EMBED: return model_embed_forward(m, op, B);
     }
+    return 0;
 }
 
 /* Rows and classes of the loss: each sample's outputs are `positions` rows of classes. */
@@ -215,13 +232,13 @@ static void model_loss_shape(const tally__model *m, int B, int *rows, int *C) {
     *C = (int)(m->value_n[m->nvalues - 1] / (size_t)P);
 }
 
-int tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B,
+int tally__model_forward(tally__model *m, const void *x, const int32_t *y, const float *t, int B,
                          const tally__model_hooks *h, float *loss) {
-    m->act[0] = (float *)x;
+    m->act[0] = (float *)x; /* token indices when m->token_input: only an embedding reads them */
     for (int i = 0; i < m->nops; i++) {
         int rc = h && h->before_forward && m->op[i].layer >= 0 ? h->before_forward(h->arg, m->op[i].layer) : 0;
+        if (!rc) rc = model_op_forward(m, i, B);
         if (rc) return rc;
-        model_op_forward(m, i, B);
     }
     const float *out = m->act[m->nvalues - 1];
     int rows, C;
@@ -252,7 +269,10 @@ static void model_op_backward(tally__model *m, int i, int B) {
     const float *w = op->w;
     float *dw = op->dw, *db = op->db;
     switch (op->kind) {
-    case TALLY__OP_LINEAR: tally_linear_backward(dx, dw, db, dy, x, w, B, op->fan_in, op->fan_out); break;
+    case TALLY__OP_LINEAR: tally_linear_backward(dx, dw, db, dy, x, w, B * op->rows, op->fan_in, op->fan_out); break;
+    case TALLY__OP_EMBED: /* the tokens need no gradient */
+        tally_embedding_backward(dw, dy, (const int32_t *)x, (size_t)B * op->in, op->fan_out);
+        return;
     case TALLY__OP_RELU:
         if (dx) tally_relu_backward(dx, dy, m->act[op->dst], (size_t)B * op->out);
         break;

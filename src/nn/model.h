@@ -12,8 +12,11 @@
 
 typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__model_kind;
 
-/* The ops a model's nodes run. ADD takes two inputs of one size (a residual connection). */
-typedef enum { TALLY__OP_LINEAR, TALLY__OP_RELU, TALLY__OP_CONV, TALLY__OP_POOL, TALLY__OP_ADD } tally__op_kind;
+/* The ops a model's nodes run. ADD takes two inputs of one size (a residual connection); EMBED looks up
+ * a row of its table for each token of a token-index input (value 0 of a model with token_input). */
+typedef enum {
+    TALLY__OP_LINEAR, TALLY__OP_RELU, TALLY__OP_CONV, TALLY__OP_POOL, TALLY__OP_ADD, TALLY__OP_EMBED
+} tally__op_kind;
 
 #define TALLY__MODEL_MAX_OPS 256
 #define TALLY__MODEL_MAX_VALUES (TALLY__MODEL_MAX_OPS + 1)
@@ -31,7 +34,8 @@ typedef struct tally__op {
     size_t w_off, b_off;     /* into the flat buffers: w then b */
     float *w, *b, *dw, *db;  /* what forward and backward use: the flat buffers, or what ZeRO points
                               * them at (a gathered layer, a gradient staging buffer) */
-    int fan_in, fan_out;     /* linear: in, out features */
+    int fan_in, fan_out;     /* linear: in, out features; embed: vocabulary, width */
+    int rows;                /* linear: rows per sample, each of fan_in features (a sequence's positions) */
     tally_conv2d_shape conv; /* conv */
     int pool_c, pool_h, pool_w, pool_k; /* pool: input geometry and window */
 } tally__op;
@@ -66,6 +70,8 @@ typedef struct tally__model {
     int nops, nlayers;
     tally__op op[TALLY__MODEL_MAX_OPS];  /* in forward order: a node reads only values made before it */
     int nvalues;             /* value 0 is the input batch; the last value holds the outputs */
+    int token_input;         /* value 0 holds int32 token indices (value_n[0] per sample), not floats */
+    int layout_rc;           /* the first error the builder's calls met (a name too long), or 0 */
     size_t value_n[TALLY__MODEL_MAX_VALUES];  /* floats per sample of each value */
     int readers[TALLY__MODEL_MAX_VALUES];     /* how many node inputs read it */
     int positions;           /* outputs per sample the loss scores: 1, or a sequence's length (each of the
@@ -152,9 +158,11 @@ typedef struct tally__model_desc {
 } tally__model_desc;
 int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_desc *out);
 
-/* Forward of B samples x[B, in_dim] with labels (classification) or targets (regression); stores the
- * mean loss in *loss. Keeps the activations for backward. Returns 0 or a hook's error. */
-int tally__model_forward(tally__model *m, const float *x, const int32_t *y, const float *t, int B,
+/* Forward of B samples x[B, in_dim] (floats; int32 token indices when m->token_input) with labels
+ * (classification, one per position) or targets (regression); stores the mean loss in *loss. Keeps the
+ * activations for backward. Returns 0, a hook's error, or TALLY_E_INVALID for a token outside an
+ * embedding's vocabulary. */
+int tally__model_forward(tally__model *m, const void *x, const int32_t *y, const float *t, int B,
                          const tally__model_hooks *h, float *loss);
 /* Backward of the last forward: adds the gradients into each layer's dw/db, calling the hooks. */
 int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, const tally__model_hooks *h);

@@ -1,8 +1,9 @@
 /* model_build.c - the pieces every model's layout is made of: nodes over values, parameter layers and
- * their named tensors in the flat buffers, and FLOP counts. */
+ * their named tensors in the flat buffers, embeddings of token inputs, and FLOP counts. */
 #include <stdio.h>
 #include <string.h>
 
+#include "../core/err.h"
 #include "model_build.h"
 
 int tally__graph_last(const tally__model *m) { return m->nvalues - 1; }
@@ -26,22 +27,31 @@ tally__op *tally__graph_node(tally__model *m, tally__op_kind kind, int src0, int
 static void graph_add_tensor(tally__model *m, const char *layer, const char *what, size_t offset, int ndim,
                              const int *shape) {
     tally__tensor *t = &m->tensor[m->ntensors++];
-    snprintf(t->name, sizeof t->name, "%s.%s", layer, what);
+    int len = snprintf(t->name, sizeof t->name, "%s.%s", layer, what);
+    if (len >= (int)sizeof t->name && !m->layout_rc) /* cut short, it could name another tensor */
+        m->layout_rc = tally__seterr(TALLY_E_INVALID, "model: the tensor name '%s.%s' has %d characters, more "
+                                                      "than %d; give the layer a shorter name",
+                                     layer, what, len, (int)sizeof t->name - 1);
     t->ndim = ndim;
     t->offset = offset;
     t->count = 1;
     for (int i = 0; i < ndim; i++) t->count *= (size_t)(t->shape[i] = shape[i]);
 }
 
-void tally__graph_params(tally__model *m, tally__op *op, const char *name, int wdim, const int *wshape) {
+/* A parameter layer of a weight [wshape] and, when bias, a bias [wshape[0]] after it. */
+static void graph_layer(tally__model *m, tally__op *op, const char *name, int wdim, const int *wshape, int bias) {
     op->layer = m->nlayers;
     op->w_off = m->nparams;
     graph_add_tensor(m, name, "weight", m->nparams, wdim, wshape);
     op->b_off = m->nparams + m->tensor[m->ntensors - 1].count;
-    graph_add_tensor(m, name, "bias", op->b_off, 1, wshape);
+    if (bias) graph_add_tensor(m, name, "bias", op->b_off, 1, wshape);
     m->offsets[m->nlayers++] = m->nparams;
-    m->nparams = op->b_off + (size_t)wshape[0];
+    m->nparams = op->b_off + (bias ? (size_t)wshape[0] : 0);
     m->offsets[m->nlayers] = m->nparams;
+}
+
+void tally__graph_params(tally__model *m, tally__op *op, const char *name, int wdim, const int *wshape) {
+    graph_layer(m, op, name, wdim, wshape, 1);
 }
 
 void tally__graph_layer_name(const tally__model *m, const tally__op *op, const char *prefix, char *buf, size_t n) {
@@ -53,16 +63,30 @@ void tally__graph_layer_name(const tally__model *m, const tally__op *op, const c
 double tally__graph_flops(const tally__op *op, double macs) { return (op->src[0] == 0 ? 4.0 : 6.0) * macs; }
 
 void tally__graph_linear(tally__model *m, int in, int out, int relu, const char *fixed_name) {
-    tally__op *op = tally__graph_node(m, TALLY__OP_LINEAR, tally__graph_last(m), -1, (size_t)out);
+    int src = tally__graph_last(m);
+    int rows = (int)(m->value_n[src] / (size_t)in); /* a sequence's positions, each of `in` features */
+    tally__op *op = tally__graph_node(m, TALLY__OP_LINEAR, src, -1, (size_t)rows * out);
     op->fan_in = in;
     op->fan_out = out;
-    char name[16];
-    if (fixed_name)
-        snprintf(name, sizeof name, "%s", fixed_name);
-    else
-        tally__graph_layer_name(m, op, "fc", name, sizeof name);
-    tally__graph_params(m, op, name, 2, (int[]){out, in});
-    m->flops_per_sample += tally__graph_flops(op, (double)in * out);
-    if (relu) tally__graph_node(m, TALLY__OP_RELU, tally__graph_last(m), -1, (size_t)out);
+    op->rows = rows;
+    char numbered[16];
+    if (!fixed_name) tally__graph_layer_name(m, op, "fc", numbered, sizeof numbered);
+    tally__graph_params(m, op, fixed_name ? fixed_name : numbered, 2, (int[]){out, in});
+    m->flops_per_sample += tally__graph_flops(op, (double)rows * in * out);
+    if (relu) tally__graph_node(m, TALLY__OP_RELU, tally__graph_last(m), -1, (size_t)rows * out);
+}
+
+int tally__graph_embedding(tally__model *m, int vocab, int width, const char *name) {
+    if (!m->token_input)
+        return tally__seterr(TALLY_E_INVALID, "model: the embedding %s reads token indices, and this model's "
+                                              "input is floats; set token_input before laying it out", name);
+    if (vocab < 1 || width < 1)
+        return tally__seterr(TALLY_E_INVALID, "model: the embedding %s needs a vocabulary and a width of at "
+                                              "least 1 (got %d and %d)", name, vocab, width);
+    tally__op *op = tally__graph_node(m, TALLY__OP_EMBED, 0, -1, m->value_n[0] * (size_t)width);
+    op->fan_in = vocab;
+    op->fan_out = width;
+    graph_layer(m, op, name, 2, (int[]){vocab, width}, 0); /* nn.Embedding: a weight, no bias */
+    return 0;
 }
 

@@ -20,8 +20,12 @@ void tally__graph_layer_name(const tally__model *m, const tally__op *op, const c
 double tally__graph_flops(const tally__op *op, double macs);
 
 /* A linear layer (in -> out features) on the latest value, then a ReLU when relu; named fixed_name, or
- * "fc<k>" when that is NULL. */
+ * "fc<k>" when that is NULL. A value of P x in floats per sample is P rows (a sequence's positions),
+ * each mapped alike: P x out floats. */
 void tally__graph_linear(tally__model *m, int in, int out, int relu, const char *fixed_name);
+/* An embedding table [vocab, width] named "<name>.weight" over the token input (value 0: m->token_input
+ * set, value_n[0] tokens per sample): value_n[0] x width floats per sample. 0 or TALLY_E_INVALID. */
+int tally__graph_embedding(tally__model *m, int vocab, int width, const char *name);
 
 /* The builders (model_mlp.c, model_cnn.c): each lays out cfg's model after the input value. */
 int tally__build_linear(tally__model *m, const tally__model_cfg *cfg);

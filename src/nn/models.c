@@ -43,5 +43,6 @@ int tally__model_layout(tally__model *m, const tally__model_cfg *cfg) {
     m->nvalues = 1; /* value 0: the input batch */
     m->value_n[0] = (size_t)cfg->in_dim;
     m->positions = 1;
-    return (cfg->build ? cfg->build : model_defs[cfg->kind].build)(m, cfg);
+    int rc = (cfg->build ? cfg->build : model_defs[cfg->kind].build)(m, cfg);
+    return rc ? rc : m->layout_rc;
 }

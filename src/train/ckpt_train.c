@@ -112,9 +112,13 @@ static void ck_parts_of(train_run *r, ck_parts *out) {
 
 /* ---- saving ---- */
 
+/* Room for a composed name ("optim." + a tensor's name + ".exp_avg_sq") longer than a checkpoint holds,
+ * so a long one is refused by its length instead of cut short into another's. */
+#define CK_NAME_CAP 256
+
 typedef struct ck_save {
     tally__ckpt_tensor *t;
-    char (*names)[TALLY__CKPT_NAME_MAX + 1];
+    char (*names)[CK_NAME_CAP];
     int count;
     tally__ckpt_writer *w;   /* rank 0 only; NULL elsewhere, or once writing failed */
     int wrc;                 /* rank 0: the first writing error */
@@ -161,6 +165,24 @@ static int ck_agree(train_run *r, int rc, const char *why, const char *what) {
         return tally__seterr(v, "rank %d: rank 0 could not %s the checkpoint in %s: %s", r->rank, what,
                              r->cfg->ckpt.dir, text);
     return tally__seterr(v, "rank 0: %s", text);
+}
+
+int tally__train_ckpt_check_names(train_run *r) {
+    ck_save s = {0};
+    ck_parts parts;
+    ck_parts_of(r, &parts);
+    int rc = ck_table_make(r, &parts, &s);
+    for (int k = 0; k < s.count && !rc; k++) {
+        size_t n = strlen(s.names[k]);
+        if (n > TALLY__CKPT_NAME_MAX)
+            rc = tally__seterr(TALLY_E_INVALID,
+                               "rank %d: the checkpoint entry '%s' has %zu characters and a checkpoint names "
+                               "its entries in at most %d; shorten the model's tensor names, or train without --ckpt",
+                               r->rank, s.names[k], n, TALLY__CKPT_NAME_MAX);
+    }
+    free(s.t);
+    free(s.names);
+    return rc;
 }
 
 int tally__train_ckpt_save(train_run *r, long steps_done) {

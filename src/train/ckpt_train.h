@@ -6,6 +6,10 @@
 
 #include "trainer_int.h"
 
+/* Refuses, before the first step, a run whose entries' names do not fit a checkpoint (at most
+ * TALLY__CKPT_NAME_MAX characters), naming the first; the same on every rank, not collective. */
+int tally__train_ckpt_check_names(train_run *r);
+
 /* Saves the state after `steps_done` optimizer steps into cfg->ckpt_dir. Collective: ZeRO shards are
  * gathered layer by layer and rank 0 writes; every rank returns rank 0's outcome. */
 int tally__train_ckpt_save(train_run *r, long steps_done);

@@ -33,6 +33,13 @@ void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     if (info && info->defaults) info->defaults(mc);
 }
 
+int tally__train_check_input(const train_run *r) {
+    if (!r->model.token_input) return 0;
+    return tally__seterr(TALLY_E_INVALID, "rank %d: this model reads token indices and the data set %s holds "
+                                          "feature vectors; train it on token data, or give it a float input",
+                         r->rank, r->cfg->data.source ? r->cfg->data.source : "fashion-mnist");
+}
+
 int tally__train_load_data(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     const char *data_name = NULL;

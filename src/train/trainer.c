@@ -76,6 +76,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              r->rank);
     if ((rc = tally__codec_check(&cfg->sync.codec, cfg->sync.zero, r->rank))) return rc;
     if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed))) return rc;
+    if ((rc = tally__train_check_input(r))) return rc;
     r->hooks = tally__sync_hooks(&r->sync);
     tally__codec_spec(&cfg->sync.codec, res->codec, sizeof res->codec);
     res->grad_bytes_f32_step = r->sync.f32_bytes_step;
@@ -83,6 +84,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
         return rc;
     if ((rc = tally__train_prepare_steps(r, res, r->size))) return rc;
     r->saved_step = -1;
+    if (cfg->ckpt.dir && (rc = tally__train_ckpt_check_names(r))) return rc;
     if (cfg->ckpt.dir && (rc = cfg->ckpt.resume ? tally__train_ckpt_resume(r) : tally__train_ckpt_check_fresh(r)))
         return rc;
     res->resumed_from = r->saved_step;

@@ -54,6 +54,9 @@ int tally__train_load_data(train_run *r, tally__train_result *res);
  * ranks that compute gradients), the micro-batch buffers, and the model's figures in res. */
 int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers);
 void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx, int B);
+/* Once the model is laid out: refuses one that reads token indices, which the data sets here (feature
+ * vectors and images) do not hold. */
+int tally__train_check_input(const train_run *r);
 /* Test loss and score over the test set, each rank taking every size-th sample (collective). */
 int tally__train_evaluate(train_run *r, tally__train_result *res);
 /* SHA-256 of the parameters, and whether every rank holds the same (collective). */

@@ -11,7 +11,13 @@
 
 #define F 8  /* features; the parameters are w[F] then b */
 #define B 32 /* batch per rank */
-#define CHECK(call) do { if ((call) < 0) { fprintf(stderr, "%s\n", tally_last_error()); return 1; } } while (0)
+#define CHECK(call)                                                                                                    \
+    do {                                                                                                               \
+        if ((call) < 0) {                                                                                              \
+            fprintf(stderr, "%s\n", tally_last_error());                                                               \
+            return 1;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
 
 int main(void) {
     tally_comm *comm;
@@ -20,11 +26,13 @@ int main(void) {
     tally_dataset d;
     float true_w[F + 1], params[F + 1] = {0}, x[B * F], t[B], y[B], dy[B];
     CHECK(tally_dataset_linear(42, 16384, F, 0.1f, true_w, &d)); /* same seed: same data on every rank */
-    float *grads = tally_mem_alloc(comm, sizeof params);          /* peers on this host read it in place */
-    size_t layers[2] = {0, F + 1};                                /* one layer holding all parameters */
+    float *grads = tally_mem_alloc(comm, sizeof params);         /* peers on this host read it in place */
+    size_t layers[2] = {0, F + 1};                               /* one layer holding all parameters */
     tally_ddp *ddp;
     CHECK(tally_ddp_create(comm, grads, F + 1, layers, 1, NULL, &ddp));
-    tally_optim_cfg oc; tally_optim opt; tally_sampler s;
+    tally_optim_cfg oc;
+    tally_optim opt;
+    tally_sampler s;
     tally_optim_cfg_default(&oc, TALLY_OPTIM_SGD);
     CHECK(tally_optim_init(&opt, &oc, F + 1));
     CHECK(tally_sampler_init(&s, d.n, rank, size, 42, 1));
@@ -49,7 +57,10 @@ int main(void) {
     float err = 0;
     for (int i = 0; i <= F; i++) err = fmaxf(err, fabsf(params[i] - true_w[i]));
     if (rank == 0) printf("%d ranks: max |w - w_true| = %.4f\n", size, err);
-    tally_ddp_free(ddp); tally_optim_free(&opt); tally_sampler_free(&s); tally_dataset_free(&d);
+    tally_ddp_free(ddp);
+    tally_optim_free(&opt);
+    tally_sampler_free(&s);
+    tally_dataset_free(&d);
     tally_mem_free(comm, grads);
     tally_comm_free(comm);
     return err < 0.05f ? 0 : 1;

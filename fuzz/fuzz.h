@@ -13,15 +13,15 @@
  *   CTL:   [1] this rank % FZ_CTL_SIZE, then a control connection's byte stream.
  *   HELLO: the 160 bytes of a hello (zero-padded when shorter), judged by rank 0. */
 enum { FZ_FRAME_TCP, FZ_FRAME_CTL, FZ_FRAME_HELLO, FZ_FRAME_MODES };
-#define FZ_CTL_SIZE 4     /* world size of the control-frame mode; rank 2 is already joined */
-#define FZ_HELLO_LEN 160  /* a hello's payload (HELLO_LEN in src/boot/boot.c) */
-#define FZ_TCP_SEQ0 1     /* sequence number of the first message the TCP mode expects */
+#define FZ_CTL_SIZE  4   /* world size of the control-frame mode; rank 2 is already joined */
+#define FZ_HELLO_LEN 160 /* a hello's payload (HELLO_LEN in src/boot/boot.c) */
+#define FZ_TCP_SEQ0  1   /* sequence number of the first message the TCP mode expects */
 
 /* fuzz_handshake: byte 0 % FZ_HS_MODES: RAW sends the rest as the very first bytes (before any
  * proof); AUTH first proves the token, then sends the rest (hello, bootstrap frames, monitor frames).
  * The listener is rank 0 of a world of FZ_HS_SIZE, authenticating with FZ_HS_TOKEN. */
 enum { FZ_HS_RAW, FZ_HS_AUTH, FZ_HS_MODES };
-#define FZ_HS_SIZE 2
+#define FZ_HS_SIZE  2
 #define FZ_HS_TOKEN "tally-fuzz-handshake-token"
 
 /* fuzz_idx: byte 0 % FZ_IDX_MODES: PLAIN writes the rest to a file named without .gz; GZ_RAW to a

@@ -63,8 +63,13 @@ static void fz_tcp(const uint8_t *p, size_t n) {
     int opb = p[2];
     p += 3, n -= 3;
     size_t want = count * tally_dtype_size(dt);
-    tally__sig mine = {.seq = FZ_TCP_SEQ0, .count = count, .root = -1, .coll = TALLY__ALLREDUCE,
-                       .dtype = (uint8_t)dt, .op = (uint8_t)fz_ops[opb % 4], .algo = 1};
+    tally__sig mine = {.seq = FZ_TCP_SEQ0,
+                       .count = count,
+                       .root = -1,
+                       .coll = TALLY__ALLREDUCE,
+                       .dtype = (uint8_t)dt,
+                       .op = (uint8_t)fz_ops[opb % 4],
+                       .algo = 1};
     memset(src, 0x3c, sizeof src);
     memset(dst, 0, sizeof dst);
     unsigned char *rb = malloc(n ? n : 1);
@@ -85,8 +90,10 @@ static void fz_tcp(const uint8_t *p, size_t n) {
         c->rb_head += sizeof h;
         if (c->rb_tail - c->rb_head < want) break; /* the rest of the payload has not arrived */
         memcpy(pay, rb + c->rb_head, want);
-        if (opb & 4) memcpy(dst, pay, want);
-        else tally__reduce(dst, (opb & 8) ? dst : src, pay, count, dt, fz_ops[opb % 4]);
+        if (opb & 4)
+            memcpy(dst, pay, want);
+        else
+            tally__reduce(dst, (opb & 8) ? dst : src, pay, count, dt, fz_ops[opb % 4]);
         c->rb_head += want;
         mine.seq++;
     }

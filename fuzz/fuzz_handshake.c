@@ -32,9 +32,9 @@
 #define HS_STEP_S 30.0
 /* Once rank 1 has shut its side, the monitor is taken to have stopped reading (after a frame it
  * refused) when its socket's backlog stays put this long. */
-#define HS_STILL_NS 2000000u
+#define HS_STILL_NS    2000000u
 #define HS_CHECK_EVERY 500 /* inputs between checks that a genuine rank 1 still gets in */
-#define HS_FD_SLACK 4      /* rank 0 holds 1 to 3 descriptors, by where it is in its cycle */
+#define HS_FD_SLACK    4   /* rank 0 holds 1 to 3 descriptors, by where it is in its cycle */
 /* The last genuine rank 1 sends this in the allgather; rank 0 stops on it once stopping was asked
  * (hs_stop), so no input can stop it early. */
 #define HS_LAST "rank-1:q"
@@ -107,8 +107,10 @@ static void hs_drained(tally__boot *b, tally__fault *f) {
         int inq = 0;
         if (ioctl(fd, FIONREAD, &inq) != 0 || inq == 0) return;
         uint64_t now = tally__now_ns();
-        if (inq != last) last = inq, still = now;
-        else if (now - still > HS_STILL_NS) return;
+        if (inq != last)
+            last = inq, still = now;
+        else if (now - still > HS_STILL_NS)
+            return;
         if (now > end) hs_die("rank 0's monitor left %d bytes of rank 1 unread for %.0f s", inq, HS_STEP_S);
         hs_nap_us(20);
     }
@@ -151,7 +153,8 @@ static void *hs_server(void *arg) {
 static int hs_dial(void) {
     uint64_t end = tally__deadline(HS_STEP_S);
     for (;;) {
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atomic_load(&hs_port)),
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons((uint16_t)atomic_load(&hs_port)),
                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) hs_die("socket(): %s", strerror(errno));
@@ -221,8 +224,10 @@ static void hs_check(int last) {
     if (tally__boot_start_monitor(b)) hs_die("a genuine rank 1 cannot start its monitor: %s", tally_last_error());
     tally__boot_free(b);
     int fds = hs_count_fds();
-    if (hs_fd_base < 0) hs_fd_base = fds;
-    else if (fds > hs_fd_base + HS_FD_SLACK) hs_die("%d descriptors open, %d after the first check", fds, hs_fd_base);
+    if (hs_fd_base < 0)
+        hs_fd_base = fds;
+    else if (fds > hs_fd_base + HS_FD_SLACK)
+        hs_die("%d descriptors open, %d after the first check", fds, hs_fd_base);
 }
 
 /* At exit: one last genuine join, which rank 0 takes for the signal to stop. */

@@ -82,9 +82,11 @@ static unsigned char *fz_gzip(const uint8_t *p, size_t n, int level, size_t *out
 
 static size_t fz_elem_size(tally_idx_type t) {
     switch (t) {
-    case TALLY_IDX_U8: case TALLY_IDX_I8: return 1;
+    case TALLY_IDX_U8:
+    case TALLY_IDX_I8: return 1;
     case TALLY_IDX_I16: return 2;
-    case TALLY_IDX_I32: case TALLY_IDX_F32: return 4;
+    case TALLY_IDX_I32:
+    case TALLY_IDX_F32: return 4;
     case TALLY_IDX_F64: return 8;
     }
     return 0; /* an accepted file of another type fails the check below */

@@ -27,8 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char again[CKPT_MANIFEST_MAX];
     size_t n = tally__ckpt_manifest_format(&m, again, sizeof again);
     if (!tally__ckpt_file_parse(m.file, 0, &step) || step != m.step || n != size || memcmp(again, text, n)) {
-        fprintf(stderr, "fuzz_manifest: accepted a manifest the writer would not write (file %s, step %lld)\n",
-                m.file, (long long)m.step);
+        fprintf(stderr, "fuzz_manifest: accepted a manifest the writer would not write (file %s, step %lld)\n", m.file,
+                (long long)m.step);
         abort();
     }
     return 0;

@@ -59,8 +59,13 @@ static void gs_write(const char *target, const char *name, const gs_buf *s) {
 /* ---- frames ---- */
 
 static tally__sig gs_sig(uint64_t seq, size_t count, int dtype, int op) {
-    return (tally__sig){.seq = seq, .count = count, .root = -1, .coll = TALLY__ALLREDUCE, .dtype = (uint8_t)dtype,
-                        .op = (uint8_t)op, .algo = 1};
+    return (tally__sig){.seq = seq,
+                        .count = count,
+                        .root = -1,
+                        .coll = TALLY__ALLREDUCE,
+                        .dtype = (uint8_t)dtype,
+                        .op = (uint8_t)op,
+                        .algo = 1};
 }
 
 static void gs_tcp_hdr(gs_buf *s, uint32_t magic, tally__sig sig, uint64_t len) {
@@ -108,12 +113,17 @@ static void gs_tcp_wait(gs_buf *s, uint64_t seq, uint32_t aux) {
 static void gs_tcp_fault(gs_buf *s, int code, int culprit, const char *msg, int64_t len_delta) {
     unsigned char p[512];
     size_t n = gs_fault(p, code, culprit, msg);
-    gs_tcp_hdr(s, TALLY__TCP_MAGIC_FAULT, gs_sig(FZ_TCP_SEQ0, 2, TALLY_F32, TALLY_SUM), (uint64_t)((int64_t)n + len_delta));
+    gs_tcp_hdr(s, TALLY__TCP_MAGIC_FAULT, gs_sig(FZ_TCP_SEQ0, 2, TALLY_F32, TALLY_SUM),
+               (uint64_t)((int64_t)n + len_delta));
     gs_put(s, p, n);
 }
 
 static void gs_frame_tcp_ctl(void) {
-    struct { const char *name; int code, culprit; int64_t len_delta; } f[] = {
+    struct {
+        const char *name;
+        int code, culprit;
+        int64_t len_delta;
+    } f[] = {
         {"tcp-ctl-fault", TALLY_E_PEER_LOST, 3, 0},
         {"tcp-ctl-fault-cut", TALLY_E_TIMEOUT, 2, 40},
         {"tcp-ctl-fault-culprit", TALLY_E_PEER_LOST, 9, 0},
@@ -148,7 +158,12 @@ static void gs_frame_tcp(void) {
         snprintf(name, sizeof name, "tcp-%s", dt_names[dt]);
         gs_write("frame", name, &s);
     }
-    struct { const char *name; int opb; uint32_t magic; uint64_t seq, count, len; } one[] = {
+    struct {
+        const char *name;
+        int opb;
+        uint32_t magic;
+        uint64_t seq, count, len;
+    } one[] = {
         {"tcp-copy", 4, TALLY__TCP_MAGIC_DATA, FZ_TCP_SEQ0, 2, 8},
         {"tcp-inplace", 8, TALLY__TCP_MAGIC_DATA, FZ_TCP_SEQ0, 2, 8},
         {"tcp-mismatch", 0, TALLY__TCP_MAGIC_DATA, FZ_TCP_SEQ0, 5, 8},
@@ -207,7 +222,12 @@ static void gs_frame_ctl(void) {
     gs_ctl(&s, CTL_FAULT, 0, p, (uint32_t)gs_fault(p, 5, 7, "a positive code and a culprit out of range"));
     gs_write("frame", "ctl-rank3-bad-fault", &s);
 
-    struct { const char *name; uint32_t magic, version; int rank, size; const char *host; } hellos[] = {
+    struct {
+        const char *name;
+        uint32_t magic, version;
+        int rank, size;
+        const char *host;
+    } hellos[] = {
         {"hello-ok", GS_HELLO_MAGIC, 1, 3, FZ_CTL_SIZE, "node-c"},
         {"hello-version", GS_HELLO_MAGIC, 2, 1, FZ_CTL_SIZE, "node-c"},
         {"hello-size", GS_HELLO_MAGIC, 1, 1, 8, "node-c"},
@@ -284,8 +304,14 @@ static void gs_handshake(void) {
     gs_ctl(&s, CTL_DATA, 1, "rank-1!!!!!!", 12);
     gs_write("handshake", "auth-allgather-mismatch", &s);
 
-    struct { const char *name; uint32_t version; int rank, size; } bad[] = {
-        {"auth-hello-version", 7, 1, FZ_HS_SIZE}, {"auth-hello-size", 1, 1, 5}, {"auth-hello-rank0", 1, 0, FZ_HS_SIZE},
+    struct {
+        const char *name;
+        uint32_t version;
+        int rank, size;
+    } bad[] = {
+        {"auth-hello-version", 7, 1, FZ_HS_SIZE},
+        {"auth-hello-size", 1, 1, 5},
+        {"auth-hello-rank0", 1, 0, FZ_HS_SIZE},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         s.n = 0;
@@ -360,8 +386,12 @@ static void gs_idx3(const char *name, const gs_buf *file) {
 }
 
 static void gs_idx(void) {
-    struct { const char *name; int type; size_t esize; } types[] = {
-        {"u8", TALLY_IDX_U8, 1}, {"i8", TALLY_IDX_I8, 1}, {"i16", TALLY_IDX_I16, 2},
+    struct {
+        const char *name;
+        int type;
+        size_t esize;
+    } types[] = {
+        {"u8", TALLY_IDX_U8, 1},   {"i8", TALLY_IDX_I8, 1},   {"i16", TALLY_IDX_I16, 2},
         {"i32", TALLY_IDX_I32, 4}, {"f32", TALLY_IDX_F32, 4}, {"f64", TALLY_IDX_F64, 8},
     };
     uint32_t dims2[2] = {2, 3}, images[3] = {2, 4, 4}, labels[1] = {10}, empty[1] = {0};

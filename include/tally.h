@@ -25,22 +25,22 @@ typedef enum { TALLY_F32, TALLY_F64, TALLY_F16, TALLY_BF16, TALLY_I32, TALLY_I64
 typedef enum { TALLY_SUM, TALLY_AVG, TALLY_PROD, TALLY_MIN, TALLY_MAX } tally_op;
 
 #define TALLY_DTYPE_COUNT 7
-#define TALLY_OP_COUNT 5
+#define TALLY_OP_COUNT    5
 
 /* One table makes the error enum and its strings (as libuv's UV_ERRNO_MAP). */
-#define TALLY_ERRNO_MAP(X)                                                                     \
-    X(INVALID, -1, "invalid argument")                                                         \
-    X(NOMEM, -2, "out of memory")                                                              \
-    X(SYSTEM, -3, "system call failed")                                                        \
-    X(TIMEOUT, -4, "timed out waiting for a peer")                                             \
-    X(PEER_LOST, -5, "a peer process died or closed its connection")                          \
-    X(MISMATCH, -6, "ranks called different collectives, counts, dtypes, ops or roots")        \
-    X(AUTH, -7, "peer authentication failed (wrong TALLY_TOKEN?)")                             \
-    X(PROTOCOL, -8, "malformed or unexpected message from a peer")                             \
-    X(BOOT, -9, "rendezvous failed: rank, world size or address missing or inconsistent")     \
-    X(ABORTED, -10, "the communicator was aborted")                                            \
-    X(UNSUPPORTED, -11, "not supported on this system or build")                              \
-    X(CORRUPT, -12, "data failed an integrity check (checksum, or replicas that diverged)")   \
+#define TALLY_ERRNO_MAP(X)                                                                                             \
+    X(INVALID, -1, "invalid argument")                                                                                 \
+    X(NOMEM, -2, "out of memory")                                                                                      \
+    X(SYSTEM, -3, "system call failed")                                                                                \
+    X(TIMEOUT, -4, "timed out waiting for a peer")                                                                     \
+    X(PEER_LOST, -5, "a peer process died or closed its connection")                                                   \
+    X(MISMATCH, -6, "ranks called different collectives, counts, dtypes, ops or roots")                                \
+    X(AUTH, -7, "peer authentication failed (wrong TALLY_TOKEN?)")                                                     \
+    X(PROTOCOL, -8, "malformed or unexpected message from a peer")                                                     \
+    X(BOOT, -9, "rendezvous failed: rank, world size or address missing or inconsistent")                              \
+    X(ABORTED, -10, "the communicator was aborted")                                                                    \
+    X(UNSUPPORTED, -11, "not supported on this system or build")                                                       \
+    X(CORRUPT, -12, "data failed an integrity check (checksum, or replicas that diverged)")                            \
     X(NONFINITE, -13, "a value became NaN or Inf")
 
 typedef enum {
@@ -103,7 +103,7 @@ TALLY_API int tally_comm_abort(tally_comm *comm);
  * TALLY_E_PEER_LOST names the rank that died. */
 TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);
 TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
-                         tally_op op);
+                                   tally_op op);
 TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t);
 TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root);
 TALLY_API int tally_barrier(tally_comm *c);

@@ -12,7 +12,7 @@
 
 #include "harness.h"
 
-#define N 3
+#define N         3
 #define TIMEOUT_S 20.0 /* far above every bound checked here: an error seen is never a timeout */
 
 enum { SC_SILENT, SC_STREAM, SC_HUB, SC_IDLE, SC_COUNT };
@@ -21,13 +21,13 @@ static const char *sc_name[] = {"blocked on a silent peer", "during a large allr
 
 typedef struct {
     int scenario, aborter, silent, port2;
-    int code[N];          /* the failing call's result (the aborter's: its blocked call) */
+    int code[N]; /* the failing call's result (the aborter's: its blocked call) */
     char msg[N][500];
-    double abort_s;       /* how long tally_comm_abort took */
+    double abort_s; /* how long tally_comm_abort took */
     int abort_rc;
-    double abort_at;      /* CLOCK_MONOTONIC when abort was called */
-    _Atomic int entered;  /* ranks that started the big allreduce (SC_STREAM) */
-    double fail_at[N];    /* when each rank's failing call returned */
+    double abort_at;     /* CLOCK_MONOTONIC when abort was called */
+    _Atomic int entered; /* ranks that started the big allreduce (SC_STREAM) */
+    double fail_at[N];   /* when each rank's failing call returned */
     int fds_before[N], fds_aborted, fds_after[N], thr_before[N], thr_aborted, thr_after[N];
     int reinit_rc[N], reinit_ok[N];
     char reinit_msg[N][300];
@@ -148,8 +148,8 @@ static void scenario(const char *transport, int sc) {
      * of the other scenarios must return ABORTED. */
     int between = sc == SC_STREAM && S->code[a] == 0;
     if (between) printf("  %s: the allreduce completed before the abort\n", what);
-    TH_CHECK(S->code[a] == TALLY_E_ABORTED || between, "%s: the aborting rank's call got %s (%s), want ABORTED",
-             what, tally_strerror(S->code[a]), S->msg[a]);
+    TH_CHECK(S->code[a] == TALLY_E_ABORTED || between, "%s: the aborting rank's call got %s (%s), want ABORTED", what,
+             tally_strerror(S->code[a]), S->msg[a]);
     TH_CHECK(S->fds_aborted == S->fds_before[a] && S->thr_aborted == S->thr_before[a],
              "%s: after abort rank %d has %d fds and %d threads, %d and %d before init", what, a, S->fds_aborted,
              S->thr_aborted, S->fds_before[a], S->thr_before[a]);
@@ -159,8 +159,8 @@ static void scenario(const char *transport, int sc) {
              * before it (rank 0 busy relaying) names the rank just the same. */
             TH_CHECK(S->code[r] == TALLY_E_ABORTED || S->code[r] == TALLY_E_PEER_LOST,
                      "%s: rank %d got %s (%s), want ABORTED", what, r, tally_strerror(S->code[r]), S->msg[r]);
-            TH_CHECK(th_first_rank_named(S->msg[r]) == a, "%s: rank %d's message does not name rank %d first: %s",
-                     what, r, a, S->msg[r]);
+            TH_CHECK(th_first_rank_named(S->msg[r]) == a, "%s: rank %d's message does not name rank %d first: %s", what,
+                     r, a, S->msg[r]);
             double late = S->fail_at[r] - S->abort_at;
             TH_CHECK(S->abort_at > 0 && late < 3.0, "%s: rank %d failed %.2f s after the abort", what, r, late);
         }

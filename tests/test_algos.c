@@ -29,8 +29,11 @@ typedef struct algo {
     int (*barrier)(const tally__ctx *);
 } algo;
 
-#define ALGO(x) {#x, tally__##x##_allreduce, tally__##x##_reduce_scatter, tally__##x##_allgather, \
-                 tally__##x##_broadcast, tally__##x##_barrier}
+#define ALGO(x)                                                                                                        \
+    {                                                                                                                  \
+#x, tally__##x##_allreduce, tally__##x##_reduce_scatter, tally__##x##_allgather, tally__##x##_broadcast,       \
+            tally__##x##_barrier                                                                                       \
+    }
 static const algo algos[] = {ALGO(ring), ALGO(tree), ALGO(rhd), ALGO(direct)};
 #define NALGOS ((int)(sizeof algos / sizeof algos[0]))
 
@@ -85,10 +88,14 @@ static void reference(void *out, size_t oi, tally_op op, int n, size_t i, tally_
         for (int r = 1; r < n; r++) {
             tally__dtype_store(one, 0, t, input(op, r, i, t));
             int64_t v = load_int(one, 0, t);
-            if (op == TALLY_SUM) acc = (int64_t)((uint64_t)acc + (uint64_t)v);
-            else if (op == TALLY_PROD) acc = (int64_t)((uint64_t)acc * (uint64_t)v);
-            else if (op == TALLY_MIN) acc = v < acc ? v : acc;
-            else acc = v > acc ? v : acc;
+            if (op == TALLY_SUM)
+                acc = (int64_t)((uint64_t)acc + (uint64_t)v);
+            else if (op == TALLY_PROD)
+                acc = (int64_t)((uint64_t)acc * (uint64_t)v);
+            else if (op == TALLY_MIN)
+                acc = v < acc ? v : acc;
+            else
+                acc = v > acc ? v : acc;
         }
         switch (t) {
         case TALLY_I32: ((int32_t *)out)[oi] = (int32_t)(uint32_t)(uint64_t)acc; break;
@@ -100,8 +107,10 @@ static void reference(void *out, size_t oi, tally_op op, int n, size_t i, tally_
     double acc = input(op, 0, i, t);
     for (int r = 1; r < n; r++) {
         double v = input(op, r, i, t);
-        acc = op == TALLY_SUM ? acc + v : op == TALLY_PROD ? acc * v : op == TALLY_MIN ? (v < acc ? v : acc)
-                                                                                       : (v > acc ? v : acc);
+        acc = op == TALLY_SUM    ? acc + v
+              : op == TALLY_PROD ? acc * v
+              : op == TALLY_MIN  ? (v < acc ? v : acc)
+                                 : (v > acc ? v : acc);
     }
     tally__dtype_store(out, oi, t, acc);
 }
@@ -203,8 +212,7 @@ static int guards_intact(const job *j, int r) {
 
 static void describe(const job *j, char *s, size_t len) {
     snprintf(s, len, "%s %s n=%d %s %s count=%zu %s root=%d", j->a->name, coll_names[j->coll], j->n,
-             tally_dtype_name(j->t), tally_op_name(j->op), j->count, j->inplace ? "in-place" : "out-of-place",
-             j->root);
+             tally_dtype_name(j->t), tally_op_name(j->op), j->count, j->inplace ? "in-place" : "out-of-place", j->root);
 }
 
 /* Runs one case and checks: every rank returned 0, rank 0 matches the reference bitwise, every rank
@@ -281,8 +289,14 @@ static void test_collectives(void) {
                             /* Every root; only two for the large count to bound the time. */
                             for (int root = 0; root < n; root++) {
                                 if (big && root != 0 && root != n - 1) continue;
-                                job j = {.a = &algos[a], .coll = coll, .n = n, .root = root, .inplace = 1,
-                                         .t = (tally_dtype)t, .op = TALLY_SUM, .count = counts[ci],
+                                job j = {.a = &algos[a],
+                                         .coll = coll,
+                                         .n = n,
+                                         .root = root,
+                                         .inplace = 1,
+                                         .t = (tally_dtype)t,
+                                         .op = TALLY_SUM,
+                                         .count = counts[ci],
                                          .es = tally_dtype_size((tally_dtype)t)};
                                 check_case(w, &j, want, scratch);
                             }
@@ -295,8 +309,14 @@ static void test_collectives(void) {
                                 /* The large count: sum (both placements) and max; prod and min take the
                                  * same paths through the algorithm as they do. */
                                 if (big && (oi == 1 || oi == 2 || (inplace && oi != 0))) continue;
-                                job j = {.a = &algos[a], .coll = coll, .n = n, .root = -1, .inplace = inplace,
-                                         .t = (tally_dtype)t, .op = ops[oi], .count = counts[ci],
+                                job j = {.a = &algos[a],
+                                         .coll = coll,
+                                         .n = n,
+                                         .root = -1,
+                                         .inplace = inplace,
+                                         .t = (tally_dtype)t,
+                                         .op = ops[oi],
+                                         .count = counts[ci],
                                          .es = tally_dtype_size((tally_dtype)t)};
                                 check_case(w, &j, want, scratch);
                             }
@@ -325,7 +345,8 @@ static void test_barriers(void) {
             int rc[MAXN];
             int bad = mock_run(w, barrier_rank, (void *)&algos[a], rc);
             TH_CHECK(!bad, "%s barrier n=%d: %s", algos[a].name, n, mock_failure(w));
-            for (int r = 0; r < n && !bad; r++) TH_CHECK(rc[r] == 0, "%s barrier n=%d rank %d: %d", algos[a].name, n, r, rc[r]);
+            for (int r = 0; r < n && !bad; r++)
+                TH_CHECK(rc[r] == 0, "%s barrier n=%d rank %d: %d", algos[a].name, n, r, rc[r]);
             unsigned long long x = mock_stats_of(w, n - 1).exchanges;
             if (!strcmp(algos[a].name, "rhd"))
                 TH_CHECK(x == 3ull * (unsigned)tally__log2_ceil(n), "rhd barrier n=%d: %llu exchanges", n, x);
@@ -379,8 +400,8 @@ static void test_cost_model(void) {
                 double cx = tally__algo_cost(&m, x, coll, n, bytes);
                 for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++)
                     if (tally__algo_cost(&m, a, coll, n, bytes) < cx)
-                        TH_CHECK(0, "choose picked %s, %s is cheaper (coll %d, n %d, %zu bytes)",
-                                 tally__algo_name(x), tally__algo_name(a), coll, n, bytes);
+                        TH_CHECK(0, "choose picked %s, %s is cheaper (coll %d, n %d, %zu bytes)", tally__algo_name(x),
+                                 tally__algo_name(a), coll, n, bytes);
             }
     /* Direct never beats ring for many ranks and large vectors. */
     for (int n = 8; n <= 64; n *= 2)

@@ -17,8 +17,8 @@
 /* The bound the issue sets: staleness 0 is the synchronous step, summed in worker order where the
  * allreduce's order is rhd's (the same for N = 2 and 3). */
 #define REL_TOL 1e-5
-#define STEPS 30
-#define P_MLP (784 * 20 + 20 + 20 * 21 + 21 + 21 * 10 + 10)
+#define STEPS   30
+#define P_MLP   (784 * 20 + 20 + 20 * 21 + 21 + 21 * 10 + 10)
 
 static tally__train_cfg acfg(tally_optim_kind opt) {
     tally__train_cfg c = tr_small_cfg(4096, STEPS, 5);
@@ -79,8 +79,7 @@ static void test_bound_under_straggler(void) {
     TH_CHECK(stale > 0 && r->pulls_waited > 0, "a straggler made no gradient stale (%ld) or held no pull (%ld)", stale,
              r->pulls_waited);
     TH_CHECK(r->evaluated && r->test_acc >= 0 && r->test_acc <= 1, "evaluation after async training: %d, accuracy %g",
-             r->evaluated,
-             r->test_acc);
+             r->evaluated, r->test_acc);
 }
 
 static void test_dedicated(void) {
@@ -119,10 +118,10 @@ static void test_shared_quota(void) {
 
 /* ---- the server at the module level: workers in forked processes ---- */
 
-#define MOD_MAX 100003 /* the large size class (prime) */
+#define MOD_MAX  100003 /* the large size class (prime) */
 #define W0_STEPS 10
-#define W1_STEPS 3     /* worker 1's complete pushes before the torn one */
-#define TEAR_S 4
+#define W1_STEPS 3 /* worker 1's complete pushes before the torn one */
+#define TEAR_S   4
 
 static size_t g_n; /* the model size of the run in progress */
 
@@ -137,7 +136,7 @@ static int mod_tear(tally__ps_worker *k, int w, long c, float *p, float *g) {
     long stale;
     if (tally__ps_worker_pull(k, c, p, &stale)) return 13;
     for (size_t i = 0; i < g_n; i++) g[i] = 1e6f; /* would show in the parameters if applied */
-    unsigned char b[TALLY__PS_HDR] = {0}; /* the header as the wire format defines it */
+    unsigned char b[TALLY__PS_HDR] = {0};         /* the header as the wire format defines it */
     tally__put_be32(b, TALLY__PS_MAGIC);
     tally__put_be32(b + 4, TALLY__PS_PUSH);
     tally__put_be32(b + 8, (uint32_t)w);
@@ -168,9 +167,16 @@ static void mod_run(size_t n, long S, int tear) {
     char what[64];
     snprintf(what, sizeof what, "server n=%zu S=%ld%s", n, S, tear ? " torn push" : "");
     g_n = n;
-    tally__ps_cfg pc = {.nworkers = 2, .staleness = S, .stale_lr = TALLY__STALE_LR_NONE, .nparams = n,
-                        .init = init, .sched = {.lr = 1.0f}, .token = mod_token, .token_len = strlen(mod_token),
-                        .host = "127.0.0.1", .timeout_s = 20};
+    tally__ps_cfg pc = {.nworkers = 2,
+                        .staleness = S,
+                        .stale_lr = TALLY__STALE_LR_NONE,
+                        .nparams = n,
+                        .init = init,
+                        .sched = {.lr = 1.0f},
+                        .token = mod_token,
+                        .token_len = strlen(mod_token),
+                        .host = "127.0.0.1",
+                        .timeout_s = 20};
     tally_optim_cfg_default(&pc.optim, TALLY_OPTIM_SGD);
     pc.optim.momentum = 0;
     tally__ps_server *s;
@@ -193,15 +199,15 @@ static void mod_run(size_t n, long S, int tear) {
         printf("%s: the server returned %d: %s\n", what, rc, msg);
         TH_CHECK(rc == TALLY_E_PEER_LOST && th_first_rank_named(msg) == 1 && strstr(msg, "after 3 applied"),
                  "%s: the server's verdict on a worker that died: %d, %s", what, rc, msg);
-        TH_CHECK(ps->dead_rank == 1 && ps->dead_clock == W1_STEPS, "%s: dead rank %d at clock %ld", what,
-                 ps->dead_rank, ps->dead_clock);
+        TH_CHECK(ps->dead_rank == 1 && ps->dead_clock == W1_STEPS, "%s: dead rank %d at clock %ld", what, ps->dead_rank,
+                 ps->dead_clock);
     } else {
         TH_CHECK(rc == 0 && ps->dead_rank == -1, "%s: %d, %s", what, rc, msg);
     }
     TH_CHECK(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 0 && WIFEXITED(st[1]) && WEXITSTATUS(st[1]) == 0,
              "%s: a worker was held or failed: status %d %d", what, st[0], st[1]);
-    TH_CHECK(ps->pushes == W0_STEPS + w1 && ps->max_staleness <= S, "%s: %ld pushes applied, %ld complete; staleness %ld",
-             what, ps->pushes, W0_STEPS + w1, ps->max_staleness);
+    TH_CHECK(ps->pushes == W0_STEPS + w1 && ps->max_staleness <= S,
+             "%s: %ld pushes applied, %ld complete; staleness %ld", what, ps->pushes, W0_STEPS + w1, ps->max_staleness);
     const float *p = tally__ps_server_params(s);
     size_t bad = n;
     for (size_t i = n; i-- > 0;) {
@@ -284,8 +290,8 @@ static void test_refused(void) {
     };
     char err[4096];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char *args[16] = {"tally", "train", "-n", "1", "--data", "synthetic:256", "--steps", "2", "--quiet",
-                          "--mode", "async"};
+        char *args[16] = {"tally",   "train", "-n",      "1",      "--data", "synthetic:256",
+                          "--steps", "2",     "--quiet", "--mode", "async"};
         int k = 11;
         for (int j = 0; j < 4 && cases[i].flags[j]; j++) args[k++] = (char *)cases[i].flags[j];
         int rc = tr_run_tally(args, err, sizeof err);

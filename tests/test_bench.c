@@ -47,8 +47,10 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "env TALLY_DEBUG=1 %s bench allreduce -n 2 -b 8 -e 4M -f 512 --iters 2", tally_bin());
     int st = run(cmd, out, sizeof out);
     TH_CHECK(st == 0, "'%s' exited %d", cmd, st);
-    TH_CHECK(strstr(out, "transport shm") && strstr(out, "alpha"), "TALLY_DEBUG=1 does not log the transport "
-             "and the measured link:\n%s", out);
+    TH_CHECK(strstr(out, "transport shm") && strstr(out, "alpha"),
+             "TALLY_DEBUG=1 does not log the transport "
+             "and the measured link:\n%s",
+             out);
     TH_CHECK(strstr(out, "allreduce of 8 bytes on 2 ranks:") && strstr(out, "(model:"),
              "TALLY_DEBUG=1 does not log the algorithm chosen by the model:\n%s", out);
 

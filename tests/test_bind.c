@@ -66,8 +66,8 @@ static void check(int n, const cpu_set_t *given, int pinned, const char *what) {
         TH_CHECK(CPU_EQUAL(&outside, &s), "%s: rank %d runs outside the set tally was given", what, r);
         if (pinned) {
             CPU_AND(&outside, &s, &used);
-            TH_CHECK(CPU_COUNT(&s) == 1 && CPU_COUNT(&outside) == 0, "%s: rank %d has %d CPUs (or shares one)",
-                     what, r, CPU_COUNT(&s));
+            TH_CHECK(CPU_COUNT(&s) == 1 && CPU_COUNT(&outside) == 0, "%s: rank %d has %d CPUs (or shares one)", what, r,
+                     CPU_COUNT(&s));
             CPU_OR(&used, &used, &s);
         } else {
             TH_CHECK(CPU_EQUAL(&s, given), "%s: rank %d was pinned", what, r);
@@ -117,8 +117,8 @@ int main(void) {
     /* A rank of tally train gets as many CPUs as it has BLAS threads: one rank may use them all. */
     char all[16];
     snprintf(all, sizeof all, "%d", cpus);
-    const char *threads[] = {"train", "-n", "1", "--threads", all, "--data", "synthetic:256", "--steps", "1",
-                             "--quiet", NULL};
+    const char *threads[] = {"train",         "-n",      "1", "--threads", all, "--data",
+                             "synthetic:256", "--steps", "1", "--quiet",   NULL};
     th_tool_run(threads, &o, &R);
     TH_CHECK(R.rc == 0, "train -n 1 --threads %d (every CPU): exit %d:\n%s", cpus, R.rc, R.out);
     return th_verdict("test_bind");

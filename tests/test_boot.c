@@ -132,8 +132,7 @@ static void test_rendezvous(int n, int late) {
     int bad = th_wait(&job, 60);
     TH_CHECK(bad == 0, "rendezvous n=%d late=%d: %d ranks failed", n, late, bad);
     for (int r = 0; r < n; r++) {
-        if (job.status[r] != 0)
-            fprintf(stderr, "  rank %d status %d: %s\n", r, job.status[r], R[r].msg);
+        if (job.status[r] != 0) fprintf(stderr, "  rank %d status %d: %s\n", r, job.status[r], R[r].msg);
         int same = 1;
         for (int k = 0; k < n; k++)
             same &= R[r].pids[k] == job.pid[k] && R[r].hostids[k] == R[0].hostids[k] && R[r].ip[k][0] &&
@@ -190,16 +189,16 @@ static void test_dup_rank(void) {
              R[1].msg, c, R[2].msg);
     TH_CHECK(refused > 0 && R[3 - refused].rc == TALLY_E_TIMEOUT, "duplicate rank: the accepted one got %d",
              refused > 0 ? R[3 - refused].rc : 0);
-    TH_CHECK(R[0].rc == TALLY_E_TIMEOUT && strstr(R[0].msg, "ranks: 2."), "duplicate rank: rank 0 got %d '%s'",
-             R[0].rc, R[0].msg);
+    TH_CHECK(R[0].rc == TALLY_E_TIMEOUT && strstr(R[0].msg, "ranks: 2."), "duplicate rank: rank 0 got %d '%s'", R[0].rc,
+             R[0].msg);
 }
 
 static void test_bad_size(void) {
     run_refusal("world size mismatch", env_bad_size);
     TH_CHECK(R[2].rc == TALLY_E_BOOT && strstr(R[2].msg, "world size is 4 but rank 0 has 3"),
              "size mismatch: rank 2 got %d '%s'", R[2].rc, R[2].msg);
-    TH_CHECK(R[0].rc == TALLY_E_TIMEOUT && R[1].rc == TALLY_E_TIMEOUT, "size mismatch: ranks 0/1 got %d/%d",
-             R[0].rc, R[1].rc);
+    TH_CHECK(R[0].rc == TALLY_E_TIMEOUT && R[1].rc == TALLY_E_TIMEOUT, "size mismatch: ranks 0/1 got %d/%d", R[0].rc,
+             R[1].rc);
 }
 
 /* Rank 2 plays strangers against rank 0's port before joining itself. */
@@ -215,7 +214,7 @@ static int fn_strangers(int rank, int size, void *arg) {
             int fd;
             if (tally__net_connect(env.host, env.port, dl, &fd)) return 31;
             if (kind == 1) tally__net_send_all(fd, junk, sizeof junk, dl); /* random bytes */
-            if (kind == 2) { /* a full but wrong handshake */
+            if (kind == 2) {                                               /* a full but wrong handshake */
                 tally__net_send_all(fd, junk, 32, dl);
                 tally__net_recv_all(fd, reply, 64, dl);
                 tally__net_send_all(fd, junk + 32, 32, dl);
@@ -354,9 +353,9 @@ static int stall_one(const tally__boot_env *env, int kind, uint64_t dl) {
     if (tally__net_connect(env->host, env->port, dl, &fd)) return -1;
     for (int i = 0; i < 64; i++) junk[i] = (unsigned char)rand();
     switch (kind) {
-    case 0: break;                                    /* connected, silent */
+    case 0: break;                                        /* connected, silent */
     case 1: tally__net_send_all(fd, junk, 10, dl); break; /* part of a nonce */
-    case 2:                                           /* a nonce, reads the reply, no proof */
+    case 2:                                               /* a nonce, reads the reply, no proof */
         tally__net_send_all(fd, junk, 32, dl);
         tally__net_recv_all(fd, junk, 64, dl);
         break;
@@ -404,8 +403,8 @@ static void test_stallers(void) {
 /* ---- a rank that never arrives is named on every rank ---- */
 
 typedef struct miss_arg {
-    int missing;  /* the rank that never starts its rendezvous */
-    int late;     /* a rank that starts 1 s after the others, -1 none */
+    int missing; /* the rank that never starts its rendezvous */
+    int late;    /* a rank that starts 1 s after the others, -1 none */
 } miss_arg;
 
 static void env_boot_limit(int rank, void *arg) { setenv("TALLY_BOOT_TIMEOUT", "1.5", 1); }
@@ -503,15 +502,17 @@ static void test_launcher_addr(void) {
     snprintf(cmd, sizeof cmd, "env -u TALLY_ADDR -u TALLY_BIND '%s' run -n 1 -- printenv TALLY_ADDR", bin);
     int rc = th_shell(cmd, 30, out, sizeof out);
     const char *addr = strstr(out, "] ") ? strstr(out, "] ") + 2 : out; /* output may come as "[0] line" */
-    TH_CHECK(rc == 0 && !strncmp(addr, "127.0.0.1:", 10), "tally run: TALLY_ADDR is '%s' (rc %d), expected "
-             "127.0.0.1:port", out, rc);
+    TH_CHECK(rc == 0 && !strncmp(addr, "127.0.0.1:", 10),
+             "tally run: TALLY_ADDR is '%s' (rc %d), expected "
+             "127.0.0.1:port",
+             out, rc);
 }
 
 /* ---- monitor ---- */
 
 typedef struct mon_arg {
-    int victim;      /* rank that dies (kill) or raises (fault) */
-    int mode;        /* 0 kill -9, 1 raise a fault, 2 clean free, 3 exit before a bootstrap allgather */
+    int victim; /* rank that dies (kill) or raises (fault) */
+    int mode;   /* 0 kill -9, 1 raise a fault, 2 clean free, 3 exit before a bootstrap allgather */
 } mon_arg;
 
 static int fn_monitor(int rank, int size, void *arg) {
@@ -600,24 +601,24 @@ static int env_run(env_case c) {
     return R[0].rc;
 }
 
-#define ENV_OK(c, cond, ...)                                                       \
-    do {                                                                           \
-        int rc_ = env_run(c);                                                      \
-        tally__boot_env *e = &R[0].env;                                            \
-        (void)e;                                                                   \
-        TH_CHECK(rc_ == 0 && (cond), __VA_ARGS__);                                 \
-        if (rc_) fprintf(stderr, "   -> rc %d: %s\n", rc_, R[0].msg);              \
+#define ENV_OK(c, cond, ...)                                                                                           \
+    do {                                                                                                               \
+        int rc_ = env_run(c);                                                                                          \
+        tally__boot_env *e = &R[0].env;                                                                                \
+        (void)e;                                                                                                       \
+        TH_CHECK(rc_ == 0 && (cond), __VA_ARGS__);                                                                     \
+        if (rc_) fprintf(stderr, "   -> rc %d: %s\n", rc_, R[0].msg);                                                  \
     } while (0)
 /* Something missing is TALLY_E_BOOT; a value that is set but malformed is TALLY_E_INVALID. */
-#define ENV_FAILS(c, code, text)                                                                           \
-    do {                                                                                                   \
-        int rc_ = env_run(c);                                                                              \
-        TH_CHECK(rc_ == (code) && strstr(R[0].msg, text), "expected %s with '%s', got %d '%s'", #code, text, \
-                 rc_, R[0].msg);                                                                           \
+#define ENV_FAILS(c, code, text)                                                                                       \
+    do {                                                                                                               \
+        int rc_ = env_run(c);                                                                                          \
+        TH_CHECK(rc_ == (code) && strstr(R[0].msg, text), "expected %s with '%s', got %d '%s'", #code, text, rc_,      \
+                 R[0].msg);                                                                                            \
     } while (0)
 #define ENV_ERR(c, text) ENV_FAILS(c, TALLY_E_BOOT, text)
 #define ENV_BAD(c, text) ENV_FAILS(c, TALLY_E_INVALID, text)
-#define E(...) ((env_case){{__VA_ARGS__, NULL}})
+#define E(...)           ((env_case){{__VA_ARGS__, NULL}})
 
 static void test_env_tally(void) {
     ENV_OK(E("TALLY_RANK=2", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=node0:1234", "TALLY_TOKEN=abc"),
@@ -629,14 +630,17 @@ static void test_env_tally(void) {
     ENV_OK(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=1"), e->size == 1 && e->rank == 0, "size 1 needs no address or token");
     ENV_ERR(E("TALLY_RANK=0"), "TALLY_WORLD_SIZE is not set");
     ENV_ERR(E("TALLY_WORLD_SIZE=2"), "TALLY_RANK is not set");
-    ENV_BAD(E("TALLY_RANK=4", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"), "TALLY_RANK='4' is out of range");
-    ENV_BAD(E("TALLY_RANK=-1", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"), "TALLY_RANK='-1' is out of range");
+    ENV_BAD(E("TALLY_RANK=4", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"),
+            "TALLY_RANK='4' is out of range");
+    ENV_BAD(E("TALLY_RANK=-1", "TALLY_WORLD_SIZE=4", "TALLY_ADDR=h:1", "TALLY_TOKEN=t"),
+            "TALLY_RANK='-1' is out of range");
     ENV_BAD(E("TALLY_RANK=abc", "TALLY_WORLD_SIZE=4"), "TALLY_RANK='abc' is not a whole number");
     ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=0"), "TALLY_WORLD_SIZE='0' is out of range");
     ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=5000"), "TALLY_WORLD_SIZE='5000' is out of range");
     ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:0", "TALLY_TOKEN=t"), "port '0'");
     ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=h:70000", "TALLY_TOKEN=t"), "port '70000'");
-    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=node0", "TALLY_TOKEN=t"), "TALLY_ADDR='node0' has no port");
+    ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=node0", "TALLY_TOKEN=t"),
+            "TALLY_ADDR='node0' has no port");
     ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=::1:5", "TALLY_TOKEN=t"), "brackets");
     ENV_BAD(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_ADDR=:5", "TALLY_TOKEN=t"), "empty host");
     ENV_ERR(E("TALLY_RANK=0", "TALLY_WORLD_SIZE=2", "TALLY_TOKEN=t"), "export TALLY_ADDR=");
@@ -668,10 +672,12 @@ static void test_env_tally(void) {
 
 static void test_env_launchers(void) {
     /* As Debian's Open MPI 4.1 mpirun sets them on one host. */
-#define OMPI1 "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2", \
-              "OMPI_MCA_ess_base_jobid=1674575873", "PMIX_NAMESPACE=1674575873"
-    ENV_OK(E(OMPI1), e->rank == 1 && e->size == 2 && !strcmp(e->source, "Open MPI") && !strcmp(e->host, "127.0.0.1") &&
-                         e->port >= 29500 && e->port <= 32767 && e->token_derived && e->token_len == 64,
+#define OMPI1                                                                                                          \
+    "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2",                                \
+        "OMPI_MCA_ess_base_jobid=1674575873", "PMIX_NAMESPACE=1674575873"
+    ENV_OK(E(OMPI1),
+           e->rank == 1 && e->size == 2 && !strcmp(e->source, "Open MPI") && !strcmp(e->host, "127.0.0.1") &&
+               e->port >= 29500 && e->port <= 32767 && e->token_derived && e->token_len == 64,
            "Open MPI on one host: loopback, derived port and token");
     tally__boot_env r1 = R[0].env;
     ENV_OK(E("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2",
@@ -681,7 +687,8 @@ static void test_env_launchers(void) {
              "OMPI_MCA_ess_base_jobid=99", "PMIX_NAMESPACE=99"),
            strcmp(e->token, r1.token) != 0, "Open MPI: another job derives another token");
     ENV_ERR(E("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_SIZE=2",
-              "OMPI_MCA_ess_base_jobid=1"), "mpirun -x TALLY_ADDR=");
+              "OMPI_MCA_ess_base_jobid=1"),
+            "mpirun -x TALLY_ADDR=");
     ENV_OK(E("OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=4", "TALLY_ADDR=node0:4000", "TALLY_TOKEN=s"),
            e->rank == 3 && !strcmp(e->host, "node0") && e->port == 4000 && !e->token_derived,
            "Open MPI with TALLY_ADDR/TALLY_TOKEN");
@@ -706,15 +713,15 @@ static void test_env_launchers(void) {
     ENV_OK(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", "TALLY_TOKEN=x"),
            e->rank == 1 && !strcmp(e->source, "torchrun") && !strcmp(e->host, "10.0.0.1") && e->port == 29500,
            "torchrun: MASTER_ADDR:MASTER_PORT");
-    ENV_OK(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500"),
-           e->token_derived, "torchrun: token derived from the master address");
+    ENV_OK(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500"), e->token_derived,
+           "torchrun: token derived from the master address");
     ENV_BAD(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=abc"), "MASTER_PORT: port 'abc'");
     ENV_ERR(E("RANK=1", "WORLD_SIZE=2", "MASTER_PORT=1"), "MASTER_ADDR is not set");
-    ENV_OK(E("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "SLURM_PROCID=0", "SLURM_NTASKS=1",
-             "TALLY_ADDR=h:1", "TALLY_TOKEN=t"),
+    ENV_OK(E("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "SLURM_PROCID=0", "SLURM_NTASKS=1", "TALLY_ADDR=h:1",
+             "TALLY_TOKEN=t"),
            e->rank == 1 && !strcmp(e->source, "Open MPI"), "Open MPI takes precedence over Slurm");
-    ENV_OK(E("TALLY_RANK=1", "TALLY_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2",
-             "TALLY_ADDR=h:1", "TALLY_TOKEN=t"),
+    ENV_OK(E("TALLY_RANK=1", "TALLY_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2", "TALLY_ADDR=h:1",
+             "TALLY_TOKEN=t"),
            e->rank == 1 && !strcmp(e->source, "TALLY"), "TALLY_* take precedence over the launcher");
 }
 

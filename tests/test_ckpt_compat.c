@@ -20,13 +20,13 @@ static const compat_case cases[] = {
      {"-n", "2", "--model", "linear", "--optimizer", "adamw", "--batch", "16", NULL},
      "0e205813f480d4f451d6dfad9778787f47ea759f6bb25c6cd0919b3da963d955"},
     {"mlp_powersgd",
-     {"-n", "2", "--model", "mlp", "--hidden", "8", "--compress", "powersgd:1", "--data", "synthetic:512",
-      "--batch", "16", NULL},
+     {"-n", "2", "--model", "mlp", "--hidden", "8", "--compress", "powersgd:1", "--data", "synthetic:512", "--batch",
+      "16", NULL},
      "317eab5ff8e2bac27612724b83e95a6ccbb677a44174faf1c28b6b3a96ef79fb"},
     /* Written at 2 ranks under --zero 3, loaded by one rank at stage 0 (the same 32 samples a step). */
     {"mlp_zero3",
-     {"-n", "1", "--model", "mlp", "--hidden", "8", "--zero", "0", "--optimizer", "adamw", "--data",
-      "synthetic:512", "--batch", "32", NULL},
+     {"-n", "1", "--model", "mlp", "--hidden", "8", "--zero", "0", "--optimizer", "adamw", "--data", "synthetic:512",
+      "--batch", "32", NULL},
      "b3321d642d8bd272aee8c34682555f2fb13c6583abe11d7d39ec889091ff8cfe"},
 };
 
@@ -40,8 +40,8 @@ static void check_case(const compat_case *c, const char *data_dir, const char *t
     int n = 0;
     args[n++] = "train";
     for (int i = 0; c->flags[i]; i++) args[n++] = c->flags[i];
-    const char *tail[] = {"--steps", "12", "--seed", "3", "--quiet", "--no-eval", "--ckpt", dir, "--resume",
-                          "--json", json, NULL};
+    const char *tail[] = {"--steps", "12", "--seed",   "3",      "--quiet", "--no-eval",
+                          "--ckpt",  dir,  "--resume", "--json", json,      NULL};
     for (int i = 0; tail[i]; i++) args[n++] = tail[i];
     args[n] = NULL;
     static th_tool r;

@@ -80,7 +80,7 @@ static void test_latest(void) {
     write_file(file, img, fl);
     rc = tally__ckpt_open_latest(dir, &c);
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "step-0000000006.tck: tensor 'optim.m' (#1): data "
-                                                               "CRC32C mismatch"),
+                                                              "CRC32C mismatch"),
              "corrupt file: %s", tally_last_error());
     tally__ckpt_tensor d[NT];
     content_desc(d, 256, 64);
@@ -95,7 +95,7 @@ static void test_latest(void) {
     unlink(file);
     rc = tally__ckpt_open_latest(dir, &c);
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "step-0000000006.tck: LATEST names this file but it "
-                                                               "does not exist"),
+                                                              "does not exist"),
              "missing file: %s", tally_last_error());
     write_file(file, img, fl - 64);
     rc = tally__ckpt_open_latest(dir, &c);

@@ -128,8 +128,8 @@ static void test_roundtrip(void) {
                                                               "[7, 5, 3] (105 elements)"),
              "round trip: get with the shape reversed: %s", tally_last_error());
     rc = tally__ckpt_get(c, "odd f64", TALLY_F64, 1, s105, &p);
-    TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "the model has f64 [105]"),
-             "round trip: get flat: %s", tally_last_error());
+    TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "the model has f64 [105]"), "round trip: get flat: %s",
+             tally_last_error());
     rc = tally__ckpt_get(c, "fc9.bias", TALLY_F32, 1, s1, &p);
     TH_CHECK(rc == TALLY_E_INVALID && has(tally_last_error(), "no tensor 'fc9.bias'"), "round trip: get absent: %s",
              tally_last_error());

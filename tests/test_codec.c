@@ -73,16 +73,18 @@ static int same_half(uint16_t got, uint16_t want, uint16_t exp_mask) {
  * between neighbours (odd and even), and random bits over the whole float range. */
 static size_t cast_inputs(float *x, size_t cap) {
     size_t n = 0;
-    const float fixed[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 65504.0f, -65504.0f, 65519.99f, 65520.0f,
-                           65536.0f, 1e6f, -1e30f, 3.4028235e38f, 6.1035156e-5f, 5.9604645e-8f, 2.9802322e-8f,
-                           2.98023259e-8f, 1e-9f, 1.17549435e-38f, 1e-40f, 1.0f, 1.0009765625f};
+    const float fixed[] = {0.0f,     -0.0f,           INFINITY,      -INFINITY,     NAN,           -NAN,
+                           65504.0f, -65504.0f,       65519.99f,     65520.0f,      65536.0f,      1e6f,
+                           -1e30f,   3.4028235e38f,   6.1035156e-5f, 5.9604645e-8f, 2.9802322e-8f, 2.98023259e-8f,
+                           1e-9f,    1.17549435e-38f, 1e-40f,        1.0f,          1.0009765625f};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) x[n++] = fixed[i];
-    x[n++] = float_of(0x7f800001u); /* a signalling NaN's bits */
+    x[n++] = float_of(0x7f800001u);                             /* a signalling NaN's bits */
     for (uint32_t h = 0; h < 0x7c00u && n + 2 < cap; h += 97) { /* fp16 neighbours' midpoints */
         x[n++] = (float)((ref_f16_value((uint16_t)h) + ref_f16_value((uint16_t)(h + 1))) / 2);
         x[n++] = -(float)ref_f16_value((uint16_t)h);
     }
-    for (uint32_t b = 0x3f800000u; b < 0x3f810000u && n < cap; b += 0x4000u) x[n++] = float_of(b | 0x8000u); /* bf16 ties */
+    for (uint32_t b = 0x3f800000u; b < 0x3f810000u && n < cap; b += 0x4000u)
+        x[n++] = float_of(b | 0x8000u); /* bf16 ties */
     uint64_t s = 88172645463325252ull;
     while (n < cap) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -165,8 +167,8 @@ static void test_topk_select(void) {
                 memcpy(w, want, k * 4);
                 qsort(w, k, 4, by_index);
                 tally__topk_select(x, n, k, got, key);
-                TH_CHECK(!memcmp(w, got, k * 4), "top-%zu of %zu (flavour %d) differs from the sorted reference", k,
-                         n, flavour);
+                TH_CHECK(!memcmp(w, got, k * 4), "top-%zu of %zu (flavour %d) differs from the sorted reference", k, n,
+                         flavour);
             }
         }
     }
@@ -224,8 +226,8 @@ static void make_model(void) {
 typedef struct ef_case {
     tally__codec_cfg codec;
     int accum, steps, no_overlap, lowrank; /* lowrank: every rank's gradient is a multiple of one rank-1 matrix */
-    double err[TH_MAX_RANKS];   /* out: max |sum(sent) + residuals - sum(gradients)| / scale */
-    double mean_err[TH_MAX_RANKS]; /* out (lowrank): max |output - mean gradient| of the first step */
+    double err[TH_MAX_RANKS];              /* out: max |sum(sent) + residuals - sum(gradients)| / scale */
+    double mean_err[TH_MAX_RANKS];         /* out (lowrank): max |output - mean gradient| of the first step */
 } ef_case;
 
 static float grad_of(int rank, int step, int k, size_t i, int lowrank) {
@@ -254,8 +256,11 @@ static int ef_rank(int rank, int size, void *arg) {
     tally__codec *cd;
     tally_ddp *d;
     int rc = tally__codec_create(&ec->codec, c, &g_model, 5, &cd);
-    tally_ddp_opts o = {.bucket_bytes = 200, .no_overlap = ec->no_overlap, .accum = ec->accum,
-                        .reduce = tally__codec_reduce, .reduce_arg = cd};
+    tally_ddp_opts o = {.bucket_bytes = 200,
+                        .no_overlap = ec->no_overlap,
+                        .accum = ec->accum,
+                        .reduce = tally__codec_reduce,
+                        .reduce_arg = cd};
     if (!rc) rc = tally_ddp_create(c, g, n, g_off, 3, &o, &d);
     tally_ddp_stats st;
     tally_ddp_get_stats(d, &st);
@@ -306,9 +311,7 @@ static int ef_rank(int rank, int size, void *arg) {
 /* Gradients of magnitude <= 10 summed over 40 steps: the bound is on |difference| / (10 x the number of
  * gradients summed). Exact codecs leave float rounding (~1e-7); fp16 and bf16 keep no residual, so their
  * rounding (2^-11, 2^-8 of each value) stays in the difference. */
-static double ef_bound(const char *spec) {
-    return !strcmp(spec, "fp16") ? 1e-3 : !strcmp(spec, "bf16") ? 8e-3 : 1e-5;
-}
+static double ef_bound(const char *spec) { return !strcmp(spec, "fp16") ? 1e-3 : !strcmp(spec, "bf16") ? 8e-3 : 1e-5; }
 
 static void run_ef(const char *tp, int n, const char *spec, int ef, int accum, int no_overlap) {
     ef_case *ec = th_shared_alloc(sizeof *ec);
@@ -323,8 +326,10 @@ static void run_ef(const char *tp, int n, const char *spec, int ef, int accum, i
     double worst = 0;
     for (int r = 0; r < n; r++) worst = ec->err[r] > worst ? ec->err[r] : worst;
     double bound = ef_bound(spec);
-    TH_CHECK(worst <= bound, "%s n=%d %s accum %d: sent + residual differs from the gradients fed by %g of the "
-             "scale", tp, n, spec, accum, worst);
+    TH_CHECK(worst <= bound,
+             "%s n=%d %s accum %d: sent + residual differs from the gradients fed by %g of the "
+             "scale",
+             tp, n, spec, accum, worst);
     th_shared_free(ec, sizeof *ec);
 }
 
@@ -339,8 +344,8 @@ static void run_lowrank(int n, const char *spec) {
     th_opts o = {.transport = "shm", .wall_s = 60};
     TH_CHECK(th_run(n, &o, ef_rank, ec) == 0, "lowrank %s n=%d: ranks failed", spec, n);
     for (int r = 0; r < n; r++)
-        TH_CHECK(ec->mean_err[r] < 1e-4, "%s n=%d rank %d: a rank-1 mean gradient comes back with error %g", spec,
-                 n, r, ec->mean_err[r]);
+        TH_CHECK(ec->mean_err[r] < 1e-4, "%s n=%d rank %d: a rank-1 mean gradient comes back with error %g", spec, n, r,
+                 ec->mean_err[r]);
     th_shared_free(ec, sizeof *ec);
 }
 

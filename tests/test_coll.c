@@ -25,8 +25,7 @@ static int is_float(int t) { return t == TALLY_F32 || t == TALLY_F64 || t == TAL
 /* The value rank `rank` contributes at element i, as stored in dtype t (u8 wraps negatives). */
 static double contribution(int rank, size_t i, int t, int op, int with_nan) {
     double v = input(rank, i, op);
-    if (with_nan && is_float(t) && i == NAN_INDEX && rank == 1 && (op == TALLY_MIN || op == TALLY_MAX))
-        return NAN;
+    if (with_nan && is_float(t) && i == NAN_INDEX && rank == 1 && (op == TALLY_MIN || op == TALLY_MAX)) return NAN;
     if (t == TALLY_U8) v = (double)(uint8_t)(int)v;
     return v;
 }
@@ -70,15 +69,14 @@ static shared_result *g_result;
 
 static void fail(int rank, const char *what, int t, int op, size_t count, size_t i, double got, double want) {
     if (__sync_fetch_and_add(&g_result->failures, 1) == 0)
-        snprintf(g_result->first, sizeof g_result->first,
-                 "rank %d: %s %s/%s count %zu: element %zu is %g, expected %g", rank, what,
-                 tally_dtype_name((tally_dtype)t), tally_op_name((tally_op)op), count, i, got, want);
+        snprintf(g_result->first, sizeof g_result->first, "rank %d: %s %s/%s count %zu: element %zu is %g, expected %g",
+                 rank, what, tally_dtype_name((tally_dtype)t), tally_op_name((tally_op)op), count, i, got, want);
 }
 
 static void fail_rc(int rank, const char *what, int rc) {
     if (__sync_fetch_and_add(&g_result->failures, 1) == 0)
-        snprintf(g_result->first, sizeof g_result->first, "rank %d: %s returned %s: %s", rank, what,
-                 tally_strerror(rc), tally_last_error());
+        snprintf(g_result->first, sizeof g_result->first, "rank %d: %s returned %s: %s", rank, what, tally_strerror(rc),
+                 tally_last_error());
 }
 
 static int check_allreduce(tally_comm *c, int t, int op, size_t count, int in_place) {
@@ -109,7 +107,8 @@ static int check_reduce_scatter(tally_comm *c, int t, int op, size_t count, int 
     int rc = tally_reduce_scatter(c, send, recv, count, (tally_dtype)t, (tally_op)op);
     if (rc) fail_rc(rank, "reduce_scatter", rc);
     for (size_t i = 0; i < count && !rc; i++) {
-        double want = reference(n, (size_t)rank * count + i, t, op, 1), got = tally__dtype_load(recv, i, (tally_dtype)t);
+        double want = reference(n, (size_t)rank * count + i, t, op, 1),
+               got = tally__dtype_load(recv, i, (tally_dtype)t);
         if (!same(got, want)) {
             fail(rank, in_place ? "reduce_scatter in place" : "reduce_scatter", t, op, count, i, got, want);
             break;
@@ -126,11 +125,13 @@ static int check_allgather(tally_comm *c, int t, size_t count, int in_place) {
     char *recv = malloc(total * es + 1), *own = malloc(count * es + 1);
     char *send = in_place ? recv + (size_t)rank * count * es : own;
     memset(recv, 0xA5, total * es);
-    for (size_t i = 0; i < count; i++) tally__dtype_store(send, i, (tally_dtype)t, contribution(rank, i, t, TALLY_SUM, 0));
+    for (size_t i = 0; i < count; i++)
+        tally__dtype_store(send, i, (tally_dtype)t, contribution(rank, i, t, TALLY_SUM, 0));
     int rc = tally_allgather(c, send, recv, count, (tally_dtype)t);
     if (rc) fail_rc(rank, "allgather", rc);
     for (size_t i = 0; i < total && !rc; i++) {
-        double want = contribution((int)(i / count), i % count, t, TALLY_SUM, 0), got = tally__dtype_load(recv, i, (tally_dtype)t);
+        double want = contribution((int)(i / count), i % count, t, TALLY_SUM, 0),
+               got = tally__dtype_load(recv, i, (tally_dtype)t);
         if (!same(got, want)) {
             fail(rank, in_place ? "allgather in place" : "allgather", t, TALLY_SUM, count, i, got, want);
             break;
@@ -145,7 +146,8 @@ static int check_broadcast(tally_comm *c, int t, size_t count, int root) {
     int rank = tally_comm_rank(c);
     size_t es = tally_dtype_size((tally_dtype)t);
     char *buf = malloc(count * es + 1);
-    for (size_t i = 0; i < count; i++) tally__dtype_store(buf, i, (tally_dtype)t, contribution(rank, i, t, TALLY_SUM, 0));
+    for (size_t i = 0; i < count; i++)
+        tally__dtype_store(buf, i, (tally_dtype)t, contribution(rank, i, t, TALLY_SUM, 0));
     int rc = tally_broadcast(c, buf, count, (tally_dtype)t, root);
     if (rc) fail_rc(rank, "broadcast", rc);
     for (size_t i = 0; i < count && !rc; i++) {

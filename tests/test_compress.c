@@ -17,9 +17,9 @@
  * also loses small gradients to its subnormal range); bound on the relative L2 distance of the
  * parameters after 50 steps: 5% / 10% (measured: fp16 1e-4 at 2 ranks, 0.018 at 3; bf16 0.006, 0.027). */
 #define TOPK1_TOL 1e-5
-#define FP16_TOL 0.05
-#define BF16_TOL 0.10
-#define STEPS 50
+#define FP16_TOL  0.05
+#define BF16_TOL  0.10
+#define STEPS     50
 
 static tally__train_cfg ccfg(const char *codec, int ef, int zero, int accum, int no_overlap) {
     tally__train_cfg c = tr_small_cfg(4096, STEPS, 3);
@@ -87,12 +87,14 @@ static void test_matrix(void) {
                 if (z && !half) continue;
                 if (th_light() && z == 3) continue;
                 char what[96];
-                snprintf(what, sizeof what, "%s%s accum 2 overlap %d zero %d", codecs[k], efs[k] ? "" : " no-ef",
-                         !ov, z);
+                snprintf(what, sizeof what, "%s%s accum 2 overlap %d zero %d", codecs[k], efs[k] ? "" : " no-ef", !ov,
+                         z);
                 tally__train_cfg c = ccfg(codecs[k], efs[k], z, 2, ov);
                 if (tr_train_on("shm", 3, &c, NULL, what)) continue;
-                TH_CHECK(tr->res[0].grad_bytes < tr->res[0].grad_bytes_f32_step * STEPS, "%s: %llu bytes, not fewer "
-                         "than f32's %llu", what, tr->res[0].grad_bytes, tr->res[0].grad_bytes_f32_step * STEPS);
+                TH_CHECK(tr->res[0].grad_bytes < tr->res[0].grad_bytes_f32_step * STEPS,
+                         "%s: %llu bytes, not fewer "
+                         "than f32's %llu",
+                         what, tr->res[0].grad_bytes, tr->res[0].grad_bytes_f32_step * STEPS);
             }
 }
 
@@ -152,7 +154,8 @@ static void test_overflow(void) {
     }
     char out[8192];
     int rc = th_shell("\"$TALLY_BIN\" train -n 2 --model linear --lr 2 --steps 60 --batch 8 --compress fp16 "
-                      "--nan error --quiet --no-eval", 60, out, sizeof out);
+                      "--nan error --quiet --no-eval",
+                      60, out, sizeof out);
     TH_CHECK(rc != 0 && strstr(out, "fp16 sum of bucket 0 overflowed") && strstr(out, "--nan error"),
              "fp16 overflow with --nan error: exit %d: %s", rc, out);
 }
@@ -195,20 +198,23 @@ static void test_resume(const char *codec, int n) {
     second.ckpt.resume = 1;
     if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_got, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
-    TH_CHECK(!memcmp(g_ref, g_got, tr->res[0].nparams * sizeof(float)), "%s: differs from the run that never "
-             "stopped (max rel diff %g)", what, tr_max_rel_diff(g_got, g_ref, tr->res[0].nparams));
+    TH_CHECK(!memcmp(g_ref, g_got, tr->res[0].nparams * sizeof(float)),
+             "%s: differs from the run that never "
+             "stopped (max rel diff %g)",
+             what, tr_max_rel_diff(g_got, g_ref, tr->res[0].nparams));
     /* At another world size each rank starts from the mean of the saved residuals. */
     if (n == 2) {
         tally__train_cfg third = second;
         third.max_steps = END + 10;
         if (!tr_train_on("shm", 3, &third, NULL, "resume topk written at n=2 on 3 ranks"))
-            TH_CHECK(tr->res[0].resumed_from == END, "%s at n=3: resumed from step %ld", what,
-                     tr->res[0].resumed_from);
+            TH_CHECK(tr->res[0].resumed_from == END, "%s at n=3: resumed from step %ld", what, tr->res[0].resumed_from);
     }
     /* Another codec on the same directory is refused, naming both. */
     char cmd[600], out[4096];
-    snprintf(cmd, sizeof cmd, "\"$TALLY_BIN\" train -n 2 --data synthetic:4096 --hidden 20,21 --batch 8 --seed 3 "
-             "--steps 80 --ckpt %s --resume --compress bf16 --quiet --no-eval", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "\"$TALLY_BIN\" train -n 2 --data synthetic:4096 --hidden 20,21 --batch 8 --seed 3 "
+             "--steps 80 --ckpt %s --resume --compress bf16 --quiet --no-eval",
+             g_dir);
     int rc = th_shell(cmd, 60, out, sizeof out);
     TH_CHECK(rc != 0 && strstr(out, codec) && strstr(out, "'bf16'"), "%s: resumed with bf16: exit %d: %s", what, rc,
              out);

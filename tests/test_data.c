@@ -120,10 +120,16 @@ static void test_arrays(int type, size_t n, unsigned char *be, unsigned char *ho
     for (size_t i = 0; i < n; i++) {
         uint64_t v = test_value(type, i);
         for (size_t k = 0; k < es; k++) be[i * es + k] = (unsigned char)(v >> (8 * (es - 1 - k)));
-        if (es == 1) host[i] = (unsigned char)v;
-        else if (es == 2) { uint16_t h = (uint16_t)v; memcpy(host + 2 * i, &h, 2); }
-        else if (es == 4) { uint32_t h = (uint32_t)v; memcpy(host + 4 * i, &h, 4); }
-        else memcpy(host + 8 * i, &v, 8);
+        if (es == 1)
+            host[i] = (unsigned char)v;
+        else if (es == 2) {
+            uint16_t h = (uint16_t)v;
+            memcpy(host + 2 * i, &h, 2);
+        } else if (es == 4) {
+            uint32_t h = (uint32_t)v;
+            memcpy(host + 4 * i, &h, 4);
+        } else
+            memcpy(host + 8 * i, &v, 8);
     }
 }
 
@@ -141,7 +147,8 @@ static void roundtrip(int type, int gz) {
     TH_CHECK(rc == 0, "round trip type 0x%02x gz=%d: rc %d: %s", type, gz, rc, tally_last_error());
     if (rc == 0) {
         TH_CHECK(idx.type == (tally_idx_type)type && idx.ndim == 3 && idx.dims[0] == 3 && idx.dims[1] == 5 &&
-                     idx.dims[2] == 7 && idx.count == n, "round trip type 0x%02x gz=%d: header fields", type, gz);
+                     idx.dims[2] == 7 && idx.count == n,
+                 "round trip type 0x%02x gz=%d: header fields", type, gz);
         TH_CHECK(memcmp(idx.data, host, n * es) == 0, "round trip type 0x%02x gz=%d: data differ", type, gz);
     }
     tally_idx_free(&idx);
@@ -373,8 +380,9 @@ static void expect_mnist_fail(const char *dir, int code, const char *file, const
 }
 
 static void check_fake_loaded(const tally_dataset *d, size_t n) {
-    TH_CHECK(d->n == n && d->dim == 784 && d->channels == 1 && d->height == 28 && d->width == 28 &&
-                 d->classes == 10 && d->tdim == 0 && d->t == NULL, "fake mnist: geometry of %zu samples", n);
+    TH_CHECK(d->n == n && d->dim == 784 && d->channels == 1 && d->height == 28 && d->width == 28 && d->classes == 10 &&
+                 d->tdim == 0 && d->t == NULL,
+             "fake mnist: geometry of %zu samples", n);
     int ok = 1;
     for (size_t i = 0; i < n * 784; i++) ok &= d->x[i] == (float)(unsigned char)(i * 31 + 7) / 255.0f;
     for (size_t i = 0; i < n; i++) ok &= d->y[i] == (int32_t)(i % 10);
@@ -425,8 +433,10 @@ static void check_real_split(const tally_dataset *d, size_t n, const char *what)
     size_t hist[10] = {0}, bad = 0;
     float lo = 1, hi = 0;
     for (size_t i = 0; i < d->n; i++) {
-        if (d->y[i] < 0 || d->y[i] >= 10) bad++;
-        else hist[d->y[i]]++;
+        if (d->y[i] < 0 || d->y[i] >= 10)
+            bad++;
+        else
+            hist[d->y[i]]++;
     }
     for (size_t i = 0; i < d->n * 784; i++) lo = fminf(lo, d->x[i]), hi = fmaxf(hi, d->x[i]);
     TH_CHECK(bad == 0 && hist[0] == n / 10 && hist[9] == n / 10, "%s: labels out of range or unbalanced", what);
@@ -476,22 +486,25 @@ static void check_shards(size_t n, int size, uint64_t seed, int epoch) {
         perm_diff += memcmp(s[r].perm, one.perm, n * sizeof(size_t)) != 0;
         for (size_t i = 0; i < tally_sampler_len(&s[r]); i++) {
             size_t k = tally_sampler_index(&s[r], i);
-            if (k >= n) range++;
-            else if (seen[k]++) dup++;
-            else covered++;
+            if (k >= n)
+                range++;
+            else if (seen[k]++)
+                dup++;
+            else
+                covered++;
         }
     }
     TH_CHECK(!len_bad && !dup && !range && covered == n / (size_t)size * (size_t)size && !perm_diff,
-             "sampler n=%zu size=%d: len %zu dup %zu range %zu covered %zu perm_diff %zu", n, size, len_bad, dup,
-             range, covered, perm_diff);
+             "sampler n=%zu size=%d: len %zu dup %zu range %zu covered %zu perm_diff %zu", n, size, len_bad, dup, range,
+             covered, perm_diff);
     /* Batch b on each of `size` ranks covers the same samples as batch b*size on one rank. */
     size_t mism = 0;
     for (size_t b = 1; b <= 8; b *= 2)
         for (size_t i = 0; (i + 1) * b <= tally_sampler_len(&s[0]); i++)
             for (int r = 0; r < size; r++)
                 for (size_t j = 0; j < b; j++)
-                    mism += tally_sampler_index(&s[r], i * b + j) !=
-                            tally_sampler_index(&one, i * b * size + j * size + r);
+                    mism +=
+                        tally_sampler_index(&s[r], i * b + j) != tally_sampler_index(&one, i * b * size + j * size + r);
     TH_CHECK(mism == 0, "sampler n=%zu size=%d: %zu batch positions differ from one rank's", n, size, mism);
     for (int r = 0; r < size; r++) tally_sampler_free(&s[r]);
     tally_sampler_free(&one);
@@ -571,16 +584,18 @@ static void check_synthetic_values(const tally_dataset *d) {
     size_t bad = 0, hist[10] = {0};
     for (size_t i = 0; i < d->n * 784; i++) bad += !(d->x[i] >= 0.0f && d->x[i] <= 1.0f);
     for (size_t i = 0; i < d->n; i++) {
-        if (d->y[i] < 0 || d->y[i] >= 10) bad++;
-        else hist[d->y[i]]++;
+        if (d->y[i] < 0 || d->y[i] >= 10)
+            bad++;
+        else
+            hist[d->y[i]]++;
     }
     size_t lo = d->n, hi = 0;
     for (int c = 0; c < 10; c++) lo = hist[c] < lo ? hist[c] : lo, hi = hist[c] > hi ? hist[c] : hi;
     TH_CHECK(bad == 0, "synthetic: %zu values or labels out of range", bad);
-    TH_CHECK(lo >= d->n / 10 * 6 / 10 && hi <= d->n / 10 * 14 / 10, "synthetic: classes unbalanced (%zu..%zu)", lo,
-             hi);
+    TH_CHECK(lo >= d->n / 10 * 6 / 10 && hi <= d->n / 10 * 14 / 10, "synthetic: classes unbalanced (%zu..%zu)", lo, hi);
     TH_CHECK(d->dim == 784 && d->channels == 1 && d->height == 28 && d->width == 28 && d->classes == 10 &&
-                 d->tdim == 0 && !d->t, "synthetic: geometry");
+                 d->tdim == 0 && !d->t,
+             "synthetic: geometry");
 }
 
 static void test_synthetic(void) {
@@ -651,7 +666,8 @@ static void test_linear(void) {
     TH_CHECK(a.n == 4000 && a.dim == 8 && a.tdim == 1 && a.classes == 0 && !a.y && a.t && !a.height,
              "linear: shape fields");
     TH_CHECK(memcmp(a.x, b.x, 4000 * 8 * sizeof(float)) == 0 && memcmp(a.t, b.t, 4000 * sizeof(float)) == 0 &&
-                 memcmp(w, w2, sizeof w) == 0, "linear: same seed, different data");
+                 memcmp(w, w2, sizeof w) == 0,
+             "linear: same seed, different data");
     int filled = 0;
     for (int j = 0; j < 9; j++) filled += w[j] != 0.0f;
     TH_CHECK(filled == 9, "linear: true_w not filled");

@@ -12,7 +12,7 @@
 #define NLAYERS 7
 static const size_t layer_size[NLAYERS] = {33, 1, 40, 0, 64, 17, 50};
 #define BUCKET_BYTES (64 * sizeof(float))
-#define MAX_ACCUM 3
+#define MAX_ACCUM    3
 
 typedef struct {
     int accum, no_overlap, shuffle, use_mem;
@@ -137,15 +137,16 @@ static void check_layout(void) {
     TH_CHECK(tally_ddp_wait(d) == 0, "wait: %s", tally_last_error());
     tally_ddp_free(d);
     /* one bucket for everything by default (25 MiB) */
-    TH_CHECK(tally_ddp_create(c, g, n, off, NLAYERS, NULL, &d) == 0 && tally_ddp_bucket(d, 0, &b, &e) == 0 &&
-                 b == 0 && e == n && tally_ddp_bucket(d, 1, NULL, NULL) == TALLY_E_INVALID,
+    TH_CHECK(tally_ddp_create(c, g, n, off, NLAYERS, NULL, &d) == 0 && tally_ddp_bucket(d, 0, &b, &e) == 0 && b == 0 &&
+                 e == n && tally_ddp_bucket(d, 1, NULL, NULL) == TALLY_E_INVALID,
              "default options do not give one bucket");
     tally_ddp_free(d);
     size_t bad[NLAYERS + 1];
     memcpy(bad, off, sizeof bad);
     bad[3] = bad[2] - 1;
     TH_CHECK(tally_ddp_create(c, g, n, bad, NLAYERS, NULL, &d) == TALLY_E_INVALID &&
-                 strstr(tally_last_error(), "decrease"), "decreasing offsets accepted: %s", tally_last_error());
+                 strstr(tally_last_error(), "decrease"),
+             "decreasing offsets accepted: %s", tally_last_error());
     TH_CHECK(tally_ddp_create(c, g, n + 1, off, NLAYERS, NULL, &d) == TALLY_E_INVALID, "count mismatch accepted");
     free(g);
     tally_comm_free(c);
@@ -174,8 +175,8 @@ int main(void) {
             shuf.shuffle = 1;
             shuf.use_mem = 1;
             run_case(transports[t], n, shuf, &other);
-            TH_CHECK(!memcmp(ref, other, sizeof ref), "%s n=%d: layers out of order change the result",
-                     transports[t], n);
+            TH_CHECK(!memcmp(ref, other, sizeof ref), "%s n=%d: layers out of order change the result", transports[t],
+                     n);
         }
     }
     /* At n = 2 every algorithm sends at least the whole gradient once per reduction. */

@@ -31,14 +31,15 @@ static int json_field(const char *path, const char *key, char *out, size_t n) {
 static void test_run_restarts(void) {
     char err[8192];
     /* Fails on the first start only: one restart brings success. */
-    char *once[] = {"tally", "run", "-n", "2", "--max-restarts", "2", "--", "sh", "-c",
-                    "[ \"$TALLY_RESTART\" != 0 ] || [ \"$TALLY_RANK\" != 1 ] || exit 3", NULL};
+    char *once[] = {"tally", "run", "-n", "2",  "--max-restarts",
+                    "2",     "--",  "sh", "-c", "[ \"$TALLY_RESTART\" != 0 ] || [ \"$TALLY_RANK\" != 1 ] || exit 3",
+                    NULL};
     int rc = tr_run_tally(once, err, sizeof err);
     TH_CHECK(rc == 0 && strstr(err, "rank 1") && strstr(err, "restarting all 2 ranks (restart 1 of 2)") &&
                  !strstr(err, "restart 2 of 2"),
              "run --max-restarts, failing once: exit %d '%s'", rc, err);
-    char *always[] = {"tally", "run", "-n", "2", "--max-restarts", "1", "--", "sh", "-c",
-                      "[ \"$TALLY_RANK\" != 0 ] || exit 4", NULL};
+    char *always[] = {
+        "tally", "run", "-n", "2", "--max-restarts", "1", "--", "sh", "-c", "[ \"$TALLY_RANK\" != 0 ] || exit 4", NULL};
     rc = tr_run_tally(always, err, sizeof err);
     TH_CHECK(rc == 4 && strstr(err, "restart 1 of 1") && !strstr(err, "restart 2"),
              "run --max-restarts, failing always: exit %d '%s'", rc, err);
@@ -50,13 +51,22 @@ static void test_train_restart(void) {
     snprintf(j0, sizeof j0, "%s.0.json", dir);
     snprintf(j1, sizeof j1, "%s.1.json", dir);
     th_rm_dir(dir);
-    char *straight[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "64", "--steps", "80",
-                        "--epochs", "3", "--quiet", "--json", j0, NULL};
+    char *straight[] = {"tally",   "train", "-n",       "2", "--data",  "synthetic:4096", "--hidden", "64",
+                        "--steps", "80",    "--epochs", "3", "--quiet", "--json",         j0,         NULL};
     int rc = tr_run_tally(straight, err, sizeof err);
     TH_CHECK(rc == 0, "uninterrupted run: exit %d '%s'", rc, err);
-    char *killed[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "64", "--steps", "80",
-                      "--epochs", "3", "--quiet", "--json", j1, "--ckpt", dir, "--ckpt-every", "10",
-                      "--max-restarts", "2", "--inject-kill", "1:25", NULL};
+    char *killed[] = {"tally",    "train",
+                      "-n",       "2",
+                      "--data",   "synthetic:4096",
+                      "--hidden", "64",
+                      "--steps",  "80",
+                      "--epochs", "3",
+                      "--quiet",  "--json",
+                      j1,         "--ckpt",
+                      dir,        "--ckpt-every",
+                      "10",       "--max-restarts",
+                      "2",        "--inject-kill",
+                      "1:25",     NULL};
     rc = tr_run_tally(killed, err, sizeof err);
     TH_CHECK(rc == 0 && strstr(err, "rank 1") && strstr(err, "restart 1 of 2") &&
                  strstr(err, "resumed from the checkpoint of step 20"),

@@ -65,11 +65,10 @@ static void test_kill(const char *transport) {
         TH_CHECK(!job.killed_by_harness[r], "%s kill: rank %d hung", transport, r);
         TH_CHECK(S->code[r] == TALLY_E_PEER_LOST, "%s kill: rank %d got %s (%s), want PEER_LOST", transport, r,
                  tally_strerror(S->code[r]), S->msg[r]);
-        TH_CHECK(strstr(S->msg[r], "rank 2") != NULL, "%s kill: rank %d's message does not name rank 2: %s",
-                 transport, r, S->msg[r]);
+        TH_CHECK(strstr(S->msg[r], "rank 2") != NULL, "%s kill: rank %d's message does not name rank 2: %s", transport,
+                 r, S->msg[r]);
         double late = S->when[r] - S->kill_time;
-        TH_CHECK(S->kill_time > 0 && late < 5.0, "%s kill: rank %d returned %.2f s after the kill", transport, r,
-                 late);
+        TH_CHECK(S->kill_time > 0 && late < 5.0, "%s kill: rank %d returned %.2f s after the kill", transport, r, late);
     }
 }
 
@@ -89,7 +88,8 @@ static int mismatch_rank(int rank, int n, void *arg) {
     case MIS_DTYPE: rc = tally_allreduce(c, buf, buf, 1000, odd ? TALLY_I32 : TALLY_F32, TALLY_SUM); break;
     case MIS_OP: rc = tally_allreduce(c, buf, buf, 1000, TALLY_F32, odd ? TALLY_MAX : TALLY_SUM); break;
     case MIS_COLL:
-        rc = odd ? tally_broadcast(c, buf, 1000, TALLY_F32, 0) : tally_allreduce(c, buf, buf, 1000, TALLY_F32, TALLY_SUM);
+        rc = odd ? tally_broadcast(c, buf, 1000, TALLY_F32, 0)
+                 : tally_allreduce(c, buf, buf, 1000, TALLY_F32, TALLY_SUM);
         break;
     default: /* the roots too fail in this very call, though they need nothing from their peers */
         rc = tally_broadcast(c, buf, 1000, TALLY_F32, odd ? 1 : 0);
@@ -178,8 +178,8 @@ static void test_timeout(const char *transport) {
     double took = S->when[0] - t0;
     TH_CHECK(took > 1.5 && took < 4.5, "%s timeout: rank 0 returned after %.2f s with TALLY_TIMEOUT=2", transport,
              took);
-    TH_CHECK(strstr(S->msg[0], "allreduce") != NULL, "%s timeout: message does not name the collective: %s",
-             transport, S->msg[0]);
+    TH_CHECK(strstr(S->msg[0], "allreduce") != NULL, "%s timeout: message does not name the collective: %s", transport,
+             S->msg[0]);
 }
 
 /* ---- bad arguments are refused locally, and the communicator stays usable ---- */

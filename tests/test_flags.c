@@ -10,7 +10,7 @@
 #include "harness.h"
 #include "tool_runner.h"
 
-#define RUN_WALL_S 20
+#define RUN_WALL_S  20
 #define FLOOD_BYTES 2048 /* a refusal is a few lines; a usage page or a runaway loop is more */
 
 static void run_tool(const char *const *args, const char *const *env, th_tool *r) {
@@ -35,12 +35,15 @@ static void expect_refusal(const char *const *args, const char *const *env, int 
 /* ---- flags ---- */
 
 typedef struct flag_case {
-    const char *flag;                  /* as given; NULL ends a table */
-    const char *bad[6];                /* values it must refuse */
+    const char *flag;   /* as given; NULL ends a table */
+    const char *bad[6]; /* values it must refuse */
 } flag_case;
 
 /* A flag that takes no value is given one, "--quiet=3". */
-#define NOVAL(f) {f, {"=3"}}
+#define NOVAL(f)                                                                                                       \
+    {                                                                                                                  \
+        f, { "=3" }                                                                                                    \
+    }
 
 static const flag_case train_flags[] = {
     {"-n", {"0", "abc", "1e-30", "4097", "", "2x"}},
@@ -150,8 +153,10 @@ static const flag_case run_flags[] = {
 
 /* The message names the flag and the value given ("--epochs '-1'", or "--quiet=3" in full). */
 static void flag_want(const char *flag, const char *bad, char *buf, size_t n) {
-    if (bad[0] == '=') snprintf(buf, n, "%s", flag);
-    else snprintf(buf, n, "%s '%s'", flag, bad);
+    if (bad[0] == '=')
+        snprintf(buf, n, "%s", flag);
+    else
+        snprintf(buf, n, "%s '%s'", flag, bad);
 }
 
 static void check_flags(const char *cmd, const char *const *base, const flag_case *cases) {
@@ -213,15 +218,30 @@ static void test_flags(void) {
 
 /* Values each flag is fine with pass the parser (and a short run ends well). */
 static void test_good_values(void) {
-    const char *train[] = {"train", "-n", "1", "--data", "synthetic:256", "--steps", "2", "--lr", "1e-3", "--seed",
-                           "18446744073709551615", "--max-mem", "1.5GiB", "--bucket-mb", "0.5", "--quiet", NULL};
+    const char *train[] = {"train",
+                           "-n",
+                           "1",
+                           "--data",
+                           "synthetic:256",
+                           "--steps",
+                           "2",
+                           "--lr",
+                           "1e-3",
+                           "--seed",
+                           "18446744073709551615",
+                           "--max-mem",
+                           "1.5GiB",
+                           "--bucket-mb",
+                           "0.5",
+                           "--quiet",
+                           NULL};
     run_tool(train, NULL, &R);
     TH_CHECK(R.rc == 0, "tally train with good values: exit %d:\n%.2000s", R.rc, R.out);
-    const char *bench[] = {"bench", "allreduce", "-n", "1", "-b", "8", "-e", "1K", "-f", "4", "--iters", "1",
-                           "--warmup", "0", NULL};
+    const char *bench[] = {"bench", "allreduce", "-n",      "1", "-b",       "8", "-e", "1K",
+                           "-f",    "4",         "--iters", "1", "--warmup", "0", NULL};
     run_tool(bench, NULL, &R);
-    TH_CHECK(R.rc == 0 && strstr(R.out, "Out of bounds values : 0 OK"), "tally bench with good values: exit %d:\n%.2000s",
-             R.rc, R.out);
+    TH_CHECK(R.rc == 0 && strstr(R.out, "Out of bounds values : 0 OK"),
+             "tally bench with good values: exit %d:\n%.2000s", R.rc, R.out);
 }
 
 /* bench's loops ended never at -b 0 or a factor just above 1 (millions of rows). */
@@ -284,8 +304,8 @@ static void check_var_init(const char *var, const char *val) {
     int bad = th_run(1, &o, fn_init, NULL);
     char want[128];
     snprintf(want, sizeof want, "%s='%s'", var, val);
-    TH_CHECK(!bad && g_init->rc == TALLY_E_INVALID && strstr(g_init->msg, want),
-             "tally_comm_init with %s: rc %d, '%s'", want, g_init->rc, g_init->msg);
+    TH_CHECK(!bad && g_init->rc == TALLY_E_INVALID && strstr(g_init->msg, want), "tally_comm_init with %s: rc %d, '%s'",
+             want, g_init->rc, g_init->msg);
 }
 
 static void test_variables(void) {
@@ -305,10 +325,10 @@ static void test_variables(void) {
         }
     }
     static const char *const rank_bad[][3] = {{"TALLY_RANK", "abc", "TALLY_WORLD_SIZE=1"},
-                                               {"TALLY_RANK", "1.0", "TALLY_WORLD_SIZE=1"},
-                                               {"TALLY_RANK", "", "TALLY_WORLD_SIZE=1"},
-                                               {"TALLY_WORLD_SIZE", "0", "TALLY_RANK=0"},
-                                               {"TALLY_WORLD_SIZE", "x", "TALLY_RANK=0"}};
+                                              {"TALLY_RANK", "1.0", "TALLY_WORLD_SIZE=1"},
+                                              {"TALLY_RANK", "", "TALLY_WORLD_SIZE=1"},
+                                              {"TALLY_WORLD_SIZE", "0", "TALLY_RANK=0"},
+                                              {"TALLY_WORLD_SIZE", "x", "TALLY_RANK=0"}};
     for (size_t i = 0; i < sizeof rank_bad / sizeof *rank_bad; i++) {
         char env0[64], want[64], what[96];
         snprintf(env0, sizeof env0, "%s=%s", rank_bad[i][0], rank_bad[i][1]);
@@ -335,7 +355,8 @@ static void test_parser(void) {
     TH_CHECK(!tally__parse_int("-x", "42", 0, 100, &i) && i == 42, "42");
     TH_CHECK(!tally__parse_int("-x", "-7", -10, 0, &i) && i == -7, "-7");
     TH_CHECK(!tally__parse_int("-x", "+7", 0, 10, &i) && i == 7, "+7");
-    static const char *bad_int[] = {"", " 1", "1 ", "1x", "0x10", "1e3", "1.0", "--1", "+", "9223372036854775808", NULL};
+    static const char *bad_int[] = {"",  " 1", "1 ", "1x", "0x10", "1e3", "1.0", "--1", "+", "9223372036854775808",
+                                    NULL};
     for (int k = 0; bad_int[k]; k++)
         TH_CHECK(tally__parse_int("-x", bad_int[k], -1000000, 1000000, &i) == TALLY_E_INVALID, "int '%s' accepted",
                  bad_int[k]);
@@ -344,8 +365,8 @@ static void test_parser(void) {
              "int message: %s", tally_last_error());
     TH_CHECK(!tally__parse_real("-x", "1.5e-3", 0, 1, 1, &d) && d == 1.5e-3, "1.5e-3");
     TH_CHECK(!tally__parse_real("-x", ".5", 0, 0, 1, &d) && d == 0.5, ".5");
-    static const char *bad_real[] = {"", "nan", "NaN", "inf", "-inf", "infinity", "1e400", " 1", "1 ", "1,", "0x1p3",
-                                     "1e", "e3", ".", "-", NULL};
+    static const char *bad_real[] = {"",   "nan", "NaN",   "inf", "-inf", "infinity", "1e400", " 1",
+                                     "1 ", "1,",  "0x1p3", "1e",  "e3",   ".",        "-",     NULL};
     for (int k = 0; bad_real[k]; k++)
         TH_CHECK(tally__parse_real("-x", bad_real[k], -1e300, 0, 1e300, &d) == TALLY_E_INVALID, "real '%s' accepted",
                  bad_real[k]);
@@ -353,8 +374,11 @@ static void test_parser(void) {
     TH_CHECK(tally__parse_real("TALLY_TIMEOUT", "abc", 0, 1, 1e6, &d) == TALLY_E_INVALID &&
                  !strcmp(tally_last_error(), "TALLY_TIMEOUT='abc' is not a number: it takes a number in (0, 1000000]"),
              "real message: %s", tally_last_error());
-    struct { const char *s; uint64_t v; } sizes[] = {{"4096", 4096}, {"64M", 64u << 20}, {"1.5GiB", 3ull << 29},
-                                                     {"256kb", 256u << 10}, {"1K", 1024}, {"2TB", 2ull << 40}};
+    struct {
+        const char *s;
+        uint64_t v;
+    } sizes[] = {{"4096", 4096},        {"64M", 64u << 20}, {"1.5GiB", 3ull << 29},
+                 {"256kb", 256u << 10}, {"1K", 1024},       {"2TB", 2ull << 40}};
     for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
         TH_CHECK(!tally__parse_bytes("-b", sizes[k].s, 0, UINT64_MAX / 2, &b) && b == sizes[k].v, "size %s: %llu",
                  sizes[k].s, (unsigned long long)b);

@@ -80,8 +80,7 @@ static int check_model(const char *what, const tally__model_cfg *cfg, const void
             fprintf(stderr, "%s: parameter %zu: finite differences %.6f, backward %.6f\n", what, p, fd, g);
     }
     TH_CHECK(bad == 0, "%s: %d of %zu gradients differ from finite differences", what, bad, m.nparams);
-    printf("  %s: %zu parameters, %d nodes, %d values: %s\n", what, m.nparams, m.nops, m.nvalues,
-           bad ? "FAIL" : "ok");
+    printf("  %s: %zu parameters, %d nodes, %d values: %s\n", what, m.nparams, m.nops, m.nvalues, bad ? "FAIL" : "ok");
     tally__model_free(&m);
     return bad;
 }

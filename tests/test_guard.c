@@ -60,13 +60,15 @@ static void test_skip(int zero, int n, int nan_rank) {
 
 static void test_nan_error(void) {
     char err[4096];
-    char *args[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "16", "--steps", "10",
-                    "--no-eval", "--quiet", "--inject-nan", "1:4", "--nan", "error", NULL};
+    char *args[] = {"tally",        "train", "-n",      "2",     "--data",    "synthetic:4096",
+                    "--hidden",     "16",    "--steps", "10",    "--no-eval", "--quiet",
+                    "--inject-nan", "1:4",   "--nan",   "error", NULL};
     int rc = tr_run_tally(args, err, sizeof err);
     TH_CHECK(rc != 0 && strstr(err, "step 4") && strstr(err, "on rank 1") && strstr(err, "--nan error"),
              "--nan error: exit %d, stderr '%s'", rc, err);
-    char *skip[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "16", "--steps", "10",
-                    "--no-eval", "--quiet", "--inject-nan", "0:3", NULL};
+    char *skip[] = {"tally",          "train",    "-n",           "2",       "--data",
+                    "synthetic:4096", "--hidden", "16",           "--steps", "10",
+                    "--no-eval",      "--quiet",  "--inject-nan", "0:3",     NULL};
     rc = tr_run_tally(skip, err, sizeof err);
     TH_CHECK(rc == 0 && strstr(err, "step 3") && strstr(err, "rank 0") && strstr(err, "skips this step"),
              "--nan skip: exit %d, stderr '%s'", rc, err);
@@ -76,24 +78,56 @@ static void test_nan_error(void) {
  * rank and the tensor; with 2 ranks both are named and the message says the check cannot tell more. */
 static void test_replicas(void) {
     char err[8192];
-    char *three[] = {"tally", "train", "-n", "3", "--data", "synthetic:4096", "--hidden", "16", "--steps", "30",
-                     "--no-eval", "--quiet", "--check-replicas", "5", "--inject-flip", "2:10", NULL};
+    char *three[] = {"tally",
+                     "train",
+                     "-n",
+                     "3",
+                     "--data",
+                     "synthetic:4096",
+                     "--hidden",
+                     "16",
+                     "--steps",
+                     "30",
+                     "--no-eval",
+                     "--quiet",
+                     "--check-replicas",
+                     "5",
+                     "--inject-flip",
+                     "2:10",
+                     NULL};
     int rc = tr_run_tally(three, err, sizeof err);
     TH_CHECK(rc != 0 && strstr(err, "after step 10") && strstr(err, "rank 2's parameters differ") &&
                  strstr(err, "'fc1.weight'"),
              "flip on rank 2: exit %d, stderr '%s'", rc, err);
-    char *clean[] = {"tally", "train", "-n", "3", "--data", "synthetic:4096", "--hidden", "16", "--steps", "30",
-                     "--no-eval", "--quiet", "--check-replicas", "5", NULL};
+    char *clean[] = {"tally", "train",   "-n", "3",         "--data",  "synthetic:4096",   "--hidden",
+                     "16",    "--steps", "30", "--no-eval", "--quiet", "--check-replicas", "5",
+                     NULL};
     rc = tr_run_tally(clean, err, sizeof err);
     TH_CHECK(rc == 0, "healthy replicas reported: exit %d, stderr '%s'", rc, err);
-    char *two[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "16", "--steps", "12",
-                   "--no-eval", "--quiet", "--check-replicas", "3", "--inject-flip", "1:7", NULL};
+    char *two[] = {"tally",
+                   "train",
+                   "-n",
+                   "2",
+                   "--data",
+                   "synthetic:4096",
+                   "--hidden",
+                   "16",
+                   "--steps",
+                   "12",
+                   "--no-eval",
+                   "--quiet",
+                   "--check-replicas",
+                   "3",
+                   "--inject-flip",
+                   "1:7",
+                   NULL};
     rc = tr_run_tally(two, err, sizeof err);
     TH_CHECK(rc != 0 && strstr(err, "after step 9") && strstr(err, "rank 1's parameters differ from rank 0's") &&
                  strstr(err, "cannot tell"),
              "flip on rank 1 of 2: exit %d, stderr '%s'", rc, err);
-    char *z3[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "16", "--steps", "3",
-                  "--no-eval", "--quiet", "--check-replicas", "3", "--zero", "3", NULL};
+    char *z3[] = {"tally",  "train",   "-n", "2",         "--data",  "synthetic:4096",   "--hidden",
+                  "16",     "--steps", "3",  "--no-eval", "--quiet", "--check-replicas", "3",
+                  "--zero", "3",       NULL};
     rc = tr_run_tally(z3, err, sizeof err);
     TH_CHECK(rc != 0 && strstr(err, "--zero 3"), "--check-replicas with --zero 3: exit %d, stderr '%s'", rc, err);
 }

@@ -13,9 +13,9 @@
 
 #include "harness.h"
 
-#define N 4
+#define N         4
 #define TIMEOUT_S 2.0 /* TALLY_TIMEOUT: short, so the whole test stays short */
-#define WARMUP 3      /* allreduces every rank completes before the victim stops: the next is #4 */
+#define WARMUP    3   /* allreduces every rank completes before the victim stops: the next is #4 */
 
 typedef struct {
     int victim, late; /* late: a rank that calls the collective LATE_S after the others, or -1 */
@@ -130,13 +130,14 @@ static void scenario(const char *transport, const char *algo, int victim, int la
                  what, r, job.status[r]);
         if (r == victim) {
             TH_CHECK(S->code[r] != 0, "%s: the stopped rank's calls succeeded after SIGCONT", what);
-            TH_CHECK(S->victim_result_ok || S->code[r] != 0, "%s: the stopped rank completed with a wrong result", what);
+            TH_CHECK(S->victim_result_ok || S->code[r] != 0, "%s: the stopped rank completed with a wrong result",
+                     what);
             continue;
         }
         TH_CHECK(S->code[r] == TALLY_E_TIMEOUT, "%s: rank %d got %s (%s), want TIMEOUT", what, r,
                  tally_strerror(S->code[r]), S->msg[r]);
-        TH_CHECK(th_first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s", what,
-                 r, victim, S->msg[r]);
+        TH_CHECK(th_first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s",
+                 what, r, victim, S->msg[r]);
         TH_CHECK(strstr(S->msg[r], want) != NULL, "%s: rank %d's message does not name %s: %s", what, r, want,
                  S->msg[r]);
         /* A collective fails everywhere once any rank has waited TALLY_TIMEOUT: a rank that joined late
@@ -145,7 +146,8 @@ static void scenario(const char *transport, const char *algo, int victim, int la
         if (r == late)
             TH_CHECK(since_first > 0.9 * TIMEOUT_S && took < 1.1 * TIMEOUT_S,
                      "%s: late rank %d returned %.2f s after the first rank's call and %.2f s after its own "
-                     "(TALLY_TIMEOUT=%g)", what, r, since_first, took, TIMEOUT_S);
+                     "(TALLY_TIMEOUT=%g)",
+                     what, r, since_first, took, TIMEOUT_S);
         else
             TH_CHECK(took > 0.9 * TIMEOUT_S && took < 1.1 * TIMEOUT_S,
                      "%s: rank %d returned %.2f s after its call (TALLY_TIMEOUT=%g)", what, r, took, TIMEOUT_S);

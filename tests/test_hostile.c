@@ -48,8 +48,8 @@ static int file_is(const char *path, const char *text) {
 
 /* A short run that saves a checkpoint of step 2 in dir (and more flags, NULL-terminated). */
 static void train_ckpt(const char *dir, const char *extra1, const char *extra2, double wall_s) {
-    const char *args[] = {"train", "-n", "2", "--data", "synthetic:256", "--hidden", "16", "--steps", "2",
-                          "--quiet", "--ckpt", dir, extra1, extra2, NULL};
+    const char *args[] = {"train", "-n",      "2",      "--data", "synthetic:256", "--hidden", "16", "--steps",
+                          "2",     "--quiet", "--ckpt", dir,      extra1,          extra2,     NULL};
     th_tool_opts o = {.wall_s = wall_s};
     th_tool_run(args, &o, &R);
 }
@@ -73,7 +73,7 @@ static void test_planted_links(void) {
         TH_CHECK(symlink(at("victim"), at(link)) == 0, "symlink %s: %s", link, strerror(errno));
         train_ckpt(at(dir), NULL, NULL, 60);
         expect(R.rc == 1 && strstr(R.out, names[i]) && strstr(R.out, "symbolic link"), "a link planted at the "
-                                                                                        "temporary name is refused");
+                                                                                       "temporary name is refused");
         TH_CHECK(file_is(at("victim"), "victim\n"), "the link's target was written through %s", names[i]);
     }
     /* A regular file at the temporary name, here a second name of the victim: the name goes, the file stays. */
@@ -84,8 +84,8 @@ static void test_planted_links(void) {
     TH_CHECK(file_is(at("victim"), "victim\n"), "the leftover's other name was truncated or written");
     /* --json FILE replaces a link at FILE with the summary; the link's target keeps its bytes. */
     TH_CHECK(symlink(at("victim"), at("summary.json")) == 0, "symlink: %s", strerror(errno));
-    const char *json[] = {"train", "-n", "1", "--data", "synthetic:256", "--steps", "1", "--quiet", "--json",
-                          at("summary.json"), NULL};
+    const char *json[] = {
+        "train", "-n", "1", "--data", "synthetic:256", "--steps", "1", "--quiet", "--json", at("summary.json"), NULL};
     th_tool_run(json, NULL, &R);
     struct stat st;
     expect(R.rc == 0 && lstat(at("summary.json"), &st) == 0 && S_ISREG(st.st_mode), "--json replaces a link");
@@ -146,8 +146,8 @@ static void test_full_and_readonly(void) {
     }
     char dir[360];
     snprintf(dir, sizeof dir, "%s/ck", mnt);
-    const char *args[] = {"train", "-n", "2", "--data", "synthetic:256", "--steps", "2", "--quiet", "--ckpt", dir,
-                          NULL};
+    const char *args[] = {"train",   "-n",     "2", "--data", "synthetic:256", "--steps", "2",
+                          "--quiet", "--ckpt", dir, NULL};
     th_tool_opts o = {.wall_s = 60};
     th_tool_run(args, &o, &R); /* the MLP's 2.7 MB of parameters do not fit in 300 KB */
     expect(R.rc == 1 && strstr(R.out, "checkpoint ") && strstr(R.out, "step-0000000002.tck.tmp") &&
@@ -186,8 +186,10 @@ static int copy_transposed(const char *from, const char *to, char *swapped, size
     rc = tally__ckpt_write_begin(to, tally__ckpt_step(c), t, n, &w);
     for (int i = 0; i < n && !rc; i++)
         if (t[i].bytes) rc = tally__ckpt_write(w, i, t[i].data, t[i].bytes);
-    if (!rc) rc = tally__ckpt_write_commit(w, 0);
-    else tally__ckpt_write_abort(w);
+    if (!rc)
+        rc = tally__ckpt_write_commit(w, 0);
+    else
+        tally__ckpt_write_abort(w);
     free(t);
     tally__ckpt_close(c);
     return rc || !done ? -1 : 0;
@@ -227,8 +229,8 @@ static void test_limits(void) {
         const char *args[] = {"train", "-n", "1", "--threads", "1", "--steps", "3", "--quiet", NULL};
         th_tool_opts o = {.wall_s = 30, .child = limit_as, .arg = (void *)&limits[i]};
         th_tool_run(args, &o, &R);
-        expect(!R.timed_out && (R.rc == 0 || (R.rc == 1 && (strstr(R.out, "out of memory") ||
-                                                            strstr(R.out, "address space")))),
+        expect(!R.timed_out &&
+                   (R.rc == 0 || (R.rc == 1 && (strstr(R.out, "out of memory") || strstr(R.out, "address space")))),
                "a run under ulimit -v ends, or says it is out of memory");
     }
 #endif

@@ -17,26 +17,26 @@
 /* Knobs:
  *   TALLY_KILL_POINTS=K  kill points per transport (default 3, or 2 under TALLY_TEST_LIGHT; 100 on demand)
  *   TALLY_KILL_SEED=S    replays a run's choices: every victim, algorithm and kill point, in order */
-#define N 4
-#define TIMEOUT_S 10.0  /* TALLY_TIMEOUT for the jobs: "timeout + 1 s" is the bound on detection */
-#define MAX_ITERS 100000 /* the victim dies long before; a bound, not a goal */
+#define N          4
+#define TIMEOUT_S  10.0   /* TALLY_TIMEOUT for the jobs: "timeout + 1 s" is the bound on detection */
+#define MAX_ITERS  100000 /* the victim dies long before; a bound, not a goal */
 #define MAX_POINTS 1000
 
 typedef struct {
-    _Atomic int ready;       /* ranks past tally_comm_init */
-    _Atomic int iters[N];    /* allreduces each rank completed */
-    double ready_at;         /* CLOCK_MONOTONIC when the last rank got ready */
-    double first_done[N];    /* when each rank completed its first allreduce */
+    _Atomic int ready;    /* ranks past tally_comm_init */
+    _Atomic int iters[N]; /* allreduces each rank completed */
+    double ready_at;      /* CLOCK_MONOTONIC when the last rank got ready */
+    double first_done[N]; /* when each rank completed its first allreduce */
     int code[N];
-    double when[N];          /* when the failing call returned */
+    double when[N]; /* when the failing call returned */
     char msg[N][400];
     int fds_before[N], fds_after[N], thr_before[N], thr_after[N];
-    int wrong[N];            /* allreduces whose result was not the maximum */
-    int done[N];             /* the rank got past tally_comm_free */
+    int wrong[N]; /* allreduces whose result was not the maximum */
+    int done[N];  /* the rank got past tally_comm_free */
 } shared_t;
 
 static shared_t *S;
-static size_t count;         /* floats per allreduce */
+static size_t count; /* floats per allreduce */
 
 static const char *algos[] = {"ring", "tree", "rhd", "direct"};
 
@@ -173,8 +173,8 @@ static void kill_point(const char *transport, int point, double *iter_s, double 
         TH_CHECK(!job.killed_by_harness[r], "%s: rank %d hung", what, r);
         TH_CHECK(S->code[r] == TALLY_E_PEER_LOST, "%s: rank %d got %s (%s), want PEER_LOST", what, r,
                  tally_strerror(S->code[r]), S->msg[r]);
-        TH_CHECK(th_first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s", what,
-                 r, victim, S->msg[r]);
+        TH_CHECK(th_first_rank_named(S->msg[r]) == victim, "%s: rank %d's message does not name rank %d first: %s",
+                 what, r, victim, S->msg[r]);
         double late = S->when[r] - kill_time;
         TH_CHECK(S->when[r] > 0 && late < TIMEOUT_S + 1.0, "%s: rank %d returned %.2f s after the kill (bound %.0f s)",
                  what, r, late, TIMEOUT_S + 1.0);
@@ -196,8 +196,8 @@ static void run_transport(const char *transport, int points) {
     for (int p = 0; p < points; p++) kill_point(transport, p, &iter_s, det, &ndet);
     if (ndet) {
         qsort(det, (size_t)ndet, sizeof *det, cmp_double);
-        printf("%s: %d kill points, %d survivors: detection min %.3f s, median %.3f s, max %.3f s\n", transport,
-               points, ndet, det[0], det[ndet / 2], det[ndet - 1]);
+        printf("%s: %d kill points, %d survivors: detection min %.3f s, median %.3f s, max %.3f s\n", transport, points,
+               ndet, det[0], det[ndet / 2], det[ndet - 1]);
     }
     free(det);
 }

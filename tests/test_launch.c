@@ -15,12 +15,12 @@
 #include <unistd.h>
 
 #define RUN_LIMIT_S 20.0 /* any single tally invocation; the slowest case needs ~0.1 s */
-#define QUICK_S 10.0     /* "stopped quickly": well under the ranks' sleep 30 */
+#define QUICK_S     10.0 /* "stopped quickly": well under the ranks' sleep 30 */
 
 typedef struct {
-    int rc;     /* exit status, 128+signal, or -1 when it ran past RUN_LIMIT_S and was killed */
-    char *out;  /* everything it wrote to stdout, NUL-terminated */
-    char *err;  /* and to stderr */
+    int rc;    /* exit status, 128+signal, or -1 when it ran past RUN_LIMIT_S and was killed */
+    char *out; /* everything it wrote to stdout, NUL-terminated */
+    char *err; /* and to stderr */
     size_t outlen, errlen;
     double secs;
 } result;
@@ -28,14 +28,14 @@ typedef struct {
 static const char *tally_bin;
 static int failures; /* checks failed within the current case */
 
-#define CHECK(cond, ...)                                                                    \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            failures++;                                                                     \
-            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);               \
-            fprintf(stderr, __VA_ARGS__);                                                   \
-            fprintf(stderr, "\n");                                                          \
-        }                                                                                   \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            failures++;                                                                                                \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                          \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fprintf(stderr, "\n");                                                                                     \
+        }                                                                                                              \
     } while (0)
 
 static double now_s(void) {
@@ -91,7 +91,8 @@ static void collect(result *r, pid_t pid, int outfd, int errfd, const char *when
                 char buf[65536];
                 ssize_t got = read(p[i].fd, buf, sizeof buf);
                 int is_out = p[i].fd == outfd;
-                if (got > 0) append(is_out ? &r->out : &r->err, is_out ? &r->outlen : &r->errlen, buf, (size_t)got);
+                if (got > 0)
+                    append(is_out ? &r->out : &r->err, is_out ? &r->outlen : &r->errlen, buf, (size_t)got);
                 else if (got == 0 || errno != EINTR) {
                     close(p[i].fd);
                     fds[is_out ? 0 : 1] = -1;
@@ -239,8 +240,14 @@ static void t_env(void) {
 }
 
 static void t_rank_exits_3(void) {
-    const char *a[] = {"run", "-n", "3", "--", "sh", "-c",
-                       "echo pid $$; if [ $TALLY_RANK = 1 ]; then exit 3; fi; sleep 30 & echo pid $!; wait", NULL};
+    const char *a[] = {"run",
+                       "-n",
+                       "3",
+                       "--",
+                       "sh",
+                       "-c",
+                       "echo pid $$; if [ $TALLY_RANK = 1 ]; then exit 3; fi; sleep 30 & echo pid $!; wait",
+                       NULL};
     result r = run(a);
     CHECK(r.rc == 3, "exit %d, want the failing rank's 3", r.rc);
     CHECK(r.secs < QUICK_S, "took %.1f s", r.secs);
@@ -252,8 +259,14 @@ static void t_rank_exits_3(void) {
 }
 
 static void t_rank_killed(void) {
-    const char *a[] = {"run", "-n", "4", "--", "sh", "-c",
-                       "echo pid $$; if [ $TALLY_RANK = 2 ]; then kill -9 $$; fi; sleep 30 & echo pid $!; wait", NULL};
+    const char *a[] = {"run",
+                       "-n",
+                       "4",
+                       "--",
+                       "sh",
+                       "-c",
+                       "echo pid $$; if [ $TALLY_RANK = 2 ]; then kill -9 $$; fi; sleep 30 & echo pid $!; wait",
+                       NULL};
     result r = run(a);
     CHECK(r.rc == 128 + 9, "exit %d, want 137", r.rc);
     CHECK(r.secs < QUICK_S, "took %.1f s", r.secs);
@@ -309,8 +322,14 @@ static void t_partial_and_long_lines(void) {
 
 /* SIGTERM to the launcher reaches every rank; tally exits 128+15 once they have stopped. */
 static void t_signal_forwarded(void) {
-    const char *a[] = {"run", "-n", "2", "--", "sh", "-c",
-                       "trap 'echo got-term $TALLY_RANK; exit 0' TERM; echo ready; sleep 30 & wait", NULL};
+    const char *a[] = {"run",
+                       "-n",
+                       "2",
+                       "--",
+                       "sh",
+                       "-c",
+                       "trap 'echo got-term $TALLY_RANK; exit 0' TERM; echo ready; sleep 30 & wait",
+                       NULL};
     result r = run_sig(a, "ready\n", 2, SIGTERM);
     CHECK(r.rc == 128 + SIGTERM, "exit %d, want 143", r.rc);
     CHECK(strstr(r.out, "[0] got-term 0") && strstr(r.out, "[1] got-term 1"), "both ranks saw SIGTERM");

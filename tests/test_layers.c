@@ -20,9 +20,9 @@
  *   a loss of size L (at most ~10 here) costs ~L * 1e-7 / 2e-2 <= 5e-5, the eps^2 truncation less;
  *   1e-3 absolute is a few percent of gradients of size ~1/B (B <= 7 where this runs), enough to
  *   catch a missing 1/B, a wrong sign or a misplaced label. */
-#define TOL_F 1e-4
+#define TOL_F    1e-4
 #define TOL_FD32 1e-3
-#define EPS_FD 1e-3 /* double central differences */
+#define EPS_FD   1e-3 /* double central differences */
 #define EPS_FD32 1e-2f
 
 static tally__rng rng;
@@ -85,8 +85,8 @@ static void check_close(const char *what, const float *got, const double *want, 
             worst = i;
         }
     }
-    TH_CHECK(worst_ratio <= 1.0, "%s: [%zu] got %.9g want %.9g (tol %g)", what, worst,
-             n ? got[worst] : 0.0, n ? want[worst] : 0.0, tol);
+    TH_CHECK(worst_ratio <= 1.0, "%s: [%zu] got %.9g want %.9g (tol %g)", what, worst, n ? got[worst] : 0.0,
+             n ? want[worst] : 0.0, tol);
 }
 
 typedef double (*loss_fn)(void *ctx);
@@ -123,8 +123,8 @@ static void ref_linear(double *y, const double *x, const double *w, const double
         }
 }
 
-static void ref_linear_back(double *dx, double *dw, double *db, const double *g, const double *x,
-                            const double *w, int B, int in, int out) {
+static void ref_linear_back(double *dx, double *dw, double *db, const double *g, const double *x, const double *w,
+                            int B, int in, int out) {
     for (int i = 0; i < B; i++)
         for (int o = 0; o < out; o++) {
             double go = g[(size_t)i * out + o];
@@ -307,8 +307,8 @@ static void test_xent(int B, int C, float spread, int fd) {
     xent_ctx c = {B, C, widen(z, n), dalloc(n), labels};
     double want = xent_loss(&c);
     float loss = tally_softmax_xent_forward(p, z, labels, B, C);
-    TH_CHECK(isfinite(loss) && fabs(loss - want) <= TOL_F * fmax(1, fabs(want)), "%s: loss %.9g want %.9g",
-             tag, loss, want);
+    TH_CHECK(isfinite(loss) && fabs(loss - want) <= TOL_F * fmax(1, fabs(want)), "%s: loss %.9g want %.9g", tag, loss,
+             want);
     check_close(tag, p, c.p, n, TOL_F);
 
     double *rdz = dalloc(n);
@@ -336,8 +336,7 @@ static void test_xent_extreme(void) {
     float loss = tally_softmax_xent_forward(p, z, labels, 2, 3);
     double lse1 = (double)88.8f + log1p(exp(-200.0 - 88.8f) + exp(30.0 - 88.8f));
     double want = (2000.0 + lse1 - 30.0) / 2;
-    TH_CHECK(isfinite(loss) && fabs(loss - want) <= TOL_F * want, "xent extreme: loss %.9g want %.9g", loss,
-             want);
+    TH_CHECK(isfinite(loss) && fabs(loss - want) <= TOL_F * want, "xent extreme: loss %.9g want %.9g", loss, want);
     int finite = 1;
     for (int i = 0; i < 6; i++) finite &= isfinite(p[i]) && p[i] >= 0 && p[i] <= 1;
     tally_softmax_xent_backward(dz, p, labels, 2, 3);
@@ -401,21 +400,21 @@ typedef struct conv_ctx {
 
 /* Visits every (image, out channel, out pixel, in channel, kernel offset) whose input is inside
  * the image, i.e. every product of the convolution; padding contributes nothing. */
-#define CONV_FOR_EACH(c, body)                                                                      \
-    for (int n = 0; n < (c)->B; n++)                                                                \
-        for (int k = 0; k < (c)->s.K; k++)                                                          \
-            for (int oh = 0; oh < (c)->OH; oh++)                                                    \
-                for (int ow = 0; ow < (c)->OW; ow++)                                                \
-                    for (int ch = 0; ch < (c)->s.C; ch++)                                           \
-                        for (int kh = 0; kh < (c)->s.R; kh++)                                       \
-                            for (int kw = 0; kw < (c)->s.R; kw++) {                                 \
-                                int ih = oh * (c)->s.stride + kh - (c)->s.pad;                      \
-                                int iw = ow * (c)->s.stride + kw - (c)->s.pad;                      \
-                                if (ih < 0 || ih >= (c)->s.H || iw < 0 || iw >= (c)->s.W) continue; \
-                                size_t yi = (((size_t)n * (c)->s.K + k) * (c)->OH + oh) * (c)->OW + ow; \
-                                size_t xi = (((size_t)n * (c)->s.C + ch) * (c)->s.H + ih) * (c)->s.W + iw; \
-                                size_t wi = (((size_t)k * (c)->s.C + ch) * (c)->s.R + kh) * (c)->s.R + kw; \
-                                body;                                                               \
+#define CONV_FOR_EACH(c, body)                                                                                         \
+    for (int n = 0; n < (c)->B; n++)                                                                                   \
+        for (int k = 0; k < (c)->s.K; k++)                                                                             \
+            for (int oh = 0; oh < (c)->OH; oh++)                                                                       \
+                for (int ow = 0; ow < (c)->OW; ow++)                                                                   \
+                    for (int ch = 0; ch < (c)->s.C; ch++)                                                              \
+                        for (int kh = 0; kh < (c)->s.R; kh++)                                                          \
+                            for (int kw = 0; kw < (c)->s.R; kw++) {                                                    \
+                                int ih = oh * (c)->s.stride + kh - (c)->s.pad;                                         \
+                                int iw = ow * (c)->s.stride + kw - (c)->s.pad;                                         \
+                                if (ih < 0 || ih >= (c)->s.H || iw < 0 || iw >= (c)->s.W) continue;                    \
+                                size_t yi = (((size_t)n * (c)->s.K + k) * (c)->OH + oh) * (c)->OW + ow;                \
+                                size_t xi = (((size_t)n * (c)->s.C + ch) * (c)->s.H + ih) * (c)->s.W + iw;             \
+                                size_t wi = (((size_t)k * (c)->s.C + ch) * (c)->s.R + kh) * (c)->s.R + kw;             \
+                                body;                                                                                  \
                             }
 
 static void ref_conv(conv_ctx *c) {
@@ -487,10 +486,8 @@ static void test_conv(tally_conv2d_shape s, int B, int fd) {
     check_close(tag, dw0, rdw, nw, TOL_F);
     check_close(tag, db0, rdb, s.K, TOL_F);
 
-    free(x), free(w), free(b), free(g), free(scratch), free(y), free(dx), free(dw), free(db), free(dw0),
-        free(db0);
-    free(c.x), free(c.w), free(c.b), free(c.g), free(c.y), free(rdx), free(rdw), free(rdb), free(rdw2),
-        free(rdb2);
+    free(x), free(w), free(b), free(g), free(scratch), free(y), free(dx), free(dw), free(db), free(dw0), free(db0);
+    free(c.x), free(c.w), free(c.b), free(c.g), free(c.y), free(rdx), free(rdw), free(rdb), free(rdw2), free(rdb2);
 }
 
 /* ---- max pool ---- */
@@ -619,20 +616,20 @@ int main(void) {
         tally_conv2d_shape s;
         int B, fd;
     } conv[] = {
-        {{1, 1, 1, 1, 1, 1, 0}, 1, 1},        /* everything 1 */
-        {{2, 7, 6, 3, 3, 1, 1}, 2, 1},        /* H != W, C and K > 1 */
-        {{3, 9, 8, 2, 3, 2, 0}, 3, 1},        /* stride 2 */
-        {{2, 8, 11, 3, 5, 2, 2}, 2, 1},       /* stride 2, pad 2, odd W */
-        {{3, 5, 7, 4, 2, 1, 0}, 2, 1},        /* even kernel */
-        {{2, 10, 9, 3, 2, 3, 1}, 2, 1},       /* stride 3 > R: pixels skipped */
-        {{1, 3, 3, 2, 3, 1, 2}, 3, 1},        /* pad leaves patches all zero at the corners */
-        {{1, 28, 28, 6, 5, 1, 2}, full ? 64 : 4, 0},  /* LeNet conv1 */
-        {{6, 14, 14, 16, 5, 1, 0}, full ? 64 : 4, 0}, /* LeNet conv2 */
+        {{1, 1, 1, 1, 1, 1, 0}, 1, 1},                  /* everything 1 */
+        {{2, 7, 6, 3, 3, 1, 1}, 2, 1},                  /* H != W, C and K > 1 */
+        {{3, 9, 8, 2, 3, 2, 0}, 3, 1},                  /* stride 2 */
+        {{2, 8, 11, 3, 5, 2, 2}, 2, 1},                 /* stride 2, pad 2, odd W */
+        {{3, 5, 7, 4, 2, 1, 0}, 2, 1},                  /* even kernel */
+        {{2, 10, 9, 3, 2, 3, 1}, 2, 1},                 /* stride 3 > R: pixels skipped */
+        {{1, 3, 3, 2, 3, 1, 2}, 3, 1},                  /* pad leaves patches all zero at the corners */
+        {{1, 28, 28, 6, 5, 1, 2}, full ? 64 : 4, 0},    /* LeNet conv1 */
+        {{6, 14, 14, 16, 5, 1, 0}, full ? 64 : 4, 0},   /* LeNet conv2 */
         {{1, 128, 128, 4, 3, 1, 1}, full ? 20 : 19, 0}, /* past the scratch budget: several chunks */
     };
     for (size_t i = 0; i < sizeof conv / sizeof *conv; i++) test_conv(conv[i].s, conv[i].B, conv[i].fd);
 
-    int pool[][5] = {{1, 1, 1, 1, 1}, {1, 1, 2, 2, 2}, {2, 3, 7, 5, 2},  {2, 2, 9, 10, 3},
+    int pool[][5] = {{1, 1, 1, 1, 1},  {1, 1, 2, 2, 2},  {2, 3, 7, 5, 2},   {2, 2, 9, 10, 3},
                      {3, 2, 6, 13, 2}, {1, 1, 5, 16, 2}, {1, 2, 11, 11, 4}, {2, 2, 3, 7, 2}};
     for (size_t i = 0; i < sizeof pool / sizeof *pool; i++)
         test_pool(pool[i][0], pool[i][1], pool[i][2], pool[i][3], pool[i][4], 1);

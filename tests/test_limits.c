@@ -23,7 +23,7 @@
 #include "transport/tcp_int.h"
 
 #define TL_TIMEOUT_S 60.0 /* TALLY_TIMEOUT of the jobs: a job that waited for it would show */
-#define TL_PROMPT_S 10.0  /* every rank of a job that must fail has failed within this */
+#define TL_PROMPT_S  10.0 /* every rank of a job that must fail has failed within this */
 
 /* ---- accept4 as the library sees it: out of descriptors on demand ---- */
 
@@ -72,7 +72,7 @@ typedef struct tl_shared {
 
 /* What the ranks of the next job get, set by the parent before it forks them. */
 static struct {
-    int limited; /* the rank whose RLIMIT_NOFILE is lowered; -1 every rank */
+    int limited;       /* the rank whose RLIMIT_NOFILE is lowered; -1 every rank */
     rlim_t soft, hard; /* hard 0: keep the hard limit */
     int accept_rank, accept_at;
     int pidfd_rank, pidfd_at;
@@ -122,8 +122,8 @@ static int tl_rank(int rank, int size, void *arg) {
 
 static tl_shared *tl_job(int n, const char *transport, double *took) {
     tl_shared *sh = th_shared_alloc(sizeof *sh);
-    th_opts o = {.transport = transport, .timeout_s = TL_TIMEOUT_S, .wall_s = 2 * TL_TIMEOUT_S,
-                 .child_env = tl_child_env};
+    th_opts o = {
+        .transport = transport, .timeout_s = TL_TIMEOUT_S, .wall_s = 2 * TL_TIMEOUT_S, .child_env = tl_child_env};
     double t0 = th_now();
     TH_CHECK(th_run(n, &o, tl_rank, sh) == 0, "%s job of %d ranks: every rank exited by itself", transport, n);
     *took = th_now() - t0;
@@ -234,8 +234,10 @@ static void tl_mid_mesh(void) {
     double took;
     tl_shared *sh = tl_job(n, "tcp", &took);
     for (int r = 0; r < n; r++) {
-        TH_CHECK(sh->rc[r] != 0 && sh->t[r] < TL_PROMPT_S, "EMFILE mid-mesh: rank %d fails at once (rc %d after %.1f "
-                 "s, %s)", r, sh->rc[r], sh->t[r], sh->init_rc[r] ? "in init" : "in its first allreduce");
+        TH_CHECK(sh->rc[r] != 0 && sh->t[r] < TL_PROMPT_S,
+                 "EMFILE mid-mesh: rank %d fails at once (rc %d after %.1f "
+                 "s, %s)",
+                 r, sh->rc[r], sh->t[r], sh->init_rc[r] ? "in init" : "in its first allreduce");
         TH_CHECK(strstr(sh->msg[r], "RLIMIT_NOFILE") && strstr(sh->msg[r], "rank 2"),
                  "EMFILE mid-mesh: rank %d names rank 2 and the limit: %s", r, sh->msg[r]);
     }
@@ -342,8 +344,8 @@ static void tl_flood_test(void) {
     int rc = tally__tcp_accept_peers(&ctx, "flood", 5, lfd, conns, tally__deadline(ctx.timeout_s));
     double took = th_now() - t0;
     pthread_join(th, NULL);
-    TH_CHECK(rc == 0 && f.joined == f.size - 1, "200 ranks joined past 80 stalled strangers (rc %d, %d joined: %s)",
-             rc, f.joined, tally_last_error());
+    TH_CHECK(rc == 0 && f.joined == f.size - 1, "200 ranks joined past 80 stalled strangers (rc %d, %d joined: %s)", rc,
+             f.joined, tally_last_error());
     TH_CHECK(took < TALLY__TCP_AUTH_S, "no rank waited for a stranger to expire (%.1f s)", took);
     int closed = 0;
     for (int i = 0; i < f.strangers; i++) {
@@ -392,8 +394,7 @@ static void tl_real_emfile(void) {
     if (acceptor == 0) {
         struct rlimit rl = {256, 256};
         setrlimit(RLIMIT_NOFILE, &rl);
-        while (dup(0) >= 0) {
-        }
+        while (dup(0) >= 0) {}
         tally__tp_ctx ctx = {.rank = 0, .size = 2, .timeout_s = 20.0};
         tally__tcp_conn conns[2] = {{.fd = -1}, {.fd = -1}};
         double t0 = th_now();
@@ -421,20 +422,26 @@ static void tl_launcher(const char *bin) {
              "tally run -n 64 under ulimit -n 64 stops at once, naming the limit (exit %d): %s", rc, out);
     snprintf(cmd, sizeof cmd, "sh -c 'ulimit -Sn 64; exec %s run -n 64 -- sh -c \"test \\$(ulimit -Sn) = 64\"'", bin);
     rc = th_shell(cmd, 60, out, sizeof out);
-    TH_CHECK(rc == 0, "under a soft limit of 64 the launcher makes room for its pipes, and the ranks still start "
-             "with 64 (exit %d): %s", rc, out);
+    TH_CHECK(rc == 0,
+             "under a soft limit of 64 the launcher makes room for its pipes, and the ranks still start "
+             "with 64 (exit %d): %s",
+             rc, out);
 }
 
 static void tl_big_world(const char *bin, int n) {
     static char out[1 << 20];
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "env TALLY_TRANSPORT=tcp TALLY_TIMEOUT=%g %s run -n %d -- %s bench allreduce -b 8 -e 64 "
-             "-f 8 --iters 2 --warmup 1 -c", TL_TIMEOUT_S * 2, bin, n, bin);
+    snprintf(cmd, sizeof cmd,
+             "env TALLY_TRANSPORT=tcp TALLY_TIMEOUT=%g %s run -n %d -- %s bench allreduce -b 8 -e 64 "
+             "-f 8 --iters 2 --warmup 1 -c",
+             TL_TIMEOUT_S * 2, bin, n, bin);
     double t0 = th_now();
     int rc = th_shell(cmd, (int)(TL_TIMEOUT_S * 4), out, sizeof out);
     double took = th_now() - t0;
-    TH_CHECK(rc == 0 && strstr(out, "Out of bounds values : 0 OK"), "%d tcp ranks set up and allreduce correctly "
-             "(exit %d): %.2000s", n, rc, out + (strlen(out) > 2000 ? strlen(out) - 2000 : 0));
+    TH_CHECK(rc == 0 && strstr(out, "Out of bounds values : 0 OK"),
+             "%d tcp ranks set up and allreduce correctly "
+             "(exit %d): %.2000s",
+             n, rc, out + (strlen(out) > 2000 ? strlen(out) - 2000 : 0));
     TH_CHECK(took < TL_TIMEOUT_S, "%d tcp ranks ended well within TALLY_TIMEOUT (%.1f s)", n, took);
     TH_CHECK(!strstr(out, "gave way") && !strstr(out, "refused"), "%d tcp ranks: no connection of the job was refused",
              n);

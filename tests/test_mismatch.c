@@ -26,15 +26,16 @@ enum { ODD_LAST, ODD_FIRST, ODD_SECOND, ODD_HALF };
 
 typedef struct scen {
     const char *name;
-    call a, b;   /* a: the ranks that agree; b: the odd ones */
+    call a, b; /* a: the ranks that agree; b: the odd ones */
     int odd;
-    int skip;    /* the others call a barrier first, which the odd rank skips (it calls b at once) */
-    int follow;  /* a barrier follows the mismatched call (else tally_comm_free does) */
+    int skip;   /* the others call a barrier first, which the odd rank skips (it calls b at once) */
+    int follow; /* a barrier follows the mismatched call (else tally_comm_free does) */
 } scen;
 
-#define C(coll, dc, t, op, root) {coll, dc, TALLY_##t, TALLY_##op, root}
+#define C(coll, dc, t, op, root)                                                                                       \
+    { coll, dc, TALLY_##t, TALLY_##op, root }
 #define BCAST(root) C(BC, 0, F32, SUM, root)
-#define ARED C(AR, 0, F32, SUM, 0)
+#define ARED        C(AR, 0, F32, SUM, 0)
 static const scen scens[] = {
     {"broadcast vs allreduce", BCAST(0), ARED, ODD_LAST, 0, 0},
     {"broadcast vs allreduce, middle rank", BCAST(0), ARED, ODD_SECOND, 0, 0},
@@ -104,9 +105,12 @@ static size_t count_of(const call *c) { return cur_base + (size_t)c->dc; }
 /* Inputs are small integers, exact in every dtype used, so expected results can be computed here. */
 static double input(int rank, size_t i) { return (double)((rank + 1) * 3 + (int)(i % 5)); }
 static void put(void *buf, tally_dtype t, size_t i, double v) {
-    if (t == TALLY_F32) ((float *)buf)[i] = (float)v;
-    else if (t == TALLY_F64) ((double *)buf)[i] = v;
-    else ((int *)buf)[i] = (int)v;
+    if (t == TALLY_F32)
+        ((float *)buf)[i] = (float)v;
+    else if (t == TALLY_F64)
+        ((double *)buf)[i] = v;
+    else
+        ((int *)buf)[i] = (int)v;
 }
 static double get(const void *buf, tally_dtype t, size_t i) {
     return t == TALLY_F32 ? ((const float *)buf)[i] : t == TALLY_F64 ? ((const double *)buf)[i] : ((const int *)buf)[i];
@@ -190,10 +194,14 @@ static int mismatch_rank(int rank, int n, void *arg) {
 static void sig_text(const call *c, int seq, char *buf, size_t len) {
     size_t count = count_of(c);
     const char *t = tally_dtype_name(c->t), *op = tally_op_name(c->op), *name = coll_names[c->coll];
-    if (c->coll == BAR) snprintf(buf, len, "barrier #%d", seq);
-    else if (c->coll == BC) snprintf(buf, len, "broadcast #%d (count %zu, %s, root %d", seq, count, t, c->root);
-    else if (c->coll == AG) snprintf(buf, len, "allgather #%d (count %zu, %s", seq, count, t);
-    else snprintf(buf, len, "%s #%d (count %zu, %s, %s", name, seq, count, t, op);
+    if (c->coll == BAR)
+        snprintf(buf, len, "barrier #%d", seq);
+    else if (c->coll == BC)
+        snprintf(buf, len, "broadcast #%d (count %zu, %s, root %d", seq, count, t, c->root);
+    else if (c->coll == AG)
+        snprintf(buf, len, "allgather #%d (count %zu, %s", seq, count, t);
+    else
+        snprintf(buf, len, "%s #%d (count %zu, %s, %s", name, seq, count, t, op);
 }
 
 static void large_env(int rank, void *arg) {
@@ -208,7 +216,10 @@ static void run_one(int n, const char *tp, const char *algo, size_t base, const 
     cur = s;
     cur_base = base;
     memset(S, 0, sizeof *S);
-    th_opts o = {.transport = tp, .algo = algo, .timeout_s = 20, .wall_s = 40,
+    th_opts o = {.transport = tp,
+                 .algo = algo,
+                 .timeout_s = 20,
+                 .wall_s = 40,
                  .child_env = base >= LARGE_COUNT ? large_env : NULL};
     th_job job;
     int before = th_failed;
@@ -226,10 +237,10 @@ static void run_one(int n, const char *tp, const char *algo, size_t base, const 
     sig_text(&b, seq, sb, sizeof sb);
     for (int r = 0; r < n; r++) {
         TH_CHECK(!job.killed_by_harness[r], "%s: rank %d hung", what, r);
-        TH_CHECK(WIFEXITED(job.status[r]) && WEXITSTATUS(job.status[r]) == 0, "%s: rank %d did not exit 0 (%s)",
-                 what, r, S->msg[r]);
-        TH_CHECK(S->rc[r] == TALLY_E_MISMATCH, "%s: rank %d returned %d (%s), want TALLY_E_MISMATCH", what, r,
-                 S->rc[r], S->rc[r] ? S->msg[r] : "success");
+        TH_CHECK(WIFEXITED(job.status[r]) && WEXITSTATUS(job.status[r]) == 0, "%s: rank %d did not exit 0 (%s)", what,
+                 r, S->msg[r]);
+        TH_CHECK(S->rc[r] == TALLY_E_MISMATCH, "%s: rank %d returned %d (%s), want TALLY_E_MISMATCH", what, r, S->rc[r],
+                 S->rc[r] ? S->msg[r] : "success");
         TH_CHECK(!S->wrong[r], "%s: rank %d returned 0 with wrong data", what, r);
         TH_CHECK(!S->rc[r] || (strstr(S->msg[r], sa) && strstr(S->msg[r], sb)),
                  "%s: rank %d's message does not name both \"%s\" and \"%s\": %s", what, r, sa, sb, S->msg[r]);
@@ -275,8 +286,10 @@ static void test_left_early(int n, const char *tp, int linger) {
              S->rc[n - 1], S->free_rc[n - 1]);
     for (int r = 0; r < n - 1; r++) {
         TH_CHECK(!job.killed_by_harness[r], "%s n=%d left early: rank %d hung", tp, n, r);
-        TH_CHECK(S->rc[r] == TALLY_E_PEER_LOST && strstr(S->msg[r], who), "%s n=%d, rank %d left early (%d s): "
-                 "rank %d got %d (%s), want TALLY_E_PEER_LOST naming it", tp, n, n - 1, linger, r, S->rc[r], S->msg[r]);
+        TH_CHECK(S->rc[r] == TALLY_E_PEER_LOST && strstr(S->msg[r], who),
+                 "%s n=%d, rank %d left early (%d s): "
+                 "rank %d got %d (%s), want TALLY_E_PEER_LOST naming it",
+                 tp, n, n - 1, linger, r, S->rc[r], S->msg[r]);
     }
 }
 

@@ -10,8 +10,8 @@
 #include "harness.h"
 
 #define STEPS 6
-#define RTOL 1e-5
-#define ATOL 1e-6 /* parameters are O(1); this covers ones that pass near zero */
+#define RTOL  1e-5
+#define ATOL  1e-6 /* parameters are O(1); this covers ones that pass near zero */
 
 static uint64_t rng_state;
 static void seed(uint64_t s) { rng_state = s; }
@@ -46,8 +46,7 @@ static float step_lr(float base, int s) { return base * (1.0f + 0.25f * (float)s
 
 /* ---- references, in double ---- */
 
-static void ref_sgd(double *p, double *buf, const float *g, size_t n, double lr, const tally_optim_cfg *c,
-                    int first) {
+static void ref_sgd(double *p, double *buf, const float *g, size_t n, double lr, const tally_optim_cfg *c, int first) {
     double mu = c->momentum, wd = c->weight_decay;
     for (size_t i = 0; i < n; i++) {
         double d = g[i] + wd * p[i];
@@ -59,8 +58,8 @@ static void ref_sgd(double *p, double *buf, const float *g, size_t n, double lr,
     }
 }
 
-static void ref_adamw(double *p, double *m, double *v, const float *g, size_t n, double lr,
-                      const tally_optim_cfg *c, long t) {
+static void ref_adamw(double *p, double *m, double *v, const float *g, size_t n, double lr, const tally_optim_cfg *c,
+                      long t) {
     double b1 = c->beta1, b2 = c->beta2, bc1 = 1 - pow(b1, (double)t), bc2 = 1 - pow(b2, (double)t);
     for (size_t i = 0; i < n; i++) {
         p[i] *= 1 - lr * c->weight_decay;
@@ -76,8 +75,7 @@ static void check_state(const tally_optim *o, const tally_optim_cfg *c, size_t n
     size_t per = c->kind == TALLY_OPTIM_ADAMW ? 8 : c->momentum != 0 ? 4 : 0;
     TH_CHECK(tally_optim_state_bytes(o) == per * n, "%s n=%zu: state bytes %zu, want %zu", what, n,
              tally_optim_state_bytes(o), per * n);
-    TH_CHECK(((uintptr_t)o->m % 64) == 0 && ((uintptr_t)o->v % 64) == 0, "%s: state not 64-byte aligned",
-             what);
+    TH_CHECK(((uintptr_t)o->m % 64) == 0 && ((uintptr_t)o->v % 64) == 0, "%s: state not 64-byte aligned", what);
     TH_CHECK(c->kind == TALLY_OPTIM_ADAMW || o->v == NULL, "%s: SGD allocated a second moment", what);
     TH_CHECK(per != 0 || o->m == NULL, "%s: plain SGD allocated state", what);
 }
@@ -126,7 +124,11 @@ static tally_optim_cfg adamw_cfg(float wd) {
 static void test_against_reference(void) {
     size_t sizes[] = {0, 1, 7, 1000, 100003};
     int nsizes = th_light() ? 4 : 5;
-    struct { tally_optim_cfg c; float lr; const char *what; } cases[] = {
+    struct {
+        tally_optim_cfg c;
+        float lr;
+        const char *what;
+    } cases[] = {
         {sgd_cfg(0, 0, 0), 0.1f, "sgd plain"},
         {sgd_cfg(0.9f, 0, 0), 0.1f, "sgd momentum"},
         {sgd_cfg(0.9f, 1, 0), 0.1f, "sgd nesterov"},
@@ -180,7 +182,10 @@ static void run_fixed(const tally_optim_cfg *c, size_t n, float *p, float *state
     seed(42);
     fill(p, n, -1, 1);
     tally_optim o;
-    if (tally_optim_init(&o, c, n) != 0) { free(g); return; }
+    if (tally_optim_init(&o, c, n) != 0) {
+        free(g);
+        return;
+    }
     for (int s = 0; s < STEPS; s++) {
         seed(1000 + (uint64_t)s); /* per step, so a shorter run sees a prefix of the same data */
         fill(g, n, -1, 1);
@@ -229,11 +234,11 @@ static void expect_invalid(tally_optim_cfg c, const char *field) {
 static void test_config(void) {
     tally_optim_cfg c;
     tally_optim_cfg_default(&c, TALLY_OPTIM_SGD);
-    TH_CHECK(c.kind == TALLY_OPTIM_SGD && c.momentum == 0.9f && c.weight_decay == 0 && !c.nesterov,
-             "sgd defaults");
+    TH_CHECK(c.kind == TALLY_OPTIM_SGD && c.momentum == 0.9f && c.weight_decay == 0 && !c.nesterov, "sgd defaults");
     tally_optim_cfg_default(&c, TALLY_OPTIM_ADAMW);
     TH_CHECK(c.kind == TALLY_OPTIM_ADAMW && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f &&
-                 c.weight_decay == 0.01f, "adamw defaults");
+                 c.weight_decay == 0.01f,
+             "adamw defaults");
 
     expect_invalid(sgd_cfg(-0.1f, 0, 0), "momentum");
     expect_invalid(sgd_cfg(1.0f, 0, 0), "momentum");
@@ -274,7 +279,8 @@ static void test_names(void) {
         TH_CHECK(tally_optim_parse(tally_optim_name(ks[i])) == (int)ks[i], "optimizer name round trip %d", i);
     TH_CHECK(strcmp(tally_optim_name(TALLY_OPTIM_ADAMW), "adamw") == 0, "adamw name");
     TH_CHECK(tally_optim_parse("adam") == -1 && tally_optim_parse("SGD") == -1 && tally_optim_parse("") == -1 &&
-                 tally_optim_parse(NULL) == -1, "unknown optimizer names parse");
+                 tally_optim_parse(NULL) == -1,
+             "unknown optimizer names parse");
     tally_decay ds[] = {TALLY_DECAY_NONE, TALLY_DECAY_COSINE, TALLY_DECAY_STEP};
     for (int i = 0; i < 3; i++)
         TH_CHECK(tally_decay_parse(tally_decay_name(ds[i])) == (int)ds[i], "decay name round trip %d", i);
@@ -303,8 +309,8 @@ static void test_schedule(void) {
     for (long k = 5; k <= 104; k++) falling &= tally_lr_at(&s, k) <= tally_lr_at(&s, k - 1);
     TH_CHECK(falling, "cosine does not fall monotonically");
 
-    s = (tally_lr_schedule){.lr = 1.0f, .warmup_steps = 0, .decay = TALLY_DECAY_STEP, .step_every = 10,
-                            .step_gamma = 0.5f};
+    s = (tally_lr_schedule){
+        .lr = 1.0f, .warmup_steps = 0, .decay = TALLY_DECAY_STEP, .step_every = 10, .step_gamma = 0.5f};
     LR_NEAR(tally_lr_at(&s, 0), 1.0, "step decay at 0");
     LR_NEAR(tally_lr_at(&s, 9), 1.0, "step decay before the first boundary");
     LR_NEAR(tally_lr_at(&s, 10), 0.5, "step decay at the first boundary");
@@ -343,8 +349,8 @@ static double minimise(const tally_optim_cfg *c, const tally_lr_schedule *s, int
 static void test_converges(void) {
     tally_optim_cfg sgd = sgd_cfg(0.9f, 0, 0), nag = sgd_cfg(0.9f, 1, 0), adam = adamw_cfg(0);
     tally_lr_schedule flat = {.lr = 0.1f, .decay = TALLY_DECAY_NONE};
-    tally_lr_schedule cosine = {.lr = 0.05f, .warmup_steps = 10, .decay = TALLY_DECAY_COSINE,
-                                .total_steps = 600, .min_lr = 0};
+    tally_lr_schedule cosine = {
+        .lr = 0.05f, .warmup_steps = 10, .decay = TALLY_DECAY_COSINE, .total_steps = 600, .min_lr = 0};
     double e;
     TH_CHECK((e = minimise(&sgd, &flat, 400)) < 1e-4, "sgd momentum did not converge: %g", e);
     TH_CHECK((e = minimise(&nag, &flat, 400)) < 1e-4, "sgd nesterov did not converge: %g", e);

@@ -54,8 +54,8 @@ static void test_fp32_formulas(void) {
             TH_CHECK(m.params == want[z][0] && m.grads == want[z][1] && m.optim == want[z][2] &&
                          m.buffers == want[z][3] && m.state == state && m.total == state,
                      "fp32 %s stage %d: %.0f %.0f %.0f %.0f (state %.0f), want %.0f %.0f %.0f %.0f (%.0f)",
-                     adam ? "adam" : "sgd", z, m.params, m.grads, m.optim, m.buffers, m.state, want[z][0],
-                     want[z][1], want[z][2], want[z][3], state);
+                     adam ? "adam" : "sgd", z, m.params, m.grads, m.optim, m.buffers, m.state, want[z][0], want[z][1],
+                     want[z][2], want[z][3], state);
         }
     }
     c.activation_bytes = 12345;
@@ -80,8 +80,8 @@ static void test_comm_counts(void) {
         TH_CHECK(ra.rounds == 2 * lg, "rhd N=%d: %g rounds, want 2 ceil(log2 N) = %d", n, ra.rounds, 2 * lg);
         /* a rank that sits out (N not a power of two) hands its vector over and gets the result back */
         double rhd = n == 1 ? 0 : 2 * S * (p - 1) / p;
-        TH_CHECK(rel(rb.bytes, rhd + fold * 2 * S) && rel(rb.sent, rhd + fold * S), "rhd N=%d: %g bytes, %g sent",
-                 n, rb.bytes, rb.sent);
+        TH_CHECK(rel(rb.bytes, rhd + fold * 2 * S) && rel(rb.sent, rhd + fold * S), "rhd N=%d: %g bytes, %g sent", n,
+                 rb.bytes, rb.sent);
         ra = tally__plan_allreduce(&unit_a, TALLY__ALGO_DIRECT, n, S);
         rb = tally__plan_allreduce(&unit_b, TALLY__ALGO_DIRECT, n, S);
         TH_CHECK(ra.rounds == 2 * (n - 1) && rel(rb.bytes, 2.0 * (n - 1) * S) && rel(rb.sent, (n - 1) * S),
@@ -117,7 +117,8 @@ static void test_step(void) {
              "T sum %g, max %g, pred %g, %d buckets", s.t_sum, s.t_max, s.t_pred, s.buckets);
     c.accum = 4;
     tally__plan_step s4 = tally__plan_step_time(&c, 8);
-    TH_CHECK(rel(s4.compute, 4 * s.compute) && rel(s4.comm, s.comm), "accum 4: compute %g, comm %g", s4.compute, s4.comm);
+    TH_CHECK(rel(s4.compute, 4 * s.compute) && rel(s4.comm, s.comm), "accum 4: compute %g, comm %g", s4.compute,
+             s4.comm);
     c.accum = 1;
     const tally__cost unit_b = {.beta = 1};
     c.cost = unit_b;
@@ -158,8 +159,14 @@ static void test_units(void) {
 }
 
 static tally__model_desc mlp_desc(void) {
-    tally__model_cfg m = {.kind = TALLY__MODEL_MLP, .in_dim = 784, .channels = 1, .height = 28, .width = 28,
-                          .outputs = 10, .nhidden = 2, .hidden = {512, 512}};
+    tally__model_cfg m = {.kind = TALLY__MODEL_MLP,
+                          .in_dim = 784,
+                          .channels = 1,
+                          .height = 28,
+                          .width = 28,
+                          .outputs = 10,
+                          .nhidden = 2,
+                          .hidden = {512, 512}};
     tally__model_desc d = {0};
     TH_CHECK(tally__model_describe(&m, 64, &d) == 0, "describe mlp: %s", tally_last_error());
     return d;
@@ -184,10 +191,14 @@ static int balanced(const char *s) {
     while (*s == ' ' || *s == '\n') s++;
     if (*s != '{') return 0;
     for (; *s; s++) {
-        if (in_str) in_str = !(*s == '"' && s[-1] != '\\');
-        else if (*s == '"') in_str = 1;
-        else if (*s == '{' || *s == '[') depth++;
-        else if ((*s == '}' || *s == ']') && --depth < 0) return 0;
+        if (in_str)
+            in_str = !(*s == '"' && s[-1] != '\\');
+        else if (*s == '"')
+            in_str = 1;
+        else if (*s == '{' || *s == '[')
+            depth++;
+        else if ((*s == '}' || *s == ']') && --depth < 0)
+            return 0;
     }
     return depth == 0 && !in_str;
 }
@@ -202,9 +213,10 @@ static void test_cli(void) {
 
     st = run("--params 7.5G --workers 64 --precision mixed --zero 3 --accum 4 --json", out, sizeof out);
     TH_CHECK(st == 0 && balanced(out), "--json exited %d or does not balance:\n%s", st, out);
-    const char *keys[] = {"\"params\"", "\"workers\"", "\"memory\"", "\"total\"", "\"comm\"", "\"algorithms\"",
-                          "\"rounds\"", "\"step\"", "\"t_sum_s\"", "\"t_max_s\"", "\"amdahl\"",
-                          "\"parallel_fraction\"", "\"ceiling\"", "\"samples_per_s\""};
+    const char *keys[] = {"\"params\"",  "\"workers\"",      "\"memory\"", "\"total\"",
+                          "\"comm\"",    "\"algorithms\"",   "\"rounds\"", "\"step\"",
+                          "\"t_sum_s\"", "\"t_max_s\"",      "\"amdahl\"", "\"parallel_fraction\"",
+                          "\"ceiling\"", "\"samples_per_s\""};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         TH_CHECK(strstr(out, keys[i]) != NULL, "--json lacks %s", keys[i]);
 
@@ -218,10 +230,16 @@ static void test_cli(void) {
     st = run("--model mlp --hidden 100 --workers 1", out, sizeof out);
     TH_CHECK(st == 0 && strstr(out, "784-100-10") && strstr(out, "79510 parameters"), "--hidden 100: %d\n%s", st, out);
 
-    const char *bad[] = {"--params 1G", "--workers 4", "--params 1G --workers 0", "--params 1G --workers 4 --bogus",
-                         "--params 1G --workers 4 --bandwidth 25G", "--params 1G --workers 4 --zero 4",
-                         "--params 1G --workers 4 --optimizer lion", "--params 1G --workers 4 --algo fastest",
-                         "--params 1G --workers 4 --model mlp", "--params 1G --workers 4 extra"};
+    const char *bad[] = {"--params 1G",
+                         "--workers 4",
+                         "--params 1G --workers 0",
+                         "--params 1G --workers 4 --bogus",
+                         "--params 1G --workers 4 --bandwidth 25G",
+                         "--params 1G --workers 4 --zero 4",
+                         "--params 1G --workers 4 --optimizer lion",
+                         "--params 1G --workers 4 --algo fastest",
+                         "--params 1G --workers 4 --model mlp",
+                         "--params 1G --workers 4 extra"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         st = run(bad[i], out, sizeof out);
         TH_CHECK(st == 2 && strstr(out, "tally plan: ") && strstr(out, "tally plan --help"),

@@ -24,7 +24,7 @@
 #include "core/clock.h"
 #include "harness.h"
 
-#define HELD_MAX 24   /* connections the thrower keeps open at once */
+#define HELD_MAX   24 /* connections the thrower keeps open at once */
 #define JUNK_KINDS 10
 
 /* What rank 0 tells the parent (shared memory), and what the thrower counts. */
@@ -72,8 +72,8 @@ static int fn_rank(int rank, int size, void *arg) {
     if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0) return 90;
     /* Rank 1 comes late, so the junk meets rank 0 while it waits in the rendezvous. */
     if (c->junk && rank == 1) usleep_ms(700);
-    char *argv[] = {g_bin, "train", "-n", "2", "--data", "synthetic", "--steps", "30", "--no-eval", "--quiet",
-                    "--seed", "7", "--json", json, NULL};
+    char *argv[] = {g_bin,       "train",   "-n",     "2", "--data", "synthetic", "--steps", "30",
+                    "--no-eval", "--quiet", "--seed", "7", "--json", json,        NULL};
     execv(g_bin, argv);
     perror("execv");
     return 91;
@@ -124,12 +124,12 @@ static int junk_one(thrower *t, int fd, int kind) {
     uint64_t dl = tally__deadline(1.0);
     junk_fill(t, buf, sizeof buf);
     switch (kind) {
-    case 0: (void)!send(fd, buf, n, MSG_NOSIGNAL); return 0;   /* random bytes, then gone */
-    case 1: (void)!send(fd, buf, n, MSG_NOSIGNAL); return 1;   /* random bytes, then silence */
-    case 2: return 1;                                            /* half-open: connected, silent */
-    case 3: shutdown(fd, SHUT_WR); return 1;                     /* half-closed at once */
-    case 4: (void)!send(fd, buf, 17, MSG_NOSIGNAL); return 1;  /* part of a nonce */
-    case 5:                                                      /* a nonce, the reply, no proof */
+    case 0: (void)!send(fd, buf, n, MSG_NOSIGNAL); return 0;  /* random bytes, then gone */
+    case 1: (void)!send(fd, buf, n, MSG_NOSIGNAL); return 1;  /* random bytes, then silence */
+    case 2: return 1;                                         /* half-open: connected, silent */
+    case 3: shutdown(fd, SHUT_WR); return 1;                  /* half-closed at once */
+    case 4: (void)!send(fd, buf, 17, MSG_NOSIGNAL); return 1; /* part of a nonce */
+    case 5:                                                   /* a nonce, the reply, no proof */
         (void)!send(fd, buf, 32, MSG_NOSIGNAL);
         (void)!recv(fd, buf, 64, MSG_WAITALL);
         return 1;
@@ -256,9 +256,11 @@ static int train_run(const char *transport, const char *tag, int junk, char hash
     snprintf(json, sizeof json, "%s/%s.json", g_dir, tag);
     hash[0] = '\0';
     int rc = bad || json_field(json, "params_sha256", hash, 80) || json_field(json, "replicas_identical", ident, 16) ||
-             strcmp(ident, "true") ? -1 : 0;
-    TH_CHECK(rc == 0, "%s run over %s: %d rank(s) failed or no summary (replicas_identical '%s')", tag, transport,
-             bad, ident);
+                     strcmp(ident, "true")
+                 ? -1
+                 : 0;
+    TH_CHECK(rc == 0, "%s run over %s: %d rank(s) failed or no summary (replicas_identical '%s')", tag, transport, bad,
+             ident);
     if (rc) print_logs(tag);
     return rc;
 }

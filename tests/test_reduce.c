@@ -11,17 +11,17 @@
 
 static long checks;
 
-#define FAIL(...)                                                                                   \
-    do {                                                                                            \
-        fprintf(stderr, "test_reduce: FAIL at %s:%d: ", __FILE__, __LINE__);                       \
-        fprintf(stderr, __VA_ARGS__);                                                               \
-        fprintf(stderr, "\n");                                                                      \
-        exit(1);                                                                                    \
+#define FAIL(...)                                                                                                      \
+    do {                                                                                                               \
+        fprintf(stderr, "test_reduce: FAIL at %s:%d: ", __FILE__, __LINE__);                                           \
+        fprintf(stderr, __VA_ARGS__);                                                                                  \
+        fprintf(stderr, "\n");                                                                                         \
+        exit(1);                                                                                                       \
     } while (0)
-#define CHECK(cond, ...)                                                                            \
-    do {                                                                                            \
-        checks++;                                                                                   \
-        if (!(cond)) FAIL(__VA_ARGS__);                                                             \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        checks++;                                                                                                      \
+        if (!(cond)) FAIL(__VA_ARGS__);                                                                                \
     } while (0)
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -32,10 +32,26 @@ static uint64_t rnd(void) { /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint64_t dbits(double f) { uint64_t u; memcpy(&u, &f, 8); return u; }
-static double bitsd(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint64_t dbits(double f) {
+    uint64_t u;
+    memcpy(&u, &f, 8);
+    return u;
+}
+static double bitsd(uint64_t u) {
+    double f;
+    memcpy(&f, &u, 8);
+    return f;
+}
 
 /* ---- reference conversions, by value (ldexp/frexp/rint) rather than by bit surgery ---- */
 
@@ -138,22 +154,28 @@ static uint64_t ref_elem(int t, int op, const void *a, const void *b, size_t i, 
     }
     case TALLY_I32: {
         int64_t p = ((const int32_t *)a)[i], q = ((const int32_t *)b)[i];
-        int64_t r = op == TALLY_PROD ? (int64_t)((uint64_t)p * (uint64_t)q) : op == TALLY_MIN ? (p < q ? p : q)
-                  : op == TALLY_MAX ? (p > q ? p : q) : p + q;
+        int64_t r = op == TALLY_PROD  ? (int64_t)((uint64_t)p * (uint64_t)q)
+                    : op == TALLY_MIN ? (p < q ? p : q)
+                    : op == TALLY_MAX ? (p > q ? p : q)
+                                      : p + q;
         int32_t w = (int32_t)(uint32_t)(r & 0xffffffff); /* wrap to 32 bits */
         return (uint32_t)(avg ? w / nranks : w);
     }
     case TALLY_I64: {
         int64_t p = ((const int64_t *)a)[i], q = ((const int64_t *)b)[i];
-        int64_t r = op == TALLY_PROD ? (int64_t)(uint64_t)((u128)(uint64_t)p * (uint64_t)q)
-                  : op == TALLY_MIN ? (p < q ? p : q) : op == TALLY_MAX ? (p > q ? p : q)
-                                   : (int64_t)((uint64_t)p + (uint64_t)q);
+        int64_t r = op == TALLY_PROD  ? (int64_t)(uint64_t)((u128)(uint64_t)p * (uint64_t)q)
+                    : op == TALLY_MIN ? (p < q ? p : q)
+                    : op == TALLY_MAX ? (p > q ? p : q)
+                                      : (int64_t)((uint64_t)p + (uint64_t)q);
         return (uint64_t)(avg ? r / nranks : r);
     }
     default: {
         unsigned p = ((const uint8_t *)a)[i], q = ((const uint8_t *)b)[i];
-        unsigned r = (op == TALLY_PROD ? p * q : op == TALLY_MIN ? (p < q ? p : q) : op == TALLY_MAX ? (p > q ? p : q)
-                                                                                  : p + q) % 256;
+        unsigned r = (op == TALLY_PROD  ? p * q
+                      : op == TALLY_MIN ? (p < q ? p : q)
+                      : op == TALLY_MAX ? (p > q ? p : q)
+                                        : p + q) %
+                     256;
         return avg ? r / (unsigned)nranks : r;
     }
     }
@@ -181,18 +203,26 @@ static int same(int t, uint64_t got, uint64_t want) {
 
 /* ---- inputs: ordinary values, ties for min/max, the special values, and raw bit patterns ---- */
 
-static const uint32_t f32_special[] = {0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00001,
-                                       0x7f800001 /* sNaN */, 0x00000001, 0x807fffff, 0x00800000, 0x7f7fffff,
-                                       0xff7fffff, 0x3f800000, 0xbf800000};
-static const uint64_t f64_special[] = {0, 0x8000000000000000ull, 0x7ff0000000000000ull, 0xfff0000000000000ull,
-                                       0x7ff8000000000000ull, 0x7ff0000000000001ull, 1, 0x800fffffffffffffull,
-                                       0x0010000000000000ull, 0x7fefffffffffffffull, 0x3ff0000000000000ull};
-static const uint16_t f16_special[] = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0xfe01, 0x7d00 /* sNaN */,
-                                       0x0001, 0x8001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x7bfe, 0x7800,
-                                       0x4c00 /* 16 */, 0x4800 /* 8 */, 0x3c00, 0x3c01, 0x1400 /* 2^-10 */};
+static const uint32_t f32_special[] = {
+    0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00001, 0x7f800001 /* sNaN */,
+    0x00000001, 0x807fffff, 0x00800000, 0x7f7fffff, 0xff7fffff, 0x3f800000, 0xbf800000};
+static const uint64_t f64_special[] = {0,
+                                       0x8000000000000000ull,
+                                       0x7ff0000000000000ull,
+                                       0xfff0000000000000ull,
+                                       0x7ff8000000000000ull,
+                                       0x7ff0000000000001ull,
+                                       1,
+                                       0x800fffffffffffffull,
+                                       0x0010000000000000ull,
+                                       0x7fefffffffffffffull,
+                                       0x3ff0000000000000ull};
+static const uint16_t f16_special[] = {
+    0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0xfe01,          0x7d00 /* sNaN */, 0x0001, 0x8001, 0x03ff,
+    0x0400, 0x7bff, 0xfbff, 0x7bfe, 0x7800, 0x4c00 /* 16 */, 0x4800 /* 8 */,    0x3c00, 0x3c01, 0x1400 /* 2^-10 */};
 static const uint16_t bf16_special[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f81 /* sNaN */,
-                                        0x0001, 0x8001, 0x007f, 0x0080, 0x7f7f, 0xff7f, 0x7f7e, 0x3f80,
-                                        0x3f81, 0x3b80, 0x4380};
+                                        0x0001, 0x8001, 0x007f, 0x0080, 0x7f7f, 0xff7f, 0x7f7e,
+                                        0x3f80, 0x3f81, 0x3b80, 0x4380};
 static const int64_t int_special[] = {INT64_MIN, INT64_MAX, INT32_MIN, INT32_MAX, -1, 0, 1, 2, 255, 128};
 
 #define PICK(arr) arr[rnd() % (sizeof arr / sizeof arr[0])]
@@ -212,11 +242,15 @@ static void gen(int t, void *dst, size_t n) {
         case TALLY_BF16:
             ((uint16_t *)dst)[i] = kind < 2 ? PICK(bf16_special) : kind < 4 ? (uint16_t)bits : ref_f2b((float)v);
             break;
-        case TALLY_I32: ((int32_t *)dst)[i] = kind < 2 ? (int32_t)PICK(int_special) : kind < 8 ? (int32_t)bits
-                                                                                   : (int32_t)(bits % 2001) - 1000;
+        case TALLY_I32:
+            ((int32_t *)dst)[i] = kind < 2   ? (int32_t)PICK(int_special)
+                                  : kind < 8 ? (int32_t)bits
+                                             : (int32_t)(bits % 2001) - 1000;
             break;
-        case TALLY_I64: ((int64_t *)dst)[i] = kind < 2 ? PICK(int_special) : kind < 8 ? (int64_t)bits
-                                                                          : (int64_t)(bits % 2001) - 1000;
+        case TALLY_I64:
+            ((int64_t *)dst)[i] = kind < 2   ? PICK(int_special)
+                                  : kind < 8 ? (int64_t)bits
+                                             : (int64_t)(bits % 2001) - 1000;
             break;
         default: ((uint8_t *)dst)[i] = (uint8_t)bits; break;
         }
@@ -227,8 +261,8 @@ static void gen(int t, void *dst, size_t n) {
 
 static const size_t counts[] = {0, 1, 7, 15, 16, 17, 31, 33, 63, 64, 65, 1000, 1000003};
 #define NCOUNTS (sizeof counts / sizeof counts[0])
-#define MAXN 1000003
-#define GUARD 64 /* elements of canary on each side of every buffer */
+#define MAXN    1000003
+#define GUARD   64 /* elements of canary on each side of every buffer */
 enum { ALIAS_NONE, ALIAS_A, ALIAS_B };
 static const char *const alias_names[] = {"dst separate", "dst==a", "dst==b"};
 /* Element offsets of dst, a, b from a 64-byte boundary. */
@@ -250,7 +284,7 @@ static void sweep_dtype(int t, const char *isa) {
     for (int op = 0; op < TALLY_OP_COUNT; op++) {
         for (size_t ci = 0; ci < NCOUNTS; ci++) {
             size_t n = counts[ci];
-            if (light && n > 100000) continue; /* the sanitizer pass keeps every smaller count */
+            if (light && n > 100000) continue;                        /* the sanitizer pass keeps every smaller count */
             int nranks = op == TALLY_AVG ? (int)(ci % 4) * 2 + 1 : 1; /* 1, 3, 5, 7 */
             if (ci == 0 || op == TALLY_AVG) /* elementwise: one reference serves every count */
                 for (size_t i = 0, m = op == TALLY_AVG ? n : MAXN; i < m; i++)
@@ -273,10 +307,9 @@ static void sweep_dtype(int t, const char *isa) {
                         if (!same(t, got, want))
                             FAIL("%s %s isa=%s count=%zu offsets d/a/b=%d/%d/%d %s nranks=%d: element %zu: "
                                  "a=0x%llx b=0x%llx got 0x%llx want 0x%llx",
-                                 tally_dtype_name(t), tally_op_name(op), isa, n, od, oa, ob, alias_names[alias],
-                                 nranks, i, (unsigned long long)load_elem(t, a0, i),
-                                 (unsigned long long)load_elem(t, b0, i), (unsigned long long)got,
-                                 (unsigned long long)want);
+                                 tally_dtype_name(t), tally_op_name(op), isa, n, od, oa, ob, alias_names[alias], nranks,
+                                 i, (unsigned long long)load_elem(t, a0, i), (unsigned long long)load_elem(t, b0, i),
+                                 (unsigned long long)got, (unsigned long long)want);
                     }
                     /* Nothing outside [pd, pd + n) may change; the inputs must not change unless they are dst. */
                     unsigned char *dbase = alias == ALIAS_A ? bufs[0] : alias == ALIAS_B ? bufs[1] : bufs[2];
@@ -284,10 +317,10 @@ static void sweep_dtype(int t, const char *isa) {
                         if ((p < pd || p >= pd + n * es) && *p != 0xa5)
                             FAIL("%s %s isa=%s count=%zu %s: byte %td outside dst was written", tally_dtype_name(t),
                                  tally_op_name(op), isa, n, alias_names[alias], p - pd);
-                    if (alias != ALIAS_A && memcmp(pa, a0, n * es)) FAIL("%s %s isa=%s: input a changed",
-                                                                       tally_dtype_name(t), tally_op_name(op), isa);
-                    if (alias != ALIAS_B && memcmp(pb, b0, n * es)) FAIL("%s %s isa=%s: input b changed",
-                                                                       tally_dtype_name(t), tally_op_name(op), isa);
+                    if (alias != ALIAS_A && memcmp(pa, a0, n * es))
+                        FAIL("%s %s isa=%s: input a changed", tally_dtype_name(t), tally_op_name(op), isa);
+                    if (alias != ALIAS_B && memcmp(pb, b0, n * es))
+                        FAIL("%s %s isa=%s: input b changed", tally_dtype_name(t), tally_op_name(op), isa);
                     checks++;
                 }
             }
@@ -303,8 +336,10 @@ static void directed(const char *isa) {
     float fa[N], fb[N], fd[N];
     uint16_t ha[N], hb[N], hd[N];
     int32_t ia[N], ib[N], id[N];
-#define FILL2(x, y, va, vb) for (int i = 0; i < N; i++) x[i] = (va), y[i] = (vb)
-#define ALL(d, cond, ...) for (int i = 0; i < N; i++) CHECK(cond, "isa=%s element %d: " __VA_ARGS__)
+#define FILL2(x, y, va, vb)                                                                                            \
+    for (int i = 0; i < N; i++) x[i] = (va), y[i] = (vb)
+#define ALL(d, cond, ...)                                                                                              \
+    for (int i = 0; i < N; i++) CHECK(cond, "isa=%s element %d: " __VA_ARGS__)
     FILL2(fa, fb, -0.0f, 0.0f);
     tally__reduce(fd, fa, fb, N, TALLY_F32, TALLY_MIN);
     ALL(fd, fbits(fd[i]) == 0x80000000, "min(-0,+0) = 0x%x", isa, i, fbits(fd[i]));
@@ -372,20 +407,36 @@ static void directed(const char *isa) {
 }
 
 static void test_conversions(void) {
-    static const struct { uint16_t h; float f; } f16_pairs[] = {
-        {0x3c00, 1.0f}, {0xbc00, -1.0f}, {0x7bff, 65504.0f}, {0x0001, 0x1p-24f}, {0x03ff, 0x3ffp-24f},
-        {0x0400, 0x1p-14f}, {0x7c00, INFINITY}, {0xfc00, -INFINITY}, {0x8000, -0.0f}, {0x0000, 0.0f},
-        {0x3555, 0x155p-12f + 0x1p-2f}};
+    static const struct {
+        uint16_t h;
+        float f;
+    } f16_pairs[] = {{0x3c00, 1.0f},
+                     {0xbc00, -1.0f},
+                     {0x7bff, 65504.0f},
+                     {0x0001, 0x1p-24f},
+                     {0x03ff, 0x3ffp-24f},
+                     {0x0400, 0x1p-14f},
+                     {0x7c00, INFINITY},
+                     {0xfc00, -INFINITY},
+                     {0x8000, -0.0f},
+                     {0x0000, 0.0f},
+                     {0x3555, 0x155p-12f + 0x1p-2f}};
     for (size_t i = 0; i < sizeof f16_pairs / sizeof f16_pairs[0]; i++) {
         float f = tally__f16_to_f32(f16_pairs[i].h);
         CHECK(fbits(f) == fbits(f16_pairs[i].f), "f16 0x%04x -> %a, want %a", f16_pairs[i].h, f, f16_pairs[i].f);
         uint16_t h = tally__f32_to_f16(f16_pairs[i].f);
         CHECK(h == f16_pairs[i].h, "f32 %a -> f16 0x%04x, want 0x%04x", f16_pairs[i].f, h, f16_pairs[i].h);
     }
-    static const struct { float f; uint16_t h; } f2h[] = {
-        {65520.0f, 0x7c00}, {65519.99f, 0x7bff}, {-65520.0f, 0xfc00}, {1e10f, 0x7c00}, {0x1p-25f, 0x0000},
-        {0x1.8p-25f, 0x0001}, {0x3p-25f, 0x0002}, {0x1p-26f, 0x0000}, {-0x1p-25f, 0x8000}, {1.0f + 0x1p-11f, 0x3c00},
-        {1.0f + 0x3p-11f, 0x3c02}, {1.0f + 0x1.002p-11f, 0x3c01}, {0x1.ffcp-15f, 0x0400}, {1e-30f, 0}};
+    static const struct {
+        float f;
+        uint16_t h;
+    } f2h[] = {{65520.0f, 0x7c00},        {65519.99f, 0x7bff},
+               {-65520.0f, 0xfc00},       {1e10f, 0x7c00},
+               {0x1p-25f, 0x0000},        {0x1.8p-25f, 0x0001},
+               {0x3p-25f, 0x0002},        {0x1p-26f, 0x0000},
+               {-0x1p-25f, 0x8000},       {1.0f + 0x1p-11f, 0x3c00},
+               {1.0f + 0x3p-11f, 0x3c02}, {1.0f + 0x1.002p-11f, 0x3c01},
+               {0x1.ffcp-15f, 0x0400},    {1e-30f, 0}};
     for (size_t i = 0; i < sizeof f2h / sizeof f2h[0]; i++) {
         uint16_t h = tally__f32_to_f16(f2h[i].f);
         CHECK(h == f2h[i].h, "f32 %a -> f16 0x%04x, want 0x%04x", f2h[i].f, h, f2h[i].h);
@@ -393,11 +444,13 @@ static void test_conversions(void) {
     CHECK(isnan(tally__f16_to_f32(0x7e00)), "f16 0x7e00 is not NaN");
     CHECK(h_nan(tally__f32_to_f16(NAN)) && h_nan(tally__f32_to_f16(bitsf(0x7f800001))), "f32 NaN -> f16 not NaN");
     CHECK(tally__f32_to_f16(bitsf(0x7f800001)) & 0x200, "f32 sNaN -> f16 not quiet");
-    static const struct { uint32_t f; uint16_t b; } f2b[] = {
-        {0x3f808000, 0x3f80}, {0x3f818000, 0x3f82}, {0x3f808001, 0x3f81}, {0x3f80ffff, 0x3f81},
-        {0x7f7fffff, 0x7f80}, {0xff7fffff, 0xff80}, {0x7f7f7fff, 0x7f7f}, {0x00008000, 0x0000},
-        {0x00018000, 0x0002}, {0x00010001, 0x0001}, {0x80000000, 0x8000}, {0x7f800000, 0x7f80},
-        {0x7f800001, 0x7fc0}, {0xff800001, 0xffc0}, {0x7fc00000, 0x7fc0}};
+    static const struct {
+        uint32_t f;
+        uint16_t b;
+    } f2b[] = {{0x3f808000, 0x3f80}, {0x3f818000, 0x3f82}, {0x3f808001, 0x3f81}, {0x3f80ffff, 0x3f81},
+               {0x7f7fffff, 0x7f80}, {0xff7fffff, 0xff80}, {0x7f7f7fff, 0x7f7f}, {0x00008000, 0x0000},
+               {0x00018000, 0x0002}, {0x00010001, 0x0001}, {0x80000000, 0x8000}, {0x7f800000, 0x7f80},
+               {0x7f800001, 0x7fc0}, {0xff800001, 0xffc0}, {0x7fc00000, 0x7fc0}};
     for (size_t i = 0; i < sizeof f2b / sizeof f2b[0]; i++) {
         uint16_t b = tally__f32_to_bf16(bitsf(f2b[i].f));
         CHECK(b == f2b[i].b, "f32 0x%08x -> bf16 0x%04x, want 0x%04x", f2b[i].f, b, f2b[i].b);

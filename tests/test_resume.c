@@ -66,8 +66,10 @@ static void test_exact(int zero, tally_optim_kind opt, int n) {
     if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_b, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
     TH_CHECK(tr->res[0].steps == END - K, "%s: %ld steps after resuming", what, tr->res[0].steps);
-    TH_CHECK(!memcmp(g_a, g_b, tr->res[0].nparams * sizeof(float)), "%s: parameters differ from the run that never "
-             "stopped (max rel diff %.3g)", what, tr_max_rel_diff(g_b, g_a, tr->res[0].nparams));
+    TH_CHECK(!memcmp(g_a, g_b, tr->res[0].nparams * sizeof(float)),
+             "%s: parameters differ from the run that never "
+             "stopped (max rel diff %.3g)",
+             what, tr_max_rel_diff(g_b, g_a, tr->res[0].nparams));
 }
 
 /* Written at N = 4 under stage `zero`; loaded at N = 2 and N = 1 under every stage, for zero steps. */
@@ -117,8 +119,8 @@ static int newest_file(char *path, size_t n) {
 static int run_cli(const char *extra1, const char *extra2, const char *hidden, char *err, size_t errlen) {
     char *args[24];
     int k = 0;
-    const char *base[] = {"tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", hidden, "--steps", "8",
-                          "--no-eval", "--quiet", "--ckpt", g_dir};
+    const char *base[] = {"tally", "train",   "-n", "2",         "--data",  "synthetic:4096", "--hidden",
+                          hidden,  "--steps", "8",  "--no-eval", "--quiet", "--ckpt",         g_dir};
     for (size_t i = 0; i < sizeof base / sizeof *base; i++) args[k++] = (char *)base[i];
     if (extra1) args[k++] = (char *)extra1;
     if (extra2) args[k++] = (char *)extra2;
@@ -187,8 +189,8 @@ static void test_kill_while_saving(void) {
             int null = open("/dev/null", O_WRONLY);
             dup2(null, 1);
             dup2(null, 2);
-            execl(bin, "tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "256,256", "--steps", "100000",
-                  "--no-eval", "--quiet", "--ckpt", g_dir, "--ckpt-every", "1", "--resume", (char *)NULL);
+            execl(bin, "tally", "train", "-n", "2", "--data", "synthetic:4096", "--hidden", "256,256", "--steps",
+                  "100000", "--no-eval", "--quiet", "--ckpt", g_dir, "--ckpt-every", "1", "--resume", (char *)NULL);
             _exit(127);
         }
         setpgid(pid, pid);

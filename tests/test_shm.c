@@ -37,10 +37,10 @@ static int rank_open(rank_env *e, int rank, int size, double timeout_s) {
     tally__boot_env env;
     int rc = tally__boot_env_read(&env);
     if (!rc) rc = tally__boot_init(&e->boot, &env, &e->fault, timeout_s);
-    e->sig = (tally__sig){.seq = 1, .count = 10, .root = -1, .coll = TALLY__ALLREDUCE, .dtype = TALLY_F32,
-                          .op = TALLY_SUM, .algo = 1};
-    tally__tp_ctx c = {.rank = rank, .size = size, .boot = e->boot, .fault = &e->fault, .timeout_s = timeout_s,
-                       .sig = &e->sig};
+    e->sig = (tally__sig){
+        .seq = 1, .count = 10, .root = -1, .coll = TALLY__ALLREDUCE, .dtype = TALLY_F32, .op = TALLY_SUM, .algo = 1};
+    tally__tp_ctx c = {
+        .rank = rank, .size = size, .boot = e->boot, .fault = &e->fault, .timeout_s = timeout_s, .sig = &e->sig};
     if (!rc) rc = tally__shm_create(&c, &e->tp);
     if (rc) fprintf(stderr, "rank %d: setup failed: %s: %s\n", rank, tally_strerror(rc), tally_last_error());
     return rc;
@@ -75,9 +75,12 @@ static void fill_bytes(unsigned char *b, size_t len, int rank, int salt) {
 static void fill_typed(void *b, size_t n, tally_dtype t, int rank, int salt) {
     for (size_t i = 0; i < n; i++) {
         uint32_t h = mix(i, rank, salt);
-        if (t == TALLY_F32) ((float *)b)[i] = (float)((int)(h % 2001) - 1000);
-        else if (t == TALLY_I32) ((int32_t *)b)[i] = (int32_t)h;
-        else ((uint16_t *)b)[i] = tally__f32_to_f16((float)((int)(h % 201) - 100));
+        if (t == TALLY_F32)
+            ((float *)b)[i] = (float)((int)(h % 2001) - 1000);
+        else if (t == TALLY_I32)
+            ((int32_t *)b)[i] = (int32_t)h;
+        else
+            ((uint16_t *)b)[i] = tally__f32_to_f16((float)((int)(h % 201) - 100));
     }
 }
 
@@ -168,11 +171,11 @@ static void reduce_case(rank_env *e, size_t n, tally_dtype t, tally_op op, int d
     size_t es = tally_dtype_size(t), len = n * es;
     int to[1], from[1];
     peers_of(e, d, to, from);
-    unsigned char *sb = pool_buf(0, len), *mine = pool_buf(1, len), *dst = pool_buf(2, len),
-                  *in = pool_buf(3, len), *want = pool_buf(4, len);
-    fill_typed(sb, n, t, e->rank, salt);         /* what we send */
-    fill_typed(mine, n, t, e->rank, salt + 1);   /* our own contribution */
-    fill_typed(in, n, t, from[0], salt);         /* what the neighbour sends */
+    unsigned char *sb = pool_buf(0, len), *mine = pool_buf(1, len), *dst = pool_buf(2, len), *in = pool_buf(3, len),
+                  *want = pool_buf(4, len);
+    fill_typed(sb, n, t, e->rank, salt);       /* what we send */
+    fill_typed(mine, n, t, e->rank, salt + 1); /* our own contribution */
+    fill_typed(in, n, t, from[0], salt);       /* what the neighbour sends */
     reference(want, mine, in, n, t);
     memcpy(dst, mine, len);
     tally__send s = {.peer = to[0], .buf = sb, .len = len};
@@ -182,8 +185,8 @@ static void reduce_case(rank_env *e, size_t n, tally_dtype t, tally_op op, int d
     int rc = xchg(e, &s, 1, &r, 1);
     RCHECK(e, rc == 0, "reduce %s n %zu: %s: %s", tally_dtype_name(t), n, tally_strerror(rc), tally_last_error());
     size_t at = rc ? len : first_diff(dst, want, len);
-    RCHECK(e, at == len, "reduce %s/%s n %zu shift %d%s: byte %zu differs", tally_dtype_name(t),
-           tally_op_name(op), n, d, in_place ? " in place" : "", at);
+    RCHECK(e, at == len, "reduce %s/%s n %zu shift %d%s: byte %zu differs", tally_dtype_name(t), tally_op_name(op), n,
+           d, in_place ? " in place" : "", at);
 }
 
 /* 2000 small exchanges of varying size in a row, plain and reducing, each checked. */
@@ -342,8 +345,12 @@ static int kill_rank(int rank, int size, void *arg) {
     double end = th_now() + 60;
     while (rc == 0 && th_now() < end) {
         tally__send s = {(rank + 1) % size, sb, n * 4};
-        tally__recv r = {.peer = (rank - 1 + size) % size, .dst = dst, .src = dst, .len = n * 4,
-                         .dtype = TALLY_F32, .op = TALLY_SUM};
+        tally__recv r = {.peer = (rank - 1 + size) % size,
+                         .dst = dst,
+                         .src = dst,
+                         .len = n * 4,
+                         .dtype = TALLY_F32,
+                         .op = TALLY_SUM};
         e.sig.seq++;
         rc = xchg(&e, &s, 1, &r, 1);
         atomic_fetch_add(&sr->iters[rank], 1);
@@ -376,7 +383,11 @@ static int run_job(int n, const th_opts *o, th_rank_fn fn, void *arg, double wal
 static void test_correctness(void) {
     /* Every size and pattern with single-copy forced on for large messages, and with the slot ring
      * for all sizes (what setup picks where the kernel's copy is slow). */
-    static const struct { int n; run_cfg cfg; const char *what; } runs[] = {
+    static const struct {
+        int n;
+        run_cfg cfg;
+        const char *what;
+    } runs[] = {
         {2, {"256K", -1, 0}, "single-copy from 256 KiB"},
         {3, {"off", -1, 0}, "slots only"},
         {4, {"256K", -1, 0}, "single-copy from 256 KiB"},
@@ -409,8 +420,8 @@ static void test_mismatch(void) {
     /* Rank 0's own messages match; whether it finishes before the fault that ranks 1 and 2 raise
      * reaches it is a race (rank 2 may stop before its send to rank 0 is done). Either way, never
      * anything but success or the mismatch itself. */
-    TH_CHECK(sr->rc[0] == 0 || sr->rc[0] == TALLY_E_MISMATCH,
-             "rank 0 is not part of the mismatch but got %d (%s)", sr->rc[0], sr->msg[0]);
+    TH_CHECK(sr->rc[0] == 0 || sr->rc[0] == TALLY_E_MISMATCH, "rank 0 is not part of the mismatch but got %d (%s)",
+             sr->rc[0], sr->msg[0]);
     for (int r = 1; r <= 2; r++) {
         TH_CHECK(sr->rc[r] == TALLY_E_MISMATCH, "rank %d: got %d (%s), want TALLY_E_MISMATCH", r, sr->rc[r],
                  sr->msg[r]);

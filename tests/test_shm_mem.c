@@ -151,8 +151,8 @@ static int rank_colls(int rank, int size, void *arg) {
     const cfg *g = arg;
     rank_ctx x;
     if (rank_open(&x, rank, size)) return 1;
-    RCHECK(&x, !strcmp(tally_comm_transport(x.c), g->transport), "transport %s, want %s",
-           tally_comm_transport(x.c), g->transport);
+    RCHECK(&x, !strcmp(tally_comm_transport(x.c), g->transport), "transport %s, want %s", tally_comm_transport(x.c),
+           g->transport);
     x.shared = g->bufs != BUF_MIXED || rank % 2 == 0;
     x.off = g->bufs == BUF_OFFSET ? 64 : 0;
     size_t sizes[] = {1024, 1u << 20, (16u << 20) + 4};

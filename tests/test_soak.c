@@ -22,12 +22,11 @@
 
 #define SOAK_COLLS 5
 #define SOAK_ALGOS 5
-#define SOAK_TPS 2
+#define SOAK_TPS   2
 #define SOAK_COMMS (SOAK_ALGOS * SOAK_TPS)
 
 enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_BARRIER };
-static const char *const coll_names[SOAK_COLLS] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
-                                                   "barrier"};
+static const char *const coll_names[SOAK_COLLS] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
 static const char *const algo_names[SOAK_ALGOS] = {"ring", "tree", "rhd", "direct", "auto"};
 static const char *const tp_names[SOAK_TPS] = {"shm", "tcp"};
 
@@ -47,9 +46,9 @@ typedef struct soak_out {
     size_t maxbytes;
     int wrong, errors;
     long done[SOAK_COLLS], per_comm[SOAK_COMMS], per_dtype[TALLY_DTYPE_COUNT];
-    double coll_s;  /* rank 0: seconds inside collectives */
-    double wall_s;  /* rank 0: seconds from the first call to the last, checks included */
-    double bytes;   /* rank 0: payload bytes of every call (per rank) */
+    double coll_s; /* rank 0: seconds inside collectives */
+    double wall_s; /* rank 0: seconds from the first call to the last, checks included */
+    double bytes;  /* rank 0: payload bytes of every call (per rank) */
     char first[600];
 } soak_out;
 
@@ -82,8 +81,8 @@ static double rounded(int t, double v) {
 /* Largest magnitude of an integer input for a sum of n of them to stay exact in the dtype. */
 static double sum_limit(int t, int n) {
     switch (t) {
-    case TALLY_F16: return floor(2048.0 / n);   /* f16 holds integers exactly up to 2^11 */
-    case TALLY_BF16: return floor(256.0 / n);   /* bf16 up to 2^8 */
+    case TALLY_F16: return floor(2048.0 / n); /* f16 holds integers exactly up to 2^11 */
+    case TALLY_BF16: return floor(256.0 / n); /* bf16 up to 2^8 */
     case TALLY_F32: return floor(16777216.0 / n);
     case TALLY_U8: return floor(255.0 / n);
     case TALLY_I32: return 1e6;
@@ -336,7 +335,8 @@ int main(void) {
         return 2;
     }
     printf("soak: seed %" PRIu64 " (TALLY_SOAK_SEED=%" PRIu64 " repeats this run), %d ranks, %ld collectives, "
-           "payloads up to %zu bytes\n", O->seed, O->seed, n, O->count, O->maxbytes);
+           "payloads up to %zu bytes\n",
+           O->seed, O->seed, n, O->count, O->maxbytes);
     fflush(stdout);
     /* The wall limit grows with the count: 10,000 calls with checks take minutes on a small machine. */
     th_opts o = {.timeout_s = 60, .wall_s = 120 + 0.2 * (double)O->count};
@@ -348,7 +348,8 @@ int main(void) {
     printf("soak: %ld collectives", total);
     for (int k = 0; k < SOAK_COLLS; k++) printf("%s%ld %s", k ? ", " : " (", O->done[k], coll_names[k]);
     printf(")\nsoak: per transport/algorithm:");
-    for (int k = 0; k < SOAK_COMMS; k++) printf(" %s/%s %ld", tp_names[k / SOAK_ALGOS], algo_names[k % SOAK_ALGOS], O->per_comm[k]);
+    for (int k = 0; k < SOAK_COMMS; k++)
+        printf(" %s/%s %ld", tp_names[k / SOAK_ALGOS], algo_names[k % SOAK_ALGOS], O->per_comm[k]);
     printf("\nsoak: per dtype:");
     for (int t = 0; t < TALLY_DTYPE_COUNT; t++) printf(" %s %ld", tally_dtype_name((tally_dtype)t), O->per_dtype[t]);
     printf("\nsoak: %.1f s in collectives (%.0f collectives/s, %.2f GB of payload per rank), %.1f s with the "

@@ -30,8 +30,8 @@ typedef struct tt_world {
 } tt_world;
 
 static int tt_create(tt_world *w, double timeout_s) {
-    tally__tp_ctx ctx = {.rank = w->rank, .size = w->size, .boot = w->boot, .fault = &w->fault,
-                         .timeout_s = timeout_s, .sig = &w->sig};
+    tally__tp_ctx ctx = {
+        .rank = w->rank, .size = w->size, .boot = w->boot, .fault = &w->fault, .timeout_s = timeout_s, .sig = &w->sig};
     int rc = tally__tcp_create(&ctx, &w->tp);
     if (rc) fprintf(stderr, "rank %d: tcp_create: %s\n", w->rank, tally_last_error());
     return rc;
@@ -101,11 +101,9 @@ static void tt_fill(void *buf, tt_kind k, int r, size_t count) {
 static size_t tt_verify(const void *buf, tt_kind k, int mine, int from, size_t count) {
     size_t i = 0;
     if (k == K_PLAIN)
-        for (const uint8_t *p = buf; i < count && p[i] == tt_byte(from, i); i++) {
-        }
+        for (const uint8_t *p = buf; i < count && p[i] == tt_byte(from, i); i++) {}
     else if (k == K_F32_SUM)
-        for (const float *p = buf; i < count && p[i] == tt_small(mine, i) + tt_small(from, i); i++) {
-        }
+        for (const float *p = buf; i < count && p[i] == tt_small(mine, i) + tt_small(from, i); i++) {}
     else if (k == K_I64_MIN)
         for (const int64_t *p = buf; i < count; i++) {
             int64_t x = tt_i64(mine, i), y = tt_i64(from, i);
@@ -113,16 +111,15 @@ static size_t tt_verify(const void *buf, tt_kind k, int mine, int from, size_t c
         }
     else
         for (const uint16_t *p = buf; i < count && tally__bf16_to_f32(p[i]) == tt_small(mine, i) + tt_small(from, i);
-             i++) {
-        }
+             i++) {}
     return i;
 }
 
 static tally__recv tt_recv(tt_kind k, int peer, void *dst, const void *src, size_t bytes) {
     static const tally_dtype dt[K_COUNT] = {TALLY_U8, TALLY_F32, TALLY_I64, TALLY_BF16};
     static const tally_op op[K_COUNT] = {TALLY_SUM, TALLY_SUM, TALLY_MIN, TALLY_SUM};
-    return (tally__recv){.peer = peer, .dst = dst, .src = k == K_PLAIN ? NULL : src, .len = bytes,
-                         .dtype = dt[k], .op = op[k]};
+    return (tally__recv){
+        .peer = peer, .dst = dst, .src = k == K_PLAIN ? NULL : src, .len = bytes, .dtype = dt[k], .op = op[k]};
 }
 
 /* ---- exchanges of data ---- */
@@ -133,16 +130,18 @@ static void tt_ring(tt_world *w, size_t len, tt_kind k, int inplace) {
     size_t count = len / tt_esize[k], bytes = count * tt_esize[k];
     void *sbuf = malloc(bytes + 1), *dst = malloc(bytes + 1);
     tt_fill(sbuf, k, w->rank, count);
-    if (inplace) tt_fill(dst, k, w->rank, count);
-    else memset(dst, 0xA5, bytes);
+    if (inplace)
+        tt_fill(dst, k, w->rank, count);
+    else
+        memset(dst, 0xA5, bytes);
     tally__send s = {.peer = right, .buf = sbuf, .len = bytes};
     tally__recv r = tt_recv(k, left, dst, inplace ? dst : sbuf, bytes);
     w->sig.count = bytes;
     int rc = tt_xchg(w, &s, 1, &r, 1);
     RCHECK(rc == 0, "ring %zu B %s%s: %s", bytes, tt_kind_name[k], inplace ? " in place" : "", tally_last_error());
     size_t bad = rc ? 0 : tt_verify(dst, k, w->rank, left, count);
-    RCHECK(rc || bad == count, "ring %zu B %s%s: element %zu wrong", bytes, tt_kind_name[k],
-           inplace ? " in place" : "", bad);
+    RCHECK(rc || bad == count, "ring %zu B %s%s: element %zu wrong", bytes, tt_kind_name[k], inplace ? " in place" : "",
+           bad);
     free(sbuf);
     free(dst);
 }
@@ -205,8 +204,10 @@ static int tt_many_rank(int rank, int size, void *arg) {
     if (tt_open(&w, rank, size, 60)) return 1;
     for (int it = 0; it < 2000 && !tt_fail; it++) {
         tt_kind k = (tt_kind)(it % K_COUNT);
-        if (it % 3 == 2) tt_allpairs(&w, 8 + (size_t)(it % 5), k);
-        else tt_ring(&w, 8 + (size_t)(it % 5), k, it % 2);
+        if (it % 3 == 2)
+            tt_allpairs(&w, 8 + (size_t)(it % 5), k);
+        else
+            tt_ring(&w, 8 + (size_t)(it % 5), k, it % 2);
     }
     tt_close(&w);
     return tt_fail;
@@ -376,8 +377,8 @@ static void tt_mismatch_tests(void) {
     memset(sh, 0, sizeof *sh);
     TH_CHECK(th_run(2, NULL, tt_length_rank, sh) == 0, "length job");
     for (int r = 0; r < 2; r++)
-        TH_CHECK(sh->rc[r] == TALLY_E_PROTOCOL && strstr(sh->msg[r], "wrong length"), "length: rank %d rc %d '%s'",
-                 r, sh->rc[r], sh->msg[r]);
+        TH_CHECK(sh->rc[r] == TALLY_E_PROTOCOL && strstr(sh->msg[r], "wrong length"), "length: rank %d rc %d '%s'", r,
+                 sh->rc[r], sh->msg[r]);
     th_shared_free(sh, sizeof *sh);
 }
 
@@ -404,8 +405,8 @@ static void tt_death_test(int n) {
         if (r == 1) continue;
         double dt = sh->t[r] - sh->kill_t;
         TH_CHECK(WIFEXITED(job.status[r]) && WEXITSTATUS(job.status[r]) == 0, "N=%d rank %d exited cleanly", n, r);
-        TH_CHECK(sh->rc[r] == TALLY_E_PEER_LOST && dt < 5, "N=%d rank %d: rc %d after %.3f s '%s'", n, r, sh->rc[r],
-                 dt, sh->msg[r]);
+        TH_CHECK(sh->rc[r] == TALLY_E_PEER_LOST && dt < 5, "N=%d rank %d: rc %d after %.3f s '%s'", n, r, sh->rc[r], dt,
+                 sh->msg[r]);
         named += strstr(sh->msg[r], "rank 1 (pid") != NULL;
         fprintf(stderr, "  death N=%d: rank %d saw it after %.1f ms\n", n, r, dt * 1e3);
     }

@@ -14,7 +14,7 @@
 #include "harness.h"
 #include "transport/tcp_int.h"
 
-#define TOKEN "tcp-accept-test-token"
+#define TOKEN    "tcp-accept-test-token"
 #define STALLERS 12
 
 static int ta_port;
@@ -145,7 +145,7 @@ static void ta_missing_rank(void) {
     double took = th_now() - t0;
     TH_CHECK(rc == TALLY_E_TIMEOUT, "no rank above came: timeout (rc %d)", rc);
     TH_CHECK(strstr(tally_last_error(), "rank 1") && strstr(tally_last_error(), "2 rank(s) above us"),
-                 "the message names us and how many are missing: %s", tally_last_error());
+             "the message names us and how many are missing: %s", tally_last_error());
     TH_CHECK(took < 5.0, "the deadline bounds the wait (%.1f s)", took);
     TH_CHECK(ta_closed(stall), "the stalled connection was closed");
     close(stall);

@@ -17,7 +17,7 @@
  * i.e. a relative difference of 1e-5, with parameters smaller than 1% of the largest one judged
  * against that 1% (their relative error is rounding noise around zero, not a difference in training). */
 #define REL_TOL 1e-5
-#define STEPS 50
+#define STEPS   50
 
 static tally__train_cfg base_cfg(tally__model_kind model, int batch) {
     tally__train_cfg c;
@@ -134,8 +134,8 @@ static void test_cli(void) {
     char json[] = "/tmp/tally_train_XXXXXX", err[8192];
     int fd = mkstemp(json);
     close(fd);
-    char *ok[] = {"tally", "train", "-n", "2", "--data", "synthetic", "--steps", "10", "--batch", "16",
-                  "--hidden", "32", "--no-eval", "--json", json, NULL};
+    char *ok[] = {"tally",   "train", "-n",       "2",  "--data",    "synthetic", "--steps", "10",
+                  "--batch", "16",    "--hidden", "32", "--no-eval", "--json",    json,      NULL};
     int rc = tr_run_tally(ok, err, sizeof err);
     TH_CHECK(rc == 0, "tally train -n 2 ... exited %d: %s", rc, err);
     FILE *f = fopen(json, "r");
@@ -164,19 +164,19 @@ static void test_cli(void) {
 /* The named tensors cover the flat buffer exactly, in order, with PyTorch's names and shapes. */
 static void test_tensors(void) {
     tally__model m;
-    tally__model_cfg cnn = {.kind = TALLY__MODEL_CNN, .in_dim = 784, .channels = 1, .height = 28, .width = 28,
-                            .outputs = 10};
+    tally__model_cfg cnn = {
+        .kind = TALLY__MODEL_CNN, .in_dim = 784, .channels = 1, .height = 28, .width = 28, .outputs = 10};
     TH_CHECK(tally__model_init(&m, &cnn, 4, 1, NULL, 0) == 0, "cnn: %s", tally_last_error());
     static const char *names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight",
-                                  "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight",  "fc3.bias"};
+                                  "fc1.bias",     "fc2.weight", "fc2.bias",     "fc3.weight", "fc3.bias"};
     TH_CHECK(m.ntensors == 10 && m.nparams == 61706, "cnn: %d tensors, %zu parameters", m.ntensors, m.nparams);
     size_t at = 0;
     for (int i = 0; i < m.ntensors && i < 10; i++) {
         const tally__tensor *t = &m.tensor[i];
         size_t count = 1;
         for (int d = 0; d < t->ndim; d++) count *= (size_t)t->shape[d];
-        TH_CHECK(!strcmp(t->name, names[i]) && t->offset == at && t->count == count &&
-                     t->param == m.params + at && t->grad == m.grads + at,
+        TH_CHECK(!strcmp(t->name, names[i]) && t->offset == at && t->count == count && t->param == m.params + at &&
+                     t->grad == m.grads + at,
                  "cnn tensor %d: %s at %zu (%zu elements), expected %s at %zu", i, t->name, t->offset, t->count,
                  names[i], at);
         at += t->count;

@@ -16,7 +16,7 @@
  * the last bits differ, and AdamW, dividing each coordinate by its own RMS, grows them to ~4e-5 in 50
  * steps. Accumulation at stages 2-3 reduces every micro-batch, another order too: ~2e-6.) */
 #define REL_TOL 1e-5
-#define STEPS 50
+#define STEPS   50
 /* Hidden widths 20 and 21 make P = 784*20+20 + 20*21+21 + 21*10+10 = 16361, a prime: no layer and no
  * total divides evenly by 2, 3 or 4, so every shard is uneven and every layer has a tail. */
 #define PRIME_P 16361
@@ -105,8 +105,9 @@ static void test_bytes(void) {
             double state = (double)(res->mem_params + res->mem_grads + res->mem_optim);
             double sent = (double)res->bytes_sent / (double)res->steps;
             if (r == 0)
-                printf("stage %d: model state %.0f bytes (formula %.0f), buffers %zu, sent %.0f per step (formula %.0f)\n",
-                       z, state, want_state[z], res->mem_buffers, sent, want_sent[z]);
+                printf(
+                    "stage %d: model state %.0f bytes (formula %.0f), buffers %zu, sent %.0f per step (formula %.0f)\n",
+                    z, state, want_state[z], res->mem_buffers, sent, want_sent[z]);
             TH_CHECK(fabs(state - want_state[z]) <= 0.05 * want_state[z],
                      "stage %d rank %d: model state %.0f bytes, formula %.0f", z, r, state, want_state[z]);
             /* overlapped (the default): two staging buffers at stage 2, and two gathered layers at 3 */
@@ -128,19 +129,21 @@ static void test_max_mem(void) {
     tally__train_cfg c = zcfg(0, TALLY_OPTIM_ADAMW, 1);
     c.model.nhidden = 4;
     c.model.hidden[0] = c.model.hidden[1] = c.model.hidden[2] = c.model.hidden[3] = 512;
-    tally__model_cfg mc = {.kind = TALLY__MODEL_MLP, .in_dim = 784, .outputs = 10, .nhidden = 4,
-                           .hidden = {512, 512, 512, 512}};
+    tally__model_cfg mc = {
+        .kind = TALLY__MODEL_MLP, .in_dim = 784, .outputs = 10, .nhidden = 4, .hidden = {512, 512, 512, 512}};
     tally__model_desc d;
     TH_CHECK(tally__model_describe(&mc, c.batch, &d) == 0, "describe: %s", tally_last_error());
-    tally__mem_need s0 = tally__mem_predict(&d, 0, 2, &c.opt.optim, 1), s3 = tally__mem_predict(&d, 3, 2, &c.opt.optim, 1);
+    tally__mem_need s0 = tally__mem_predict(&d, 0, 2, &c.opt.optim, 1),
+                    s3 = tally__mem_predict(&d, 3, 2, &c.opt.optim, 1);
     TH_CHECK(s0.params + s0.grads + s0.optim == 16 * d.nparams, "stage 0 prediction %zu",
              s0.params + s0.grads + s0.optim);
     TH_CHECK(s3.total < s0.total, "stage 3 predicted %zu, not below stage 0's %zu", s3.total, s0.total);
     char limit[32], err[8192];
     snprintf(limit, sizeof limit, "%zu", (s0.total + s3.total) / 2);
-    char *run0[] = {"tally", "train", "-n", "2", "--hidden", "512,512,512,512", "--data", "synthetic", "--optimizer",
-                    "adamw", "--batch", "8", "--steps", "2", "--no-eval", "--quiet", "--max-mem", limit, "--zero",
-                    "0", NULL};
+    char *run0[] = {"tally",   "train",     "-n",          "2",       "--hidden",  "512,512,512,512",
+                    "--data",  "synthetic", "--optimizer", "adamw",   "--batch",   "8",
+                    "--steps", "2",         "--no-eval",   "--quiet", "--max-mem", limit,
+                    "--zero",  "0",         NULL};
     int rc = tr_run_tally(run0, err, sizeof err);
     TH_CHECK(rc == 1 && strstr(err, "needs") && strstr(err, "--max-mem allows") && strstr(err, limit),
              "stage 0 under --max-mem %s: exit %d, %s", limit, rc, err);

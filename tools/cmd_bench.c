@@ -17,7 +17,7 @@
 #include "launch.h"
 #include "place.h"
 
-#define BENCH_MAX_ROWS 1000
+#define BENCH_MAX_ROWS  1000
 #define BENCH_MAX_BYTES (64ull << 30)
 
 typedef enum { B_ALLREDUCE, B_REDUCE_SCATTER, B_ALLGATHER, B_BROADCAST } bench_coll;
@@ -110,27 +110,38 @@ static int bench_rows(const bench_opts *o) {
 
 /* 0 to run, 1 for --help (printed), 2 after a message about a bad flag. */
 static int bench_parse(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.n = 0, .minb = 8, .maxb = 64u << 20, .factor = 2, .dtype = TALLY_F32, .op = TALLY_SUM,
-                      .iters = 20, .warmup = 5};
+    *o = (bench_opts){.n = 0,
+                      .minb = 8,
+                      .maxb = 64u << 20,
+                      .factor = 2,
+                      .dtype = TALLY_F32,
+                      .op = TALLY_SUM,
+                      .iters = 20,
+                      .warmup = 5};
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return bench_usage(stdout), 1;
-    if (argc < 2) return tally_flags_usage_error("bench", "which collective? allreduce, reduce_scatter, allgather or broadcast");
+    if (argc < 2)
+        return tally_flags_usage_error("bench", "which collective? allreduce, reduce_scatter, allgather or broadcast");
     if (bench_parse_coll(argv[1], &o->coll))
-        return tally_flags_usage_error("bench", "'%s' is not a collective: it takes allreduce, reduce_scatter, allgather "
-                                                "or broadcast, then the flags", argv[1]);
-    static const struct option longs[] = {{"algo", required_argument, 0, 'A'},
-                                          {"transport", required_argument, 0, 'T'},
-                                          {"iters", required_argument, 0, 'I'},
-                                          {"warmup", required_argument, 0, 'W'},
-                                          {"shared-mem", no_argument, 0, 'S'},
-                                          {"bind", required_argument, 0, 'B'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {0, 0, 0, 0}};
-    const tally_flags f = {.cmd = "bench", .shorts = "n:b:e:f:t:o:r:ch", .longs = longs, .first = 2,
-                           .one = bench_parse_one, .usage = bench_usage};
+        return tally_flags_usage_error("bench",
+                                       "'%s' is not a collective: it takes allreduce, reduce_scatter, allgather "
+                                       "or broadcast, then the flags",
+                                       argv[1]);
+    static const struct option longs[] = {
+        {"algo", required_argument, 0, 'A'},  {"transport", required_argument, 0, 'T'},
+        {"iters", required_argument, 0, 'I'}, {"warmup", required_argument, 0, 'W'},
+        {"shared-mem", no_argument, 0, 'S'},  {"bind", required_argument, 0, 'B'},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    const tally_flags f = {.cmd = "bench",
+                           .shorts = "n:b:e:f:t:o:r:ch",
+                           .longs = longs,
+                           .first = 2,
+                           .one = bench_parse_one,
+                           .usage = bench_usage};
     int rc = tally_flags_parse(&f, argc, argv, o);
     if (rc) return rc;
     if (o->minb > o->maxb)
-        return tally_flags_usage_error("bench", "-b %zu is above -e %zu: the smallest size comes first", o->minb, o->maxb);
+        return tally_flags_usage_error("bench", "-b %zu is above -e %zu: the smallest size comes first", o->minb,
+                                       o->maxb);
     if (bench_rows(o) > BENCH_MAX_ROWS)
         return tally_flags_usage_error("bench", "-f %.10g from -b %zu to -e %zu makes more than %d rows: raise -f",
                                        o->factor, o->minb, o->maxb, BENCH_MAX_ROWS);
@@ -160,25 +171,34 @@ static double bench_input(int rank, size_t i, tally_op op) {
     return op == TALLY_PROD ? (double)(1 + ((rank + i) % 4 == 0)) : (double)((rank + i) % 3);
 }
 
-static int bench_is_float(tally_dtype t) { return t == TALLY_F32 || t == TALLY_F64 || t == TALLY_F16 || t == TALLY_BF16; }
+static int bench_is_float(tally_dtype t) {
+    return t == TALLY_F32 || t == TALLY_F64 || t == TALLY_F16 || t == TALLY_BF16;
+}
 
 static double bench_expected_reduce(const bench_opts *o, int n, size_t i) {
     double acc = bench_input(0, i, o->op);
     for (int r = 1; r < n; r++) {
         double v = bench_input(r, i, o->op);
-        if (o->op == TALLY_PROD) acc *= v;
-        else if (o->op == TALLY_MIN) acc = v < acc ? v : acc;
-        else if (o->op == TALLY_MAX) acc = v > acc ? v : acc;
-        else acc += v;
+        if (o->op == TALLY_PROD)
+            acc *= v;
+        else if (o->op == TALLY_MIN)
+            acc = v < acc ? v : acc;
+        else if (o->op == TALLY_MAX)
+            acc = v > acc ? v : acc;
+        else
+            acc += v;
     }
     if (o->dtype == TALLY_U8) acc = (double)(uint8_t)(uint64_t)acc;
     char tmp[8];
     tally__dtype_store(tmp, 0, o->dtype, acc);
     acc = tally__dtype_load(tmp, 0, o->dtype);
     if (o->op == TALLY_AVG) {
-        if (o->dtype == TALLY_F64) acc /= n;
-        else if (bench_is_float(o->dtype)) acc = (double)((float)acc / (float)n);
-        else acc = (double)((int64_t)acc / n);
+        if (o->dtype == TALLY_F64)
+            acc /= n;
+        else if (bench_is_float(o->dtype))
+            acc = (double)((float)acc / (float)n);
+        else
+            acc = (double)((int64_t)acc / n);
         tally__dtype_store(tmp, 0, o->dtype, acc);
         acc = tally__dtype_load(tmp, 0, o->dtype);
     }
@@ -209,8 +229,7 @@ static void bench_buffers(const bench_opts *o, const bench_ctx *b, int in_place,
 static void bench_fill(const bench_opts *o, const bench_ctx *b, char *send, size_t per_rank) {
     size_t n = o->coll == B_REDUCE_SCATTER ? per_rank * (size_t)b->size : per_rank;
     int who = o->coll == B_BROADCAST ? (b->rank == o->root ? o->root : -1) : b->rank;
-    for (size_t i = 0; i < n; i++)
-        tally__dtype_store(send, i, o->dtype, who < 0 ? 0 : bench_input(who, i, o->op));
+    for (size_t i = 0; i < n; i++) tally__dtype_store(send, i, o->dtype, who < 0 ? 0 : bench_input(who, i, o->op));
 }
 
 static int bench_call(const bench_opts *o, const bench_ctx *b, char *send, char *recv, size_t per_rank) {
@@ -275,8 +294,10 @@ static void bench_header(const bench_opts *o, const bench_ctx *b) {
 static void bench_cell(double sec, size_t bytes, double factor, long long wrong, int check) {
     double algbw = sec > 0 ? bytes / sec / 1e9 : 0;
     char w[24];
-    if (check) snprintf(w, sizeof w, "%lld", wrong);
-    else snprintf(w, sizeof w, "N/A");
+    if (check)
+        snprintf(w, sizeof w, "%lld", wrong);
+    else
+        snprintf(w, sizeof w, "N/A");
     printf(" %9.2f %7.2f %7.2f %6s", sec * 1e6, algbw, algbw * factor, w);
 }
 
@@ -366,8 +387,8 @@ int tally_cmd_bench(int argc, char **argv) {
     if (o.algo) setenv("TALLY_ALGO", o.algo, 1);
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {
-        tally_launch_opts lo = {.n = o.n ? o.n : 2, .transport = o.transport, .prefix_output = 0,
-                                .name = "tally bench", .bind = o.bind};
+        tally_launch_opts lo = {
+            .n = o.n ? o.n : 2, .transport = o.transport, .prefix_output = 0, .name = "tally bench", .bind = o.bind};
         return tally_launch_self(&lo, argc, argv);
     }
     return bench_as_rank(&o);

@@ -26,13 +26,13 @@
 typedef struct plan_opts {
     tally__plan_cfg cfg;
     int have_params, have_workers, have_flops, layers;
-    int model;                     /* tally__model_kind, -1 without --model */
+    int model; /* tally__model_kind, -1 without --model */
     tally__model_cfg mcfg;
     tally__model_desc desc;
-    int show_all;                  /* --algo all: every algorithm in the table */
+    int show_all; /* --algo all: every algorithm in the table */
     int json, calibrate;
-    const char *calibrate_rank;    /* hidden: run as one rank of the link measurement */
-    double calibrate_bytes;        /* hidden: the allreduce those ranks time (the plan's S) */
+    const char *calibrate_rank; /* hidden: run as one rank of the link measurement */
+    double calibrate_bytes;     /* hidden: the allreduce those ranks time (the plan's S) */
     const char *flops_source, *link_source;
 } plan_opts;
 
@@ -57,18 +57,51 @@ static void plan_usage(FILE *out) {
 
 /* ---- flags ---- */
 
-enum { O_PARAMS = 256, O_LAYERS, O_WORKERS, O_OPT, O_PREC, O_ZERO, O_BATCH, O_FLOPS, O_MODEL, O_HIDDEN,
-       O_COMPUTE, O_BW, O_LAT, O_ALGO, O_ACCUM, O_BUCKET, O_JSON, O_CALIB, O_CALIB_RANK, O_CALIB_BYTES };
+enum {
+    O_PARAMS = 256,
+    O_LAYERS,
+    O_WORKERS,
+    O_OPT,
+    O_PREC,
+    O_ZERO,
+    O_BATCH,
+    O_FLOPS,
+    O_MODEL,
+    O_HIDDEN,
+    O_COMPUTE,
+    O_BW,
+    O_LAT,
+    O_ALGO,
+    O_ACCUM,
+    O_BUCKET,
+    O_JSON,
+    O_CALIB,
+    O_CALIB_RANK,
+    O_CALIB_BYTES
+};
 
-static const struct option plan_longs[] = {
-    {"params", 1, 0, O_PARAMS},   {"layers", 1, 0, O_LAYERS},     {"workers", 1, 0, O_WORKERS},
-    {"optimizer", 1, 0, O_OPT},   {"precision", 1, 0, O_PREC},    {"zero", 1, 0, O_ZERO},
-    {"batch", 1, 0, O_BATCH},     {"flops-per-sample", 1, 0, O_FLOPS}, {"model", 1, 0, O_MODEL},
-    {"hidden", 1, 0, O_HIDDEN},   {"compute", 1, 0, O_COMPUTE},   {"bandwidth", 1, 0, O_BW},
-    {"latency", 1, 0, O_LAT},     {"algo", 1, 0, O_ALGO},         {"accum", 1, 0, O_ACCUM},
-    {"bucket-mb", 1, 0, O_BUCKET}, {"json", 0, 0, O_JSON},        {"calibrate", 0, 0, O_CALIB},
-    {"calibrate-rank", 1, 0, O_CALIB_RANK}, {"calibrate-bytes", 1, 0, O_CALIB_BYTES},
-    {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
+                                           {"layers", 1, 0, O_LAYERS},
+                                           {"workers", 1, 0, O_WORKERS},
+                                           {"optimizer", 1, 0, O_OPT},
+                                           {"precision", 1, 0, O_PREC},
+                                           {"zero", 1, 0, O_ZERO},
+                                           {"batch", 1, 0, O_BATCH},
+                                           {"flops-per-sample", 1, 0, O_FLOPS},
+                                           {"model", 1, 0, O_MODEL},
+                                           {"hidden", 1, 0, O_HIDDEN},
+                                           {"compute", 1, 0, O_COMPUTE},
+                                           {"bandwidth", 1, 0, O_BW},
+                                           {"latency", 1, 0, O_LAT},
+                                           {"algo", 1, 0, O_ALGO},
+                                           {"accum", 1, 0, O_ACCUM},
+                                           {"bucket-mb", 1, 0, O_BUCKET},
+                                           {"json", 0, 0, O_JSON},
+                                           {"calibrate", 0, 0, O_CALIB},
+                                           {"calibrate-rank", 1, 0, O_CALIB_RANK},
+                                           {"calibrate-bytes", 1, 0, O_CALIB_BYTES},
+                                           {"help", 0, 0, 'h'},
+                                           {0, 0, 0, 0}};
 
 /* A whole number in [lo, hi] (K/M/G/T allowed). */
 static int parse_int(const char *s, double lo, double hi, int *out) {
@@ -78,7 +111,9 @@ static int parse_int(const char *s, double lo, double hi, int *out) {
     return 0;
 }
 
-static int parse_hidden(const char *s, tally__model_cfg *m) { return tally__model_parse_hidden(s, m->hidden, &m->nhidden); }
+static int parse_hidden(const char *s, tally__model_cfg *m) {
+    return tally__model_parse_hidden(s, m->hidden, &m->nhidden);
+}
 
 static int parse_optimizer(const char *s, tally__plan_cfg *c) {
     if (!strcmp(s, "sgd")) return c->optimizer = TALLY_OPTIM_SGD, 0;
@@ -147,7 +182,8 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
 /* What each flag takes, for the message when a value is refused. */
 static const char *plan_accepts(int ch) {
     switch (ch) {
-    case O_PARAMS: return "it takes a count of parameters in 1..1e15, with K, M, G or T (powers of 1000; Ki.. of 1024): 7.5G";
+    case O_PARAMS:
+        return "it takes a count of parameters in 1..1e15, with K, M, G or T (powers of 1000; Ki.. of 1024): 7.5G";
     case O_LAYERS: return "it takes a whole number in 1..1000000";
     case 'n':
     case O_WORKERS: return "it takes a whole number of ranks in 1..16777216 (K, M allowed)";
@@ -176,11 +212,16 @@ static int plan_flag(int ch, const char *flag, const char *a, void *ctx) {
 /* Combinations that cannot mean anything: say which and return -1. */
 static int plan_check(const plan_opts *o) {
     const char *why = NULL;
-    if (!o->have_workers) why = "--workers N is required";
-    else if (o->model < 0 && !o->have_params) why = "--params P (or --model) is required";
-    else if (o->model >= 0 && o->have_params) why = "give --params or --model, not both";
-    else if (o->model >= 0 && o->have_flops) why = "give --flops-per-sample or --model, not both";
-    else if (o->model >= 0 && o->layers) why = "--layers comes from --model";
+    if (!o->have_workers)
+        why = "--workers N is required";
+    else if (o->model < 0 && !o->have_params)
+        why = "--params P (or --model) is required";
+    else if (o->model >= 0 && o->have_params)
+        why = "give --params or --model, not both";
+    else if (o->model >= 0 && o->have_flops)
+        why = "give --flops-per-sample or --model, not both";
+    else if (o->model >= 0 && o->layers)
+        why = "--layers comes from --model";
     else if (o->mcfg.nhidden && o->model >= 0 && !tally__model_info_of(o->model)->takes_hidden)
         why = "--hidden needs --model mlp";
     if (why) tally_flags_usage_error("plan", "%s", why);
@@ -193,8 +234,8 @@ static int plan_parse(int argc, char **argv, plan_opts *o) {
     tally__plan_cfg_default(&o->cfg);
     o->model = -1;
     o->show_all = 1;
-    const tally_flags f = {.cmd = "plan", .shorts = "n:h", .longs = plan_longs, .first = 1, .one = plan_flag,
-                           .usage = plan_usage};
+    const tally_flags f = {
+        .cmd = "plan", .shorts = "n:h", .longs = plan_longs, .first = 1, .one = plan_flag, .usage = plan_usage};
     int rc = tally_flags_parse(&f, argc, argv, o);
     if (rc || o->calibrate_rank) return rc;
     return plan_check(o) ? 2 : 0;
@@ -295,7 +336,8 @@ static int calibrate_link(const char *transport, double bytes, tally__cost *out,
 static int plan_calibrate(plan_opts *o, tally__plan_calib *k) {
     memset(k, 0, sizeof *k);
     double S = tally__plan_grad_bytes(&o->cfg);
-    if (calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) || calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
+    if (calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) ||
+        calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
         return -1;
     if (tally__plan_calibrate(&o->cfg, o->model >= 0 ? &o->mcfg : NULL, k)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
@@ -315,10 +357,14 @@ static const char *fmt_bytes(double b, char *buf) {
 }
 
 static const char *fmt_time(double s, char *buf) {
-    if (s == 0) snprintf(buf, 24, "0");
-    else if (s < 1e-3) snprintf(buf, 24, "%.2f us", s * 1e6);
-    else if (s < 1) snprintf(buf, 24, "%.3f ms", s * 1e3);
-    else snprintf(buf, 24, "%.3f s", s);
+    if (s == 0)
+        snprintf(buf, 24, "0");
+    else if (s < 1e-3)
+        snprintf(buf, 24, "%.2f us", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, 24, "%.3f ms", s * 1e3);
+    else
+        snprintf(buf, 24, "%.3f s", s);
     return buf;
 }
 
@@ -348,12 +394,13 @@ static void print_header(const plan_opts *o) {
         printf("  %s FLOP/sample (%s); %s\n", fmt_count(c->flops_per_sample, b1),
                o->have_flops ? "--flops-per-sample" : "6P: 2 forward + 4 backward per parameter",
                o->layers ? "layers of equal size"
-               : c->precision == TALLY__PLAN_FP32 ? "largest layer unknown (--layers): ZeRO 2-3 layer buffers left out"
-                                                  : "layers unknown (--layers): ZeRO 2-3 collectives on the whole vector");
+               : c->precision == TALLY__PLAN_FP32
+                   ? "largest layer unknown (--layers): ZeRO 2-3 layer buffers left out"
+                   : "layers unknown (--layers): ZeRO 2-3 collectives on the whole vector");
     }
     printf("  links (%s): alpha %s, beta 1/(%s/s), gamma 1/(%s/s) reduced; compute %.1f GFLOP/s per rank (%s)\n",
-           o->link_source, fmt_time(c->cost.alpha, b1), fmt_bytes(1 / c->cost.beta, b2), fmt_bytes(1 / c->cost.gamma, b3),
-           c->gflops, o->flops_source);
+           o->link_source, fmt_time(c->cost.alpha, b1), fmt_bytes(1 / c->cost.beta, b2),
+           fmt_bytes(1 / c->cost.gamma, b3), c->gflops, o->flops_source);
 }
 
 /* One link's figures, and its measured allreduce of S beside what the model says of it. */
@@ -373,7 +420,8 @@ static void print_calib(const plan_opts *o, const tally__plan_calib *k) {
                k->model_gflops, o->cfg.batch, k->model_gflops / k->sgemm_gflops, k->sgemm_gflops);
     else
         printf("  compute   %.1f GFLOP/s: single-thread sgemm peak, used as is (real layers reach less: see MFU\n"
-               "            in tally train's summary; --model times the layers themselves)\n", k->sgemm_gflops);
+               "            in tally train's summary; --model times the layers themselves)\n",
+               k->sgemm_gflops);
     printf("  update    %.3f ns per parameter (optimizer step + clearing the gradients, timed%s)\n",
            k->update_s_per_param * 1e9, k->model_gflops > 0 ? " after backward" : "");
     double S = tally__plan_grad_bytes(&o->cfg);
@@ -388,12 +436,13 @@ static void print_memory(const plan_opts *o) {
     char b[8][24];
     printf("\nmemory per rank (GB = 1e9 bytes; %s)\n",
            c->precision == TALLY__PLAN_MIXED
-               ? (c->optimizer == TALLY_OPTIM_ADAMW ? "mixed: fp16 params and grads, 12 bytes/param of fp32 master + m + v"
-                                                    : "mixed: fp16 params and grads, 8 bytes/param of fp32 master + momentum")
+               ? (c->optimizer == TALLY_OPTIM_ADAMW
+                      ? "mixed: fp16 params and grads, 12 bytes/param of fp32 master + m + v"
+                      : "mixed: fp16 params and grads, 8 bytes/param of fp32 master + momentum")
                : (c->optimizer == TALLY_OPTIM_ADAMW ? "fp32, as tally train: Adam keeps m and v, 8 bytes/param"
                                                     : "fp32, as tally train: SGD momentum, 4 bytes/param"));
-    printf("  %-4s %11s %11s %11s %11s %11s %11s %11s\n", "zero", "params", "grads", "optimizer", "buffers",
-           "state", "activations", "total");
+    printf("  %-4s %11s %11s %11s %11s %11s %11s %11s\n", "zero", "params", "grads", "optimizer", "buffers", "state",
+           "activations", "total");
     for (int z = 0; z <= 3; z++) {
         tally__plan_mem m = tally__plan_memory(c, z, c->workers);
         printf("  %-4d %11s %11s %11s %11s %11s %11s %11s%s\n", z, fmt_bytes(m.params, b[0]), fmt_bytes(m.grads, b[1]),
@@ -434,7 +483,8 @@ static void print_zero_comm(const plan_opts *o) {
     const tally__plan_cfg *c = &o->cfg;
     char b[3][24];
     printf("\ncommunication per step by ZeRO stage (%s):\n",
-           c->algo == TALLY__ALGO_AUTO ? "each collective by the cheapest algorithm, as the library picks" : tally__algo_name(c->algo));
+           c->algo == TALLY__ALGO_AUTO ? "each collective by the cheapest algorithm, as the library picks"
+                                       : tally__algo_name(c->algo));
     printf("  %-4s %10s %12s %12s  %s\n", "zero", "rounds", "bytes/rank", "time", "collectives");
     for (int z = 0; z <= 3; z++) {
         tally__plan_comm r = tally__plan_step_comm(c, z, c->algo, c->workers);
@@ -454,8 +504,10 @@ static void print_step(const plan_opts *o, const tally__plan_step *s) {
            fmt_count((double)(c->zero ? tally__plan_shard(c->params, c->workers) : c->params), b[1]),
            c->update_s_per_param > 0 ? "measured rate" : "its memory traffic at 3/gamma bytes/s");
     printf("  comm           %12s", fmt_time(s->comm, b[0]));
-    if (c->zero == 0) printf("  %d bucket%s of <= %s\n", s->buckets, s->buckets == 1 ? "" : "s", fmt_bytes(c->bucket_bytes, b[1]));
-    else printf("  in line: ZeRO's collectives run inside the passes and the step\n");
+    if (c->zero == 0)
+        printf("  %d bucket%s of <= %s\n", s->buckets, s->buckets == 1 ? "" : "s", fmt_bytes(c->bucket_bytes, b[1]));
+    else
+        printf("  in line: ZeRO's collectives run inside the passes and the step\n");
     printf("  T no overlap   %12s  compute + comm + update\n", fmt_time(s->t_sum, b[0]));
     printf("  T full overlap %12s  compute - backward + max(backward, comm) + update: communication can only\n"
            "                              hide behind backward (2/3 of the FLOPs) of the step's last micro-batch\n",
@@ -476,8 +528,8 @@ static void print_accum(const plan_opts *o, const tally__plan_step *s) {
            "              (%.1f%% at accum 1), %.6g samples/s (%.6g at accum 1)\n",
            o->cfg.accum, o->cfg.accum,
            o->cfg.zero >= 2 ? "ZeRO 2-3 still reduce-scatter every micro-batch" : "gradients reduced once per step",
-           s->t_sum > 0 ? 100 * s->comm / s->t_sum : 0, s1.t_sum > 0 ? 100 * s1.comm / s1.t_sum : 0,
-           s->samples_per_s, s1.samples_per_s);
+           s->t_sum > 0 ? 100 * s->comm / s->t_sum : 0, s1.t_sum > 0 ? 100 * s1.comm / s1.t_sum : 0, s->samples_per_s,
+           s1.samples_per_s);
 }
 
 /* n = 1, 2, 4, ... and N itself. */
@@ -492,14 +544,16 @@ static void print_scaling(const plan_opts *o, const tally__plan_step *s) {
            "  S(n) = 1 / ((1-P) + P/n), ceiling 1/(1-P) = ",
            P, c->workers, fmt_time(s->parallel, b[0]), c->zero ? ", the sharded update" : "", fmt_time(s->serial, b[1]),
            c->zero ? "" : ", the update every rank repeats");
-    if (isfinite(ceil_s)) printf("%.1fx\n", ceil_s);
-    else printf("unbounded\n");
+    if (isfinite(ceil_s))
+        printf("%.1fx\n", ceil_s);
+    else
+        printf("unbounded\n");
     printf("  %8s %12s %18s %16s\n", "n", "Amdahl S(n)", "samples/s (model)", "speed-up (model)");
     double base = tally__plan_step_time(c, 1).samples_per_s;
     for (int n = 1; n <= c->workers; n = next_n(n, c->workers)) {
         tally__plan_step sn = tally__plan_step_time(c, n);
-        printf("  %8d %12.2f %18.*f %16.2f\n", n, tally__plan_amdahl(P, n), sn.samples_per_s < 100 ? 2 : 0, sn.samples_per_s,
-               base > 0 ? sn.samples_per_s / base : 0);
+        printf("  %8d %12.2f %18.*f %16.2f\n", n, tally__plan_amdahl(P, n), sn.samples_per_s < 100 ? 2 : 0,
+               sn.samples_per_s, base > 0 ? sn.samples_per_s / base : 0);
     }
     printf("  samples/s (model): n x batch x accum / T predicted at n ranks, straight from the model\n");
 }
@@ -519,8 +573,10 @@ static void plan_print_text(const plan_opts *o, const tally__plan_calib *k) {
 /* ---- JSON ---- */
 
 static void json_num(const char *key, double v, const char *sep) {
-    if (isfinite(v)) printf("\"%s\": %.10g%s", key, v, sep);
-    else printf("\"%s\": null%s", key, sep);
+    if (isfinite(v))
+        printf("\"%s\": %.10g%s", key, v, sep);
+    else
+        printf("\"%s\": null%s", key, sep);
 }
 
 static void json_memory(const tally__plan_cfg *c) {
@@ -649,7 +705,9 @@ int tally_cmd_plan(int argc, char **argv) {
         o.flops_source = o.model >= 0 ? "calibrated: the model's layers, timed" : "calibrated: single-thread sgemm";
         o.link_source = k.used[0] == 's' ? "calibrated: shm" : "calibrated: tcp";
     }
-    if (o.json) plan_print_json(&o, o.calibrate ? &k : NULL);
-    else plan_print_text(&o, o.calibrate ? &k : NULL);
+    if (o.json)
+        plan_print_json(&o, o.calibrate ? &k : NULL);
+    else
+        plan_print_text(&o, o.calibrate ? &k : NULL);
     return 0;
 }

@@ -44,8 +44,7 @@ static int usage_error(const char *fmt, const char *arg) {
 
 /* "--flag value" or "--flag=value" (and "-nVALUE" for -n); NULL when this argument is another flag.
  * *i moves past a separate value. */
-static const char *flag_value(int argc, char **argv, int *i, const char *shortf, const char *longf,
-                              int *missing) {
+static const char *flag_value(int argc, char **argv, int *i, const char *shortf, const char *longf, int *missing) {
     const char *a = argv[*i];
     size_t ll = strlen(longf);
     const char *v = NULL;

@@ -21,7 +21,7 @@
 
 typedef struct train_opts {
     tally__train_cfg cfg;
-    int n;                 /* -n: ranks to start (0: join the job, or 1) */
+    int n; /* -n: ranks to start (0: join the job, or 1) */
     int max_restarts;
     const char *transport, *bind;
     char arch[128];
@@ -121,32 +121,103 @@ static int parse_path(const char *flag, const char *a, const char **out) {
     return 0;
 }
 
-enum { O_MODEL = 256, O_HIDDEN, O_DATA, O_EPOCHS, O_STEPS, O_BATCH, O_LR, O_SCALE_LR, O_OPT, O_MOMENTUM, O_WD,
-       O_WARMUP, O_DECAY, O_MIN_LR, O_STEP_EVERY, O_STEP_GAMMA, O_ACCUM, O_BUCKET, O_NO_OVERLAP, O_SEED,
-       O_THREADS, O_TRANSPORT, O_NO_EVAL, O_QUIET, O_JSON, O_ZERO, O_MAX_MEM, O_NAN, O_CHECK_REPLICAS,
-       O_INJECT_NAN, O_INJECT_FLIP, O_CKPT, O_CKPT_EVERY, O_CKPT_KEEP, O_RESUME, O_MAX_RESTARTS, O_INJECT_KILL,
-       O_COMPRESS, O_NO_EF, O_MODE, O_STALENESS, O_STALE_LR, O_PS, O_STRAGGLER, O_QUOTA, O_BIND };
+enum {
+    O_MODEL = 256,
+    O_HIDDEN,
+    O_DATA,
+    O_EPOCHS,
+    O_STEPS,
+    O_BATCH,
+    O_LR,
+    O_SCALE_LR,
+    O_OPT,
+    O_MOMENTUM,
+    O_WD,
+    O_WARMUP,
+    O_DECAY,
+    O_MIN_LR,
+    O_STEP_EVERY,
+    O_STEP_GAMMA,
+    O_ACCUM,
+    O_BUCKET,
+    O_NO_OVERLAP,
+    O_SEED,
+    O_THREADS,
+    O_TRANSPORT,
+    O_NO_EVAL,
+    O_QUIET,
+    O_JSON,
+    O_ZERO,
+    O_MAX_MEM,
+    O_NAN,
+    O_CHECK_REPLICAS,
+    O_INJECT_NAN,
+    O_INJECT_FLIP,
+    O_CKPT,
+    O_CKPT_EVERY,
+    O_CKPT_KEEP,
+    O_RESUME,
+    O_MAX_RESTARTS,
+    O_INJECT_KILL,
+    O_COMPRESS,
+    O_NO_EF,
+    O_MODE,
+    O_STALENESS,
+    O_STALE_LR,
+    O_PS,
+    O_STRAGGLER,
+    O_QUOTA,
+    O_BIND
+};
 
-static const struct option train_longs[] = {
-    {"model", 1, 0, O_MODEL},         {"hidden", 1, 0, O_HIDDEN},         {"data", 1, 0, O_DATA},
-    {"epochs", 1, 0, O_EPOCHS},       {"steps", 1, 0, O_STEPS},           {"batch", 1, 0, O_BATCH},
-    {"lr", 1, 0, O_LR},               {"scale-lr", 0, 0, O_SCALE_LR},     {"optimizer", 1, 0, O_OPT},
-    {"momentum", 1, 0, O_MOMENTUM},   {"weight-decay", 1, 0, O_WD},       {"warmup", 1, 0, O_WARMUP},
-    {"decay", 1, 0, O_DECAY},         {"min-lr", 1, 0, O_MIN_LR},         {"step-every", 1, 0, O_STEP_EVERY},
-    {"step-gamma", 1, 0, O_STEP_GAMMA}, {"accum", 1, 0, O_ACCUM},         {"bucket-mb", 1, 0, O_BUCKET},
-    {"no-overlap", 0, 0, O_NO_OVERLAP}, {"seed", 1, 0, O_SEED},           {"threads", 1, 0, O_THREADS},
-    {"transport", 1, 0, O_TRANSPORT}, {"no-eval", 0, 0, O_NO_EVAL},       {"quiet", 0, 0, O_QUIET},
-    {"json", 1, 0, O_JSON},           {"zero", 1, 0, O_ZERO},             {"max-mem", 1, 0, O_MAX_MEM},
-    {"nan", 1, 0, O_NAN},             {"check-replicas", 1, 0, O_CHECK_REPLICAS},
-    {"inject-nan", 1, 0, O_INJECT_NAN}, {"inject-flip", 1, 0, O_INJECT_FLIP},
-    {"ckpt", 1, 0, O_CKPT},           {"ckpt-every", 1, 0, O_CKPT_EVERY}, {"ckpt-keep", 1, 0, O_CKPT_KEEP},
-    {"resume", 0, 0, O_RESUME},       {"max-restarts", 1, 0, O_MAX_RESTARTS},
-    {"inject-kill", 1, 0, O_INJECT_KILL},
-    {"compress", 1, 0, O_COMPRESS},   {"no-error-feedback", 0, 0, O_NO_EF},
-    {"mode", 1, 0, O_MODE},           {"staleness", 1, 0, O_STALENESS},   {"stale-lr", 1, 0, O_STALE_LR},
-    {"ps", 0, 0, O_PS},               {"straggler", 1, 0, O_STRAGGLER},   {"quota", 1, 0, O_QUOTA},
-    {"bind", 1, 0, O_BIND},
-    {"help", 0, 0, 'h'},              {0, 0, 0, 0}};
+static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
+                                            {"hidden", 1, 0, O_HIDDEN},
+                                            {"data", 1, 0, O_DATA},
+                                            {"epochs", 1, 0, O_EPOCHS},
+                                            {"steps", 1, 0, O_STEPS},
+                                            {"batch", 1, 0, O_BATCH},
+                                            {"lr", 1, 0, O_LR},
+                                            {"scale-lr", 0, 0, O_SCALE_LR},
+                                            {"optimizer", 1, 0, O_OPT},
+                                            {"momentum", 1, 0, O_MOMENTUM},
+                                            {"weight-decay", 1, 0, O_WD},
+                                            {"warmup", 1, 0, O_WARMUP},
+                                            {"decay", 1, 0, O_DECAY},
+                                            {"min-lr", 1, 0, O_MIN_LR},
+                                            {"step-every", 1, 0, O_STEP_EVERY},
+                                            {"step-gamma", 1, 0, O_STEP_GAMMA},
+                                            {"accum", 1, 0, O_ACCUM},
+                                            {"bucket-mb", 1, 0, O_BUCKET},
+                                            {"no-overlap", 0, 0, O_NO_OVERLAP},
+                                            {"seed", 1, 0, O_SEED},
+                                            {"threads", 1, 0, O_THREADS},
+                                            {"transport", 1, 0, O_TRANSPORT},
+                                            {"no-eval", 0, 0, O_NO_EVAL},
+                                            {"quiet", 0, 0, O_QUIET},
+                                            {"json", 1, 0, O_JSON},
+                                            {"zero", 1, 0, O_ZERO},
+                                            {"max-mem", 1, 0, O_MAX_MEM},
+                                            {"nan", 1, 0, O_NAN},
+                                            {"check-replicas", 1, 0, O_CHECK_REPLICAS},
+                                            {"inject-nan", 1, 0, O_INJECT_NAN},
+                                            {"inject-flip", 1, 0, O_INJECT_FLIP},
+                                            {"ckpt", 1, 0, O_CKPT},
+                                            {"ckpt-every", 1, 0, O_CKPT_EVERY},
+                                            {"ckpt-keep", 1, 0, O_CKPT_KEEP},
+                                            {"resume", 0, 0, O_RESUME},
+                                            {"max-restarts", 1, 0, O_MAX_RESTARTS},
+                                            {"inject-kill", 1, 0, O_INJECT_KILL},
+                                            {"compress", 1, 0, O_COMPRESS},
+                                            {"no-error-feedback", 0, 0, O_NO_EF},
+                                            {"mode", 1, 0, O_MODE},
+                                            {"staleness", 1, 0, O_STALENESS},
+                                            {"stale-lr", 1, 0, O_STALE_LR},
+                                            {"ps", 0, 0, O_PS},
+                                            {"straggler", 1, 0, O_STRAGGLER},
+                                            {"quota", 1, 0, O_QUOTA},
+                                            {"bind", 1, 0, O_BIND},
+                                            {"help", 0, 0, 'h'},
+                                            {0, 0, 0, 0}};
 
 /* Optimizer-specific flags are kept aside and applied once the optimizer is known. */
 typedef struct pending {
@@ -163,7 +234,7 @@ static int parse_rank_step(const char *flag, const char *s, const char *what, lo
     const char *colon = strchr(s, ':');
     char r[24];
     long long rv, kv;
-    if (!colon || (size_t)(colon - s) >= sizeof r) return tally__parse_fail(flag, s, "is not RANK:" , accepts);
+    if (!colon || (size_t)(colon - s) >= sizeof r) return tally__parse_fail(flag, s, "is not RANK:", accepts);
     memcpy(r, s, (size_t)(colon - s));
     r[colon - s] = '\0';
     if (tally__parse_int(flag, r, 0, TALLY_LAUNCH_MAX_RANKS - 1, &rv) || tally__parse_int(flag, colon + 1, 1, max, &kv))
@@ -183,11 +254,20 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
     static const struct {
         int ch;
         long long lo, hi;
-    } ranges[] = {{'n', 1, TALLY_LAUNCH_MAX_RANKS}, {O_EPOCHS, 1, 1000000}, {O_STEPS, 1, TRAIN_MAX_STEPS},
-                  {O_BATCH, 1, 1 << 20}, {O_WARMUP, 0, TRAIN_MAX_STEPS}, {O_STEP_EVERY, 1, TRAIN_MAX_STEPS},
-                  {O_ACCUM, 1, 1 << 20}, {O_THREADS, 1, 0 /* the CPUs allowed */}, {O_ZERO, 0, 3},
-                  {O_CHECK_REPLICAS, 1, TRAIN_MAX_STEPS}, {O_CKPT_EVERY, 1, TRAIN_MAX_STEPS},
-                  {O_CKPT_KEEP, 1, 1000000}, {O_MAX_RESTARTS, 0, 1000}, {O_STALENESS, 0, 1000000000}};
+    } ranges[] = {{'n', 1, TALLY_LAUNCH_MAX_RANKS},
+                  {O_EPOCHS, 1, 1000000},
+                  {O_STEPS, 1, TRAIN_MAX_STEPS},
+                  {O_BATCH, 1, 1 << 20},
+                  {O_WARMUP, 0, TRAIN_MAX_STEPS},
+                  {O_STEP_EVERY, 1, TRAIN_MAX_STEPS},
+                  {O_ACCUM, 1, 1 << 20},
+                  {O_THREADS, 1, 0 /* the CPUs allowed */},
+                  {O_ZERO, 0, 3},
+                  {O_CHECK_REPLICAS, 1, TRAIN_MAX_STEPS},
+                  {O_CKPT_EVERY, 1, TRAIN_MAX_STEPS},
+                  {O_CKPT_KEEP, 1, 1000000},
+                  {O_MAX_RESTARTS, 0, 1000},
+                  {O_STALENESS, 0, 1000000000}};
     long long v;
     for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
         if (ranges[i].ch != ch) continue;
@@ -226,8 +306,9 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     }
     switch (ch) {
     case O_MODEL:
-        return parse_word(flag, a, tally__model_parse, "it takes the model linear, mlp or cnn", &k) ? -1
-               : (c->model.kind = (tally__model_kind)k, 0);
+        return parse_word(flag, a, tally__model_parse, "it takes the model linear, mlp or cnn", &k)
+                   ? -1
+                   : (c->model.kind = (tally__model_kind)k, 0);
     case O_HIDDEN: return parse_hidden(flag, a, c->model.hidden, &c->model.nhidden);
     case O_DATA: return parse_data(flag, a, c);
     case O_LR: return tally__parse_real(flag, a, 0, 1, 1e6, &v) ? -1 : (c->opt.lr = (float)v, 0);
@@ -239,8 +320,9 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_MOMENTUM: p->has_momentum = 1; return tally__parse_real(flag, a, 0, 0, 0.999999, &p->momentum);
     case O_WD: p->has_wd = 1; return tally__parse_real(flag, a, 0, 0, 10, &p->wd);
     case O_DECAY:
-        return parse_word(flag, a, tally_decay_parse, "it takes none, cosine or step", &k) ? -1
-               : (c->opt.decay = (tally_decay)k, 0);
+        return parse_word(flag, a, tally_decay_parse, "it takes none, cosine or step", &k)
+                   ? -1
+                   : (c->opt.decay = (tally_decay)k, 0);
     case O_MIN_LR: return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.min_lr = (float)v, 0);
     case O_STEP_GAMMA: return tally__parse_real(flag, a, 0, 0, 1, &v) ? -1 : (c->opt.step_gamma = (float)v, 0);
     case O_BUCKET: return tally__parse_real(flag, a, 0, 1, 1 << 20, &c->sync.bucket_mb);
@@ -252,9 +334,11 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_QUIET: c->report.quiet = 1; return 0;
     case O_JSON: return parse_path(flag, a, &c->report.json);
     case O_NAN:
-        return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k) ? -1
-               : (c->sync.nan_policy = k, 0);
-    case O_INJECT_NAN: return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.nan_rank, &o->faults.nan_step);
+        return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k)
+                   ? -1
+                   : (c->sync.nan_policy = k, 0);
+    case O_INJECT_NAN:
+        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.nan_rank, &o->faults.nan_step);
     case O_INJECT_FLIP:
         return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.flip_rank, &o->faults.flip_step);
     case O_INJECT_KILL:
@@ -266,8 +350,12 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_MODE: return tally__parse_word(flag, a, train_modes, &k) ? -1 : (c->async.enabled = k == 1, 0);
     case O_STALE_LR:
         p->has_async_only = 1;
-        return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1 : (c->async.stale_lr = k, 0);
-    case O_PS: p->has_async_only = 1; c->async.ps_dedicated = 1; return 0;
+        return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1
+                                                                                          : (c->async.stale_lr = k, 0);
+    case O_PS:
+        p->has_async_only = 1;
+        c->async.ps_dedicated = 1;
+        return 0;
     case O_QUOTA:
         p->has_async_only = 1;
         return tally__parse_word(flag, a, train_quotas, &k) ? -1 : (c->async.shared_quota = k == 1, 0);
@@ -299,8 +387,8 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     o->cfg.measure_peak = 1;
     pending p = {0};
     train_parse_ctx ctx = {o, &p};
-    const tally_flags f = {.cmd = "train", .shorts = "n:h", .longs = train_longs, .first = 1, .one = train_flag,
-                           .usage = train_usage};
+    const tally_flags f = {
+        .cmd = "train", .shorts = "n:h", .longs = train_longs, .first = 1, .one = train_flag, .usage = train_usage};
     int rc = tally_flags_parse(&f, argc, argv, &ctx);
     if (rc) return rc;
     if ((o->cfg.ckpt.resume || o->cfg.ckpt.every || o->max_restarts) && !o->cfg.ckpt.dir) {
@@ -377,9 +465,12 @@ int tally_cmd_train(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : 2;
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
     if (!tally_launch_in_rank()) {
-        tally_launch_opts lo = {
-            .n = o.n ? o.n : 1, .transport = o.transport, .name = "tally train", .max_restarts = o.max_restarts,
-            .bind = o.bind, .cpus_per_rank = o.cfg.threads};
+        tally_launch_opts lo = {.n = o.n ? o.n : 1,
+                                .transport = o.transport,
+                                .name = "tally train",
+                                .max_restarts = o.max_restarts,
+                                .bind = o.bind,
+                                .cpus_per_rank = o.cfg.threads};
         return tally_launch_self(&lo, argc, argv);
     }
     /* A restarted rank (tally run or train --max-restarts) picks up where the last checkpoint left off. */

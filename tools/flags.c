@@ -45,8 +45,10 @@ static int flags_next(flags_at *at, int argc, char **argv, const char **flag) {
         const char *arg = argv[optind - 1];
         if (optopt && !strncmp(arg, "--", 2)) /* a long flag that takes no value, given one */
             tally_flags_usage_error(cmd, "%s takes no value (in '%s')", flag_name_of(at, optopt, -1), arg);
-        else if (optopt) tally_flags_usage_error(cmd, "unknown flag '-%c'", optopt);
-        else tally_flags_usage_error(cmd, "unknown flag '%s'", arg);
+        else if (optopt)
+            tally_flags_usage_error(cmd, "unknown flag '-%c'", optopt);
+        else
+            tally_flags_usage_error(cmd, "unknown flag '%s'", arg);
         return '?';
     }
     *flag = flag_name_of(at, ch, idx);
@@ -71,7 +73,6 @@ int tally_flags_parse(const tally_flags *f, int argc, char **argv, void *ctx) {
     if (optind != argc) return tally_flags_usage_error(f->cmd, "unexpected argument '%s'", argv[optind]);
     return 0;
 }
-
 
 int tally_flags_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;

@@ -7,10 +7,10 @@
 #include <stdio.h>
 
 typedef struct tally_flags {
-    const char *cmd;     /* "train": messages read "tally train: ..." */
-    const char *shorts;  /* getopt's short options, without the leading ':'; 'h' is --help */
+    const char *cmd;    /* "train": messages read "tally train: ..." */
+    const char *shorts; /* getopt's short options, without the leading ':'; 'h' is --help */
     const struct option *longs;
-    int first;           /* argv index of the first flag (2 after bench's collective) */
+    int first; /* argv index of the first flag (2 after bench's collective) */
     /* One flag's value into the command's options (ch: its short letter or long `val`; flag: its name,
      * "--epochs" or "-n", for messages): 0, or nonzero with tally_last_error() saying why. */
     int (*one)(int ch, const char *flag, const char *value, void *ctx);

@@ -34,21 +34,21 @@
 
 extern char **environ;
 
-#define LAUNCH_TOKEN_BYTES 32
-#define LAUNCH_CHUNK 65536        /* one read from a rank's pipe */
-#define LAUNCH_LINE_MAX (1 << 20) /* longer lines are relayed in pieces rather than held in memory */
-#define LAUNCH_EXEC_WAIT_MS 10000 /* for a child to report whether exec worked */
-#define LAUNCH_REAP_WAIT_MS 5000  /* after SIGKILL, before giving up on a child */
-#define LAUNCH_DRAIN_MS 1000      /* after the last rank exits, for pipes its leftovers hold open */
-#define LAUNCH_TICK_MS 1000       /* poll wakes at least this often to re-check the children */
+#define LAUNCH_TOKEN_BYTES  32
+#define LAUNCH_CHUNK        65536     /* one read from a rank's pipe */
+#define LAUNCH_LINE_MAX     (1 << 20) /* longer lines are relayed in pieces rather than held in memory */
+#define LAUNCH_EXEC_WAIT_MS 10000     /* for a child to report whether exec worked */
+#define LAUNCH_REAP_WAIT_MS 5000      /* after SIGKILL, before giving up on a child */
+#define LAUNCH_DRAIN_MS     1000      /* after the last rank exits, for pipes its leftovers hold open */
+#define LAUNCH_TICK_MS      1000      /* poll wakes at least this often to re-check the children */
 /* Descriptors the launcher holds besides two pipes per rank: /dev/null, the signalfd, a rank's status
  * pipe while it starts, the socket that finds a free port, and a little room. */
 #define LAUNCH_FD_EXTRA 8
 
 typedef struct {
-    int fd;      /* read end of the rank's pipe; -1 once closed */
-    int out;     /* where its lines go: 1 or 2 */
-    char *buf;   /* the current line so far */
+    int fd;    /* read end of the rank's pipe; -1 once closed */
+    int out;   /* where its lines go: 1 or 2 */
+    char *buf; /* the current line so far */
     size_t len, cap;
     int midline; /* a piece of an over-long line went out; the rest carries no prefix */
 } launch_stream;
@@ -68,14 +68,14 @@ typedef struct {
     int sigfd, devnull;
     sigset_t oldmask;
     struct sigaction old_pipe, old_chld;
-    int stopping;              /* 0; 1 once SIGTERM (or a forwarded signal) went out; 2 after SIGKILL */
+    int stopping; /* 0; 1 once SIGTERM (or a forwarded signal) went out; 2 after SIGKILL */
     int64_t kill_at, give_up_at, drain_until;
-    int result;                /* exit code once decided, -1 while all is well */
-    int signalled;             /* the launcher itself was told to stop: no restart */
-    int out_dead[3];           /* our stdout/stderr reader went away */
-    int fd_raised;             /* we raised RLIMIT_NOFILE's soft limit: fd_orig is what the ranks get */
+    int result;      /* exit code once decided, -1 while all is well */
+    int signalled;   /* the launcher itself was told to stop: no restart */
+    int out_dead[3]; /* our stdout/stderr reader went away */
+    int fd_raised;   /* we raised RLIMIT_NOFILE's soft limit: fd_orig is what the ranks get */
     struct rlimit fd_orig;
-    tally_place place;         /* each rank's CPUs, when pinned */
+    tally_place place; /* each rank's CPUs, when pinned */
 } launcher;
 
 static int64_t now_ms(void) {
@@ -112,7 +112,7 @@ static int free_port(void) {
 
 /* Variables the launcher sets; inherited copies are dropped so a rank never sees two values. */
 static int env_is_ours(const char *entry, const tally_launch_opts *o) {
-    static const char *const always[] = {"TALLY_RANK=", "TALLY_WORLD_SIZE=", "TALLY_ADDR=", "TALLY_TOKEN=",
+    static const char *const always[] = {"TALLY_RANK=", "TALLY_WORLD_SIZE=", "TALLY_ADDR=",   "TALLY_TOKEN=",
                                          "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "TALLY_RESTART="};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (strncmp(entry, always[i], strlen(always[i])) == 0) return 1;
@@ -294,15 +294,14 @@ static int stream_pump(launcher *L, launch_stream *s, int rank) {
  * something it left behind keeps writing. */
 static void rank_drain(launcher *L, int r) {
     for (int i = 0; i < 2; i++)
-        for (int rounds = 0; rounds < 64 && stream_pump(L, &L->ranks[r].io[i], r); rounds++) {
-        }
+        for (int rounds = 0; rounds < 64 && stream_pump(L, &L->ranks[r].io[i], r); rounds++) {}
 }
 
 /* ---- starting ranks --------------------------------------------------------------------- */
 
 /* In the child, between fork and exec. Only async-signal-safe calls except snprintf on failure. */
-static void child_exec(const launcher *L, int r, int pipes[2][2], int status_fd, const char *file,
-                       char *const argv[], char **envp) {
+static void child_exec(const launcher *L, int r, int pipes[2][2], int status_fd, const char *file, char *const argv[],
+                       char **envp) {
     int err_fd = fcntl(2, F_DUPFD_CLOEXEC, 3); /* our real stderr, for an exec failure message */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != L->self) _exit(127); /* the launcher died before prctl took effect */
@@ -325,10 +324,8 @@ static void child_exec(const launcher *L, int r, int pipes[2][2], int status_fd,
     char msg[512];
     int m = snprintf(msg, sizeof msg, "%s: cannot execute '%s': %s\n", L->name, file, strerror(e));
     if (m > (int)sizeof msg - 1) m = (int)sizeof msg - 1;
-    if (err_fd >= 0 && m > 0 && write(err_fd, msg, (size_t)m) < 0) {
-    }
-    if (write(status_fd, &e, sizeof e) < 0) {
-    }
+    if (err_fd >= 0 && m > 0 && write(err_fd, msg, (size_t)m) < 0) {}
+    if (write(status_fd, &e, sizeof e) < 0) {}
     _exit(127);
 }
 
@@ -375,8 +372,10 @@ static int rank_start(launcher *L, int r, const char *file, char *const argv[], 
     int rc = 1;
     if (open_pipes(L, pipes) < 0 || pipe2(status, O_CLOEXEC) < 0) {
         char why[600];
-        if (tally__fd_exhausted(errno)) tally__fd_explain(errno, why, sizeof why);
-        else snprintf(why, sizeof why, "%s", strerror(errno));
+        if (tally__fd_exhausted(errno))
+            tally__fd_explain(errno, why, sizeof why);
+        else
+            snprintf(why, sizeof why, "%s", strerror(errno));
         fprintf(stderr, "%s: cannot create pipes for rank %d: %s\n", L->name, r, why);
         goto out;
     }
@@ -444,8 +443,8 @@ static void report_failure(launcher *L, int r, int st) {
     else
         snprintf(what, sizeof what, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
     if (L->live > 0)
-        fprintf(stderr, "%s: rank %d (pid %d) %s; stopping the other %d rank%s\n", L->name, r,
-                (int)L->ranks[r].pid, what, L->live, plural(L->live));
+        fprintf(stderr, "%s: rank %d (pid %d) %s; stopping the other %d rank%s\n", L->name, r, (int)L->ranks[r].pid,
+                what, L->live, plural(L->live));
     else
         fprintf(stderr, "%s: rank %d (pid %d) %s\n", L->name, r, (int)L->ranks[r].pid, what);
 }
@@ -468,8 +467,10 @@ static void reap(launcher *L) {
         if (!L->ranks[r].running) continue;
         int st;
         pid_t p = waitpid(L->ranks[r].pid, &st, WNOHANG);
-        if (p == L->ranks[r].pid) rank_exited(L, r, st);
-        else if (p < 0 && errno == ECHILD) rank_exited(L, r, 0); /* reaped elsewhere: nothing to tell */
+        if (p == L->ranks[r].pid)
+            rank_exited(L, r, st);
+        else if (p < 0 && errno == ECHILD)
+            rank_exited(L, r, 0); /* reaped elsewhere: nothing to tell */
     }
 }
 
@@ -486,8 +487,7 @@ static void on_signal(launcher *L, int sig) {
     }
     if (L->result < 0) L->result = 128 + sig;
     L->signalled = 1;
-    fprintf(stderr, "%s: got %s; forwarding it to %d rank%s\n", L->name, signame(sig), L->live,
-            plural(L->live));
+    fprintf(stderr, "%s: got %s; forwarding it to %d rank%s\n", L->name, signame(sig), L->live, plural(L->live));
     begin_stop(L, sig);
 }
 
@@ -495,15 +495,15 @@ static void on_signal(launcher *L, int sig) {
 static int stop_progress(launcher *L, int64_t now) {
     if (L->stopping == 1 && now >= L->kill_at) {
         if (L->live > 0)
-            fprintf(stderr, "%s: %d rank%s still running %g s after being told to stop; sending SIGKILL\n",
-                    L->name, L->live, plural(L->live), L->o->grace_s > 0 ? L->o->grace_s : 2.0);
+            fprintf(stderr, "%s: %d rank%s still running %g s after being told to stop; sending SIGKILL\n", L->name,
+                    L->live, plural(L->live), L->o->grace_s > 0 ? L->o->grace_s : 2.0);
         kill_ranks(L);
     }
     if (L->stopping == 2 && L->live > 0 && now >= L->give_up_at) {
         for (int r = 0; r < L->started; r++)
             if (L->ranks[r].running)
-                fprintf(stderr, "%s: rank %d (pid %d) did not exit after SIGKILL; not waiting for it\n",
-                        L->name, r, (int)L->ranks[r].pid);
+                fprintf(stderr, "%s: rank %d (pid %d) did not exit after SIGKILL; not waiting for it\n", L->name, r,
+                        (int)L->ranks[r].pid);
         return 1;
     }
     return 0;
@@ -563,7 +563,8 @@ static void run_loop(launcher *L) {
         int64_t now = now_ms();
         if (L->stopping && stop_progress(L, now)) break;
         if (L->live == 0 && (!open_streams(L) || now >= L->drain_until)) break;
-        if (pfd && who && rank_of) poll_once(L, pfd, who, rank_of);
+        if (pfd && who && rank_of)
+            poll_once(L, pfd, who, rank_of);
         else {
             handle_signals(L);
             poll(NULL, 0, 100);
@@ -647,8 +648,10 @@ static int fd_budget(launcher *L) {
     int norelay = L->o->prefix_output && strcmp(L->name, "tally run") == 0;
     fprintf(stderr, "%s: %d rank%s%s need about %ld file descriptors in the launcher (%ld open already) but %s%s\n",
             L->name, L->n, plural(L->n), L->o->prefix_output ? " with their output relayed" : "", lim.want, lim.open,
-            adv, norelay ? "; or pass --no-prefix: the ranks then write to the terminal themselves and the launcher "
-                           "holds no pipes" : "");
+            adv,
+            norelay ? "; or pass --no-prefix: the ranks then write to the terminal themselves and the launcher "
+                      "holds no pipes"
+                    : "");
     return -1;
 }
 
@@ -685,8 +688,8 @@ static void launch_run(launcher *L, const char *file, char *const argv[], char *
     signals_give_back(L);
 }
 
-static int launch_once(const tally_launch_opts *o, const char *name, const char *file, char *const argv[],
-                       int restart, int *signalled) {
+static int launch_once(const tally_launch_opts *o, const char *name, const char *file, char *const argv[], int restart,
+                       int *signalled) {
     launcher L = {.o = o, .name = name, .n = o->n, .self = getpid(), .sigfd = -1, .result = -1, .devnull = -1};
     if (fd_budget(&L) < 0) return 1;
     if (tally_place_plan(o->n, o->cpus_per_rank, bind_mode(o, name) == 1, &L.place) < 0) {

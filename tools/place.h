@@ -6,10 +6,10 @@
 /* Rank r's CPUs are order[r * per .. r * per + per) when pinned; else every rank keeps the inherited set. */
 typedef struct tally_place {
     int n, per;
-    int *order;   /* the CPUs of the set tally was given, one thread of every core first */
-    int pinned;   /* 1 when every rank has CPUs of its own */
-    int allowed;  /* CPUs in that set */
-    int cores;    /* physical cores among them */
+    int *order;  /* the CPUs of the set tally was given, one thread of every core first */
+    int pinned;  /* 1 when every rank has CPUs of its own */
+    int allowed; /* CPUs in that set */
+    int cores;   /* physical cores among them */
 } tally_place;
 
 /* "core" (the default, also when s is NULL) or "none"; anything else is TALLY_E_INVALID naming `name`

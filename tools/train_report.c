@@ -10,8 +10,8 @@
 #include "../src/core/file.h"
 #include "train_report.h"
 
-#define BAR_WIDTH 24
-#define TTY_REDRAW_S 0.1
+#define BAR_WIDTH       24
+#define TTY_REDRAW_S    0.1
 #define PLAIN_EVERY_PCT 10
 
 void tally__progress_init(tally__progress *p, FILE *out, long total_steps) {
@@ -52,8 +52,8 @@ void tally__progress_update(tally__progress *p, long step, int epoch, int epochs
         fprintf(p->out, "\r\033[Kepoch %d/%d [%s] %3d%% step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f", epoch + 1,
                 epochs, bar, pct, step, p->total_steps, eta, rate, loss);
     else
-        fprintf(p->out, "epoch %d/%d  %3d%%  step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f\n", epoch + 1, epochs,
-                pct, step, p->total_steps, eta, rate, loss);
+        fprintf(p->out, "epoch %d/%d  %3d%%  step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f\n", epoch + 1, epochs, pct,
+                step, p->total_steps, eta, rate, loss);
     fflush(p->out);
 }
 
@@ -68,21 +68,15 @@ void tally__progress_end(tally__progress *p) {
 void tally__progress_observe(void *arg, const tally__train_event *ev) {
     tally__progress *p = arg;
     switch (ev->kind) {
-    case TALLY__TRAIN_BEGIN:
-        tally__progress_init(p, stdout, ev->total_steps);
-        break;
-    case TALLY__TRAIN_STEP:
-        tally__progress_update(p, ev->step, ev->epoch, ev->epochs, ev->samples, ev->loss);
-        break;
+    case TALLY__TRAIN_BEGIN: tally__progress_init(p, stdout, ev->total_steps); break;
+    case TALLY__TRAIN_STEP: tally__progress_update(p, ev->step, ev->epoch, ev->epochs, ev->samples, ev->loss); break;
     case TALLY__TRAIN_EVALUATED:
         tally__progress_end(p);
         printf("epoch %d/%d: train loss %.4f, test %s %.4f, test loss %.4f\n", ev->epoch + 1, ev->epochs, ev->loss,
                ev->regression ? "mse" : "accuracy", ev->test_metric, ev->test_loss);
         fflush(stdout);
         break;
-    case TALLY__TRAIN_END:
-        tally__progress_end(p);
-        break;
+    case TALLY__TRAIN_END: tally__progress_end(p); break;
     }
 }
 
@@ -124,16 +118,20 @@ static void stale_hist(const tally__train_result *r, char *buf, size_t n) {
 static void summary_async(FILE *out, const tally__train_result *r, const step_ms *ms) {
     char hist[1024];
     stale_hist(r, hist, sizeof hist);
-    fprintf(out, "  async            parameter server on rank 0 (%s), %d workers (%s), staleness bound %ld (%s); "
-                 "stale gradients' lr: %s\n",
+    fprintf(out,
+            "  async            parameter server on rank 0 (%s), %d workers (%s), staleness bound %ld (%s); "
+            "stale gradients' lr: %s\n",
             r->ps_dedicated ? "dedicated, --ps" : "a thread beside its worker", r->workers,
             r->shared_quota ? "sharing the steps x workers gradients" : "each computing every step", r->staleness,
             r->staleness == 0 ? "synchronous rounds: one averaged step per round" : "each push applied on arrival",
-            r->staleness == 0 ? "not damped (always 0)" : r->stale_lr ? "inverse, lr / (1 + staleness)" : "none, lr");
+            r->staleness == 0 ? "not damped (always 0)"
+            : r->stale_lr     ? "inverse, lr / (1 + staleness)"
+                              : "none, lr");
     fprintf(out, "  staleness        %s (gradients by staleness; max %ld); %ld pushes, %ld server steps\n", hist,
             r->max_staleness, r->ps_pushes, r->ps_updates);
-    fprintf(out, "  waiting          %ld of %ld pulls held back by the bound, %.3f s in all (%.3f ms per pull); this "
-                 "rank %.3f ms/step in pulls, %.3f in pushes\n",
+    fprintf(out,
+            "  waiting          %ld of %ld pulls held back by the bound, %.3f s in all (%.3f ms per pull); this "
+            "rank %.3f ms/step in pulls, %.3f in pushes\n",
             r->pulls_waited, r->pulls, r->pull_wait_s, r->pulls ? r->pull_wait_s / r->pulls * 1e3 : 0, ms->wait,
             ms->update);
 }
@@ -150,20 +148,25 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
         fprintf(out, "  test accuracy    %.4f (test loss %.4f) after %d epoch%s\n", r->test_acc, r->test_loss,
                 in->epochs, in->epochs == 1 ? "" : "s");
     else
-        fprintf(out, "  test mse         %.6f after %d epoch%s\n", r->test_loss, in->epochs, in->epochs == 1 ? "" : "s");
+        fprintf(out, "  test mse         %.6f after %d epoch%s\n", r->test_loss, in->epochs,
+                in->epochs == 1 ? "" : "s");
     fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
     fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
             ms.data, ms.compute, ms.wait, ms.update);
     if (r->async)
         summary_async(out, r, &ms);
     else if (in->zero)
-        fprintf(out, "  communication    %.3f ms/step in collectives, layer by layer (ZeRO stage %d); %.1f%% of step time\n",
+        fprintf(out,
+                "  communication    %.3f ms/step in collectives, layer by layer (ZeRO stage %d); %.1f%% of step time\n",
                 ms.comm, in->zero, ms.step > 0 ? 100 * ms.comm / ms.step : 0);
     else
-        fprintf(out, "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
-                     "%.1f%% not hidden\n",
+        fprintf(out,
+                "  communication    %.3f ms/step in allreduce, %d bucket%s of <= %g MB %s; %.1f%% of step time, "
+                "%.1f%% not hidden\n",
                 ms.comm, r->buckets, r->buckets == 1 ? "" : "s", in->bucket_mb,
-                !in->overlap ? "after backward" : r->buckets > 1 ? "overlapped with backward" : "(one: nothing to overlap)",
+                !in->overlap     ? "after backward"
+                : r->buckets > 1 ? "overlapped with backward"
+                                 : "(one: nothing to overlap)",
                 ms.step > 0 ? 100 * ms.comm / ms.step : 0, ms.step > 0 ? 100 * ms.wait / ms.step : 0);
     fprintf(out, "  bytes sent       %.0f per step per rank\n", (double)r->bytes_sent / steps);
     if (strcmp(r->codec, "none") && r->codec[0]) {
@@ -176,8 +179,9 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
             fprintf(out, "no ratio (nothing sent on one rank)\n");
     }
     size_t state = r->mem_params + r->mem_grads + r->mem_optim;
-    fprintf(out, "  memory per rank  ZeRO stage %d: parameters %.1f MB + gradients %.1f MB + optimizer %.1f MB = "
-                 "%.1f MB model state; layer buffers %.1f MB; activations %.1f MB; peak RSS %.1f MB\n",
+    fprintf(out,
+            "  memory per rank  ZeRO stage %d: parameters %.1f MB + gradients %.1f MB + optimizer %.1f MB = "
+            "%.1f MB model state; layer buffers %.1f MB; activations %.1f MB; peak RSS %.1f MB\n",
             in->zero, r->mem_params / 1e6, r->mem_grads / 1e6, r->mem_optim / 1e6, state / 1e6, r->mem_buffers / 1e6,
             r->mem_activations / 1e6, r->peak_rss / 1e6);
     double gf = gflops_per_rank(r, in->world);
@@ -233,21 +237,25 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
         fprintf(f, "  \"test_accuracy\": %.6f, \"test_loss\": %.6f,\n", r->test_acc, r->test_loss);
     else
         fprintf(f, "  \"test_accuracy\": null, \"test_mse\": %.8f,\n", r->test_loss);
-    fprintf(f, "  \"train_loss\": %.6f, \"steps\": %ld, \"samples\": %.0f, \"train_seconds\": %.4f, "
-               "\"samples_per_s\": %.1f,\n",
+    fprintf(f,
+            "  \"train_loss\": %.6f, \"steps\": %ld, \"samples\": %.0f, \"train_seconds\": %.4f, "
+            "\"samples_per_s\": %.1f,\n",
             r->last_loss, r->steps, r->samples, r->train_s, r->samples_per_s);
-    fprintf(f, "  \"step_ms\": {\"total\": %.4f, \"data\": %.4f, \"compute\": %.4f, \"wait\": %.4f, \"update\": %.4f, "
-               "\"comm\": %.4f},\n",
+    fprintf(f,
+            "  \"step_ms\": {\"total\": %.4f, \"data\": %.4f, \"compute\": %.4f, \"wait\": %.4f, \"update\": %.4f, "
+            "\"comm\": %.4f},\n",
             ms.step, ms.data, ms.compute, ms.wait, ms.update, ms.comm);
     fprintf(f, "  \"comm_share\": %.4f, \"comm_exposed_share\": %.4f, \"bytes_sent_per_step\": %.0f,\n",
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
     fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",
             r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0);
-    fprintf(f, "  \"zero\": %d, \"memory\": {\"params\": %zu, \"grads\": %zu, \"optim\": %zu, \"buffers\": %zu, "
-               "\"activations\": %zu, \"peak_rss\": %zu},\n",
+    fprintf(f,
+            "  \"zero\": %d, \"memory\": {\"params\": %zu, \"grads\": %zu, \"optim\": %zu, \"buffers\": %zu, "
+            "\"activations\": %zu, \"peak_rss\": %zu},\n",
             in->zero, r->mem_params, r->mem_grads, r->mem_optim, r->mem_buffers, r->mem_activations, r->peak_rss);
-    fprintf(f, "  \"compress\": \"%s\", \"grad_bytes_per_step\": %.0f, \"grad_bytes_f32_per_step\": %.0f, "
-               "\"compression_ratio\": %.4f,\n",
+    fprintf(f,
+            "  \"compress\": \"%s\", \"grad_bytes_per_step\": %.0f, \"grad_bytes_f32_per_step\": %.0f, "
+            "\"compression_ratio\": %.4f,\n",
             r->codec[0] ? r->codec : "none", (double)r->grad_bytes / steps,
             strcmp(r->codec, "none") && r->codec[0] ? (double)r->grad_bytes_f32_step : (double)r->grad_bytes / steps,
             compression_ratio(r));
@@ -258,17 +266,18 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
         for (int i = 0; i < TALLY__TRAIN_STALE_BINS && i <= r->staleness; i++)
             o += (size_t)snprintf(hist + o, sizeof hist - o, "%s%ld", i ? ", " : "", r->staleness_hist[i]);
         hist[o < sizeof hist ? o : sizeof hist - 1] = 0;
-        fprintf(f, "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, "
-                   "\"shared_quota\": %s, "
-                   "\"staleness_hist\": [%s], \"max_staleness\": %ld, \"pushes\": %ld, \"server_steps\": %ld, "
-                   "\"pulls\": %ld, \"pulls_waited\": %ld, \"pull_wait_s\": %.4f},\n",
+        fprintf(f,
+                "  \"async\": {\"staleness\": %ld, \"stale_lr\": \"%s\", \"dedicated_ps\": %s, \"workers\": %d, "
+                "\"shared_quota\": %s, "
+                "\"staleness_hist\": [%s], \"max_staleness\": %ld, \"pushes\": %ld, \"server_steps\": %ld, "
+                "\"pulls\": %ld, \"pulls_waited\": %ld, \"pull_wait_s\": %.4f},\n",
                 r->staleness, r->stale_lr ? "inverse" : "none", r->ps_dedicated ? "true" : "false", r->workers,
-                r->shared_quota ? "true" : "false", hist,
-                r->max_staleness, r->ps_pushes, r->ps_updates, r->pulls, r->pulls_waited, r->pull_wait_s);
+                r->shared_quota ? "true" : "false", hist, r->max_staleness, r->ps_pushes, r->ps_updates, r->pulls,
+                r->pulls_waited, r->pull_wait_s);
     } else {
         fprintf(f, "  \"async\": null,\n");
     }
-    fprintf(f, "  \"skipped_steps\": %ld, \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n",
-            r->skipped_steps, hash, r->replicas_identical ? "true" : "false");
+    fprintf(f, "  \"skipped_steps\": %ld, \"params_sha256\": \"%s\", \"replicas_identical\": %s\n}\n", r->skipped_steps,
+            hash, r->replicas_identical ? "true" : "false");
     return tally__file_out_commit(&out);
 }

@@ -14,8 +14,12 @@ extern "C" {
 /* An IDX file (the MNIST format): magic 0x0000TTNN (TT the element type, NN the number of dimensions),
  * NN big-endian u32 dimensions, then the elements big-endian, row-major. */
 typedef enum {
-    TALLY_IDX_U8 = 0x08, TALLY_IDX_I8 = 0x09, TALLY_IDX_I16 = 0x0B, TALLY_IDX_I32 = 0x0C,
-    TALLY_IDX_F32 = 0x0D, TALLY_IDX_F64 = 0x0E
+    TALLY_IDX_U8 = 0x08,
+    TALLY_IDX_I8 = 0x09,
+    TALLY_IDX_I16 = 0x0B,
+    TALLY_IDX_I32 = 0x0C,
+    TALLY_IDX_F32 = 0x0D,
+    TALLY_IDX_F64 = 0x0E
 } tally_idx_type;
 
 #define TALLY_IDX_MAX_DIMS 8
@@ -24,8 +28,8 @@ typedef struct tally_idx {
     tally_idx_type type;
     int ndim;
     uint32_t dims[TALLY_IDX_MAX_DIMS];
-    size_t count;      /* product of dims */
-    void *data;        /* count elements in host byte order (malloc'd) */
+    size_t count; /* product of dims */
+    void *data;   /* count elements in host byte order (malloc'd) */
 } tally_idx;
 
 /* Reads `path`; a name ending in ".gz" is inflated with zlib. Rejects, with a message naming the file
@@ -42,14 +46,14 @@ TALLY_API void tally_idx_free(tally_idx *idx);
 
 /* A data set held in memory: n samples of dim floats, and either class labels or regression targets. */
 typedef struct tally_dataset {
-    size_t n;             /* samples */
-    int dim;              /* features per sample (C*H*W for images) */
+    size_t n;                    /* samples */
+    int dim;                     /* features per sample (C*H*W for images) */
     int channels, height, width; /* image geometry; 0 when the samples are not images */
-    int classes;          /* number of classes; 0 for regression */
-    int tdim;             /* regression target width; 0 for classification */
-    float *x;             /* [n, dim]; images scaled to [0, 1] */
-    int32_t *y;           /* [n] labels when classes > 0, else NULL */
-    float *t;             /* [n, tdim] targets when tdim > 0, else NULL */
+    int classes;                 /* number of classes; 0 for regression */
+    int tdim;                    /* regression target width; 0 for classification */
+    float *x;                    /* [n, dim]; images scaled to [0, 1] */
+    int32_t *y;                  /* [n] labels when classes > 0, else NULL */
+    float *t;                    /* [n, tdim] targets when tdim > 0, else NULL */
 } tally_dataset;
 
 /* Default location of Debian's dataset-fashion-mnist package. */
@@ -80,12 +84,12 @@ TALLY_API void tally_dataset_free(tally_dataset *d);
  * Batch i of every rank at batch size b (its samples i*b .. i*b+b-1) together are the positions
  * [i*b*size, (i+1)*b*size) of the permutation: the same samples as batch i of one rank at b*size. */
 typedef struct tally_sampler {
-    size_t n;         /* data set size */
+    size_t n; /* data set size */
     int rank, size;
     uint64_t seed;
-    int shuffle;      /* 0: identity order every epoch (evaluation) */
-    int epoch;        /* the epoch whose permutation perm holds */
-    size_t *perm;     /* [n] */
+    int shuffle;  /* 0: identity order every epoch (evaluation) */
+    int epoch;    /* the epoch whose permutation perm holds */
+    size_t *perm; /* [n] */
 } tally_sampler;
 
 TALLY_API int tally_sampler_init(tally_sampler *s, size_t n, int rank, int size, uint64_t seed, int shuffle);

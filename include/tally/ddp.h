@@ -73,11 +73,11 @@ TALLY_API int tally_ddp_wait(tally_ddp *d);
 
 /* Cumulative counters since tally_ddp_create; take differences around a step. */
 typedef struct tally_ddp_stats {
-    double comm_s;           /* seconds spent inside the bucket allreduces (engine thread or wait) */
-    double wait_s;           /* seconds tally_ddp_wait blocked for communication after backward */
-    unsigned long long bytes_sent;  /* payload bytes this rank sent in those allreduces */
-    unsigned long long reductions;  /* steps reduced */
-    int buckets;             /* buckets per step */
+    double comm_s;                 /* seconds spent inside the bucket allreduces (engine thread or wait) */
+    double wait_s;                 /* seconds tally_ddp_wait blocked for communication after backward */
+    unsigned long long bytes_sent; /* payload bytes this rank sent in those allreduces */
+    unsigned long long reductions; /* steps reduced */
+    int buckets;                   /* buckets per step */
 } tally_ddp_stats;
 TALLY_API void tally_ddp_get_stats(const tally_ddp *d, tally_ddp_stats *out);
 /* Bucket i (0 = first reduced = last layers) covers grad[*begin .. *end). Returns TALLY_E_INVALID for

@@ -17,11 +17,10 @@ extern "C" {
  * the caller (openblas_set_num_threads). */
 
 /* Linear: y[B,out] = x[B,in] . w[out,in]^T + b[out]   (w in PyTorch's [out,in] layout). */
-TALLY_API void tally_linear_forward(float *y, const float *x, const float *w, const float *b, int B, int in,
-                                    int out);
+TALLY_API void tally_linear_forward(float *y, const float *x, const float *w, const float *b, int B, int in, int out);
 /* dx[B,in] = dy . w;  dw[out,in] += dy^T . x;  db[out] += column sums of dy. */
-TALLY_API void tally_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                                     const float *w, int B, int in, int out);
+TALLY_API void tally_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                                     int B, int in, int out);
 
 /* ReLU on n elements; y may equal x. Backward uses the forward output: dx = dy where y > 0, else 0;
  * dx may equal dy. */
@@ -30,11 +29,9 @@ TALLY_API void tally_relu_backward(float *dx, const float *dy, const float *y, s
 
 /* Softmax over C classes and cross-entropy against labels[B] (0 <= label < C), averaged over the batch.
  * Writes the probabilities to probs[B,C] and returns the mean loss. */
-TALLY_API float tally_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B,
-                                           int C);
+TALLY_API float tally_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B, int C);
 /* dlogits[B,C] = (probs - onehot(labels)) / B: the gradient of the mean loss. */
-TALLY_API void tally_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int B,
-                                           int C);
+TALLY_API void tally_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int B, int C);
 
 /* Mean squared error for regression: returns 0.5 * sum((pred - target)^2) / B over pred[B,D];
  * backward: dpred = (pred - target) / B. */
@@ -44,9 +41,9 @@ TALLY_API void tally_mse_backward(float *dpred, const float *pred, const float *
 /* 2-D convolution, NCHW, square kernel, by im2col + sgemm.
  * x[B,C,H,W], w[K,C,R,R], b[K] -> y[B,K,OH,OW], OH = (H + 2*pad - R)/stride + 1 (likewise OW). */
 typedef struct tally_conv2d_shape {
-    int C, H, W;           /* input channels, height, width */
-    int K, R;              /* output channels, kernel size (R x R) */
-    int stride, pad;       /* stride >= 1, zero padding >= 0 */
+    int C, H, W;     /* input channels, height, width */
+    int K, R;        /* output channels, kernel size (R x R) */
+    int stride, pad; /* stride >= 1, zero padding >= 0 */
 } tally_conv2d_shape;
 TALLY_API int tally_conv2d_out_h(const tally_conv2d_shape *s);
 TALLY_API int tally_conv2d_out_w(const tally_conv2d_shape *s);
@@ -55,17 +52,16 @@ TALLY_API size_t tally_conv2d_scratch_floats(const tally_conv2d_shape *s, int B)
 TALLY_API void tally_conv2d_forward(float *y, const float *x, const float *w, const float *b,
                                     const tally_conv2d_shape *s, int B, float *scratch);
 /* dx[B,C,H,W] (NULL allowed), dw[K,C,R,R] +=, db[K] +=, from dy[B,K,OH,OW]. */
-TALLY_API void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                                     const float *w, const tally_conv2d_shape *s, int B, float *scratch);
+TALLY_API void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                                     const tally_conv2d_shape *s, int B, float *scratch);
 
 /* Max pooling, NCHW, k x k windows with stride k (H and W need not divide by k: the partial edge
  * windows are dropped, as PyTorch's floor mode). x[B,C,H,W] -> y[B,C,H/k,W/k]; argmax[B,C,H/k,W/k]
  * records which input element won (its offset within the image plane), for backward. */
-TALLY_API void tally_maxpool_forward(float *y, int32_t *argmax, const float *x, int B, int C, int H, int W,
-                                     int k);
+TALLY_API void tally_maxpool_forward(float *y, int32_t *argmax, const float *x, int B, int C, int H, int W, int k);
 /* dx[B,C,H,W] is overwritten: zero except at the winners, which get dy. */
-TALLY_API void tally_maxpool_backward(float *dx, const float *dy, const int32_t *argmax, int B, int C, int H,
-                                      int W, int k);
+TALLY_API void tally_maxpool_backward(float *dx, const float *dy, const int32_t *argmax, int B, int C, int H, int W,
+                                      int k);
 
 /* Embedding lookup: y[n,D] = w[tokens[i]] for each of n tokens (0 <= token < V, w[V,D] as PyTorch's
  * nn.Embedding). Returns the index of the first token outside 0..V-1, writing nothing for it and what

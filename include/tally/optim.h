@@ -14,11 +14,11 @@ typedef enum { TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW } tally_optim_kind;
 
 typedef struct tally_optim_cfg {
     tally_optim_kind kind;
-    float momentum;       /* SGD: 0 for plain SGD (no state allocated); PyTorch's convention */
-    int nesterov;         /* SGD: Nesterov momentum */
-    float beta1, beta2;   /* AdamW, e.g. 0.9 and 0.999 */
-    float eps;            /* AdamW, e.g. 1e-8 */
-    float weight_decay;   /* SGD: L2 added to the gradient; AdamW: decoupled, p -= lr*wd*p */
+    float momentum;     /* SGD: 0 for plain SGD (no state allocated); PyTorch's convention */
+    int nesterov;       /* SGD: Nesterov momentum */
+    float beta1, beta2; /* AdamW, e.g. 0.9 and 0.999 */
+    float eps;          /* AdamW, e.g. 1e-8 */
+    float weight_decay; /* SGD: L2 added to the gradient; AdamW: decoupled, p -= lr*wd*p */
 } tally_optim_cfg;
 
 /* Fills the defaults: SGD momentum 0.9, AdamW betas 0.9/0.999, eps 1e-8, weight decay 0 (SGD) or
@@ -29,9 +29,9 @@ TALLY_API void tally_optim_cfg_default(tally_optim_cfg *cfg, tally_optim_kind ki
 typedef struct tally_optim {
     tally_optim_cfg cfg;
     size_t n;
-    long step;            /* updates applied so far */
-    float *m;             /* SGD momentum buffer or Adam first moment; NULL when unused */
-    float *v;             /* Adam second moment; NULL for SGD */
+    long step; /* updates applied so far */
+    float *m;  /* SGD momentum buffer or Adam first moment; NULL when unused */
+    float *v;  /* Adam second moment; NULL for SGD */
 } tally_optim;
 
 TALLY_API int tally_optim_init(tally_optim *o, const tally_optim_cfg *cfg, size_t n);
@@ -48,12 +48,12 @@ TALLY_API int tally_optim_parse(const char *name);
 typedef enum { TALLY_DECAY_NONE, TALLY_DECAY_COSINE, TALLY_DECAY_STEP } tally_decay;
 
 typedef struct tally_lr_schedule {
-    float lr;             /* peak learning rate (after any linear scaling) */
-    long warmup_steps;    /* linear ramp from lr/warmup_steps up to lr over these steps */
+    float lr;          /* peak learning rate (after any linear scaling) */
+    long warmup_steps; /* linear ramp from lr/warmup_steps up to lr over these steps */
     tally_decay decay;
-    long total_steps;     /* cosine: decays from lr to min_lr between warmup_steps and total_steps */
+    long total_steps; /* cosine: decays from lr to min_lr between warmup_steps and total_steps */
     float min_lr;
-    long step_every;      /* step decay: multiply by step_gamma every step_every steps after warmup */
+    long step_every; /* step decay: multiply by step_gamma every step_every steps after warmup */
     float step_gamma;
 } tally_lr_schedule;
 

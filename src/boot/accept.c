@@ -15,8 +15,8 @@
 #include "../core/err.h"
 #include "fdlimit.h"
 
-int tally__acc_init(tally__acceptor *a, int lfd, const void *tok, size_t tlen, int strangers, int cap,
-                    double auth_s, const tally__acc_user *u) {
+int tally__acc_init(tally__acceptor *a, int lfd, const void *tok, size_t tlen, int strangers, int cap, double auth_s,
+                    const tally__acc_user *u) {
     memset(a, 0, sizeof *a);
     a->lfd = lfd;
     a->tok = tok;
@@ -90,8 +90,10 @@ static int acc_stage(tally__acceptor *a, tally__acc_conn *c) {
     case 1:
         ok = (unsigned char)tally__auth_accept_check(&c->auth, c->buf);
         if (tally__acc_put(c->fd, &ok, 1) || !ok)
-            return tally__acc_drop(a, c, "wrong TALLY_TOKEN or not a tally process (its proof does not match "
-                                         "this job's token)"), -1;
+            return tally__acc_drop(a, c,
+                                   "wrong TALLY_TOKEN or not a tally process (its proof does not match "
+                                   "this job's token)"),
+                   -1;
         break;
     default: {
         int rc = a->u.stage(a->u.arg, c);
@@ -141,8 +143,7 @@ static void acc_accept_failed(tally__acceptor *a, int err) {
         return;
     }
     int missing = a->u.missing(a->u.arg);
-    if (a->npend > missing && acc_evict(a, "out of file descriptors, and the ranks still expected come first"))
-        return;
+    if (a->npend > missing && acc_evict(a, "out of file descriptors, and the ranks still expected come first")) return;
     if (a->u.out_of_fds(a->u.arg, err)) a->listen_off = 1;
 }
 

@@ -19,10 +19,10 @@ _Static_assert(TALLY__AUTH_REPLY == 2 * TALLY__AUTH_IN, "the reply is the accept
  * The direction letter stops a reflected proof; both nonces make every proof fresh; the role keeps a
  * proof for one kind of connection from being replayed on another. The verdict byte lets a refused
  * connector say "wrong token" instead of "connection closed". */
-#define AUTH_NONCE TALLY__AUTH_IN
-#define AUTH_MAC TALLY__AUTH_PROOF
+#define AUTH_NONCE    TALLY__AUTH_IN
+#define AUTH_MAC      TALLY__AUTH_PROOF
 #define AUTH_ROLE_MAX 32
-#define AUTH_LABEL "tally-auth-v1"
+#define AUTH_LABEL    "tally-auth-v1"
 
 static int auth_mac(const void *token, size_t token_len, const char *role, char dir, const unsigned char *nc,
                     const unsigned char *na, unsigned char out[AUTH_MAC]) {
@@ -85,8 +85,9 @@ int tally__auth_accept(int fd, const void *token, size_t token_len, const char *
     if (!ok) {
         char peer[TALLY__NET_ADDRSTR];
         tally__net_peer_str(fd, peer, sizeof peer);
-        return tally__seterr(TALLY_E_AUTH, "authentication (%s) with %s failed: its proof does not match our "
-                                           "TALLY_TOKEN (a process with a different token, or not a tally process)",
+        return tally__seterr(TALLY_E_AUTH,
+                             "authentication (%s) with %s failed: its proof does not match our "
+                             "TALLY_TOKEN (a process with a different token, or not a tally process)",
                              role, peer);
     }
     return rc ? auth_io_err(rc, fd, role) : 0;

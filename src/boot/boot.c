@@ -71,14 +71,17 @@ static void boot_fd_check(tally__boot *b) {
     if (lim.hard != TALLY__FD_UNLIMITED) snprintf(hard, sizeof hard, "%llu", lim.hard);
     if (rc == 0) {
         if (lim.raised_from)
-            tally__log_debug(1, "rank %d: raised RLIMIT_NOFILE's soft limit from %llu to %llu (hard %s): %s needs "
-                             "about %ld file descriptors on this rank", b->rank, lim.raised_from, lim.soft, hard,
-                             world, lim.want);
+            tally__log_debug(1,
+                             "rank %d: raised RLIMIT_NOFILE's soft limit from %llu to %llu (hard %s): %s needs "
+                             "about %ld file descriptors on this rank",
+                             b->rank, lim.raised_from, lim.soft, hard, world, lim.want);
         return;
     }
     tally__fd_advice(&lim, adv, sizeof adv);
-    snprintf(b->fd_short, sizeof b->fd_short, "rank %d: %s needs about %ld file descriptors on rank %d (%d for its "
-             "connections, %ld open already) but %s", b->rank, world, lim.want, b->rank, need, lim.open, adv);
+    snprintf(b->fd_short, sizeof b->fd_short,
+             "rank %d: %s needs about %ld file descriptors on rank %d (%d for its "
+             "connections, %ld open already) but %s",
+             b->rank, world, lim.want, b->rank, need, lim.open, adv);
     b->fd_hard = lim.hard >= UINT32_MAX ? UINT32_MAX - 1 : lim.hard ? (uint32_t)lim.hard : 1;
 }
 
@@ -88,8 +91,10 @@ static int rk_auth_failed(tally__boot *b, const tally__boot_env *env, const char
     return tally__seterr(TALLY_E_AUTH,
                          "rank %d: this process's TALLY_TOKEN does not match rank 0's (at %s), so rank 0 refused "
                          "it; every rank must be given the same TALLY_TOKEN%s",
-                         b->rank, addr, env->token_derived ? " (this one was derived from the launcher's job id "
-                                                             "because TALLY_TOKEN is not set)" : "");
+                         b->rank, addr,
+                         env->token_derived ? " (this one was derived from the launcher's job id "
+                                              "because TALLY_TOKEN is not set)"
+                                            : "");
 }
 
 /* Connects and authenticates, retrying while rank 0 is not (yet) there. Returns the fd in *fd. */
@@ -98,7 +103,8 @@ static int rk_connect(tally__boot *b, const tally__boot_env *env, const char *ad
     for (;;) {
         int rc = tally__net_connect(env->host, env->port, deadline, fd);
         if (rc == TALLY_E_TIMEOUT)
-            return tally__seterr(rc, "rank %d could not reach rank 0 at %s (from %s) within %g s: %s. Rank 0 is "
+            return tally__seterr(rc,
+                                 "rank %d could not reach rank 0 at %s (from %s) within %g s: %s. Rank 0 is "
                                  "missing: check that it started, that the address and port are right and not "
                                  "firewalled; raise TALLY_BOOT_TIMEOUT (default: TALLY_TIMEOUT) if it starts slowly",
                                  b->rank, addr, env->source, b->rdv_timeout_s, boot_prev(prev));
@@ -121,8 +127,10 @@ static int rk_refused(tally__boot *b, int fd, const ctl_frame *f, const char *ad
     char msg[CTL_MSG_MAX + 1];
     int code = -(int32_t)f->aux;
     if (f->len > CTL_MSG_MAX || code >= 0 || code < -1000)
-        return tally__seterr(TALLY_E_PROTOCOL, "rank %d: rank 0 at %s sent a malformed refusal (code %d, %u bytes): is "
-                             "it the same tally version?", b->rank, addr, code, (unsigned)f->len);
+        return tally__seterr(TALLY_E_PROTOCOL,
+                             "rank %d: rank 0 at %s sent a malformed refusal (code %d, %u bytes): is "
+                             "it the same tally version?",
+                             b->rank, addr, code, (unsigned)f->len);
     int rc = tally__net_recv_all(fd, msg, f->len, deadline);
     if (rc)
         return tally__seterr(rc, "rank %d: rank 0 at %s refused this process but its reason did not arrive (%s)",
@@ -167,11 +175,15 @@ static int rk_rendezvous(tally__boot *b, const tally__boot_env *env, uint64_t de
     if (!rc && f.type == CTL_REFUSE) return rk_refused(b, fd, &f, addr, dl2);
     if (!rc) rc = f.type == CTL_TABLE ? rk_table(b, fd, &f, dl2) : TALLY_E_PROTOCOL;
     if (rc == TALLY_E_TIMEOUT)
-        return tally__seterr(rc, "rank %d: rank 0 at %s sent neither the peer table nor its verdict within %g s of "
-                             "our joining: it is hung (see its output)", b->rank, addr, b->rdv_timeout_s + TABLE_GRACE_S);
+        return tally__seterr(rc,
+                             "rank %d: rank 0 at %s sent neither the peer table nor its verdict within %g s of "
+                             "our joining: it is hung (see its output)",
+                             b->rank, addr, b->rdv_timeout_s + TABLE_GRACE_S);
     if (rc == TALLY_E_PEER_LOST)
-        return tally__seterr(rc, "rank %d: rank 0 at %s closed the connection during the rendezvous: it failed or "
-                             "exited; check its output", b->rank, addr);
+        return tally__seterr(rc,
+                             "rank %d: rank 0 at %s closed the connection during the rendezvous: it failed or "
+                             "exited; check its output",
+                             b->rank, addr);
     if (rc == TALLY_E_PROTOCOL)
         return tally__seterr(rc, "rank %d: rank 0 at %s sent a malformed peer table: is it the same tally version?",
                              b->rank, addr);
@@ -184,12 +196,15 @@ static int bc_fail(tally__boot *b, int rc, int peer, const char *what) {
     char who[160];
     tally__ctl_who(b, peer, who, sizeof who);
     if (rc == TALLY_E_TIMEOUT)
-        return tally__fault_raise(b->fault, rc, peer, "rank %d waited %g s for %s during setup (bootstrap %s): it is "
+        return tally__fault_raise(b->fault, rc, peer,
+                                  "rank %d waited %g s for %s during setup (bootstrap %s): it is "
                                   "hung or much slower; raise TALLY_TIMEOUT if that is expected",
                                   b->rank, b->timeout_s, who, what);
     if (rc == TALLY_E_PEER_LOST)
-        return tally__fault_raise(b->fault, rc, peer, "%s exited or closed its connection during setup (bootstrap "
-                                  "%s); check that rank's output for the cause", who, what);
+        return tally__fault_raise(b->fault, rc, peer,
+                                  "%s exited or closed its connection during setup (bootstrap "
+                                  "%s); check that rank's output for the cause",
+                                  who, what);
     return tally__fault_raise(b->fault, rc, peer, "rank %d: bootstrap %s with %s failed: %s", b->rank, what, who,
                               tally_strerror(rc));
 }
@@ -215,10 +230,11 @@ static int bc_recv(tally__boot *b, int peer, void *buf, size_t len, const char *
     if (f.type == CTL_BYE) return bc_fail(b, TALLY_E_PEER_LOST, peer, what);
     if (f.type != CTL_DATA) return bc_fail(b, TALLY_E_PROTOCOL, peer, what);
     if (f.aux != b->seq || f.len != len)
-        return tally__fault_raise(b->fault, TALLY_E_MISMATCH, peer,
-                                  "bootstrap %s: rank %d is at setup step %u with %u bytes, rank %d at step %u with %zu "
-                                  "bytes: the ranks ran different setup steps (different settings?)",
-                                  what, peer, (unsigned)f.aux, (unsigned)f.len, b->rank, (unsigned)b->seq, len);
+        return tally__fault_raise(
+            b->fault, TALLY_E_MISMATCH, peer,
+            "bootstrap %s: rank %d is at setup step %u with %u bytes, rank %d at step %u with %zu "
+            "bytes: the ranks ran different setup steps (different settings?)",
+            what, peer, (unsigned)f.aux, (unsigned)f.len, b->rank, (unsigned)b->seq, len);
     rc = tally__net_recv_all(fd, buf, len, deadline);
     return rc ? bc_fail(b, rc, peer, what) : 0;
 }
@@ -233,7 +249,8 @@ static int bc_enter(tally__boot *b, const char *what) {
 
 int tally__boot_bcast(tally__boot *b, void *buf, size_t len, int root) {
     if (root < 0 || root >= b->size)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: bootstrap bcast root %d is not in [0, %d)", b->rank, root, b->size);
+        return tally__seterr(TALLY_E_INVALID, "rank %d: bootstrap bcast root %d is not in [0, %d)", b->rank, root,
+                             b->size);
     int rc = bc_enter(b, "bcast");
     if (rc || b->size == 1) return rc;
     uint64_t dl = tally__deadline(b->timeout_s);
@@ -252,7 +269,8 @@ int tally__boot_bcast(tally__boot *b, void *buf, size_t len, int root) {
 
 int tally__boot_allgather(tally__boot *b, const void *mine, void *all, size_t len) {
     if (len && (size_t)-1 / len < (size_t)b->size)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: bootstrap allgather of %zu bytes per rank overflows", b->rank, len);
+        return tally__seterr(TALLY_E_INVALID, "rank %d: bootstrap allgather of %zu bytes per rank overflows", b->rank,
+                             len);
     int rc = bc_enter(b, "allgather");
     if (rc) return rc;
     unsigned char *out = all;
@@ -279,8 +297,7 @@ int tally__boot_barrier(tally__boot *b) {
  * and the peer's monitor should see our goodbye, then a plain end of stream. */
 static void boot_drain(int fd) {
     char junk[512];
-    while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {
-    }
+    while (recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0) {}
 }
 
 static void boot_close(tally__boot *b) {
@@ -324,7 +341,8 @@ static tally__boot *boot_alloc(const tally__boot_env *env, tally__fault *fault, 
 
 int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault *fault, double timeout_s) {
     *out = NULL;
-    if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->token_len >= TALLY__TOKEN_MAX || timeout_s <= 0)
+    if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->token_len >= TALLY__TOKEN_MAX ||
+        timeout_s <= 0)
         return tally__seterr(TALLY_E_INVALID, "boot: rank %d / size %d / timeout %g is invalid", env->rank, env->size,
                              timeout_s);
     if (env->size > 1 && env->token_len == 0)

@@ -15,13 +15,13 @@ struct pollfd;
 /* What the environment says about this process, before any connection. */
 typedef struct tally__boot_env {
     int rank, size;
-    char host[256];   /* rank 0's rendezvous host (name or IP) */
-    int port;         /* rank 0's rendezvous port */
+    char host[256]; /* rank 0's rendezvous host (name or IP) */
+    int port;       /* rank 0's rendezvous port */
     char token[TALLY__TOKEN_MAX];
     size_t token_len;
-    const char *source; /* "TALLY", "Open MPI", "PMI", "Slurm", "torchrun" */
-    int token_derived;  /* 1: no TALLY_TOKEN, token derived from the launcher's job id (not secret) */
-    char bind[256];     /* TALLY_BIND: where rank 0 listens instead of `host` ("" = host itself) */
+    const char *source;    /* "TALLY", "Open MPI", "PMI", "Slurm", "torchrun" */
+    int token_derived;     /* 1: no TALLY_TOKEN, token derived from the launcher's job id (not secret) */
+    char bind[256];        /* TALLY_BIND: where rank 0 listens instead of `host` ("" = host itself) */
     double boot_timeout_s; /* TALLY_BOOT_TIMEOUT: limit of the rendezvous; 0 = the timeout boot_init gets */
 } tally__boot_env;
 
@@ -31,8 +31,8 @@ int tally__boot_env_read(tally__boot_env *env);
 /* One entry per rank, the same table on every rank after tally__boot_init. */
 typedef struct tally__peer {
     int pid;
-    uint64_t hostid;  /* equal for processes on the same host (hostname + boot id) */
-    char ip[64];      /* numeric address this rank reaches rank 0 from (where its listeners bind) */
+    uint64_t hostid; /* equal for processes on the same host (hostname + boot id) */
+    char ip[64];     /* numeric address this rank reaches rank 0 from (where its listeners bind) */
     char hostname[64];
 } tally__peer;
 
@@ -97,7 +97,7 @@ int tally__auth_connect(int fd, const void *token, size_t token_len, const char 
 /* The acceptor's side in steps, for a listener that serves many connections without blocking on any
  * one of them: read TALLY__AUTH_IN bytes, call begin, send a->reply; read TALLY__AUTH_PROOF bytes,
  * call check, send the verdict byte (1 accepted, 0 refused). tally__auth_accept is these steps. */
-#define TALLY__AUTH_IN 32    /* connector's nonce */
+#define TALLY__AUTH_IN    32 /* connector's nonce */
 #define TALLY__AUTH_REPLY 64 /* acceptor's nonce and proof */
 #define TALLY__AUTH_PROOF 32 /* connector's proof */
 typedef struct tally__auth_acc {

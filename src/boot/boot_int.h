@@ -12,7 +12,7 @@
 /* Control frame: 16-byte header (network byte order) then `len` payload bytes.
  *   magic u32 | type u8 | 3 zero bytes | aux u32 | len u32 */
 #define CTL_MAGIC 0x544c5946u /* "TLYF" */
-#define CTL_HDR 16
+#define CTL_HDR   16
 enum {
     CTL_HELLO = 1, /* connector -> rank 0 after auth: who I am (fixed layout, HELLO_LEN) */
     CTL_TABLE,     /* rank 0 -> all: the peer table; aux = size */
@@ -26,14 +26,14 @@ enum {
  *   magic u32 | version u32 | rank i32 | size i32 | pid i32 | fd_hard u32 | hostid u64 | hostname[64] | ip[64]
  * fd_hard is 0, or the sender's hard RLIMIT_NOFILE when that cannot hold the descriptors the world needs
  * (rank 0 then tells every rank so; an older sender's 0 there means it never checked). */
-#define HELLO_MAGIC 0x544c5948u /* "TLYH" */
-#define BOOT_VERSION 1u
-#define HELLO_LEN 160
-#define CTL_MSG_MAX 767 /* fault/refusal text, as tally__fault.msg without the NUL */
-#define CTL_FAULT_MAX (8 + CTL_MSG_MAX)
+#define HELLO_MAGIC     0x544c5948u /* "TLYH" */
+#define BOOT_VERSION    1u
+#define HELLO_LEN       160
+#define CTL_MSG_MAX     767 /* fault/refusal text, as tally__fault.msg without the NUL */
+#define CTL_FAULT_MAX   (8 + CTL_MSG_MAX)
 #define CTL_FAULT_SETUP 1u  /* FAULT aux: raised while its rank built its transport; ends the others' setup too */
-#define PEER_LEN 144        /* a peer table entry: pid, 0, hostid u64, ip[64], hostname[64] */
-#define TABLE_GRACE_S 5.0   /* connectors wait this much past rank 0's limit so its verdict arrives first */
+#define PEER_LEN        144 /* a peer table entry: pid, 0, hostid u64, ip[64], hostname[64] */
+#define TABLE_GRACE_S   5.0 /* connectors wait this much past rank 0's limit so its verdict arrives first */
 
 typedef struct ctl_frame {
     int type;
@@ -43,25 +43,25 @@ typedef struct ctl_frame {
 struct tally__boot {
     int rank, size;
     tally__fault *fault;
-    double timeout_s;        /* bootstrap collectives (TALLY_TIMEOUT) */
-    double rdv_timeout_s;    /* the rendezvous (TALLY_BOOT_TIMEOUT, else timeout_s) */
-    tally__peer *peers;      /* [size] */
-    int *ctl;                /* [size]: fd of the control connection to that rank, -1 if none/self */
+    double timeout_s;     /* bootstrap collectives (TALLY_TIMEOUT) */
+    double rdv_timeout_s; /* the rendezvous (TALLY_BOOT_TIMEOUT, else timeout_s) */
+    tally__peer *peers;   /* [size] */
+    int *ctl;             /* [size]: fd of the control connection to that rank, -1 if none/self */
     char token[TALLY__TOKEN_MAX];
     size_t token_len;
-    uint32_t seq;            /* bootstrap collectives done: every rank counts the same */
-    pthread_mutex_t wlock;   /* one frame at a time on the control sockets, from any thread */
-    int monitor_on;          /* the monitor thread was started (it then owns every read) */
+    uint32_t seq;          /* bootstrap collectives done: every rank counts the same */
+    pthread_mutex_t wlock; /* one frame at a time on the control sockets, from any thread */
+    int monitor_on;        /* the monitor thread was started (it then owns every read) */
     pthread_t monitor;
-    int stop_fd;             /* eventfd that tells the monitor to exit */
-    struct ctl_mon *mon;     /* the monitor thread's poll set and read buffers */
-    int own_wake_fd;         /* we created fault->wake_fd and close it in free */
-    unsigned char *watch;    /* [size]: what the setup watch saw on each control connection (monitor.c) */
-    int watch_ended;         /* the watch ended this rank's setup: another rank failed or died */
-    int in_setup;            /* building the transport: faults raised now go out as setup failures */
-    int setup_relayed;       /* rank 0 relayed a setup failure already */
+    int stop_fd;                    /* eventfd that tells the monitor to exit */
+    struct ctl_mon *mon;            /* the monitor thread's poll set and read buffers */
+    int own_wake_fd;                /* we created fault->wake_fd and close it in free */
+    unsigned char *watch;           /* [size]: what the setup watch saw on each control connection (monitor.c) */
+    int watch_ended;                /* the watch ended this rank's setup: another rank failed or died */
+    int in_setup;                   /* building the transport: faults raised now go out as setup failures */
+    int setup_relayed;              /* rank 0 relayed a setup failure already */
     char fd_short[CTL_MSG_MAX + 1]; /* this rank cannot hold the descriptors the world needs: why ("" if it can) */
-    uint32_t fd_hard;        /* then its hard RLIMIT_NOFILE, told to rank 0 in the hello */
+    uint32_t fd_hard;               /* then its hard RLIMIT_NOFILE, told to rank 0 in the hello */
 };
 
 /* Frames (monitor.c). send takes wlock so frames from several threads never interleave. */

@@ -63,8 +63,7 @@ static int boot_parse_addr(const char *var, const char *val, tally__boot_env *en
     if (!*val) return tally__parse_fail(var, val, "", "it takes host:port (e.g. node0:29500)");
     if (val[0] == '[') {
         const char *rb = strchr(val, ']');
-        if (!rb || rb[1] != ':')
-            return tally__seterr(TALLY_E_INVALID, "%s='%s' is not [ipv6]:port", var, val);
+        if (!rb || rb[1] != ':') return tally__seterr(TALLY_E_INVALID, "%s='%s' is not [ipv6]:port", var, val);
         host = val + 1;
         hl = (size_t)(rb - host);
         colon = rb + 1;
@@ -96,7 +95,8 @@ static int boot_job_identity(char *buf, size_t n) {
     if (job) return snprintf(buf, n, "SLURM_JOB_ID=%s SLURM_STEP_ID=%s", job, step ? step : "-"), 1;
     const char *ma = tally__env_str("MASTER_ADDR"), *mp = tally__env_str("MASTER_PORT");
     const char *run = tally__env_str("TORCHELASTIC_RUN_ID");
-    if (ma && mp) return snprintf(buf, n, "MASTER_ADDR=%s MASTER_PORT=%s TORCHELASTIC_RUN_ID=%s", ma, mp, run ? run : "-"), 1;
+    if (ma && mp)
+        return snprintf(buf, n, "MASTER_ADDR=%s MASTER_PORT=%s TORCHELASTIC_RUN_ID=%s", ma, mp, run ? run : "-"), 1;
     return 0;
 }
 
@@ -123,9 +123,10 @@ static int boot_one_host(boot_launcher l, int size, const char **why) {
         if (v) return *why = vars[i], boot_count(vars[i], v, &k) ? TALLY_E_INVALID : k == size;
     }
     const char *nodes = l == L_OMPI ? tally__env_str("OMPI_MCA_orte_num_nodes")
-                        : l == L_SLURM ? (tally__env_str("SLURM_STEP_NUM_NODES") ? tally__env_str("SLURM_STEP_NUM_NODES")
-                                                                                 : tally__env_str("SLURM_NNODES"))
-                                       : NULL;
+                        : l == L_SLURM
+                            ? (tally__env_str("SLURM_STEP_NUM_NODES") ? tally__env_str("SLURM_STEP_NUM_NODES")
+                                                                      : tally__env_str("SLURM_NNODES"))
+                            : NULL;
     *why = "the node count";
     if (!nodes) return 0;
     return boot_count("the launcher's node count", nodes, &k) ? TALLY_E_INVALID : k == 1;
@@ -148,7 +149,8 @@ static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
     if (l == L_TORCHRUN) {
         const char *ma = tally__env_str("MASTER_ADDR"), *mp = tally__env_str("MASTER_PORT");
         if (!ma || !mp) return boot_need_addr("torchrun", !ma ? "MASTER_ADDR is not set" : "MASTER_PORT is not set");
-        if (strlen(ma) >= sizeof env->host) return tally__seterr(TALLY_E_INVALID, "MASTER_ADDR is longer than 255 bytes");
+        if (strlen(ma) >= sizeof env->host)
+            return tally__seterr(TALLY_E_INVALID, "MASTER_ADDR is longer than 255 bytes");
         snprintf(env->host, sizeof env->host, "%s", ma);
         int rc = boot_port("MASTER_PORT", mp, &env->port);
         if (rc) return rc;
@@ -165,8 +167,7 @@ static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
     int have_id = boot_job_identity(id, sizeof id);
     int local = boot_one_host(l, env->size, &why);
     if (local < 0) return local;
-    if (l == L_NONE)
-        return boot_need_addr("no launcher was detected", "TALLY_WORLD_SIZE > 1 needs rank 0's address");
+    if (l == L_NONE) return boot_need_addr("no launcher was detected", "TALLY_WORLD_SIZE > 1 needs rank 0's address");
     if (!have_id) return boot_need_addr(launchers[l].name, "it gives no job id to derive a port from");
     if (local) {
         snprintf(env->host, sizeof env->host, "127.0.0.1");
@@ -179,8 +180,8 @@ static int boot_env_addr(tally__boot_env *env, boot_launcher l) {
     if (launch_ip && strlen(launch_ip) < sizeof env->host) {
         snprintf(env->host, sizeof env->host, "%s", launch_ip);
         env->port = boot_derived_port(id);
-        tally__log_debug(1, "rendezvous address %s:%d from SLURM_LAUNCH_NODE_IPADDR, port derived from %s",
-                         env->host, env->port, id);
+        tally__log_debug(1, "rendezvous address %s:%d from SLURM_LAUNCH_NODE_IPADDR, port derived from %s", env->host,
+                         env->port, id);
         return 0;
     }
     return boot_need_addr(launchers[l].name, "its ranks span several hosts or it does not say they share one");
@@ -191,11 +192,12 @@ static int boot_env_token(tally__boot_env *env) {
     if (t) {
         env->token_len = strlen(t);
         if (env->token_len == 0)
-            return tally__parse_fail("TALLY_TOKEN", t, "", "set it to the job's shared secret, or unset it where the "
-                                                          "launcher gives a job id to derive one from");
+            return tally__parse_fail("TALLY_TOKEN", t, "",
+                                     "set it to the job's shared secret, or unset it where the "
+                                     "launcher gives a job id to derive one from");
         if (env->token_len >= sizeof env->token)
-            return tally__seterr(TALLY_E_INVALID, "TALLY_TOKEN is %zu bytes long; at most %d are allowed", env->token_len,
-                                 TALLY__TOKEN_MAX - 1);
+            return tally__seterr(TALLY_E_INVALID, "TALLY_TOKEN is %zu bytes long; at most %d are allowed",
+                                 env->token_len, TALLY__TOKEN_MAX - 1);
         memcpy(env->token, t, env->token_len + 1);
         return 0;
     }
@@ -209,11 +211,13 @@ static int boot_env_token(tally__boot_env *env) {
     unsigned int mdlen = 0;
     if (!EVP_Digest(seed, (size_t)n, md, &mdlen, EVP_sha256(), NULL))
         return tally__seterr(TALLY_E_SYSTEM, "OpenSSL SHA-256 failed while deriving a token");
-    for (unsigned i = 0; i < mdlen && 2 * i + 2 < sizeof env->token; i++) snprintf(env->token + 2 * i, 3, "%02x", md[i]);
+    for (unsigned i = 0; i < mdlen && 2 * i + 2 < sizeof env->token; i++)
+        snprintf(env->token + 2 * i, 3, "%02x", md[i]);
     env->token_len = strlen(env->token);
     env->token_derived = 1;
-    tally__log_debug(1, "TALLY_TOKEN is not set: using a token derived from %s; it is NOT a secret (anyone who "
-                        "can read the job id can join), so set TALLY_TOKEN for security",
+    tally__log_debug(1,
+                     "TALLY_TOKEN is not set: using a token derived from %s; it is NOT a secret (anyone who "
+                     "can read the job id can join), so set TALLY_TOKEN for security",
                      id);
     return 0;
 }
@@ -278,8 +282,8 @@ int tally__boot_env_read(tally__boot_env *env) {
     if ((rc = boot_int(launchers[from].rank_var, 0, size - 1, range, &rank))) return rc;
     env->rank = (int)rank;
     env->size = (int)size;
-    tally__log_debug(1, "rank %d of %d from %s (%s, %s)", env->rank, env->size, env->source,
-                     launchers[from].rank_var, launchers[from].size_var);
+    tally__log_debug(1, "rank %d of %d from %s (%s, %s)", env->rank, env->size, env->source, launchers[from].rank_var,
+                     launchers[from].size_var);
     if ((rc = boot_env_rest(env, l))) {
         char who[32];
         snprintf(who, sizeof who, "rank %d: ", env->rank);

@@ -15,8 +15,10 @@
 static unsigned long long fd_val(rlim_t v) { return v == RLIM_INFINITY ? TALLY__FD_UNLIMITED : (unsigned long long)v; }
 
 static void fd_str(unsigned long long v, char *buf, size_t n) {
-    if (v == TALLY__FD_UNLIMITED) snprintf(buf, n, "unlimited");
-    else snprintf(buf, n, "%llu", v);
+    if (v == TALLY__FD_UNLIMITED)
+        snprintf(buf, n, "unlimited");
+    else
+        snprintf(buf, n, "%llu", v);
 }
 
 /* Open descriptors whose numbers are below `below`: the kernel hands out the lowest free number, so
@@ -80,16 +82,19 @@ void tally__fd_advice(const tally__fd_limit *lim, char *buf, size_t n) {
         snprintf(buf, n, "RLIMIT_NOFILE is %s (hard %s): raise it with `ulimit -n %ld` before starting the job", soft,
                  hard, sug);
     else
-        snprintf(buf, n, "RLIMIT_NOFILE is %s (hard %s, which only root can raise): raise both with `ulimit -n %ld` "
+        snprintf(buf, n,
+                 "RLIMIT_NOFILE is %s (hard %s, which only root can raise): raise both with `ulimit -n %ld` "
                  "where the job starts, or the hard limit (nofile in /etc/security/limits.conf, LimitNOFILE= of a "
-                 "systemd unit, docker run --ulimit nofile=%ld)", soft, hard, sug, sug);
+                 "systemd unit, docker run --ulimit nofile=%ld)",
+                 soft, hard, sug, sug);
 }
 
 int tally__fd_exhausted(int err) { return err == EMFILE || err == ENFILE; }
 
 void tally__fd_explain(int err, char *buf, size_t n) {
     if (err == ENFILE) {
-        snprintf(buf, n, "the system's table of open files is full (ENFILE): stop programs that hold many files, "
+        snprintf(buf, n,
+                 "the system's table of open files is full (ENFILE): stop programs that hold many files, "
                  "or raise fs.file-max (sysctl fs.file-max=N)");
         return;
     }

@@ -6,9 +6,9 @@
 #include <stddef.h>
 
 typedef struct tally__fd_limit {
-    unsigned long long soft, hard; /* RLIMIT_NOFILE now; TALLY__FD_UNLIMITED for RLIM_INFINITY */
-    long open;                     /* descriptors open now (numbers below soft) */
-    long want;                     /* open + what the caller asked room for */
+    unsigned long long soft, hard;  /* RLIMIT_NOFILE now; TALLY__FD_UNLIMITED for RLIM_INFINITY */
+    long open;                      /* descriptors open now (numbers below soft) */
+    long want;                      /* open + what the caller asked room for */
     unsigned long long raised_from; /* 0, or the soft limit before tally__fd_room raised it */
 } tally__fd_limit;
 

@@ -143,15 +143,15 @@ int tally__ctl_on_fault(tally__boot *b, int from, const unsigned char *p, size_t
 
 typedef struct ctl_conn {
     int rank;
-    int bye;    /* said goodbye: its close is a clean exit */
+    int bye; /* said goodbye: its close is a clean exit */
     size_t have;
     unsigned char buf[CTL_HDR + CTL_FAULT_MAX];
 } ctl_conn;
 
 struct ctl_mon {
-    int n;               /* connections watched */
-    struct pollfd *pfd;  /* [n + 1]; the last is stop_fd */
-    ctl_conn *conn;      /* [n] */
+    int n;              /* connections watched */
+    struct pollfd *pfd; /* [n + 1]; the last is stop_fd */
+    ctl_conn *conn;     /* [n] */
 };
 
 static void mon_lost(tally__boot *b, ctl_conn *c) {
@@ -252,8 +252,10 @@ static int mon_alloc(tally__boot *b) {
  * for a clean one. Out of descriptors, the message names the limit. */
 static int mon_eventfd_failed(tally__boot *b, int err) {
     char why[600];
-    if (tally__fd_exhausted(err)) tally__fd_explain(err, why, sizeof why);
-    else snprintf(why, sizeof why, "%s", strerror(err));
+    if (tally__fd_exhausted(err))
+        tally__fd_explain(err, why, sizeof why);
+    else
+        snprintf(why, sizeof why, "%s", strerror(err));
     return tally__fault_raise(b->fault, TALLY_E_SYSTEM, b->rank, "rank %d: cannot create the monitor's eventfd: %s",
                               b->rank, why);
 }
@@ -266,7 +268,7 @@ int tally__boot_start_monitor(tally__boot *b) {
         b->fault->wake_fd = fd;
         b->own_wake_fd = 1;
     }
-    b->monitor_on = 1; /* from here on the bootstrap collectives are refused */
+    b->monitor_on = 1;          /* from here on the bootstrap collectives are refused */
     if (b->size == 1) return 0; /* nobody to watch */
     b->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->stop_fd < 0) return mon_eventfd_failed(b, errno);

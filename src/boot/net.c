@@ -114,7 +114,8 @@ int tally__net_local_port(int fd) {
     socklen_t len = sizeof ss;
     char ip[TALLY__NET_ADDRSTR];
     int port = -1;
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0) net_sa_str((struct sockaddr *)&ss, len, ip, sizeof ip, &port);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
+        net_sa_str((struct sockaddr *)&ss, len, ip, sizeof ip, &port);
     return port;
 }
 
@@ -140,8 +141,8 @@ void tally__net_peer_str(int fd, char *buf, size_t n) {
 
 static int net_resolve(const char *host, int port, int passive, struct addrinfo **res) {
     char serv[16];
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
     snprintf(serv, sizeof serv, "%d", port);
     return getaddrinfo(host, serv, &hints, res);
 }

@@ -54,4 +54,3 @@ void tally__boot_fd_world(int size, char *buf, size_t n) {
     const char *name = !t ? NULL : !strcasecmp(t, "tcp") ? "tcp " : !strcasecmp(t, "shm") ? "shm " : NULL;
     snprintf(buf, n, "a %sworld of %d ranks", name ? name : "", size);
 }
-

@@ -19,9 +19,9 @@
 
 /* Connections authenticating at once beyond one per rank still expected: strangers get this many slots;
  * past them the oldest unauthenticated one gives way (a rank it was retries, as rk_connect does). */
-#define PEND_MAX 64
-#define HANDSHAKE_S 5.0     /* a legitimate peer answers in microseconds; a silent stranger gets this long */
-#define R0_LOG_MAX 10       /* refused connections logged one by one; past that, counted */
+#define PEND_MAX    64
+#define HANDSHAKE_S 5.0 /* a legitimate peer answers in microseconds; a silent stranger gets this long */
+#define R0_LOG_MAX  10  /* refused connections logged one by one; past that, counted */
 
 /* Rank 0 serves every connection at once through the job's acceptor (accept.c): a stranger that sends
  * nothing, or part of a handshake, holds a slot until HANDSHAKE_S and never delays a rank. Once it has
@@ -50,8 +50,7 @@ static void r0_note(void *arg, const char *from, const char *why) {
     r0_state *s = arg;
     if (++s->refused <= R0_LOG_MAX)
         tally__log_warn("refused a connection from %s: %s; still waiting for the other ranks", from, why);
-    if (s->refused == R0_LOG_MAX)
-        tally__log_warn("further refused connections are counted, not logged one by one");
+    if (s->refused == R0_LOG_MAX) tally__log_warn("further refused connections are counted, not logged one by one");
 }
 
 /* Sends a refusal (`code` and the text) on a control connection; best effort, the close follows. */
@@ -64,7 +63,8 @@ static void r0_say_refuse(int fd, int code, const char *msg) {
 }
 
 /* Refuses an authenticated connection: tells the process why (`code` and the text), then drops it. */
-static void r0_refuse(r0_state *s, tally__acc_conn *p, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void r0_refuse(r0_state *s, tally__acc_conn *p, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void r0_refuse(r0_state *s, tally__acc_conn *p, int code, const char *fmt, ...) {
     char msg[CTL_MSG_MAX + 1];
     va_list ap;
@@ -80,7 +80,8 @@ static int r0_missing_cb(void *arg) { return r0_missing(((r0_state *)arg)->b, ar
 
 /* Ends the rendezvous for everyone: the ranks that joined are told now (and their descriptors freed),
  * the rest when they say hello. The first reason stays. */
-static void r0_refuse_all(tally__boot *b, r0_state *s, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void r0_refuse_all(tally__boot *b, r0_state *s, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 static void r0_refuse_all(tally__boot *b, r0_state *s, int code, const char *fmt, ...) {
     if (s->refuse_code) return;
     va_list ap;
@@ -104,7 +105,8 @@ static void r0_refuse_all(tally__boot *b, r0_state *s, int code, const char *fmt
 static void r0_short_rank(tally__boot *b, r0_state *s, int rank, uint32_t hard) {
     char world[96];
     tally__boot_fd_world(b->size, world, sizeof world);
-    r0_refuse_all(b, s, TALLY_E_SYSTEM, "rank 0: rank %d (pid %d on host %s) cannot hold the %d file descriptors "
+    r0_refuse_all(b, s, TALLY_E_SYSTEM,
+                  "rank 0: rank %d (pid %d on host %s) cannot hold the %d file descriptors "
                   "%s needs on it: its RLIMIT_NOFILE hard limit is %u (its own message says more); raise the "
                   "limit where the ranks start (ulimit -n, or the hard limit: nofile in limits.conf, LimitNOFILE=)",
                   rank, b->peers[rank].pid, b->peers[rank].hostname, tally__boot_fd_need(rank, b->size), world, hard);
@@ -114,23 +116,27 @@ static void r0_short_rank(tally__boot *b, r0_state *s, int rank, uint32_t hard) 
  * refusal's code and text in *code and why. Pure, so the frame fuzzer can call it. */
 int tally__boot_hello_check(const tally__boot *b, const unsigned char *h, int *code, char *why, size_t n) {
     uint32_t magic = tally__get_be32(h), version = tally__get_be32(h + 4);
-    int rank = (int32_t)tally__get_be32(h + 8), size = (int32_t)tally__get_be32(h + 12), pid = (int32_t)tally__get_be32(h + 16);
+    int rank = (int32_t)tally__get_be32(h + 8), size = (int32_t)tally__get_be32(h + 12),
+        pid = (int32_t)tally__get_be32(h + 16);
     int strings_ok = tally__boot_str_ok(h + 32, 64) && tally__boot_str_ok(h + 96, 64);
     *code = magic != HELLO_MAGIC || version != BOOT_VERSION || !strings_ok ? TALLY_E_PROTOCOL : TALLY_E_BOOT;
     if (magic != HELLO_MAGIC || version != BOOT_VERSION)
         snprintf(why, n,
                  "it speaks rendezvous protocol %u (hello magic %08x), rank 0 speaks %u (magic %08x): every rank "
-                 "must run the same tally version", version, magic, BOOT_VERSION, HELLO_MAGIC);
+                 "must run the same tally version",
+                 version, magic, BOOT_VERSION, HELLO_MAGIC);
     else if (!strings_ok)
         snprintf(why, n, "its hello has a malformed host name or address");
     else if (size != b->size)
         snprintf(why, n,
                  "it (rank %d, pid %d) says the world size is %d but rank 0 has %d: every rank must be started "
-                 "with the same world size (TALLY_WORLD_SIZE or the launcher's)", rank, pid, size, b->size);
+                 "with the same world size (TALLY_WORLD_SIZE or the launcher's)",
+                 rank, pid, size, b->size);
     else if (rank <= 0 || rank >= b->size)
         snprintf(why, n,
                  "it (pid %d) claims rank %d, which is not in 1..%d (rank 0 is this process): check TALLY_RANK or "
-                 "the launcher's rank variable", pid, rank, b->size - 1);
+                 "the launcher's rank variable",
+                 pid, rank, b->size - 1);
     else if (b->ctl[rank] >= 0)
         snprintf(why, n,
                  "it (pid %d on host %s) claims rank %d, which pid %d on host %s already holds: two processes "
@@ -183,7 +189,8 @@ static int r0_stage(void *arg, tally__acc_conn *p) {
                          "its first frame after authentication is not a hello (magic %08x, type %u, length %u; "
                          "rank 0 expects %08x, %d, %d): every rank must run the same tally version",
                          tally__get_be32(p->buf), p->buf[4], tally__get_be32(p->buf + 12), CTL_MAGIC, CTL_HELLO,
-                         HELLO_LEN), -1;
+                         HELLO_LEN),
+               -1;
     return 0;
 }
 
@@ -226,7 +233,8 @@ static void r0_round(tally__boot *b, r0_state *s, uint64_t deadline) {
         if (s->pfd[i].revents) {
             int k = s->who[i];
             tally__log_warn("rank %d (pid %d on host %s) closed its connection during the rendezvous; waiting for it "
-                            "to reconnect", k, b->peers[k].pid, b->peers[k].hostname);
+                            "to reconnect",
+                            k, b->peers[k].pid, b->peers[k].hostname);
             close(b->ctl[k]);
             b->ctl[k] = -1;
             s->joined--;
@@ -246,8 +254,9 @@ static int r0_timeout(tally__boot *b, r0_state *s) {
     }
     if (missing > 32) snprintf(list + len, sizeof list - len, ", ...");
     char refused[96] = "";
-    if (s->refused) snprintf(refused, sizeof refused, "; rank 0 refused %d connection%s: see its log", s->refused,
-                             s->refused == 1 ? "" : "s");
+    if (s->refused)
+        snprintf(refused, sizeof refused, "; rank 0 refused %d connection%s: see its log", s->refused,
+                 s->refused == 1 ? "" : "s");
     char msg[1400]; /* sent clamped to CTL_MSG_MAX; a long host name may cut the advice short */
     snprintf(msg, sizeof msg,
              "rendezvous timed out after %g s: rank 0 (listening on %s) is still missing %d of %d ranks: %s. Check "
@@ -273,8 +282,10 @@ static int r0_send_table(tally__boot *b) {
         if (rc) {
             char who[160];
             tally__ctl_who(b, k, who, sizeof who);
-            rc = tally__seterr(TALLY_E_PEER_LOST, "rank 0 could not send the peer table to %s (%s): it exited or "
-                               "hung during the rendezvous; check its output", who, tally_strerror(rc));
+            rc = tally__seterr(TALLY_E_PEER_LOST,
+                               "rank 0 could not send the peer table to %s (%s): it exited or "
+                               "hung during the rendezvous; check its output",
+                               who, tally_strerror(rc));
         }
     }
     free(t);
@@ -306,8 +317,14 @@ int tally__boot_serve(tally__boot *b, const tally__boot_env *env, uint64_t deadl
     tally__log_debug(1, "rank 0 listening on %s%s for %d ranks", s.addr, env->bind[0] ? " (TALLY_BIND)" : "",
                      b->size - 1);
     size_t cap = (size_t)PEND_MAX + (size_t)b->size;
-    tally__acc_user u = {.arg = &s, .role = "ctl", .need = r0_need, .what = r0_what, .stage = r0_stage,
-                         .missing = r0_missing_cb, .out_of_fds = r0_out_of_fds, .note = r0_note};
+    tally__acc_user u = {.arg = &s,
+                         .role = "ctl",
+                         .need = r0_need,
+                         .what = r0_what,
+                         .stage = r0_stage,
+                         .missing = r0_missing_cb,
+                         .out_of_fds = r0_out_of_fds,
+                         .note = r0_note};
     s.pfd = calloc(1 + cap + (size_t)b->size, sizeof *s.pfd);
     s.who = calloc(1 + cap + (size_t)b->size, sizeof *s.who);
     s.told = calloc((size_t)b->size, 1);

@@ -37,9 +37,11 @@ static int watch_left(tally__boot *b, int k) {
     char who[160];
     tally__ctl_who(b, k, who, sizeof who);
     b->watch_ended = 1;
-    return tally__fault_raise(b->fault, TALLY_E_PEER_LOST, k, "%s exited during setup (its control connection "
+    return tally__fault_raise(b->fault, TALLY_E_PEER_LOST, k,
+                              "%s exited during setup (its control connection "
                               "closed without a goodbye), so rank %d cannot complete it; check that rank's output "
-                              "for the cause", who, b->rank);
+                              "for the cause",
+                              who, b->rank);
 }
 
 /* A setup failure reported by rank k (or relayed by rank 0): adopted, and this rank's setup ends with
@@ -118,9 +120,11 @@ int tally__boot_watch_all_done(tally__boot *b, uint64_t deadline) {
         if (tally__now_ns() >= deadline) {
             char who[160];
             tally__ctl_who(b, busy, who, sizeof who);
-            rc = tally__fault_raise(b->fault, TALLY_E_TIMEOUT, busy, "rank 0: %s did not finish its setup (the "
+            rc = tally__fault_raise(b->fault, TALLY_E_TIMEOUT, busy,
+                                    "rank 0: %s did not finish its setup (the "
                                     "transport's connections) in time: it is hung or much slower; raise TALLY_TIMEOUT "
-                                    "if that is expected", who);
+                                    "if that is expected",
+                                    who);
             break;
         }
         uint64_t soon = tally__deadline(0.2); /* connections holding unread frames are looked at again */

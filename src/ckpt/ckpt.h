@@ -10,10 +10,10 @@
 /* Where a run's checkpoints go and how often (`tally train --ckpt DIR --ckpt-every K --ckpt-keep N
  * --resume`). */
 typedef struct tally__ckpt_cfg {
-    const char *dir;         /* checkpoints go (and resume reads them) there; NULL: none */
-    long every;              /* > 0: save after every this many steps; the end of training always saves */
-    int keep;                /* checkpoints kept in dir; 0 means 2 */
-    int resume;              /* start from the newest checkpoint in dir, when there is one */
+    const char *dir; /* checkpoints go (and resume reads them) there; NULL: none */
+    long every;      /* > 0: save after every this many steps; the end of training always saves */
+    int keep;        /* checkpoints kept in dir; 0 means 2 */
+    int resume;      /* start from the newest checkpoint in dir, when there is one */
 } tally__ckpt_cfg;
 
 /* ---- Format, version 1 (all integers little-endian) ----
@@ -68,14 +68,14 @@ typedef struct tally__ckpt_cfg {
  * crash at any instant leaves LATEST naming a complete, valid file. One process writes to a DIR at a
  * time (an flock on DIR makes a second one fail); any number may read. */
 
-#define TALLY__CKPT_VERSION 1u
-#define TALLY__CKPT_MAGIC "TALLYCK1"
+#define TALLY__CKPT_VERSION      1u
+#define TALLY__CKPT_MAGIC        "TALLYCK1"
 #define TALLY__CKPT_HEADER_BYTES 64u
-#define TALLY__CKPT_ENTRY_BYTES 128u
-#define TALLY__CKPT_ALIGN 64u
-#define TALLY__CKPT_MAX_TENSORS (1u << 20)
-#define TALLY__CKPT_NAME_MAX 63 /* characters, not counting the NUL */
-#define TALLY__CKPT_MAX_DIMS 4
+#define TALLY__CKPT_ENTRY_BYTES  128u
+#define TALLY__CKPT_ALIGN        64u
+#define TALLY__CKPT_MAX_TENSORS  (1u << 20)
+#define TALLY__CKPT_NAME_MAX     63 /* characters, not counting the NUL */
+#define TALLY__CKPT_MAX_DIMS     4
 #define TALLY__CKPT_KEEP_DEFAULT 2
 
 /* Byte offsets of the fields, for tools and tests that craft files. */

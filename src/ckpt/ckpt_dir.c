@@ -42,8 +42,8 @@ int tally__ckpt_file_parse(const char *name, int tmp, int64_t *step) {
 int tally__ckpt_fsync(int fd, const char *dir, const char *name) {
     while (fsync(fd) != 0)
         if (errno != EINTR)
-            return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: fsync failed: %s; the data may not be on disk%s", dir,
-                                 name, strerror(errno), tally__errno_hint(errno));
+            return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s/%s: fsync failed: %s; the data may not be on disk%s",
+                                 dir, name, strerror(errno), tally__errno_hint(errno));
     return 0;
 }
 

@@ -13,10 +13,10 @@
 #error "checkpoint tensor data is stored as the host's bytes, which must be little-endian"
 #endif
 
-#define CKPT_LATEST "LATEST"
-#define CKPT_LATEST_TMP "LATEST.tmp"
-#define CKPT_MANIFEST_MAX 512 /* bytes; a real manifest is under 200 */
-#define CKPT_FILE_NAME_MAX 48 /* "step-" + up to 19 digits + ".tck.tmp" + NUL */
+#define CKPT_LATEST        "LATEST"
+#define CKPT_LATEST_TMP    "LATEST.tmp"
+#define CKPT_MANIFEST_MAX  512 /* bytes; a real manifest is under 200 */
+#define CKPT_FILE_NAME_MAX 48  /* "step-" + up to 19 digits + ".tck.tmp" + NUL */
 
 static inline uint64_t ckpt_align(uint64_t x) {
     return (x + TALLY__CKPT_ALIGN - 1) & ~(uint64_t)(TALLY__CKPT_ALIGN - 1);

@@ -18,16 +18,11 @@ uint32_t tally__ckpt_head_crc_of(const unsigned char *head, uint32_t count) {
 
 size_t tally__ckpt_dtype_size(uint32_t dtype) {
     switch (dtype) {
-    case TALLY_F32:
-        return 4;
-    case TALLY_F64:
-        return 8;
-    case TALLY_I64:
-        return 8;
-    case TALLY_U8:
-        return 1;
-    default:
-        return 0;
+    case TALLY_F32: return 4;
+    case TALLY_F64: return 8;
+    case TALLY_I64: return 8;
+    case TALLY_U8: return 1;
+    default: return 0;
     }
 }
 

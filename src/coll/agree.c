@@ -15,8 +15,7 @@ int tally__agree(const tally__ctx *c, void *buf, size_t bytes, tally_dtype t, in
     for (int m = 1; m < n; m *= 2) {
         int give = bytes && v < m && v + m < n, take = bytes && v >= m && v < 2 * m;
         tally__send s = {.peer = (c->rank + m) % n, .buf = give ? buf : &none, .len = give ? bytes : 0};
-        tally__recv r = {.peer = (c->rank - m + n) % n, .dst = take ? buf : &sink, .len = take ? bytes : 0,
-                         .dtype = t};
+        tally__recv r = {.peer = (c->rank - m + n) % n, .dst = take ? buf : &sink, .len = take ? bytes : 0, .dtype = t};
         int rc = tally__xchg(c, &s, 1, &r, 1);
         if (rc) return rc;
     }

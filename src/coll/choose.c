@@ -8,9 +8,7 @@
 
 static const char *const algo_names[TALLY__ALGO_COUNT] = {"auto", "ring", "tree", "rhd", "direct"};
 
-const char *tally__algo_name(int algo) {
-    return algo >= 0 && algo < TALLY__ALGO_COUNT ? algo_names[algo] : "unknown";
-}
+const char *tally__algo_name(int algo) { return algo >= 0 && algo < TALLY__ALGO_COUNT ? algo_names[algo] : "unknown"; }
 
 int tally__algo_parse(const char *name) {
     if (!name) return -1;
@@ -32,8 +30,14 @@ typedef struct shape {
 
 static shape shape_of(const tally__cost *c, int n, size_t bytes) {
     int p = tally__pow2_floor(n);
-    shape s = {.n = n, .S = (double)bytes, .a = c->alpha, .b = c->beta, .g = c->gamma,
-               .lg = tally__log2_ceil(n), .p = p, .fold = p != n};
+    shape s = {.n = n,
+               .S = (double)bytes,
+               .a = c->alpha,
+               .b = c->beta,
+               .g = c->gamma,
+               .lg = tally__log2_ceil(n),
+               .p = p,
+               .fold = p != n};
     s.lp = tally__log2_ceil(p);
     s.depth = s.lp; /* a heap of n nodes is floor(log2 n) levels deep */
     s.m = bytes ? ceil(s.S / (double)TALLY__SEG_BYTES) : 1;

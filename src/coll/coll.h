@@ -8,8 +8,14 @@
 #include <tally.h>
 #include "../transport/transport.h"
 
-typedef enum { TALLY__ALGO_AUTO, TALLY__ALGO_RING, TALLY__ALGO_TREE, TALLY__ALGO_RHD, TALLY__ALGO_DIRECT,
-               TALLY__ALGO_COUNT } tally__algo;
+typedef enum {
+    TALLY__ALGO_AUTO,
+    TALLY__ALGO_RING,
+    TALLY__ALGO_TREE,
+    TALLY__ALGO_RHD,
+    TALLY__ALGO_DIRECT,
+    TALLY__ALGO_COUNT
+} tally__algo;
 
 typedef struct tally__ctx {
     int rank, size;
@@ -18,8 +24,7 @@ typedef struct tally__ctx {
 } tally__ctx;
 
 /* One exchange on the context's transport (see transport.h for the rules). */
-static inline int tally__xchg(const tally__ctx *c, const tally__send *s, int ns, const tally__recv *r,
-                              int nr) {
+static inline int tally__xchg(const tally__ctx *c, const tally__send *s, int ns, const tally__recv *r, int nr) {
     if (c->sent)
         for (int i = 0; i < ns; i++) *c->sent += s[i].len;
     return c->tp->ops->exchange(c->tp, s, ns, r, nr);
@@ -30,8 +35,8 @@ static inline int tally__send_one(const tally__ctx *c, int peer, const void *buf
     tally__send s = {.peer = peer, .buf = buf, .len = len};
     return tally__xchg(c, &s, 1, NULL, 0);
 }
-static inline int tally__recv_one(const tally__ctx *c, int peer, void *dst, const void *src, size_t len,
-                                  tally_dtype t, tally_op op) {
+static inline int tally__recv_one(const tally__ctx *c, int peer, void *dst, const void *src, size_t len, tally_dtype t,
+                                  tally_op op) {
     tally__recv r = {.peer = peer, .dst = dst, .src = src, .len = len, .dtype = t, .op = op};
     return tally__xchg(c, NULL, 0, &r, 1);
 }
@@ -51,14 +56,13 @@ int tally__agree(const tally__ctx *c, void *buf, size_t bytes, tally_dtype t, in
  * AVG and divides each block between its two phases, where it is in cache), arguments are valid,
  * size >= 2, count >= 1. In place when send == recv (for allgather: send == recv + rank*count*esize;
  * for reduce_scatter: recv == send + rank*count*esize). Results are identical on every rank. */
-#define TALLY__ALGO_DECL(name)                                                                          \
-    int tally__##name##_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count,        \
-                                  tally_dtype t, tally_op op);                                          \
-    int tally__##name##_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count,   \
-                                       tally_dtype t, tally_op op);                                     \
-    int tally__##name##_allgather(const tally__ctx *c, const void *send, void *recv, size_t count,        \
-                                  tally_dtype t);                                                       \
-    int tally__##name##_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root); \
+#define TALLY__ALGO_DECL(name)                                                                                         \
+    int tally__##name##_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,      \
+                                  tally_op op);                                                                        \
+    int tally__##name##_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, \
+                                       tally_op op);                                                                   \
+    int tally__##name##_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t);     \
+    int tally__##name##_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root);              \
     int tally__##name##_barrier(const tally__ctx *c);
 TALLY__ALGO_DECL(ring)
 TALLY__ALGO_DECL(tree)

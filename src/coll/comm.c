@@ -23,18 +23,18 @@ struct tally_comm {
     tally__ctx ctx;
     tally__fault fault;
     tally__boot *boot;
-    tally__sig sig;        /* the collective in flight; the transport stamps it on every message */
+    tally__sig sig; /* the collective in flight; the transport stamps it on every message */
     uint64_t seq;
-    uint64_t bytes_sent;   /* payload of every collective since init (not the set-up measurements) */
-    int forced_algo;       /* TALLY_ALGO, or TALLY__ALGO_AUTO */
-    double timeout_s;      /* TALLY_TIMEOUT */
+    uint64_t bytes_sent; /* payload of every collective since init (not the set-up measurements) */
+    int forced_algo;     /* TALLY_ALGO, or TALLY__ALGO_AUTO */
+    double timeout_s;    /* TALLY_TIMEOUT */
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
-    struct tally__plain_mem *plain; /* tally_mem_alloc blocks where the transport has no mem ops */
+    struct tally__plain_mem *plain;     /* tally_mem_alloc blocks where the transport has no mem ops */
     /* The owner's reference (dropped by free or abort) plus one per call in flight: whoever drops the
      * last one destroys the communicator, so abort never frees it under a call on another thread. */
     _Atomic int refs;
-    _Atomic int aborted;   /* tally_comm_abort: tear down without goodbyes */
+    _Atomic int aborted; /* tally_comm_abort: tear down without goodbyes */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -48,8 +48,12 @@ typedef struct tally__plain_mem {
 } tally__plain_mem;
 
 static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp) {
-    tally__tp_ctx tctx = {.rank = c->ctx.rank, .size = c->ctx.size, .boot = c->boot, .fault = &c->fault,
-                          .timeout_s = timeout_s, .sig = &c->sig};
+    tally__tp_ctx tctx = {.rank = c->ctx.rank,
+                          .size = c->ctx.size,
+                          .boot = c->boot,
+                          .fault = &c->fault,
+                          .timeout_s = timeout_s,
+                          .sig = &c->sig};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
     int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
     if (rc) return rc;
@@ -78,7 +82,8 @@ static int tally__read_algo(int *algo) {
     *algo = TALLY__ALGO_AUTO;
     if (!s) return 0;
     int a = tally__algo_parse(s);
-    if (a < 0) return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm", "it takes auto, ring, tree, rhd or direct");
+    if (a < 0)
+        return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm", "it takes auto, ring, tree, rhd or direct");
     *algo = a;
     return 0;
 }
@@ -89,8 +94,8 @@ static int tally__read_algo(int *algo) {
 static int tally__check_knobs(tally_comm *c, double *timeout_s) {
     int rc;
     if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
-        (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) ||
-        (rc = tally__shm_check_env()) || (rc = tally__cost_check_env())) {
+        (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) || (rc = tally__shm_check_env()) ||
+        (rc = tally__cost_check_env())) {
         char rank[32];
         snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
         return tally__err_wrap(rc, rank, "");
@@ -127,8 +132,10 @@ static int tally__comm_setup(tally_comm *c) {
     c->ctx.sent = &c->bytes_sent;
     char cpus[128];
     tally__cpus_list(cpus, sizeof cpus);
-    tally__log_debug(1, "rank %d of %d: CPUs %s, transport %s, alpha %.2f us, beta %.3f GB/s, gamma %.3f GB/s, "
-                     "algo %s", c->ctx.rank, c->ctx.size, cpus, c->ctx.tp->ops->name, c->cost.alpha * 1e6,
+    tally__log_debug(1,
+                     "rank %d of %d: CPUs %s, transport %s, alpha %.2f us, beta %.3f GB/s, gamma %.3f GB/s, "
+                     "algo %s",
+                     c->ctx.rank, c->ctx.size, cpus, c->ctx.tp->ops->name, c->cost.alpha * 1e6,
                      1e-9 / (c->cost.beta > 0 ? c->cost.beta : 1e-30),
                      1e-9 / (c->cost.gamma > 0 ? c->cost.gamma : 1e-30), tally__algo_name(c->forced_algo));
     return 0;
@@ -167,9 +174,7 @@ static int tally__leave(tally_comm *c, int rc) {
 
 /* Teardown leaves the thread's message alone (as free() leaves errno): a caller tearing down after a
  * failure still reads why it failed. */
-TALLY_API int tally_comm_free(tally_comm *c) {
-    return tally__leave(c, 0);
-}
+TALLY_API int tally_comm_free(tally_comm *c) { return tally__leave(c, 0); }
 
 TALLY_API int tally_comm_abort(tally_comm *c) {
     tally__clearerr();
@@ -179,7 +184,8 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
      * or the shared segment) rather than left to wait for TALLY_TIMEOUT. */
     tally__fault_raise(&c->fault, TALLY_E_ABORTED, c->ctx.rank,
                        "rank %d aborted the communicator (tally_comm_abort); it cannot be used on any rank: free it "
-                       "and create a new one", c->ctx.rank);
+                       "and create a new one",
+                       c->ctx.rank);
     struct timespec nap = {0, 1000000};
     double waited = 0;
     while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {
@@ -217,8 +223,8 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
     if (c->logged[coll] & (1ull << bucket)) return;
     c->logged[coll] |= 1ull << bucket;
     if (c->forced_algo != TALLY__ALGO_AUTO) {
-        tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (forced by TALLY_ALGO)", tally__coll_name(coll),
-                         bytes, c->ctx.size, tally__algo_name(algo));
+        tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (forced by TALLY_ALGO)", tally__coll_name(coll), bytes,
+                         c->ctx.size, tally__algo_name(algo));
         return;
     }
     char model[256];
@@ -226,8 +232,8 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
     for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT && used < sizeof model; a++)
         used += (size_t)snprintf(model + used, sizeof model - used, "%s%s %.1f us", used ? ", " : "",
                                  tally__algo_name(a), 1e6 * tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes));
-    tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (model: %s)", tally__coll_name(coll), bytes,
-                     c->ctx.size, tally__algo_name(algo), model);
+    tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (model: %s)", tally__coll_name(coll), bytes, c->ctx.size,
+                     tally__algo_name(algo), model);
 }
 
 /* Checks the arguments every collective shares and that the communicator is healthy. */
@@ -247,16 +253,21 @@ static int tally__check_common(tally_comm *c, const char *fn, size_t count, int 
 
 static int tally__need_buf(const tally_comm *c, const char *fn, const char *what, const void *p, size_t count) {
     if (count > 0 && !p)
-        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: %s buffer is NULL with count %zu", fn, c->ctx.rank,
-                             what, count);
+        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: %s buffer is NULL with count %zu", fn, c->ctx.rank, what,
+                             count);
     return 0;
 }
 
 /* Stamps the fingerprint and picks the algorithm of the collective about to start. */
 static int tally__begin(tally_comm *c, int coll, size_t count, int dtype, int op, int root, size_t bytes) {
     int algo = tally__choose(c, coll, bytes);
-    c->sig = (tally__sig){.seq = ++c->seq, .count = count, .root = root, .coll = (uint8_t)coll,
-                          .dtype = (uint8_t)dtype, .op = (uint8_t)op, .algo = (uint8_t)algo};
+    c->sig = (tally__sig){.seq = ++c->seq,
+                          .count = count,
+                          .root = root,
+                          .coll = (uint8_t)coll,
+                          .dtype = (uint8_t)dtype,
+                          .op = (uint8_t)op,
+                          .algo = (uint8_t)algo};
     tally__log_choice(c, coll, bytes, algo);
     return algo;
 }
@@ -300,8 +311,7 @@ static int tally__allreduce_body(tally_comm *c, const void *send, void *recv, si
     return rc;
 }
 
-TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t,
-                              tally_op op) {
+TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     tally__enter(c);
     return tally__leave(c, tally__allreduce_body(c, send, recv, count, t, op));
 }
@@ -426,8 +436,10 @@ static int tally__plain_free(tally_comm *c, void *ptr) {
         free(m);
         return 0;
     }
-    return tally__seterr(TALLY_E_INVALID, "tally_mem_free on rank %d: %p did not come from tally_mem_alloc on this "
-                         "communicator (or was freed already)", c->ctx.rank, ptr);
+    return tally__seterr(TALLY_E_INVALID,
+                         "tally_mem_free on rank %d: %p did not come from tally_mem_alloc on this "
+                         "communicator (or was freed already)",
+                         c->ctx.rank, ptr);
 }
 
 TALLY_API void *tally_mem_alloc(tally_comm *c, size_t bytes) {

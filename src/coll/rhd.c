@@ -34,8 +34,8 @@ static int real_of(const rhd_fold *f, int nr) { return nr < f->extra ? 2 * nr : 
 
 /* One round with a partner: send slen bytes at sbuf; receive rlen bytes into dst, reduced with src
  * when src != NULL. */
-static int swap(const tally__ctx *c, int peer, const void *sbuf, size_t slen, void *dst, const void *src,
-                size_t rlen, tally_dtype t, tally_op op) {
+static int swap(const tally__ctx *c, int peer, const void *sbuf, size_t slen, void *dst, const void *src, size_t rlen,
+                tally_dtype t, tally_op op) {
     tally__send s = {.peer = peer, .buf = sbuf, .len = slen};
     tally__recv r = {.peer = peer, .dst = dst, .src = src, .len = rlen, .dtype = t, .op = op};
     return tally__xchg(c, &s, 1, &r, 1);
@@ -48,8 +48,8 @@ static void *step_dst(int steps, int k, void *recv, void *tmp) { return (steps -
  * Both partners compute a op b and b op a, equal bit for bit because every op is commutative, so all
  * ranks stay identical. A round must not send the buffer it receives into, so the running result
  * alternates between recv and a scratch vector. */
-static int rhd_allreduce_small(const tally__ctx *c, const rhd_fold *f, const void *send, void *recv,
-                               size_t count, tally_dtype t, tally_op op) {
+static int rhd_allreduce_small(const tally__ctx *c, const rhd_fold *f, const void *send, void *recv, size_t count,
+                               tally_dtype t, tally_op op) {
     size_t bytes = count * tally_dtype_size(t);
     char *tmp = malloc(bytes);
     if (!tmp) return tally__seterr(TALLY_E_NOMEM, "rank %d: rhd allreduce: no memory for %zu bytes", c->rank, bytes);
@@ -73,8 +73,8 @@ static int rhd_allreduce_small(const tally__ctx *c, const rhd_fold *f, const voi
 
 /* Large vectors: cut into p blocks; recursive halving leaves new rank nr with block nr reduced (each
  * block computed once, by its owner), recursive doubling copies the blocks everywhere. */
-static int rhd_allreduce_large(const tally__ctx *c, const rhd_fold *f, const void *send, void *recv,
-                               size_t count, tally_dtype t, tally_op op) {
+static int rhd_allreduce_large(const tally__ctx *c, const rhd_fold *f, const void *send, void *recv, size_t count,
+                               tally_dtype t, tally_op op) {
     int p = f->p, nr = f->nr, rc;
     size_t es = tally_dtype_size(t);
     const void *cur = send;
@@ -106,8 +106,7 @@ static int rhd_allreduce_large(const tally__ctx *c, const rhd_fold *f, const voi
     return 0;
 }
 
-int tally__rhd_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
-                         tally_op op) {
+int tally__rhd_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     rhd_fold f;
     fold_init(&f, c->size, c->rank);
     size_t bytes = count * tally_dtype_size(t);
@@ -188,8 +187,7 @@ int tally__rhd_allgather(const tally__ctx *c, const void *send, void *recv, size
         int g = f.nr & ~(d - 1), h = (f.nr ^ d) & ~(d - 1);
         size_t ms = (size_t)real_of(&f, g) * bytes, me = (size_t)real_of(&f, g + d) * bytes;
         size_t ts = (size_t)real_of(&f, h) * bytes, te = (size_t)real_of(&f, h + d) * bytes;
-        rc = swap(c, real_of(&f, f.nr ^ d), (char *)recv + ms, me - ms, (char *)recv + ts, NULL, te - ts, t,
-                  TALLY_SUM);
+        rc = swap(c, real_of(&f, f.nr ^ d), (char *)recv + ms, me - ms, (char *)recv + ts, NULL, te - ts, t, TALLY_SUM);
         if (rc) return rc;
     }
     return f.partner >= 0 ? tally__send_one(c, f.partner, recv, total) : 0;

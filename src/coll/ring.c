@@ -26,8 +26,7 @@ static int ring_step(const tally__ctx *c, const void *sbuf, size_t slen, void *d
  * rank, so the first (and only) reduction reads `send` and writes `recv`. After n-1 steps rank r owns
  * the finished block r+1, computed once; the all-gather then copies every finished block everywhere,
  * which is why all ranks end bit-identical. */
-int tally__ring_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
-                          tally_op op) {
+int tally__ring_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     int n = c->size, r = c->rank, rc;
     size_t es = tally_dtype_size(t);
     tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
@@ -47,8 +46,8 @@ int tally__ring_allreduce(const tally__ctx *c, const void *send, void *recv, siz
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r + 1 - s, n), rb = mod(r - s, n);
         rc = ring_step(c, tally__at(recv, tally__blk_start(count, n, sb), es), tally__blk_count(count, n, sb) * es,
-                       tally__at(recv, tally__blk_start(count, n, rb), es), NULL,
-                       tally__blk_count(count, n, rb) * es, t, rop);
+                       tally__at(recv, tally__blk_start(count, n, rb), es), NULL, tally__blk_count(count, n, rb) * es,
+                       t, rop);
         if (rc) return rc;
     }
     return 0;
@@ -84,8 +83,8 @@ int tally__ring_allgather(const tally__ctx *c, const void *send, void *recv, siz
     if (mine != send) memcpy(mine, send, bytes);
     for (int s = 0; s < n - 1; s++) {
         int sb = mod(r - s, n), rb = mod(r - s - 1, n);
-        rc = ring_step(c, tally__at(recv, (size_t)sb * count, es), bytes, tally__at(recv, (size_t)rb * count, es),
-                       NULL, bytes, t, TALLY_SUM);
+        rc = ring_step(c, tally__at(recv, (size_t)sb * count, es), bytes, tally__at(recv, (size_t)rb * count, es), NULL,
+                       bytes, t, TALLY_SUM);
         if (rc) return rc;
     }
     return 0;

@@ -84,21 +84,24 @@ typedef struct tree_pass {
 } tree_pass;
 
 /* The up-phase part of step `step`: receive from children, send to the parent. */
-static void tree_step_up(const tree_plan *p, const tree_pass *x, long step, long m, size_t per, tally__send *s,
-                         int *ns, tally__recv *r, int *nr) {
+static void tree_step_up(const tree_plan *p, const tree_pass *x, long step, long m, size_t per, tally__send *s, int *ns,
+                         tally__recv *r, int *nr) {
     seg g;
     for (int k = 0; k < p->nkids; k++) {
         if (!seg_of(step - p->e_kid[k], m, x->count, per, &g)) continue;
         /* The second child's message arrives first, so it is the one that reads our own contribution. */
         int first = (k == p->nkids - 1);
-        r[(*nr)++] = (tally__recv){.peer = tree_real(p, p->kid[k]), .dst = tally__at(x->buf, g.off, x->es),
-                                   .src = tally__at(first ? x->send : x->buf, g.off, x->es), .len = g.len * x->es,
-                                   .dtype = x->t, .op = x->op};
+        r[(*nr)++] = (tally__recv){.peer = tree_real(p, p->kid[k]),
+                                   .dst = tally__at(x->buf, g.off, x->es),
+                                   .src = tally__at(first ? x->send : x->buf, g.off, x->es),
+                                   .len = g.len * x->es,
+                                   .dtype = x->t,
+                                   .op = x->op};
     }
     if (p->parent >= 0 && seg_of(step - p->e_up, m, x->count, per, &g)) {
         const void *from = p->nkids ? x->buf : x->send; /* a leaf sends its own data */
-        s[(*ns)++] = (tally__send){.peer = tree_real(p, p->parent), .buf = tally__at(from, g.off, x->es),
-                                   .len = g.len * x->es};
+        s[(*ns)++] =
+            (tally__send){.peer = tree_real(p, p->parent), .buf = tally__at(from, g.off, x->es), .len = g.len * x->es};
     }
 }
 
@@ -107,12 +110,14 @@ static void tree_step_down(const tree_plan *p, const tree_pass *x, long step, lo
                            tally__send *s, int *ns, tally__recv *r, int *nr) {
     seg g;
     if (p->parent >= 0 && seg_of(step - top - p->depth + 1, m, x->count, per, &g))
-        r[(*nr)++] = (tally__recv){.peer = tree_real(p, p->parent), .dst = tally__at(x->buf, g.off, x->es),
-                                   .len = g.len * x->es, .dtype = x->t};
+        r[(*nr)++] = (tally__recv){.peer = tree_real(p, p->parent),
+                                   .dst = tally__at(x->buf, g.off, x->es),
+                                   .len = g.len * x->es,
+                                   .dtype = x->t};
     if (seg_of(step - top - p->depth, m, x->count, per, &g))
         for (int k = 0; k < p->nkids; k++)
-            s[(*ns)++] = (tally__send){.peer = tree_real(p, p->kid[k]), .buf = tally__at(x->buf, g.off, x->es),
-                                       .len = g.len * x->es};
+            s[(*ns)++] = (tally__send){
+                .peer = tree_real(p, p->kid[k]), .buf = tally__at(x->buf, g.off, x->es), .len = g.len * x->es};
 }
 
 static int tree_run(const tally__ctx *c, int root, const tree_pass *x) {
@@ -135,10 +140,9 @@ static int tree_run(const tally__ctx *c, int root, const tree_pass *x) {
     return 0;
 }
 
-int tally__tree_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
-                          tally_op op) {
-    tree_pass x = {.send = send, .buf = recv, .count = count, .es = tally_dtype_size(t), .t = t, .op = op,
-                   .up = 1, .down = 1};
+int tally__tree_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+    tree_pass x = {
+        .send = send, .buf = recv, .count = count, .es = tally_dtype_size(t), .t = t, .op = op, .up = 1, .down = 1};
     return tree_run(c, 0, &x);
 }
 

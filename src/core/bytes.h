@@ -6,7 +6,8 @@
 #include <stdint.h>
 
 static inline void tally__put_be32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16), p[2] = (unsigned char)(v >> 8),
+    p[3] = (unsigned char)v;
 }
 static inline uint32_t tally__get_be32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];

@@ -12,8 +12,6 @@ static inline uint64_t tally__now_ns(void) {
 }
 static inline double tally__now_s(void) { return (double)tally__now_ns() * 1e-9; }
 /* A deadline `seconds` from now, in tally__now_ns() units. */
-static inline uint64_t tally__deadline(double seconds) {
-    return tally__now_ns() + (uint64_t)(seconds * 1e9);
-}
+static inline uint64_t tally__deadline(double seconds) { return tally__now_ns() + (uint64_t)(seconds * 1e9); }
 
 #endif

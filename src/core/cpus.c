@@ -54,8 +54,8 @@ int tally__cpus_move_off(const cpu_set_t *busy, int salt) {
     return to;
 }
 
-#define CROWDING_MOVE_NS 100000u /* yielding to a peer on our CPU this long (summed) before one moves */
-#define CROWDING_GAP_NS 5000000u /* yields further apart than this are different spells */
+#define CROWDING_MOVE_NS 100000u  /* yielding to a peer on our CPU this long (summed) before one moves */
+#define CROWDING_GAP_NS  5000000u /* yields further apart than this are different spells */
 
 int tally__crowding_yield(tally__crowding *c, uint64_t now) {
     c->ns = now - c->at > CROWDING_GAP_NS ? 0 : c->ns + (now - c->at);

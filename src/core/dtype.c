@@ -86,13 +86,18 @@ static const char *const ops[TALLY_OP_COUNT] = {
 static const struct {
     const char *name;
     int value;
-} dtype_aliases[] = {
-    {"float", TALLY_F32},   {"float32", TALLY_F32}, {"fp32", TALLY_F32},     {"double", TALLY_F64},
-    {"float64", TALLY_F64}, {"fp64", TALLY_F64},    {"half", TALLY_F16},     {"float16", TALLY_F16},
-    {"fp16", TALLY_F16},    {"bfloat16", TALLY_BF16}, {"int", TALLY_I32},    {"int32", TALLY_I32},
-    {"int64", TALLY_I64},   {"long", TALLY_I64},    {"uint8", TALLY_U8},     {"byte", TALLY_U8},
-}, op_aliases[] = {
-    {"mean", TALLY_AVG}, {"average", TALLY_AVG}, {"product", TALLY_PROD}, {"mul", TALLY_PROD},
+} dtype_aliases[] =
+    {
+        {"float", TALLY_F32},   {"float32", TALLY_F32},   {"fp32", TALLY_F32}, {"double", TALLY_F64},
+        {"float64", TALLY_F64}, {"fp64", TALLY_F64},      {"half", TALLY_F16}, {"float16", TALLY_F16},
+        {"fp16", TALLY_F16},    {"bfloat16", TALLY_BF16}, {"int", TALLY_I32},  {"int32", TALLY_I32},
+        {"int64", TALLY_I64},   {"long", TALLY_I64},      {"uint8", TALLY_U8}, {"byte", TALLY_U8},
+},
+  op_aliases[] = {
+      {"mean", TALLY_AVG},
+      {"average", TALLY_AVG},
+      {"product", TALLY_PROD},
+      {"mul", TALLY_PROD},
 };
 
 size_t tally_dtype_size(tally_dtype t) { return tally__dtype_valid((int)t) ? dtypes[t].size : 0; }

@@ -10,9 +10,9 @@ static inline int tally__dtype_valid(int t) { return t >= 0 && t < TALLY_DTYPE_C
 static inline int tally__op_valid(int op) { return op >= 0 && op < TALLY_OP_COUNT; }
 
 float tally__f16_to_f32(uint16_t h);
-uint16_t tally__f32_to_f16(float f);   /* round to nearest even; overflow to inf; NaN stays NaN */
+uint16_t tally__f32_to_f16(float f); /* round to nearest even; overflow to inf; NaN stays NaN */
 float tally__bf16_to_f32(uint16_t h);
-uint16_t tally__f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN (quiet) */
+uint16_t tally__f32_to_bf16(float f); /* round to nearest even; NaN stays NaN (quiet) */
 
 /* Element i of a buffer of dtype t, as a double, and back (rounded to the dtype; integers truncate).
  * For references and checks (tests, the benchmark's -c), not for hot paths. */

@@ -16,7 +16,7 @@ static _Thread_local char tally__errmsg[1024];
 TALLY_API const char *tally_strerror(int err) {
     switch (err) {
     case TALLY_OK: return "success";
-#define TALLY__ERR_CASE(name, code, text) \
+#define TALLY__ERR_CASE(name, code, text)                                                                              \
     case TALLY_E_##name: return "TALLY_E_" #name ": " text;
         TALLY_ERRNO_MAP(TALLY__ERR_CASE)
 #undef TALLY__ERR_CASE

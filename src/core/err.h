@@ -18,15 +18,15 @@ void tally__clearerr(void);
 
 /* The first fault wins; later ones are ignored. Waiters poll `code` (one relaxed load). */
 typedef struct tally__fault {
-    _Atomic int code;        /* 0 while healthy, else a TALLY_E_* code */
-    int culprit;             /* rank blamed, -1 if none */
-    char msg[768];           /* full message, written before `code` is published */
-    _Atomic int claimed;     /* guards msg while the first raiser writes it */
+    _Atomic int code;    /* 0 while healthy, else a TALLY_E_* code */
+    int culprit;         /* rank blamed, -1 if none */
+    char msg[768];       /* full message, written before `code` is published */
+    _Atomic int claimed; /* guards msg while the first raiser writes it */
     /* Called once by the first raiser (not by adopters) so the fault reaches the other ranks;
      * set by the boot layer after rendezvous. */
     void (*propagate)(void *arg, int code, int culprit, const char *msg);
     void *propagate_arg;
-    int wake_fd;             /* eventfd written when a fault is raised (-1 if none): wakes poll() */
+    int wake_fd; /* eventfd written when a fault is raised (-1 if none): wakes poll() */
 } tally__fault;
 
 void tally__fault_init(tally__fault *f);

@@ -39,11 +39,10 @@ static const char *kind_of(mode_t m) {
 /* The descriptor is what was opened, so the check cannot be raced by a rename between stat and open. */
 static int check_regular(int fd, const char *label, uint64_t *size) {
     struct stat st;
-    if (fstat(fd, &st) != 0)
-        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
+    if (fstat(fd, &st) != 0) return tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return tally__seterr(TALLY_E_INVALID, "%s: is %s, not a regular file; tally reads only regular files",
-                             label, kind_of(st.st_mode));
+        return tally__seterr(TALLY_E_INVALID, "%s: is %s, not a regular file; tally reads only regular files", label,
+                             kind_of(st.st_mode));
     if (size) *size = (uint64_t)st.st_size;
     return 0;
 }
@@ -89,8 +88,8 @@ static int remove_leftover(int dirfd, const char *name, const char *label) {
                              "create: remove it, or use a directory only you can write",
                              label, kind_of(st.st_mode));
     if (unlinkat(dirfd, name, 0) != 0 && errno != ENOENT)
-        return tally__seterr(TALLY_E_SYSTEM, "%s: a file of that name is in the way and cannot be removed: %s%s",
-                             label, strerror(errno), tally__errno_hint(errno));
+        return tally__seterr(TALLY_E_SYSTEM, "%s: a file of that name is in the way and cannot be removed: %s%s", label,
+                             strerror(errno), tally__errno_hint(errno));
     return 0;
 }
 

@@ -104,8 +104,10 @@ int tally__parse_bytes(const char *name, const char *s, uint64_t lo, uint64_t hi
     char accepts[160], los[32], his[32];
     bytes_text(lo, los, sizeof los);
     bytes_text(hi, his, sizeof his);
-    snprintf(accepts, sizeof accepts, "it takes a size in bytes from %s to %s, with K, M, G or T for powers of 1024 "
-                                      "(4096, 64M, 1.5GiB)", los, his);
+    snprintf(accepts, sizeof accepts,
+             "it takes a size in bytes from %s to %s, with K, M, G or T for powers of 1024 "
+             "(4096, 64M, 1.5GiB)",
+             los, his);
     if (!s || !*s) return tally__parse_fail(name, s, "", accepts);
     double v;
     int overflow;
@@ -124,7 +126,10 @@ int tally__parse_word(const char *name, const char *s, const char *const *words,
     char accepts[256] = "it takes ";
     size_t len = strlen(accepts);
     for (int i = 0; words[i] && len < sizeof accepts; i++)
-        len += (size_t)snprintf(accepts + len, sizeof accepts - len, "%s%s", i == 0 ? "" : words[i + 1] ? ", " : " or ",
+        len += (size_t)snprintf(accepts + len, sizeof accepts - len, "%s%s",
+                                i == 0         ? ""
+                                : words[i + 1] ? ", "
+                                               : " or ",
                                 words[i]);
     for (int i = 0; s && words[i]; i++)
         if (!strcmp(s, words[i])) return *out = i, 0;

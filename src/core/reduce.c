@@ -32,8 +32,8 @@ static int isa_of_cpu(void) {
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 29))) return ISA_SCALAR;
     if (!__builtin_cpu_supports("avx2")) return ISA_SCALAR;
     /* Every CPU with AVX512BW (Skylake-SP on) also has VL and DQ; the kernels use all four. */
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
         return ISA_AVX512;
     return ISA_AVX2;
 #else
@@ -98,40 +98,40 @@ static inline double max_f64(double p, double q) {
 }
 
 /* One loop per (dtype, op): T the element type, EXPR computes from p and q. */
-#define LOOP(T, EXPR)                                                                               \
-    do {                                                                                            \
-        T *d_ = dst;                                                                                \
-        const T *x_ = a, *y_ = b;                                                                   \
-        for (size_t i_ = 0; i_ < n; i_++) {                                                         \
-            T p = x_[i_], q = y_[i_];                                                               \
-            d_[i_] = (T)(EXPR);                                                                     \
-        }                                                                                           \
+#define LOOP(T, EXPR)                                                                                                  \
+    do {                                                                                                               \
+        T *d_ = dst;                                                                                                   \
+        const T *x_ = a, *y_ = b;                                                                                      \
+        for (size_t i_ = 0; i_ < n; i_++) {                                                                            \
+            T p = x_[i_], q = y_[i_];                                                                                  \
+            d_[i_] = (T)(EXPR);                                                                                        \
+        }                                                                                                              \
     } while (0)
 
-#define FLOAT_OPS(T, MINF, MAXF)                                                                    \
-    switch (op) {                                                                                   \
-    case TALLY_PROD: LOOP(T, p * q); break;                                                         \
-    case TALLY_MIN: LOOP(T, MINF(p, q)); break;                                                     \
-    case TALLY_MAX: LOOP(T, MAXF(p, q)); break;                                                     \
-    default: LOOP(T, p + q); break;                                                                 \
+#define FLOAT_OPS(T, MINF, MAXF)                                                                                       \
+    switch (op) {                                                                                                      \
+    case TALLY_PROD: LOOP(T, p *q); break;                                                                             \
+    case TALLY_MIN: LOOP(T, MINF(p, q)); break;                                                                        \
+    case TALLY_MAX: LOOP(T, MAXF(p, q)); break;                                                                        \
+    default: LOOP(T, p + q); break;                                                                                    \
     }
 
 /* f16/bf16: widen both to f32, combine, round once. */
-#define HALF_OPS(TO32, FROM32)                                                                      \
-    switch (op) {                                                                                   \
-    case TALLY_PROD: LOOP(uint16_t, FROM32(TO32(p) * TO32(q))); break;                              \
-    case TALLY_MIN: LOOP(uint16_t, FROM32(min_f32(TO32(p), TO32(q)))); break;                       \
-    case TALLY_MAX: LOOP(uint16_t, FROM32(max_f32(TO32(p), TO32(q)))); break;                       \
-    default: LOOP(uint16_t, FROM32(TO32(p) + TO32(q))); break;                                      \
+#define HALF_OPS(TO32, FROM32)                                                                                         \
+    switch (op) {                                                                                                      \
+    case TALLY_PROD: LOOP(uint16_t, FROM32(TO32(p) * TO32(q))); break;                                                 \
+    case TALLY_MIN: LOOP(uint16_t, FROM32(min_f32(TO32(p), TO32(q)))); break;                                          \
+    case TALLY_MAX: LOOP(uint16_t, FROM32(max_f32(TO32(p), TO32(q)))); break;                                          \
+    default: LOOP(uint16_t, FROM32(TO32(p) + TO32(q))); break;                                                         \
     }
 
 /* Integers wrap: U, the unsigned type, makes overflow defined. */
-#define INT_OPS(T, U)                                                                               \
-    switch (op) {                                                                                   \
-    case TALLY_PROD: LOOP(T, (U)p * (U)q); break;                                                   \
-    case TALLY_MIN: LOOP(T, p < q ? p : q); break;                                                  \
-    case TALLY_MAX: LOOP(T, p > q ? p : q); break;                                                  \
-    default: LOOP(T, (U)p + (U)q); break;                                                           \
+#define INT_OPS(T, U)                                                                                                  \
+    switch (op) {                                                                                                      \
+    case TALLY_PROD: LOOP(T, (U)p *(U)q); break;                                                                       \
+    case TALLY_MIN: LOOP(T, p < q ? p : q); break;                                                                     \
+    case TALLY_MAX: LOOP(T, p > q ? p : q); break;                                                                     \
+    default: LOOP(T, (U)p + (U)q); break;                                                                              \
     }
 
 static void reduce_scalar(void *dst, const void *a, const void *b, size_t n, tally_dtype t, tally_op op) {
@@ -160,13 +160,13 @@ void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_
     }
 }
 
-#define AVG_LOOP(T, EXPR)                                                                           \
-    do {                                                                                            \
-        T *d_ = buf;                                                                                \
-        for (size_t i_ = 0; i_ < n; i_++) {                                                         \
-            T p = d_[i_];                                                                           \
-            d_[i_] = (T)(EXPR);                                                                     \
-        }                                                                                           \
+#define AVG_LOOP(T, EXPR)                                                                                              \
+    do {                                                                                                               \
+        T *d_ = buf;                                                                                                   \
+        for (size_t i_ = 0; i_ < n; i_++) {                                                                            \
+            T p = d_[i_];                                                                                              \
+            d_[i_] = (T)(EXPR);                                                                                        \
+        }                                                                                                              \
     } while (0)
 
 static void avg_scalar(void *buf, size_t n, tally_dtype t, int nranks) {

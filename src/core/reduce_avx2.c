@@ -8,8 +8,8 @@
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,f16c")))
-#define INL static inline AVX2 __attribute__((always_inline))
-#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define INL  static inline AVX2 __attribute__((always_inline))
+#define RNE  (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* ---- element ops on one vector; the min/max tricks make them match reduce.c's scalar code ---- */
 
@@ -40,8 +40,8 @@ INL __m256i i32_max(__m256i x, __m256i y) { return _mm256_max_epi32(x, y); }
 INL __m256i i64_add(__m256i x, __m256i y) { return _mm256_add_epi64(x, y); }
 /* No 64-bit multiply before AVX-512DQ: lo*lo + ((hi*lo + lo*hi) << 32) is the product mod 2^64. */
 INL __m256i i64_mul(__m256i x, __m256i y) {
-    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), y),
-                                     _mm256_mul_epu32(x, _mm256_srli_epi64(y, 32)));
+    __m256i cross =
+        _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), y), _mm256_mul_epu32(x, _mm256_srli_epi64(y, 32)));
     return _mm256_add_epi64(_mm256_mul_epu32(x, y), _mm256_slli_epi64(cross, 32));
 }
 INL __m256i i64_min(__m256i x, __m256i y) { return _mm256_blendv_epi8(x, y, _mm256_cmpgt_epi64(x, y)); }
@@ -59,10 +59,8 @@ INL __m256i u8_min(__m256i x, __m256i y) { return _mm256_min_epu8(x, y); }
 INL __m256i u8_max(__m256i x, __m256i y) { return _mm256_max_epu8(x, y); }
 
 /* f16: 8 halves widen exactly to 8 floats; one RNE rounding back, as the scalar code does. */
-#define F16_OP(name, OP)                                                                            \
-    INL __m128i name(__m128i x, __m128i y) {                                                        \
-        return _mm256_cvtps_ph(OP(_mm256_cvtph_ps(x), _mm256_cvtph_ps(y)), RNE);                    \
-    }
+#define F16_OP(name, OP)                                                                                               \
+    INL __m128i name(__m128i x, __m128i y) { return _mm256_cvtps_ph(OP(_mm256_cvtph_ps(x), _mm256_cvtph_ps(y)), RNE); }
 F16_OP(f16_add, f32_add)
 F16_OP(f16_mul, f32_mul)
 F16_OP(f16_min, f32_min)
@@ -82,10 +80,9 @@ INL __m256i bf16_round(__m256 v) {
  * so 16 elements go out in the order they came in. */
 #define BF16_LO(x) _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), x))
 #define BF16_HI(x) _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), x))
-#define BF16_OP(name, OP)                                                                           \
-    INL __m256i name(__m256i x, __m256i y) {                                                        \
-        return _mm256_packus_epi32(bf16_round(OP(BF16_LO(x), BF16_LO(y))),                         \
-                                   bf16_round(OP(BF16_HI(x), BF16_HI(y))));                         \
+#define BF16_OP(name, OP)                                                                                              \
+    INL __m256i name(__m256i x, __m256i y) {                                                                           \
+        return _mm256_packus_epi32(bf16_round(OP(BF16_LO(x), BF16_LO(y))), bf16_round(OP(BF16_HI(x), BF16_HI(y))));    \
     }
 BF16_OP(bf16_add, f32_add)
 BF16_OP(bf16_mul, f32_mul)
@@ -94,33 +91,33 @@ BF16_OP(bf16_max, f32_max)
 
 /* ---- loops: loads and stores are unaligned-safe; two vectors a turn keep two loads in flight ---- */
 
-#define LD_PS(p) _mm256_loadu_ps(p)
+#define LD_PS(p)    _mm256_loadu_ps(p)
 #define ST_PS(p, v) _mm256_storeu_ps(p, v)
-#define LD_PD(p) _mm256_loadu_pd(p)
+#define LD_PD(p)    _mm256_loadu_pd(p)
 #define ST_PD(p, v) _mm256_storeu_pd(p, v)
-#define LD_SI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define LD_SI(p)    _mm256_loadu_si256((const __m256i *)(p))
 #define ST_SI(p, v) _mm256_storeu_si256((__m256i *)(p), v)
-#define LD_X(p) _mm_loadu_si128((const __m128i *)(p))
-#define ST_X(p, v) _mm_storeu_si128((__m128i *)(p), v)
+#define LD_X(p)     _mm_loadu_si128((const __m128i *)(p))
+#define ST_X(p, v)  _mm_storeu_si128((__m128i *)(p), v)
 
-#define KERNEL(name, T, V, W, LD, ST, OP)                                                           \
-    static AVX2 size_t name(void *dst, const void *a, const void *b, size_t n) {                   \
-        T *d = dst;                                                                                 \
-        const T *x = a, *y = b;                                                                     \
-        size_t i = 0;                                                                               \
-        for (; i + 2 * (W) <= n; i += 2 * (W)) {                                                    \
-            V r0 = OP(LD(x + i), LD(y + i));                                                        \
-            V r1 = OP(LD(x + i + (W)), LD(y + i + (W)));                                            \
-            ST(d + i, r0);                                                                          \
-            ST(d + i + (W), r1);                                                                    \
-        }                                                                                           \
-        for (; i + (W) <= n; i += (W)) ST(d + i, OP(LD(x + i), LD(y + i)));                         \
-        return i;                                                                                   \
+#define KERNEL(name, T, V, W, LD, ST, OP)                                                                              \
+    static AVX2 size_t name(void *dst, const void *a, const void *b, size_t n) {                                       \
+        T *d = dst;                                                                                                    \
+        const T *x = a, *y = b;                                                                                        \
+        size_t i = 0;                                                                                                  \
+        for (; i + 2 * (W) <= n; i += 2 * (W)) {                                                                       \
+            V r0 = OP(LD(x + i), LD(y + i));                                                                           \
+            V r1 = OP(LD(x + i + (W)), LD(y + i + (W)));                                                               \
+            ST(d + i, r0);                                                                                             \
+            ST(d + i + (W), r1);                                                                                       \
+        }                                                                                                              \
+        for (; i + (W) <= n; i += (W)) ST(d + i, OP(LD(x + i), LD(y + i)));                                            \
+        return i;                                                                                                      \
     }
-#define KERNELS(P, T, V, W, LD, ST)                                                                 \
-    KERNEL(P##_sum, T, V, W, LD, ST, P##_add)                                                       \
-    KERNEL(P##_prod, T, V, W, LD, ST, P##_mul)                                                      \
-    KERNEL(P##_minimum, T, V, W, LD, ST, P##_min)                                                   \
+#define KERNELS(P, T, V, W, LD, ST)                                                                                    \
+    KERNEL(P##_sum, T, V, W, LD, ST, P##_add)                                                                          \
+    KERNEL(P##_prod, T, V, W, LD, ST, P##_mul)                                                                         \
+    KERNEL(P##_minimum, T, V, W, LD, ST, P##_min)                                                                      \
     KERNEL(P##_maximum, T, V, W, LD, ST, P##_max)
 
 KERNELS(f32, float, __m256, 8, LD_PS, ST_PS)
@@ -132,7 +129,8 @@ KERNELS(f16, uint16_t, __m128i, 8, LD_X, ST_X)
 KERNELS(bf16, uint16_t, __m256i, 16, LD_SI, ST_SI)
 
 typedef size_t (*kernel_fn)(void *, const void *, const void *, size_t);
-#define ROW(P) {[TALLY_SUM] = P##_sum, [TALLY_PROD] = P##_prod, [TALLY_MIN] = P##_minimum, [TALLY_MAX] = P##_maximum}
+#define ROW(P)                                                                                                         \
+    { [TALLY_SUM] = P##_sum, [TALLY_PROD] = P##_prod, [TALLY_MIN] = P##_minimum, [TALLY_MAX] = P##_maximum }
 static const kernel_fn kernels[TALLY_DTYPE_COUNT][TALLY_OP_COUNT] = {
     [TALLY_F32] = ROW(f32), [TALLY_F64] = ROW(f64), [TALLY_F16] = ROW(f16), [TALLY_BF16] = ROW(bf16),
     [TALLY_I32] = ROW(i32), [TALLY_I64] = ROW(i64), [TALLY_U8] = ROW(u8),
@@ -171,8 +169,8 @@ static AVX2 size_t avg_bf16(uint16_t *d, size_t n, float div) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256i x = LD_SI(d + i);
-        ST_SI(d + i, _mm256_packus_epi32(bf16_round(_mm256_div_ps(BF16_LO(x), v)),
-                                         bf16_round(_mm256_div_ps(BF16_HI(x), v))));
+        ST_SI(d + i,
+              _mm256_packus_epi32(bf16_round(_mm256_div_ps(BF16_LO(x), v)), bf16_round(_mm256_div_ps(BF16_HI(x), v))));
     }
     return i;
 }

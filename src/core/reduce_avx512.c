@@ -8,14 +8,14 @@
 #include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
-#define INL static inline AVX512 __attribute__((always_inline))
-#define RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define INL    static inline AVX512 __attribute__((always_inline))
+#define RNE    (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
 /* ---- element ops on one vector; the min/max tricks make them match reduce.c's scalar code ---- */
 
-#define OR_PS(x, y) _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_castps_si512(y)))
+#define OR_PS(x, y)  _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_castps_si512(y)))
 #define AND_PS(x, y) _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_castps_si512(y)))
-#define OR_PD(x, y) _mm512_castsi512_pd(_mm512_or_si512(_mm512_castpd_si512(x), _mm512_castpd_si512(y)))
+#define OR_PD(x, y)  _mm512_castsi512_pd(_mm512_or_si512(_mm512_castpd_si512(x), _mm512_castpd_si512(y)))
 #define AND_PD(x, y) _mm512_castsi512_pd(_mm512_and_si512(_mm512_castpd_si512(x), _mm512_castpd_si512(y)))
 
 INL __m512 f32_add(__m512 x, __m512 y) { return _mm512_add_ps(x, y); }
@@ -59,10 +59,8 @@ INL __m512i u8_min(__m512i x, __m512i y) { return _mm512_min_epu8(x, y); }
 INL __m512i u8_max(__m512i x, __m512i y) { return _mm512_max_epu8(x, y); }
 
 /* f16: 16 halves widen exactly to 16 floats; one RNE rounding back, as the scalar code does. */
-#define F16_OP(name, OP)                                                                            \
-    INL __m256i name(__m256i x, __m256i y) {                                                        \
-        return _mm512_cvtps_ph(OP(_mm512_cvtph_ps(x), _mm512_cvtph_ps(y)), RNE);                    \
-    }
+#define F16_OP(name, OP)                                                                                               \
+    INL __m256i name(__m256i x, __m256i y) { return _mm512_cvtps_ph(OP(_mm512_cvtph_ps(x), _mm512_cvtph_ps(y)), RNE); }
 F16_OP(f16_add, f32_add)
 F16_OP(f16_mul, f32_mul)
 F16_OP(f16_min, f32_min)
@@ -81,10 +79,9 @@ INL __m512i bf16_round(__m512 v) {
  * so 32 elements go out in the order they came in. */
 #define BF16_LO(x) _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), x))
 #define BF16_HI(x) _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), x))
-#define BF16_OP(name, OP)                                                                           \
-    INL __m512i name(__m512i x, __m512i y) {                                                        \
-        return _mm512_packus_epi32(bf16_round(OP(BF16_LO(x), BF16_LO(y))),                         \
-                                   bf16_round(OP(BF16_HI(x), BF16_HI(y))));                         \
+#define BF16_OP(name, OP)                                                                                              \
+    INL __m512i name(__m512i x, __m512i y) {                                                                           \
+        return _mm512_packus_epi32(bf16_round(OP(BF16_LO(x), BF16_LO(y))), bf16_round(OP(BF16_HI(x), BF16_HI(y))));    \
     }
 BF16_OP(bf16_add, f32_add)
 BF16_OP(bf16_mul, f32_mul)
@@ -93,27 +90,27 @@ BF16_OP(bf16_max, f32_max)
 
 /* ---- loads and stores, whole (LD/ST) and masked (MLD/MST); masked ones never touch lanes off ---- */
 
-#define LD_PS(p) _mm512_loadu_ps(p)
-#define MLD_PS(k, p) _mm512_maskz_loadu_ps(k, p)
-#define ST_PS(p, v) _mm512_storeu_ps(p, v)
-#define MST_PS(p, k, v) _mm512_mask_storeu_ps(p, k, v)
-#define LD_PD(p) _mm512_loadu_pd(p)
-#define MLD_PD(k, p) _mm512_maskz_loadu_pd(k, p)
-#define ST_PD(p, v) _mm512_storeu_pd(p, v)
-#define MST_PD(p, k, v) _mm512_mask_storeu_pd(p, k, v)
-#define LD_SI(p) _mm512_loadu_si512(p)
-#define ST_SI(p, v) _mm512_storeu_si512(p, v)
-#define MLD_32(k, p) _mm512_maskz_loadu_epi32(k, p)
-#define MST_32(p, k, v) _mm512_mask_storeu_epi32(p, k, v)
-#define MLD_64(k, p) _mm512_maskz_loadu_epi64(k, p)
-#define MST_64(p, k, v) _mm512_mask_storeu_epi64(p, k, v)
-#define MLD_8(k, p) _mm512_maskz_loadu_epi8(k, p)
-#define MST_8(p, k, v) _mm512_mask_storeu_epi8(p, k, v)
-#define MLD_16(k, p) _mm512_maskz_loadu_epi16(k, p)
-#define MST_16(p, k, v) _mm512_mask_storeu_epi16(p, k, v)
-#define LD_Y(p) _mm256_loadu_si256((const __m256i *)(p))
-#define ST_Y(p, v) _mm256_storeu_si256((__m256i *)(p), v)
-#define MLD_Y16(k, p) _mm256_maskz_loadu_epi16(k, p)
+#define LD_PS(p)         _mm512_loadu_ps(p)
+#define MLD_PS(k, p)     _mm512_maskz_loadu_ps(k, p)
+#define ST_PS(p, v)      _mm512_storeu_ps(p, v)
+#define MST_PS(p, k, v)  _mm512_mask_storeu_ps(p, k, v)
+#define LD_PD(p)         _mm512_loadu_pd(p)
+#define MLD_PD(k, p)     _mm512_maskz_loadu_pd(k, p)
+#define ST_PD(p, v)      _mm512_storeu_pd(p, v)
+#define MST_PD(p, k, v)  _mm512_mask_storeu_pd(p, k, v)
+#define LD_SI(p)         _mm512_loadu_si512(p)
+#define ST_SI(p, v)      _mm512_storeu_si512(p, v)
+#define MLD_32(k, p)     _mm512_maskz_loadu_epi32(k, p)
+#define MST_32(p, k, v)  _mm512_mask_storeu_epi32(p, k, v)
+#define MLD_64(k, p)     _mm512_maskz_loadu_epi64(k, p)
+#define MST_64(p, k, v)  _mm512_mask_storeu_epi64(p, k, v)
+#define MLD_8(k, p)      _mm512_maskz_loadu_epi8(k, p)
+#define MST_8(p, k, v)   _mm512_mask_storeu_epi8(p, k, v)
+#define MLD_16(k, p)     _mm512_maskz_loadu_epi16(k, p)
+#define MST_16(p, k, v)  _mm512_mask_storeu_epi16(p, k, v)
+#define LD_Y(p)          _mm256_loadu_si256((const __m256i *)(p))
+#define ST_Y(p, v)       _mm256_storeu_si256((__m256i *)(p), v)
+#define MLD_Y16(k, p)    _mm256_maskz_loadu_epi16(k, p)
 #define MST_Y16(p, k, v) _mm256_mask_storeu_epi16(p, k, v)
 
 /* Elements to do (masked) first so that most of the three streams then run on vector boundaries: a
@@ -128,26 +125,26 @@ static inline size_t head_len(const void *d, const void *a, const void *b, size_
 }
 #define LOW_MASK(M, r) ((M)((r) >= 64 ? ~0ull : (1ull << (r)) - 1))
 
-#define KERNEL(name, T, M, W, LD, MLD, ST, MST, OP)                                                 \
-    static AVX512 size_t name(void *dst, const void *a, const void *b, size_t n) {                 \
-        T *d = dst;                                                                                 \
-        const T *x = a, *y = b;                                                                     \
-        size_t i = head_len(d, x, y, sizeof(T), W, n);                                              \
-        if (i) {                                                                                    \
-            M k = LOW_MASK(M, i);                                                                   \
-            MST(d, k, OP(MLD(k, x), MLD(k, y)));                                                    \
-        }                                                                                           \
-        for (; i + (W) <= n; i += (W)) ST(d + i, OP(LD(x + i), LD(y + i)));                         \
-        if (i < n) {                                                                                \
-            M k = LOW_MASK(M, n - i);                                                               \
-            MST(d + i, k, OP(MLD(k, x + i), MLD(k, y + i)));                                        \
-        }                                                                                           \
-        return n;                                                                                   \
+#define KERNEL(name, T, M, W, LD, MLD, ST, MST, OP)                                                                    \
+    static AVX512 size_t name(void *dst, const void *a, const void *b, size_t n) {                                     \
+        T *d = dst;                                                                                                    \
+        const T *x = a, *y = b;                                                                                        \
+        size_t i = head_len(d, x, y, sizeof(T), W, n);                                                                 \
+        if (i) {                                                                                                       \
+            M k = LOW_MASK(M, i);                                                                                      \
+            MST(d, k, OP(MLD(k, x), MLD(k, y)));                                                                       \
+        }                                                                                                              \
+        for (; i + (W) <= n; i += (W)) ST(d + i, OP(LD(x + i), LD(y + i)));                                            \
+        if (i < n) {                                                                                                   \
+            M k = LOW_MASK(M, n - i);                                                                                  \
+            MST(d + i, k, OP(MLD(k, x + i), MLD(k, y + i)));                                                           \
+        }                                                                                                              \
+        return n;                                                                                                      \
     }
-#define KERNELS(P, T, M, W, LD, MLD, ST, MST)                                                       \
-    KERNEL(P##_sum, T, M, W, LD, MLD, ST, MST, P##_add)                                             \
-    KERNEL(P##_prod, T, M, W, LD, MLD, ST, MST, P##_mul)                                            \
-    KERNEL(P##_minimum, T, M, W, LD, MLD, ST, MST, P##_min)                                         \
+#define KERNELS(P, T, M, W, LD, MLD, ST, MST)                                                                          \
+    KERNEL(P##_sum, T, M, W, LD, MLD, ST, MST, P##_add)                                                                \
+    KERNEL(P##_prod, T, M, W, LD, MLD, ST, MST, P##_mul)                                                               \
+    KERNEL(P##_minimum, T, M, W, LD, MLD, ST, MST, P##_min)                                                            \
     KERNEL(P##_maximum, T, M, W, LD, MLD, ST, MST, P##_max)
 
 KERNELS(f32, float, __mmask16, 16, LD_PS, MLD_PS, ST_PS, MST_PS)
@@ -159,7 +156,8 @@ KERNELS(f16, uint16_t, __mmask16, 16, LD_Y, MLD_Y16, ST_Y, MST_Y16)
 KERNELS(bf16, uint16_t, __mmask32, 32, LD_SI, MLD_16, ST_SI, MST_16)
 
 typedef size_t (*kernel_fn)(void *, const void *, const void *, size_t);
-#define ROW(P) {[TALLY_SUM] = P##_sum, [TALLY_PROD] = P##_prod, [TALLY_MIN] = P##_minimum, [TALLY_MAX] = P##_maximum}
+#define ROW(P)                                                                                                         \
+    { [TALLY_SUM] = P##_sum, [TALLY_PROD] = P##_prod, [TALLY_MIN] = P##_minimum, [TALLY_MAX] = P##_maximum }
 static const kernel_fn kernels[TALLY_DTYPE_COUNT][TALLY_OP_COUNT] = {
     [TALLY_F32] = ROW(f32), [TALLY_F64] = ROW(f64), [TALLY_F16] = ROW(f16), [TALLY_BF16] = ROW(bf16),
     [TALLY_I32] = ROW(i32), [TALLY_I64] = ROW(i64), [TALLY_U8] = ROW(u8),
@@ -172,22 +170,22 @@ size_t tally__reduce_avx512(void *dst, const void *a, const void *b, size_t coun
 
 /* ---- AVG: divide (not multiply by 1/n, which rounds differently); integers stay scalar ---- */
 
-#define AVG_KERNEL(name, T, M, W, LD, MLD, ST, MST, VT, SET, DIV)                                    \
-    static AVX512 size_t name(T *d, size_t n, int nranks) {                                         \
-        VT v = SET(nranks);                                                                         \
-        size_t i = 0;                                                                               \
-        for (; i + (W) <= n; i += (W)) ST(d + i, DIV(LD(d + i)));                                   \
-        if (i < n) {                                                                                \
-            M k = LOW_MASK(M, n - i);                                                               \
-            MST(d + i, k, DIV(MLD(k, d + i)));                                                      \
-        }                                                                                           \
-        return n;                                                                                   \
+#define AVG_KERNEL(name, T, M, W, LD, MLD, ST, MST, VT, SET, DIV)                                                      \
+    static AVX512 size_t name(T *d, size_t n, int nranks) {                                                            \
+        VT v = SET(nranks);                                                                                            \
+        size_t i = 0;                                                                                                  \
+        for (; i + (W) <= n; i += (W)) ST(d + i, DIV(LD(d + i)));                                                      \
+        if (i < n) {                                                                                                   \
+            M k = LOW_MASK(M, n - i);                                                                                  \
+            MST(d + i, k, DIV(MLD(k, d + i)));                                                                         \
+        }                                                                                                              \
+        return n;                                                                                                      \
     }
-#define SET_PS(n) _mm512_set1_ps((float)(n))
-#define SET_PD(n) _mm512_set1_pd((double)(n))
-#define DIV_PS(x) _mm512_div_ps(x, v)
-#define DIV_PD(x) _mm512_div_pd(x, v)
-#define DIV_F16(x) _mm512_cvtps_ph(_mm512_div_ps(_mm512_cvtph_ps(x), v), RNE)
+#define SET_PS(n)   _mm512_set1_ps((float)(n))
+#define SET_PD(n)   _mm512_set1_pd((double)(n))
+#define DIV_PS(x)   _mm512_div_ps(x, v)
+#define DIV_PD(x)   _mm512_div_pd(x, v)
+#define DIV_F16(x)  _mm512_cvtps_ph(_mm512_div_ps(_mm512_cvtph_ps(x), v), RNE)
 #define DIV_BF16(x) _mm512_packus_epi32(bf16_round(DIV_PS(BF16_LO(x))), bf16_round(DIV_PS(BF16_HI(x))))
 
 AVG_KERNEL(avg_f32, float, __mmask16, 16, LD_PS, MLD_PS, ST_PS, MST_PS, __m512, SET_PS, DIV_PS)

@@ -14,9 +14,7 @@ void tally__sig_format(const tally__sig *s, char *out, size_t n) {
     static const char *algos[] = {"auto", "ring", "tree", "rhd", "direct"};
     const char *algo = s->algo < sizeof algos / sizeof *algos ? algos[s->algo] : "?";
     switch (s->coll) {
-    case TALLY__BARRIER:
-        snprintf(out, n, "barrier #%llu", (unsigned long long)s->seq);
-        break;
+    case TALLY__BARRIER: snprintf(out, n, "barrier #%llu", (unsigned long long)s->seq); break;
     case TALLY__BROADCAST:
         snprintf(out, n, "broadcast #%llu (count %llu, %s, root %d, algo %s)", (unsigned long long)s->seq,
                  (unsigned long long)s->count, tally_dtype_name((tally_dtype)s->dtype), (int)s->root, algo);
@@ -27,7 +25,7 @@ void tally__sig_format(const tally__sig *s, char *out, size_t n) {
         break;
     default:
         snprintf(out, n, "%s #%llu (count %llu, %s, %s, algo %s)", tally__coll_name(s->coll),
-                 (unsigned long long)s->seq, (unsigned long long)s->count,
-                 tally_dtype_name((tally_dtype)s->dtype), tally_op_name((tally_op)s->op), algo);
+                 (unsigned long long)s->seq, (unsigned long long)s->count, tally_dtype_name((tally_dtype)s->dtype),
+                 tally_op_name((tally_op)s->op), algo);
     }
 }

@@ -13,20 +13,20 @@
 #include "../core/alloc.h"
 #include "../core/rng.h"
 
-#define IMG_SIDE 28
-#define IMG_DIM (IMG_SIDE * IMG_SIDE)
+#define IMG_SIDE      28
+#define IMG_DIM       (IMG_SIDE * IMG_SIDE)
 #define MNIST_CLASSES 10
 
 /* Second seed words for each stream, far from the small epoch numbers the sampler uses. */
 #define STREAM_PROTO 0x53594e50524f544full /* "SYNPROTO" */
 #define STREAM_TRAIN 0x53594e545241494eull /* "SYNTRAIN" */
-#define STREAM_TEST 0x53594e5445535400ull  /* "SYNTEST" */
+#define STREAM_TEST  0x53594e5445535400ull /* "SYNTEST" */
 #define STREAM_LIN_W 0x4c494e5745494748ull /* "LINWEIGH" */
 #define STREAM_LIN_X 0x4c494e44415441ull   /* "LINDATA" */
 
 static const char MNIST_HINT[] =
-    "Debian's dataset-fashion-mnist package provides it (apt install dataset-fashion-mnist puts it in "
-    TALLY_FASHION_MNIST_DIR "), or train on generated data with --data synthetic";
+    "Debian's dataset-fashion-mnist package provides it (apt install dataset-fashion-mnist puts it "
+    "in " TALLY_FASHION_MNIST_DIR "), or train on generated data with --data synthetic";
 
 TALLY_API void tally_dataset_free(tally_dataset *d) {
     if (!d) return;
@@ -77,7 +77,8 @@ static int check_images(const char *path, const tally_idx *im) {
     if (im->type != TALLY_IDX_U8 || im->ndim != 3)
         return tally__seterr(TALLY_E_INVALID,
                              "%s: expected u8 images [n, 28, 28] (type 0x08, 3 dimensions), found type 0x%02x "
-                             "with %d dimensions; is this an images file?", path, (unsigned)im->type, im->ndim);
+                             "with %d dimensions; is this an images file?",
+                             path, (unsigned)im->type, im->ndim);
     if (im->dims[1] != IMG_SIDE || im->dims[2] != IMG_SIDE)
         return tally__seterr(TALLY_E_INVALID, "%s: wrong image size %ux%u, Fashion-MNIST images are 28x28", path,
                              im->dims[1], im->dims[2]);
@@ -88,10 +89,11 @@ static int check_labels_header(const char *path, const tally_idx *lb, size_t n_i
     if (lb->type != TALLY_IDX_U8 || lb->ndim != 1)
         return tally__seterr(TALLY_E_INVALID,
                              "%s: expected u8 labels [n] (type 0x08, 1 dimension), found type 0x%02x with %d "
-                             "dimensions; is this a labels file?", path, (unsigned)lb->type, lb->ndim);
+                             "dimensions; is this a labels file?",
+                             path, (unsigned)lb->type, lb->ndim);
     if (lb->count != n_images)
-        return tally__seterr(TALLY_E_INVALID, "%s: count mismatch: %zu labels but %s holds %zu images", path,
-                             lb->count, images, n_images);
+        return tally__seterr(TALLY_E_INVALID, "%s: count mismatch: %zu labels but %s holds %zu images", path, lb->count,
+                             images, n_images);
     return 0;
 }
 
@@ -181,12 +183,12 @@ TALLY_API int tally_dataset_load_mnist(const char *dir, tally_dataset *train, ta
  * brightness, overlaid with another class's (mostly fainter) prototype, and noised, so a linear model
  * confuses some classes while an MLP does better; the few where the other prototype is the brighter
  * stay ambiguous, which caps accuracy near 90%. */
-#define SYN_SHIFT 2           /* pixels, each way */
+#define SYN_SHIFT   2 /* pixels, each way */
 #define SYN_GAIN_LO 0.65f
 #define SYN_GAIN_HI 1.15f
-#define SYN_MIX_HI 0.9f       /* the other prototype's weight is uniform in [0, this) */
-#define SYN_NOISE 0.20f       /* per-pixel noise sigma */
-#define SYN_SHARED 0.5f       /* part of each prototype's grid common to all classes */
+#define SYN_MIX_HI  0.9f  /* the other prototype's weight is uniform in [0, this) */
+#define SYN_NOISE   0.20f /* per-pixel noise sigma */
+#define SYN_SHARED  0.5f  /* part of each prototype's grid common to all classes */
 
 static float smoothstep(float e0, float e1, float v) {
     float t = (v - e0) / (e1 - e0);
@@ -239,8 +241,8 @@ static void make_sample(tally__rng *r, const float *protos, float *x, int32_t *y
     const float *pc = protos + (size_t)c * IMG_DIM, *po = protos + (size_t)other * IMG_DIM;
     for (int i = 0; i < IMG_SIDE; i++)
         for (int j = 0; j < IMG_SIDE; j++) {
-            float v = gain * shifted(pc, i - dy, j - dx) + mix * shifted(po, i - dy, j - dx) +
-                      SYN_NOISE * pixel_noise(r);
+            float v =
+                gain * shifted(pc, i - dy, j - dx) + mix * shifted(po, i - dy, j - dx) + SYN_NOISE * pixel_noise(r);
             x[i * IMG_SIDE + j] = v < 0 ? 0 : v > 1 ? 1 : v;
         }
     *y = c;

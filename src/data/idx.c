@@ -20,28 +20,30 @@
 /* zlib's FAQ: deflate never compresses better than 1032:1, so a gzip file of S bytes inflates to at
  * most about 1032*S bytes; the slack covers headers of tiny files. */
 #define GZ_MAX_RATIO 1032ull
-#define GZ_SLACK 4096ull
-#define GZ_CHUNK (1u << 16)
+#define GZ_SLACK     4096ull
+#define GZ_CHUNK     (1u << 16)
 /* Where the size on disk does not bound the data (gzip, pipes), the buffer grows with what arrives. */
 #define GZ_FIRST_ALLOC ((size_t)1 << 20)
 
 typedef struct idx_src {
     const char *path;
     FILE *f;
-    uint64_t fsize;       /* a regular file's size: nothing else is read */
+    uint64_t fsize; /* a regular file's size: nothing else is read */
     int gz;
-    int zlive;            /* inflateInit2 succeeded */
-    int member_end;       /* inflate reached the end of a gzip member */
-    int eof;              /* nothing more to read */
+    int zlive;      /* inflateInit2 succeeded */
+    int member_end; /* inflate reached the end of a gzip member */
+    int eof;        /* nothing more to read */
     z_stream zs;
     unsigned char *in;
 } idx_src;
 
 static size_t elem_size(int type) {
     switch (type) {
-    case TALLY_IDX_U8: case TALLY_IDX_I8: return 1;
+    case TALLY_IDX_U8:
+    case TALLY_IDX_I8: return 1;
     case TALLY_IDX_I16: return 2;
-    case TALLY_IDX_I32: case TALLY_IDX_F32: return 4;
+    case TALLY_IDX_I32:
+    case TALLY_IDX_F32: return 4;
     case TALLY_IDX_F64: return 8;
     default: return 0;
     }
@@ -58,8 +60,8 @@ static int src_open_gz(idx_src *s) {
     /* 16 + MAX_WBITS: gzip framing only, so a .gz that is not gzip is reported, not read raw. */
     int zr = inflateInit2(&s->zs, 16 + MAX_WBITS);
     if (zr != Z_OK)
-        return tally__seterr(zr == Z_MEM_ERROR ? TALLY_E_NOMEM : TALLY_E_SYSTEM, "%s: zlib cannot start: %s",
-                             s->path, zError(zr));
+        return tally__seterr(zr == Z_MEM_ERROR ? TALLY_E_NOMEM : TALLY_E_SYSTEM, "%s: zlib cannot start: %s", s->path,
+                             zError(zr));
     s->zlive = 1;
     return 0;
 }
@@ -126,20 +128,22 @@ static int gz_step(idx_src *s) {
             }
             return tally__seterr(TALLY_E_INVALID,
                                  "%s: truncated gzip stream (the file ends inside it); the file is incomplete, "
-                                 "fetch it again", s->path);
+                                 "fetch it again",
+                                 s->path);
         }
     }
     if (s->member_end) { /* more bytes after a member: gzip allows concatenated members, nothing else */
         if (s->zs.next_in[0] != 0x1f)
             return tally__seterr(TALLY_E_INVALID,
-                                 "%s: trailing garbage after the end of the gzip stream; the file is damaged",
-                                 s->path);
+                                 "%s: trailing garbage after the end of the gzip stream; the file is damaged", s->path);
         inflateReset(&s->zs);
         s->member_end = 0;
     }
     int zr = inflate(&s->zs, Z_NO_FLUSH);
-    if (zr == Z_STREAM_END) s->member_end = 1;
-    else if (zr != Z_OK && !(zr == Z_BUF_ERROR && s->zs.avail_in == 0)) return gz_corrupt(s, zr);
+    if (zr == Z_STREAM_END)
+        s->member_end = 1;
+    else if (zr != Z_OK && !(zr == Z_BUF_ERROR && s->zs.avail_in == 0))
+        return gz_corrupt(s, zr);
     return 0;
 }
 
@@ -163,9 +167,7 @@ static int src_read(idx_src *s, void *buf, size_t n, size_t *got) {
     return s->gz ? gz_read(s, buf, n, got) : plain_read(s, buf, n, got);
 }
 
-static int bad(idx_src *s, const char *what) {
-    return tally__seterr(TALLY_E_INVALID, "%s: %s", s->path, what);
-}
+static int bad(idx_src *s, const char *what) { return tally__seterr(TALLY_E_INVALID, "%s: %s", s->path, what); }
 
 static int read_magic(idx_src *s, tally_idx *out) {
     unsigned char m[4];
@@ -177,14 +179,15 @@ static int read_magic(idx_src *s, tally_idx *out) {
     if (m[0] || m[1])
         return tally__seterr(TALLY_E_INVALID,
                              "%s: bad magic %02x %02x %02x %02x: an IDX file starts with two zero bytes; "
-                             "is this an IDX file (a .gz must be named .gz)?", s->path, m[0], m[1], m[2], m[3]);
+                             "is this an IDX file (a .gz must be named .gz)?",
+                             s->path, m[0], m[1], m[2], m[3]);
     if (!elem_size(m[2]))
-        return tally__seterr(TALLY_E_INVALID,
-                             "%s: unknown element type 0x%02x (IDX knows 08, 09, 0b, 0c, 0d, 0e)", s->path, m[2]);
+        return tally__seterr(TALLY_E_INVALID, "%s: unknown element type 0x%02x (IDX knows 08, 09, 0b, 0c, 0d, 0e)",
+                             s->path, m[2]);
     if (m[3] == 0) return bad(s, "zero dimensions declared (an IDX file needs at least one)");
     if (m[3] > TALLY_IDX_MAX_DIMS)
-        return tally__seterr(TALLY_E_INVALID, "%s: too many dimensions (%d; this reader takes at most %d)",
-                             s->path, m[3], TALLY_IDX_MAX_DIMS);
+        return tally__seterr(TALLY_E_INVALID, "%s: too many dimensions (%d; this reader takes at most %d)", s->path,
+                             m[3], TALLY_IDX_MAX_DIMS);
     out->type = (tally_idx_type)m[2];
     out->ndim = m[3];
     return 0;
@@ -217,7 +220,8 @@ static int data_bytes(idx_src *s, const tally_idx *out, uint64_t *bytes) {
     if (*bytes > IDX_MAX_BYTES || *bytes > SIZE_MAX)
         return tally__seterr(TALLY_E_INVALID,
                              "%s: header declares %llu bytes of data, too large (this reader takes at most 4 GiB); "
-                             "the header is corrupt", s->path, (unsigned long long)*bytes);
+                             "the header is corrupt",
+                             s->path, (unsigned long long)*bytes);
     return 0;
 }
 
@@ -229,13 +233,15 @@ static int check_fits(idx_src *s, uint64_t hdr, uint64_t bytes) {
         if (need > most)
             return tally__seterr(TALLY_E_INVALID,
                                  "%s: truncated: the header declares %llu data bytes but a gzip file of %llu "
-                                 "bytes inflates to at most %llu", s->path, (unsigned long long)bytes, have, most);
+                                 "bytes inflates to at most %llu",
+                                 s->path, (unsigned long long)bytes, have, most);
         return 0;
     }
     if (have < need)
         return tally__seterr(TALLY_E_INVALID,
                              "%s: truncated data: the header declares %llu bytes but only %llu follow it; "
-                             "the file is incomplete", s->path, (unsigned long long)bytes, have - hdr);
+                             "the file is incomplete",
+                             s->path, (unsigned long long)bytes, have - hdr);
     if (have > need)
         return tally__seterr(TALLY_E_INVALID,
                              "%s: trailing data: %llu extra byte(s) after the %llu the header declares", s->path,
@@ -252,7 +258,8 @@ static size_t next_cap(size_t cap, size_t bytes, const idx_src *s) {
 static int truncated_data(idx_src *s, size_t have, size_t bytes) {
     return tally__seterr(TALLY_E_INVALID,
                          "%s: truncated data: the header declares %zu bytes but only %zu are present; "
-                         "the file is incomplete", s->path, bytes, have);
+                         "the file is incomplete",
+                         s->path, bytes, have);
 }
 
 /* Reads exactly `bytes` (growing the buffer with what actually arrives), then insists on the end. */
@@ -279,8 +286,8 @@ static int read_body(idx_src *s, size_t bytes, void **data) {
     unsigned char extra;
     if ((rc = src_read(s, &extra, 1, &got))) goto fail; /* for gzip this also checks the CRC */
     if (got) {
-        rc = tally__seterr(TALLY_E_INVALID, "%s: trailing data after the %zu bytes the header declares", s->path,
-                           bytes);
+        rc =
+            tally__seterr(TALLY_E_INVALID, "%s: trailing data after the %zu bytes the header declares", s->path, bytes);
         goto fail;
     }
     *data = buf ? buf : malloc(1); /* zero elements still get a pointer the caller may free */

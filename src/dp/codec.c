@@ -45,8 +45,8 @@ static int codec_has_ef(const tally__codec_cfg *c) {
 }
 
 void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
-    const char *ef = (c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD) && !c->error_feedback
-                         ? "+no-ef" : "";
+    const char *ef =
+        (c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD) && !c->error_feedback ? "+no-ef" : "";
     switch (c->kind) {
     case TALLY__CODEC_FP16: snprintf(buf, n, "fp16"); break;
     case TALLY__CODEC_BF16: snprintf(buf, n, "bf16"); break;
@@ -59,13 +59,16 @@ void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
 int tally__codec_check(const tally__codec_cfg *c, int zero, int rank) {
     int sparse = c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD;
     if (!c->error_feedback && !sparse)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: --no-error-feedback applies to --compress topk:R and "
-                             "powersgd:r only (fp16, bf16 and none keep no residual)", rank);
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --no-error-feedback applies to --compress topk:R and "
+                             "powersgd:r only (fp16, bf16 and none keep no residual)",
+                             rank);
     /* With ZeRO the gradients are reduce-scattered layer by layer into their owners' pieces: a sparse or
      * low-rank exchange would need whole buckets on every rank (stage 1 has them until the step, but
      * its reduction is the same per-layer reduce-scatter), so these codecs stay with stage 0. */
     if (sparse && zero)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: --compress %s works with --zero 0 only (ZeRO reduce-scatters "
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --compress %s works with --zero 0 only (ZeRO reduce-scatters "
                              "each layer into its owners' pieces); use fp16 or bf16 with --zero %d",
                              rank, c->kind == TALLY__CODEC_TOPK ? "topk" : "powersgd", zero);
     return 0;
@@ -193,8 +196,10 @@ int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, si
     tally__codec *c = arg;
     (void)comm; /* the codec's own: the same communicator */
     if (bucket < 0 || bucket >= c->nbuckets || c->bucket[bucket].end - c->bucket[bucket].begin != count)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: codec: bucket %d of %zu elements does not match the layout "
-                             "it was given", c->rank, bucket, count);
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: codec: bucket %d of %zu elements does not match the layout "
+                             "it was given",
+                             c->rank, bucket, count);
     const codec_bucket *b = &c->bucket[bucket];
     switch (c->cfg.kind) {
     case TALLY__CODEC_FP16:

@@ -11,17 +11,17 @@
 
 typedef enum {
     TALLY__CODEC_NONE,
-    TALLY__CODEC_FP16,     /* cast to IEEE half (round to nearest even), reduced in 16 bits */
-    TALLY__CODEC_BF16,     /* cast to bfloat16, reduced in 16 bits */
-    TALLY__CODEC_TOPK,     /* the fraction `ratio` of largest magnitudes per bucket, sparse all-gather */
-    TALLY__CODEC_POWERSGD  /* rank-`rank` factors of each weight matrix, allreduced */
+    TALLY__CODEC_FP16,    /* cast to IEEE half (round to nearest even), reduced in 16 bits */
+    TALLY__CODEC_BF16,    /* cast to bfloat16, reduced in 16 bits */
+    TALLY__CODEC_TOPK,    /* the fraction `ratio` of largest magnitudes per bucket, sparse all-gather */
+    TALLY__CODEC_POWERSGD /* rank-`rank` factors of each weight matrix, allreduced */
 } tally__codec_kind;
 
 typedef struct tally__codec_cfg {
-    int kind;              /* tally__codec_kind */
-    double ratio;          /* topk: fraction kept, in (0, 1] */
-    int rank;              /* powersgd: r >= 1 */
-    int error_feedback;    /* topk, powersgd: keep what was not sent for the next step (default 1) */
+    int kind;           /* tally__codec_kind */
+    double ratio;       /* topk: fraction kept, in (0, 1] */
+    int rank;           /* powersgd: r >= 1 */
+    int error_feedback; /* topk, powersgd: keep what was not sent for the next step (default 1) */
 } tally__codec_cfg;
 
 /* "none", "fp16", "bf16", "topk:R", "powersgd:r" into *out (error_feedback left as it is). Returns 0,

@@ -6,7 +6,7 @@
 #include "codec.h"
 
 typedef struct codec_bucket {
-    size_t begin, end;       /* elements of the flat gradients */
+    size_t begin, end;          /* elements of the flat gradients */
     int first_tensor, ntensors; /* the model's tensors it holds */
 } codec_bucket;
 
@@ -18,24 +18,24 @@ struct tally__codec {
     uint64_t seed;
     int nbuckets;
     codec_bucket *bucket;
-    size_t largest;          /* elements of the largest bucket */
-    float *residual;         /* [nparams] error feedback, local units (before the division); NULL: off */
-    float *next;             /* [nparams] the residual the step in flight leaves (swapped in by
+    size_t largest;  /* elements of the largest bucket */
+    float *residual; /* [nparams] error feedback, local units (before the division); NULL: off */
+    float *next;     /* [nparams] the residual the step in flight leaves (swapped in by
                               * step_end when the step is taken: a skipped step leaves no trace) */
-    int overflow;            /* first bucket whose 16-bit sum overflowed this step, or -1 */
-    float *acc;              /* [largest]: gradient + residual */
+    int overflow;    /* first bucket whose 16-bit sum overflowed this step, or -1 */
+    float *acc;      /* [largest]: gradient + residual */
     /* fp16/bf16 */
-    uint16_t *half;          /* [largest] */
+    uint16_t *half; /* [largest] */
     /* top-k */
-    float *key;              /* [largest] */
-    uint32_t *idx;           /* [k of the largest bucket] */
+    float *key;                      /* [largest] */
+    uint32_t *idx;                   /* [k of the largest bucket] */
     unsigned char *pairs, *gathered; /* k (index, value) pairs; every rank's */
     /* PowerSGD: Q of tensor t at q + q_off[t] ([cols x rank]); q_off[t] == (size_t)-1 when sent whole */
     size_t q_off[TALLY__MODEL_MAX_TENSORS];
     int rows[TALLY__MODEL_MAX_TENSORS], cols[TALLY__MODEL_MAX_TENSORS];
-    float *q, *q_saved, *qnew;  /* [q_len] each */
+    float *q, *q_saved, *qnew; /* [q_len] each */
     size_t q_len;
-    float *pbuf;             /* a bucket's P factors then its uncompressed values */
+    float *pbuf; /* a bucket's P factors then its uncompressed values */
 };
 
 /* Per-codec parts of set_buckets and reduce. */

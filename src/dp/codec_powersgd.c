@@ -69,8 +69,8 @@ int tally__codec_powersgd_alloc(tally__codec *c) {
 /* The tensors of bucket b in order; fn sees each with its place in pbuf. */
 typedef struct psgd_walk {
     int t;
-    float *m;                /* the tensor's gradient + residual, in c->acc */
-    size_t at;               /* its P (or whole values) in pbuf */
+    float *m;  /* the tensor's gradient + residual, in c->acc */
+    size_t at; /* its P (or whole values) in pbuf */
     int compressed;
 } psgd_walk;
 
@@ -113,8 +113,8 @@ static int psgd_round_q(tally__codec *c, const codec_bucket *b, size_t *q0, size
         if (!w.compressed) continue;
         float *p = c->pbuf + w.at, *q = c->qnew + c->q_off[w.t];
         tally__powersgd_orthonormalize(p, c->rows[w.t], r);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c->cols[w.t], r, c->rows[w.t], 1.0f, w.m,
-                    c->cols[w.t], p, r, 0.0f, q, r);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c->cols[w.t], r, c->rows[w.t], 1.0f, w.m, c->cols[w.t], p,
+                    r, 0.0f, q, r);
         if (*q0 == PSGD_NONE) *q0 = c->q_off[w.t];
         *q1 = c->q_off[w.t] + (size_t)c->cols[w.t] * r;
     }

@@ -72,8 +72,10 @@ int tally__codec_topk_alloc(tally__codec *c) {
     if (!c->key || !c->idx || !c->pairs || !c->gathered)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: codec topk: out of memory", c->rank);
     if (c->largest > UINT32_MAX)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: codec topk: a bucket of %zu elements is past 32-bit "
-                             "indices; use a smaller --bucket-mb", c->rank, c->largest);
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: codec topk: a bucket of %zu elements is past 32-bit "
+                             "indices; use a smaller --bucket-mb",
+                             c->rank, c->largest);
     return 0;
 }
 

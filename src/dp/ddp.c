@@ -13,31 +13,31 @@
 #define DDP_DEFAULT_BUCKET_BYTES (25u << 20)
 
 typedef struct ddp_bucket {
-    size_t begin, end;   /* elements of grad */
-    int layers;          /* layers it holds */
-    int remaining;       /* of those, not yet ready in the step in flight */
+    size_t begin, end; /* elements of grad */
+    int layers;        /* layers it holds */
+    int remaining;     /* of those, not yet ready in the step in flight */
 } ddp_bucket;
 
 struct tally_ddp {
     tally_comm *comm;
     float *grad;
-    int size;            /* world size */
+    int size; /* world size */
     int accum;
-    int overlap;         /* reductions on the communication thread while backward runs */
+    int overlap; /* reductions on the communication thread while backward runs */
     int (*reduce)(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
-    void *reduce_arg;    /* the caller's bucket reducer (NULL: plain allreduce) */
+    void *reduce_arg; /* the caller's bucket reducer (NULL: plain allreduce) */
     int nlayers, nbuckets;
-    int *layer_bucket;   /* layer -> bucket */
+    int *layer_bucket; /* layer -> bucket */
     unsigned char *layer_ready;
     ddp_bucket *bucket;
 
-    int micro;           /* micro-batch index within the step */
-    int begun, sync;     /* inside a micro-batch; it is the step's last */
-    int posted;          /* buckets of the step in flight handed to the queue (they go in index order) */
+    int micro;       /* micro-batch index within the step */
+    int begun, sync; /* inside a micro-batch; it is the step's last */
+    int posted;      /* buckets of the step in flight handed to the queue (they go in index order) */
     int queue_open;
-    tally__opq q;        /* the communication thread (or, without overlap, inline in tally_ddp_wait) */
+    tally__opq q; /* the communication thread (or, without overlap, inline in tally_ddp_wait) */
 
-    pthread_mutex_t mu;  /* the counters below: the queue's operations add, tally_ddp_get_stats reads */
+    pthread_mutex_t mu; /* the counters below: the queue's operations add, tally_ddp_get_stats reads */
     double comm_s, wait_s;
     unsigned long long bytes_sent, reductions;
 };
@@ -82,12 +82,12 @@ static int ddp_check_layout(const size_t *off, int nlayers, size_t count) {
     if (!off || nlayers < 1) return tally__seterr(TALLY_E_INVALID, "tally_ddp_create: need at least one layer");
     if (off[0] != 0 || off[nlayers] != count)
         return tally__seterr(TALLY_E_INVALID,
-                             "tally_ddp_create: offsets must run from 0 to count (%zu); got %zu .. %zu", count,
-                             off[0], off[nlayers]);
+                             "tally_ddp_create: offsets must run from 0 to count (%zu); got %zu .. %zu", count, off[0],
+                             off[nlayers]);
     for (int i = 0; i < nlayers; i++)
         if (off[i + 1] < off[i])
-            return tally__seterr(TALLY_E_INVALID, "tally_ddp_create: offsets decrease at layer %d (%zu > %zu)",
-                                 i, off[i], off[i + 1]);
+            return tally__seterr(TALLY_E_INVALID, "tally_ddp_create: offsets decrease at layer %d (%zu > %zu)", i,
+                                 off[i], off[i + 1]);
     return 0;
 }
 
@@ -193,10 +193,8 @@ static void ddp_mark_ready(tally_ddp *d, int layer) {
 TALLY_API int tally_ddp_layer_ready(tally_ddp *d, int layer) {
     if (!d) return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: engine is NULL");
     if (layer < 0 || layer >= d->nlayers)
-        return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: layer %d is not in 0..%d", layer,
-                             d->nlayers - 1);
-    if (!d->begun)
-        return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: call tally_ddp_begin first");
+        return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: layer %d is not in 0..%d", layer, d->nlayers - 1);
+    if (!d->begun) return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: call tally_ddp_begin first");
     if (!d->sync || !d->overlap) return 0; /* accumulating locally, or everything waits for the end */
     ddp_mark_ready(d, layer);
     ddp_post_ready(d);
@@ -241,8 +239,7 @@ TALLY_API void tally_ddp_get_stats(const tally_ddp *d, tally_ddp_stats *out) {
 }
 
 TALLY_API int tally_ddp_bucket(const tally_ddp *d, int i, size_t *begin, size_t *end) {
-    if (!d || i < 0 || i >= d->nbuckets)
-        return tally__seterr(TALLY_E_INVALID, "tally_ddp_bucket: no bucket %d", i);
+    if (!d || i < 0 || i >= d->nbuckets) return tally__seterr(TALLY_E_INVALID, "tally_ddp_bucket: no bucket %d", i);
     if (begin) *begin = d->bucket[i].begin;
     if (end) *end = d->bucket[i].end;
     return 0;

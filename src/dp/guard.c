@@ -107,8 +107,8 @@ int tally__guard_agree(tally__guard *g, tally_comm *comm, long step, int *skip) 
     *skip = 1;
     if (g->rank == 0)
         tally__log_notice("step %ld: a gradient is NaN or Inf on rank%s %s; every rank skips this step (parameters "
-                        "and optimizer state unchanged)",
-                        step + 1, count > 1 ? "s" : "", g->bad_ranks);
+                          "and optimizer state unchanged)",
+                          step + 1, count > 1 ? "s" : "", g->bad_ranks);
     return 0;
 }
 
@@ -137,8 +137,8 @@ static int guard_majority(const unsigned char *all, int size, int nt, int t) {
     for (int a = 0; a < size; a++) {
         int votes = 0;
         for (int b = 0; b < size; b++)
-            votes += !memcmp(all + ((size_t)a * nt + t) * GUARD_HASH, all + ((size_t)b * nt + t) * GUARD_HASH,
-                             GUARD_HASH);
+            votes +=
+                !memcmp(all + ((size_t)a * nt + t) * GUARD_HASH, all + ((size_t)b * nt + t) * GUARD_HASH, GUARD_HASH);
         if (votes > best_votes) best = a, best_votes = votes;
     }
     return best;
@@ -149,8 +149,7 @@ static int guard_report(const tally__model *m, const unsigned char *all, int ran
     for (int t = 0; t < nt; t++) {
         int maj = guard_majority(all, size, nt, t);
         for (int r = 0; r < size; r++) {
-            if (!memcmp(all + ((size_t)r * nt + t) * GUARD_HASH, all + ((size_t)maj * nt + t) * GUARD_HASH,
-                        GUARD_HASH))
+            if (!memcmp(all + ((size_t)r * nt + t) * GUARD_HASH, all + ((size_t)maj * nt + t) * GUARD_HASH, GUARD_HASH))
                 continue;
             if (first_rank < 0) first_rank = r, first_tensor = t, ref = maj;
             differing++;

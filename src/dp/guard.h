@@ -16,12 +16,12 @@ int tally__nan_policy_parse(const char *name);
 typedef struct tally__guard {
     tally__nan_policy policy;
     tally__model *m;
-    tally__model_hooks inner;  /* the engine's hooks, called after the check */
-    int bad;                   /* this rank made a non-finite gradient in the step so far */
+    tally__model_hooks inner; /* the engine's hooks, called after the check */
+    int bad;                  /* this rank made a non-finite gradient in the step so far */
     int rank, size;
-    unsigned char *flags;      /* [size]: the agreement's allreduce */
-    long skipped;              /* steps skipped so far */
-    char bad_ranks[160];       /* the last skipped step's ranks, "1, 3" */
+    unsigned char *flags; /* [size]: the agreement's allreduce */
+    long skipped;         /* steps skipped so far */
+    char bad_ranks[160];  /* the last skipped step's ranks, "1, 3" */
 } tally__guard;
 
 /* Sets the guard up over model m; *hooks (the engine's) becomes hooks that check each layer's

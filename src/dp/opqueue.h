@@ -12,16 +12,19 @@ typedef int (*tally__op_fn)(void *ctx, int a, int b);
 
 typedef struct tally__opq {
     pthread_t thread;
-    int started;         /* 0: operations run inline, in post (no thread; "no overlap") */
+    int started; /* 0: operations run inline, in post (no thread; "no overlap") */
     pthread_mutex_t mu;
     pthread_cond_t posted, finished;
-    struct { tally__op_fn fn; int a, b; } op[TALLY__OPQ_CAP];
-    long head, tail;     /* tickets: op[t % CAP] for head <= t < tail are queued or running */
-    int busy;            /* op[head] is running (on the thread or on a waiter) */
+    struct {
+        tally__op_fn fn;
+        int a, b;
+    } op[TALLY__OPQ_CAP];
+    long head, tail; /* tickets: op[t % CAP] for head <= t < tail are queued or running */
+    int busy;        /* op[head] is running (on the thread or on a waiter) */
     void *ctx;
     int stop, err;
     char errmsg[1024];
-    double wait_s;       /* the caller's time in tally__opq_wait, including operations it ran itself */
+    double wait_s; /* the caller's time in tally__opq_wait, including operations it ran itself */
 } tally__opq;
 
 /* threaded: start the thread; else run every operation inline when posted. */

@@ -16,12 +16,12 @@
 /* How to keep the replicas in step (`tally train --zero --accum --bucket-mb --no-overlap --compress
  * --nan`). */
 typedef struct tally__sync_cfg {
-    int zero;                      /* the ZeRO stage, 0-3 */
-    int accum;                     /* micro-batches per step */
-    int no_overlap;                /* communicate after backward, not while it (and, stage 3, forward) runs */
-    double bucket_mb;              /* stage 0's buckets; 0 means 25 */
-    tally__codec_cfg codec;        /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
-    int nan_policy;                /* tally__nan_policy (guard.h): a NaN or Inf gradient skips the step,
+    int zero;               /* the ZeRO stage, 0-3 */
+    int accum;              /* micro-batches per step */
+    int no_overlap;         /* communicate after backward, not while it (and, stage 3, forward) runs */
+    double bucket_mb;       /* stage 0's buckets; 0 means 25 */
+    tally__codec_cfg codec; /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
+    int nan_policy;         /* tally__nan_policy (guard.h): a NaN or Inf gradient skips the step,
                                     * stops, or is not looked for */
 } tally__sync_cfg;
 
@@ -75,13 +75,13 @@ struct tally__sync {
     const tally__sync_ops *ops;
     tally_comm *comm;
     tally__model *m;
-    tally_ddp *ddp;                /* stage 0 */
-    tally_optim optim;             /* stage 0 */
-    tally__codec *codec;           /* stage 0 with --compress */
-    tally__zero zero;              /* stages 1-3 */
+    tally_ddp *ddp;                    /* stage 0 */
+    tally_optim optim;                 /* stage 0 */
+    tally__codec *codec;               /* stage 0 with --compress */
+    tally__zero zero;                  /* stages 1-3 */
     unsigned long long f32_bytes_step; /* what one step's gradient reductions would send in f32 (measured) */
-    tally_optim_cfg optim_cfg;     /* what it was opened with, for the state dict */
-    uint64_t seed;                 /* the model's parameters and PowerSGD's first factors */
+    tally_optim_cfg optim_cfg;         /* what it was opened with, for the state dict */
+    uint64_t seed;                     /* the model's parameters and PowerSGD's first factors */
     tally__codec_cfg codec_cfg;
 };
 

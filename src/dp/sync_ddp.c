@@ -34,7 +34,8 @@ static int ddp_apply(tally__sync *s, float lr) {
 static void ddp_stats(const tally__sync *s, tally__sync_stats *out) {
     tally_ddp_stats d;
     tally_ddp_get_stats(s->ddp, &d);
-    *out = (tally__sync_stats){.comm_s = d.comm_s, .wait_s = d.wait_s, .grad_bytes = d.bytes_sent, .buckets = d.buckets};
+    *out =
+        (tally__sync_stats){.comm_s = d.comm_s, .wait_s = d.wait_s, .grad_bytes = d.bytes_sent, .buckets = d.buckets};
 }
 
 static double ddp_blocked(const tally__sync *s) { return 0; }
@@ -46,8 +47,8 @@ static int ddp_each_layer(tally__sync *s, void (*fn)(void *, int, const float *,
 }
 
 static tally__sync_mem ddp_memory(const tally__sync *s) {
-    return (tally__sync_mem){.params = s->m->params_bytes, .grads = s->m->grads_bytes,
-                             .optim = tally_optim_state_bytes(&s->optim)};
+    return (tally__sync_mem){
+        .params = s->m->params_bytes, .grads = s->m->grads_bytes, .optim = tally_optim_state_bytes(&s->optim)};
 }
 
 static int ddp_overflow(const tally__sync *s) { return tally__codec_overflow(s->codec); }
@@ -76,12 +77,25 @@ static long long ddp_opt_step(const tally__sync *s) { return s->optim.step; }
 static void ddp_set_opt_step(tally__sync *s, long long step) { s->optim.step = step; }
 static void ddp_params_changed(tally__sync *s) {}
 
-static const tally__sync_ops ddp_ops = {
-    .hooks = ddp_hooks, .micro_begin = ddp_micro_begin, .micro_end = ddp_micro_end, .drain = ddp_drain,
-    .skip = ddp_skip, .apply = ddp_apply, .stats = ddp_stats, .blocked = ddp_blocked, .each_layer = ddp_each_layer, .memory = ddp_memory,
-    .overflow = ddp_overflow, .step_begin = ddp_step_begin, .step_end = ddp_step_end, .close = ddp_close,
-    .opt_layer = ddp_opt_layer, .load_part = ddp_load_part, .opt_step = ddp_opt_step,
-    .set_opt_step = ddp_set_opt_step, .params_changed = ddp_params_changed};
+static const tally__sync_ops ddp_ops = {.hooks = ddp_hooks,
+                                        .micro_begin = ddp_micro_begin,
+                                        .micro_end = ddp_micro_end,
+                                        .drain = ddp_drain,
+                                        .skip = ddp_skip,
+                                        .apply = ddp_apply,
+                                        .stats = ddp_stats,
+                                        .blocked = ddp_blocked,
+                                        .each_layer = ddp_each_layer,
+                                        .memory = ddp_memory,
+                                        .overflow = ddp_overflow,
+                                        .step_begin = ddp_step_begin,
+                                        .step_end = ddp_step_end,
+                                        .close = ddp_close,
+                                        .opt_layer = ddp_opt_layer,
+                                        .load_part = ddp_load_part,
+                                        .opt_step = ddp_opt_step,
+                                        .set_opt_step = ddp_set_opt_step,
+                                        .params_changed = ddp_params_changed};
 
 /* The engine's buckets to the codec, and one plain f32 allreduce of each, on zeros, counted: the bytes
  * the step would send uncompressed. */

@@ -72,8 +72,10 @@ static void st_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tenso
     } else if (i < L.first_codec) {
         int param = i < L.first_state, k = param ? 0 : (i - L.first_state) / L.T;
         const tally__tensor *T = &m->tensor[param ? i - L.first_param : (i - L.first_state) % L.T];
-        if (param) snprintf(name, cap, "param.%s", T->name);
-        else snprintf(name, cap, "optim.%s.%s", T->name, L.kinds[k].suffix);
+        if (param)
+            snprintf(name, cap, "param.%s", T->name);
+        else
+            snprintf(name, cap, "optim.%s.%s", T->name, L.kinds[k].suffix);
         t->ndim = T->ndim;
         for (int d = 0; d < T->ndim; d++) t->shape[d] = (uint64_t)T->shape[d];
     } else if (i == L.first_codec) {
@@ -97,7 +99,7 @@ static void st_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tenso
 typedef struct st_save {
     const tally__sync *s;
     const tally__state_sink *out;
-    int first;  /* entry index of this layer's first tensor of the kind being saved */
+    int first; /* entry index of this layer's first tensor of the kind being saved */
 } st_save;
 
 /* The tensors of the layer whose flat values [off, off + n) are at p. */
@@ -105,7 +107,8 @@ static void put_layer(const st_save *v, size_t off, size_t n, const float *p) {
     const tally__model *m = v->s->m;
     for (int t = 0; t < m->ntensors; t++) {
         const tally__tensor *T = &m->tensor[t];
-        if (T->offset >= off && T->offset < off + n) v->out->put(v->out->arg, v->first + t, p + (T->offset - off), T->count * 4);
+        if (T->offset >= off && T->offset < off + n)
+            v->out->put(v->out->arg, v->first + t, p + (T->offset - off), T->count * 4);
     }
 }
 
@@ -123,7 +126,8 @@ static int put_codec(tally__sync *s, const layout *L, int first, const tally__st
     out->put(out->arg, i++, spec, strlen(spec));
     float *res = tally__codec_residual(s->codec), *buf = NULL;
     size_t n = s->m->nparams;
-    if (L->R && !(buf = malloc(n * sizeof(float) + 4))) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
+    if (L->R && !(buf = malloc(n * sizeof(float) + 4)))
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
     for (int k = 0; k < L->R && !rc; k++, i++) {
         if (rank == k) memcpy(buf, res, n * sizeof(float));
         if (!(rc = tally_broadcast(s->comm, buf, n, TALLY_F32, k))) out->put(out->arg, i, buf, n * sizeof(float));
@@ -201,11 +205,12 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
     char want[48], name[128]; /* room for any tensor name: too long a one is simply not found */
     tally__codec_spec(&s->codec_cfg, want, sizeof want);
     int rc = tally__ckpt_find(ck, "codec.spec") ? tally__state_string_is(ck, "codec.spec", want, rank, "--compress")
-             : strcmp(want, "none") ? tally__seterr(TALLY_E_INVALID, "rank %d: checkpoint %s was written for "
-                                                    "--compress 'none', and this run has '%s': resume with the "
-                                                    "settings that wrote it, or use another --ckpt directory",
-                                                    rank, tally__ckpt_label(ck), want)
-                                    : 0;
+             : strcmp(want, "none")             ? tally__seterr(TALLY_E_INVALID,
+                                                                "rank %d: checkpoint %s was written for "
+                                                                            "--compress 'none', and this run has '%s': resume with the "
+                                                                            "settings that wrote it, or use another --ckpt directory",
+                                                                rank, tally__ckpt_label(ck), want)
+                                                : 0;
     float *res = tally__codec_residual(s->codec);
     size_t n = s->m->nparams;
     int saved = 0;
@@ -214,7 +219,8 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
         if (!tally__ckpt_find(ck, name)) break;
     }
     if (!rc && res && !saved)
-        rc = tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no codec.residual.0", rank, tally__ckpt_label(ck));
+        rc = tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no codec.residual.0", rank,
+                           tally__ckpt_label(ck));
     for (int k = 0; !rc && res && k < saved; k++) {
         if (saved == size && k != rank) continue;
         const void *p;
@@ -230,7 +236,8 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
         const void *p;
         snprintf(name, sizeof name, "codec.q.%s", s->m->tensor[i].name);
         const uint64_t qshape[2] = {(uint64_t)rows, (uint64_t)cols};
-        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, 2, qshape, &p))) memcpy(q, p, (size_t)rows * cols * sizeof(float));
+        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, 2, qshape, &p)))
+            memcpy(q, p, (size_t)rows * cols * sizeof(float));
     }
     return rc;
 }

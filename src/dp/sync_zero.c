@@ -17,8 +17,8 @@ static int zs_skip(tally__sync *s) { return tally__zero_skip(&s->zero); }
 static int zs_apply(tally__sync *s, float lr) { return tally__zero_step(&s->zero, lr); }
 
 static void zs_stats(const tally__sync *s, tally__sync_stats *out) {
-    *out = (tally__sync_stats){.comm_s = s->zero.comm_s, .wait_s = tally__zero_blocked(&s->zero),
-                               .grad_bytes = s->zero.grad_bytes};
+    *out = (tally__sync_stats){
+        .comm_s = s->zero.comm_s, .wait_s = tally__zero_blocked(&s->zero), .grad_bytes = s->zero.grad_bytes};
 }
 
 static double zs_blocked(const tally__sync *s) { return tally__zero_blocked(&s->zero); }
@@ -71,17 +71,29 @@ static void zs_set_opt_step(tally__sync *s, long long step) {
 
 static void zs_params_changed(tally__sync *s) { tally__zero_params_changed(&s->zero); }
 
-static const tally__sync_ops zero_ops = {
-    .hooks = zs_hooks, .micro_begin = zs_micro_begin, .micro_end = zs_micro_end, .drain = zs_drain,
-    .skip = zs_skip, .apply = zs_apply, .stats = zs_stats, .blocked = zs_blocked, .each_layer = zs_each_layer, .memory = zs_memory,
-    .overflow = zs_overflow, .step_begin = zs_step_begin, .step_end = zs_step_end, .close = zs_close,
-    .opt_layer = zs_opt_layer, .load_part = zs_load_part, .opt_step = zs_opt_step,
-    .set_opt_step = zs_set_opt_step, .params_changed = zs_params_changed};
+static const tally__sync_ops zero_ops = {.hooks = zs_hooks,
+                                         .micro_begin = zs_micro_begin,
+                                         .micro_end = zs_micro_end,
+                                         .drain = zs_drain,
+                                         .skip = zs_skip,
+                                         .apply = zs_apply,
+                                         .stats = zs_stats,
+                                         .blocked = zs_blocked,
+                                         .each_layer = zs_each_layer,
+                                         .memory = zs_memory,
+                                         .overflow = zs_overflow,
+                                         .step_begin = zs_step_begin,
+                                         .step_end = zs_step_end,
+                                         .close = zs_close,
+                                         .opt_layer = zs_opt_layer,
+                                         .load_part = zs_load_part,
+                                         .opt_step = zs_opt_step,
+                                         .set_opt_step = zs_set_opt_step,
+                                         .params_changed = zs_params_changed};
 
 int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg) {
     s->ops = &zero_ops;
-    int rc = tally__zero_init(&s->zero, s->comm, s->m, cfg->zero, cfg->accum, &s->optim_cfg, s->seed,
-                              !cfg->no_overlap);
+    int rc = tally__zero_init(&s->zero, s->comm, s->m, cfg->zero, cfg->accum, &s->optim_cfg, s->seed, !cfg->no_overlap);
     if (rc || cfg->codec.kind == TALLY__CODEC_NONE) return rc;
     if ((rc = tally__zero_set_half(&s->zero, (tally_dtype)tally__codec_half_dtype(&cfg->codec)))) return rc;
     return tally__zero_measure_f32(&s->zero, &s->f32_bytes_step);

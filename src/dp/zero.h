@@ -14,38 +14,38 @@
  * [off + N*piece, off + n): reduce-scatter needs equal pieces, and a tail of fewer than N elements
  * costs less as one small allreduce than as padding every buffer. */
 typedef struct tally__zero_layer {
-    size_t off, n;       /* the layer in the model's flat layout */
-    size_t piece, tail;  /* n = N*piece + tail */
-    size_t shard_off;    /* where its piece, then its tail, sit in this rank's shard arrays */
+    size_t off, n;      /* the layer in the model's flat layout */
+    size_t piece, tail; /* n = N*piece + tail */
+    size_t shard_off;   /* where its piece, then its tail, sit in this rank's shard arrays */
     tally_optim opt_piece, opt_tail;
 } tally__zero_layer;
 
 typedef struct tally__zero {
-    int stage;           /* 1: optimizer state sharded; 2: + gradients; 3: + parameters */
+    int stage; /* 1: optimizer state sharded; 2: + gradients; 3: + parameters */
     int rank, size, accum;
     tally_comm *comm;
     tally__model *m;
     int nlayers;
     tally__zero_layer *layer;
-    size_t shard_len;    /* elements this rank owns over all layers */
-    float *gshard;       /* stage >= 2: this rank's accumulated gradients [shard_len] */
-    float *pshard;       /* stage 3: this rank's parameters [shard_len] */
+    size_t shard_len; /* elements this rank owns over all layers */
+    float *gshard;    /* stage >= 2: this rank's accumulated gradients [shard_len] */
+    float *pshard;    /* stage 3: this rank's parameters [shard_len] */
     /* Two of each layer-sized buffer, used by layer parity: with overlap, layer l+1's (forward) or
      * l-1's (backward) parameters arrive while layer l computes, and a layer's gradients are reduced
      * while the next layer's backward fills the other staging buffer. */
-    float *staging[2];   /* stage >= 2: one layer's full gradients while backward makes them */
-    float *gathered[2];  /* stage 3: one layer's full parameters, gathered for forward or backward */
-    int held[2];         /* the layer a gathered buffer holds or is receiving (-1: none, or stale) */
+    float *staging[2];  /* stage >= 2: one layer's full gradients while backward makes them */
+    float *gathered[2]; /* stage 3: one layer's full parameters, gathered for forward or backward */
+    int held[2];        /* the layer a gathered buffer holds or is receiving (-1: none, or stale) */
     long gather_ticket[2], staging_ticket[2]; /* the last queued operation writing / reading each */
-    size_t largest;      /* elements of the largest layer */
-    int overlap;         /* collectives on the communication thread while compute goes on */
-    int last_micro;      /* the micro-batch in progress is the step's last (stage 1 reduces then) */
+    size_t largest;                           /* elements of the largest layer */
+    int overlap;                              /* collectives on the communication thread while compute goes on */
+    int last_micro; /* the micro-batch in progress is the step's last (stage 1 reduces then) */
     tally__opq q;
-    double comm_s;       /* seconds in collectives (read between steps) */
+    double comm_s; /* seconds in collectives (read between steps) */
     /* compression */
-    int half;            /* TALLY_F16 / TALLY_BF16: gradients reduced in 16 bits; -1: in f32 */
-    uint16_t *hbuf;      /* [largest]: a layer's gradients cast */
-    int overflow;        /* 1: a 16-bit sum came out non-finite from finite inputs (the trainer clears it) */
+    int half;                      /* TALLY_F16 / TALLY_BF16: gradients reduced in 16 bits; -1: in f32 */
+    uint16_t *hbuf;                /* [largest]: a layer's gradients cast */
+    int overflow;                  /* 1: a 16-bit sum came out non-finite from finite inputs (the trainer clears it) */
     unsigned long long grad_bytes; /* sent in the gradient reductions (read between steps) */
 } tally__zero;
 

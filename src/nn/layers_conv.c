@@ -24,8 +24,8 @@ int tally_conv2d_out_h(const tally_conv2d_shape *s) { return (s->H + 2 * s->pad 
 int tally_conv2d_out_w(const tally_conv2d_shape *s) { return (s->W + 2 * s->pad - s->R) / s->stride + 1; }
 
 static geom geom_of(const tally_conv2d_shape *s) {
-    geom g = {tally_conv2d_out_h(s), tally_conv2d_out_w(s), 0, s->C * s->R * s->R, s->H + 2 * s->pad,
-              s->W + 2 * s->pad};
+    geom g = {tally_conv2d_out_h(s), tally_conv2d_out_w(s), 0,
+              s->C * s->R * s->R,    s->H + 2 * s->pad,     s->W + 2 * s->pad};
     g.P = g.OH * g.OW;
     return g;
 }
@@ -91,8 +91,8 @@ static void unpad_images(float *x, const float *xp, const tally_conv2d_shape *s,
 }
 
 /* One patch-matrix row (channel c, kernel offset kh, kw) for nb padded images. */
-static void im2col_row(float *dst, const float *xp, const tally_conv2d_shape *s, geom g, int nb, int c,
-                       int kh, int kw) {
+static void im2col_row(float *dst, const float *xp, const tally_conv2d_shape *s, geom g, int nb, int c, int kh,
+                       int kw) {
     int st = s->stride;
     for (int j = 0; j < nb; j++) {
         const float *src = xp + ((size_t)j * s->C + c) * g.Hp * g.Wp + (size_t)kh * g.Wp + kw;
@@ -114,8 +114,8 @@ static void im2col(float *col, const float *xp, const tally_conv2d_shape *s, geo
 }
 
 /* The adjoint of im2col_row: adds one patch-matrix row back onto the padded images. */
-static void col2im_row(float *dxp, const float *src, const tally_conv2d_shape *s, geom g, int nb, int c,
-                       int kh, int kw) {
+static void col2im_row(float *dxp, const float *src, const tally_conv2d_shape *s, geom g, int nb, int c, int kh,
+                       int kw) {
     int st = s->stride;
     for (int j = 0; j < nb; j++) {
         float *dst = dxp + ((size_t)j * s->C + c) * g.Hp * g.Wp + (size_t)kh * g.Wp + kw;
@@ -173,8 +173,7 @@ static void gather_bias_grad(float *out, float *db, const float *dy, int K, geom
 }
 
 /* The chunk's images ready for im2col: padded into scratch, or as they are when pad is 0. */
-static const float *padded_input(float *pad_buf, const float *x, const tally_conv2d_shape *s, geom g,
-                                 int nb) {
+static const float *padded_input(float *pad_buf, const float *x, const tally_conv2d_shape *s, geom g, int nb) {
     if (s->pad == 0) return x;
     pad_images(pad_buf, x, s, g, nb);
     return pad_buf;
@@ -196,16 +195,16 @@ static chunk_bufs chunk_patches(float *scratch, const float *x, const tally_conv
     return c;
 }
 
-void tally_conv2d_forward(float *y, const float *x, const float *w, const float *b,
-                          const tally_conv2d_shape *s, int B, float *scratch) {
+void tally_conv2d_forward(float *y, const float *x, const float *w, const float *b, const tally_conv2d_shape *s, int B,
+                          float *scratch) {
     geom g = geom_of(s);
     int chunk = chunk_images(s, B);
     size_t in_img = (size_t)s->C * s->H * s->W, out_img = (size_t)s->K * g.P;
     for (int b0 = 0; b0 < B; b0 += chunk) {
         int nb = B - b0 < chunk ? B - b0 : chunk;
         chunk_bufs c = chunk_patches(scratch, x + b0 * in_img, s, g, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->K, c.N, g.CRR, 1.0f, w, g.CRR, c.col, c.N,
-                    0.0f, c.out, c.N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->K, c.N, g.CRR, 1.0f, w, g.CRR, c.col, c.N, 0.0f,
+                    c.out, c.N);
         scatter_bias(y + b0 * out_img, c.out, b, s->K, g, nb);
     }
 }
@@ -214,8 +213,7 @@ void tally_conv2d_forward(float *y, const float *x, const float *w, const float 
 static void input_grad(float *dx, float *col, float *pad_buf, const float *w, const float *out,
                        const tally_conv2d_shape *s, geom g, int nb) {
     int N = nb * g.P;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.CRR, N, s->K, 1.0f, w, g.CRR, out, N, 0.0f, col,
-                N);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, g.CRR, N, s->K, 1.0f, w, g.CRR, out, N, 0.0f, col, N);
     if (s->pad == 0) {
         col2im(dx, col, s, g, nb);
         return;
@@ -224,8 +222,8 @@ static void input_grad(float *dx, float *col, float *pad_buf, const float *w, co
     unpad_images(dx, pad_buf, s, g, nb);
 }
 
-void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                           const float *w, const tally_conv2d_shape *s, int B, float *scratch) {
+void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
+                           const tally_conv2d_shape *s, int B, float *scratch) {
     geom g = geom_of(s);
     int chunk = chunk_images(s, B);
     size_t in_img = (size_t)s->C * s->H * s->W, out_img = (size_t)s->K * g.P;
@@ -234,8 +232,8 @@ void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, con
         /* Scratch may have served another layer since forward, so the patches are rebuilt. */
         chunk_bufs c = chunk_patches(scratch, x + b0 * in_img, s, g, nb);
         gather_bias_grad(c.out, db, dy + b0 * out_img, s->K, g, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->K, g.CRR, c.N, 1.0f, c.out, c.N, c.col, c.N, 1.0f,
-                    dw, g.CRR);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->K, g.CRR, c.N, 1.0f, c.out, c.N, c.col, c.N, 1.0f, dw,
+                    g.CRR);
         /* The patches are spent once dw has them, so their buffer takes the patch gradients. */
         if (dx) input_grad(dx + b0 * in_img, c.col, c.pad_buf, w, c.out, s, g, nb);
     }

@@ -21,8 +21,7 @@ static double softmax_row(float *p, const float *z, int label, int C) {
 
 float tally_softmax_xent_forward(float *probs, const float *logits, const int32_t *labels, int B, int C) {
     double loss = 0.0;
-    for (int i = 0; i < B; i++)
-        loss += softmax_row(probs + (size_t)i * C, logits + (size_t)i * C, labels[i], C);
+    for (int i = 0; i < B; i++) loss += softmax_row(probs + (size_t)i * C, logits + (size_t)i * C, labels[i], C);
     return (float)(loss / B);
 }
 

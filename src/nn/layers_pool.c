@@ -34,10 +34,10 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 
 #ifdef __clang__
 #define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
-#define ODDS(a, b) __builtin_shufflevector(a, b, 1, 3, 5, 7)
+#define ODDS(a, b)  __builtin_shufflevector(a, b, 1, 3, 5, 7)
 #else
 #define EVENS(a, b) __builtin_shuffle(a, b, (v4i){0, 2, 4, 6})
-#define ODDS(a, b) __builtin_shuffle(a, b, (v4i){1, 3, 5, 7})
+#define ODDS(a, b)  __builtin_shuffle(a, b, (v4i){1, 3, 5, 7})
 #endif
 
 static inline v4f load4(const float *p) {
@@ -95,8 +95,7 @@ void tally_maxpool_forward(float *y, int32_t *argmax, const float *x, int B, int
     }
 }
 
-void tally_maxpool_backward(float *dx, const float *dy, const int32_t *argmax, int B, int C, int H, int W,
-                            int k) {
+void tally_maxpool_backward(float *dx, const float *dy, const int32_t *argmax, int B, int C, int H, int W, int k) {
     size_t in_plane = (size_t)H * W, out_plane = (size_t)(H / k) * (W / k);
     memset(dx, 0, (size_t)B * C * in_plane * sizeof *dx);
     for (size_t p = 0; p < (size_t)B * C; p++) {

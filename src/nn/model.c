@@ -91,7 +91,8 @@ static int model_alloc_buffers(tally__model *m, int B) {
         size_t out = (size_t)B * m->value_n[op->dst];
         m->act[op->dst] = tally__alloc_zeroed(out * sizeof(float));
         m->dact[op->dst] = tally__alloc_zeroed(out * sizeof(float));
-        if (!m->act[op->dst] || !m->dact[op->dst]) return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
+        if (!m->act[op->dst] || !m->dact[op->dst])
+            return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
         if (op->kind == TALLY__OP_POOL && !(m->argmax[i] = tally__alloc_zeroed(out * sizeof(int32_t))))
             return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
     }
@@ -137,15 +138,16 @@ int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_d
     if (!m) return tally__seterr(TALLY_E_NOMEM, "model: out of memory");
     m->cfg = *cfg;
     int rc = batch < 1 || cfg->in_dim < 1 || cfg->outputs < 1
-                 ? tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
-                                 batch, cfg->in_dim, cfg->outputs)
+                 ? tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive", batch,
+                                 cfg->in_dim, cfg->outputs)
                  : tally__model_layout(m, cfg);
     if (!rc) {
         memset(out, 0, sizeof *out);
         out->nparams = m->nparams;
         out->nlayers = m->nlayers;
         for (int l = 0; l < m->nlayers; l++)
-            if (m->offsets[l + 1] - m->offsets[l] > out->largest_layer) out->largest_layer = m->offsets[l + 1] - m->offsets[l];
+            if (m->offsets[l + 1] - m->offsets[l] > out->largest_layer)
+                out->largest_layer = m->offsets[l + 1] - m->offsets[l];
         out->activation_bytes = model_activation_bytes(m, batch);
         out->flops_per_sample = m->flops_per_sample;
     }
@@ -159,8 +161,8 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
     m->cfg = *cfg;
     m->max_batch = max_batch;
     if (max_batch < 1 || cfg->in_dim < 1 || cfg->outputs < 1)
-        return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive",
-                             max_batch, cfg->in_dim, cfg->outputs);
+        return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive", max_batch,
+                             cfg->in_dim, cfg->outputs);
     int rc = tally__model_layout(m, cfg);
     if (!rc) rc = model_alloc_flat(m, grads_src, flags);
     if (!rc) rc = model_alloc_buffers(m, max_batch);
@@ -198,8 +200,9 @@ static int model_embed_forward(tally__model *m, const tally__op *op, int B) {
     const int32_t *tokens = (const int32_t *)m->act[op->src[0]];
     long bad = tally_embedding_forward(m->act[op->dst], tokens, op->w, (size_t)B * op->in, op->fan_in, op->fan_out);
     if (bad < 0) return 0;
-    return tally__seterr(TALLY_E_INVALID, "model: token %d (sample %ld, position %ld) is outside the vocabulary "
-                                          "0..%d; the data must be tokenized for this model",
+    return tally__seterr(TALLY_E_INVALID,
+                         "model: token %d (sample %ld, position %ld) is outside the vocabulary "
+                         "0..%d; the data must be tokenized for this model",
                          (int)tokens[bad], bad / (long)op->in, bad % (long)op->in, op->fan_in - 1);
 }
 

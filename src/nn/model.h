@@ -15,10 +15,15 @@ typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__
 /* The ops a model's nodes run. ADD takes two inputs of one size (a residual connection); EMBED looks up
  * a row of its table for each token of a token-index input (value 0 of a model with token_input). */
 typedef enum {
-    TALLY__OP_LINEAR, TALLY__OP_RELU, TALLY__OP_CONV, TALLY__OP_POOL, TALLY__OP_ADD, TALLY__OP_EMBED
+    TALLY__OP_LINEAR,
+    TALLY__OP_RELU,
+    TALLY__OP_CONV,
+    TALLY__OP_POOL,
+    TALLY__OP_ADD,
+    TALLY__OP_EMBED
 } tally__op_kind;
 
-#define TALLY__MODEL_MAX_OPS 256
+#define TALLY__MODEL_MAX_OPS    256
 #define TALLY__MODEL_MAX_VALUES (TALLY__MODEL_MAX_OPS + 1)
 #define TALLY__MODEL_MAX_HIDDEN 16
 
@@ -27,16 +32,16 @@ typedef enum {
  * by any later nodes (a value read twice gets the sum of both gradients in backward). */
 typedef struct tally__op {
     tally__op_kind kind;
-    int src[2];              /* the values it reads; src[1] = -1 for one input */
-    int dst;                 /* the value it writes */
-    size_t in, out;          /* floats per sample of src[0] and dst */
-    int layer;               /* index among the layers with parameters, -1 for none */
-    size_t w_off, b_off;     /* into the flat buffers: w then b */
-    float *w, *b, *dw, *db;  /* what forward and backward use: the flat buffers, or what ZeRO points
+    int src[2];                         /* the values it reads; src[1] = -1 for one input */
+    int dst;                            /* the value it writes */
+    size_t in, out;                     /* floats per sample of src[0] and dst */
+    int layer;                          /* index among the layers with parameters, -1 for none */
+    size_t w_off, b_off;                /* into the flat buffers: w then b */
+    float *w, *b, *dw, *db;             /* what forward and backward use: the flat buffers, or what ZeRO points
                               * them at (a gathered layer, a gradient staging buffer) */
-    int fan_in, fan_out;     /* linear: in, out features; embed: vocabulary, width */
-    int rows;                /* linear: rows per sample, each of fan_in features (a sequence's positions) */
-    tally_conv2d_shape conv; /* conv */
+    int fan_in, fan_out;                /* linear: in, out features; embed: vocabulary, width */
+    int rows;                           /* linear: rows per sample, each of fan_in features (a sequence's positions) */
+    tally_conv2d_shape conv;            /* conv */
     int pool_c, pool_h, pool_w, pool_k; /* pool: input geometry and window */
 } tally__op;
 
@@ -46,18 +51,18 @@ typedef struct tally__op {
 typedef struct tally__tensor {
     char name[64];
     int ndim, shape[4];
-    size_t offset, count;    /* into params and grads */
-    float *param, *grad;     /* params + offset, grads + offset */
+    size_t offset, count; /* into params and grads */
+    float *param, *grad;  /* params + offset, grads + offset */
 } tally__tensor;
 
 /* What to build. */
 struct tally__model;
 typedef struct tally__model_cfg {
     tally__model_kind kind;
-    int in_dim;              /* features per sample (784 for 28x28 images) */
+    int in_dim;                  /* features per sample (784 for 28x28 images) */
     int channels, height, width; /* image geometry (cnn) */
-    int outputs;             /* classes, or the regression width */
-    int nhidden;             /* mlp */
+    int outputs;                 /* classes, or the regression width */
+    int nhidden;                 /* mlp */
     int hidden[TALLY__MODEL_MAX_HIDDEN];
     /* A graph of one's own (tests, embedders), laid out with model_build.h after the input value,
      * instead of kind's entry in the table; NULL for the table's. */
@@ -66,29 +71,29 @@ typedef struct tally__model_cfg {
 
 typedef struct tally__model {
     tally__model_cfg cfg;
-    int regression;          /* mse loss instead of softmax cross-entropy */
+    int regression; /* mse loss instead of softmax cross-entropy */
     int nops, nlayers;
-    tally__op op[TALLY__MODEL_MAX_OPS];  /* in forward order: a node reads only values made before it */
-    int nvalues;             /* value 0 is the input batch; the last value holds the outputs */
-    int token_input;         /* value 0 holds int32 token indices (value_n[0] per sample), not floats */
-    int layout_rc;           /* the first error the builder's calls met (a name too long), or 0 */
-    size_t value_n[TALLY__MODEL_MAX_VALUES];  /* floats per sample of each value */
-    int readers[TALLY__MODEL_MAX_VALUES];     /* how many node inputs read it */
-    int positions;           /* outputs per sample the loss scores: 1, or a sequence's length (each of the
+    tally__op op[TALLY__MODEL_MAX_OPS];      /* in forward order: a node reads only values made before it */
+    int nvalues;                             /* value 0 is the input batch; the last value holds the outputs */
+    int token_input;                         /* value 0 holds int32 token indices (value_n[0] per sample), not floats */
+    int layout_rc;                           /* the first error the builder's calls met (a name too long), or 0 */
+    size_t value_n[TALLY__MODEL_MAX_VALUES]; /* floats per sample of each value */
+    int readers[TALLY__MODEL_MAX_VALUES];    /* how many node inputs read it */
+    int positions; /* outputs per sample the loss scores: 1, or a sequence's length (each of the
                               * last value's positions is a row of outputs / positions classes) */
     size_t offsets[TALLY__MODEL_MAX_OPS + 1]; /* layer boundaries in the flat buffers, for the engine */
     size_t nparams;
     int ntensors;
     tally__tensor tensor[TALLY__MODEL_MAX_TENSORS]; /* every weight and bias, in buffer order */
-    float *params;           /* [nparams]: every layer's w then b, layers in forward order */
-    float *grads;            /* [nparams], same layout; from tally_mem_alloc when a comm is given */
-    tally__mem_source grads_src; /* who allocated grads (alloc NULL: plain memory) */
+    float *params;                                  /* [nparams]: every layer's w then b, layers in forward order */
+    float *grads;                     /* [nparams], same layout; from tally_mem_alloc when a comm is given */
+    tally__mem_source grads_src;      /* who allocated grads (alloc NULL: plain memory) */
     size_t params_bytes, grads_bytes; /* what the flat buffers hold (0 when not allocated) */
     int max_batch;
     float *act[TALLY__MODEL_MAX_VALUES];  /* each value at the batch; act[0] is the caller's input */
     float *dact[TALLY__MODEL_MAX_VALUES]; /* the loss's gradient with respect to each value */
-    float *dtmp;             /* one input's gradient, before it is added to a value read more than once */
-    float *probs;            /* softmax output */
+    float *dtmp;                          /* one input's gradient, before it is added to a value read more than once */
+    float *probs;                         /* softmax output */
     int32_t *argmax[TALLY__MODEL_MAX_OPS];
     float *scratch;          /* im2col, shared by the conv ops */
     double flops_per_sample; /* forward + backward multiply-adds x 2 */
@@ -105,11 +110,11 @@ typedef enum {
     TALLY__DATA_LEAST_SQUARES, /* its own generated least-squares set (8 features, 1 target) */
 } tally__data_need;
 typedef struct tally__model_info {
-    const char *name;          /* --model */
-    tally__data_need data;     /* what it trains on */
-    float sgd_lr;              /* the default learning rate with SGD (AdamW's is 1e-3 for every model) */
-    int takes_hidden;          /* --hidden sets its widths */
-    void (*defaults)(tally__model_cfg *mc);  /* fills what the flags left unset; NULL: nothing */
+    const char *name;                       /* --model */
+    tally__data_need data;                  /* what it trains on */
+    float sgd_lr;                           /* the default learning rate with SGD (AdamW's is 1e-3 for every model) */
+    int takes_hidden;                       /* --hidden sets its widths */
+    void (*defaults)(tally__model_cfg *mc); /* fills what the flags left unset; NULL: nothing */
     void (*arch)(const tally__model_cfg *mc, char *buf, size_t n); /* "784-512-512-10", "LeNet-5" */
 } tally__model_info;
 /* The table's line for k; NULL when k is not a model. */
@@ -127,7 +132,7 @@ int tally__model_parse(const char *name);
  * keeps shards instead; it then points each layer's w/b/dw/db where it wants them). Returns 0 or a
  * TALLY_E_* code with a message. */
 #define TALLY__MODEL_NO_PARAMS 1
-#define TALLY__MODEL_NO_GRADS 2
+#define TALLY__MODEL_NO_GRADS  2
 int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batch, uint64_t seed,
                       const tally__mem_source *grads_src, int flags);
 /* The initial parameters of layer `layer` (weights then bias, offsets[layer+1] - offsets[layer] floats)

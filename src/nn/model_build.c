@@ -29,8 +29,9 @@ static void graph_add_tensor(tally__model *m, const char *layer, const char *wha
     tally__tensor *t = &m->tensor[m->ntensors++];
     int len = snprintf(t->name, sizeof t->name, "%s.%s", layer, what);
     if (len >= (int)sizeof t->name && !m->layout_rc) /* cut short, it could name another tensor */
-        m->layout_rc = tally__seterr(TALLY_E_INVALID, "model: the tensor name '%s.%s' has %d characters, more "
-                                                      "than %d; give the layer a shorter name",
+        m->layout_rc = tally__seterr(TALLY_E_INVALID,
+                                     "model: the tensor name '%s.%s' has %d characters, more "
+                                     "than %d; give the layer a shorter name",
                                      layer, what, len, (int)sizeof t->name - 1);
     t->ndim = ndim;
     t->offset = offset;
@@ -78,15 +79,18 @@ void tally__graph_linear(tally__model *m, int in, int out, int relu, const char 
 
 int tally__graph_embedding(tally__model *m, int vocab, int width, const char *name) {
     if (!m->token_input)
-        return tally__seterr(TALLY_E_INVALID, "model: the embedding %s reads token indices, and this model's "
-                                              "input is floats; set token_input before laying it out", name);
+        return tally__seterr(TALLY_E_INVALID,
+                             "model: the embedding %s reads token indices, and this model's "
+                             "input is floats; set token_input before laying it out",
+                             name);
     if (vocab < 1 || width < 1)
-        return tally__seterr(TALLY_E_INVALID, "model: the embedding %s needs a vocabulary and a width of at "
-                                              "least 1 (got %d and %d)", name, vocab, width);
+        return tally__seterr(TALLY_E_INVALID,
+                             "model: the embedding %s needs a vocabulary and a width of at "
+                             "least 1 (got %d and %d)",
+                             name, vocab, width);
     tally__op *op = tally__graph_node(m, TALLY__OP_EMBED, 0, -1, m->value_n[0] * (size_t)width);
     op->fan_in = vocab;
     op->fan_out = width;
     graph_layer(m, op, name, 2, (int[]){vocab, width}, 0); /* nn.Embedding: a weight, no bias */
     return 0;
 }
-

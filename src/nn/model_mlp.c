@@ -33,6 +33,7 @@ void tally__mlp_defaults(tally__model_cfg *mc) {
 /* "784-512-512-10": the widths in order (the linear model is "8-1"). */
 void tally__mlp_arch(const tally__model_cfg *mc, char *buf, size_t n) {
     int len = snprintf(buf, n, "%d", mc->in_dim);
-    for (int i = 0; i < mc->nhidden && len < (int)n; i++) len += snprintf(buf + len, n - (size_t)len, "-%d", mc->hidden[i]);
+    for (int i = 0; i < mc->nhidden && len < (int)n; i++)
+        len += snprintf(buf + len, n - (size_t)len, "-%d", mc->hidden[i]);
     if (len < (int)n) snprintf(buf + len, n - (size_t)len, "-%d", mc->outputs);
 }

@@ -13,8 +13,10 @@ typedef struct model_def {
 
 /* name, data, SGD's default lr, takes --hidden, defaults, arch; builder. */
 static const model_def model_defs[] = {
-    [TALLY__MODEL_LINEAR] = {{"linear", TALLY__DATA_LEAST_SQUARES, 0.01f, 0, NULL, tally__mlp_arch}, tally__build_linear},
-    [TALLY__MODEL_MLP] = {{"mlp", TALLY__DATA_FEATURES, 0.05f, 1, tally__mlp_defaults, tally__mlp_arch}, tally__build_mlp},
+    [TALLY__MODEL_LINEAR] = {{"linear", TALLY__DATA_LEAST_SQUARES, 0.01f, 0, NULL, tally__mlp_arch},
+                             tally__build_linear},
+    [TALLY__MODEL_MLP] = {{"mlp", TALLY__DATA_FEATURES, 0.05f, 1, tally__mlp_defaults, tally__mlp_arch},
+                          tally__build_mlp},
     [TALLY__MODEL_CNN] = {{"cnn", TALLY__DATA_IMAGES, 0.05f, 0, NULL, tally__cnn_arch}, tally__build_cnn},
 };
 #define MODEL_COUNT ((int)(sizeof model_defs / sizeof *model_defs))
@@ -25,8 +27,10 @@ const tally__model_info *tally__model_info_of(tally__model_kind k) {
 
 void tally__model_arch(const tally__model_cfg *mc, char *buf, size_t n) {
     const tally__model_info *info = tally__model_info_of(mc->kind);
-    if (info && !mc->build) info->arch(mc, buf, n);
-    else snprintf(buf, n, "%s", info && !mc->build ? info->name : "a graph of its own");
+    if (info && !mc->build)
+        info->arch(mc, buf, n);
+    else
+        snprintf(buf, n, "%s", info && !mc->build ? info->name : "a graph of its own");
 }
 
 const char *tally__model_name(tally__model_kind k) { return (unsigned)k < MODEL_COUNT ? model_defs[k].info.name : "?"; }

@@ -16,7 +16,7 @@
 #include "../core/alloc.h"
 
 #define STATE_ALIGN 64
-#define BLOCK 16
+#define BLOCK       16
 
 /* ---- configuration ---- */
 
@@ -36,16 +36,15 @@ TALLY_API void tally_optim_cfg_default(tally_optim_cfg *cfg, tally_optim_kind ki
 static int unit_ok(float x) { return x >= 0.0f && x < 1.0f; }
 
 static int bad_unit(const char *field, float x, const char *example) {
-    return tally__seterr(TALLY_E_INVALID, "tally_optim_init: %s = %g is outside [0, 1); use e.g. %s",
-                         field, (double)x, example);
+    return tally__seterr(TALLY_E_INVALID, "tally_optim_init: %s = %g is outside [0, 1); use e.g. %s", field, (double)x,
+                         example);
 }
 
 static int check_sgd(const tally_optim_cfg *c) {
     if (!unit_ok(c->momentum)) return bad_unit("momentum", c->momentum, "0.9, or 0 for plain SGD");
     if (c->nesterov && c->momentum == 0.0f)
-        return tally__seterr(TALLY_E_INVALID,
-                             "tally_optim_init: Nesterov SGD needs momentum > 0 (as torch.optim.SGD); "
-                             "set momentum, e.g. 0.9, or turn nesterov off");
+        return tally__seterr(TALLY_E_INVALID, "tally_optim_init: Nesterov SGD needs momentum > 0 (as torch.optim.SGD); "
+                                              "set momentum, e.g. 0.9, or turn nesterov off");
     return 0;
 }
 
@@ -53,8 +52,7 @@ static int check_adamw(const tally_optim_cfg *c) {
     if (!unit_ok(c->beta1)) return bad_unit("beta1", c->beta1, "0.9");
     if (!unit_ok(c->beta2)) return bad_unit("beta2", c->beta2, "0.999");
     if (!(c->eps > 0.0f) || isinf(c->eps))
-        return tally__seterr(TALLY_E_INVALID,
-                             "tally_optim_init: eps = %g must be positive and finite; use e.g. 1e-8",
+        return tally__seterr(TALLY_E_INVALID, "tally_optim_init: eps = %g must be positive and finite; use e.g. 1e-8",
                              (double)c->eps);
     return 0;
 }
@@ -63,10 +61,10 @@ static int check_cfg(const tally_optim_cfg *c) {
     if (c->kind != TALLY_OPTIM_SGD && c->kind != TALLY_OPTIM_ADAMW)
         return tally__seterr(TALLY_E_INVALID,
                              "tally_optim_init: unknown optimizer kind %d; use TALLY_OPTIM_SGD or "
-                             "TALLY_OPTIM_ADAMW", (int)c->kind);
+                             "TALLY_OPTIM_ADAMW",
+                             (int)c->kind);
     if (!(c->weight_decay >= 0.0f) || isinf(c->weight_decay))
-        return tally__seterr(TALLY_E_INVALID,
-                             "tally_optim_init: weight_decay = %g must be >= 0 and finite",
+        return tally__seterr(TALLY_E_INVALID, "tally_optim_init: weight_decay = %g must be >= 0 and finite",
                              (double)c->weight_decay);
     return c->kind == TALLY_OPTIM_SGD ? check_sgd(c) : check_adamw(c);
 }
@@ -80,14 +78,16 @@ static int state_alloc(float **out, size_t n) {
     if (n > (SIZE_MAX - (STATE_ALIGN - 1)) / sizeof(float))
         return tally__seterr(TALLY_E_NOMEM,
                              "tally_optim_init: %zu parameters is more optimizer state than memory "
-                             "can address", n);
+                             "can address",
+                             n);
     size_t bytes = n * sizeof(float);
     /* zeroed: a zero momentum buffer makes the first step buf = g, as torch's clone */
     float *p = tally__alloc_zeroed(bytes);
     if (!p)
         return tally__seterr(TALLY_E_NOMEM,
                              "tally_optim_init: cannot allocate %zu bytes of optimizer state for %zu "
-                             "parameters", bytes, n);
+                             "parameters",
+                             bytes, n);
     *out = p;
     return 0;
 }
@@ -132,8 +132,8 @@ typedef struct sgd_coef {
 /* `decayed` and `mode` are constants at every call site, so each inlined copy is a straight loop.
  * torch skips the decay term when weight_decay is 0 (0 * inf would otherwise poison the gradient). */
 static inline __attribute__((always_inline)) void sgd_elem(float *restrict p, const float *restrict g,
-                                                           float *restrict buf, size_t i, sgd_coef c,
-                                                           int decayed, int mode) {
+                                                           float *restrict buf, size_t i, sgd_coef c, int decayed,
+                                                           int mode) {
     float d = g[i];
     if (decayed) d += c.wd * p[i];
     if (mode != SGD_PLAIN) {
@@ -147,8 +147,8 @@ static inline __attribute__((always_inline)) void sgd_elem(float *restrict p, co
 /* gcc's -O2 cost model vectorizes only loops whose trip count is a known multiple of the vector
  * width, hence the fixed-size inner loop (a multiple of the widest, AVX-512) and a scalar tail. */
 static inline __attribute__((always_inline)) void sgd_all(float *restrict p, const float *restrict g,
-                                                          float *restrict buf, size_t n, sgd_coef c,
-                                                          int decayed, int mode) {
+                                                          float *restrict buf, size_t n, sgd_coef c, int decayed,
+                                                          int mode) {
     size_t i = 0;
     for (; n - i >= BLOCK; i += BLOCK)
         for (size_t j = 0; j < BLOCK; j++) sgd_elem(p, g, buf, i + j, c, decayed, mode);
@@ -157,9 +157,8 @@ static inline __attribute__((always_inline)) void sgd_all(float *restrict p, con
 
 /* noinline keeps the restrict on these pointers: gcc drops it from functions it inlines, and its -O2
  * cost model will not add a runtime overlap check in its place, so the loops would stay scalar. */
-static __attribute__((noinline)) void sgd_run(float *restrict p, const float *restrict g,
-                                              float *restrict buf, size_t n, sgd_coef c, int decayed,
-                                              int mode) {
+static __attribute__((noinline)) void sgd_run(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
+                                              sgd_coef c, int decayed, int mode) {
     switch (mode * 2 + decayed) {
     case SGD_PLAIN * 2: sgd_all(p, g, NULL, n, c, 0, SGD_PLAIN); break;
     case SGD_PLAIN * 2 + 1: sgd_all(p, g, NULL, n, c, 1, SGD_PLAIN); break;
@@ -204,10 +203,10 @@ static inline v4f v4_sqrt(v4f x) {
 }
 
 typedef struct adamw_coef {
-    float decay;              /* 1 - lr*wd */
-    float b1, c1, b2, c2;     /* beta and 1 - beta */
-    float step_size;          /* lr / (1 - beta1^t) */
-    float bc2_sqrt;           /* sqrt(1 - beta2^t) */
+    float decay;          /* 1 - lr*wd */
+    float b1, c1, b2, c2; /* beta and 1 - beta */
+    float step_size;      /* lr / (1 - beta1^t) */
+    float bc2_sqrt;       /* sqrt(1 - beta2^t) */
     float eps;
 } adamw_coef;
 
@@ -241,8 +240,10 @@ static adamw_coef adamw_coefs(const tally_optim_cfg *cfg, long t, float lr) {
     double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
     adamw_coef c = {
         .decay = (float)(1.0 - (double)lr * cfg->weight_decay),
-        .b1 = cfg->beta1, .c1 = (float)(1.0 - b1),
-        .b2 = cfg->beta2, .c2 = (float)(1.0 - b2),
+        .b1 = cfg->beta1,
+        .c1 = (float)(1.0 - b1),
+        .b2 = cfg->beta2,
+        .c2 = (float)(1.0 - b2),
         .step_size = (float)(lr / bc1),
         .bc2_sqrt = (float)sqrt(bc2),
         .eps = cfg->eps,

@@ -11,12 +11,12 @@
 /* What --calibrate measured on this machine. */
 typedef struct tally__plan_calib {
     double sgemm_gflops, update_s_per_param;
-    double model_gflops;           /* --model: its forward + backward, timed (0 without --model) */
+    double model_gflops; /* --model: its forward + backward, timed (0 without --model) */
     tally__cost shm, tcp;
     double shm_allreduce_s, tcp_allreduce_s; /* an allreduce of S on 2 ranks, timed: beta is fitted to it */
     double shm_ping_beta, tcp_ping_beta;     /* beta as the ping-pong measured it, before the fit */
     long cpus;
-    const char *used;              /* the transport whose figures the plan uses */
+    const char *used; /* the transport whose figures the plan uses */
 } tally__plan_calib;
 
 /* Mean seconds of an allreduce of `bytes` (at most 256 MiB, scaled up past it) on comm, in a buffer

@@ -20,7 +20,6 @@ size_t tally__mem_optim_per_param(const tally_optim_cfg *o);
 /* Per rank, for n ranks at ZeRO `stage`, as zero.c and model.c allocate (a shard counted as
  * ceil(P/n); the real one adds each layer's tail, fewer than n elements a layer). With overlap the
  * layer-sized buffers come in twos. */
-tally__mem_need tally__mem_predict(const tally__model_desc *d, int stage, int n, const tally_optim_cfg *o,
-                                   int overlap);
+tally__mem_need tally__mem_predict(const tally__model_desc *d, int stage, int n, const tally_optim_cfg *o, int overlap);
 
 #endif

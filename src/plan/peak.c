@@ -6,7 +6,7 @@
 #include "../core/clock.h"
 #include "calibrate.h"
 
-#define PEAK_N 512
+#define PEAK_N     512
 #define PEAK_MIN_S 0.2
 
 double tally__sgemm_peak_gflops(void) {

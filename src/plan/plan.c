@@ -42,21 +42,23 @@ double tally__plan_optim_bytes(int optimizer, int precision) {
 
 /* fp32 is what the trainer runs: memory.h's formulas, the ones it checks --max-mem against. */
 static tally__plan_mem memory_fp32(const tally__plan_cfg *c, int stage, int n) {
-    tally__model_desc d = {.nparams = (size_t)c->params, .nlayers = c->nlayers,
-                           .largest_layer = (size_t)c->largest, .activation_bytes = (size_t)c->activation_bytes};
+    tally__model_desc d = {.nparams = (size_t)c->params,
+                           .nlayers = c->nlayers,
+                           .largest_layer = (size_t)c->largest,
+                           .activation_bytes = (size_t)c->activation_bytes};
     tally_optim_cfg o;
     tally_optim_cfg_default(&o, c->optimizer == TALLY_OPTIM_ADAMW ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);
     tally__mem_need m = tally__mem_predict(&d, stage, n, &o, 1); /* the trainer overlaps by default */
-    return (tally__plan_mem){.params = (double)m.params, .grads = (double)m.grads, .optim = (double)m.optim,
-                             .buffers = (double)m.buffers};
+    return (tally__plan_mem){
+        .params = (double)m.params, .grads = (double)m.grads, .optim = (double)m.optim, .buffers = (double)m.buffers};
 }
 
 /* The ZeRO paper's mixed precision: fp16 parameters and gradients, K bytes of fp32 state. */
 static tally__plan_mem memory_mixed(const tally__plan_cfg *c, int stage, int n) {
     double P = (double)c->params, sh = (double)tally__plan_shard(c->params, n);
     double K = tally__plan_optim_bytes(c->optimizer, TALLY__PLAN_MIXED);
-    return (tally__plan_mem){.params = 2 * (stage == 3 ? sh : P), .grads = 2 * (stage >= 2 ? sh : P),
-                             .optim = K * (stage >= 1 ? sh : P)};
+    return (tally__plan_mem){
+        .params = 2 * (stage == 3 ? sh : P), .grads = 2 * (stage >= 2 ? sh : P), .optim = K * (stage >= 1 ? sh : P)};
 }
 
 tally__plan_mem tally__plan_memory(const tally__plan_cfg *c, int stage, int n) {
@@ -261,15 +263,19 @@ int tally__plan_parse_rate(const char *s, double *bytes_per_s) {
     if (parse_number(s, &v, &u)) return -1;
     const char *p = u;
     double mult = parse_prefix(&u);
-    if (one_of(u, bits)) mult /= 8;
-    else if (!one_of(u, bytes) && !(*u == 0 && u == p)) return -1; /* "25G" alone: bits or bytes? */
+    if (one_of(u, bits))
+        mult /= 8;
+    else if (!one_of(u, bytes) && !(*u == 0 && u == p))
+        return -1; /* "25G" alone: bits or bytes? */
     *bytes_per_s = v * mult;
     return v > 0 && isfinite(*bytes_per_s) ? 0 : -1;
 }
 
 int tally__plan_parse_time(const char *s, double *seconds) {
-    static const struct { const char *unit; double mult; } units[] = {
-        {"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"\xc2\xb5s", 1e-6}, {"ns", 1e-9}};
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"\xc2\xb5s", 1e-6}, {"ns", 1e-9}};
     double v;
     const char *u;
     if (parse_number(s, &v, &u)) return -1;

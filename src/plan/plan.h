@@ -33,10 +33,10 @@ void tally__plan_cfg_default(tally__plan_cfg *c);
 
 /* Bytes one rank holds. */
 typedef struct tally__plan_mem {
-    double params, grads, optim;  /* shards where the stage shards them */
-    double buffers;               /* layer-sized: stage 2 gradient staging, stage 3 also a gathered layer */
-    double state;                 /* params + grads + optim + buffers */
-    double activations, total;    /* total = state + activations */
+    double params, grads, optim; /* shards where the stage shards them */
+    double buffers;              /* layer-sized: stage 2 gradient staging, stage 3 also a gathered layer */
+    double state;                /* params + grads + optim + buffers */
+    double activations, total;   /* total = state + activations */
 } tally__plan_mem;
 
 /* ceil(a / n): the largest shard when a elements are cut among n ranks. */
@@ -78,12 +78,12 @@ typedef struct tally__plan_step {
     double comm;                       /* all of the step's collectives */
     double comm_last;                  /* what cannot overlap: the last bucket (stage 0), all (1-3) */
     int buckets;
-    double t_sum;                      /* compute + comm + update: no overlap */
-    double t_max;                      /* compute - last backward + max(last backward, comm) + update */
-    double t_pred;                     /* as the engine overlaps: only buckets before the last hide */
-    double parallel;                   /* what splits across ranks: compute (+ the update ZeRO shards) */
-    double serial;                     /* the rest of t_pred: exposed comm, a replicated update */
-    double samples_per_s;              /* n x batch x accum / t_pred */
+    double t_sum;         /* compute + comm + update: no overlap */
+    double t_max;         /* compute - last backward + max(last backward, comm) + update */
+    double t_pred;        /* as the engine overlaps: only buckets before the last hide */
+    double parallel;      /* what splits across ranks: compute (+ the update ZeRO shards) */
+    double serial;        /* the rest of t_pred: exposed comm, a replicated update */
+    double samples_per_s; /* n x batch x accum / t_pred */
 } tally__plan_step;
 tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n);
 
@@ -97,8 +97,8 @@ tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n);
 double tally__plan_fit_beta(const tally__cost *m, int n, double S, double seconds);
 
 double tally__plan_parallel_fraction(const tally__plan_step *s);
-double tally__plan_amdahl(double p, int n);  /* 1 / ((1-p) + p/n) */
-double tally__plan_ceiling(double p);        /* 1 / (1-p); HUGE_VAL when p == 1 */
+double tally__plan_amdahl(double p, int n); /* 1 / ((1-p) + p/n) */
+double tally__plan_ceiling(double p);       /* 1 / (1-p); HUGE_VAL when p == 1 */
 
 /* Parsers (0, or -1 when malformed). Counts: K/M/G/T = 1e3..1e12 ("7.5G"). Rates: bits with "bps" or
  * "b/s" (Gbps = 1e9 bits/s), bytes with "B/s" or "Bps" (KB/MB/GB/TB decimal, KiB/MiB/GiB binary), to

@@ -14,7 +14,7 @@
  * them: every rank of a job runs on the same architecture). rank is the sender's worker index (the
  * server sends -1); aux is the staleness of a PARAMS answer. */
 #define TALLY__PS_MAGIC 0x544c5950u /* "TLYP" */
-#define TALLY__PS_HDR 32
+#define TALLY__PS_HDR   32
 enum {
     TALLY__PS_HELLO = 1, /* worker -> server after authentication: its worker index; len 0 */
     TALLY__PS_PULL,      /* worker -> server: "I am about to compute step `clock`"; len 0 */
@@ -50,11 +50,11 @@ int tally__stale_lr_parse(const char *name);         /* -1 when unknown */
 
 /* --mode async: workers push gradients to a parameter server instead of allreducing them. */
 typedef struct tally__async_cfg {
-    int enabled;             /* --mode async (rank 0 serves) */
-    long staleness;          /* SSP bound S >= 0: no worker more than S steps ahead of the slowest */
-    int stale_lr;            /* tally__stale_lr: how a stale gradient's lr is damped */
-    int ps_dedicated;        /* --ps: rank 0 only serves; ranks 1..N-1 are the workers */
-    int shared_quota;        /* the run's steps x workers gradients are shared out to whoever is ready (a
+    int enabled;      /* --mode async (rank 0 serves) */
+    long staleness;   /* SSP bound S >= 0: no worker more than S steps ahead of the slowest */
+    int stale_lr;     /* tally__stale_lr: how a stale gradient's lr is damped */
+    int ps_dedicated; /* --ps: rank 0 only serves; ranks 1..N-1 are the workers */
+    int shared_quota; /* the run's steps x workers gradients are shared out to whoever is ready (a
                               * fast worker computes more), not steps to each worker */
 } tally__async_cfg;
 
@@ -62,29 +62,29 @@ typedef struct tally__async_cfg {
 
 typedef struct tally__ps_cfg {
     int nworkers;
-    int rank_base;           /* job rank of worker 0 (1 when rank 0 only serves), for messages */
-    long staleness;          /* S: a worker computes step c only once every worker has pushed c - S */
+    int rank_base;  /* job rank of worker 0 (1 when rank 0 only serves), for messages */
+    long staleness; /* S: a worker computes step c only once every worker has pushed c - S */
     tally__stale_lr stale_lr;
     size_t nparams;
-    const float *init;       /* the initial parameters (copied) */
+    const float *init; /* the initial parameters (copied) */
     tally_optim_cfg optim;
     tally_lr_schedule sched; /* the rate of a gradient computed at step c is sched's at c */
     const void *token;       /* the job token each worker proves (HMAC challenge, role "ps") */
     size_t token_len;
-    const char *host;        /* the address to listen on (an ephemeral port) */
-    double timeout_s;        /* the longest any one wait for a worker may take */
-    long budget;             /* > 0: answer this many pulls in all, whoever asks, then STOP every one */
+    const char *host; /* the address to listen on (an ephemeral port) */
+    double timeout_s; /* the longest any one wait for a worker may take */
+    long budget;      /* > 0: answer this many pulls in all, whoever asks, then STOP every one */
 } tally__ps_cfg;
 
 typedef struct tally__ps_stats {
-    long pushes;             /* complete gradients applied */
-    long updates;            /* optimizer steps taken (S = 0: one per round of pushes) */
+    long pushes;                     /* complete gradients applied */
+    long updates;                    /* optimizer steps taken (S = 0: one per round of pushes) */
     long hist[TALLY__PS_STALE_BINS]; /* staleness of every applied gradient */
     long max_staleness;
     long pulls, pulls_waited; /* pulls, and those the bound held back */
-    double wait_s;           /* what the held-back pulls waited, summed over workers */
-    int dead_rank;           /* job rank of a worker that died (-1: none) */
-    long dead_clock;         /* the gradients it had pushed */
+    double wait_s;            /* what the held-back pulls waited, summed over workers */
+    int dead_rank;            /* job rank of a worker that died (-1: none) */
+    long dead_clock;          /* the gradients it had pushed */
 } tally__ps_stats;
 
 typedef struct tally__ps_server tally__ps_server;
@@ -107,10 +107,10 @@ void tally__ps_server_free(tally__ps_server *s);
 
 typedef struct tally__ps_worker {
     int fd;
-    int worker, rank;        /* index among the workers, and job rank */
+    int worker, rank; /* index among the workers, and job rank */
     size_t nparams;
     double timeout_s;
-    double wait_s;           /* time spent in pulls (waiting for the bound, and the transfer) */
+    double wait_s; /* time spent in pulls (waiting for the bound, and the transfer) */
 } tally__ps_worker;
 
 /* Connects to the server at host:port, proves the token and says which worker this is. */

@@ -15,7 +15,7 @@
 #include "../core/log.h"
 #include "ps.h"
 
-#define POLL_MS 200
+#define POLL_MS     200
 #define HANDSHAKE_S 10.0 /* a connection that has not proven the token by then is turned away */
 
 typedef enum { W_NEW, W_LIVE, W_DONE, W_DEAD } ps_state;
@@ -23,27 +23,27 @@ typedef enum { W_NEW, W_LIVE, W_DONE, W_DEAD } ps_state;
 typedef struct ps_wk {
     int fd;
     ps_state state;
-    long clock;              /* complete gradients received from it */
-    long pull;               /* the step a pull waits to compute (-1: none) */
-    int held;                /* that pull was found waiting for the bound */
-    uint64_t pull_t, heard;  /* when the pull came, when the last frame came */
-    long stale;              /* staleness of the parameters it last pulled */
-    long served;             /* the step those parameters were for (-1: none yet) */
-    float *stash;            /* S = 0: its gradient for the round in progress */
+    long clock;             /* complete gradients received from it */
+    long pull;              /* the step a pull waits to compute (-1: none) */
+    int held;               /* that pull was found waiting for the bound */
+    uint64_t pull_t, heard; /* when the pull came, when the last frame came */
+    long stale;             /* staleness of the parameters it last pulled */
+    long served;            /* the step those parameters were for (-1: none yet) */
+    float *stash;           /* S = 0: its gradient for the round in progress */
 } ps_wk;
 
 struct tally__ps_server {
     tally__ps_cfg cfg;
     float *params;
-    float *grad;             /* S >= 1: the push being read; S = 0: the round's mean */
+    float *grad; /* S >= 1: the push being read; S = 0: the round's mean */
     tally_optim optim;
     int lfd, port;
     uint64_t started;
     ps_wk *w;
-    long round;              /* S = 0: the next round to apply */
-    long answered;           /* pulls answered with parameters */
+    long round;    /* S = 0: the next round to apply */
+    long answered; /* pulls answered with parameters */
     tally__ps_stats st;
-    int rc;                  /* the first failure (a worker lost, a timeout) */
+    int rc; /* the first failure (a worker lost, a timeout) */
     char msg[1024];
     pthread_t thread;
     int thread_on;
@@ -188,15 +188,18 @@ static void ps_apply_rounds(tally__ps_server *s) {
         int contributors = 0, waiting = 0;
         for (int i = 0; i < s->cfg.nworkers; i++) {
             const ps_wk *k = &s->w[i];
-            if (k->clock > s->round) contributors++;
-            else if (k->state == W_NEW || k->state == W_LIVE) waiting = 1;
+            if (k->clock > s->round)
+                contributors++;
+            else if (k->state == W_NEW || k->state == W_LIVE)
+                waiting = 1;
         }
         if (waiting || !contributors) return;
         int first = 1;
         for (int i = 0; i < s->cfg.nworkers; i++) {
             if (s->w[i].clock <= s->round) continue;
             const float *g = s->w[i].stash;
-            if (first) memcpy(s->grad, g, s->cfg.nparams * sizeof(float));
+            if (first)
+                memcpy(s->grad, g, s->cfg.nparams * sizeof(float));
             else
                 for (size_t j = 0; j < s->cfg.nparams; j++) s->grad[j] += g[j];
             first = 0;
@@ -245,7 +248,9 @@ static void ps_frame(tally__ps_server *s, int w) {
     char bad[160];
     snprintf(bad, sizeof bad, "a %s frame for step %llu while at step %ld%s", tally__ps_type_name(h.type),
              (unsigned long long)h.clock, k->clock,
-             k->pull >= 0 ? " with a pull outstanding" : k->served != k->clock ? " without parameters for it" : "");
+             k->pull >= 0            ? " with a pull outstanding"
+             : k->served != k->clock ? " without parameters for it"
+                                     : "");
     int in_order = h.rank == w && h.clock == (uint64_t)k->clock;
     if (h.type == TALLY__PS_PULL && in_order && k->pull < 0) {
         k->pull = k->clock;
@@ -281,7 +286,10 @@ static void ps_answer(tally__ps_server *s) {
             continue;
         }
         long stale = k->pull - min > 0 ? k->pull - min : 0;
-        tally__ps_hdr h = {.type = TALLY__PS_PARAMS, .rank = -1, .aux = (uint32_t)stale, .clock = (uint64_t)k->pull,
+        tally__ps_hdr h = {.type = TALLY__PS_PARAMS,
+                           .rank = -1,
+                           .aux = (uint32_t)stale,
+                           .clock = (uint64_t)k->pull,
                            .len = (uint32_t)(s->cfg.nparams * sizeof(float))};
         uint64_t now = tally__now_ns();
         if (k->held) {
@@ -344,8 +352,10 @@ int tally__ps_server_run(tally__ps_server *s) {
         }
         for (int j = 0; j < m; j++) {
             if (!(pf[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-            if (who[j] < 0) ps_accept(s);
-            else if (s->w[who[j]].state == W_LIVE) ps_frame(s, who[j]);
+            if (who[j] < 0)
+                ps_accept(s);
+            else if (s->w[who[j]].state == W_LIVE)
+                ps_frame(s, who[j]);
         }
         ps_answer(s);
         rc = ps_check_silence(s);

@@ -39,9 +39,9 @@ int tally__ps_recv_hdr(int fd, size_t nparams, tally__ps_hdr *h, uint64_t deadli
     h->aux = tally__get_be32(b + 12);
     h->clock = tally__get_be64(b + 16);
     h->len = tally__get_be32(b + 24);
-    *why = tally__get_be32(b) != TALLY__PS_MAGIC ? "bad magic (not a parameter-server frame)"
+    *why = tally__get_be32(b) != TALLY__PS_MAGIC                        ? "bad magic (not a parameter-server frame)"
            : h->type < TALLY__PS_HELLO || h->type >= TALLY__PS_TYPE_MAX ? "unknown frame type"
-           : tally__get_be32(b + 28) != 0                                    ? "reserved header word not zero"
+           : tally__get_be32(b + 28) != 0                               ? "reserved header word not zero"
            : h->clock > (uint64_t)1 << 62                               ? "clock out of range"
            : !len_ok(h->type, h->len, nparams)                          ? "payload length does not match the model"
                                                                         : NULL;

@@ -14,8 +14,9 @@ static int wk_io_err(const tally__ps_worker *w, int rc, const char *what) {
         return tally__seterr(rc, "rank %d: the parameter server did not answer a %s within %.0f s (TALLY_TIMEOUT)",
                              w->rank, what, w->timeout_s);
     if (rc == TALLY_E_PEER_LOST)
-        return tally__seterr(rc, "rank %d: the parameter server closed the connection during a %s (see rank 0's "
-                                 "error: another worker may have died)",
+        return tally__seterr(rc,
+                             "rank %d: the parameter server closed the connection during a %s (see rank 0's "
+                             "error: another worker may have died)",
                              w->rank, what);
     return tally__seterr(rc == TALLY_E_PROTOCOL ? rc : TALLY_E_SYSTEM, "rank %d: %s with the parameter server failed",
                          w->rank, what);
@@ -50,8 +51,9 @@ int tally__ps_worker_pull(tally__ps_worker *w, long clock, float *params, long *
         return tally__seterr(rc, "rank %d: malformed answer from the parameter server: %s", w->rank, why);
     if (!rc && h.type == TALLY__PS_STOP && h.clock == (uint64_t)clock) return TALLY__PS_STOPPED;
     if (!rc && (h.type != TALLY__PS_PARAMS || h.clock != (uint64_t)clock))
-        return tally__seterr(TALLY_E_PROTOCOL, "rank %d: the parameter server answered a pull for step %ld with a %s "
-                                               "frame for step %llu",
+        return tally__seterr(TALLY_E_PROTOCOL,
+                             "rank %d: the parameter server answered a pull for step %ld with a %s "
+                             "frame for step %llu",
                              w->rank, clock, tally__ps_type_name(h.type), (unsigned long long)h.clock);
     if (!rc) rc = tally__net_recv_all(w->fd, params, h.len, dl);
     if (rc) return wk_io_err(w, rc, "pull");
@@ -61,7 +63,9 @@ int tally__ps_worker_pull(tally__ps_worker *w, long clock, float *params, long *
 }
 
 int tally__ps_worker_push(tally__ps_worker *w, long clock, const float *grads) {
-    tally__ps_hdr h = {.type = TALLY__PS_PUSH, .rank = w->worker, .clock = (uint64_t)clock,
+    tally__ps_hdr h = {.type = TALLY__PS_PUSH,
+                       .rank = w->worker,
+                       .clock = (uint64_t)clock,
                        .len = (uint32_t)(w->nparams * sizeof(float))};
     int rc = tally__ps_send(w->fd, &h, grads, tally__deadline(w->timeout_s));
     return rc ? wk_io_err(w, rc, "push") : 0;

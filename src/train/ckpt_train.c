@@ -28,8 +28,8 @@ static void run_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tens
     char id[96];
     ck_model_id(arg, id, sizeof id);
     snprintf(name, cap, "%s", run_names[i]);
-    *t = (tally__ckpt_tensor){.dtype = i == RUN_MODEL ? TALLY_U8 : TALLY_I64, .ndim = 1,
-                              .shape = {i == RUN_MODEL ? strlen(id) : 1}};
+    *t = (tally__ckpt_tensor){
+        .dtype = i == RUN_MODEL ? TALLY_U8 : TALLY_I64, .ndim = 1, .shape = {i == RUN_MODEL ? strlen(id) : 1}};
 }
 
 static int run_save(void *arg, int first, const tally__state_sink *out) {
@@ -39,8 +39,8 @@ static int run_save(void *arg, int first, const tally__state_sink *out) {
     int epoch = r->epoch;
     long in_epoch = r->in_epoch;
     if (in_epoch >= r->steps_per_epoch) epoch++, in_epoch = 0;
-    int64_t v[RUN_MODEL] = {r->saving_step, epoch, in_epoch * samples_per_step, r->guard.skipped, (int64_t)c->seed,
-                            r->size};
+    int64_t v[RUN_MODEL] = {r->saving_step,   epoch,  in_epoch * samples_per_step, r->guard.skipped,
+                            (int64_t)c->seed, r->size};
     for (int i = 0; i < RUN_MODEL; i++) out->put(out->arg, first + i, &v[i], sizeof v[i]);
     char id[96];
     ck_model_id(r, id, sizeof id);
@@ -59,8 +59,7 @@ static int ck_check_identity(train_run *r, const tally__ckpt *ck) {
         rc = tally__seterr(TALLY_E_INVALID,
                            "rank %d: checkpoint %s was written with --seed %llu and this run has --seed %llu: the seed "
                            "fixes the data order, so resume with the same one",
-                           r->rank, tally__ckpt_label(ck), (unsigned long long)seed,
-                           (unsigned long long)r->cfg->seed);
+                           r->rank, tally__ckpt_label(ck), (unsigned long long)seed, (unsigned long long)r->cfg->seed);
     return rc;
 }
 
@@ -74,9 +73,10 @@ static int ck_load_position(train_run *r, const tally__ckpt *ck) {
     if (!rc) rc = tally__state_i64(ck, "train.skipped", &skipped);
     if (rc) return rc;
     if (step < 0 || epoch < 0 || epoch > 1000000 || samples < 0 || skipped < 0)
-        return tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s holds an impossible position (step %lld, epoch "
-                             "%lld, %lld samples into it)", r->rank, tally__ckpt_label(ck), (long long)step,
-                             (long long)epoch, (long long)samples);
+        return tally__seterr(TALLY_E_CORRUPT,
+                             "rank %d: checkpoint %s holds an impossible position (step %lld, epoch "
+                             "%lld, %lld samples into it)",
+                             r->rank, tally__ckpt_label(ck), (long long)step, (long long)epoch, (long long)samples);
     long per_step = (long)r->cfg->batch * r->cfg->sync.accum * r->size;
     r->start_step = step;
     r->start_epoch = (int)epoch;
@@ -99,7 +99,7 @@ static int run_load(void *arg, const tally__ckpt *ck) {
 
 typedef struct ck_parts {
     tally__state p[2];
-    int count[2];            /* each one's entries, asked once */
+    int count[2]; /* each one's entries, asked once */
     int n;
 } ck_parts;
 
@@ -120,9 +120,9 @@ typedef struct ck_save {
     tally__ckpt_tensor *t;
     char (*names)[CK_NAME_CAP];
     int count;
-    tally__ckpt_writer *w;   /* rank 0 only; NULL elsewhere, or once writing failed */
-    int wrc;                 /* rank 0: the first writing error */
-    char why[1024];          /* its message: the collectives after it start with a clear one */
+    tally__ckpt_writer *w; /* rank 0 only; NULL elsewhere, or once writing failed */
+    int wrc;               /* rank 0: the first writing error */
+    char why[1024];        /* its message: the collectives after it start with a clear one */
 } ck_save;
 
 static void ck_write_failed(ck_save *s, int rc) {
@@ -242,12 +242,15 @@ int tally__train_ckpt_resume(train_run *r) {
         tally__ckpt_close(ck);
         if (crc) return crc;
         if (bad) return tally__seterr(rc, "%s", why);
-        return tally__seterr(TALLY_E_CORRUPT, "rank %d: another rank could not read the checkpoint in %s (its "
-                             "message says why)", r->rank, r->cfg->ckpt.dir);
+        return tally__seterr(TALLY_E_CORRUPT,
+                             "rank %d: another rank could not read the checkpoint in %s (its "
+                             "message says why)",
+                             r->rank, r->cfg->ckpt.dir);
     }
     rc = ck_same_everywhere(r, found, found ? tally__ckpt_step(ck) : -1);
     if (!rc && !found) {
-        if (r->rank == 0) tally__log_notice("--resume: no checkpoint in %s yet; starting from step 0", r->cfg->ckpt.dir);
+        if (r->rank == 0)
+            tally__log_notice("--resume: no checkpoint in %s yet; starting from step 0", r->cfg->ckpt.dir);
         return 0;
     }
     ck_parts parts;
@@ -261,8 +264,11 @@ int tally__train_ckpt_resume(train_run *r) {
     crc = tally_allreduce(r->comm, &failed, &anyf, 1, TALLY_I32, TALLY_MAX);
     if (crc) return crc;
     if (failed) return tally__seterr(rc, "%s", why);
-    if (anyf) return tally__seterr(TALLY_E_INVALID, "rank %d: another rank could not resume from the checkpoint in %s "
-                                   "(its message says why)", r->rank, r->cfg->ckpt.dir);
+    if (anyf)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: another rank could not resume from the checkpoint in %s "
+                             "(its message says why)",
+                             r->rank, r->cfg->ckpt.dir);
     if (r->rank == 0)
         tally__log_notice("resumed from the checkpoint of step %ld in %s", r->start_step, r->cfg->ckpt.dir);
     return 0;

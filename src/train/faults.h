@@ -19,11 +19,11 @@ typedef struct tally__train_hook {
 
 /* Faults at a step of a rank (step 0: none). */
 typedef struct tally__train_faults {
-    int nan_rank;   /* feeds a NaN into its first input of step nan_step */
+    int nan_rank; /* feeds a NaN into its first input of step nan_step */
     long nan_step;
-    int flip_rank;  /* flips a bit of a parameter in the middle of its buffer after step flip_step */
+    int flip_rank; /* flips a bit of a parameter in the middle of its buffer after step flip_step */
     long flip_step;
-    int kill_rank;  /* SIGKILL after step kill_step */
+    int kill_rank; /* SIGKILL after step kill_step */
     long kill_step;
     long halt_after; /* every rank stops after this many steps as a killed run would */
 } tally__train_faults;

@@ -35,8 +35,9 @@ void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
 
 int tally__train_check_input(const train_run *r) {
     if (!r->model.token_input) return 0;
-    return tally__seterr(TALLY_E_INVALID, "rank %d: this model reads token indices and the data set %s holds "
-                                          "feature vectors; train it on token data, or give it a float input",
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: this model reads token indices and the data set %s holds "
+                         "feature vectors; train it on token data, or give it a float input",
                          r->rank, r->cfg->data.source ? r->cfg->data.source : "fashion-mnist");
 }
 
@@ -194,9 +195,11 @@ int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
         char limit[64] = "no limit";
         if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY)
             snprintf(limit, sizeof limit, "%llu KiB", (unsigned long long)lim.rlim_cur / 1024);
-        return tally__seterr(TALLY_E_NOMEM, "rank %d: OpenBLAS needs about %zu MiB more address space for %d "
+        return tally__seterr(TALLY_E_NOMEM,
+                             "rank %d: OpenBLAS needs about %zu MiB more address space for %d "
                              "thread%s' buffers and this process cannot get it (ulimit -v: %s): raise the limit, "
-                             "or give fewer --threads", rank, need >> 20, threads, threads == 1 ? "" : "s", limit);
+                             "or give fewer --threads",
+                             rank, need >> 20, threads, threads == 1 ? "" : "s", limit);
     }
     openblas_set_num_threads(threads);
     return 0;
@@ -205,10 +208,10 @@ int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
 void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
     if (cfg->straggler_ms <= 0 || rank != cfg->straggler_rank) return;
     struct timespec ts = {.tv_sec = cfg->straggler_ms / 1000, .tv_nsec = (long)(cfg->straggler_ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
+    while (nanosleep(&ts, &ts) != 0) {}
 }
 
 void tally__train_tell(const train_run *r, const tally__train_event *ev) {
-    if (r->rank == 0 && !r->cfg->report.quiet && r->cfg->report.observer) r->cfg->report.observer(r->cfg->report.observer_arg, ev);
+    if (r->rank == 0 && !r->cfg->report.quiet && r->cfg->report.observer)
+        r->cfg->report.observer(r->cfg->report.observer_arg, ev);
 }

@@ -14,7 +14,6 @@ void tally__train_codec_check_overflow(train_run *r, long step) {
     if (bucket >= 0) snprintf(where, sizeof where, "bucket %d", bucket);
     if (bucket >= 0 && r->rank != 0) return; /* every rank has the same sums: one says so */
     tally__log_notice("step %ld: the %s sum of %s overflowed (a value past 65504): counted as a non-finite "
-                    "gradient (--nan decides: skip the step, or stop); bf16 has f32's range",
-                    step + 1, r->cfg->sync.codec.kind == TALLY__CODEC_FP16 ? "fp16" : "16-bit", where);
+                      "gradient (--nan decides: skip the step, or stop); bf16 has f32's range",
+                      step + 1, r->cfg->sync.codec.kind == TALLY__CODEC_FP16 ? "fp16" : "16-bit", where);
 }
-

@@ -9,9 +9,9 @@
 #include "trainer.h"
 
 #define SYNTHETIC_TRAIN 60000
-#define SYNTHETIC_TEST 10000
+#define SYNTHETIC_TEST  10000
 #define LINEAR_FEATURES 8
-#define LINEAR_NOISE 0.1f
+#define LINEAR_NOISE    0.1f
 
 static int is_dir(const char *p) {
     struct stat st;
@@ -37,16 +37,15 @@ static int split_tail(tally_dataset *all, size_t tail, tally_dataset *test) {
     return 0;
 }
 
-static int train_linear_data(const tally__train_cfg *cfg, tally_dataset *train, tally_dataset *test,
-                             float *true_w) {
+static int train_linear_data(const tally__train_cfg *cfg, tally_dataset *train, tally_dataset *test, float *true_w) {
     size_t n = cfg->data.linear_samples ? cfg->data.linear_samples : 16384, held_out = n / 8 ? n / 8 : 1;
     int rc = tally_dataset_linear(cfg->seed, n + held_out, LINEAR_FEATURES, LINEAR_NOISE, true_w, train);
     if (!rc && (rc = split_tail(train, held_out, test))) tally_dataset_free(train);
     return rc;
 }
 
-int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test,
-                      float *true_w, const char **name) {
+int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test, float *true_w,
+                      const char **name) {
     memset(train, 0, sizeof *train);
     memset(test, 0, sizeof *test);
     const char *want = cfg->data.source ? cfg->data.source : "fashion-mnist";
@@ -54,8 +53,8 @@ int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *trai
     if (info && info->data == TALLY__DATA_LEAST_SQUARES) {
         if (strcmp(want, "synthetic") && strcmp(want, "fashion-mnist") && strcmp(want, "linear"))
             return tally__seterr(TALLY_E_INVALID,
-                                 "rank %d: the %s model trains on its own least-squares data; drop --data %s",
-                                 rank, info->name, want);
+                                 "rank %d: the %s model trains on its own least-squares data; drop --data %s", rank,
+                                 info->name, want);
         *name = "least-squares (8 features)";
         return train_linear_data(cfg, train, test, true_w);
     }

@@ -75,7 +75,8 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              "only its shard of the parameters; use it with --zero 0, 1 or 2",
                              r->rank);
     if ((rc = tally__codec_check(&cfg->sync.codec, cfg->sync.zero, r->rank))) return rc;
-    if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed))) return rc;
+    if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed)))
+        return rc;
     if ((rc = tally__train_check_input(r))) return rc;
     r->hooks = tally__sync_hooks(&r->sync);
     tally__codec_spec(&cfg->sync.codec, res->codec, sizeof res->codec);
@@ -93,11 +94,11 @@ static int train_setup(train_run *r, tally__train_result *res) {
 
 typedef struct step_times {
     double data, compute, update;
-    double wait;             /* blocked on the gradients' communication */
-    double comm;             /* in the gradients' collectives (on whichever thread) */
+    double wait;              /* blocked on the gradients' communication */
+    double comm;              /* in the gradients' collectives (on whichever thread) */
     unsigned long long bytes; /* sent in the steps' collectives */
     double loss;
-    long skipped;            /* steps every rank skipped for a NaN or Inf gradient */
+    long skipped; /* steps every rank skipped for a NaN or Inf gradient */
 } step_times;
 
 /* Ends the step without an update when some rank's gradient was NaN or Inf (one allreduce of a flag
@@ -127,7 +128,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         uint64_t t0 = tally__now_ns();
         for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
         tally__train_gather(r, &r->train, idx, B);
-        if (cfg->hook.batch) cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
+        if (cfg->hook.batch)
+            cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
         if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
         if (k == 0) tally__train_straggle(cfg, r->rank);
@@ -152,7 +154,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     } else if ((rc = tally__sync_apply(&r->sync, lr))) {
         return rc;
     }
-    if (r->cfg->hook.updated) r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
+    if (r->cfg->hook.updated)
+        r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     /* ZeRO's waits for communication happen inside the passes and the update: count them as
      * waiting, not work. The counters are read once the step has drained every collective. */
@@ -205,8 +208,11 @@ static int train_epochs(train_run *r, tally__train_result *res) {
             if (cfg->check_replicas > 0 && (step + 1) % cfg->check_replicas == 0 &&
                 (rc = tally__guard_check_replicas(r->comm, &r->model, step)))
                 return rc;
-            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP, .step = step + 1, .total_steps = total,
-                                                       .epoch = epoch, .epochs = cfg->epochs,
+            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP,
+                                                       .step = step + 1,
+                                                       .total_steps = total,
+                                                       .epoch = epoch,
+                                                       .epochs = cfg->epochs,
                                                        .samples = (double)(step + 1) * samples_per_step,
                                                        .loss = st.loss - before});
         }
@@ -215,12 +221,16 @@ static int train_epochs(train_run *r, tally__train_result *res) {
         if (cfg->eval) {
             int rc = tally__train_evaluate(r, res);
             if (rc) return rc;
-            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_EVALUATED, .step = step, .total_steps = total,
-                                                       .epoch = epoch, .epochs = cfg->epochs, .loss = res->last_loss,
-                                                       .regression = r->model.regression,
-                                                       .test_metric = r->model.regression ? res->test_loss
-                                                                                          : res->test_acc,
-                                                       .test_loss = res->test_loss});
+            tally__train_tell(r,
+                              &(tally__train_event){.kind = TALLY__TRAIN_EVALUATED,
+                                                    .step = step,
+                                                    .total_steps = total,
+                                                    .epoch = epoch,
+                                                    .epochs = cfg->epochs,
+                                                    .loss = res->last_loss,
+                                                    .regression = r->model.regression,
+                                                    .test_metric = r->model.regression ? res->test_loss : res->test_acc,
+                                                    .test_loss = res->test_loss});
         }
     }
     tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_END, .step = step, .total_steps = total});
@@ -261,16 +271,17 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     res->test_acc = -1;
     res->resumed_from = -1;
     if (cfg->batch < 1 || cfg->sync.accum < 1 || cfg->epochs < 1)
-        return tally__seterr(TALLY_E_INVALID, "train: batch (%d), accum (%d) and epochs (%d) must be >= 1",
-                             cfg->batch, cfg->sync.accum, cfg->epochs);
+        return tally__seterr(TALLY_E_INVALID, "train: batch (%d), accum (%d) and epochs (%d) must be >= 1", cfg->batch,
+                             cfg->sync.accum, cfg->epochs);
     if (cfg->straggler_ms > 0 && (cfg->straggler_rank < 0 || cfg->straggler_rank >= tally_comm_size(comm)))
         return tally__seterr(TALLY_E_INVALID, "train: --straggler names rank %d, and the ranks are 0..%d",
                              cfg->straggler_rank, tally_comm_size(comm) - 1);
     int cpus = tally__cpus_allowed();
     if (cfg->threads > cpus)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: --threads %d is more BLAS threads than the %d CPU%s this "
-                             "process may use: give at most %d", tally_comm_rank(comm), cfg->threads, cpus,
-                             cpus == 1 ? "" : "s", cpus);
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --threads %d is more BLAS threads than the %d CPU%s this "
+                             "process may use: give at most %d",
+                             tally_comm_rank(comm), cfg->threads, cpus, cpus == 1 ? "" : "s", cpus);
     if (cfg->async.enabled) return tally__train_async(comm, cfg, res);
     train_run r = {.cfg = cfg, .comm = comm, .rank = tally_comm_rank(comm), .size = tally_comm_size(comm)};
     int rc = train_setup(&r, res);

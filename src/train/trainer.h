@@ -30,60 +30,60 @@ typedef struct tally__train_event {
     int epoch, epochs;      /* the epoch in progress (from 0), and how many */
     double samples;         /* samples trained so far, over all ranks */
     double loss;
-    int regression;         /* the test figure is a mean squared error, not an accuracy */
+    int regression; /* the test figure is a mean squared error, not an accuracy */
     double test_metric, test_loss;
 } tally__train_event;
 typedef void (*tally__train_observer)(void *arg, const tally__train_event *ev);
 
 /* The data set of a run and its sizes. */
 typedef struct tally__data_cfg {
-    const char *source;      /* "fashion-mnist" (default), "synthetic", or a directory of IDX files */
-    size_t linear_samples;   /* linear model: training set size; 0 means 16384 */
+    const char *source;                     /* "fashion-mnist" (default), "synthetic", or a directory of IDX files */
+    size_t linear_samples;                  /* linear model: training set size; 0 means 16384 */
     size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
 } tally__data_cfg;
 
 /* The optimizer and its learning rate: the rate, its scaling and its schedule over the run. */
 typedef struct tally__optim_run_cfg {
-    tally_optim_cfg optim;   /* kind and hyper-parameters (tally_optim_cfg_default fills them) */
-    float lr;                /* per rank; 0 means the optimizer's default (sgd 0.05, adamw 1e-3) */
-    int scale_lr;            /* multiply lr by the world size (linear scaling rule) */
+    tally_optim_cfg optim; /* kind and hyper-parameters (tally_optim_cfg_default fills them) */
+    float lr;              /* per rank; 0 means the optimizer's default (sgd 0.05, adamw 1e-3) */
+    int scale_lr;          /* multiply lr by the world size (linear scaling rule) */
     long warmup_steps;
     tally_decay decay;
     float min_lr;
-    long step_every;         /* step decay */
+    long step_every; /* step decay */
     float step_gamma;
 } tally__optim_run_cfg;
 
 /* Who hears of the run: the observer of its progress, the summary's JSON file. */
 typedef struct tally__report_cfg {
-    int quiet;               /* nobody is told of the progress (tests) */
+    int quiet;                      /* nobody is told of the progress (tests) */
     tally__train_observer observer; /* NULL: nobody is told of the progress */
     void *observer_arg;
-    const char *json;        /* write the summary there (rank 0) */
+    const char *json; /* write the summary there (rank 0) */
 } tally__report_cfg;
 
 /* A run: one struct per module it configures, then the loop's own settings. */
 typedef struct tally__train_cfg {
-    tally__model_cfg model;  /* kind and widths (nn); the geometry comes from the data set */
+    tally__model_cfg model; /* kind and widths (nn); the geometry comes from the data set */
     tally__data_cfg data;
     tally__optim_run_cfg opt;
-    tally__sync_cfg sync;    /* ZeRO stage, accumulation, buckets, overlap, compression, NaN policy (dp) */
+    tally__sync_cfg sync; /* ZeRO stage, accumulation, buckets, overlap, compression, NaN policy (dp) */
     tally__ckpt_cfg ckpt;
-    tally__async_cfg async;  /* --mode async (ps) */
+    tally__async_cfg async; /* --mode async (ps) */
     tally__report_cfg report;
-    int epochs;              /* default 1 */
-    long max_steps;          /* > 0: stop after this many optimizer steps in all */
-    int batch;               /* per rank, per micro-batch; default 64 */
+    int epochs;     /* default 1 */
+    long max_steps; /* > 0: stop after this many optimizer steps in all */
+    int batch;      /* per rank, per micro-batch; default 64 */
     uint64_t seed;
-    int eval;                /* evaluate on the test set after every epoch */
-    int threads;             /* BLAS threads per rank; 0 means 1 */
-    int measure_peak;        /* time single-thread sgemm after training, for MFU */
-    size_t max_mem;          /* > 0: refuse to start when a rank would need more bytes than this */
-    int keep_params;         /* copy the final parameters into the result (tests) */
-    long check_replicas;     /* > 0: compare the replicas' parameter hashes every this many steps */
-    int straggler_rank;      /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
-    int straggler_ms;        /* 0: no straggler */
-    tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
+    int eval;               /* evaluate on the test set after every epoch */
+    int threads;            /* BLAS threads per rank; 0 means 1 */
+    int measure_peak;       /* time single-thread sgemm after training, for MFU */
+    size_t max_mem;         /* > 0: refuse to start when a rank would need more bytes than this */
+    int keep_params;        /* copy the final parameters into the result (tests) */
+    long check_replicas;    /* > 0: compare the replicas' parameter hashes every this many steps */
+    int straggler_rank;     /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
+    int straggler_ms;       /* 0: no straggler */
+    tally__train_hook hook; /* testing: faults at fixed points of each step (faults.h); zero: none */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
@@ -93,51 +93,51 @@ void tally__train_cfg_default(tally__train_cfg *cfg);
 
 typedef struct tally__train_result {
     size_t nparams;
-    double lr;                /* peak learning rate used (after --scale-lr) */
-    const char *data_name;    /* what was trained on (static string, or cfg->data) */
-    long steps;               /* optimizer steps taken */
-    double samples;           /* training samples over all ranks */
-    double train_s;           /* wall time in training steps (evaluation excluded) */
+    double lr;             /* peak learning rate used (after --scale-lr) */
+    const char *data_name; /* what was trained on (static string, or cfg->data) */
+    long steps;            /* optimizer steps taken */
+    double samples;        /* training samples over all ranks */
+    double train_s;        /* wall time in training steps (evaluation excluded) */
     double samples_per_s;
     double data_s, compute_s, update_s, wait_s, comm_s; /* per-rank totals over the steps */
-    unsigned long long bytes_sent; /* by this rank in the gradient allreduces */
-    int buckets;              /* gradient buckets per step */
-    double last_loss;         /* mean training loss of the last epoch (this rank's shard) */
-    int evaluated;            /* test_acc / test_loss hold a result */
-    double test_acc;          /* classification; -1 for regression */
-    double test_loss;         /* mean test loss (mse for regression) */
+    unsigned long long bytes_sent;                      /* by this rank in the gradient allreduces */
+    int buckets;                                        /* gradient buckets per step */
+    double last_loss;                                   /* mean training loss of the last epoch (this rank's shard) */
+    int evaluated;                                      /* test_acc / test_loss hold a result */
+    double test_acc;                                    /* classification; -1 for regression */
+    double test_loss;                                   /* mean test loss (mse for regression) */
     double flops_per_sample;
-    double peak_gflops;       /* single-thread sgemm, 0 when not measured */
-    unsigned char hash[32];   /* SHA-256 of the final parameters */
-    int replicas_identical;   /* every rank's hash equal */
-    long skipped_steps;       /* steps skipped because a gradient was NaN or Inf on some rank */
-    long resumed_from;        /* the step of the checkpoint this run resumed from; -1 when it started fresh */
-    long checkpoints;         /* checkpoints written */
-    float *params;            /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
+    double peak_gflops;     /* single-thread sgemm, 0 when not measured */
+    unsigned char hash[32]; /* SHA-256 of the final parameters */
+    int replicas_identical; /* every rank's hash equal */
+    long skipped_steps;     /* steps skipped because a gradient was NaN or Inf on some rank */
+    long resumed_from;      /* the step of the checkpoint this run resumed from; -1 when it started fresh */
+    long checkpoints;       /* checkpoints written */
+    float *params;          /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
     size_t mem_params, mem_grads, mem_optim, mem_buffers, mem_activations; /* bytes this rank holds */
-    size_t peak_rss;          /* bytes, from getrusage */
-    float true_w[64];         /* linear model: the generating weights then bias */
+    size_t peak_rss;                                                       /* bytes, from getrusage */
+    float true_w[64]; /* linear model: the generating weights then bias */
     int true_w_len;
-    tally__train_hook hook;  /* testing: faults at fixed points of each step (faults.h); zero: none */
+    tally__train_hook hook; /* testing: faults at fixed points of each step (faults.h); zero: none */
     /* compression */
-    char codec[40];           /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
-    char arch[96];            /* the model's architecture in words ("784-512-512-10", "LeNet-5") */
-    unsigned long long grad_bytes; /* sent by this rank in the gradient reductions over the steps */
+    char codec[40];                         /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
+    char arch[96];                          /* the model's architecture in words ("784-512-512-10", "LeNet-5") */
+    unsigned long long grad_bytes;          /* sent by this rank in the gradient reductions over the steps */
     unsigned long long grad_bytes_f32_step; /* what one step's gradient reductions send uncompressed in
                                               * f32 (measured once at setup by reducing every bucket, or
                                               * every ZeRO layer, in f32) */
     /* asynchronous training (cfg->async; rank 0 holds the server's figures) */
     int async;
-    long staleness;           /* the bound S */
-    int stale_lr;             /* tally__stale_lr */
+    long staleness; /* the bound S */
+    int stale_lr;   /* tally__stale_lr */
     int ps_dedicated, workers;
-    int shared_quota;         /* steps x workers gradients shared out, not steps per worker */
+    int shared_quota;                             /* steps x workers gradients shared out, not steps per worker */
     long staleness_hist[TALLY__TRAIN_STALE_BINS]; /* applied gradients by staleness; the last bin: that
                                                    * many or more */
     long max_staleness;
     long ps_pushes, ps_updates; /* gradients applied, optimizer steps taken by the server */
-    long pulls, pulls_waited; /* pulls, and those the bound held back */
-    double pull_wait_s;       /* what the held-back pulls waited, summed over workers */
+    long pulls, pulls_waited;   /* pulls, and those the bound held back */
+    double pull_wait_s;         /* what the held-back pulls waited, summed over workers */
 } tally__train_result;
 
 /* Runs the training on this rank. Every rank calls it with the same cfg. */
@@ -146,8 +146,7 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
 /* The data sets of a run: Fashion-MNIST from cfg->data (a directory, or the Debian one), synthetic, or
  * the least-squares set of the linear model. Falls back to synthetic, saying so on rank 0, when the
  * default data set is absent. */
-int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test,
-                      float *true_w, const char **name);
-
+int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *train, tally_dataset *test, float *true_w,
+                      const char **name);
 
 #endif

@@ -21,31 +21,32 @@ _Static_assert(TALLY__TRAIN_STALE_BINS == TALLY__PS_STALE_BINS, "the result hold
 
 typedef struct async_run {
     train_run r;
-    int nworkers, worker;    /* worker index of this rank; -1 for a rank 0 that only serves */
-    tally__boot_env env;     /* the job's address and token */
-    const char *host;        /* where the server listens and the workers connect */
-    tally__ps_server *ps;    /* rank 0 */
+    int nworkers, worker; /* worker index of this rank; -1 for a rank 0 that only serves */
+    tally__boot_env env;  /* the job's address and token */
+    const char *host;     /* where the server listens and the workers connect */
+    tally__ps_server *ps; /* rank 0 */
     tally__ps_worker wk;
     double data_s, compute_s, push_s, loss;
-    long steps;              /* this worker's steps (with a shared quota, its share) */
+    long steps; /* this worker's steps (with a shared quota, its share) */
 } async_run;
 
 static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
     const char *what = cfg->sync.zero ? "--zero (the server holds the whole optimizer state; shards are not done)"
                        : cfg->sync.accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
-                       : cfg->ckpt.dir  ? "--ckpt (the server's state is not checkpointed)"
+                       : cfg->ckpt.dir       ? "--ckpt (the server's state is not checkpointed)"
                        : cfg->sync.codec.kind != TALLY__CODEC_NONE
                            ? "--compress (pushes and pulls carry f32 gradients and parameters)"
                        : cfg->check_replicas > 0 ? "--check-replicas (workers hold different parameters by design)"
                        : cfg->hook.batch || cfg->hook.updated ? "--inject-nan or --inject-flip"
-                           : NULL;
+                                                              : NULL;
     if (what) return tally__seterr(TALLY_E_INVALID, "rank %d: --mode async does not work with %s", rank, what);
     if (cfg->async.staleness < 0)
         return tally__seterr(TALLY_E_INVALID, "rank %d: --staleness %ld: the bound must be >= 0 (0 is synchronous)",
                              rank, cfg->async.staleness);
     if (cfg->async.ps_dedicated && size < 2)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: --ps makes rank 0 a server that does not train, so it needs "
-                                              "at least 2 ranks (-n 2 or more)",
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --ps makes rank 0 a server that does not train, so it needs "
+                             "at least 2 ranks (-n 2 or more)",
                              rank);
     return 0;
 }
@@ -128,8 +129,9 @@ static int async_step(async_run *a, long c) {
         (rc = tally__model_backward(&r->model, r->yb, r->tb, cfg->batch, &r->hooks)))
         return rc;
     if (!isfinite(loss))
-        return tally__seterr(TALLY_E_NONFINITE, "rank %d: the loss of step %ld is %g; --mode async stops on a "
-                                                "non-finite loss rather than push its gradient (lower --lr)",
+        return tally__seterr(TALLY_E_NONFINITE,
+                             "rank %d: the loss of step %ld is %g; --mode async stops on a "
+                             "non-finite loss rather than push its gradient (lower --lr)",
                              r->rank, c, (double)loss);
     uint64_t t2 = tally__now_ns();
     rc = tally__ps_worker_push(&a->wk, c, r->model.grads);
@@ -160,15 +162,17 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
             res->last_loss = epoch_loss / (double)in_epoch; /* the epoch so far */
             if (in_epoch == r->steps_per_epoch) epoch_loss = 0;
             if (r->cfg->hook.done) (void)r->cfg->hook.done(r->cfg->hook.arg, r->rank, c + 1); /* kills; no halt */
-            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP, .step = c + 1 < total ? c + 1 : total,
-                                                       .total_steps = total, .epoch = (int)(c / r->steps_per_epoch),
+            tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP,
+                                                       .step = c + 1 < total ? c + 1 : total,
+                                                       .total_steps = total,
+                                                       .epoch = (int)(c / r->steps_per_epoch),
                                                        .epochs = r->cfg->epochs,
                                                        .samples = (double)(c + 1) * r->cfg->batch * a->nworkers,
                                                        .loss = a->loss});
         }
     }
-    tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_END, .step = c < total ? c : total,
-                                               .total_steps = total});
+    tally__train_tell(
+        r, &(tally__train_event){.kind = TALLY__TRAIN_END, .step = c < total ? c : total, .total_steps = total});
     a->steps = c;
     if (!rc) rc = tally__ps_worker_bye(&a->wk, c);
     tally__ps_worker_close(&a->wk);

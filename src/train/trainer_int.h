@@ -21,24 +21,24 @@ typedef struct train_run {
     tally_dataset train, test;
     tally_sampler sampler;
     tally__model model;
-    tally__sync sync;        /* keeps the replicas in step, whatever the ZeRO stage (synchronous runs) */
+    tally__sync sync; /* keeps the replicas in step, whatever the ZeRO stage (synchronous runs) */
     tally__model_hooks hooks;
-    tally__guard guard;      /* non-finite gradients; wraps hooks */
+    tally__guard guard; /* non-finite gradients; wraps hooks */
     tally_lr_schedule sched;
-    float *xb, *tb;          /* one gathered micro-batch */
+    float *xb, *tb; /* one gathered micro-batch */
     int32_t *yb;
-    size_t *idx;             /* the data set indices of its samples */
+    size_t *idx; /* the data set indices of its samples */
     long steps_per_epoch;
     /* Where training starts: 0, or where a resumed checkpoint left off. */
-    long start_step;         /* optimizer steps already taken */
+    long start_step; /* optimizer steps already taken */
     int start_epoch;
-    long start_in_epoch;     /* steps of start_epoch already taken */
-    long start_skipped;      /* steps skipped for a NaN or Inf before the checkpoint */
-    long saved_step;         /* the step of the last checkpoint written or loaded (-1: none) */
-    long saves;              /* checkpoints written */
-    long saving_step;        /* the step the checkpoint being written is of */
-    int epoch;               /* the loop's position: the epoch in progress, */
-    long in_epoch;           /* and the steps of it taken */
+    long start_in_epoch; /* steps of start_epoch already taken */
+    long start_skipped;  /* steps skipped for a NaN or Inf before the checkpoint */
+    long saved_step;     /* the step of the last checkpoint written or loaded (-1: none) */
+    long saves;          /* checkpoints written */
+    long saving_step;    /* the step the checkpoint being written is of */
+    int epoch;           /* the loop's position: the epoch in progress, */
+    long in_epoch;       /* and the steps of it taken */
 } train_run;
 
 /* After the step's reductions (drained): an overflowed 16-bit sum counts as a non-finite gradient of

@@ -133,10 +133,11 @@ static int shm_recv_map(shm_tp *t, shm_rop *o, const shm_slot *s) {
         return 0;
     }
     if (t->cma) return 0;
-    return tally__fault_raise(t->base.ctx.fault, TALLY_E_SYSTEM, p, "rank %d could not map the shared buffer "
+    return tally__fault_raise(t->base.ctx.fault, TALLY_E_SYSTEM, p,
+                              "rank %d could not map the shared buffer "
                               "(tally_mem_alloc region %llu, fd %d) rank %d sent from (pidfd_getfd or mmap: %s); "
-                              "TALLY_SHM_LARGE=off sends such buffers through the segment", t->me,
-                              (unsigned long long)s->mem_id, (int)s->mem_fd, p, strerror(errno));
+                              "TALLY_SHM_LARGE=off sends such buffers through the segment",
+                              t->me, (unsigned long long)s->mem_id, (int)s->mem_fd, p, strerror(errno));
 }
 
 /* Checks a message's first slot against what we expect: same collective, same length. */
@@ -145,15 +146,18 @@ static int shm_recv_head(shm_tp *t, const shm_xchg *x, shm_rop *o, const shm_slo
     tally__fault *f = t->base.ctx.fault;
     char what[160];
     if (s->kind != SHM_TINY && s->kind != SHM_SLOT && s->kind != SHM_LARGE)
-        return tally__fault_raise(f, TALLY_E_PROTOCOL, p, "rank %d received a malformed message (kind %u) from "
-                                  "rank %d", t->me, (unsigned)s->kind, p);
+        return tally__fault_raise(f, TALLY_E_PROTOCOL, p,
+                                  "rank %d received a malformed message (kind %u) from "
+                                  "rank %d",
+                                  t->me, (unsigned)s->kind, p);
     if (s->sighash != x->hash) return tally__shm_sig_fault(t, p, s);
     uint64_t len = s->kind == SHM_TINY ? s->tiny_len : s->len;
     if (len != o->r->len || (s->kind == SHM_LARGE && !t->cma && !(t->mem && s->mem_id))) {
         tally__sig_format(t->base.ctx.sig, what, sizeof what);
-        return tally__fault_raise(f, TALLY_E_PROTOCOL, p, "rank %d sent %llu bytes in %s but rank %d expected "
-                                  "%zu (kind %u)", p, (unsigned long long)len, what, t->me, o->r->len,
-                                  (unsigned)s->kind);
+        return tally__fault_raise(f, TALLY_E_PROTOCOL, p,
+                                  "rank %d sent %llu bytes in %s but rank %d expected "
+                                  "%zu (kind %u)",
+                                  p, (unsigned long long)len, what, t->me, o->r->len, (unsigned)s->kind);
     }
     o->kind = s->kind;
     o->addr = s->addr;
@@ -200,8 +204,8 @@ static int shm_cma_read(shm_tp *t, int p, void *dst, uint64_t addr, size_t n) {
             usleep(1000);
         }
         return tally__fault_raise(t->base.ctx.fault, e == EFAULT ? TALLY_E_PROTOCOL : TALLY_E_SYSTEM, p,
-                                  "rank %d could not read the message rank %d posted (process_vm_readv: %s)",
-                                  t->me, p, strerror(e));
+                                  "rank %d could not read the message rank %d posted (process_vm_readv: %s)", t->me, p,
+                                  strerror(e));
     }
     return 0;
 }
@@ -235,8 +239,10 @@ static int shm_recv_progress(shm_tp *t, shm_xchg *x, shm_rop *o) {
         if (!o->started) {
             if ((rc = shm_recv_head(t, x, o, s))) return rc;
         } else if (o->kind == SHM_SLOT && s->kind != SHM_CONT) {
-            return tally__fault_raise(t->base.ctx.fault, TALLY_E_PROTOCOL, p, "rank %d: a message from rank %d "
-                                      "ended early (a new one started inside it)", t->me, p);
+            return tally__fault_raise(t->base.ctx.fault, TALLY_E_PROTOCOL, p,
+                                      "rank %d: a message from rank %d "
+                                      "ended early (a new one started inside it)",
+                                      t->me, p);
         }
         moved = 1;
         if (o->kind == SHM_TINY) {
@@ -262,8 +268,8 @@ static int shm_recv_progress(shm_tp *t, shm_xchg *x, shm_rop *o) {
 /* ---- the exchange ----------------------------------------------------------------------------- */
 
 static int shm_bad(shm_tp *t, const char *what, int peer) {
-    return tally__seterr(TALLY_E_INVALID, "rank %d: shm exchange: %s (peer %d, world size %d)", t->me, what,
-                         peer, t->n);
+    return tally__seterr(TALLY_E_INVALID, "rank %d: shm exchange: %s (peer %d, world size %d)", t->me, what, peer,
+                         t->n);
 }
 
 /* Rejects calls that break transport.h's rules before anything is posted. */
@@ -320,8 +326,13 @@ static int shm_progress(shm_tp *t, shm_xchg *x, const tally__send *s, int ns, co
 static int shm_exchange(shm_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
     int rc = tally__fault_check(t->base.ctx.fault);
     if (rc || (rc = shm_validate(t, s, ns, r, nr))) return rc;
-    shm_xchg x = {.t = t, .ns = ns, .nr = nr, .left = ns + nr, .hash = tally__shm_sighash(t->base.ctx.sig),
-                  .t_start = tally__now_ns(), .waiting_on = -1};
+    shm_xchg x = {.t = t,
+                  .ns = ns,
+                  .nr = nr,
+                  .left = ns + nr,
+                  .hash = tally__shm_sighash(t->base.ctx.sig),
+                  .t_start = tally__now_ns(),
+                  .waiting_on = -1};
     tally__shm_note_cpu(t); /* before a peer may wait on us: it yields when we share its CPU */
     rc = shm_progress(t, &x, s, ns, r, nr);
     /* After a failure the record stays: peers that time out a moment later still see whom we waited for. */

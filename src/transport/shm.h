@@ -10,10 +10,10 @@
 #include "../core/cpus.h"
 #include "transport.h"
 
-#define SHM_LINE 64
+#define SHM_LINE   64
 #define SHM_NSLOTS 8           /* slots per channel: a ring deep enough to pipeline copy and reduce */
 #define SHM_INLINE 48          /* payload bytes that ride in the flag's own cache line */
-#define SHM_PIECE (256 << 10)  /* single-copy piece: read into scratch, used while still in L2 */
+#define SHM_PIECE  (256 << 10) /* single-copy piece: read into scratch, used while still in L2 */
 
 /* What a slot holds. A message is one head slot (TINY, SLOT or LARGE), then CONT slots for the rest
  * of a SLOT message that did not fit in the first. */
@@ -27,13 +27,13 @@ typedef struct shm_slot {
     uint16_t tiny_len;     /* payload bytes of a TINY message */
     uint64_t sighash;      /* hash of the sender's fingerprint: equal hashes, equal collectives */
     unsigned char data[SHM_INLINE];
-    tally__sig sig;        /* the sender's full fingerprint (heads only) */
-    uint64_t len;          /* message bytes (SLOT/LARGE heads) */
-    uint64_t addr;         /* LARGE: the message in the sender's address space */
-    uint64_t mem_id;       /* LARGE: 0, or the sender's tally_mem_alloc region that holds the message */
-    uint64_t mem_off;      /* LARGE with mem_id: where the message starts in that region */
-    int32_t mem_fd;        /* LARGE with mem_id: the region's memfd, as numbered in the sender */
-    int32_t mem_pid;       /* LARGE with mem_id: the sender's pid (checked against the one setup saw) */
+    tally__sig sig;   /* the sender's full fingerprint (heads only) */
+    uint64_t len;     /* message bytes (SLOT/LARGE heads) */
+    uint64_t addr;    /* LARGE: the message in the sender's address space */
+    uint64_t mem_id;  /* LARGE: 0, or the sender's tally_mem_alloc region that holds the message */
+    uint64_t mem_off; /* LARGE with mem_id: where the message starts in that region */
+    int32_t mem_fd;   /* LARGE with mem_id: the region's memfd, as numbered in the sender */
+    int32_t mem_pid;  /* LARGE with mem_id: the sender's pid (checked against the one setup saw) */
 } shm_slot;
 _Static_assert(sizeof(shm_slot) == 2 * SHM_LINE, "a slot header is two cache lines");
 
@@ -77,7 +77,7 @@ typedef struct shm_sop {
     uint32_t nuse, posted; /* slot uses the message needs / has filled */
     const unsigned char *buf;
     size_t len;
-    uint64_t last_use;     /* LARGE: the slot use whose consumption completes the send */
+    uint64_t last_use;        /* LARGE: the slot use whose consumption completes the send */
     uint64_t mem_id, mem_off; /* LARGE: the shared region the buffer lies in (mem_id 0: none) */
     int mem_fd;
 } shm_sop;
@@ -86,7 +86,7 @@ typedef struct shm_rop {
     const tally__recv *r;
     int kind, started, done;
     size_t off, esize;
-    uint64_t addr;         /* LARGE: where the message lies in the sender */
+    uint64_t addr;            /* LARGE: where the message lies in the sender */
     const unsigned char *map; /* LARGE from a shared region: the message in our mapping of it, else NULL */
 } shm_rop;
 
@@ -96,43 +96,43 @@ typedef struct shm_tp {
     unsigned char *seg;
     size_t seg_bytes;
     size_t slot_bytes, chan_stride, chans_off;
-    shm_word32 *bell;      /* [n] futex word of each rank, bumped by whoever wakes it */
-    shm_word32 *sleeping;  /* [n] 1 while rank r may be asleep on its bell */
-    shm_fault_rec *rec;    /* [n] */
-    shm_wait_rec *wait;    /* [n] */
-    shm_word32 *oncpu;     /* [n] the CPU rank r last ran on + 1 (0: not known), written by r */
-    uint32_t mycpu;        /* what oncpu[me] holds */
+    shm_word32 *bell;         /* [n] futex word of each rank, bumped by whoever wakes it */
+    shm_word32 *sleeping;     /* [n] 1 while rank r may be asleep on its bell */
+    shm_fault_rec *rec;       /* [n] */
+    shm_wait_rec *wait;       /* [n] */
+    shm_word32 *oncpu;        /* [n] the CPU rank r last ran on + 1 (0: not known), written by r */
+    uint32_t mycpu;           /* what oncpu[me] holds */
     tally__crowding crowding; /* yielding to a peer on our CPU since we last moved */
-    int published;         /* our fault is in rec[me] */
-    uint64_t *tx;          /* [n] slot uses posted to each peer */
-    uint64_t *tx_free;     /* [n] last seen consumed counter of each outgoing channel */
-    uint64_t *rx;          /* [n] slot uses consumed from each peer */
-    int *pid;              /* [n] peers' pids (same pid namespace), -1 unknown */
-    int *pidfd;            /* [n] for liveness checks, -1 when unavailable */
-    int liveness;          /* pids mean something here */
-    int cma;               /* single-copy reads (process_vm_readv) work between every pair */
-    size_t large_min;      /* messages of at least this many bytes go single-copy */
-    int mem;               /* every rank can map its peers' shared regions (pidfd_getfd works) */
-    size_t mem_min;        /* messages from shared regions of at least this many bytes are read in place */
+    int published;            /* our fault is in rec[me] */
+    uint64_t *tx;             /* [n] slot uses posted to each peer */
+    uint64_t *tx_free;        /* [n] last seen consumed counter of each outgoing channel */
+    uint64_t *rx;             /* [n] slot uses consumed from each peer */
+    int *pid;                 /* [n] peers' pids (same pid namespace), -1 unknown */
+    int *pidfd;               /* [n] for liveness checks, -1 when unavailable */
+    int liveness;             /* pids mean something here */
+    int cma;                  /* single-copy reads (process_vm_readv) work between every pair */
+    size_t large_min;         /* messages of at least this many bytes go single-copy */
+    int mem;                  /* every rank can map its peers' shared regions (pidfd_getfd works) */
+    size_t mem_min;           /* messages from shared regions of at least this many bytes are read in place */
     struct shm_mem_state *ms; /* our regions and our mappings of the peers' (shm_mem.c) */
-    unsigned char *scratch;/* SHM_PIECE bytes that single-copy receives pass through */
-    shm_sop *sop;          /* [n] */
-    shm_rop *rop;          /* [n] */
-    uint32_t *mark;        /* [n] per-peer stamps to reject duplicate peers in one exchange */
+    unsigned char *scratch;   /* SHM_PIECE bytes that single-copy receives pass through */
+    shm_sop *sop;             /* [n] */
+    shm_rop *rop;             /* [n] */
+    uint32_t *mark;           /* [n] per-peer stamps to reject duplicate peers in one exchange */
     uint32_t stamp;
     uint64_t spin_ns, yield_ns; /* backoff: spin this long idle, then yield, then futex */
-    char name[64];         /* segment name while it may still exist (rank 0), else "" */
-    _Atomic uint64_t probe;/* a random word peers read once with process_vm_readv to prove it works */
+    char name[64];              /* segment name while it may still exist (rank 0), else "" */
+    _Atomic uint64_t probe;     /* a random word peers read once with process_vm_readv to prove it works */
 } shm_tp;
 
 /* The state of one exchange call, shared by the progress loop and the waiting code. */
 typedef struct shm_xchg {
     shm_tp *t;
-    int ns, nr, left;      /* ops not yet complete */
-    uint64_t hash;         /* hash of *ctx.sig for this call */
-    uint64_t t_start;      /* tally__now_ns() at the start of the call */
-    uint64_t idle_since;   /* when the loop last made progress, 0 while busy */
-    int waiting_on;        /* the peer our wait record names, -1 while it names none */
+    int ns, nr, left;    /* ops not yet complete */
+    uint64_t hash;       /* hash of *ctx.sig for this call */
+    uint64_t t_start;    /* tally__now_ns() at the start of the call */
+    uint64_t idle_since; /* when the loop last made progress, 0 while busy */
+    int waiting_on;      /* the peer our wait record names, -1 while it names none */
 } shm_xchg;
 
 static inline size_t shm_chan_index(const shm_tp *t, int src, int dst) {

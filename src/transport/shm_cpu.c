@@ -14,7 +14,9 @@ void tally__shm_note_cpu(shm_tp *t) {
     atomic_store_explicit(&t->oncpu[t->me].v, v, memory_order_relaxed);
 }
 
-static uint32_t shm_cpu_of(const shm_tp *t, int r) { return atomic_load_explicit(&t->oncpu[r].v, memory_order_relaxed); }
+static uint32_t shm_cpu_of(const shm_tp *t, int r) {
+    return atomic_load_explicit(&t->oncpu[r].v, memory_order_relaxed);
+}
 
 /* The lowest-numbered pending peer of this exchange on our CPU, or -1. Four looks at most: a wide
  * exchange pays no more per spin than a ring step. */

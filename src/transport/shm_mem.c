@@ -86,10 +86,14 @@ static void *shm_region_make(shm_tp *t, size_t len, int *fd_out) {
     int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0) {
         char why[600];
-        if (tally__fd_exhausted(errno)) tally__fd_explain(errno, why, sizeof why);
-        else snprintf(why, sizeof why, "%s", strerror(errno));
-        tally__seterr(TALLY_E_SYSTEM, "rank %d: tally_mem_alloc: memfd_create: %s (each buffer holds one descriptor "
-                      "until tally_mem_free)", t->me, why);
+        if (tally__fd_exhausted(errno))
+            tally__fd_explain(errno, why, sizeof why);
+        else
+            snprintf(why, sizeof why, "%s", strerror(errno));
+        tally__seterr(TALLY_E_SYSTEM,
+                      "rank %d: tally_mem_alloc: memfd_create: %s (each buffer holds one descriptor "
+                      "until tally_mem_free)",
+                      t->me, why);
         return NULL;
     }
     int e = ftruncate(fd, (off_t)len) ? errno : posix_fallocate(fd, 0, (off_t)len);
@@ -135,8 +139,10 @@ int tally__shm_mem_free(tally__tp *tp, void *ptr) {
         m->reg[i] = m->reg[--m->nreg];
         return 0;
     }
-    return tally__seterr(TALLY_E_INVALID, "rank %d: tally_mem_free: %p did not come from tally_mem_alloc on this "
-                         "communicator (or was freed already)", t->me, ptr);
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: tally_mem_free: %p did not come from tally_mem_alloc on this "
+                         "communicator (or was freed already)",
+                         t->me, ptr);
 }
 
 int tally__shm_mem_find(shm_tp *t, const void *buf, size_t len, uint64_t *id, int *fd, uint64_t *off) {
@@ -162,11 +168,14 @@ static void shm_map_no_fd(shm_tp *t, int p, int err) {
         static _Atomic int said;
         if (!atomic_exchange(&said, 1))
             tally__log_warn("rank %d: cannot fetch rank %d's tally_mem_alloc buffer: %s; reading such buffers "
-                            "with process_vm_readv instead", t->me, p, why);
+                            "with process_vm_readv instead",
+                            t->me, p, why);
         return;
     }
-    tally__fault_raise(t->base.ctx.fault, TALLY_E_SYSTEM, t->me, "rank %d could not fetch rank %d's tally_mem_alloc "
-                       "buffer (pidfd_getfd): %s", t->me, p, why);
+    tally__fault_raise(t->base.ctx.fault, TALLY_E_SYSTEM, t->me,
+                       "rank %d could not fetch rank %d's tally_mem_alloc "
+                       "buffer (pidfd_getfd): %s",
+                       t->me, p, why);
     errno = err;
 }
 
@@ -178,8 +187,7 @@ static const unsigned char *shm_map_peer(shm_tp *t, int p, int fd, size_t *len) 
     if (mine < 0) return NULL;
     struct stat st;
     void *base = MAP_FAILED;
-    if (fstat(mine, &st) == 0 && st.st_size > 0)
-        base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, mine, 0);
+    if (fstat(mine, &st) == 0 && st.st_size > 0) base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, mine, 0);
     close(mine); /* the mapping keeps the memfd alive */
     if (base == MAP_FAILED) return NULL;
     *len = (size_t)st.st_size;

@@ -33,9 +33,9 @@
  *                        2-core VM it ran at a third of memcpy's speed: 2-3 GB/s per direction for a
  *                        32 MiB exchange against 7-8 GB/s through the slot ring, which stays in cache.) */
 #define SHM_LARGE_DEFAULT (256 << 10)
-#define SHM_LARGE_OFF ((size_t)-1)
+#define SHM_LARGE_OFF     ((size_t)-1)
 
-#define SHM_MAGIC 0x32766d68736c6c74ull /* "tllshmv2": v2 added the wait records */
+#define SHM_MAGIC   0x32766d68736c6c74ull /* "tllshmv2": v2 added the wait records */
 #define SHM_WHY_MAX 768 /* what failed, as a fault message is long: room for the descriptor limit's words */
 
 /* What each rank tells the others after mapping the segment. */
@@ -70,12 +70,16 @@ static void shm_why(char *why, size_t n, const char *what, int err) {
 /* A peer's failure in words: out of descriptors, or the step that failed. */
 static void shm_peer_why(char *why, size_t n, int r, int fd_err, const char *step) {
     if (fd_err == ENFILE)
-        snprintf(why, n, "rank %d found the system's table of open files full (ENFILE) %s: raise fs.file-max, or "
-                 "stop programs that hold many files", r, step);
+        snprintf(why, n,
+                 "rank %d found the system's table of open files full (ENFILE) %s: raise fs.file-max, or "
+                 "stop programs that hold many files",
+                 r, step);
     else if (fd_err == EMFILE)
-        snprintf(why, n, "rank %d ran out of file descriptors (EMFILE) %s: its RLIMIT_NOFILE is too low for a world "
+        snprintf(why, n,
+                 "rank %d ran out of file descriptors (EMFILE) %s: its RLIMIT_NOFILE is too low for a world "
                  "of this size; raise it where the ranks start (ulimit -n, or the hard limit), by as much as its "
-                 "own message says", r, step);
+                 "own message says",
+                 r, step);
     else
         snprintf(why, n, "rank %d could not %s", r, step);
 }
@@ -87,7 +91,8 @@ static size_t shm_layout_bytes(int n, size_t slot_bytes, shm_seg_hdr *h) {
     h->slot_bytes = slot_bytes;
     h->chan_stride = 4096 + SHM_NSLOTS * slot_bytes; /* control line and headers fill the first page */
     h->chans_off = shm_round(SHM_LINE + 2 * (size_t)n * SHM_LINE + (size_t)n * sizeof(shm_fault_rec) +
-                                 (size_t)n * sizeof(shm_wait_rec) + (size_t)n * SHM_LINE, 4096);
+                                 (size_t)n * sizeof(shm_wait_rec) + (size_t)n * SHM_LINE,
+                             4096);
     h->bytes = h->chans_off + (size_t)n * (size_t)(n - 1) * h->chan_stride;
     return h->bytes;
 }
@@ -99,8 +104,8 @@ static void shm_random_name(char *out, size_t n) {
         uint64_t v = (uint64_t)tally__now_ns() ^ (uint64_t)(uintptr_t)out;
         memcpy(r, &v, sizeof r);
     }
-    snprintf(out, n, "/tally-%d-%02x%02x%02x%02x%02x%02x%02x%02x", (int)getpid(), r[0], r[1], r[2], r[3],
-             r[4], r[5], r[6], r[7]);
+    snprintf(out, n, "/tally-%d-%02x%02x%02x%02x%02x%02x%02x%02x", (int)getpid(), r[0], r[1], r[2], r[3], r[4], r[5],
+             r[6], r[7]);
 }
 
 /* Sizes the file, shrinking the slots when /dev/shm is too small; allocating every page now turns
@@ -113,9 +118,9 @@ static int shm_size_file(int fd, int n, shm_seg_hdr *h, char *why, size_t whylen
         size_t bytes = shm_layout_bytes(n, sb, h);
         int rc = ftruncate(fd, (off_t)bytes) ? errno : posix_fallocate(fd, 0, (off_t)bytes);
         if (rc == 0) return 0;
-        if (ftruncate(fd, 0)) { /* shrinking a file we own cannot fail; try the next size anyway */ }
-        snprintf(why, whylen, "sizing it to %zu bytes: %s (is /dev/shm full or too small?)", bytes,
-                 strerror(rc));
+        if (ftruncate(fd, 0)) { /* shrinking a file we own cannot fail; try the next size anyway */
+        }
+        snprintf(why, whylen, "sizing it to %zu bytes: %s (is /dev/shm full or too small?)", bytes, strerror(rc));
         if (rc != ENOSPC && rc != EFBIG && rc != ENOMEM) break;
     }
     return -1;
@@ -141,8 +146,8 @@ static int shm_make(shm_tp *t, shm_where *w, char *why, size_t whylen) {
     void *p = MAP_FAILED;
     if (shm_size_file(fd, t->n, &h, why, whylen) == 0) {
         p = mmap(NULL, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) snprintf(why, whylen, "mmap of %llu bytes: %s", (unsigned long long)h.bytes,
-                                      strerror(errno));
+        if (p == MAP_FAILED)
+            snprintf(why, whylen, "mmap of %llu bytes: %s", (unsigned long long)h.bytes, strerror(errno));
     }
     close(fd);
     if (p == MAP_FAILED) {
@@ -208,7 +213,8 @@ static int shm_probe_cma(shm_tp *t, const shm_info *all) {
     struct iovec l = {&got, sizeof got}, r = {(void *)(uintptr_t)peer->probe_addr, sizeof got};
     ssize_t rc = process_vm_readv(peer->pid, &l, 1, &r, 1, 0);
     if (rc == (ssize_t)sizeof got && got == peer->probe) return 1;
-    tally__log_debug(1, "shm: rank %d cannot read rank %d's memory (process_vm_readv: %s); large messages "
+    tally__log_debug(1,
+                     "shm: rank %d cannot read rank %d's memory (process_vm_readv: %s); large messages "
                      "will be copied through the shared segment",
                      t->me, (t->me + 1) % t->n, rc < 0 ? strerror(errno) : "wrong data");
     return 0;
@@ -254,8 +260,10 @@ static int shm_probe_mem(shm_tp *t, const shm_info *all, int32_t *fd_err) {
     int p = (t->me + 1) % t->n;
     if (tally__shm_mem_probe_read(t->pidfd[p], all[p].mem_fd, all[p].probe)) return 1;
     if (t->pidfd[p] >= 0 && all[p].mem_fd >= 0 && tally__fd_exhausted(errno) && !*fd_err) *fd_err = errno;
-    tally__log_debug(1, "shm: rank %d cannot fetch rank %d's memory file (pidfd_getfd: %s); tally_mem_alloc "
-                     "buffers will be sent like any other", t->me, p, strerror(errno));
+    tally__log_debug(1,
+                     "shm: rank %d cannot fetch rank %d's memory file (pidfd_getfd: %s); tally_mem_alloc "
+                     "buffers will be sent like any other",
+                     t->me, p, strerror(errno));
     return 0;
 }
 
@@ -299,9 +307,7 @@ static int shm_alloc_state(shm_tp *t) {
     t->mark = calloc(n, sizeof *t->mark);
     t->scratch = aligned_alloc(4096, SHM_PIECE);
     for (size_t r = 0; r < n && t->pidfd; r++) t->pidfd[r] = -1;
-    return (t->tx && t->tx_free && t->rx && t->pid && t->pidfd && t->sop && t->rop && t->mark && t->scratch)
-               ? 0
-               : -1;
+    return (t->tx && t->tx_free && t->rx && t->pid && t->pidfd && t->sop && t->rop && t->mark && t->scratch) ? 0 : -1;
 }
 
 /* After the segment is mapped: pidfds, the single-copy and in-place probes, and what every rank found.
@@ -345,8 +351,11 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
         *fd_short = tally__fd_exhausted(w.err);
         return TALLY_E_SYSTEM;
     }
-    shm_info mine = {.pid = (int32_t)getpid(), .cma_wanted = cma_wanted, .pidns = shm_pidns(),
-                     .probe_addr = (uint64_t)(uintptr_t)&t->probe, .probe = atomic_load(&t->probe)};
+    shm_info mine = {.pid = (int32_t)getpid(),
+                     .cma_wanted = cma_wanted,
+                     .pidns = shm_pidns(),
+                     .probe_addr = (uint64_t)(uintptr_t)&t->probe,
+                     .probe = atomic_load(&t->probe)};
     if (t->me != 0 && shm_attach(t, &w, &mine.fd_err, why, whylen)) me_ok = 0;
     mine.mapped = me_ok;
     mine.mem_fd = tally__shm_mem_probe_make(mine.probe); /* closed once every peer has probed it */
@@ -393,7 +402,8 @@ typedef struct shm_knobs {
 static int shm_read_knobs(shm_knobs *k) {
     long long cma;
     *k = (shm_knobs){.large = tally__env_knob("TALLY_SHM_LARGE")};
-    if (k->large && !strcasecmp(k->large, "off")) k->off = 1;
+    if (k->large && !strcasecmp(k->large, "off"))
+        k->off = 1;
     else if (k->large && tally__parse_bytes("TALLY_SHM_LARGE", k->large, 0, 1ull << 40, &k->large_min))
         return tally__err_wrap(TALLY_E_INVALID, "", ", or off");
     if (k->large && k->large_min == 0) k->off = 1;
@@ -446,15 +456,19 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
     if (t->cma && t->large_min != SHM_LARGE_OFF)
-        tally__log_debug(1, "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; messages of %zu "
-                         "bytes or more are read in place (process_vm_readv)", t->n, SHM_NSLOTS,
-                         t->slot_bytes >> 10, t->seg_bytes >> 10, t->large_min);
+        tally__log_debug(1,
+                         "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; messages of %zu "
+                         "bytes or more are read in place (process_vm_readv)",
+                         t->n, SHM_NSLOTS, t->slot_bytes >> 10, t->seg_bytes >> 10, t->large_min);
     else
-        tally__log_debug(1, "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; every message "
-                         "goes through the slots", t->n, SHM_NSLOTS, t->slot_bytes >> 10,
-                         t->seg_bytes >> 10);
-    tally__log_debug(1, "shm: tally_mem_alloc buffers: %s", t->mem && t->mem_min != SHM_LARGE_OFF
-                     ? "messages of 64 KiB or more are read in place (pidfd_getfd + mmap)" : "sent like any other");
+        tally__log_debug(1,
+                         "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; every message "
+                         "goes through the slots",
+                         t->n, SHM_NSLOTS, t->slot_bytes >> 10, t->seg_bytes >> 10);
+    tally__log_debug(1, "shm: tally_mem_alloc buffers: %s",
+                     t->mem && t->mem_min != SHM_LARGE_OFF
+                         ? "messages of 64 KiB or more are read in place (pidfd_getfd + mmap)"
+                         : "sent like any other");
     *out = &t->base;
     return 0;
 }

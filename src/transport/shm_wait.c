@@ -30,7 +30,9 @@ static void shm_futex_wait(_Atomic uint32_t *w, uint32_t seen, long ns) {
     syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, seen, &ts, NULL, 0);
 }
 
-static void shm_futex_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); }
+static void shm_futex_wake(_Atomic uint32_t *w) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
 
 void tally__shm_wake(shm_tp *t, int r) {
     /* Pairs with the fence in shm_sleep: either we see the sleeper's flag, or it sees our data. */
@@ -79,16 +81,21 @@ int tally__shm_sig_fault(shm_tp *t, int p, const shm_slot *s) {
     tally__sig_format(mine, b, sizeof b);
     tally__fault *f = t->base.ctx.fault;
     if (tally__sig_equal(&theirs, mine))
-        return tally__fault_raise(f, TALLY_E_PROTOCOL, p, "rank %d: the message from rank %d in %s has a corrupt "
-                                  "fingerprint", t->me, p, b);
+        return tally__fault_raise(f, TALLY_E_PROTOCOL, p,
+                                  "rank %d: the message from rank %d in %s has a corrupt "
+                                  "fingerprint",
+                                  t->me, p, b);
     if (theirs.seq != mine->seq)
-        return tally__fault_raise(f, TALLY_E_MISMATCH, p, "collective mismatch: rank %d sent a message of %s to "
+        return tally__fault_raise(f, TALLY_E_MISMATCH, p,
+                                  "collective mismatch: rank %d sent a message of %s to "
                                   "rank %d, which is in %s (the ranks called different sequences of collectives)",
                                   p, a, t->me, b);
     /* The lower rank first, so every detector words the same mismatch the same way. */
     if (p < t->me)
-        return tally__fault_raise(f, TALLY_E_MISMATCH, p, "collective mismatch: rank %d called %s but rank %d "
-                                  "called %s", p, a, t->me, b);
+        return tally__fault_raise(f, TALLY_E_MISMATCH, p,
+                                  "collective mismatch: rank %d called %s but rank %d "
+                                  "called %s",
+                                  p, a, t->me, b);
     return tally__fault_raise(f, TALLY_E_MISMATCH, p, "collective mismatch: rank %d called %s but rank %d called %s",
                               t->me, b, p, a);
 }
@@ -105,8 +112,8 @@ static int shm_ready(const shm_xchg *x) {
     }
     for (int i = 0; i < x->ns; i++) {
         const shm_sop *o = &t->sop[i];
-        if (!o->done && atomic_load_explicit(shm_consumed(t, t->me, o->peer), memory_order_acquire) !=
-                            t->tx_free[o->peer])
+        if (!o->done &&
+            atomic_load_explicit(shm_consumed(t, t->me, o->peer), memory_order_acquire) != t->tx_free[o->peer])
             return 1;
     }
     return 0;
@@ -159,8 +166,14 @@ static int shm_timeout(const shm_xchg *x) {
     int p = shm_awaited(x, &what, &dir);
     tally__sig_format(t->base.ctx.sig, coll, sizeof coll);
     snprintf(detail, sizeof detail, "%s %s %s rank %d", what, coll, dir, t->me);
-    tally__stall s = {.me = t->me, .awaited = p, .size = t->n, .timeout_s = t->base.ctx.timeout_s,
-                      .sig = t->base.ctx.sig, .detail = detail, .awaits = shm_awaits, .arg = t};
+    tally__stall s = {.me = t->me,
+                      .awaited = p,
+                      .size = t->n,
+                      .timeout_s = t->base.ctx.timeout_s,
+                      .sig = t->base.ctx.sig,
+                      .detail = detail,
+                      .awaits = shm_awaits,
+                      .arg = t};
     return tally__stall_raise(t->base.ctx.fault, &s);
 }
 

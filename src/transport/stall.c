@@ -53,7 +53,8 @@ int tally__stall_raise(tally__fault *f, const tally__stall *s) {
         if (cycle) stall_path(s, chain, seqs, len, path, sizeof path);
         return tally__fault_raise(f, TALLY_E_TIMEOUT, s->awaited,
                                   "rank %d%s %s within %g s (TALLY_TIMEOUT); is it stuck, stopped, or in a different "
-                                  "call?%s%s%s", s->awaited, who, s->detail, s->timeout_s,
+                                  "call?%s%s%s",
+                                  s->awaited, who, s->detail, s->timeout_s,
                                   cycle ? " The ranks wait for each other: " : "", cycle ? path : "",
                                   cycle ? ", which waits for one of them." : "");
     }

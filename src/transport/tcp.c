@@ -19,7 +19,7 @@
 /* Busy-poll this long after the last progress before sleeping in poll(): a small message's reply
  * usually lands within it, and a poll() wake-up would cost more than the message. With more ranks on
  * this host than CPUs a spinner steals the CPU its peer needs, so then we barely spin. */
-#define TCP_SPIN_NS 50000u
+#define TCP_SPIN_NS         50000u
 #define TCP_SPIN_CROWDED_NS 2000u
 /* Longest single poll() sleep: bounds how late a fault raised without a wake fd is noticed. */
 #define TCP_POLL_MS 50
@@ -32,11 +32,11 @@ typedef struct tally__tcp_op {
     int peer;
     int is_recv;
     int done;
-    int have_hdr;        /* recv: the header was read and checked */
-    size_t hdr_off;      /* send: header bytes sent */
-    size_t len, off;     /* payload bytes in all, and done */
-    size_t esize;        /* recv: element size when reducing, else 0 */
-    tally__tcp_hdr hdr;  /* send: the header to send */
+    int have_hdr;       /* recv: the header was read and checked */
+    size_t hdr_off;     /* send: header bytes sent */
+    size_t len, off;    /* payload bytes in all, and done */
+    size_t esize;       /* recv: element size when reducing, else 0 */
+    tally__tcp_hdr hdr; /* send: the header to send */
     const unsigned char *sbuf;
     unsigned char *dst;
     const unsigned char *src;
@@ -73,8 +73,8 @@ static int tcp_mismatch(tally__tcp_tp *t, int peer, const tally__sig *theirs) {
     tcp_sigstr(t->base.ctx.sig, a, sizeof a);
     tcp_sigstr(theirs, b, sizeof b);
     return tally__fault_raise(t->base.ctx.fault, TALLY_E_MISMATCH, peer,
-                              "collective mismatch: rank %d called %s but rank %d called %s", t->base.ctx.rank, a,
-                              peer, b);
+                              "collective mismatch: rank %d called %s but rank %d called %s", t->base.ctx.rank, a, peer,
+                              b);
 }
 
 static int tcp_protocol(tally__tcp_tp *t, int peer, const char *what, size_t got, size_t want) {
@@ -102,10 +102,19 @@ static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
         snprintf(detail, sizeof detail, "did not send its %zu-byte message of %s to rank %d (nothing of it arrived)",
                  o->len, sig, me);
     else
-        snprintf(detail, sizeof detail, "did not send the rest of its %zu-byte message of %s to rank %d (%zu bytes "
-                 "arrived)", o->len, sig, me, o->off);
-    tally__stall st = {.me = me, .awaited = o->peer, .size = t->base.ctx.size, .timeout_s = t->base.ctx.timeout_s,
-                       .sig = t->base.ctx.sig, .detail = detail, .awaits = tally__tcp_awaits, .label = tcp_label, .arg = t};
+        snprintf(detail, sizeof detail,
+                 "did not send the rest of its %zu-byte message of %s to rank %d (%zu bytes "
+                 "arrived)",
+                 o->len, sig, me, o->off);
+    tally__stall st = {.me = me,
+                       .awaited = o->peer,
+                       .size = t->base.ctx.size,
+                       .timeout_s = t->base.ctx.timeout_s,
+                       .sig = t->base.ctx.sig,
+                       .detail = detail,
+                       .awaits = tally__tcp_awaits,
+                       .label = tcp_label,
+                       .arg = t};
     return tally__stall_raise(t->base.ctx.fault, &st);
 }
 
@@ -163,15 +172,11 @@ static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c)
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
     switch (tally__tcp_hdr_judge(&h, t->base.ctx.sig, o->len)) {
-    case TALLY__TCP_HDR_BYE:
-        c->bye = 1;
-        return tcp_peer_lost(t, o->peer, 1);
+    case TALLY__TCP_HDR_BYE: c->bye = 1; return tcp_peer_lost(t, o->peer, 1);
     case TALLY__TCP_HDR_BAD_MAGIC:
         return tcp_protocol(t, o->peer, "malformed message header", h.magic, TALLY__TCP_MAGIC_DATA);
-    case TALLY__TCP_HDR_MISMATCH:
-        return tcp_mismatch(t, o->peer, &h.sig);
-    case TALLY__TCP_HDR_BAD_LEN:
-        return tcp_protocol(t, o->peer, "message of the wrong length", (size_t)h.len, o->len);
+    case TALLY__TCP_HDR_MISMATCH: return tcp_mismatch(t, o->peer, &h.sig);
+    case TALLY__TCP_HDR_BAD_LEN: return tcp_protocol(t, o->peer, "message of the wrong length", (size_t)h.len, o->len);
     }
     c->rb_head += sizeof h;
     c->cpu = h.aux;
@@ -293,7 +298,8 @@ static int tcp_watch_idle(tally__tcp_tp *t, int peer) {
     if (c->rb_tail - c->rb_head < sizeof(tally__tcp_hdr)) return 0;
     tally__tcp_hdr h;
     memcpy(&h, c->rb + c->rb_head, sizeof h);
-    if (h.magic == TALLY__TCP_MAGIC_BYE) c->bye = 1;
+    if (h.magic == TALLY__TCP_MAGIC_BYE)
+        c->bye = 1;
     else if (h.magic == TALLY__TCP_MAGIC_DATA && h.sig.seq == t->base.ctx.sig->seq &&
              !tally__sig_equal(&h.sig, t->base.ctx.sig))
         return tcp_mismatch(t, peer, &h.sig);
@@ -359,12 +365,19 @@ static int tcp_validate(tally__tcp_tp *t, const tally__send *s, int ns, const ta
 static int tcp_post(tally__tcp_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
     int n = 0;
     for (int i = 0; i < ns; i++, n++)
-        t->ops[n] = (tally__tcp_op){.peer = s[i].peer, .len = s[i].len, .sbuf = s[i].buf,
-                                    .hdr = {.magic = TALLY__TCP_MAGIC_DATA, .aux = t->mycpu, .sig = *t->base.ctx.sig,
-                                            .len = s[i].len}};
+        t->ops[n] = (tally__tcp_op){
+            .peer = s[i].peer,
+            .len = s[i].len,
+            .sbuf = s[i].buf,
+            .hdr = {.magic = TALLY__TCP_MAGIC_DATA, .aux = t->mycpu, .sig = *t->base.ctx.sig, .len = s[i].len}};
     for (int i = 0; i < nr; i++, n++)
-        t->ops[n] = (tally__tcp_op){.peer = r[i].peer, .is_recv = 1, .len = r[i].len, .dst = r[i].dst,
-                                    .src = r[i].src, .dtype = r[i].dtype, .op = r[i].op,
+        t->ops[n] = (tally__tcp_op){.peer = r[i].peer,
+                                    .is_recv = 1,
+                                    .len = r[i].len,
+                                    .dst = r[i].dst,
+                                    .src = r[i].src,
+                                    .dtype = r[i].dtype,
+                                    .op = r[i].op,
                                     .esize = r[i].src ? tally_dtype_size(r[i].dtype) : 0};
     return n;
 }
@@ -452,14 +465,16 @@ static void tcp_close_conn(tally__tcp_conn *c) {
     uint64_t deadline = tally__deadline(0.2);
     while (off < sizeof bye && tally__now_ns() < deadline) {
         ssize_t k = send(c->fd, (char *)&bye + off, sizeof bye - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) off += (size_t)k;
-        else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
-        else poll(&(struct pollfd){.fd = c->fd, .events = POLLOUT}, 1, 10);
+        if (k > 0)
+            off += (size_t)k;
+        else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            break;
+        else
+            poll(&(struct pollfd){.fd = c->fd, .events = POLLOUT}, 1, 10);
     }
     shutdown(c->fd, SHUT_WR);
     char sink[4096];
-    while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {
-    }
+    while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
     close(c->fd);
     c->fd = -1;
 }

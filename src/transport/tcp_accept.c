@@ -25,7 +25,7 @@ typedef struct mesh_acc {
     const tally__tp_ctx *ctx;
     tally__tcp_conn *conns;
     int refused;
-    int failed;         /* an error that ends the mesh, in this thread's message */
+    int failed; /* an error that ends the mesh, in this thread's message */
     tally__acceptor a;
 } mesh_acc;
 
@@ -52,11 +52,17 @@ static int mesh_hello(void *arg, tally__acc_conn *c) {
     memcpy(&h, c->buf, sizeof h);
     int me = s->ctx->rank, n = s->ctx->size;
     if (h.magic != TALLY__TCP_MAGIC_HELLO || h.size != (uint32_t)n)
-        return tally__acc_drop(&s->a, c, "its hello (magic %08x, world size %u) is not one of this job's tcp transport "
-                                         "(%08x, %d)", h.magic, h.size, TALLY__TCP_MAGIC_HELLO, n), -1;
+        return tally__acc_drop(&s->a, c,
+                               "its hello (magic %08x, world size %u) is not one of this job's tcp transport "
+                               "(%08x, %d)",
+                               h.magic, h.size, TALLY__TCP_MAGIC_HELLO, n),
+               -1;
     if (h.rank >= (uint32_t)n || (int)h.rank <= me || s->conns[h.rank].fd >= 0)
-        return tally__acc_drop(&s->a, c, "it names rank %u, which is not a rank above %d still to connect "
-                                         "(unexpected or duplicate)", h.rank, me), -1;
+        return tally__acc_drop(&s->a, c,
+                               "it names rank %u, which is not a rank above %d still to connect "
+                               "(unexpected or duplicate)",
+                               h.rank, me),
+               -1;
     s->conns[h.rank].fd = c->fd;
     c->fd = -1;
     return 1;
@@ -69,9 +75,10 @@ static int mesh_out_of_fds(void *arg, int err) {
     if (s->a.npend > mesh_missing(s)) return 1;
     char why[600];
     tally__fd_explain(err, why, sizeof why);
-    s->failed = tally__seterr(TALLY_E_SYSTEM, "rank %d: tcp transport: accepting the connections of the %d ranks "
-                              "above it (%d still to come): %s", s->ctx->rank, s->ctx->size - 1 - s->ctx->rank,
-                              mesh_missing(s), why);
+    s->failed = tally__seterr(TALLY_E_SYSTEM,
+                              "rank %d: tcp transport: accepting the connections of the %d ranks "
+                              "above it (%d still to come): %s",
+                              s->ctx->rank, s->ctx->size - 1 - s->ctx->rank, mesh_missing(s), why);
     return 1;
 }
 
@@ -88,8 +95,14 @@ static void mesh_round(mesh_acc *s, struct pollfd *pfd, uint64_t deadline) {
 int tally__tcp_accept_peers(const tally__tp_ctx *ctx, const void *tok, size_t tlen, int lfd, tally__tcp_conn *conns,
                             uint64_t deadline) {
     mesh_acc s = {.ctx = ctx, .conns = conns};
-    tally__acc_user u = {.arg = &s, .role = "tcp", .need = mesh_need, .what = mesh_what, .stage = mesh_hello,
-                         .missing = mesh_missing, .out_of_fds = mesh_out_of_fds, .note = mesh_note};
+    tally__acc_user u = {.arg = &s,
+                         .role = "tcp",
+                         .need = mesh_need,
+                         .what = mesh_what,
+                         .stage = mesh_hello,
+                         .missing = mesh_missing,
+                         .out_of_fds = mesh_out_of_fds,
+                         .note = mesh_note};
     int cap = ACC_PEND_MAX + ctx->size - ctx->rank;
     struct pollfd *pfd = calloc((size_t)(1 + cap + tally__boot_watch_max(ctx->boot)), sizeof *pfd);
     int rc = !pfd || tally__acc_init(&s.a, lfd, tok, tlen, ACC_PEND_MAX, cap, TALLY__TCP_AUTH_S, &u)
@@ -99,8 +112,10 @@ int tally__tcp_accept_peers(const tally__tp_ctx *ctx, const void *tok, size_t tl
         /* A rank that failed elsewhere (rank 0 relays its report) ends our wait now, not at the deadline. */
         if ((rc = tally__boot_watch_check(ctx->boot)) || (rc = s.failed)) break;
         if (tally__now_ns() >= deadline) {
-            rc = tally__seterr(TALLY_E_TIMEOUT, "rank %d: tcp transport: %d rank(s) above us did not connect within "
-                               "%.0f s%s", ctx->rank, mesh_missing(&s), ctx->timeout_s,
+            rc = tally__seterr(TALLY_E_TIMEOUT,
+                               "rank %d: tcp transport: %d rank(s) above us did not connect within "
+                               "%.0f s%s",
+                               ctx->rank, mesh_missing(&s), ctx->timeout_s,
                                s.refused ? " (connections were refused meanwhile: see the log)" : "");
             break;
         }

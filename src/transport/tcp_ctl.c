@@ -10,7 +10,8 @@
 
 int tally__tcp_ctl_flush(tally__tcp_conn *c) {
     while (c->cout_off < c->cout_len) {
-        ssize_t k = send(c->fd, c->cout + c->cout_off, (size_t)(c->cout_len - c->cout_off), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t k =
+            send(c->fd, c->cout + c->cout_off, (size_t)(c->cout_len - c->cout_off), MSG_NOSIGNAL | MSG_DONTWAIT);
         if (k > 0) {
             c->cout_off += (uint16_t)k;
         } else if (k < 0 && errno == EINTR) {

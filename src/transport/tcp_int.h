@@ -10,12 +10,12 @@
 #include "../core/sig.h"
 #include "transport.h"
 
-#define TALLY__TCP_MAGIC_DATA 0x314c4154u /* "TAL1" little-endian: a framed message */
-#define TALLY__TCP_MAGIC_BYE 0x454c4154u  /* "TALE": the peer freed its transport on purpose */
+#define TALLY__TCP_MAGIC_DATA  0x314c4154u /* "TAL1" little-endian: a framed message */
+#define TALLY__TCP_MAGIC_BYE   0x454c4154u /* "TALE": the peer freed its transport on purpose */
 #define TALLY__TCP_MAGIC_HELLO 0x484c4154u /* "TALH": first bytes after authentication */
-#define TALLY__TCP_MAGIC_WAIT 0x574c4154u  /* "TALW": the sender is stalled in sig's collective (no payload) */
+#define TALLY__TCP_MAGIC_WAIT  0x574c4154u /* "TALW": the sender is stalled in sig's collective (no payload) */
 #define TALLY__TCP_MAGIC_FAULT 0x464c4154u /* "TALF": the sender's fault: code i32, culprit i32, message */
-#define TALLY__TCP_FAULT_MAX (8 + sizeof(((tally__fault *)0)->msg) - 1)
+#define TALLY__TCP_FAULT_MAX   (8 + sizeof(((tally__fault *)0)->msg) - 1)
 
 /* Every message on a data connection: this header, then exactly `len` payload bytes. Control frames
  * may come between messages (tcp_ctl.c): WAIT (len 0), the sender has made no progress for a while and
@@ -23,9 +23,9 @@
  * the sender's collective, so a peer learns the cause even when the relay through rank 0 cannot run. */
 typedef struct tally__tcp_hdr {
     uint32_t magic;
-    uint32_t aux;      /* DATA: the sender's CPU + 1 (0 unknown); WAIT: see above; keeps sig 8-aligned */
-    tally__sig sig;    /* the sender's collective fingerprint */
-    uint64_t len;      /* payload bytes that follow */
+    uint32_t aux;   /* DATA: the sender's CPU + 1 (0 unknown); WAIT: see above; keeps sig 8-aligned */
+    tally__sig sig; /* the sender's collective fingerprint */
+    uint64_t len;   /* payload bytes that follow */
 } tally__tcp_hdr;
 _Static_assert(sizeof(tally__tcp_hdr) == 40, "the header is sent as is");
 
@@ -34,25 +34,25 @@ _Static_assert(sizeof(tally__tcp_hdr) == 40, "the header is sent as is");
 #define TALLY__TCP_RB (256u * 1024u)
 
 typedef struct tally__tcp_conn {
-    int fd;             /* -1 for ourselves */
-    int bye;            /* the peer said goodbye: its EOF is not a death */
-    int broken;         /* an exchange failed mid-message: the stream is out of frame, say no goodbye */
-    unsigned char *rb;  /* TALLY__TCP_RB bytes, allocated at setup */
-    size_t rb_head;     /* first unconsumed byte */
-    size_t rb_tail;     /* end of buffered bytes */
-    uint64_t w_seq;     /* the peer's latest WAIT: the collective it waits in, */
-    int w_peer;         /* whom it waits for (-1: none), */
-    uint64_t w_at;      /* and when we read it (tally__now_ns) */
-    int mid;            /* a message of ours to this peer is partly sent: no control frame may cut in */
+    int fd;                   /* -1 for ourselves */
+    int bye;                  /* the peer said goodbye: its EOF is not a death */
+    int broken;               /* an exchange failed mid-message: the stream is out of frame, say no goodbye */
+    unsigned char *rb;        /* TALLY__TCP_RB bytes, allocated at setup */
+    size_t rb_head;           /* first unconsumed byte */
+    size_t rb_tail;           /* end of buffered bytes */
+    uint64_t w_seq;           /* the peer's latest WAIT: the collective it waits in, */
+    int w_peer;               /* whom it waits for (-1: none), */
+    uint64_t w_at;            /* and when we read it (tally__now_ns) */
+    int mid;                  /* a message of ours to this peer is partly sent: no control frame may cut in */
     unsigned char cout[1024]; /* control frames of ours the socket has not taken yet: they go out first */
     uint16_t cout_off, cout_len;
-    int local;          /* the peer is on our host (the CPU it sends from means something here) */
-    uint32_t cpu;       /* the CPU + 1 the peer's latest message came from (header's aux), 0 unknown */
+    int local;    /* the peer is on our host (the CPU it sends from means something here) */
+    uint32_t cpu; /* the CPU + 1 the peer's latest message came from (header's aux), 0 unknown */
 } tally__tcp_conn;
 
 typedef struct tally__tcp_tp {
     tally__tp base;
-    tally__tcp_conn *conns; /* [size], indexed by peer rank */
+    tally__tcp_conn *conns;    /* [size], indexed by peer rank */
     struct tally__tcp_op *ops; /* scratch for one exchange: 2 * size entries */
     struct pollfd *pfds;       /* scratch: 2 * size + 1 entries */
     int *pfd_op;               /* which op (or -1 - peer for a watched idle peer) each pollfd serves */
@@ -66,13 +66,19 @@ typedef struct tally__tcp_tp {
 
 /* What a receiver expecting a `want`-byte message of the collective `mine` makes of the next header
  * on a data connection, decided before any of its payload is read (pure: the frame fuzzer calls it). */
-enum { TALLY__TCP_HDR_OK, TALLY__TCP_HDR_BYE, TALLY__TCP_HDR_BAD_MAGIC, TALLY__TCP_HDR_MISMATCH, TALLY__TCP_HDR_BAD_LEN };
+enum {
+    TALLY__TCP_HDR_OK,
+    TALLY__TCP_HDR_BYE,
+    TALLY__TCP_HDR_BAD_MAGIC,
+    TALLY__TCP_HDR_MISMATCH,
+    TALLY__TCP_HDR_BAD_LEN
+};
 int tally__tcp_hdr_judge(const tally__tcp_hdr *h, const tally__sig *mine, size_t want);
 /* Where local peers run (tcp_cpu.c): 1 when `peer`, which we wait for, last sent from our CPU, so
  * spinning would keep it off; after 0.1 ms of that the higher rank moves to a CPU no peer uses. */
 int tally__tcp_peer_here(tally__tcp_tp *t, int peer);
 /* Control frames (tcp_ctl.c). Each goes only where our stream is between messages. */
-int tally__tcp_ctl_flush(tally__tcp_conn *c); /* 1 when no control bytes wait to go out */
+int tally__tcp_ctl_flush(tally__tcp_conn *c);          /* 1 when no control bytes wait to go out */
 void tally__tcp_tell_wait(tally__tcp_tp *t, int peer); /* we wait for `peer` (-1: for nobody any more) */
 void tally__tcp_tell_fault(tally__tcp_tp *t);          /* our fault, once, if there is one */
 /* Consumes the control frames at the head of peer's buffer. Returns the code of a FAULT adopted from

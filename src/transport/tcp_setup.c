@@ -127,18 +127,21 @@ static int tcp_dial_fail(const tally__tp_ctx *ctx, int peer, const tcp_addr *a, 
     char prev[512];
     snprintf(prev, sizeof prev, "%s", tally_last_error());
     if (tally__boot_setup_failed_elsewhere(ctx->boot)) return rc; /* another rank's failure, in its words */
-    if (connecting)
-        return tally__seterr(rc, "rank %d: tcp transport: cannot reach rank %d: %s", ctx->rank, peer, prev);
+    if (connecting) return tally__seterr(rc, "rank %d: tcp transport: cannot reach rank %d: %s", ctx->rank, peer, prev);
     if (rc == TALLY_E_AUTH)
-        return tally__seterr(rc, "rank %d: tcp transport: authentication with rank %d at %s:%u failed: this "
+        return tally__seterr(rc,
+                             "rank %d: tcp transport: authentication with rank %d at %s:%u failed: this "
                              "process's TALLY_TOKEN does not match the peer's; every rank of a job must have the same "
-                             "TALLY_TOKEN", ctx->rank, peer, a->ip, (unsigned)a->port);
+                             "TALLY_TOKEN",
+                             ctx->rank, peer, a->ip, (unsigned)a->port);
     if (rc == TALLY_E_TIMEOUT)
-        return tally__seterr(rc, "rank %d: tcp transport: rank %d at %s:%u did not answer our connection within "
-                             "%.0f s: it is hung or much slower (raise TALLY_TIMEOUT if that is expected)", ctx->rank,
-                             peer, a->ip, (unsigned)a->port, ctx->timeout_s);
+        return tally__seterr(rc,
+                             "rank %d: tcp transport: rank %d at %s:%u did not answer our connection within "
+                             "%.0f s: it is hung or much slower (raise TALLY_TIMEOUT if that is expected)",
+                             ctx->rank, peer, a->ip, (unsigned)a->port, ctx->timeout_s);
     if (rc == TALLY_E_PEER_LOST)
-        return tally__seterr(rc, "rank %d: tcp transport: rank %d dropped the connection during setup", ctx->rank, peer);
+        return tally__seterr(rc, "rank %d: tcp transport: rank %d dropped the connection during setup", ctx->rank,
+                             peer);
     return tally__seterr(rc, "rank %d: tcp transport: the handshake with rank %d failed: %s", ctx->rank, peer,
                          tally_strerror(rc));
 }

@@ -23,7 +23,7 @@ typedef struct tally__recv {
     const void *src; /* NULL: dst = incoming bytes. Else dst = src (op) incoming, elementwise. */
     size_t len;      /* bytes; must equal the matching send's len (else TALLY_E_PROTOCOL) */
     tally_dtype dtype;
-    tally_op op;     /* SUM, PROD, MIN or MAX when src != NULL */
+    tally_op op; /* SUM, PROD, MIN or MAX when src != NULL */
 } tally__recv;
 
 /* What every backend is created with. `sig` points at the communicator's current collective
@@ -35,7 +35,7 @@ typedef struct tally__tp_ctx {
     tally__fault *fault;
     double timeout_s;
     const tally__sig *sig;
-    int crowded;      /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
+    int crowded; /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
 } tally__tp_ctx;
 
 typedef struct tally__tp tally__tp;
@@ -70,7 +70,7 @@ struct tally__tp {
  * for (in this collective, or in an earlier one it has not finished); the chain is followed to the rank
  * that is not waiting, which every rank then names. Published waits count while fresher than
  * TALLY__STALL_FRESH of the timeout: a rank stopped while it waited is then taken for not waiting. */
-#define TALLY__STALL_MAX 1024   /* world sizes above this blame the awaited rank without following */
+#define TALLY__STALL_MAX   1024 /* world sizes above this blame the awaited rank without following */
 #define TALLY__STALL_FRESH 0.5  /* of the timeout: a wait published longer ago than this is over */
 typedef struct tally__stall {
     int me, awaited, size;

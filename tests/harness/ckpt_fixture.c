@@ -176,5 +176,4 @@ int step_check(const tally__ckpt *c, int64_t s, size_t nw, size_t nm, const char
     return content_check(c, s, d, NT, what);
 }
 
-
 void ck_root_remove(void) { rm_tree(ck_root); }

@@ -88,8 +88,7 @@ void *th_shared_alloc(size_t bytes) {
 
 void th_shared_free(void *p, size_t bytes) { munmap(p, bytes ? bytes : 1); }
 
-static void th_child(int rank, int n, int port, const char *token, const th_opts *o, th_rank_fn fn,
-                     void *arg) {
+static void th_child(int rank, int n, int port, const char *token, const th_opts *o, th_rank_fn fn, void *arg) {
     char buf[64];
     prctl(PR_SET_PDEATHSIG, SIGKILL); /* a dying test takes its ranks with it */
     snprintf(buf, sizeof buf, "%d", rank);

@@ -12,10 +12,10 @@
 typedef int (*th_rank_fn)(int rank, int size, void *arg);
 
 typedef struct th_opts {
-    const char *transport;  /* TALLY_TRANSPORT, NULL = leave unset */
-    const char *algo;       /* TALLY_ALGO, NULL = leave unset */
-    double timeout_s;       /* TALLY_TIMEOUT, 0 = leave unset */
-    double wall_s;          /* ranks still running after this are killed (default 120) */
+    const char *transport; /* TALLY_TRANSPORT, NULL = leave unset */
+    const char *algo;      /* TALLY_ALGO, NULL = leave unset */
+    double timeout_s;      /* TALLY_TIMEOUT, 0 = leave unset */
+    double wall_s;         /* ranks still running after this are killed (default 120) */
     /* Called in each child after the TALLY_* variables are set, before fn: adjust the env. */
     void (*child_env)(int rank, void *arg);
 } th_opts;
@@ -23,8 +23,8 @@ typedef struct th_opts {
 typedef struct th_job {
     int n;
     pid_t pid[TH_MAX_RANKS];
-    int status[TH_MAX_RANKS];     /* as from waitpid */
-    double exit_s[TH_MAX_RANKS];  /* seconds from start to exit */
+    int status[TH_MAX_RANKS];    /* as from waitpid */
+    double exit_s[TH_MAX_RANKS]; /* seconds from start to exit */
     int killed_by_harness[TH_MAX_RANKS];
     double t0;
 } th_job;
@@ -59,27 +59,27 @@ int th_light(void);
 
 /* Test bookkeeping: counts and a verdict line "NAME: N passed, M failed". */
 extern int th_passed, th_failed;
-#define TH_CHECK(cond, ...)                                                       \
-    do {                                                                          \
-        if (cond) {                                                               \
-            th_passed++;                                                          \
-        } else {                                                                  \
-            th_failed++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                  \
-            fprintf(stderr, __VA_ARGS__);                                         \
-            fputc('\n', stderr);                                                  \
-        }                                                                         \
+#define TH_CHECK(cond, ...)                                                                                            \
+    do {                                                                                                               \
+        if (cond) {                                                                                                    \
+            th_passed++;                                                                                               \
+        } else {                                                                                                       \
+            th_failed++;                                                                                               \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+        }                                                                                                              \
     } while (0)
 int th_verdict(const char *name);
 /* A check inside a rank: counts into that rank's own failure counter and names the rank. */
-#define TH_RANK_CHECK(fails, rank, cond, ...)                                     \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            (fails)++;                                                            \
-            fprintf(stderr, "FAIL rank %d %s:%d: ", (rank), __FILE__, __LINE__);  \
-            fprintf(stderr, __VA_ARGS__);                                         \
-            fputc('\n', stderr);                                                  \
-        }                                                                         \
+#define TH_RANK_CHECK(fails, rank, cond, ...)                                                                          \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            (fails)++;                                                                                                 \
+            fprintf(stderr, "FAIL rank %d %s:%d: ", (rank), __FILE__, __LINE__);                                       \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fputc('\n', stderr);                                                                                       \
+        }                                                                                                              \
     } while (0) /* prints the verdict; returns the process exit code */
 
 #endif

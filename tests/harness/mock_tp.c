@@ -117,8 +117,10 @@ static mock_msg *mock_post(mock_rank *me, const tally__send *s) {
     m->refs = 2;
     m->queued = 1;
     size_t box = (size_t)me->rank * w->n + s->peer;
-    if (w->tail[box]) w->tail[box]->next = m;
-    else w->head[box] = m;
+    if (w->tail[box])
+        w->tail[box]->next = m;
+    else
+        w->head[box] = m;
     w->tail[box] = m;
     me->st.sends++;
     me->st.bytes_sent += s->len;
@@ -180,7 +182,8 @@ static void mock_timeout_locked(mock_rank *me, const tally__send *s, mock_msg **
         }
     for (int i = 0; i < ns; i++)
         if (!sent[i]->consumed) {
-            mock_fail_locked(me->w, "rank %d timed out in exchange #%llu waiting for rank %d to take its %zu-byte message",
+            mock_fail_locked(me->w,
+                             "rank %d timed out in exchange #%llu waiting for rank %d to take its %zu-byte message",
                              me->rank, me->st.exchanges, s[i].peer, s[i].len);
             return;
         }
@@ -225,7 +228,8 @@ static int mock_exchange(tally__tp *tp, const tally__send *s, int ns, const tall
     pthread_mutex_lock(&w->mu);
     me->st.exchanges++;
     const char *bad = mock_rules(me, s, ns, r, nr);
-    if (bad) mock_fail_locked(w, "rank %d broke a transport rule in exchange #%llu: %s", me->rank, me->st.exchanges, bad);
+    if (bad)
+        mock_fail_locked(w, "rank %d broke a transport rule in exchange #%llu: %s", me->rank, me->st.exchanges, bad);
     int posted = 0;
     for (; posted < ns && !w->failed; posted++)
         if (!(sent[posted] = mock_post(me, &s[posted]))) mock_fail_locked(w, "rank %d: mock out of memory", me->rank);

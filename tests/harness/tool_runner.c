@@ -22,9 +22,10 @@ static const char *tool_bin(void) {
 static void tool_child(char *const argv[], const th_tool_opts *o, int fd) {
     dup2(fd, 1);
     dup2(fd, 2);
-    static const char *strip[] = {"TALLY_RANK", "TALLY_WORLD_SIZE", "TALLY_ADDR", "TALLY_TOKEN", "TALLY_TIMEOUT",
-                                  "TALLY_TRANSPORT", "TALLY_ALGO", "TALLY_DEBUG", "RANK", "WORLD_SIZE",
-                                  "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+    static const char *strip[] = {
+        "TALLY_RANK",           "TALLY_WORLD_SIZE", "TALLY_ADDR",   "TALLY_TOKEN", "TALLY_TIMEOUT",
+        "TALLY_TRANSPORT",      "TALLY_ALGO",       "TALLY_DEBUG",  "RANK",        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK", "PMI_RANK",         "SLURM_PROCID", NULL};
     for (int i = 0; strip[i]; i++) unsetenv(strip[i]);
     for (int i = 0; o && o->env && o->env[i]; i++) {
         char buf[512];

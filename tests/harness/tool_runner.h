@@ -8,18 +8,18 @@
 #define TH_TOOL_OUT_CAP (1 << 16)
 
 typedef struct th_tool {
-    int rc;          /* exit status, 128+signal when killed, -1 when it could not be run */
-    int timed_out;   /* killed at the wall-clock limit */
+    int rc;        /* exit status, 128+signal when killed, -1 when it could not be run */
+    int timed_out; /* killed at the wall-clock limit */
     double secs;
-    long maxrss_kb;  /* the largest resident set of the process and its children (getrusage) */
+    long maxrss_kb; /* the largest resident set of the process and its children (getrusage) */
     size_t len;
     char out[TH_TOOL_OUT_CAP]; /* stdout and stderr together; past the cap it is stopped */
 } th_tool;
 
 typedef struct th_tool_opts {
-    const char *const *env;     /* NAME=VALUE to set, NULL-terminated (or NULL) */
-    double wall_s;              /* default 20 */
-    void (*child)(void *arg);   /* in the child before exec: setrlimit, umask... */
+    const char *const *env;   /* NAME=VALUE to set, NULL-terminated (or NULL) */
+    double wall_s;            /* default 20 */
+    void (*child)(void *arg); /* in the child before exec: setrlimit, umask... */
     void *arg;
 } th_tool_opts;
 

@@ -6,7 +6,7 @@
 #include "train/trainer.h"
 
 #define TR_MAX_PARAMS 70000
-#define TR_MAX_RANKS 4
+#define TR_MAX_RANKS  4
 
 typedef struct tr_out {
     float params[TR_MAX_RANKS][TR_MAX_PARAMS];

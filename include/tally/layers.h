@@ -70,6 +70,32 @@ TALLY_API void tally_maxpool_backward(float *dx, const float *dy, const int32_t 
 TALLY_API long tally_embedding_forward(float *y, const int32_t *tokens, const float *w, size_t n, int V, int D);
 TALLY_API void tally_embedding_backward(float *dw, const float *dy, const int32_t *tokens, size_t n, int D);
 
+/* LayerNorm over the last dimension (PyTorch's nn.LayerNorm(C), eps 1e-5): for each of n rows of C,
+ * y = (x - mean) * rstd * w + b with rstd = 1 / sqrt(var + eps), var the biased variance. Keeps each
+ * row's mean[n] and rstd[n] for backward. */
+#define TALLY_LAYERNORM_EPS 1e-5f
+TALLY_API void tally_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *w,
+                                       const float *b, size_t n, int C);
+/* dx[n,C] = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) with dxhat = dy * w;
+ * dw[C] += sum over rows of dy * xhat; db[C] += sum of dy. */
+TALLY_API void tally_layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                                        const float *w, const float *mean, const float *rstd, size_t n, int C);
+
+/* GELU in its tanh form (PyTorch's approximate='tanh', GPT-2's): y = x/2 (1 + tanh(sqrt(2/pi) (x +
+ * 0.044715 x^3))). Backward reads the forward input; dx may equal dy. */
+TALLY_API void tally_gelu_forward(float *y, const float *x, size_t n);
+TALLY_API void tally_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+
+/* Causal multi-head self-attention. qkv[B,T,3C] holds each position's query, key and value side by
+ * side (head h's q at h*C/H, its k at C + h*C/H, its v at 2C + h*C/H: one linear layer's output, as
+ * GPT-2's c_attn); y[B,T,C] gets the heads' outputs side by side. Position t attends to 0..t:
+ * att = softmax(q k^T / sqrt(C/H)) with the future masked, y = att v. Keeps att[B,H,T,T] (the future
+ * entries 0) for backward: 4 B H T^2 bytes. C must be a multiple of H. */
+TALLY_API void tally_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H);
+/* dqkv[B,T,3C] (overwritten) from dy[B,T,C], the forward's qkv and att; scratch holds T*T floats. */
+TALLY_API void tally_attention_backward(float *dqkv, float *scratch, const float *dy, const float *qkv,
+                                        const float *att, int B, int T, int C, int H);
+
 #ifdef __cplusplus
 }
 #endif

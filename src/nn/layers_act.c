@@ -1,5 +1,6 @@
-/* layers_act.c - the ReLU activation, forward and backward; backward reads the forward output, so
- * the layer's input need not be kept. */
+/* layers_act.c - the activations, forward and backward: ReLU (backward reads the forward output, so
+ * the input need not be kept) and GELU in its tanh form (backward reads the input). */
+#include <math.h>
 #include <string.h>
 #include <tally/layers.h>
 
@@ -36,4 +37,22 @@ void tally_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
     size_t i = 0;
     for (; i + 4 <= n; i += 4) store4(dx + i, keep(load4(dy + i), load4(y + i) > zero));
     for (; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+void tally_gelu_forward(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_A * v * v * v)));
+    }
+}
+
+void tally_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i], t = tanhf(GELU_K * (v + GELU_A * v * v * v));
+        float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
 }

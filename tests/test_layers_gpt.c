@@ -119,7 +119,8 @@ static void ref_attn(double *y, const double *qkv, int B, int T, int C, int H) {
                 double *out = y + ((size_t)b * T + i) * C + h * hs;
                 for (int d = 0; d < hs; d++) {
                     out[d] = 0;
-                    for (int j = 0; j <= i; j++) out[d] += s[j] / sum * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + d];
+                    for (int j = 0; j <= i; j++)
+                        out[d] += s[j] / sum * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + d];
                 }
             }
     free(s);
@@ -202,7 +203,8 @@ int main(void) {
     size_t gelu[] = {1, 3, 7, 9, 33, 1001};
     for (size_t i = 0; i < sizeof gelu / sizeof *gelu; i++) test_gelu(gelu[i]);
     int attn[][4] = {{1, 1, 1, 1}, {1, 3, 2, 2}, {2, 5, 6, 3}, {1, 7, 9, 1}, {2, 4, 8, 4}, {1, 17, 12, 2}};
-    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++) test_attention(attn[i][0], attn[i][1], attn[i][2], attn[i][3]);
+    for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
+        test_attention(attn[i][0], attn[i][1], attn[i][2], attn[i][3]);
     size_t emb[][3] = {{0, 3, 2}, {1, 1, 1}, {9, 5, 3}, {64, 7, 17}};
     for (size_t i = 0; i < sizeof emb / sizeof *emb; i++) test_embedding(emb[i][0], (int)emb[i][1], (int)emb[i][2]);
     return th_verdict("test_layers_gpt");

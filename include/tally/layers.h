@@ -16,9 +16,9 @@ extern "C" {
  * (the first layer of a model needs none). Every layer uses one BLAS thread per call as configured by
  * the caller (openblas_set_num_threads). */
 
-/* Linear: y[B,out] = x[B,in] . w[out,in]^T + b[out]   (w in PyTorch's [out,in] layout). */
+/* Linear: y[B,out] = x[B,in] . w[out,in]^T + b[out]   (w in PyTorch's [out,in] layout; b NULL: none). */
 TALLY_API void tally_linear_forward(float *y, const float *x, const float *w, const float *b, int B, int in, int out);
-/* dx[B,in] = dy . w;  dw[out,in] += dy^T . x;  db[out] += column sums of dy. */
+/* dx[B,in] = dy . w;  dw[out,in] += dy^T . x;  db[out] += column sums of dy (db NULL: no bias). */
 TALLY_API void tally_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
                                      int B, int in, int out);
 

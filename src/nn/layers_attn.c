@@ -47,8 +47,8 @@ static void softmax_backward_rows(float *d, const float *a, int T) {
     }
 }
 
-void tally_attention_backward(float *dqkv, float *scratch, const float *dy, const float *qkv, const float *att,
-                              int B, int T, int C, int H) {
+void tally_attention_backward(float *dqkv, float *scratch, const float *dy, const float *qkv, const float *att, int B,
+                              int T, int C, int H) {
     const int hs = C / H, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)

@@ -6,8 +6,9 @@
 
 void tally_linear_forward(float *y, const float *x, const float *w, const float *b, int B, int in, int out) {
     /* Seeding y with the bias lets the sgemm add it for free through beta = 1. */
-    for (int i = 0; i < B; i++) memcpy(y + (size_t)i * out, b, (size_t)out * sizeof *y);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, x, in, w, in, 1.0f, y, out);
+    if (b)
+        for (int i = 0; i < B; i++) memcpy(y + (size_t)i * out, b, (size_t)out * sizeof *y);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, out, in, 1.0f, x, in, w, in, b ? 1.0f : 0.0f, y, out);
 }
 
 /* Row after row, so both arrays are walked along contiguous memory (no stride-out column walk). */
@@ -21,6 +22,6 @@ static void column_sums_add(float *db, const float *dy, int B, int out) {
 void tally_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int B,
                            int in, int out) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    column_sums_add(db, dy, B, out);
+    if (db) column_sums_add(db, dy, B, out);
     if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }

@@ -26,12 +26,14 @@ int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
 
 /* Bytes model_alloc_buffers allocates for activations at batch B (both passes, pool winners, softmax,
  * the shared im2col scratch), without allocating. */
-/* Floats of the im2col scratch the conv ops share at batch B. */
+/* Floats of the scratch the ops share at batch B: conv's im2col, attention's scores' gradient. */
 static size_t model_scratch_floats(const tally__model *m, int B) {
     size_t scratch = 0;
     for (int i = 0; i < m->nops; i++) {
-        if (m->op[i].kind != TALLY__OP_CONV) continue;
-        size_t sc = tally_conv2d_scratch_floats(&m->op[i].conv, B);
+        const tally__op *op = &m->op[i];
+        size_t sc = op->kind == TALLY__OP_CONV        ? tally_conv2d_scratch_floats(&op->conv, B)
+                    : op->kind == TALLY__OP_ATTENTION ? (size_t)op->seq * op->seq
+                                                      : 0;
         if (sc > scratch) scratch = sc;
     }
     return scratch;
@@ -45,12 +47,22 @@ static size_t model_dtmp_floats(const tally__model *m) {
     return tmp;
 }
 
+/* Bytes op keeps from forward for its backward at batch B (model->saved). */
+static size_t op_saved_bytes(const tally__model *m, const tally__op *op, int B) {
+    switch (op->kind) {
+    case TALLY__OP_POOL: return (size_t)B * m->value_n[op->dst] * sizeof(int32_t);
+    case TALLY__OP_LAYERNORM: return 2 * (size_t)B * op->rows * sizeof(float); /* mean, rstd */
+    case TALLY__OP_ATTENTION: return (size_t)B * op->heads * op->seq * op->seq * sizeof(float);
+    default: return 0;
+    }
+}
+
 static size_t model_activation_bytes(const tally__model *m, int B) {
     size_t bytes = 0;
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
         size_t out = (size_t)B * m->value_n[op->dst];
-        bytes += 2 * out * sizeof(float) + (op->kind == TALLY__OP_POOL ? out * sizeof(int32_t) : 0);
+        bytes += 2 * out * sizeof(float) + op_saved_bytes(m, op, B);
     }
     return bytes + (size_t)B * m->value_n[m->nvalues - 1] * sizeof(float) +
            (model_scratch_floats(m, B) + (size_t)B * model_dtmp_floats(m)) * sizeof(float);
@@ -93,7 +105,8 @@ static int model_alloc_buffers(tally__model *m, int B) {
         m->dact[op->dst] = tally__alloc_zeroed(out * sizeof(float));
         if (!m->act[op->dst] || !m->dact[op->dst])
             return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
-        if (op->kind == TALLY__OP_POOL && !(m->argmax[i] = tally__alloc_zeroed(out * sizeof(int32_t))))
+        size_t saved = op_saved_bytes(m, op, B);
+        if (saved && !(m->saved[i] = tally__alloc_zeroed(saved)))
             return tally__seterr(TALLY_E_NOMEM, "model: out of memory for activations");
     }
     size_t scratch = model_scratch_floats(m, B), tmp = model_dtmp_floats(m);
@@ -109,12 +122,18 @@ static int model_alloc_buffers(tally__model *m, int B) {
 void tally__model_init_rng(tally__rng *r, uint64_t seed) { tally__rng_seed(r, seed, 0x6d6f64656cull); }
 
 /* PyTorch's defaults: Linear and Conv2d weights and biases uniform in +-1/sqrt(fan_in), Embedding
- * standard normal. */
+ * standard normal, LayerNorm 1 and 0; or, where the builder set init_std (GPT-2), weights normal with
+ * that deviation and biases 0. */
 void tally__model_init_layer(const tally__model *m, int layer, float *dst, tally__rng *r) {
     const tally__op *op = &m->op[tally__model_layer_op(m, layer)];
-    size_t n = m->offsets[layer + 1] - m->offsets[layer];
-    if (op->kind == TALLY__OP_EMBED) {
-        for (size_t j = 0; j < n; j++) dst[j] = tally__rng_normal(r);
+    size_t n = m->offsets[layer + 1] - m->offsets[layer], nw = op->b_off - op->w_off;
+    if (op->kind == TALLY__OP_LAYERNORM) { /* PyTorch's and GPT-2's alike */
+        for (size_t j = 0; j < n; j++) dst[j] = j < nw ? 1.0f : 0.0f;
+        return;
+    }
+    if (op->init_std > 0 || op->kind == TALLY__OP_EMBED || op->kind == TALLY__OP_POSITION) {
+        float std = op->init_std > 0 ? op->init_std : 1.0f;
+        for (size_t j = 0; j < n; j++) dst[j] = j < nw ? std * tally__rng_normal(r) : 0.0f;
         return;
     }
     float bound = 1.0f / sqrtf((float)op->fan_in);
@@ -188,7 +207,7 @@ void tally__model_free(tally__model *m) {
         free(m->act[v]);
         free(m->dact[v]);
     }
-    for (int i = 0; i < m->nops; i++) free(m->argmax[i]);
+    for (int i = 0; i < m->nops; i++) free(m->saved[i]);
     free(m->probs);
     free(m->scratch);
     free(m->dtmp);
@@ -212,11 +231,14 @@ static int model_op_forward(tally__model *m, int i, int B) {
     float *y = m->act[op->dst];
     const float *w = op->w, *b = op->b;
     switch (op->kind) {
-    case TALLY__OP_LINEAR: tally_linear_forward(y, x, w, b, B * op->rows, op->fan_in, op->fan_out); break;
+    case TALLY__OP_LINEAR:
+        if (op->tied_to >= 0) w = m->op[op->tied_to].w, b = NULL;
+        tally_linear_forward(y, x, w, b, B * op->rows, op->fan_in, op->fan_out);
+        break;
     case TALLY__OP_RELU: tally_relu_forward(y, x, (size_t)B * op->out); break;
     case TALLY__OP_CONV: tally_conv2d_forward(y, x, w, b, &op->conv, B, m->scratch); break;
     case TALLY__OP_POOL:
-        tally_maxpool_forward(y, m->argmax[i], x, B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
+        tally_maxpool_forward(y, m->saved[i], x, B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
         break;
     case TALLY__OP_ADD: {
         const float *x2 = m->act[op->src[1]];
@@ -224,6 +246,18 @@ static int model_op_forward(tally__model *m, int i, int B) {
         break;
     }
     case TALLY__OP_EMBED: return model_embed_forward(m, op, B);
+    case TALLY__OP_POSITION:
+        for (int s = 0; s < B; s++)
+            for (size_t k = 0; k < op->out; k++) y[(size_t)s * op->out + k] = x[(size_t)s * op->out + k] + w[k];
+        break;
+    case TALLY__OP_LAYERNORM: {
+        size_t n = (size_t)B * op->rows;
+        float *mean = m->saved[i];
+        tally_layernorm_forward(y, mean, mean + n, x, w, b, n, op->fan_in);
+        break;
+    }
+    case TALLY__OP_GELU: tally_gelu_forward(y, x, (size_t)B * op->out); break;
+    case TALLY__OP_ATTENTION: tally_attention_forward(y, m->saved[i], x, B, op->seq, op->fan_in, op->heads); break;
     }
     return 0;
 }
@@ -272,16 +306,36 @@ static void model_op_backward(tally__model *m, int i, int B) {
     const float *w = op->w;
     float *dw = op->dw, *db = op->db;
     switch (op->kind) {
-    case TALLY__OP_LINEAR: tally_linear_backward(dx, dw, db, dy, x, w, B * op->rows, op->fan_in, op->fan_out); break;
+    case TALLY__OP_LINEAR:
+        if (op->tied_to >= 0) w = m->op[op->tied_to].w, dw = m->op[op->tied_to].dw, db = NULL;
+        tally_linear_backward(dx, dw, db, dy, x, w, B * op->rows, op->fan_in, op->fan_out);
+        break;
     case TALLY__OP_EMBED: /* the tokens need no gradient */
         tally_embedding_backward(dw, dy, (const int32_t *)x, (size_t)B * op->in, op->fan_out);
         return;
+    case TALLY__OP_POSITION:
+        for (int s = 0; s < B; s++)
+            for (size_t k = 0; k < op->out; k++) dw[k] += dy[(size_t)s * op->out + k];
+        if (dx) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));
+        break;
+    case TALLY__OP_LAYERNORM: {
+        size_t n = (size_t)B * op->rows;
+        const float *mean = m->saved[i];
+        tally_layernorm_backward(dx, dw, db, dy, x, w, mean, mean + n, n, op->fan_in);
+        break;
+    }
+    case TALLY__OP_GELU:
+        if (dx) tally_gelu_backward(dx, dy, x, (size_t)B * op->out);
+        break;
+    case TALLY__OP_ATTENTION:
+        if (dx) tally_attention_backward(dx, m->scratch, dy, x, m->saved[i], B, op->seq, op->fan_in, op->heads);
+        break;
     case TALLY__OP_RELU:
         if (dx) tally_relu_backward(dx, dy, m->act[op->dst], (size_t)B * op->out);
         break;
     case TALLY__OP_CONV: tally_conv2d_backward(dx, dw, db, dy, x, w, &op->conv, B, m->scratch); break;
     case TALLY__OP_POOL:
-        if (dx) tally_maxpool_backward(dx, dy, m->argmax[i], B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
+        if (dx) tally_maxpool_backward(dx, dy, m->saved[i], B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
         break;
     case TALLY__OP_ADD: /* both inputs get dy: one at a time, since they may share dtmp */
         if (dx) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));

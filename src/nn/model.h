@@ -13,14 +13,20 @@
 typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__model_kind;
 
 /* The ops a model's nodes run. ADD takes two inputs of one size (a residual connection); EMBED looks up
- * a row of its table for each token of a token-index input (value 0 of a model with token_input). */
+ * a row of its table for each token of a token-index input (value 0 of a model with token_input);
+ * POSITION adds a learned [positions, width] table to every sample (GPT's position embedding);
+ * LAYERNORM normalises each row of fan_in; ATTENTION is causal self-attention over a qkv value. */
 typedef enum {
     TALLY__OP_LINEAR,
     TALLY__OP_RELU,
     TALLY__OP_CONV,
     TALLY__OP_POOL,
     TALLY__OP_ADD,
-    TALLY__OP_EMBED
+    TALLY__OP_EMBED,
+    TALLY__OP_POSITION,
+    TALLY__OP_LAYERNORM,
+    TALLY__OP_GELU,
+    TALLY__OP_ATTENTION,
 } tally__op_kind;
 
 #define TALLY__MODEL_MAX_OPS    256
@@ -32,16 +38,21 @@ typedef enum {
  * by any later nodes (a value read twice gets the sum of both gradients in backward). */
 typedef struct tally__op {
     tally__op_kind kind;
-    int src[2];                         /* the values it reads; src[1] = -1 for one input */
-    int dst;                            /* the value it writes */
-    size_t in, out;                     /* floats per sample of src[0] and dst */
-    int layer;                          /* index among the layers with parameters, -1 for none */
-    size_t w_off, b_off;                /* into the flat buffers: w then b */
-    float *w, *b, *dw, *db;             /* what forward and backward use: the flat buffers, or what ZeRO points
-                              * them at (a gathered layer, a gradient staging buffer) */
-    int fan_in, fan_out;                /* linear: in, out features; embed: vocabulary, width */
-    int rows;                           /* linear: rows per sample, each of fan_in features (a sequence's positions) */
-    tally_conv2d_shape conv;            /* conv */
+    int src[2];              /* the values it reads; src[1] = -1 for one input */
+    int dst;                 /* the value it writes */
+    size_t in, out;          /* floats per sample of src[0] and dst */
+    int layer;               /* index among the layers with parameters, -1 for none */
+    size_t w_off, b_off;     /* into the flat buffers: w then b */
+    float *w, *b, *dw, *db;  /* what forward and backward use: the flat buffers, or what ZeRO points them
+                              * at (a gathered layer, a gradient staging buffer) */
+    int fan_in, fan_out;     /* linear: in, out features; embed: vocabulary, width; layernorm: width */
+    int rows;                /* linear, layernorm: rows per sample, each of fan_in (a sequence's positions) */
+    int tied_to;             /* linear: -1, or the op whose weight it uses as its own, without a bias (GPT's
+                              * head on the token embedding); its gradient adds into that op's */
+    int seq, heads;          /* attention: positions and heads; fan_in is the width C (qkv holds 3C) */
+    float init_std;          /* > 0: weights normal(0, init_std), biases 0 (GPT-2's); 0: PyTorch's defaults
+                              * (uniform +-1/sqrt(fan_in); embeddings normal(0, 1); LayerNorm 1 and 0) */
+    tally_conv2d_shape conv; /* conv */
     int pool_c, pool_h, pool_w, pool_k; /* pool: input geometry and window */
 } tally__op;
 
@@ -64,6 +75,7 @@ typedef struct tally__model_cfg {
     int outputs;                 /* classes, or the regression width */
     int nhidden;                 /* mlp */
     int hidden[TALLY__MODEL_MAX_HIDDEN];
+    int layers, embd, heads; /* gpt: blocks, width C, heads H (in_dim is its context T, outputs its vocabulary) */
     /* A graph of one's own (tests, embedders), laid out with model_build.h after the input value,
      * instead of kind's entry in the table; NULL for the table's. */
     int (*build)(struct tally__model *m, const struct tally__model_cfg *cfg);
@@ -94,9 +106,10 @@ typedef struct tally__model {
     float *dact[TALLY__MODEL_MAX_VALUES]; /* the loss's gradient with respect to each value */
     float *dtmp;                          /* one input's gradient, before it is added to a value read more than once */
     float *probs;                         /* softmax output */
-    int32_t *argmax[TALLY__MODEL_MAX_OPS];
-    float *scratch;          /* im2col, shared by the conv ops */
-    double flops_per_sample; /* forward + backward multiply-adds x 2 */
+    void *saved[TALLY__MODEL_MAX_OPS];    /* what an op keeps for its backward: pool winners (int32),
+                                        * layernorm means and rstds, attention probabilities */
+    float *scratch;                       /* im2col and attention's T x T, shared by the ops */
+    double flops_per_sample;              /* forward + backward multiply-adds x 2 */
     size_t activation_bytes;
 } tally__model;
 

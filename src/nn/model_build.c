@@ -18,6 +18,7 @@ tally__op *tally__graph_node(tally__model *m, tally__op_kind kind, int src0, int
     op->in = m->value_n[src0];
     op->out = out;
     op->layer = -1;
+    op->tied_to = -1;
     m->value_n[op->dst] = out;
     m->readers[src0]++;
     if (src1 >= 0) m->readers[src1]++;
@@ -93,4 +94,57 @@ int tally__graph_embedding(tally__model *m, int vocab, int width, const char *na
     op->fan_out = width;
     graph_layer(m, op, name, 2, (int[]){vocab, width}, 0); /* nn.Embedding: a weight, no bias */
     return 0;
+}
+
+int tally__graph_position(tally__model *m, int positions, int width, const char *name) {
+    int src = tally__graph_last(m);
+    if (m->value_n[src] != (size_t)positions * width)
+        return tally__seterr(TALLY_E_INVALID,
+                             "model: the position table %s is %d x %d and its input has %zu floats "
+                             "per sample",
+                             name, positions, width, m->value_n[src]);
+    tally__op *op = tally__graph_node(m, TALLY__OP_POSITION, src, -1, m->value_n[src]);
+    op->fan_in = positions;
+    op->fan_out = width;
+    graph_layer(m, op, name, 2, (int[]){positions, width}, 0); /* nn.Embedding(T, C): a weight, no bias */
+    return 0;
+}
+
+void tally__graph_layernorm(tally__model *m, int width, const char *name) {
+    int src = tally__graph_last(m);
+    tally__op *op = tally__graph_node(m, TALLY__OP_LAYERNORM, src, -1, m->value_n[src]);
+    op->fan_in = width;
+    op->rows = (int)(m->value_n[src] / (size_t)width);
+    tally__graph_params(m, op, name, 1, (int[]){width});
+}
+
+void tally__graph_gelu(tally__model *m) {
+    int src = tally__graph_last(m);
+    tally__graph_node(m, TALLY__OP_GELU, src, -1, m->value_n[src]);
+}
+
+int tally__graph_attention(tally__model *m, int seq, int width, int heads) {
+    int src = tally__graph_last(m);
+    if (heads < 1 || width % heads || m->value_n[src] != (size_t)seq * 3 * width)
+        return tally__seterr(TALLY_E_INVALID,
+                             "model: attention over %d positions of width %d needs a multiple of "
+                             "its %d heads and 3 x that width per position (got %zu floats)",
+                             seq, width, heads, m->value_n[src]);
+    tally__op *op = tally__graph_node(m, TALLY__OP_ATTENTION, src, -1, (size_t)seq * width);
+    op->fan_in = width;
+    op->seq = seq;
+    op->heads = heads;
+    m->flops_per_sample += tally__graph_flops(op, 2.0 * seq * seq * width); /* q k^T and att v, in full */
+    return 0;
+}
+
+void tally__graph_tied_linear(tally__model *m, int owner, int in, int out) {
+    int src = tally__graph_last(m);
+    int rows = (int)(m->value_n[src] / (size_t)in);
+    tally__op *op = tally__graph_node(m, TALLY__OP_LINEAR, src, -1, (size_t)rows * out);
+    op->fan_in = in;
+    op->fan_out = out;
+    op->rows = rows;
+    op->tied_to = owner;
+    m->flops_per_sample += tally__graph_flops(op, (double)rows * in * out);
 }

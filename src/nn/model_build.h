@@ -26,15 +26,30 @@ void tally__graph_linear(tally__model *m, int in, int out, int relu, const char 
 /* An embedding table [vocab, width] named "<name>.weight" over the token input (value 0: m->token_input
  * set, value_n[0] tokens per sample): value_n[0] x width floats per sample. 0 or TALLY_E_INVALID. */
 int tally__graph_embedding(tally__model *m, int vocab, int width, const char *name);
+/* A learned table "<name>.weight" [positions, width] added to each sample of the latest value (of
+ * positions x width floats). 0 or TALLY_E_INVALID. */
+int tally__graph_position(tally__model *m, int positions, int width, const char *name);
+/* LayerNorm over each row of `width` of the latest value: "<name>.weight" and "<name>.bias" [width]. */
+void tally__graph_layernorm(tally__model *m, int width, const char *name);
+void tally__graph_gelu(tally__model *m);
+/* Causal self-attention over the latest value, a qkv of seq x 3 width per sample: seq x width. 0 or
+ * TALLY_E_INVALID (width not a multiple of heads, or the value's size). */
+int tally__graph_attention(tally__model *m, int seq, int width, int heads);
+/* A linear map without bias (in -> out on each row of the latest value) whose weight is op `owner`'s
+ * [out, in] (GPT's head tied to the token embedding): no tensors of its own. */
+void tally__graph_tied_linear(tally__model *m, int owner, int in, int out);
 
 /* The builders (model_mlp.c, model_cnn.c): each lays out cfg's model after the input value. */
 int tally__build_linear(tally__model *m, const tally__model_cfg *cfg);
 int tally__build_mlp(tally__model *m, const tally__model_cfg *cfg);
 int tally__build_cnn(tally__model *m, const tally__model_cfg *cfg);
+int tally__build_gpt(tally__model *m, const tally__model_cfg *cfg);
 /* Their lines' other entries (model_mlp.c, model_cnn.c). */
 void tally__mlp_defaults(tally__model_cfg *mc);
 void tally__mlp_arch(const tally__model_cfg *mc, char *buf, size_t n);
 void tally__cnn_arch(const tally__model_cfg *mc, char *buf, size_t n);
+void tally__gpt_defaults(tally__model_cfg *mc);
+void tally__gpt_arch(const tally__model_cfg *mc, char *buf, size_t n);
 /* Through the table (models.c): the input value, then cfg->kind's builder. */
 int tally__model_layout(tally__model *m, const tally__model_cfg *cfg);
 

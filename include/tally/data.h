@@ -1,5 +1,6 @@
 /* tally/data.h - training data: IDX files (plain or gzip), the Fashion-MNIST and synthetic data sets
- * in memory, and the distributed sampler that gives each rank its own disjoint shard every epoch. */
+ * in memory, the distributed sampler that gives each rank its own disjoint shard every epoch, and text
+ * as byte tokens for a GPT. */
 #ifndef TALLY_DATA_H
 #define TALLY_DATA_H
 
@@ -100,6 +101,43 @@ TALLY_API size_t tally_sampler_len(const tally_sampler *s);
 /* Data set index of this rank's i-th sample this epoch (i < tally_sampler_len). */
 TALLY_API size_t tally_sampler_index(const tally_sampler *s, size_t i);
 TALLY_API void tally_sampler_free(tally_sampler *s);
+
+/* Text as byte tokens (a GPT's data): a file mapped read-only, never read whole, so a multi-GB file
+ * costs only the pages its windows touch. Bytes [0, train_n) are the training part, [train_n, n) the
+ * validation part. The file must not shrink while it is open (a read past its new end is SIGBUS). */
+typedef struct tally_text {
+    const uint8_t *bytes; /* the mapping */
+    size_t n;             /* bytes in the file */
+    size_t train_n;       /* bytes of the training part */
+    const char *path;     /* as given to tally_text_open (not copied) */
+} tally_text;
+
+#define TALLY_TEXT_VOCAB 256
+
+/* Maps path; the last val_frac of it (0 <= val_frac < 1; rounded down to whole bytes) is held out for
+ * validation. Refused with a message naming the file (tally_last_error()): a missing or unreadable file
+ * (TALLY_E_SYSTEM), a directory, FIFO or device (TALLY_E_INVALID, without blocking), an empty file
+ * (TALLY_E_INVALID), val_frac outside [0, 1) (TALLY_E_INVALID). On failure *out is zeroed. */
+TALLY_API int tally_text_open(const char *path, double val_frac, tally_text *out);
+/* Whether windows of T+1 bytes fit: the training part must hold at least T+1 bytes, and the validation
+ * part too unless it is empty. TALLY_E_INVALID with the file, its size, the part that is too short and
+ * what to do (a longer file, a smaller --context, or another --val-frac); T < 1 is refused too. */
+TALLY_API int tally_text_check(const tally_text *t, int T);
+/* The window at byte `start`: tokens[i] = bytes[start + i], targets[i] = bytes[start + i + 1], i < T.
+ * start + T < n is the caller's to keep (tally_text_train_starts and tally_text_val_start do). */
+TALLY_API void tally_text_window(const tally_text *t, size_t start, int T, int32_t *tokens, int32_t *targets);
+/* The starts of windows first .. first+count-1 of training step `step`'s global batch: each uniform in
+ * [0, train_n - T - 1] and a function of (seed, step, window index) alone (each window has its own
+ * random stream), so rank r of N taking windows r*B .. r*B+B-1 draws the same windows as one rank taking
+ * all N*B, and a resumed run draws what the uninterrupted one would. Requires tally_text_check(t, T). */
+TALLY_API void tally_text_train_starts(const tally_text *t, uint64_t seed, long step, int T, size_t first, size_t count,
+                                       size_t *starts);
+/* Start of validation window i of `windows`, spread evenly over the validation part (the first at its
+ * first byte, the last ending at its last byte; one window: the first). Requires a validation part that
+ * holds T+1 bytes and 0 <= i < windows. */
+TALLY_API size_t tally_text_val_start(const tally_text *t, int T, int i, int windows);
+/* Unmaps; NULL-safe, and safe on a zeroed or already closed t. */
+TALLY_API void tally_text_close(tally_text *t);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "optim/optim_int.h"
 
 #define STEPS 6
 #define RTOL  1e-5
@@ -357,7 +358,47 @@ static void test_converges(void) {
     TH_CHECK((e = minimise(&adam, &cosine, 600)) < 1e-3, "adamw did not converge: %g", e);
 }
 
+/* A step taken range by range, decay on some and off on others, is bit for bit the whole-array step of
+ * an optimizer with that decay on those elements and one without it on the rest (each element's
+ * update is its own). Cuts at 0, 1, odd and vector-width-crossing places; SGD-momentum and AdamW. */
+static void test_ranges(void) {
+    const size_t n = 37, cut[] = {0, 1, 6, 13, 14, 29, 37};
+    const tally_optim_kind kinds[] = {TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW};
+    for (int k = 0; k < 2; k++) {
+        tally_optim_cfg on, off;
+        tally_optim_cfg_default(&on, kinds[k]);
+        on.weight_decay = 0.1f;
+        off = on;
+        off.weight_decay = 0.0f;
+        tally_optim split, whole_on, whole_off;
+        float *p = falloc(n), *g = falloc(n), *pon = falloc(n), *poff = falloc(n);
+        seed(40 + (uint64_t)k);
+        fill(p, n, -1, 1);
+        memcpy(pon, p, n * sizeof *p);
+        memcpy(poff, p, n * sizeof *p);
+        TH_CHECK(!tally_optim_init(&split, &on, n) && !tally_optim_init(&whole_on, &on, n) &&
+                     !tally_optim_init(&whole_off, &off, n),
+                 "ranges: init");
+        for (int s = 0; s < STEPS; s++) {
+            fill(g, n, -1, 1);
+            for (size_t c = 0; c + 1 < sizeof cut / sizeof *cut; c++)
+                tally__optim_step_range(&split, p, g, cut[c], cut[c + 1], 0.01f, (int)(c % 2));
+            tally__optim_count_step(&split);
+            tally_optim_step(&whole_on, pon, g, 0.01f);
+            tally_optim_step(&whole_off, poff, g, 0.01f);
+        }
+        int bad = 0;
+        for (size_t c = 0; c + 1 < sizeof cut / sizeof *cut; c++)
+            for (size_t i = cut[c]; i < cut[c + 1]; i++) bad += p[i] != (c % 2 ? pon[i] : poff[i]);
+        TH_CHECK(!bad && split.step == STEPS, "%s by ranges: %d of %zu elements differ from the whole-array steps",
+                 tally_optim_name(kinds[k]), bad, n);
+        tally_optim_free(&split), tally_optim_free(&whole_on), tally_optim_free(&whole_off);
+        free(p), free(g), free(pon), free(poff);
+    }
+}
+
 int main(void) {
+    test_ranges();
     test_against_reference();
     test_by_hand();
     test_determinism();

@@ -177,9 +177,47 @@ static void test_serial_buffers(void) {
     }
 }
 
+/* GPT's optimizer (clipping to a global norm, weight decay on matrices only) under every stage: the
+ * norm is the whole model's from the ranks' shards (tails counted once), the decay boundary falls
+ * inside shards, and stages 1-3 stay within the bound of stage 0 (bit-identical here without accumulation);
+ * with accumulation, where ZeRO averages before clipping, SGD-momentum: stages 2-3 reduce each
+ * micro-batch, another order of addition, which AdamW's per-coordinate scaling would grow past the bound
+ * (see the top of the file). The clipping and the decay change training (they are not silently off). */
+static void test_clip_decay(void) {
+    for (int accum = 1; accum <= 2; accum++) {
+        tally__train_cfg ref = zcfg(0, accum == 1 ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD, accum);
+        ref.opt.clip = 0.05f; /* below the gradients' norm from the first step */
+        ref.opt.optim.weight_decay = 0.1f;
+        ref.sync.decay_matrices = 1;
+        char what[96];
+        snprintf(what, sizeof what, "clip + decay matrices, stage 0, accum %d", accum);
+        if (tr_train_on("shm", 3, &ref, g_ref, what)) continue;
+        for (int z = 1; z <= 3; z++) {
+            tally__train_cfg c = ref;
+            c.sync.zero = z;
+            snprintf(what, sizeof what, "clip + decay matrices, stage %d, accum %d", z, accum);
+            if (tr_train_on("shm", 3, &c, g_got, what)) continue;
+            double d = tr_max_rel_diff(g_got, g_ref, PRIME_P);
+            printf("%-42s vs stage 0: max relative difference %.2e\n", what, d);
+            TH_CHECK(d <= REL_TOL, "%s: max relative difference %.3g > %.0e", what, d, REL_TOL);
+        }
+    }
+    tally__train_cfg base = zcfg(1, TALLY_OPTIM_ADAMW, 1), clipped = base, decayed = base;
+    base.opt.optim.weight_decay = decayed.opt.optim.weight_decay = 0.1f;
+    clipped.opt.optim.weight_decay = 0.1f;
+    clipped.opt.clip = 0.05f;
+    decayed.sync.decay_matrices = 1;
+    if (tr_train_on("shm", 3, &base, g_ref, "stage 1, neither")) return;
+    if (!tr_train_on("shm", 3, &clipped, g_got, "stage 1, clipped"))
+        TH_CHECK(tr_max_rel_diff(g_got, g_ref, PRIME_P) > 1e-3, "--clip 0.05 changed nothing");
+    if (!tr_train_on("shm", 3, &decayed, g_got, "stage 1, decay on matrices only"))
+        TH_CHECK(tr_max_rel_diff(g_got, g_ref, PRIME_P) > 1e-6, "decay on matrices only changed nothing");
+}
+
 int main(void) {
     test_equivalence();
     if (threads_only()) return th_verdict("test_zero");
+    test_clip_decay();
     test_serial_buffers();
     test_accum();
     test_bytes();

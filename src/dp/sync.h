@@ -22,7 +22,9 @@ typedef struct tally__sync_cfg {
     double bucket_mb;       /* stage 0's buckets; 0 means 25 */
     tally__codec_cfg codec; /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
     int nan_policy;         /* tally__nan_policy (guard.h): a NaN or Inf gradient skips the step,
-                                    * stops, or is not looked for */
+                             * stops, or is not looked for */
+    int decay_matrices;     /* weight decay on tensors of two or more dimensions only (GPT's, nanoGPT's);
+                             * 0: on every parameter (torch.optim's) */
 } tally__sync_cfg;
 
 /* Cumulative since open; take differences around a step. Read between steps only, when nothing is in
@@ -68,6 +70,8 @@ typedef struct tally__sync_ops {
     long long (*opt_step)(const tally__sync *s);
     void (*set_opt_step)(tally__sync *s, long long step);
     void (*params_changed)(tally__sync *s); /* parameters were replaced from outside */
+    /* The averaged gradients' global L2 norm into *norm; when above max_norm, the gradients scaled to it. */
+    int (*clip)(tally__sync *s, float max_norm, double *norm);
 } tally__sync_ops;
 
 /* The engines' state lives here (the checkpoint code reads the one in use: optim or zero). */
@@ -82,6 +86,8 @@ struct tally__sync {
     unsigned long long f32_bytes_step; /* what one step's gradient reductions would send in f32 (measured) */
     tally_optim_cfg optim_cfg;         /* what it was opened with, for the state dict */
     uint64_t seed;                     /* the model's parameters and PowerSGD's first factors */
+    size_t *nodecay; /* stage 0 with decay_matrices: [begin, end) pairs of the flat layout weight decay skips */
+    int nnodecay;    /* (biases, norms); 0 pairs: decay everywhere */
     tally__codec_cfg codec_cfg;
 };
 
@@ -100,6 +106,12 @@ static inline int tally__sync_micro_end(tally__sync *s) { return s->ops->micro_e
 static inline int tally__sync_drain(tally__sync *s) { return s->ops->drain(s); }
 /* Drops the step's gradients (every rank agreed to skip it); parameters and state stay. */
 static inline int tally__sync_skip(tally__sync *s) { return s->ops->skip(s); }
+/* After drain, before apply: clips the averaged gradients to a global L2 norm of max_norm (PyTorch's
+ * clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is below 1), the norm over the whole
+ * model whatever the stage; *norm gets it. */
+static inline int tally__sync_clip(tally__sync *s, float max_norm, double *norm) {
+    return s->ops->clip(s, max_norm, norm);
+}
 /* The optimizer's update from the averaged gradients, then the gradients cleared. */
 static inline int tally__sync_apply(tally__sync *s, float lr) { return s->ops->apply(s, lr); }
 static inline void tally__sync_stats_get(const tally__sync *s, tally__sync_stats *out) { s->ops->stats(s, out); }

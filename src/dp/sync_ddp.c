@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "../core/err.h"
+#include "../optim/optim_int.h"
+#include "norm.h"
 #include "sync.h"
 
 static int ddp_layer_ready(void *arg, int layer) { return tally_ddp_layer_ready(arg, layer); }
@@ -25,9 +27,30 @@ static int ddp_skip(tally__sync *s) {
     return 0;
 }
 
+/* Weight decay where it applies: everywhere, or the ranges between the ones it skips. */
 static int ddp_apply(tally__sync *s, float lr) {
-    tally_optim_step(&s->optim, s->m->params, s->m->grads, lr);
+    float *p = s->m->params;
+    const float *g = s->m->grads;
+    if (!s->nnodecay) {
+        tally_optim_step(&s->optim, p, g, lr);
+    } else {
+        size_t at = 0;
+        for (int i = 0; i < s->nnodecay; i++) {
+            tally__optim_step_range(&s->optim, p, g, at, s->nodecay[2 * i], lr, 1);
+            tally__optim_step_range(&s->optim, p, g, s->nodecay[2 * i], s->nodecay[2 * i + 1], lr, 0);
+            at = s->nodecay[2 * i + 1];
+        }
+        tally__optim_step_range(&s->optim, p, g, at, s->m->nparams, lr, 1);
+        tally__optim_count_step(&s->optim);
+    }
     memset(s->m->grads, 0, s->m->nparams * sizeof(float));
+    return 0;
+}
+
+/* Every rank holds the whole averaged gradient: its norm needs no communication. */
+static int ddp_clip(tally__sync *s, float max_norm, double *norm) {
+    float *g = s->m->grads;
+    *norm = tally__grad_clip_to(g, s->m->nparams, tally__grad_sumsq(g, s->m->nparams), max_norm);
     return 0;
 }
 
@@ -56,6 +79,8 @@ static void ddp_step_begin(tally__sync *s) { tally__codec_step_begin(s->codec); 
 static void ddp_step_end(tally__sync *s, int taken) { tally__codec_step_end(s->codec, taken); }
 
 static void ddp_close(tally__sync *s) {
+    free(s->nodecay);
+    s->nodecay = NULL;
     tally_ddp_free(s->ddp);
     tally__codec_free(s->codec);
     tally_optim_free(&s->optim);
@@ -95,7 +120,8 @@ static const tally__sync_ops ddp_ops = {.hooks = ddp_hooks,
                                         .load_part = ddp_load_part,
                                         .opt_step = ddp_opt_step,
                                         .set_opt_step = ddp_set_opt_step,
-                                        .params_changed = ddp_params_changed};
+                                        .params_changed = ddp_params_changed,
+                                        .clip = ddp_clip};
 
 /* The engine's buckets to the codec, and one plain f32 allreduce of each, on zeros, counted: the bytes
  * the step would send uncompressed. */
@@ -121,6 +147,26 @@ static int ddp_codec_attach(tally__sync *s) {
     return rc;
 }
 
+/* The model's 1-D tensors (biases, norms), adjacent ones merged, in buffer order. */
+static int ddp_nodecay_ranges(tally__sync *s) {
+    const tally__model *m = s->m;
+    s->nodecay = malloc(2 * (size_t)(m->ntensors + 1) * sizeof *s->nodecay);
+    if (!s->nodecay) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", tally_comm_rank(s->comm));
+    for (int t = 0; t < m->ntensors; t++) {
+        const tally__tensor *T = &m->tensor[t];
+        if (T->ndim >= 2) continue;
+        size_t *last = s->nnodecay ? &s->nodecay[2 * s->nnodecay - 1] : NULL;
+        if (last && *last == T->offset) {
+            *last += T->count;
+            continue;
+        }
+        s->nodecay[2 * s->nnodecay] = T->offset;
+        s->nodecay[2 * s->nnodecay + 1] = T->offset + T->count;
+        s->nnodecay++;
+    }
+    return 0;
+}
+
 int tally__sync_open_ddp(tally__sync *s, const tally__sync_cfg *cfg) {
     tally__model *m = s->m;
     s->ops = &ddp_ops;
@@ -135,5 +181,6 @@ int tally__sync_open_ddp(tally__sync *s, const tally__sync_cfg *cfg) {
     }
     if ((rc = tally_ddp_create(s->comm, m->grads, m->nparams, m->offsets, m->nlayers, &dopts, &s->ddp))) return rc;
     if (compress && (rc = ddp_codec_attach(s))) return rc;
+    if (cfg->decay_matrices && (rc = ddp_nodecay_ranges(s))) return rc;
     return tally_optim_init(&s->optim, &s->optim_cfg, m->nparams);
 }

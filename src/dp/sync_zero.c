@@ -70,6 +70,7 @@ static void zs_set_opt_step(tally__sync *s, long long step) {
 }
 
 static void zs_params_changed(tally__sync *s) { tally__zero_params_changed(&s->zero); }
+static int zs_clip(tally__sync *s, float max_norm, double *norm) { return tally__zero_clip(&s->zero, max_norm, norm); }
 
 static const tally__sync_ops zero_ops = {.hooks = zs_hooks,
                                          .micro_begin = zs_micro_begin,
@@ -89,11 +90,13 @@ static const tally__sync_ops zero_ops = {.hooks = zs_hooks,
                                          .load_part = zs_load_part,
                                          .opt_step = zs_opt_step,
                                          .set_opt_step = zs_set_opt_step,
-                                         .params_changed = zs_params_changed};
+                                         .params_changed = zs_params_changed,
+                                         .clip = zs_clip};
 
 int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg) {
     s->ops = &zero_ops;
     int rc = tally__zero_init(&s->zero, s->comm, s->m, cfg->zero, cfg->accum, &s->optim_cfg, s->seed, !cfg->no_overlap);
+    if (!rc && cfg->decay_matrices) tally__zero_decay_matrices(&s->zero);
     if (rc || cfg->codec.kind == TALLY__CODEC_NONE) return rc;
     if ((rc = tally__zero_set_half(&s->zero, (tally_dtype)tally__codec_half_dtype(&cfg->codec)))) return rc;
     return tally__zero_measure_f32(&s->zero, &s->f32_bytes_step);

@@ -2,6 +2,7 @@
  * on that piece alone, all-gather of parameters (stages 1-2 after the step, stage 3 before each use). */
 #include "zero.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,8 @@
 #include "../core/alloc.h"
 #include "codec.h"
 #include "guard.h"
+#include "norm.h"
+#include "../optim/optim_int.h"
 #include "../core/rng.h"
 
 static float *zero_alloc(size_t n) { return tally__alloc_zeroed(n * sizeof(float)); }
@@ -82,6 +85,7 @@ static int zero_layout(tally__zero *z, const tally_optim_cfg *ocfg) {
         L->piece = L->n / (size_t)z->size;
         L->tail = L->n - L->piece * (size_t)z->size;
         L->shard_off = z->shard_len;
+        L->decay_n = L->n;
         z->shard_len += L->piece + L->tail;
         if (L->n > z->largest) z->largest = L->n;
         int rc = tally_optim_init(&L->opt_piece, ocfg, L->piece);
@@ -334,20 +338,71 @@ static void zero_clear_step(tally__zero *z) {
         memset(z->m->grads, 0, z->m->nparams * sizeof(float));
     z->held[0] = z->held[1] = -1; /* the parameters may have changed */
     z->last_micro = z->accum == 1;
+    z->averaged = 0;
+}
+
+void tally__zero_decay_matrices(tally__zero *z) {
+    for (int l = 0; l < z->nlayers; l++) {
+        const tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
+        int t = 0; /* the layer's weight tensor: the first whose offset is the layer's */
+        while (t < z->m->ntensors && z->m->tensor[t].offset != op->w_off) t++;
+        z->layer[l].decay_n = t < z->m->ntensors && z->m->tensor[t].ndim >= 2 ? op->b_off - op->w_off : 0;
+    }
+}
+
+/* With accumulation the reductions summed micro-batches: divide once, before clipping or updating. */
+static void zero_average(tally__zero *z) {
+    const float denom = (float)z->size * (float)z->accum;
+    for (int l = 0; l < z->nlayers && z->accum > 1 && !z->averaged; l++) {
+        zero_view v = zero_view_of(z, l);
+        scale(v.g_piece, z->layer[l].piece, denom);
+        scale(v.g_tail, z->layer[l].tail, denom);
+    }
+    z->averaged = 1;
+}
+
+int tally__zero_clip(tally__zero *z, float max_norm, double *norm) {
+    int rc = tally__opq_drain(&z->q);
+    if (rc) return rc;
+    zero_average(z);
+    double part = 0;
+    for (int l = 0; l < z->nlayers; l++) {
+        zero_view v = zero_view_of(z, l);
+        part += tally__grad_sumsq(v.g_piece, z->layer[l].piece);
+        if (z->rank == 0) part += tally__grad_sumsq(v.g_tail, z->layer[l].tail);
+    }
+    if ((rc = tally_allreduce(z->comm, &part, &part, 1, TALLY_F64, TALLY_SUM))) return rc;
+    *norm = sqrt(part);
+    for (int l = 0; l < z->nlayers; l++) {
+        zero_view v = zero_view_of(z, l);
+        *norm = tally__grad_clip_to(v.g_piece, z->layer[l].piece, part, max_norm);
+        tally__grad_clip_to(v.g_tail, z->layer[l].tail, part, max_norm);
+    }
+    return 0;
+}
+
+/* A piece or tail starting at flat element `first` of layer L: the part before L's decay boundary
+ * decays, the rest not (bit for bit tally_optim_step when all of it decays). */
+static void zero_update(tally_optim *o, float *p, const float *g, size_t n, size_t first, const tally__zero_layer *L,
+                        float lr) {
+    size_t bound = L->off + L->decay_n, k = bound <= first ? 0 : bound - first < n ? bound - first : n;
+    if (k == n) {
+        tally_optim_step(o, p, g, lr);
+        return;
+    }
+    tally__optim_step_range(o, p, g, 0, k, lr, 1);
+    tally__optim_step_range(o, p, g, k, n, lr, 0);
+    tally__optim_count_step(o);
 }
 
 int tally__zero_step(tally__zero *z, float lr) {
     int rc = tally__opq_drain(&z->q);
-    const float denom = (float)z->size * (float)z->accum;
+    if (!rc) zero_average(z);
     for (int l = z->nlayers - 1; l >= 0 && !rc; l--) {
         tally__zero_layer *L = &z->layer[l];
         zero_view v = zero_view_of(z, l);
-        if (z->accum > 1) {
-            scale(v.g_piece, L->piece, denom);
-            scale(v.g_tail, L->tail, denom);
-        }
-        tally_optim_step(&L->opt_piece, v.p_piece, v.g_piece, lr);
-        tally_optim_step(&L->opt_tail, v.p_tail, v.g_tail, lr);
+        zero_update(&L->opt_piece, v.p_piece, v.g_piece, L->piece, L->off + (size_t)z->rank * L->piece, L, lr);
+        zero_update(&L->opt_tail, v.p_tail, v.g_tail, L->tail, L->off + (size_t)z->size * L->piece, L, lr);
         long t = z->stage < 3 ? tally__opq_post(&z->q, op_share_params, l, 0) : 0;
         if (t < 0) rc = (int)t;
     }

@@ -17,6 +17,7 @@ typedef struct tally__zero_layer {
     size_t off, n;      /* the layer in the model's flat layout */
     size_t piece, tail; /* n = N*piece + tail */
     size_t shard_off;   /* where its piece, then its tail, sit in this rank's shard arrays */
+    size_t decay_n;     /* its first decay_n elements take weight decay (n, or the weight's, or none) */
     tally_optim opt_piece, opt_tail;
 } tally__zero_layer;
 
@@ -40,6 +41,7 @@ typedef struct tally__zero {
     size_t largest;                           /* elements of the largest layer */
     int overlap;                              /* collectives on the communication thread while compute goes on */
     int last_micro; /* the micro-batch in progress is the step's last (stage 1 reduces then) */
+    int averaged;   /* this step's gradient shards are already means (tally__zero_clip did it) */
     tally__opq q;
     double comm_s; /* seconds in collectives (read between steps) */
     /* compression */
@@ -74,6 +76,13 @@ tally__model_hooks tally__zero_hooks(tally__zero *z);
 /* After the step's last micro-batch: (stage 1: reduce-scatter the gradients,) average, update this
  * rank's shard, (stages 1-2: all-gather the parameters,) clear the gradients. */
 int tally__zero_step(tally__zero *z, float lr);
+/* Weight decay on the model's tensors of two or more dimensions only (their weights), not on biases
+ * and norms; call after init. */
+void tally__zero_decay_matrices(tally__zero *z);
+/* After the step's reductions: averages this rank's shards, and scales every shard so the whole model's
+ * gradient has an L2 norm of at most max_norm (one allreduce of the ranks' partial sums of squares;
+ * a tail, which every rank holds, counted once). *norm gets the norm before clipping. Collective. */
+int tally__zero_clip(tally__zero *z, float max_norm, double *norm);
 /* Ends a step without an update (every rank agreed to skip it): waits for the queued reductions and
  * clears the gradients; parameters and optimizer state stay as they were. */
 int tally__zero_skip(tally__zero *z);

@@ -2,6 +2,8 @@
  * torch.optim computes them so runs can be checked against PyTorch; config defaults and names. */
 #include <tally/optim.h>
 
+#include "optim_int.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -169,10 +171,11 @@ static __attribute__((noinline)) void sgd_run(float *restrict p, const float *re
     }
 }
 
-static void sgd_step(tally_optim *o, float *p, const float *g, float lr) {
+/* Elements [begin, end), decayed or not. */
+static void sgd_step(tally_optim *o, float *p, const float *g, size_t begin, size_t end, float lr, int decay) {
     sgd_coef c = {lr, o->cfg.momentum, o->cfg.weight_decay};
     int mode = !o->m ? SGD_PLAIN : o->cfg.nesterov ? SGD_NESTEROV : SGD_HEAVY_BALL;
-    sgd_run(p, g, o->m, o->n, c, c.wd != 0.0f, mode);
+    sgd_run(p + begin, g + begin, o->m ? o->m + begin : NULL, end - begin, c, decay && c.wd != 0.0f, mode);
 }
 
 /* ---- AdamW ----
@@ -251,25 +254,36 @@ static adamw_coef adamw_coefs(const tally_optim_cfg *cfg, long t, float lr) {
     return c;
 }
 
-static void adamw_step(tally_optim *o, float *p, const float *g, float lr) {
+/* Elements [begin, end), decayed or not. */
+static void adamw_step(tally_optim *o, float *p, const float *g, size_t begin, size_t end, float lr, int decay) {
     if (!o->m || !o->v) return;
     adamw_coef c = adamw_coefs(&o->cfg, o->step + 1, lr);
-    float *m = o->m, *v = o->v;
-    size_t n = o->n, i = 0;
+    if (!decay) c.decay = 1.0f;
+    float *m = o->m + begin, *v = o->v + begin;
+    p += begin, g += begin;
+    size_t n = end - begin, i = 0;
     for (; i + 4 <= n; i += 4) adamw_v4(p + i, g + i, m + i, v + i, &c);
     if (i < n) adamw_tail(p + i, g + i, m + i, v + i, n - i, &c);
 }
 
 /* ---- step and names ---- */
 
+void tally__optim_step_range(tally_optim *o, float *params, const float *grads, size_t begin, size_t end, float lr,
+                             int decay) {
+    if (!o || end <= begin) return;
+    if (o->cfg.kind == TALLY_OPTIM_ADAMW)
+        adamw_step(o, params, grads, begin, end, lr, decay);
+    else
+        sgd_step(o, params, grads, begin, end, lr, decay);
+}
+
+void tally__optim_count_step(tally_optim *o) {
+    if (o) o->step++;
+}
+
 TALLY_API void tally_optim_step(tally_optim *o, float *params, const float *grads, float lr) {
     if (!o) return;
-    if (o->n > 0) {
-        if (o->cfg.kind == TALLY_OPTIM_ADAMW)
-            adamw_step(o, params, grads, lr);
-        else
-            sgd_step(o, params, grads, lr);
-    }
+    tally__optim_step_range(o, params, grads, 0, o->n, lr, 1);
     o->step++;
 }
 

@@ -147,6 +147,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     float lr = tally_lr_at(&r->sched, step);
     int skip;
     if ((rc = train_agree_finite(r, step, &skip))) return rc;
+    double norm = 0;
+    if (!skip && cfg->opt.clip > 0 && (rc = tally__sync_clip(&r->sync, cfg->opt.clip, &norm))) return rc;
     tally__sync_step_end(&r->sync, !skip);
     if (skip) {
         st->loss = loss0; /* a NaN does not belong in the mean loss */

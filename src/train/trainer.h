@@ -52,6 +52,7 @@ typedef struct tally__optim_run_cfg {
     float min_lr;
     long step_every; /* step decay */
     float step_gamma;
+    float clip; /* > 0: the averaged gradient's global L2 norm clipped to this (--clip) */
 } tally__optim_run_cfg;
 
 /* Who hears of the run: the observer of its progress, the summary's JSON file. */

@@ -151,7 +151,7 @@ static void test_cli(void) {
     unlink(json);
     char *bad_model[] = {"tally", "train", "--model", "transformer", NULL};
     rc = tr_run_tally(bad_model, err, sizeof err);
-    TH_CHECK(rc == 2 && strstr(err, "--model 'transformer'") && strstr(err, "linear, mlp or cnn"),
+    TH_CHECK(rc == 2 && strstr(err, "--model 'transformer'") && strstr(err, "linear, mlp, cnn or gpt"),
              "unknown model: exit %d, %s", rc, err);
     char *bad_dir[] = {"tally", "train", "--data", "/nonexistent/fmnist", "--steps", "1", NULL};
     rc = tr_run_tally(bad_dir, err, sizeof err);

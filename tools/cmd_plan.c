@@ -37,22 +37,26 @@ typedef struct plan_opts {
 } plan_opts;
 
 static void plan_usage(FILE *out) {
-    fprintf(out,
-            "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
-            "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear\n"
-            "                  [--hidden W1,W2,...]] [--compute GFLOPS] [--bandwidth 25Gbps] [--latency 5us]\n"
-            "                  [--algo ring|tree|rhd|direct|all] [--bucket-mb M] [--calibrate] [--json]\n"
-            "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
-            "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
-            "overlap, and Amdahl's speed-up over N = 1, 2, 4, ... up to --workers.\n"
-            "  --params accepts K/M/G/T (1e3..1e12: 7.5G); --layers: how many (equal) layers hold them.\n"
-            "  --model takes P, the layers, FLOPs/sample and activations from tally train's models.\n"
-            "  --bandwidth: 25Gbps (bits), 10GB/s (bytes; MiB/s binary); --latency: 5us, 1.5ms, 100ns.\n"
-            "  --compute: GFLOP/s of one rank (default 100); FLOPs/sample default 6P without --model.\n"
-            "  --calibrate measures this machine instead of taking flags: compute (the model's own layers\n"
-            "  with --model, else single-thread sgemm), the optimizer update, and alpha/beta/gamma of the shm\n"
-            "  and tcp links (2 local ranks each; shm's used when N fits this host's CPUs, else tcp's).\n"
-            "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
+    fprintf(
+        out,
+        "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
+        "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear|gpt\n"
+        "                  [--hidden W1,W2,...] [--layers L --width C --heads H --context T]] [--compute GFLOPS]\n"
+        "                  [--bandwidth 25Gbps] [--latency 5us]\n"
+        "                  [--algo ring|tree|rhd|direct|all] [--bucket-mb M] [--calibrate] [--json]\n"
+        "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
+        "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
+        "overlap, and Amdahl's speed-up over N = 1, 2, 4, ... up to --workers.\n"
+        "  --params accepts K/M/G/T (1e3..1e12: 7.5G); --layers: how many (equal) layers hold them.\n"
+        "  --model takes P, the layers, FLOPs/sample and activations from tally train's models; for gpt,\n"
+        "  --layers, --width, --heads and --context shape it (default 4, 256, 4, 128; a sample is a\n"
+        "  window of --context byte tokens, its FLOPs 6 x parameters + attention per token).\n"
+        "  --bandwidth: 25Gbps (bits), 10GB/s (bytes; MiB/s binary); --latency: 5us, 1.5ms, 100ns.\n"
+        "  --compute: GFLOP/s of one rank (default 100); FLOPs/sample default 6P without --model.\n"
+        "  --calibrate measures this machine instead of taking flags: compute (the model's own layers\n"
+        "  with --model, else single-thread sgemm), the optimizer update, and alpha/beta/gamma of the shm\n"
+        "  and tcp links (2 local ranks each; shm's used when N fits this host's CPUs, else tcp's).\n"
+        "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
 }
 
 /* ---- flags ---- */
@@ -77,7 +81,10 @@ enum {
     O_JSON,
     O_CALIB,
     O_CALIB_RANK,
-    O_CALIB_BYTES
+    O_CALIB_BYTES,
+    O_WIDTH,
+    O_HEADS,
+    O_CONTEXT
 };
 
 static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
@@ -100,6 +107,9 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
                                            {"calibrate", 0, 0, O_CALIB},
                                            {"calibrate-rank", 1, 0, O_CALIB_RANK},
                                            {"calibrate-bytes", 1, 0, O_CALIB_BYTES},
+                                           {"width", 1, 0, O_WIDTH},
+                                           {"heads", 1, 0, O_HEADS},
+                                           {"context", 1, 0, O_CONTEXT},
                                            {"help", 0, 0, 'h'},
                                            {0, 0, 0, 0}};
 
@@ -175,6 +185,9 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_CALIB: return o->calibrate = 1, 0;
     case O_CALIB_RANK: return o->calibrate_rank = a, 0;
     case O_CALIB_BYTES: return tally__plan_parse_count(a, &o->calibrate_bytes);
+    case O_WIDTH: return parse_int(a, 1, 1 << 20, &o->mcfg.embd);
+    case O_HEADS: return parse_int(a, 1, 1 << 16, &o->mcfg.heads);
+    case O_CONTEXT: return parse_int(a, 1, 1 << 24, &o->mcfg.in_dim);
     default: return -1;
     }
 }
@@ -193,7 +206,10 @@ static const char *plan_accepts(int ch) {
     case O_BATCH:
     case O_ACCUM: return "it takes a whole number in 1..16777216";
     case O_FLOPS: return "it takes a count > 0, with K, M, G or T: 4.2M";
-    case O_MODEL: return "it takes linear, mlp or cnn";
+    case O_MODEL: return "it takes linear, mlp, cnn or gpt";
+    case O_WIDTH:
+    case O_HEADS:
+    case O_CONTEXT: return "it takes a whole number (K, M allowed)";
     case O_HIDDEN: return "it takes up to 16 comma-separated widths, each a whole number in 1..1048576 (512,256)";
     case O_COMPUTE: return "it takes GFLOP/s > 0 (a bare number), or a rate with its unit: 100, 1.5TFLOPS";
     case O_BW: return "it takes a rate > 0 whose unit says bits or bytes: 25Gbps, 10GB/s, 800MiB/s";
@@ -220,8 +236,10 @@ static int plan_check(const plan_opts *o) {
         why = "give --params or --model, not both";
     else if (o->model >= 0 && o->have_flops)
         why = "give --flops-per-sample or --model, not both";
-    else if (o->model >= 0 && o->layers)
-        why = "--layers comes from --model";
+    else if (o->model >= 0 && o->layers && o->model != TALLY__MODEL_GPT)
+        why = "--layers comes from --model (but for --model gpt, where it is the blocks)";
+    else if ((o->mcfg.embd || o->mcfg.heads || o->mcfg.in_dim) && o->model != TALLY__MODEL_GPT)
+        why = "--width, --heads and --context need --model gpt";
     else if (o->mcfg.nhidden && o->model >= 0 && !tally__model_info_of(o->model)->takes_hidden)
         why = "--hidden needs --model mlp";
     if (why) tally_flags_usage_error("plan", "%s", why);
@@ -243,12 +261,18 @@ static int plan_parse(int argc, char **argv, plan_opts *o) {
 
 /* ---- the model ---- */
 
-/* tally train's models on its default data: 28x28 images in 10 classes, or the least-squares set of 8
- * features that a model needing it trains on. */
+/* tally train's models on its default data: 28x28 images in 10 classes, the least-squares set of 8
+ * features that a model needing it trains on, or byte tokens (vocabulary 256, the --context given). */
 static void plan_model_cfg(plan_opts *o) {
     tally__model_cfg *m = &o->mcfg;
     m->kind = (tally__model_kind)o->model;
     const tally__model_info *info = tally__model_info_of(m->kind);
+    if (info->data == TALLY__DATA_TOKENS) {
+        m->layers = o->layers;
+        m->outputs = 256;
+        if (info->defaults) info->defaults(m);
+        return;
+    }
     int lsq = info->data == TALLY__DATA_LEAST_SQUARES;
     m->in_dim = lsq ? 8 : 784;
     m->channels = 1;

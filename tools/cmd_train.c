@@ -29,60 +29,70 @@ typedef struct train_opts {
 } train_opts;
 
 static void train_usage(FILE *out) {
-    fprintf(out,
-            "usage: tally train [-n N] [--model linear|mlp|cnn] [--hidden W1,W2,...]\n"
-            "                   [--data fashion-mnist|synthetic[:N]|DIR] [--epochs E] [--steps S] [--batch B]\n"
-            "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
-            "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
-            "                   [--step-gamma G] [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
-            "                   [--threads T] [--transport auto|shm|tcp] [--bind core|none] [--no-eval] [--quiet]\n"
-            "                   [--json FILE]\n"
-            "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
-            "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
-            "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
-            "                   [--no-error-feedback] [--mode sync|async [--staleness S]\n"
-            "                   [--stale-lr none|inverse] [--ps] [--quota per-worker|shared]]\n"
-            "                   [--straggler RANK:MS]\n"
-            "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
-            "averaged in buckets while backward runs, every replica takes the same step.\n"
-            "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
-            "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
-            "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
-            "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
-            "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
-            "  --max-mem (K/M/G) refuses up front a run that would need more per rank.\n"
-            "  --nan: a NaN or Inf gradient on any rank skips the step on every rank (skip, the default),\n"
-            "  stops the run (error), or is not looked for (ignore).\n"
-            "  --check-replicas K: every K steps the ranks compare hashes of their parameters and stop,\n"
-            "  naming the rank and the tensor, if a replica diverged.\n"
-            "  --ckpt DIR saves the whole training state there every N steps (--ckpt-every) and at the end,\n"
-            "  keeping the newest K (default 2); --resume starts from the newest one when there is one.\n"
-            "  A checkpoint loads at any world size and ZeRO stage; it is exact at the same world size.\n"
-            "  --max-restarts R (with -n and --ckpt): when a rank dies, stop the others, start all ranks\n"
-            "  again and resume from the last checkpoint, up to R times.\n"
-            "  --compress sends each gradient bucket compressed: fp16 or bf16 (16 bits on the wire, summed\n"
-            "  in f32; fp16 scaled by a power of two the ranks agree on, so small gradients keep their bits;\n"
-            "  an fp16 sum past 65504 counts as an Inf gradient for --nan), topk:R (each rank sends\n"
-            "  the fraction R of largest magnitudes as index-value pairs), powersgd:r (rank-r factors of each\n"
-            "  weight matrix). topk and powersgd keep what they did not send in a residual added to the next\n"
-            "  step (error feedback; --no-error-feedback turns it off) and work with --zero 0 only; fp16 and\n"
-            "  bf16 work with every --zero stage. The summary gives the bytes sent and the ratio to f32.\n"
-            "  A checkpoint keeps the residuals and factors; resuming with another codec is refused.\n"
-            "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
-            "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
-            "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
-            "  --mode async: rank 0 runs a parameter server (master parameters and optimizer state); the\n"
-            "  workers pull parameters and push gradients without waiting for each other, except that none\n"
-            "  may be more than S steps ahead of the slowest (--staleness, default 0: the same steps as\n"
-            "  sync). At S >= 1 every push is applied on arrival as gradient/N at lr damped by --stale-lr\n"
-            "  (inverse, the default: lr / (1 + staleness); none: lr). --ps: rank 0 only serves and ranks\n"
-            "  1..N-1 train. Not with --zero, --accum > 1, --ckpt, --check-replicas; a NaN loss stops it.\n"
-            "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
-            "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
-            "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
-            "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
-            "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
-            "mpirun, srun or torchrun it joins that job.\n");
+    fprintf(
+        out,
+        "usage: tally train [-n N] [--model linear|mlp|cnn|gpt] [--hidden W1,W2,...]\n"
+        "                   [--layers L] [--width C] [--heads H] [--context T] [--val-frac X]\n"
+        "                   [--data fashion-mnist|synthetic[:N]|DIR|text:FILE] [--epochs E] [--steps S] [--batch B]\n"
+        "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
+        "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
+        "                   [--step-gamma G] [--clip NORM] [--weight-decay-on all|matrices]\n"
+        "                   [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
+        "                   [--threads T] [--transport auto|shm|tcp] [--bind core|none] [--no-eval] [--quiet]\n"
+        "                   [--json FILE]\n"
+        "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
+        "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
+        "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
+        "                   [--no-error-feedback] [--mode sync|async [--staleness S]\n"
+        "                   [--stale-lr none|inverse] [--ps] [--quota per-worker|shared]]\n"
+        "                   [--straggler RANK:MS]\n"
+        "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
+        "averaged in buckets while backward runs, every replica takes the same step.\n"
+        "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
+        "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
+        "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
+        "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
+        "  --model gpt: GPT-2's architecture on byte tokens (--layers 4 --width 256 --heads 4 --context 128\n"
+        "  by default) of --data text:FILE, or of the King James Bible (Debian's bible-kjv) without --data;\n"
+        "  the last --val-frac (0.1) is held out and scored after each epoch (loss, bits per byte). Its\n"
+        "  optimizer unless told otherwise: adamw, betas 0.9/0.95, weight decay 0.1 on matrices only,\n"
+        "  --clip 1.0, warmup over the first 10%% of steps, then cosine decay to --min-lr 1e-4 (with --mode\n"
+        "  async the parameter server decays every parameter and does not clip).\n"
+        "  --clip NORM scales the averaged gradient to at most that global L2 norm (every --zero stage).\n"
+        "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
+        "  --max-mem (K/M/G) refuses up front a run that would need more per rank.\n"
+        "  --nan: a NaN or Inf gradient on any rank skips the step on every rank (skip, the default),\n"
+        "  stops the run (error), or is not looked for (ignore).\n"
+        "  --check-replicas K: every K steps the ranks compare hashes of their parameters and stop,\n"
+        "  naming the rank and the tensor, if a replica diverged.\n"
+        "  --ckpt DIR saves the whole training state there every N steps (--ckpt-every) and at the end,\n"
+        "  keeping the newest K (default 2); --resume starts from the newest one when there is one.\n"
+        "  A checkpoint loads at any world size and ZeRO stage; it is exact at the same world size.\n"
+        "  --max-restarts R (with -n and --ckpt): when a rank dies, stop the others, start all ranks\n"
+        "  again and resume from the last checkpoint, up to R times.\n"
+        "  --compress sends each gradient bucket compressed: fp16 or bf16 (16 bits on the wire, summed\n"
+        "  in f32; fp16 scaled by a power of two the ranks agree on, so small gradients keep their bits;\n"
+        "  an fp16 sum past 65504 counts as an Inf gradient for --nan), topk:R (each rank sends\n"
+        "  the fraction R of largest magnitudes as index-value pairs), powersgd:r (rank-r factors of each\n"
+        "  weight matrix). topk and powersgd keep what they did not send in a residual added to the next\n"
+        "  step (error feedback; --no-error-feedback turns it off) and work with --zero 0 only; fp16 and\n"
+        "  bf16 work with every --zero stage. The summary gives the bytes sent and the ratio to f32.\n"
+        "  A checkpoint keeps the residuals and factors; resuming with another codec is refused.\n"
+        "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
+        "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
+        "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
+        "  --mode async: rank 0 runs a parameter server (master parameters and optimizer state); the\n"
+        "  workers pull parameters and push gradients without waiting for each other, except that none\n"
+        "  may be more than S steps ahead of the slowest (--staleness, default 0: the same steps as\n"
+        "  sync). At S >= 1 every push is applied on arrival as gradient/N at lr damped by --stale-lr\n"
+        "  (inverse, the default: lr / (1 + staleness); none: lr). --ps: rank 0 only serves and ranks\n"
+        "  1..N-1 train. Not with --zero, --accum > 1, --ckpt, --check-replicas; a NaN loss stops it.\n"
+        "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
+        "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
+        "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
+        "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
+        "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
+        "mpirun, srun or torchrun it joins that job.\n");
 }
 
 #define TRAIN_MAX_STEPS 1000000000000LL /* 1e12 */
@@ -167,7 +177,14 @@ enum {
     O_PS,
     O_STRAGGLER,
     O_QUOTA,
-    O_BIND
+    O_BIND,
+    O_LAYERS,
+    O_WIDTH,
+    O_HEADS,
+    O_CONTEXT,
+    O_VAL_FRAC,
+    O_CLIP,
+    O_WD_ON
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -216,6 +233,13 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"straggler", 1, 0, O_STRAGGLER},
                                             {"quota", 1, 0, O_QUOTA},
                                             {"bind", 1, 0, O_BIND},
+                                            {"layers", 1, 0, O_LAYERS},
+                                            {"width", 1, 0, O_WIDTH},
+                                            {"heads", 1, 0, O_HEADS},
+                                            {"context", 1, 0, O_CONTEXT},
+                                            {"val-frac", 1, 0, O_VAL_FRAC},
+                                            {"clip", 1, 0, O_CLIP},
+                                            {"weight-decay-on", 1, 0, O_WD_ON},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -223,6 +247,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
 typedef struct pending {
     double momentum, wd;
     int has_momentum, has_wd;
+    int has_opt, has_clip, has_decay, has_min_lr, has_warmup, has_wd_on; /* what gpt's defaults leave alone */
     int has_async_only; /* --staleness, --stale-lr or --ps: meaningful only with --mode async */
 } pending;
 
@@ -247,6 +272,22 @@ static int parse_rank_step(const char *flag, const char *s, const char *what, lo
 static const char *const train_modes[] = {"sync", "async", NULL};
 static const char *const train_quotas[] = {"per-worker", "shared", NULL};
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
+static const char *const train_wd_on[] = {"all", "matrices", NULL};
+
+/* GPT training's optimizer where the flags left it open: AdamW with betas 0.9/0.95 and weight decay 0.1
+ * on matrices only, clipping at 1.0, warmup over the first 10% of the steps, cosine decay to 1e-4. */
+static void train_gpt_defaults(tally__train_cfg *c, const pending *p) {
+    if (!p->has_opt) {
+        tally_optim_cfg_default(&c->opt.optim, TALLY_OPTIM_ADAMW);
+        c->opt.optim.beta2 = 0.95f;
+        if (!p->has_wd) c->opt.optim.weight_decay = 0.1f;
+    }
+    if (!p->has_wd_on && !c->async.enabled) c->sync.decay_matrices = 1; /* the parameter server has neither */
+    if (!p->has_clip && !c->async.enabled) c->opt.clip = 1.0f;
+    if (!p->has_warmup) c->opt.warmup_frac = 0.1f;
+    if (!p->has_decay) c->opt.decay = TALLY_DECAY_COSINE;
+    if (!p->has_min_lr) c->opt.min_lr = 1e-4f;
+}
 
 /* Flags that set a whole number: where it goes and its range. */
 static int train_parse_int(int ch, const char *flag, const char *a, train_opts *o) {
@@ -267,7 +308,11 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
                   {O_CKPT_EVERY, 1, TRAIN_MAX_STEPS},
                   {O_CKPT_KEEP, 1, 1000000},
                   {O_MAX_RESTARTS, 0, 1000},
-                  {O_STALENESS, 0, 1000000000}};
+                  {O_STALENESS, 0, 1000000000},
+                  {O_LAYERS, 1, 1024},
+                  {O_WIDTH, 1, 1 << 16},
+                  {O_HEADS, 1, 1024},
+                  {O_CONTEXT, 1, 1 << 16}};
     long long v;
     for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
         if (ranges[i].ch != ch) continue;
@@ -288,6 +333,10 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
         case O_CKPT_EVERY: c->ckpt.every = (long)v; break;
         case O_CKPT_KEEP: c->ckpt.keep = (int)v; break;
         case O_MAX_RESTARTS: o->max_restarts = (int)v; break;
+        case O_LAYERS: c->model.layers = (int)v; break;
+        case O_WIDTH: c->model.embd = (int)v; break;
+        case O_HEADS: c->model.heads = (int)v; break;
+        case O_CONTEXT: c->model.in_dim = (int)v; break;
         default: c->async.staleness = (long)v; break;
         }
         return 0;
@@ -302,11 +351,12 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     uint64_t bytes;
     if ((rc = train_parse_int(ch, flag, a, o)) <= 0) {
         if (ch == O_STALENESS) p->has_async_only = 1;
+        if (ch == O_WARMUP) p->has_warmup = 1;
         return rc;
     }
     switch (ch) {
     case O_MODEL:
-        return parse_word(flag, a, tally__model_parse, "it takes the model linear, mlp or cnn", &k)
+        return parse_word(flag, a, tally__model_parse, "it takes the model linear, mlp, cnn or gpt", &k)
                    ? -1
                    : (c->model.kind = (tally__model_kind)k, 0);
     case O_HIDDEN: return parse_hidden(flag, a, c->model.hidden, &c->model.nhidden);
@@ -314,16 +364,20 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_LR: return tally__parse_real(flag, a, 0, 1, 1e6, &v) ? -1 : (c->opt.lr = (float)v, 0);
     case O_SCALE_LR: c->opt.scale_lr = 1; return 0;
     case O_OPT:
+        p->has_opt = 1;
         if (parse_word(flag, a, tally_optim_parse, "it takes sgd or adamw", &k)) return -1;
         tally_optim_cfg_default(&c->opt.optim, (tally_optim_kind)k);
         return 0;
     case O_MOMENTUM: p->has_momentum = 1; return tally__parse_real(flag, a, 0, 0, 0.999999, &p->momentum);
     case O_WD: p->has_wd = 1; return tally__parse_real(flag, a, 0, 0, 10, &p->wd);
     case O_DECAY:
+        p->has_decay = 1;
         return parse_word(flag, a, tally_decay_parse, "it takes none, cosine or step", &k)
                    ? -1
                    : (c->opt.decay = (tally_decay)k, 0);
-    case O_MIN_LR: return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.min_lr = (float)v, 0);
+    case O_MIN_LR:
+        p->has_min_lr = 1;
+        return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.min_lr = (float)v, 0);
     case O_STEP_GAMMA: return tally__parse_real(flag, a, 0, 0, 1, &v) ? -1 : (c->opt.step_gamma = (float)v, 0);
     case O_BUCKET: return tally__parse_real(flag, a, 0, 1, 1 << 20, &c->sync.bucket_mb);
     case O_NO_OVERLAP: c->sync.no_overlap = 1; return 0;
@@ -365,6 +419,11 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
         c->straggler_ms = (int)ms;
         return 0;
     }
+    case O_VAL_FRAC: return tally__parse_real(flag, a, 0, 0, 0.9, &c->data.val_frac);
+    case O_CLIP: p->has_clip = 1; return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.clip = (float)v, 0);
+    case O_WD_ON:
+        p->has_wd_on = 1;
+        return tally__parse_word(flag, a, train_wd_on, &k) ? -1 : (c->sync.decay_matrices = k == 1, 0);
     case O_MAX_MEM: return tally__parse_bytes(flag, a, 1, 1ull << 50, &bytes) ? -1 : (c->max_mem = (size_t)bytes, 0);
     default: return -1;
     }
@@ -404,6 +463,7 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return 2;
     }
+    if (o->cfg.model.kind == TALLY__MODEL_GPT) train_gpt_defaults(&o->cfg, &p);
     if (p.has_momentum) o->cfg.opt.optim.momentum = (float)p.momentum;
     if (p.has_wd) o->cfg.opt.optim.weight_decay = (float)p.wd;
     return 0;

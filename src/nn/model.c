@@ -57,8 +57,15 @@ static size_t op_saved_bytes(const tally__model *m, const tally__op *op, int B) 
     }
 }
 
+/* Floats of the weight a tied op shares (0: none does). */
+static size_t model_tied_floats(const tally__model *m) {
+    if (m->tied_owner < 0) return 0;
+    const tally__op *o = &m->op[m->tied_owner];
+    return o->b_off - o->w_off;
+}
+
 static size_t model_activation_bytes(const tally__model *m, int B) {
-    size_t bytes = 0;
+    size_t bytes = model_tied_floats(m) * sizeof(float); /* the tied op's gradient of the shared weight */
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
         size_t out = (size_t)B * m->value_n[op->dst];
@@ -66,6 +73,18 @@ static size_t model_activation_bytes(const tally__model *m, int B) {
     }
     return bytes + (size_t)B * m->value_n[m->nvalues - 1] * sizeof(float) +
            (model_scratch_floats(m, B) + (size_t)B * model_dtmp_floats(m)) * sizeof(float);
+}
+
+/* The tied op's own gradient of the shared weight, and with parameters in shards (ZeRO-3, whose gathered
+ * layers are reused), a copy of the weight the owner's forward saw. */
+static int model_alloc_tied(tally__model *m, int flags) {
+    size_t n = model_tied_floats(m);
+    if (!n) return 0;
+    m->tied_dw = tally__alloc_zeroed(n * sizeof(float));
+    if (flags & TALLY__MODEL_NO_PARAMS) m->tied_copy = tally__alloc_zeroed(n * sizeof(float));
+    if (!m->tied_dw || ((flags & TALLY__MODEL_NO_PARAMS) && !m->tied_copy))
+        return tally__seterr(TALLY_E_NOMEM, "model: out of memory for the tied weight's gradient");
+    return 0;
 }
 
 static int model_alloc_flat(tally__model *m, const tally__mem_source *src, int flags) {
@@ -184,6 +203,7 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
                              cfg->in_dim, cfg->outputs);
     int rc = tally__model_layout(m, cfg);
     if (!rc) rc = model_alloc_flat(m, grads_src, flags);
+    if (!rc) rc = model_alloc_tied(m, flags);
     if (!rc) rc = model_alloc_buffers(m, max_batch);
     if (rc) {
         tally__model_free(m);
@@ -210,6 +230,8 @@ void tally__model_free(tally__model *m) {
     for (int i = 0; i < m->nops; i++) free(m->saved[i]);
     free(m->probs);
     free(m->scratch);
+    free(m->tied_dw);
+    free(m->tied_copy);
     free(m->dtmp);
     memset(m, 0, sizeof *m);
 }
@@ -232,7 +254,7 @@ static int model_op_forward(tally__model *m, int i, int B) {
     const float *w = op->w, *b = op->b;
     switch (op->kind) {
     case TALLY__OP_LINEAR:
-        if (op->tied_to >= 0) w = m->op[op->tied_to].w, b = NULL;
+        if (op->tied_to >= 0) w = m->tied_w, b = NULL;
         tally_linear_forward(y, x, w, b, B * op->rows, op->fan_in, op->fan_out);
         break;
     case TALLY__OP_RELU: tally_relu_forward(y, x, (size_t)B * op->out); break;
@@ -276,6 +298,10 @@ int tally__model_forward(tally__model *m, const void *x, const int32_t *y, const
         int rc = h && h->before_forward && m->op[i].layer >= 0 ? h->before_forward(h->arg, m->op[i].layer) : 0;
         if (!rc) rc = model_op_forward(m, i, B);
         if (rc) return rc;
+        if (i == m->tied_owner) { /* where the tied op will find the weight, later in this pass */
+            if (m->tied_copy) memcpy(m->tied_copy, m->op[i].w, model_tied_floats(m) * sizeof(float));
+            m->tied_w = m->tied_copy ? m->tied_copy : m->op[i].w;
+        }
     }
     const float *out = m->act[m->nvalues - 1];
     int rows, C;
@@ -307,7 +333,7 @@ static void model_op_backward(tally__model *m, int i, int B) {
     float *dw = op->dw, *db = op->db;
     switch (op->kind) {
     case TALLY__OP_LINEAR:
-        if (op->tied_to >= 0) w = m->op[op->tied_to].w, dw = m->op[op->tied_to].dw, db = NULL;
+        if (op->tied_to >= 0) w = m->tied_w, dw = m->tied_dw, db = NULL;
         tally_linear_backward(dx, dw, db, dy, x, w, B * op->rows, op->fan_in, op->fan_out);
         break;
     case TALLY__OP_EMBED: /* the tokens need no gradient */
@@ -357,9 +383,14 @@ int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int
         tally_softmax_xent_backward(m->dact[m->nvalues - 1], m->probs, y, rows, C);
     for (int v = 1; v < m->nvalues - 1; v++) /* values read more than once collect a sum */
         if (m->readers[v] > 1) memset(m->dact[v], 0, (size_t)B * m->value_n[v] * sizeof(float));
+    if (m->tied_dw) memset(m->tied_dw, 0, model_tied_floats(m) * sizeof(float));
     for (int i = m->nops - 1; i >= 0; i--) {
         int layer = m->op[i].layer, rc = 0;
         if (layer >= 0 && h && h->before_backward && (rc = h->before_backward(h->arg, layer))) return rc;
+        if (i == m->tied_owner) { /* the tied op's share, into the gradient wherever the engine points it now */
+            float *dw = m->op[i].dw;
+            for (size_t k = 0, n = model_tied_floats(m); k < n; k++) dw[k] += m->tied_dw[k];
+        }
         model_op_backward(m, i, B);
         if (layer >= 0 && h && h->after_backward && (rc = h->after_backward(h->arg, layer))) return rc;
     }

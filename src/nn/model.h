@@ -10,7 +10,7 @@
 
 #include "../core/alloc.h"
 
-typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN } tally__model_kind;
+typedef enum { TALLY__MODEL_LINEAR, TALLY__MODEL_MLP, TALLY__MODEL_CNN, TALLY__MODEL_GPT } tally__model_kind;
 
 /* The ops a model's nodes run. ADD takes two inputs of one size (a residual connection); EMBED looks up
  * a row of its table for each token of a token-index input (value 0 of a model with token_input);
@@ -48,7 +48,7 @@ typedef struct tally__op {
     int fan_in, fan_out;     /* linear: in, out features; embed: vocabulary, width; layernorm: width */
     int rows;                /* linear, layernorm: rows per sample, each of fan_in (a sequence's positions) */
     int tied_to;             /* linear: -1, or the op whose weight it uses as its own, without a bias (GPT's
-                              * head on the token embedding); its gradient adds into that op's */
+                              * head on the token embedding): through model->tied_w and tied_dw */
     int seq, heads;          /* attention: positions and heads; fan_in is the width C (qkv holds 3C) */
     float init_std;          /* > 0: weights normal(0, init_std), biases 0 (GPT-2's); 0: PyTorch's defaults
                               * (uniform +-1/sqrt(fan_in); embeddings normal(0, 1); LayerNorm 1 and 0) */
@@ -109,7 +109,13 @@ typedef struct tally__model {
     void *saved[TALLY__MODEL_MAX_OPS];    /* what an op keeps for its backward: pool winners (int32),
                                         * layernorm means and rstds, attention probabilities */
     float *scratch;                       /* im2col and attention's T x T, shared by the ops */
-    double flops_per_sample;              /* forward + backward multiply-adds x 2 */
+    int tied_owner;                       /* the op whose weight a tied op uses, -1 for none */
+    float *tied_w;           /* that weight as the tied op reads it: the owner's own, or (when ZeRO-3 keeps parameters
+                       * in shards and reuses a gathered layer's buffer) a copy taken at the owner's forward */
+    float *tied_dw;          /* the tied op's gradient of it, added into the owner's at the owner's backward, so it
+                       * lands wherever the engine points the owner's gradient then */
+    float *tied_copy;        /* the copy tied_w points at, when one is kept */
+    double flops_per_sample; /* forward + backward multiply-adds x 2 */
     size_t activation_bytes;
 } tally__model;
 
@@ -121,6 +127,7 @@ typedef enum {
     TALLY__DATA_FEATURES,      /* any set of feature vectors with classes (IDX, synthetic) */
     TALLY__DATA_IMAGES,        /* an image set: channels, height, width */
     TALLY__DATA_LEAST_SQUARES, /* its own generated least-squares set (8 features, 1 target) */
+    TALLY__DATA_TOKENS,        /* text as byte tokens: windows of the context's length, a target at each position */
 } tally__data_need;
 typedef struct tally__model_info {
     const char *name;                       /* --model */

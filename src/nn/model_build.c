@@ -146,5 +146,6 @@ void tally__graph_tied_linear(tally__model *m, int owner, int in, int out) {
     op->fan_out = out;
     op->rows = rows;
     op->tied_to = owner;
+    m->tied_owner = owner;
     m->flops_per_sample += tally__graph_flops(op, (double)rows * in * out);
 }

@@ -63,11 +63,12 @@ int tally__build_gpt(tally__model *m, const tally__model_cfg *cfg) {
     return 0;
 }
 
-/* GPT's defaults: 4 blocks of width 256 with 4 heads (3.26 M parameters at context 128). */
+/* GPT's defaults: 4 blocks of width 256 with 4 heads, context 128 (3.26 M parameters). */
 void tally__gpt_defaults(tally__model_cfg *mc) {
     if (!mc->layers) mc->layers = 4;
     if (!mc->embd) mc->embd = 256;
     if (!mc->heads) mc->heads = 4;
+    if (!mc->in_dim) mc->in_dim = 128; /* the context */
 }
 
 /* "GPT L4 C256 H4 T128 V256". */

@@ -18,6 +18,8 @@ static const model_def model_defs[] = {
     [TALLY__MODEL_MLP] = {{"mlp", TALLY__DATA_FEATURES, 0.05f, 1, tally__mlp_defaults, tally__mlp_arch},
                           tally__build_mlp},
     [TALLY__MODEL_CNN] = {{"cnn", TALLY__DATA_IMAGES, 0.05f, 0, NULL, tally__cnn_arch}, tally__build_cnn},
+    [TALLY__MODEL_GPT] = {{"gpt", TALLY__DATA_TOKENS, 0.05f, 0, tally__gpt_defaults, tally__gpt_arch},
+                          tally__build_gpt},
 };
 #define MODEL_COUNT ((int)(sizeof model_defs / sizeof *model_defs))
 
@@ -47,6 +49,7 @@ int tally__model_layout(tally__model *m, const tally__model_cfg *cfg) {
     m->nvalues = 1; /* value 0: the input batch */
     m->value_n[0] = (size_t)cfg->in_dim;
     m->positions = 1;
+    m->tied_owner = -1;
     int rc = (cfg->build ? cfg->build : model_defs[cfg->kind].build)(m, cfg);
     return rc ? rc : m->layout_rc;
 }

@@ -60,13 +60,24 @@ typedef struct calib_batch {
     int32_t *y;
 } calib_batch;
 
+/* Features in [0, 1), or for a model that reads tokens, token indices (as wide as floats) and a target
+ * at every position. */
 static int batch_alloc(calib_batch *b, const tally__model_cfg *m, int B) {
-    b->x = malloc((size_t)B * m->in_dim * sizeof(float));
+    const tally__model_info *info = tally__model_info_of(m->kind);
+    int tokens = info && info->data == TALLY__DATA_TOKENS;
+    size_t n = (size_t)B * m->in_dim, labels = tokens ? n : (size_t)B;
+    b->x = malloc(n * sizeof(float));
     b->t = calloc((size_t)B * m->outputs, sizeof(float));
-    b->y = malloc((size_t)B * sizeof(int32_t));
+    b->y = malloc(labels * sizeof(int32_t));
     if (!b->x || !b->t || !b->y) return -1;
-    for (size_t i = 0; i < (size_t)B * m->in_dim; i++) b->x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
-    for (int i = 0; i < B; i++) b->y[i] = i % m->outputs;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = (uint32_t)(i * 2654435761u);
+        if (tokens)
+            ((int32_t *)b->x)[i] = (int32_t)(h % (uint32_t)m->outputs);
+        else
+            b->x[i] = (float)(h % 1000) / 1000.0f;
+    }
+    for (size_t i = 0; i < labels; i++) b->y[i] = (int32_t)(i % (size_t)m->outputs);
     return 0;
 }
 

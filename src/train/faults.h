@@ -8,7 +8,8 @@
 /* Steps are counted from 1 (the step just done, or the one about to be). Any call may be NULL. */
 typedef struct tally__train_hook {
     void *arg;
-    /* A micro-batch's inputs (n floats), before forward: it may corrupt them. */
+    /* A micro-batch's inputs (n floats), before forward: it may corrupt them. For a model that reads
+     * tokens, what backward starts from instead (the softmax's probabilities), after forward. */
     void (*batch)(void *arg, int rank, long step, int micro, float *x, size_t n);
     /* After the optimizer's update of `step`: params (n floats; NULL when the rank holds only a shard). */
     void (*updated)(void *arg, int rank, long step, float *params, size_t n);

@@ -24,17 +24,26 @@ static float train_default_lr(const tally__train_cfg *cfg) {
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
     const tally__train_cfg *cfg = r->cfg;
     *mc = cfg->model; /* the kind, the widths and any graph of the caller's own; the geometry is the data's */
-    mc->in_dim = r->train.dim;
-    mc->channels = r->train.channels ? r->train.channels : 1;
-    mc->height = r->train.height;
-    mc->width = r->train.width;
-    mc->outputs = r->train.classes ? r->train.classes : r->train.tdim;
+    if (r->tokens) {
+        mc->outputs = TALLY_TEXT_VOCAB; /* in_dim is the context, the caller's or the model's default */
+    } else {
+        mc->in_dim = r->train.dim;
+        mc->channels = r->train.channels ? r->train.channels : 1;
+        mc->height = r->train.height;
+        mc->width = r->train.width;
+        mc->outputs = r->train.classes ? r->train.classes : r->train.tdim;
+    }
     const tally__model_info *info = tally__model_info_of(mc->kind);
     if (info && info->defaults) info->defaults(mc);
 }
 
 int tally__train_check_input(const train_run *r) {
-    if (!r->model.token_input) return 0;
+    if (r->model.token_input == r->tokens) return r->tokens ? tally_text_check(&r->text, r->model.cfg.in_dim) : 0;
+    if (r->tokens)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --data %s is text, and this model reads feature vectors; "
+                             "train a model that reads tokens (--model gpt) on it",
+                             r->rank, r->cfg->data.source);
     return tally__seterr(TALLY_E_INVALID,
                          "rank %d: this model reads token indices and the data set %s holds "
                          "feature vectors; train it on token data, or give it a float input",
@@ -44,6 +53,9 @@ int tally__train_check_input(const train_run *r) {
 int tally__train_load_data(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     const char *data_name = NULL;
+    const tally__model_info *need = tally__model_info_of(cfg->model.kind);
+    int text = cfg->data.source && !strncmp(cfg->data.source, "text:", 5);
+    if (text || (!cfg->model.build && need && need->data == TALLY__DATA_TOKENS)) return tally__train_text_open(r, res);
     int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
     if (rc) return rc;
     res->data_name = data_name;
@@ -60,16 +72,17 @@ int tally__train_prepare_steps(train_run *r, tally__train_result *res, int worke
     long total = r->steps_per_epoch * cfg->epochs;
     if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
     r->sched = (tally_lr_schedule){.lr = cfg->opt.scale_lr ? tally_lr_scaled(lr, workers) : lr,
-                                   .warmup_steps = cfg->opt.warmup_steps,
+                                   .warmup_steps = cfg->opt.warmup_steps ? cfg->opt.warmup_steps
+                                                                         : (long)(cfg->opt.warmup_frac * total),
                                    .decay = cfg->opt.decay,
                                    .total_steps = total,
                                    .min_lr = cfg->opt.min_lr,
                                    .step_every = cfg->opt.step_every,
                                    .step_gamma = cfg->opt.step_gamma};
     res->lr = r->sched.lr;
-    size_t B = (size_t)cfg->batch;
-    r->xb = malloc(B * r->train.dim * sizeof(float));
-    r->yb = malloc(B * sizeof(int32_t));
+    size_t B = (size_t)cfg->batch, T = r->tokens ? (size_t)r->model.cfg.in_dim : 1;
+    r->xb = malloc(B * (r->tokens ? T : (size_t)r->train.dim) * sizeof(float)); /* tokens are int32: as wide */
+    r->yb = malloc(B * T * sizeof(int32_t));
     r->tb = malloc(B * (r->train.tdim ? r->train.tdim : 1) * sizeof(float));
     r->idx = malloc(B * sizeof(size_t));
     if (!r->xb || !r->yb || !r->tb || !r->idx) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", r->rank);
@@ -86,6 +99,7 @@ void tally__train_teardown(train_run *r) {
     tally_sampler_free(&r->sampler);
     tally_dataset_free(&r->train);
     tally_dataset_free(&r->test);
+    tally_text_close(&r->text);
     free(r->xb);
     free(r->yb);
     free(r->tb);
@@ -104,6 +118,7 @@ void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx
 
 /* Test loss and score over the whole test set, each rank taking every size-th sample. */
 int tally__train_evaluate(train_run *r, tally__train_result *res) {
+    if (r->tokens) return tally__train_text_evaluate(r, res);
     const tally_dataset *d = &r->test;
     int B = r->cfg->batch;
     size_t *idx = r->idx;

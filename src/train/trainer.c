@@ -25,6 +25,7 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->model.kind = TALLY__MODEL_MLP;
     cfg->data.source = "fashion-mnist";
+    cfg->data.val_frac = 0.1;
     cfg->epochs = 1;
     cfg->batch = 64;
     cfg->sync.accum = 1;
@@ -58,16 +59,20 @@ static int train_setup(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     int rc = tally__train_load_data(r, res);
     if (rc) return rc;
-    if ((rc = tally_sampler_init(&r->sampler, r->train.n, r->rank, r->size, cfg->seed, 1))) return rc;
-    size_t per_step = (size_t)cfg->batch * cfg->sync.accum;
-    r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / per_step);
-    if (r->steps_per_epoch < 1)
-        return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: %zu training samples per rank cannot fill one step of batch %d x accum %d;"
-                             " use a smaller --batch or --accum, or fewer ranks",
-                             r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->sync.accum);
     tally__model_cfg mc;
     tally__train_model_cfg(r, &mc);
+    if (r->tokens) {
+        r->steps_per_epoch = tally__train_text_steps_per_epoch(r, mc.in_dim, r->size);
+    } else {
+        if ((rc = tally_sampler_init(&r->sampler, r->train.n, r->rank, r->size, cfg->seed, 1))) return rc;
+        size_t per_step = (size_t)cfg->batch * cfg->sync.accum;
+        r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / per_step);
+        if (r->steps_per_epoch < 1)
+            return tally__seterr(TALLY_E_INVALID,
+                                 "rank %d: %zu training samples per rank cannot fill one step of batch %d x accum %d;"
+                                 " use a smaller --batch or --accum, or fewer ranks",
+                                 r->rank, tally_sampler_len(&r->sampler), cfg->batch, cfg->sync.accum);
+    }
     if ((rc = train_check_memory(r, &mc))) return rc;
     if (cfg->check_replicas > 0 && cfg->sync.zero == 3)
         return tally__seterr(TALLY_E_INVALID,
@@ -126,9 +131,13 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     tally__sync_step_begin(&r->sync);
     for (int k = 0; k < cfg->sync.accum; k++) {
         uint64_t t0 = tally__now_ns();
-        for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
-        tally__train_gather(r, &r->train, idx, B);
-        if (cfg->hook.batch)
+        if (r->tokens) {
+            tally__train_text_batch(r, step, k, r->rank, r->size);
+        } else {
+            for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
+            tally__train_gather(r, &r->train, idx, B);
+        }
+        if (cfg->hook.batch && !r->tokens)
             cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
         if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
@@ -136,6 +145,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
         st->loss += loss / cfg->sync.accum;
+        if (cfg->hook.batch && r->tokens) /* token indices cannot hold a NaN: the softmax's output can */
+            cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->model.probs, (size_t)B * r->model.cfg.in_dim);
         if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
         if ((rc = tally__sync_micro_end(&r->sync))) return rc;
@@ -188,7 +199,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     tally__sync_stats_get(&r->sync, &s0);
     tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_BEGIN, .step = step, .total_steps = total});
     for (int epoch = r->start_epoch; epoch < cfg->epochs && step < total; epoch++) {
-        tally_sampler_set_epoch(&r->sampler, epoch);
+        if (!r->tokens) tally_sampler_set_epoch(&r->sampler, epoch);
         r->epoch = epoch;
         double epoch_loss = 0;
         long epoch_steps = 0;

@@ -37,8 +37,11 @@ typedef void (*tally__train_observer)(void *arg, const tally__train_event *ev);
 
 /* The data set of a run and its sizes. */
 typedef struct tally__data_cfg {
-    const char *source;                     /* "fashion-mnist" (default), "synthetic", or a directory of IDX files */
-    size_t linear_samples;                  /* linear model: training set size; 0 means 16384 */
+    const char *source;    /* "fashion-mnist" (default), "synthetic", a directory of IDX files, or "text:FILE" for a
+                         * model that reads tokens (whose default is the King James Bible) */
+    double val_frac;       /* text: the last fraction held out for validation (default 0.1; 0: none) */
+    int val_windows;       /* text: validation windows of the context's length; 0 means 64 */
+    size_t linear_samples; /* linear model: training set size; 0 means 16384 */
     size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
 } tally__data_cfg;
 
@@ -52,7 +55,8 @@ typedef struct tally__optim_run_cfg {
     float min_lr;
     long step_every; /* step decay */
     float step_gamma;
-    float clip; /* > 0: the averaged gradient's global L2 norm clipped to this (--clip) */
+    float clip;        /* > 0: the averaged gradient's global L2 norm clipped to this (--clip) */
+    float warmup_frac; /* > 0 and no warmup_steps: warm up over this fraction of the run's steps */
 } tally__optim_run_cfg;
 
 /* Who hears of the run: the observer of its progress, the summary's JSON file. */

@@ -31,14 +31,16 @@ typedef struct async_run {
 } async_run;
 
 static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
-    const char *what = cfg->sync.zero ? "--zero (the server holds the whole optimizer state; shards are not done)"
-                       : cfg->sync.accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
-                       : cfg->ckpt.dir       ? "--ckpt (the server's state is not checkpointed)"
-                       : cfg->sync.codec.kind != TALLY__CODEC_NONE
-                           ? "--compress (pushes and pulls carry f32 gradients and parameters)"
-                       : cfg->check_replicas > 0 ? "--check-replicas (workers hold different parameters by design)"
-                       : cfg->hook.batch || cfg->hook.updated ? "--inject-nan or --inject-flip"
-                                                              : NULL;
+    const char *what =
+        cfg->sync.zero        ? "--zero (the server holds the whole optimizer state; shards are not done)"
+        : cfg->sync.accum > 1 ? "--accum > 1 (push one gradient per batch instead, or use --mode sync)"
+        : cfg->ckpt.dir       ? "--ckpt (the server's state is not checkpointed)"
+        : cfg->sync.codec.kind != TALLY__CODEC_NONE ? "--compress (pushes and pulls carry f32 gradients and parameters)"
+        : cfg->check_replicas > 0                   ? "--check-replicas (workers hold different parameters by design)"
+        : cfg->hook.batch || cfg->hook.updated      ? "--inject-nan or --inject-flip"
+        : cfg->opt.clip > 0        ? "--clip (the server applies each push as it comes: no global norm)"
+        : cfg->sync.decay_matrices ? "--weight-decay-on matrices (the server's optimizer decays every parameter)"
+                                   : NULL;
     if (what) return tally__seterr(TALLY_E_INVALID, "rank %d: --mode async does not work with %s", rank, what);
     if (cfg->async.staleness < 0)
         return tally__seterr(TALLY_E_INVALID, "rank %d: --staleness %ld: the bound must be >= 0 (0 is synchronous)",
@@ -73,17 +75,21 @@ static int async_setup(async_run *a, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     int rc = tally__train_load_data(r, res);
     if (rc) return rc;
-    /* The same shards as synchronous training over the workers: worker w is rank w of nworkers. */
-    if ((rc = tally_sampler_init(&r->sampler, r->train.n, a->worker >= 0 ? a->worker : 0, a->nworkers, cfg->seed, 1)))
-        return rc;
-    r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / (size_t)cfg->batch);
-    if (r->steps_per_epoch < 1)
-        return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: %zu training samples per worker cannot fill one batch of %d; use a smaller "
-                             "--batch or fewer ranks",
-                             r->rank, tally_sampler_len(&r->sampler), cfg->batch);
     tally__model_cfg mc;
     tally__train_model_cfg(r, &mc);
+    if (r->tokens) {
+        r->steps_per_epoch = tally__train_text_steps_per_epoch(r, mc.in_dim, a->nworkers);
+    } else {
+        /* The same shards as synchronous training over the workers: worker w is rank w of nworkers. */
+        int w = a->worker >= 0 ? a->worker : 0;
+        if ((rc = tally_sampler_init(&r->sampler, r->train.n, w, a->nworkers, cfg->seed, 1))) return rc;
+        r->steps_per_epoch = (long)(tally_sampler_len(&r->sampler) / (size_t)cfg->batch);
+        if (r->steps_per_epoch < 1)
+            return tally__seterr(TALLY_E_INVALID,
+                                 "rank %d: %zu training samples per worker cannot fill one batch of %d; use a smaller "
+                                 "--batch or fewer ranks",
+                                 r->rank, tally_sampler_len(&r->sampler), cfg->batch);
+    }
     /* Every rank draws the same initial parameters from the seed; the server starts from rank 0's. */
     if ((rc = tally__model_init(&r->model, &mc, cfg->batch, cfg->seed, NULL, 0))) return rc;
     if ((rc = tally__train_check_input(r))) return rc;
@@ -114,13 +120,17 @@ static int async_step(async_run *a, long c) {
     train_run *r = &a->r;
     const tally__train_cfg *cfg = r->cfg;
     long in_epoch = c % r->steps_per_epoch, stale;
-    if (in_epoch == 0) tally_sampler_set_epoch(&r->sampler, (int)(c / r->steps_per_epoch));
+    if (in_epoch == 0 && !r->tokens) tally_sampler_set_epoch(&r->sampler, (int)(c / r->steps_per_epoch));
     int rc = tally__ps_worker_pull(&a->wk, c, r->model.params, &stale);
     if (rc) return rc; /* or TALLY__PS_STOPPED */
     uint64_t t0 = tally__now_ns();
-    for (int s = 0; s < cfg->batch; s++)
-        r->idx[s] = tally_sampler_index(&r->sampler, (size_t)(in_epoch * cfg->batch + s));
-    tally__train_gather(r, &r->train, r->idx, cfg->batch);
+    if (r->tokens) {
+        tally__train_text_batch(r, c, 0, a->worker, a->nworkers); /* worker clock c: its own windows */
+    } else {
+        for (int s = 0; s < cfg->batch; s++)
+            r->idx[s] = tally_sampler_index(&r->sampler, (size_t)(in_epoch * cfg->batch + s));
+        tally__train_gather(r, &r->train, r->idx, cfg->batch);
+    }
     uint64_t t1 = tally__now_ns();
     tally__train_straggle(cfg, r->rank);
     memset(r->model.grads, 0, r->model.nparams * sizeof(float));

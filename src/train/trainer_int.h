@@ -20,6 +20,8 @@ typedef struct train_run {
     int rank, size;
     tally_dataset train, test;
     tally_sampler sampler;
+    int tokens;      /* the model reads token windows of text (train_text.c), not samples of train/test */
+    tally_text text; /* then: the corpus, its training and validation parts */
     tally__model model;
     tally__sync sync; /* keeps the replicas in step, whatever the ZeRO stage (synchronous runs) */
     tally__model_hooks hooks;
@@ -65,6 +67,18 @@ void tally__train_teardown(train_run *r);
 /* Sets the BLAS threads of --threads, once the set-up has allocated all it needs; TALLY_E_NOMEM when
  * the address space their buffers need cannot be had. */
 int tally__train_blas_threads(const tally__train_cfg *cfg, int rank);
+
+/* Text for a model that reads tokens (train_text.c): opens --data text:FILE, or the default corpus (the
+ * King James Bible of Debian's bible-kjv, extracted once into a cache file), into r->text. */
+int tally__train_text_open(train_run *r, tally__train_result *res);
+/* Micro-batch k of step `step` for the worker `worker` of `workers`: windows (k * workers + worker) * B
+ * .. + B - 1 of the step's global batch, tokens into xb (as int32) and targets into yb. */
+void tally__train_text_batch(train_run *r, long step, int k, int worker, int workers);
+/* Validation loss and next-byte accuracy over the fixed validation windows, shared out by rank
+ * (collective), into res->test_loss and res->test_acc. */
+int tally__train_text_evaluate(train_run *r, tally__train_result *res);
+/* Optimizer steps per pass over the training part: its bytes over the tokens one step consumes. */
+long tally__train_text_steps_per_epoch(const train_run *r, int T, int workers);
 
 /* --mode async (trainer_async.c): workers and a parameter server instead of allreduce. */
 int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);

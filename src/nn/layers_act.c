@@ -42,17 +42,46 @@ void tally_relu_backward(float *dx, const float *dy, const float *y, size_t n) {
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_A 0.044715f
 
+/* tanh of four lanes. On x86-64, glibc's libmvec (its SSE entry, which picks the best kernel for the CPU
+ * at load time): libm's scalar tanhf was a third of a GPT step. Elsewhere the scalar call per lane. */
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <xmmintrin.h>
+__m128 _ZGVbN4v_tanhf(__m128 x);
+static inline v4f tanh4(v4f u) { return (v4f)_ZGVbN4v_tanhf((__m128)u); }
+#else
+static inline v4f tanh4(v4f u) {
+    for (int k = 0; k < 4; k++) u[k] = tanhf(u[k]);
+    return u;
+}
+#endif
+
+/* Four lanes at a time, the tail padded into one more vector so every element takes the same path. */
+static inline v4f gelu4(v4f v) { return 0.5f * v * (1.0f + tanh4(GELU_K * (v + GELU_A * v * v * v))); }
+
+static inline v4f gelu_grad4(v4f v, v4f g) {
+    v4f t = tanh4(GELU_K * (v + GELU_A * v * v * v)), du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+    return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+}
+
 void tally_gelu_forward(float *y, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        y[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_A * v * v * v)));
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) store4(y + i, gelu4(load4(x + i)));
+    if (i < n) {
+        float t[4] = {0};
+        memcpy(t, x + i, (n - i) * sizeof *t);
+        v4f r = gelu4(load4(t));
+        memcpy(y + i, &r, (n - i) * sizeof *y);
     }
 }
 
 void tally_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i], t = tanhf(GELU_K * (v + GELU_A * v * v * v));
-        float du = GELU_K * (1.0f + 3.0f * GELU_A * v * v);
-        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) store4(dx + i, gelu_grad4(load4(x + i), load4(dy + i)));
+    if (i < n) {
+        float tx[4] = {0}, tg[4] = {0};
+        memcpy(tx, x + i, (n - i) * sizeof *tx);
+        memcpy(tg, dy + i, (n - i) * sizeof *tg);
+        v4f r = gelu_grad4(load4(tx), load4(tg));
+        memcpy(dx + i, &r, (n - i) * sizeof *dx);
     }
 }

@@ -149,6 +149,17 @@ static const flag_case plan_flags[] = {
     {NULL, {NULL}},
 };
 
+static const flag_case generate_flags[] = {
+    {"--ckpt", {""}},
+    {"--prompt", {NULL}}, /* any text is a prompt */
+    {"--tokens", {"0", "x", "1.5"}},
+    {"--temperature", {"-1", "x", "nan"}},
+    {"--top-k", {"-1", "x"}},
+    {"--seed", {"x", "-1"}},
+    NOVAL("--help"),
+    {NULL, {NULL}},
+};
+
 static const flag_case run_flags[] = {
     {"-n", {"0", "x", "4097", ""}},
     {"--nproc", {"0", "1.5"}},
@@ -220,6 +231,9 @@ static void test_flags(void) {
     check_flags("bench", bench_base, bench_flags);
     check_flags("plan", plan_base, plan_flags);
     check_flags("run", run_base, run_flags);
+    static const char *const generate_base[] = {"--ckpt", "/nonexistent", NULL};
+    check_flags("generate", generate_base, generate_flags);
+    check_help_covers("generate", generate_flags);
     check_help_covers("train", train_flags);
     check_help_covers("bench", bench_flags);
     check_help_covers("plan", plan_flags);

@@ -10,5 +10,6 @@ int tally_cmd_bench(int argc, char **argv);
  * built yet" when one is absent. A cmd_train.c / cmd_plan.c defining them is all it takes. */
 int tally_cmd_train(int argc, char **argv) __attribute__((weak));
 int tally_cmd_plan(int argc, char **argv) __attribute__((weak));
+int tally_cmd_generate(int argc, char **argv) __attribute__((weak));
 
 #endif

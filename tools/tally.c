@@ -20,6 +20,7 @@ static const tally_command commands[] = {
     {"bench", tally_cmd_bench, "measure collectives across N ranks: tally bench -n N ..."},
     {"train", tally_cmd_train, "train a model data-parallel across N ranks: tally train -n N ..."},
     {"plan", tally_cmd_plan, "predict the cost of a training run before starting it"},
+    {"generate", tally_cmd_generate, "sample text from a trained model: tally generate --ckpt DIR ..."},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -28,7 +29,7 @@ static void usage(FILE *f) {
                "       tally --help | --version\n"
                "\n"
                "commands:\n");
-    for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+    for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n'tally <command> --help' describes a command's options.\n");
 }
 

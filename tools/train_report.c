@@ -1,6 +1,7 @@
 /* train_report.c - what the CLI shows of a training run on rank 0: the progress bar (or plain lines off a
  * terminal) and the epoch lines from the trainer's events, the closing summary, and the same as JSON. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,13 +48,14 @@ void tally__progress_update(tally__progress *p, long step, int epoch, int epochs
     int fill = (int)((double)BAR_WIDTH * step / p->total_steps);
     for (int i = 0; i < BAR_WIDTH; i++) bar[i] = i < fill ? '#' : '.';
     bar[BAR_WIDTH] = 0;
-    double rate = el > 0 ? samples / el : 0;
+    double rate = el > 0 ? samples / el * (p->tokens_per_sample ? p->tokens_per_sample : 1) : 0;
+    const char *unit = p->tokens_per_sample ? "tokens/s" : "samples/s";
     if (p->tty)
-        fprintf(p->out, "\r\033[Kepoch %d/%d [%s] %3d%% step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f", epoch + 1,
-                epochs, bar, pct, step, p->total_steps, eta, rate, loss);
+        fprintf(p->out, "\r\033[Kepoch %d/%d [%s] %3d%% step %ld/%ld  ETA %s  %.0f %s  loss %.4f", epoch + 1, epochs,
+                bar, pct, step, p->total_steps, eta, rate, unit, loss);
     else
-        fprintf(p->out, "epoch %d/%d  %3d%%  step %ld/%ld  ETA %s  %.0f samples/s  loss %.4f\n", epoch + 1, epochs, pct,
-                step, p->total_steps, eta, rate, loss);
+        fprintf(p->out, "epoch %d/%d  %3d%%  step %ld/%ld  ETA %s  %.0f %s  loss %.4f\n", epoch + 1, epochs, pct, step,
+                p->total_steps, eta, rate, unit, loss);
     fflush(p->out);
 }
 
@@ -68,12 +70,19 @@ void tally__progress_end(tally__progress *p) {
 void tally__progress_observe(void *arg, const tally__train_event *ev) {
     tally__progress *p = arg;
     switch (ev->kind) {
-    case TALLY__TRAIN_BEGIN: tally__progress_init(p, stdout, ev->total_steps); break;
+    case TALLY__TRAIN_BEGIN:
+        tally__progress_init(p, stdout, ev->total_steps);
+        p->tokens_per_sample = ev->tokens_per_sample;
+        break;
     case TALLY__TRAIN_STEP: tally__progress_update(p, ev->step, ev->epoch, ev->epochs, ev->samples, ev->loss); break;
     case TALLY__TRAIN_EVALUATED:
         tally__progress_end(p);
-        printf("epoch %d/%d: train loss %.4f, test %s %.4f, test loss %.4f\n", ev->epoch + 1, ev->epochs, ev->loss,
-               ev->regression ? "mse" : "accuracy", ev->test_metric, ev->test_loss);
+        if (ev->tokens_per_sample)
+            printf("epoch %d/%d: train loss %.4f, validation loss %.4f (%.4f bits/byte), next-byte accuracy %.4f\n",
+                   ev->epoch + 1, ev->epochs, ev->loss, ev->test_loss, ev->test_loss / log(2.0), ev->test_metric);
+        else
+            printf("epoch %d/%d: train loss %.4f, test %s %.4f, test loss %.4f\n", ev->epoch + 1, ev->epochs, ev->loss,
+                   ev->regression ? "mse" : "accuracy", ev->test_metric, ev->test_loss);
         fflush(stdout);
         break;
     case TALLY__TRAIN_END: tally__progress_end(p); break;
@@ -144,13 +153,20 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
             in->accum, in->optimizer, in->lr);
     if (!r->evaluated)
         fprintf(out, "  test             not evaluated (--no-eval)\n");
+    else if (r->tokens_per_sample)
+        fprintf(out, "  validation loss  %.4f nats/byte = %.4f bits/byte (next-byte accuracy %.4f) after %d epoch%s\n",
+                r->test_loss, r->test_loss / log(2.0), r->test_acc, in->epochs, in->epochs == 1 ? "" : "s");
     else if (r->test_acc >= 0)
         fprintf(out, "  test accuracy    %.4f (test loss %.4f) after %d epoch%s\n", r->test_acc, r->test_loss,
                 in->epochs, in->epochs == 1 ? "" : "s");
     else
         fprintf(out, "  test mse         %.6f after %d epoch%s\n", r->test_loss, in->epochs,
                 in->epochs == 1 ? "" : "s");
-    fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
+    if (r->tokens_per_sample)
+        fprintf(out, "  throughput       %.0f tokens/s (%.1f samples/s of %d tokens; %ld steps, %.2f s)\n",
+                r->samples_per_s * r->tokens_per_sample, r->samples_per_s, r->tokens_per_sample, r->steps, r->train_s);
+    else
+        fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
     fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
             ms.data, ms.compute, ms.wait, ms.update);
     if (r->async)
@@ -188,6 +204,10 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     if (r->peak_gflops > 0)
         fprintf(out, "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread sgemm %.1f GFLOP/s\n", gf,
                 gf / r->peak_gflops, r->peak_gflops);
+    if (r->tokens_per_sample)
+        fprintf(out,
+                "                   %.2f MFLOP per token: 6 x parameters + attention (12 x layers x context x width)\n",
+                r->flops_per_sample / r->tokens_per_sample * 1e-6);
     else
         fprintf(out, "  compute          %.1f GFLOP/s per rank\n", gf);
     fprintf(out, "  replicas         %s\n", r->replicas_identical ? "bit-identical on every rank" : "DIFFER");
@@ -249,6 +269,15 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
     fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",
             r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0);
+    if (r->tokens_per_sample) { /* a model on text */
+        char val[64] = "\"val_loss\": null, \"bits_per_byte\": null";
+        if (r->evaluated)
+            snprintf(val, sizeof val, "\"val_loss\": %.6f, \"bits_per_byte\": %.6f", r->test_loss,
+                     r->test_loss / log(2.0));
+        fprintf(f, "  \"tokens_per_sample\": %d, \"tokens_per_s\": %.1f, \"flops_per_token\": %.0f, %s,\n",
+                r->tokens_per_sample, r->samples_per_s * r->tokens_per_sample,
+                r->flops_per_sample / r->tokens_per_sample, val);
+    }
     fprintf(f,
             "  \"zero\": %d, \"memory\": {\"params\": %zu, \"grads\": %zu, \"optim\": %zu, \"buffers\": %zu, "
             "\"activations\": %zu, \"peak_rss\": %zu},\n",

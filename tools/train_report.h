@@ -15,6 +15,7 @@ typedef struct tally__progress {
     double t0, last;
     int last_pct;
     double loss_avg;
+    int tokens_per_sample; /* a model on text: rates in tokens/s */
 } tally__progress;
 void tally__progress_init(tally__progress *p, FILE *out, long total_steps);
 void tally__progress_update(tally__progress *p, long step, int epoch, int epochs, double samples, double loss);

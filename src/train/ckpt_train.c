@@ -13,9 +13,21 @@
 
 /* ---- the run's own state: position and identity ---- */
 
-enum { RUN_STEP, RUN_EPOCH, RUN_EPOCH_SAMPLES, RUN_SKIPPED, RUN_SEED, RUN_WORLD, RUN_MODEL, RUN_COUNT };
-static const char *const run_names[RUN_COUNT] = {"train.step", "train.epoch", "train.epoch_samples", "train.skipped",
-                                                 "train.seed", "train.world", "train.model"};
+enum {
+    RUN_STEP,
+    RUN_EPOCH,
+    RUN_EPOCH_SAMPLES,
+    RUN_SKIPPED,
+    RUN_SEED,
+    RUN_WORLD,
+    RUN_MODEL,
+    RUN_MODEL_NAME,   /* what `tally generate` rebuilds the model from (checkpoints before it lack them) */
+    RUN_MODEL_CONFIG, /* i64[TALLY__CKPT_MODEL_CONFIG]: ckpt_train.h says what each holds */
+    RUN_COUNT
+};
+static const char *const run_names[RUN_COUNT] = {"train.step",    "train.epoch", "train.epoch_samples",
+                                                 "train.skipped", "train.seed",  "train.world",
+                                                 "train.model",   "model.name",  "model.config"};
 
 static void ck_model_id(const train_run *r, char *buf, size_t n) {
     snprintf(buf, n, "%s, %zu parameters in %d tensors", tally__model_name(r->model.cfg.kind), r->model.nparams,
@@ -25,11 +37,23 @@ static void ck_model_id(const train_run *r, char *buf, size_t n) {
 static int run_count(void *arg) { return RUN_COUNT; }
 
 static void run_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tensor *t) {
+    const train_run *r = arg;
     char id[96];
-    ck_model_id(arg, id, sizeof id);
+    ck_model_id(r, id, sizeof id);
     snprintf(name, cap, "%s", run_names[i]);
+    uint64_t n = i == RUN_MODEL          ? strlen(id)
+                 : i == RUN_MODEL_NAME   ? strlen(tally__model_name(r->model.cfg.kind))
+                 : i == RUN_MODEL_CONFIG ? TALLY__CKPT_MODEL_CONFIG
+                                         : 1;
     *t = (tally__ckpt_tensor){
-        .dtype = i == RUN_MODEL ? TALLY_U8 : TALLY_I64, .ndim = 1, .shape = {i == RUN_MODEL ? strlen(id) : 1}};
+        .dtype = i == RUN_MODEL || i == RUN_MODEL_NAME ? TALLY_U8 : TALLY_I64, .ndim = 1, .shape = {n}};
+}
+
+void tally__ckpt_model_config(const tally__model_cfg *mc, int64_t *v) {
+    int64_t head[] = {mc->in_dim, mc->outputs, mc->layers, mc->embd, mc->heads, mc->nhidden};
+    memset(v, 0, TALLY__CKPT_MODEL_CONFIG * sizeof *v);
+    memcpy(v, head, sizeof head);
+    for (int k = 0; k < mc->nhidden && k < TALLY__MODEL_MAX_HIDDEN; k++) v[6 + k] = mc->hidden[k];
 }
 
 static int run_save(void *arg, int first, const tally__state_sink *out) {
@@ -45,6 +69,11 @@ static int run_save(void *arg, int first, const tally__state_sink *out) {
     char id[96];
     ck_model_id(r, id, sizeof id);
     out->put(out->arg, first + RUN_MODEL, id, strlen(id));
+    const char *kind = tally__model_name(r->model.cfg.kind);
+    out->put(out->arg, first + RUN_MODEL_NAME, kind, strlen(kind));
+    int64_t config[TALLY__CKPT_MODEL_CONFIG];
+    tally__ckpt_model_config(&r->model.cfg, config);
+    out->put(out->arg, first + RUN_MODEL_CONFIG, config, sizeof config);
     return 0;
 }
 

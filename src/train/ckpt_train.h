@@ -6,6 +6,12 @@
 
 #include "trainer_int.h"
 
+/* The model a checkpoint holds, for rebuilding it without the flags that trained it: "model.name" (the
+ * table's name) and "model.config", i64 { in_dim (gpt: the context), outputs, layers, embd, heads,
+ * nhidden, hidden[16] }. Checkpoints written before these entries lack them. */
+#define TALLY__CKPT_MODEL_CONFIG (6 + TALLY__MODEL_MAX_HIDDEN)
+void tally__ckpt_model_config(const tally__model_cfg *mc, int64_t *v);
+
 /* Refuses, before the first step, a run whose entries' names do not fit a checkpoint (at most
  * TALLY__CKPT_NAME_MAX characters), naming the first; the same on every rank, not collective. */
 int tally__train_ckpt_check_names(train_run *r);

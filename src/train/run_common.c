@@ -89,6 +89,7 @@ int tally__train_prepare_steps(train_run *r, tally__train_result *res, int worke
     res->nparams = r->model.nparams;
     tally__model_arch(&r->model.cfg, res->arch, sizeof res->arch);
     res->flops_per_sample = r->model.flops_per_sample;
+    res->tokens_per_sample = r->tokens ? r->model.cfg.in_dim : 0;
     return 0;
 }
 
@@ -227,6 +228,8 @@ void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
 }
 
 void tally__train_tell(const train_run *r, const tally__train_event *ev) {
-    if (r->rank == 0 && !r->cfg->report.quiet && r->cfg->report.observer)
-        r->cfg->report.observer(r->cfg->report.observer_arg, ev);
+    if (r->rank != 0 || r->cfg->report.quiet || !r->cfg->report.observer) return;
+    tally__train_event e = *ev;
+    e.tokens_per_sample = r->tokens ? r->model.cfg.in_dim : 0;
+    r->cfg->report.observer(r->cfg->report.observer_arg, &e);
 }

@@ -27,6 +27,7 @@ typedef enum {
 typedef struct tally__train_event {
     tally__train_event_kind kind;
     long step, total_steps; /* steps done so far, and in all */
+    int tokens_per_sample;  /* a model on text: its context (a sample is that many tokens); 0 otherwise */
     int epoch, epochs;      /* the epoch in progress (from 0), and how many */
     double samples;         /* samples trained so far, over all ranks */
     double loss;
@@ -112,6 +113,7 @@ typedef struct tally__train_result {
     double test_acc;                                    /* classification; -1 for regression */
     double test_loss;                                   /* mean test loss (mse for regression) */
     double flops_per_sample;
+    int tokens_per_sample;  /* a model on text: the context; 0 otherwise */
     double peak_gflops;     /* single-thread sgemm, 0 when not measured */
     unsigned char hash[32]; /* SHA-256 of the final parameters */
     int replicas_identical; /* every rank's hash equal */

@@ -429,7 +429,7 @@ check_mode() {
       verdict="FAIL  $mode  $script  $dt  (exit $rc)"; failed=1
     fi
     if [ "$step" = run ]; then
-      acc=$(grep -E '^ *test accuracy' "$log" | tail -n1 | sed 's/^ *//' || true)
+      acc=$(grep -E '^ *(test accuracy|validation loss)' "$log" | tail -n1 | sed 's/^ *//' || true)
       [ -n "$acc" ] && verdict="$verdict  [$acc]"
     fi
     say "$verdict"

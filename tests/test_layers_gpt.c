@@ -202,7 +202,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof ln / sizeof *ln; i++) test_layernorm(ln[i][0], (int)ln[i][1]);
     size_t gelu[] = {1, 3, 7, 9, 33, 1001};
     for (size_t i = 0; i < sizeof gelu / sizeof *gelu; i++) test_gelu(gelu[i]);
-    int attn[][4] = {{1, 1, 1, 1}, {1, 3, 2, 2}, {2, 5, 6, 3}, {1, 7, 9, 1}, {2, 4, 8, 4}, {1, 17, 12, 2}};
+    int attn[][4] = {{1, 1, 1, 1}, {1, 3, 2, 2},   {2, 5, 6, 3},  {1, 7, 9, 1},
+                     {2, 4, 8, 4}, {1, 17, 12, 2}, {1, 33, 4, 2}, {1, 70, 6, 3}}; /* 33, 70: causal blocks of 32 */
     for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
         test_attention(attn[i][0], attn[i][1], attn[i][2], attn[i][3]);
     size_t emb[][3] = {{0, 3, 2}, {1, 1, 1}, {9, 5, 3}, {64, 7, 17}};

@@ -44,6 +44,12 @@ static int build_tokens(tally__model *m, const tally__model_cfg *cfg) {
     return 0;
 }
 
+/* More nodes than a model holds: refused at layout, the builder running on without harm. */
+static int build_too_many(tally__model *m, const tally__model_cfg *cfg) {
+    for (int i = 0; i < TALLY__MODEL_MAX_OPS + 10; i++) tally__graph_linear(m, cfg->in_dim, cfg->in_dim, 1, NULL);
+    return 0;
+}
+
 static int build_long_name(tally__model *m, const tally__model_cfg *cfg) {
     tally__graph_linear(m, cfg->in_dim, cfg->outputs, 0,
                         "a_layer_whose_name_runs_past_what_a_tensor_name_can_hold_in_64_bytes");
@@ -123,6 +129,10 @@ static void check_long_name(void) {
     TH_CHECK(rc == TALLY_E_INVALID && strstr(tally_last_error(), "more than 63"),
              "a tensor name of 75 characters: rc %d, '%s'", rc, tally_last_error());
     printf("  a tensor name longer than 63 characters: refused (%s)\n", tally_last_error());
+    cfg.build = build_too_many;
+    rc = tally__model_init(&m, &cfg, B, 11, NULL, 0);
+    TH_CHECK(rc == TALLY_E_INVALID && strstr(tally_last_error(), "more than 1024 nodes"),
+             "a graph of more than %d nodes: rc %d, '%s'", TALLY__MODEL_MAX_OPS, rc, tally_last_error());
 }
 
 int main(void) {

@@ -229,6 +229,14 @@ static void test_cli(void) {
              "--model mlp: exit %d, want P = 669706 and %s:\n%s", st, want, out);
     st = run("--model mlp --hidden 100 --workers 1", out, sizeof out);
     TH_CHECK(st == 0 && strstr(out, "784-100-10") && strstr(out, "79510 parameters"), "--hidden 100: %d\n%s", st, out);
+    /* GPT: V C + T C + L (12 C^2 + 13 C) + 2 C parameters, 6 x (L 12 C^2 + C V) + 12 L T C FLOP per token */
+    st = run("--model gpt --workers 2", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "3257856 parameters") && strstr(out, "GPT L4 C256 H4 T128 V256") &&
+                 strstr(out, "20.84 M FLOP/token"),
+             "--model gpt: exit %d\n%s", st, out);
+    st = run("--model gpt --layers 48 --width 1600 --heads 25 --context 1024 --workers 64 --zero 3", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "1477609600 parameters") && strstr(out, "9.79 G FLOP/token"),
+             "--model gpt shaped as GPT-2 XL (byte vocabulary): exit %d\n%s", st, out);
 
     const char *bad[] = {"--params 1G",
                          "--workers 4",

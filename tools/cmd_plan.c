@@ -414,6 +414,10 @@ static void print_header(const plan_opts *o) {
         printf("  model %s %s: %d layers, largest %zu parameters, %s FLOP/sample, activations %s at batch %d\n",
                tally__model_name((tally__model_kind)o->model), arch, o->desc.nlayers, o->desc.largest_layer,
                fmt_count(c->flops_per_sample, b1), fmt_bytes(c->activation_bytes, b2), c->batch);
+        if (tally__model_info_of((tally__model_kind)o->model)->data == TALLY__DATA_TOKENS)
+            printf("  a sample is %d tokens: %s FLOP/token (6 x parameters + attention, 12 x layers x context x "
+                   "width)\n",
+                   o->mcfg.in_dim, fmt_count(c->flops_per_sample / o->mcfg.in_dim, b3));
     } else {
         printf("  %s FLOP/sample (%s); %s\n", fmt_count(c->flops_per_sample, b1),
                o->have_flops ? "--flops-per-sample" : "6P: 2 forward + 4 backward per parameter",

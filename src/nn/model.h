@@ -29,7 +29,7 @@ typedef enum {
     TALLY__OP_ATTENTION,
 } tally__op_kind;
 
-#define TALLY__MODEL_MAX_OPS    256
+#define TALLY__MODEL_MAX_OPS    1024 /* GPT: 10 a block, so 102 blocks (LLaMA-65B has 80) */
 #define TALLY__MODEL_MAX_VALUES (TALLY__MODEL_MAX_OPS + 1)
 #define TALLY__MODEL_MAX_HIDDEN 16
 

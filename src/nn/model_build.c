@@ -9,6 +9,17 @@
 int tally__graph_last(const tally__model *m) { return m->nvalues - 1; }
 
 tally__op *tally__graph_node(tally__model *m, tally__op_kind kind, int src0, int src1, size_t out) {
+    if (m->nops == TALLY__MODEL_MAX_OPS) { /* refused at the end of the layout; the builder goes on harmlessly */
+        static __thread tally__op spill;
+        if (!m->layout_rc)
+            m->layout_rc = tally__seterr(TALLY_E_INVALID,
+                                         "model: more than %d nodes; a smaller model, or a build "
+                                         "with a larger TALLY__MODEL_MAX_OPS",
+                                         TALLY__MODEL_MAX_OPS);
+        memset(&spill, 0, sizeof spill);
+        spill.layer = spill.tied_to = -1;
+        return &spill;
+    }
     tally__op *op = &m->op[m->nops++];
     memset(op, 0, sizeof *op);
     op->kind = kind;
@@ -42,6 +53,7 @@ static void graph_add_tensor(tally__model *m, const char *layer, const char *wha
 
 /* A parameter layer of a weight [wshape] and, when bias, a bias [wshape[0]] after it. */
 static void graph_layer(tally__model *m, tally__op *op, const char *name, int wdim, const int *wshape, int bias) {
+    if (m->layout_rc) return; /* past the node limit (the spill op) or already refused: nothing more to lay out */
     op->layer = m->nlayers;
     op->w_off = m->nparams;
     graph_add_tensor(m, name, "weight", m->nparams, wdim, wshape);

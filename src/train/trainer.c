@@ -198,7 +198,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     tally__sync_stats s0;
     tally__sync_stats_get(&r->sync, &s0);
     tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_BEGIN, .step = step, .total_steps = total});
-    for (int epoch = r->start_epoch; epoch < cfg->epochs && step < total; epoch++) {
+    for (int epoch = r->start_epoch; epoch < r->epochs && step < total; epoch++) {
         if (!r->tokens) tally_sampler_set_epoch(&r->sampler, epoch);
         r->epoch = epoch;
         double epoch_loss = 0;
@@ -225,7 +225,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
                                                        .step = step + 1,
                                                        .total_steps = total,
                                                        .epoch = epoch,
-                                                       .epochs = cfg->epochs,
+                                                       .epochs = r->epochs,
                                                        .samples = (double)(step + 1) * samples_per_step,
                                                        .loss = st.loss - before});
         }
@@ -239,7 +239,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
                                                     .step = step,
                                                     .total_steps = total,
                                                     .epoch = epoch,
-                                                    .epochs = cfg->epochs,
+                                                    .epochs = r->epochs,
                                                     .loss = res->last_loss,
                                                     .regression = r->model.regression,
                                                     .test_metric = r->model.regression ? res->test_loss : res->test_acc,

@@ -176,7 +176,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
                                                        .step = c + 1 < total ? c + 1 : total,
                                                        .total_steps = total,
                                                        .epoch = (int)(c / r->steps_per_epoch),
-                                                       .epochs = r->cfg->epochs,
+                                                       .epochs = r->epochs,
                                                        .samples = (double)(c + 1) * r->cfg->batch * a->nworkers,
                                                        .loss = a->loss});
         }

@@ -31,6 +31,7 @@ typedef struct train_run {
     int32_t *yb;
     size_t *idx; /* the data set indices of its samples */
     long steps_per_epoch;
+    int epochs; /* cfg's, or on text as many passes as --steps asks for (windows are drawn, not dealt) */
     /* Where training starts: 0, or where a resumed checkpoint left off. */
     long start_step; /* optimizer steps already taken */
     int start_epoch;

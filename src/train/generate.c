@@ -24,14 +24,14 @@ static int load_cfg(const tally__ckpt *ck, tally__model_cfg *mc) {
     char kind[32] = {0};
     const void *text;
     uint64_t len = name->shape[0] < sizeof kind ? name->shape[0] : sizeof kind - 1;
-    if (tally__ckpt_get(ck, "model.name", TALLY_U8, 1, &name->shape[0], &text)) return -1;
+    int rc = tally__ckpt_get(ck, "model.name", TALLY_U8, 1, &name->shape[0], &text);
+    if (rc) return rc;
     memcpy(kind, text, (size_t)len);
     int k = tally__model_parse(kind);
     if (k < 0)
         return tally__seterr(TALLY_E_INVALID, "checkpoint %s holds a model '%s' this tally does not know",
                              tally__ckpt_label(ck), kind);
     const int64_t *v = data;
-    memset(mc, 0, sizeof *mc);
     *mc = (tally__model_cfg){.kind = (tally__model_kind)k,
                              .in_dim = (int)v[0],
                              .outputs = (int)v[1],

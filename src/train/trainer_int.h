@@ -20,8 +20,9 @@ typedef struct train_run {
     int rank, size;
     tally_dataset train, test;
     tally_sampler sampler;
-    int tokens;      /* the model reads token windows of text (train_text.c), not samples of train/test */
-    tally_text text; /* then: the corpus, its training and validation parts */
+    int tokens;           /* the model reads token windows of text (train_text.c), not samples of train/test */
+    tally_text text;      /* then: the corpus, its training and validation parts */
+    char text_path[4096]; /* the default corpus's cache file (text keeps a pointer to it) */
     tally__model model;
     tally__sync sync; /* keeps the replicas in step, whatever the ZeRO stage (synchronous runs) */
     tally__model_hooks hooks;

@@ -21,21 +21,7 @@ static char tmpdir[64];
 
 /* ---- files ---- */
 
-static const char *tpath(const char *name) { /* two live results at a time are enough here */
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ & 3];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
-
-static void write_plain(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
-        perror(path);
-        exit(2);
-    }
-}
+static const char *tpath(const char *name) { return th_path(tmpdir, name); }
 
 static void write_gz(const char *path, const void *data, size_t n) {
     gzFile g = gzopen(path, "wb");
@@ -88,7 +74,7 @@ static void write_idx(const char *path, int gz, int type, int ndim, const uint32
                       size_t data_len) {
     size_t n;
     unsigned char *b = idx_encode(type, ndim, dims, data, data_len, &n);
-    gz ? write_gz(path, b, n) : write_plain(path, b, n);
+    gz ? write_gz(path, b, n) : th_write_file(path, b, n);
     free(b);
 }
 
@@ -182,7 +168,7 @@ static void test_idx_roundtrips(void) {
     unsigned char *ab = malloc(na + nb);
     memcpy(ab, a, na);
     memcpy(ab + na, b, nb);
-    write_plain(tpath("multi.idx.gz"), ab, na + nb);
+    th_write_file(tpath("multi.idx.gz"), ab, na + nb);
     rc = tally_idx_read(tpath("multi.idx.gz"), &idx);
     TH_CHECK(rc == 0 && idx.count == 300 && memcmp(idx.data, v, 300) == 0, "multi-member gzip: rc %d %s", rc,
              tally_last_error());
@@ -208,7 +194,7 @@ static void expect_fail(const char *name, int code, const char *word) {
     tally_idx_free(&idx);
 }
 
-static void write_raw(const char *name, const unsigned char *b, size_t n) { write_plain(tpath(name), b, n); }
+static void write_raw(const char *name, const unsigned char *b, size_t n) { th_write_file(tpath(name), b, n); }
 
 static void test_idx_header_errors(void) {
     expect_fail("missing.idx", TALLY_E_SYSTEM, "no such file");
@@ -399,7 +385,7 @@ static void test_mnist_fake(void) {
     tally_dataset_free(&a);
     tally_dataset_free(&b);
     /* A broken plain file beside a good .gz: the .gz is the one read. */
-    write_plain(tpath("mnist_ok/train-images-idx3-ubyte"), "junk", 4);
+    th_write_file(tpath("mnist_ok/train-images-idx3-ubyte"), "junk", 4);
     rc = tally_dataset_load_mnist(d, &a, &b);
     TH_CHECK(rc == 0 && a.n == 5, "fake mnist: .gz not preferred: rc %d %s", rc, tally_last_error());
     tally_dataset_free(&a);
@@ -418,7 +404,7 @@ static void test_mnist_fake(void) {
     d = part;
     remove(tpath("mnist_part/t10k-labels-idx1-ubyte"));
     expect_mnist_fail(d, TALLY_E_SYSTEM, "t10k-labels-idx1-ubyte", "not found");
-    write_plain(tpath("mnist_part/t10k-labels-idx1-ubyte"), "\0\0\x08", 3);
+    th_write_file(tpath("mnist_part/t10k-labels-idx1-ubyte"), "\0\0\x08", 3);
     expect_mnist_fail(d, TALLY_E_INVALID, "t10k-labels-idx1-ubyte", "truncated header");
     remove(tpath("mnist_part/t10k-labels-idx1-ubyte"));
     /* Labels where images belong. */

@@ -19,21 +19,7 @@
 
 static char tmpdir[64];
 
-static const char *tpath(const char *name) { /* four live results at a time are enough here */
-    static char buf[4][512];
-    static int k;
-    char *p = buf[k++ & 3];
-    snprintf(p, 512, "%s/%s", tmpdir, name);
-    return p;
-}
-
-static void write_file(const char *path, const void *data, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
-        perror(path);
-        exit(2);
-    }
-}
+static const char *tpath(const char *name) { return th_path(tmpdir, name); }
 
 /* Every byte value occurs, so a sign-extended or truncated token shows. */
 static uint8_t small_byte(size_t i) { return (uint8_t)(i * 37 + i / 256 + 11); }
@@ -43,7 +29,7 @@ static const char *write_small(void) {
     for (size_t i = 0; i < SMALL_N; i++) b[i] = small_byte(i);
     static char p[512]; /* kept for the whole run: tpath's buffers are reused */
     snprintf(p, sizeof p, "%s", tpath("small.txt"));
-    write_file(p, b, sizeof b);
+    th_write_file(p, b, sizeof b);
     return p;
 }
 
@@ -74,7 +60,7 @@ static void test_decimal_frac(void) {
     const char *path = tpath("hundred.txt");
     char b[100];
     memset(b, 'x', sizeof b);
-    write_file(path, b, sizeof b);
+    th_write_file(path, b, sizeof b);
     const double fracs[] = {0.29, 0.57, 0.58, 0.5, 0.01};
     const size_t want[] = {71, 43, 42, 50, 99};
     for (size_t i = 0; i < sizeof fracs / sizeof *fracs; i++) {
@@ -227,7 +213,7 @@ static void on_alarm(int sig) {
 static void test_refusals(const char *small) {
     expect_refused(tpath("absent.txt"), 0.1, TALLY_E_SYSTEM, "a missing file");
     const char *empty = tpath("empty.txt");
-    write_file(empty, "", 0);
+    th_write_file(empty, "", 0);
     expect_refused(empty, 0.1, TALLY_E_INVALID, "an empty file");
     expect_refused(tmpdir, 0.1, TALLY_E_INVALID, "a directory");
     const char *fifo = tpath("fifo");
@@ -245,7 +231,7 @@ static void test_refusals(const char *small) {
     expect_refused(small, NAN, TALLY_E_INVALID, "val_frac NaN");
     if (geteuid() != 0) { /* root reads a file of mode 000 */
         const char *locked = tpath("locked.txt");
-        write_file(locked, "abc", 3);
+        th_write_file(locked, "abc", 3);
         chmod(locked, 0);
         expect_refused(locked, 0.1, TALLY_E_SYSTEM, "an unreadable file");
     }

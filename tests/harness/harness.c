@@ -59,6 +59,22 @@ int th_first_rank_named(const char *msg) {
     return p ? atoi(p + 5) : -1;
 }
 
+const char *th_path(const char *dir, const char *name) {
+    static char buf[4][512];
+    static int k;
+    char *p = buf[k++ & 3];
+    snprintf(p, 512, "%s/%s", dir, name);
+    return p;
+}
+
+void th_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) {
+        perror(path);
+        exit(2);
+    }
+}
+
 void th_rm_dir(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return;

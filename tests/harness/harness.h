@@ -51,6 +51,10 @@ int th_count_threads(void);
 int th_first_rank_named(const char *msg);
 /* Removes dir and the files in it (not subdirectories); quiet when it does not exist. */
 void th_rm_dir(const char *dir);
+/* dir/name in one of four rotating buffers (four results may be live at once). */
+const char *th_path(const char *dir, const char *name);
+/* Writes n bytes to path (created or truncated); exits the test with status 2 when it cannot. */
+void th_write_file(const char *path, const void *data, size_t n);
 /* Runs a shell command bounded by timeout(1) (KILL after timeout_s); returns its exit status (128+signal
  * when killed) and its stdout and stderr together in out. */
 int th_shell(const char *cmd, int timeout_s, char *out, size_t cap);

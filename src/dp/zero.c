@@ -375,7 +375,7 @@ int tally__zero_clip(tally__zero *z, float max_norm, double *norm) {
     *norm = sqrt(part);
     for (int l = 0; l < z->nlayers; l++) {
         zero_view v = zero_view_of(z, l);
-        *norm = tally__grad_clip_to(v.g_piece, z->layer[l].piece, part, max_norm);
+        tally__grad_clip_to(v.g_piece, z->layer[l].piece, part, max_norm);
         tally__grad_clip_to(v.g_tail, z->layer[l].tail, part, max_norm);
     }
     return 0;

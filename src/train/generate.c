@@ -78,15 +78,15 @@ int tally__generate_load(const char *dir, tally__model *m) {
 
 /* The next byte from the logits of one position: the likeliest, or a draw from the softmax of
  * logits / temperature over the top_k likeliest (all when top_k is 0). */
-static int sample_row(const float *logits, int V, const tally__sample_cfg *cfg, tally__rng *r, double *p) {
+/* p[V] and sorted[V] are the caller's scratch, allocated once for the whole generation. */
+static int sample_row(const float *logits, int V, const tally__sample_cfg *cfg, tally__rng *r, double *p,
+                      float *sorted) {
     int best = 0;
     for (int j = 1; j < V; j++)
         if (logits[j] > logits[best]) best = j;
     if (cfg->temperature <= 0) return best;
     float cut = -INFINITY; /* the k-th largest logit: those below it cannot be drawn */
     if (cfg->top_k > 0 && cfg->top_k < V) {
-        float *sorted = malloc((size_t)V * sizeof *sorted);
-        if (!sorted) return best;
         memcpy(sorted, logits, (size_t)V * sizeof *sorted);
         for (int i = 0; i < cfg->top_k; i++) /* a partial selection: k is small */
             for (int j = i + 1; j < V; j++)
@@ -96,7 +96,6 @@ static int sample_row(const float *logits, int V, const tally__sample_cfg *cfg, 
                     sorted[j] = tmp;
                 }
         cut = sorted[cfg->top_k - 1];
-        free(sorted);
     }
     double sum = 0;
     for (int j = 0; j < V; j++) sum += p[j] = logits[j] >= cut ? exp((logits[j] - logits[best]) / cfg->temperature) : 0;
@@ -111,7 +110,8 @@ int tally__generate(tally__model *m, const uint8_t *prompt, size_t len, const ta
     int T = m->cfg.in_dim, V = m->cfg.outputs;
     int32_t *win = calloc((size_t)T, sizeof *win), *tgt = calloc((size_t)T, sizeof *tgt);
     double *p = malloc((size_t)V * sizeof *p);
-    int rc = !win || !tgt || !p ? tally__seterr(TALLY_E_NOMEM, "generate: out of memory") : 0;
+    float *sorted = malloc((size_t)V * sizeof *sorted);
+    int rc = !win || !tgt || !p || !sorted ? tally__seterr(TALLY_E_NOMEM, "generate: out of memory") : 0;
     tally__rng r;
     tally__rng_seed(&r, cfg->seed, 0x67656e65726174ull); /* "generat" */
     size_t have = len < (size_t)T ? len : (size_t)T;     /* the window: the last T bytes so far */
@@ -120,7 +120,7 @@ int tally__generate(tally__model *m, const uint8_t *prompt, size_t len, const ta
     for (int n = 0; n < cfg->tokens && !rc; n++) {
         float loss; /* causal: the positions past the window's last byte change nothing before it */
         if ((rc = tally__model_forward(m, win, tgt, NULL, 1, NULL, &loss))) break;
-        int next = sample_row(m->act[m->nvalues - 1] + (have - 1) * (size_t)V, V, cfg, &r, p);
+        int next = sample_row(m->act[m->nvalues - 1] + (have - 1) * (size_t)V, V, cfg, &r, p, sorted);
         emit(arg, next);
         if (have == (size_t)T) memmove(win, win + 1, (size_t)(T - 1) * sizeof *win), have--;
         win[have++] = next;
@@ -128,5 +128,6 @@ int tally__generate(tally__model *m, const uint8_t *prompt, size_t len, const ta
     free(win);
     free(tgt);
     free(p);
+    free(sorted);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "plan/memory.h"
 #include "train/generate.h"
 #include "train_runner.h"
 
@@ -88,6 +89,20 @@ static void test_world_and_accum(void) {
         expect_close("2 ranks x 2 x accum 2 vs 1 x 8", REL_TOL_REORDER);
 }
 
+/* ZeRO-3's layer buffers, overlapped: two of the largest layer (each gathers a layer's parameters, then
+ * takes its gradients) and the tied head's copy of the embedding; the planner predicts the same. */
+static void check_zero3_buffers(const tally__train_cfg *c, size_t held) {
+    tally__model_desc d;
+    tally__model_cfg mc = c->model;
+    mc.outputs = 256; /* the byte vocabulary, which the trainer sets from the data */
+    TH_CHECK(tally__model_describe(&mc, c->batch, &d) == 0, "describe: %s", tally_last_error());
+    size_t want = (2 * d.largest_layer + d.tied_floats) * sizeof(float);
+    tally__mem_need need = tally__mem_predict(&d, 3, 3, &c->opt.optim, 1);
+    TH_CHECK(d.tied_floats == 256 * 16 && held == want && need.buffers == want,
+             "gpt stage 3: %zu bytes of layer buffers, predicted %zu, expected %zu (largest layer %zu, tied %zu)", held,
+             need.buffers, want, d.largest_layer, d.tied_floats);
+}
+
 static void test_zero_and_buckets(void) {
     tally__train_cfg ref = gcfg(4);
     ref.sync.bucket_mb = 0.004; /* about 1,000 floats a bucket: several */
@@ -101,7 +116,24 @@ static void test_zero_and_buckets(void) {
         c.sync.zero = z;
         char what[64];
         snprintf(what, sizeof what, "gpt ZeRO stage %d vs stage 0, n=3", z);
-        if (!tr_train_on("shm", 3, &c, g_got, what)) expect_close(what, 0);
+        if (tr_train_on("shm", 3, &c, g_got, what)) continue;
+        expect_close(what, 0);
+        if (z == 3) check_zero3_buffers(&c, tr->res[0].mem_buffers);
+    }
+    /* Stage 3 makes each layer's gradients in the buffer its parameters were gathered into, and the
+     * embedding's also takes the tied head's share: with accumulation, overlapped and inline, the bits
+     * of stage 2, whose gradients have buffers of their own (both reduce every micro-batch) */
+    tally__train_cfg acc2 = ref, acc3;
+    acc2.batch = 2;
+    acc2.sync.accum = 2;
+    acc2.sync.zero = 2;
+    if (tr_train_on("shm", 3, &acc2, g_ref, "gpt stage 2, accum 2")) return;
+    for (int inline_ = 0; inline_ <= 1; inline_++) {
+        acc3 = acc2;
+        acc3.sync.zero = 3;
+        acc3.sync.no_overlap = inline_;
+        const char *what = inline_ ? "stage 3 inline vs 2, accum 2" : "stage 3 vs 2, accum 2";
+        if (!tr_train_on("shm", 3, &acc3, g_got, what)) expect_close(what, 0);
     }
 }
 

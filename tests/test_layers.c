@@ -81,11 +81,17 @@ static void test_linear(int B, int in, int out, int fd) {
     check_close(tag, dw, rdw2, nw, TOL_F);
     check_close(tag, db, rdb2, out, TOL_F);
 
-    float *dw0 = ffill(nw, 0), *db0 = ffill(out, 0);
-    tally_linear_backward(NULL, dw0, db0, g, x, w, B, in, out);
+    /* The two halves alone (ZeRO-3 takes dx, then reuses w's memory for dw): the parameter half
+     * never reads w, the input half leaves dw and db alone; each gives the full call's bits. */
+    float *dw0 = ffill(nw, 0), *db0 = ffill(out, 0), *dx0 = ffill(nx, NAN);
+    tally_linear_backward(NULL, dw0, db0, g, x, NULL, B, in, out);
     snprintf(tag, sizeof tag, "linear %dx%d->%d dx=NULL", B, in, out);
     check_close(tag, dw0, rdw, nw, TOL_F);
     check_close(tag, db0, rdb, out, TOL_F);
+    tally_linear_backward(dx0, NULL, db0, g, x, w, B, in, out);
+    TH_CHECK(!memcmp(dx0, dx, nx * sizeof *dx), "%s dw=NULL: dx differs from the full call's", tag);
+    check_close(tag, db0, rdb, out, TOL_F);
+    free(dx0);
 
     free(x), free(w), free(b), free(g), free(y), free(dx), free(dw), free(db), free(dw0), free(db0);
     free(c.x), free(c.w), free(c.b), free(c.g), free(c.y);
@@ -380,10 +386,14 @@ static void test_conv(tally_conv2d_shape s, int B, int fd) {
     check_close(tag, dw, rdw2, nw, TOL_F);
     check_close(tag, db, rdb2, s.K, TOL_F);
 
-    float *dw0 = ffill(nw, 0), *db0 = ffill(s.K, 0);
-    tally_conv2d_backward(NULL, dw0, db0, g, x, w, &s, B, scratch);
+    float *dw0 = ffill(nw, 0), *db0 = ffill(s.K, 0), *dx0 = ffill(nx, NAN);
+    tally_conv2d_backward(NULL, dw0, db0, g, x, NULL, &s, B, scratch); /* w is not read */
     check_close(tag, dw0, rdw, nw, TOL_F);
     check_close(tag, db0, rdb, s.K, TOL_F);
+    tally_conv2d_backward(dx0, NULL, db0, g, x, w, &s, B, scratch); /* dx alone: db left as it was */
+    TH_CHECK(!memcmp(dx0, dx, nx * sizeof *dx), "%s dw=NULL: dx differs from the full call's", tag);
+    check_close(tag, db0, rdb, s.K, TOL_F);
+    free(dx0);
 
     free(x), free(w), free(b), free(g), free(scratch), free(y), free(dx), free(dw), free(db), free(dw0), free(db0);
     free(c.x), free(c.w), free(c.b), free(c.g), free(c.y), free(rdx), free(rdw), free(rdb), free(rdw2), free(rdb2);

@@ -295,6 +295,7 @@ static int plan_fill(plan_opts *o) {
         c->params = o->desc.nparams;
         c->nlayers = o->desc.nlayers;
         c->largest = o->desc.largest_layer;
+        c->tied = o->desc.tied_floats;
         c->flops_per_sample = o->desc.flops_per_sample;
         c->activation_bytes = (double)o->desc.activation_bytes;
         return 0;
@@ -479,7 +480,7 @@ static void print_memory(const plan_opts *o) {
                z == c->zero ? "  <-" : "");
     }
     printf("  state = params + grads + optimizer + buffers (stage 2: a layer's gradients staged; stage 3:\n"
-           "  also a gathered layer; two of each, as tally train overlaps); shards are ceil(P/N)%s\n",
+           "  a gathered layer, then its gradients; two, as tally train overlaps); shards are ceil(P/N)%s\n",
            o->model >= 0 ? "; activations: what tally train allocates at this batch" : "");
 }
 

@@ -13,7 +13,9 @@ extern "C" {
 
 /* Backward passes ADD into parameter gradients (dw, db), so micro-batches accumulate; the caller
  * zeroes them when a step begins. Input gradients (dx) are overwritten. A NULL dx skips its work
- * (the first layer of a model needs none). Every layer uses one BLAS thread per call as configured by
+ * (the first layer of a model needs none). For the layers with weights (linear, conv, layernorm) a NULL
+ * dw skips the parameter gradients (db too), and with a NULL dx the weights are not read: a caller may
+ * take dx first, then reuse the weights' memory for their gradients (ZeRO-3 does). Every layer uses one BLAS thread per call as configured by
  * the caller (openblas_set_num_threads). */
 
 /* Linear: y[B,out] = x[B,in] . w[out,in]^T + b[out]   (w in PyTorch's [out,in] layout; b NULL: none). */

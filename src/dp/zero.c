@@ -115,7 +115,7 @@ static void zero_draw_params(tally__zero *z, uint64_t seed) {
 static int zero_alloc_buffers(tally__zero *z) {
     int copies = z->overlap ? 2 : 1;
     if (z->stage >= 2 && !(z->gshard = zero_alloc(z->shard_len))) return -1;
-    for (int i = 0; i < copies && z->stage >= 2; i++)
+    for (int i = 0; i < copies && z->stage == 2; i++) /* stage 3's gradients go where its parameters were */
         if (!(z->staging[i] = zero_alloc(z->largest))) return -1;
     if (z->stage == 3 && !(z->pshard = zero_alloc(z->shard_len))) return -1;
     for (int i = 0; i < copies && z->stage == 3; i++)
@@ -213,12 +213,18 @@ static void add_into(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+/* Where layer l's gradients are made: stage 1 the full gradient buffer, stage 2 staging[b], stage 3
+ * the gathered buffer its parameters came in (backward takes the input's gradient first). */
+static float *grads_of(tally__zero *z, int l, int b) {
+    return z->stage == 3 ? z->gathered[b] : z->stage == 2 ? z->staging[b] : z->m->grads + z->layer[l].off;
+}
+
 /* Layer l's gradients summed over the ranks into their owners' pieces: stage 1 in the full gradient
- * buffer, in place; stage >= 2 from staging[b], keeping only this rank's piece and the tail. */
+ * buffer, in place; stage >= 2 keeping only this rank's piece and the tail. */
 static int op_reduce(void *ctx, int l, int b) {
     tally__zero *z = ctx;
     const tally__zero_layer *L = &z->layer[l];
-    float *src = z->stage >= 2 ? z->staging[b] : z->m->grads + L->off, *tail = src + (size_t)z->size * L->piece;
+    float *src = grads_of(z, l, b), *tail = src + (size_t)z->size * L->piece;
     int rc = zero_rs(z, src, L->piece, zero_op(z));
     if (!rc) rc = zero_ar(z, tail, L->tail, zero_op(z));
     if (rc || z->stage < 2) return rc;
@@ -263,17 +269,23 @@ static int zero_before_forward(void *arg, int l) {
     return z->stage == 3 ? zero_use_params(z, l, l + 1) : 0;
 }
 
-/* Backward adds into a staging buffer, which starts at zero for every layer, once the reduction that
- * last read it is done. */
+/* Stage 2: backward adds into a staging buffer, which starts at zero for every layer, once the
+ * reduction that last read it is done. Stage 3: into the layer's gathered parameters, which the model
+ * clears once it has the input's gradient (the buffer's next gather is queued after this reduction). */
 static int zero_before_backward(void *arg, int l) {
     tally__zero *z = arg;
     int rc = z->stage == 3 ? zero_use_params(z, l, l - 1) : 0;
     if (rc || z->stage < 2) return rc;
     int b = buf_of(z, l);
-    if ((rc = tally__opq_wait(&z->q, z->staging_ticket[b]))) return rc;
-    const tally__zero_layer *L = &z->layer[l];
     tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
-    memset(z->staging[b], 0, L->n * sizeof(float));
+    if (z->stage == 3) {
+        z->held[b] = -1; /* gradients, once backward is done */
+        op->dw = op->w;
+        op->db = op->b;
+        return 0;
+    }
+    if ((rc = tally__opq_wait(&z->q, z->staging_ticket[b]))) return rc;
+    memset(z->staging[b], 0, z->layer[l].n * sizeof(float));
     op->dw = z->staging[b];
     op->db = z->staging[b] + (op->b_off - op->w_off);
     return 0;
@@ -287,7 +299,7 @@ static int zero_after_backward(void *arg, int l) {
     int b = buf_of(z, l);
     long t = tally__opq_post(&z->q, op_reduce, l, b);
     if (t < 0) return (int)t;
-    if (z->stage >= 2) z->staging_ticket[b] = t;
+    if (z->stage == 2) z->staging_ticket[b] = t;
     return 0;
 }
 
@@ -440,5 +452,6 @@ tally__zero_bytes tally__zero_memory(const tally__zero *z) {
     for (int l = 0; l < z->nlayers; l++)
         b.optim += tally_optim_state_bytes(&z->layer[l].opt_piece) + tally_optim_state_bytes(&z->layer[l].opt_tail);
     for (int i = 0; i < 2; i++) b.buffers += ((z->staging[i] ? 1 : 0) + (z->gathered[i] ? 1 : 0)) * z->largest * f;
+    if (z->m->tied_copy) b.buffers += tally__model_tied_floats(z->m) * f;
     return b;
 }

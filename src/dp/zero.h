@@ -33,9 +33,10 @@ typedef struct tally__zero {
     float *pshard;    /* stage 3: this rank's parameters [shard_len] */
     /* Two of each layer-sized buffer, used by layer parity: with overlap, layer l+1's (forward) or
      * l-1's (backward) parameters arrive while layer l computes, and a layer's gradients are reduced
-     * while the next layer's backward fills the other staging buffer. */
-    float *staging[2];  /* stage >= 2: one layer's full gradients while backward makes them */
-    float *gathered[2]; /* stage 3: one layer's full parameters, gathered for forward or backward */
+     * while the next layer's backward fills the other buffer. */
+    float *staging[2];  /* stage 2: one layer's full gradients while backward makes them */
+    float *gathered[2]; /* stage 3: one layer's full parameters, gathered for forward or backward, then in
+                         * backward its gradients (they replace the parameters once the input's is made) */
     int held[2];        /* the layer a gathered buffer holds or is receiving (-1: none, or stale) */
     long gather_ticket[2], staging_ticket[2]; /* the last queued operation writing / reading each */
     size_t largest;                           /* elements of the largest layer */
@@ -91,8 +92,8 @@ void tally__zero_params_changed(tally__zero *z);
 /* Every layer's full parameters in turn (stage 3 gathers them; collective), to fn(arg, layer, params). */
 int tally__zero_each_layer(tally__zero *z, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
 
-/* Bytes this rank holds: parameters, gradients, optimizer state, layer-sized buffers (two of each
- * with overlap, one without). */
+/* Bytes this rank holds: parameters, gradients, optimizer state, layer-sized buffers (two with
+ * overlap, one without: stage 2's for gradients, stage 3's for parameters and then gradients). */
 typedef struct tally__zero_bytes {
     size_t params, grads, optim, buffers;
 } tally__zero_bytes;

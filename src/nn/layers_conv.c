@@ -161,14 +161,14 @@ static float sum_row(const float *s, int n) {
     return sum;
 }
 
-/* dy[nb][K][P] -> out[K][nb*P], adding each channel's sum into db on the way. */
+/* dy[nb][K][P] -> out[K][nb*P], adding each channel's sum into db on the way (db NULL: not). */
 static void gather_bias_grad(float *out, float *db, const float *dy, int K, geom g, int nb) {
     size_t N = (size_t)nb * g.P;
     for (int j = 0; j < nb; j++)
         for (int k = 0; k < K; k++) {
             const float *src = dy + ((size_t)j * K + k) * g.P;
             copy_row(out + k * N + (size_t)j * g.P, src, g.P);
-            db[k] += sum_row(src, g.P);
+            if (db) db[k] += sum_row(src, g.P);
         }
 }
 
@@ -186,11 +186,16 @@ typedef struct chunk_bufs {
     int N; /* columns: nb images x output pixels */
 } chunk_bufs;
 
-static chunk_bufs chunk_patches(float *scratch, const float *x, const tally_conv2d_shape *s, geom g, int nb) {
+static chunk_bufs chunk_layout(float *scratch, const tally_conv2d_shape *s, geom g, int nb) {
     chunk_bufs c = {.N = nb * g.P};
     c.col = scratch;
     c.out = c.col + (size_t)g.CRR * c.N;
     c.pad_buf = c.out + (size_t)s->K * c.N;
+    return c;
+}
+
+static chunk_bufs chunk_patches(float *scratch, const float *x, const tally_conv2d_shape *s, geom g, int nb) {
+    chunk_bufs c = chunk_layout(scratch, s, g, nb);
     im2col(c.col, padded_input(c.pad_buf, x, s, g, nb), s, g, nb);
     return c;
 }
@@ -229,11 +234,13 @@ void tally_conv2d_backward(float *dx, float *dw, float *db, const float *dy, con
     size_t in_img = (size_t)s->C * s->H * s->W, out_img = (size_t)s->K * g.P;
     for (int b0 = 0; b0 < B; b0 += chunk) {
         int nb = B - b0 < chunk ? B - b0 : chunk;
-        /* Scratch may have served another layer since forward, so the patches are rebuilt. */
-        chunk_bufs c = chunk_patches(scratch, x + b0 * in_img, s, g, nb);
-        gather_bias_grad(c.out, db, dy + b0 * out_img, s->K, g, nb);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->K, g.CRR, c.N, 1.0f, c.out, c.N, c.col, c.N, 1.0f, dw,
-                    g.CRR);
+        /* Scratch may have served another layer since forward, so the patches are rebuilt (only dw
+         * reads them). */
+        chunk_bufs c = dw ? chunk_patches(scratch, x + b0 * in_img, s, g, nb) : chunk_layout(scratch, s, g, nb);
+        gather_bias_grad(c.out, dw ? db : NULL, dy + b0 * out_img, s->K, g, nb);
+        if (dw)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->K, g.CRR, c.N, 1.0f, c.out, c.N, c.col, c.N, 1.0f,
+                        dw, g.CRR);
         /* The patches are spent once dw has them, so their buffer takes the patch gradients. */
         if (dx) input_grad(dx + b0 * in_img, c.col, c.pad_buf, w, c.out, s, g, nb);
     }

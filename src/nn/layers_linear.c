@@ -21,7 +21,7 @@ static void column_sums_add(float *db, const float *dy, int B, int out) {
 
 void tally_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w, int B,
                            int in, int out) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    if (db) column_sums_add(db, dy, B, out);
+    if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, B, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (dw && db) column_sums_add(db, dy, B, out);
     if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
 }

@@ -57,15 +57,14 @@ static size_t op_saved_bytes(const tally__model *m, const tally__op *op, int B) 
     }
 }
 
-/* Floats of the weight a tied op shares (0: none does). */
-static size_t model_tied_floats(const tally__model *m) {
+size_t tally__model_tied_floats(const tally__model *m) {
     if (m->tied_owner < 0) return 0;
     const tally__op *o = &m->op[m->tied_owner];
     return o->b_off - o->w_off;
 }
 
 static size_t model_activation_bytes(const tally__model *m, int B) {
-    size_t bytes = model_tied_floats(m) * sizeof(float); /* the tied op's gradient of the shared weight */
+    size_t bytes = tally__model_tied_floats(m) * sizeof(float); /* the tied op's gradient of the shared weight */
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
         size_t out = (size_t)B * m->value_n[op->dst];
@@ -78,7 +77,7 @@ static size_t model_activation_bytes(const tally__model *m, int B) {
 /* The tied op's own gradient of the shared weight, and with parameters in shards (ZeRO-3, whose gathered
  * layers are reused), a copy of the weight the owner's forward saw. */
 static int model_alloc_tied(tally__model *m, int flags) {
-    size_t n = model_tied_floats(m);
+    size_t n = tally__model_tied_floats(m);
     if (!n) return 0;
     m->tied_dw = tally__alloc_zeroed(n * sizeof(float));
     if (flags & TALLY__MODEL_NO_PARAMS) m->tied_copy = tally__alloc_zeroed(n * sizeof(float));
@@ -186,6 +185,7 @@ int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_d
         for (int l = 0; l < m->nlayers; l++)
             if (m->offsets[l + 1] - m->offsets[l] > out->largest_layer)
                 out->largest_layer = m->offsets[l + 1] - m->offsets[l];
+        out->tied_floats = tally__model_tied_floats(m);
         out->activation_bytes = model_activation_bytes(m, batch);
         out->flops_per_sample = m->flops_per_sample;
     }
@@ -299,7 +299,7 @@ int tally__model_forward(tally__model *m, const void *x, const int32_t *y, const
         if (!rc) rc = model_op_forward(m, i, B);
         if (rc) return rc;
         if (i == m->tied_owner) { /* where the tied op will find the weight, later in this pass */
-            if (m->tied_copy) memcpy(m->tied_copy, m->op[i].w, model_tied_floats(m) * sizeof(float));
+            if (m->tied_copy) memcpy(m->tied_copy, m->op[i].w, tally__model_tied_floats(m) * sizeof(float));
             m->tied_w = m->tied_copy ? m->tied_copy : m->op[i].w;
         }
     }
@@ -325,22 +325,25 @@ static void model_grad_add(tally__model *m, const tally__op *op, int k, int B) {
     for (size_t j = 0, n = (size_t)B * m->value_n[v]; j < n; j++) d[j] += m->dtmp[j];
 }
 
-static void model_op_backward(tally__model *m, int i, int B) {
+/* What of an op's backward to run: its input's gradient, its parameters' gradients, or both. */
+enum { GRAD_INPUT = 1, GRAD_PARAMS = 2, GRAD_BOTH = 3 };
+
+static void model_op_backward(tally__model *m, int i, int B, int parts) {
     const tally__op *op = &m->op[i];
-    float *dx = model_grad_dst(m, op, 0);
+    float *dx = parts & GRAD_INPUT ? model_grad_dst(m, op, 0) : NULL;
     const float *dy = m->dact[op->dst], *x = m->act[op->src[0]];
     const float *w = op->w;
-    float *dw = op->dw, *db = op->db;
+    float *dw = parts & GRAD_PARAMS ? op->dw : NULL, *db = parts & GRAD_PARAMS ? op->db : NULL;
     switch (op->kind) {
     case TALLY__OP_LINEAR:
         if (op->tied_to >= 0) w = m->tied_w, dw = m->tied_dw, db = NULL;
         tally_linear_backward(dx, dw, db, dy, x, w, B * op->rows, op->fan_in, op->fan_out);
         break;
     case TALLY__OP_EMBED: /* the tokens need no gradient */
-        tally_embedding_backward(dw, dy, (const int32_t *)x, (size_t)B * op->in, op->fan_out);
+        if (dw) tally_embedding_backward(dw, dy, (const int32_t *)x, (size_t)B * op->in, op->fan_out);
         return;
     case TALLY__OP_POSITION:
-        for (int s = 0; s < B; s++)
+        for (int s = 0; s < B && dw; s++)
             for (size_t k = 0; k < op->out; k++) dw[k] += dy[(size_t)s * op->out + k];
         if (dx) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));
         break;
@@ -370,7 +373,26 @@ static void model_op_backward(tally__model *m, int i, int B) {
         model_grad_add(m, op, 1, B);
         return;
     }
-    model_grad_add(m, op, 0, B);
+    if (parts & GRAD_INPUT) model_grad_add(m, op, 0, B);
+}
+
+/* The tied op's share of the owner's weight gradient, into wherever the engine points it now. */
+static void model_add_tied(tally__model *m, int i) {
+    if (i != m->tied_owner) return;
+    float *dw = m->op[i].dw;
+    for (size_t k = 0, n = tally__model_tied_floats(m); k < n; k++) dw[k] += m->tied_dw[k];
+}
+
+/* ZeRO-3 may point a layer's gradients at its gathered parameters (dw == w), so one buffer holds
+ * both in turn: the input's gradient, the last reader of w, comes first; then the buffer is cleared
+ * and the parameters' gradients added in. The sums are the same, in the same order, as with a
+ * buffer of their own. */
+static void model_op_backward_over_params(tally__model *m, int i, int B) {
+    const tally__op *op = &m->op[i];
+    model_op_backward(m, i, B, GRAD_INPUT);
+    memset(op->dw, 0, (m->offsets[op->layer + 1] - m->offsets[op->layer]) * sizeof(float));
+    model_add_tied(m, i);
+    model_op_backward(m, i, B, GRAD_PARAMS);
 }
 
 int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, const tally__model_hooks *h) {
@@ -383,16 +405,18 @@ int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int
         tally_softmax_xent_backward(m->dact[m->nvalues - 1], m->probs, y, rows, C);
     for (int v = 1; v < m->nvalues - 1; v++) /* values read more than once collect a sum */
         if (m->readers[v] > 1) memset(m->dact[v], 0, (size_t)B * m->value_n[v] * sizeof(float));
-    if (m->tied_dw) memset(m->tied_dw, 0, model_tied_floats(m) * sizeof(float));
+    if (m->tied_dw) memset(m->tied_dw, 0, tally__model_tied_floats(m) * sizeof(float));
     for (int i = m->nops - 1; i >= 0; i--) {
-        int layer = m->op[i].layer, rc = 0;
-        if (layer >= 0 && h && h->before_backward && (rc = h->before_backward(h->arg, layer))) return rc;
-        if (i == m->tied_owner) { /* the tied op's share, into the gradient wherever the engine points it now */
-            float *dw = m->op[i].dw;
-            for (size_t k = 0, n = model_tied_floats(m); k < n; k++) dw[k] += m->tied_dw[k];
+        const tally__op *op = &m->op[i];
+        int rc = 0;
+        if (op->layer >= 0 && h && h->before_backward && (rc = h->before_backward(h->arg, op->layer))) return rc;
+        if (op->layer >= 0 && op->dw && op->dw == op->w) {
+            model_op_backward_over_params(m, i, B);
+        } else {
+            model_add_tied(m, i);
+            model_op_backward(m, i, B, GRAD_BOTH);
         }
-        model_op_backward(m, i, B);
-        if (layer >= 0 && h && h->after_backward && (rc = h->after_backward(h->arg, layer))) return rc;
+        if (op->layer >= 0 && h && h->after_backward && (rc = h->after_backward(h->arg, op->layer))) return rc;
     }
     return 0;
 }

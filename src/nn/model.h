@@ -178,6 +178,7 @@ typedef struct tally__model_desc {
     size_t nparams;
     int nlayers;
     size_t largest_layer;    /* parameters of the largest layer (what ZeRO-3 gathers at once) */
+    size_t tied_floats;      /* a weight two ops share (GPT's embedding and head), which ZeRO-3 copies */
     size_t activation_bytes; /* what tally__model_init allocates for activations at that batch */
     double flops_per_sample; /* forward + backward */
 } tally__model_desc;
@@ -191,6 +192,8 @@ int tally__model_forward(tally__model *m, const void *x, const int32_t *y, const
                          const tally__model_hooks *h, float *loss);
 /* Backward of the last forward: adds the gradients into each layer's dw/db, calling the hooks. */
 int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int B, const tally__model_hooks *h);
+/* Floats of the weight a tied op shares with its owner (0: none is shared). */
+size_t tally__model_tied_floats(const tally__model *m);
 /* The index of the op that holds parameter layer `layer`. */
 int tally__model_layer_op(const tally__model *m, int layer);
 /* Correct predictions among the B samples of the last forward (classification), or its summed squared

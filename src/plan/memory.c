@@ -16,7 +16,8 @@ tally__mem_need tally__mem_predict(const tally__model_desc *d, int stage, int n,
     m.grads = (stage >= 2 ? shard : P) * f;
     m.optim = (stage >= 1 ? shard : P) * k;
     size_t copies = overlap && n > 1 ? 2 : 1; /* with overlap: one in use, one being filled or drained */
-    m.buffers = copies * ((stage >= 2 ? d->largest_layer * f : 0) + (stage == 3 ? d->largest_layer * f : 0));
+    m.buffers = copies * (stage >= 2 ? d->largest_layer * f : 0); /* stage 3 makes gradients in its gathered one */
+    if (stage == 3) m.buffers += d->tied_floats * f;              /* the tied op's copy of the shared weight */
     m.activations = d->activation_bytes;
     m.total = m.params + m.grads + m.optim + m.buffers + m.activations;
     return m;

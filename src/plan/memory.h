@@ -10,7 +10,8 @@
 
 typedef struct tally__mem_need {
     size_t params, grads, optim; /* model state */
-    size_t buffers;              /* layer-sized: stage 2 gradient staging, stage 3 also a gathered layer */
+    size_t buffers; /* layer-sized: stage 2 gradient staging, stage 3 gathered layers (then their gradients)
+                     * and its copy of a tied weight */
     size_t activations;
     size_t total;
 } tally__mem_need;

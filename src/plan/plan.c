@@ -45,6 +45,7 @@ static tally__plan_mem memory_fp32(const tally__plan_cfg *c, int stage, int n) {
     tally__model_desc d = {.nparams = (size_t)c->params,
                            .nlayers = c->nlayers,
                            .largest_layer = (size_t)c->largest,
+                           .tied_floats = (size_t)c->tied,
                            .activation_bytes = (size_t)c->activation_bytes};
     tally_optim_cfg o;
     tally_optim_cfg_default(&o, c->optimizer == TALLY_OPTIM_ADAMW ? TALLY_OPTIM_ADAMW : TALLY_OPTIM_SGD);

@@ -13,6 +13,7 @@ typedef enum { TALLY__PLAN_FP32, TALLY__PLAN_MIXED } tally__plan_precision;
 typedef struct tally__plan_cfg {
     unsigned long long params;  /* P */
     unsigned long long largest; /* L: parameters of the largest layer (0: unknown, left out) */
+    unsigned long long tied;    /* a weight two ops share, which ZeRO-3 keeps a copy of (0: none) */
     int nlayers;                /* layers with parameters: ZeRO 2-3 run their collectives per layer */
     int optimizer;              /* TALLY_OPTIM_SGD (with momentum) or TALLY_OPTIM_ADAMW */
     int precision;              /* tally__plan_precision */
@@ -34,9 +35,9 @@ void tally__plan_cfg_default(tally__plan_cfg *c);
 /* Bytes one rank holds. */
 typedef struct tally__plan_mem {
     double params, grads, optim; /* shards where the stage shards them */
-    double buffers;              /* layer-sized: stage 2 gradient staging, stage 3 also a gathered layer */
-    double state;                /* params + grads + optim + buffers */
-    double activations, total;   /* total = state + activations */
+    double buffers; /* layer-sized: stage 2 gradient staging, stage 3 gathered layers (then their gradients) */
+    double state;   /* params + grads + optim + buffers */
+    double activations, total; /* total = state + activations */
 } tally__plan_mem;
 
 /* ceil(a / n): the largest shard when a elements are cut among n ranks. */

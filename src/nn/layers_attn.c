@@ -5,17 +5,74 @@
 #include <string.h>
 #include <tally/layers.h>
 
-/* Row i of scores: softmax over columns 0..i in place, the future set to 0 (it then adds nothing to
- * att v, and gets no gradient). */
-static void causal_softmax_row(float *s, int i, int T) {
-    float m = s[0];
-    for (int j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
+typedef float v4f __attribute__((vector_size(16)));
+
+static inline v4f load4(const float *p) {
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The largest of s[0..n): four running maxima, so the compares do not wait on one another. */
+static float row_max(const float *s, int n) {
+    float m[4] = {s[0], s[0], s[0], s[0]};
+    int j = 0;
+    for (; j + 4 <= n; j += 4)
+        for (int k = 0; k < 4; k++) m[k] = s[j + k] > m[k] ? s[j + k] : m[k];
+    for (; j < n; j++) m[0] = s[j] > m[0] ? s[j] : m[0];
+    float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
+    return a > b ? a : b;
+}
+
+/* s[j] = exp(s[j] - m) for j < n, returning their sum: sixteen lanes of glibc's libmvec where the CPU
+ * has AVX-512 (libm's scalar expf was most of softmax's time), one at a time elsewhere. */
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <immintrin.h>
+typedef float v16f __attribute__((vector_size(64)));
+__m512 _ZGVeN16v_expf(__m512 x);
+
+static int exp_avx512(void) {
+    static int has = -1;
+    if (has < 0) has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    return has;
+}
+
+__attribute__((target("avx512f,avx512dq"))) static float exp_shifted16(float *s, int n, float m) {
+    v16f acc = {0};
+    for (int j = 0; j < n; j += 16) { /* the tail padded with -inf, whose exp adds 0 */
+        float t[16];
+        int k = n - j < 16 ? n - j : 16;
+        for (int u = k; u < 16; u++) t[u] = -INFINITY;
+        memcpy(t, s + j, (size_t)k * sizeof *t);
+        v16f v;
+        memcpy(&v, t, sizeof v);
+        v = (v16f)_ZGVeN16v_expf((__m512)(v - m));
+        memcpy(s + j, &v, (size_t)k * sizeof *s);
+        acc += v;
+    }
     float sum = 0.0f;
-    for (int j = 0; j <= i; j++) {
+    for (int u = 0; u < 16; u++) sum += acc[u];
+    return sum;
+}
+#else
+static int exp_avx512(void) { return 0; }
+static float exp_shifted16(float *s, int n, float m) { return 0.0f; }
+#endif
+
+static float exp_shifted(float *s, int n, float m) {
+    if (exp_avx512()) return exp_shifted16(s, n, m);
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++) {
         s[j] = expf(s[j] - m);
         sum += s[j];
     }
-    float inv = 1.0f / sum;
+    return sum;
+}
+
+/* Row i of scores: softmax over columns 0..i in place, the future set to 0 (it then adds nothing to
+ * att v, and gets no gradient). */
+static void causal_softmax_row(float *s, int i, int T) {
+    float inv = 1.0f / exp_shifted(s, i + 1, row_max(s, i + 1));
     for (int j = 0; j <= i; j++) s[j] *= inv;
     for (int j = i + 1; j < T; j++) s[j] = 0.0f;
 }
@@ -52,8 +109,13 @@ static void softmax_backward_rows(float *d, const float *a, int T) {
     for (int i = 0; i < T; i++) {
         float *dr = d + (size_t)i * T;
         const float *ar = a + (size_t)i * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= i; j++) dot += ar[j] * dr[j];
+        v4f d0 = {0}, d1 = {0};
+        int j = 0;
+        for (; j + 8 <= i + 1; j += 8) /* eight running sums, as row_max's maxima */
+            d0 += load4(ar + j) * load4(dr + j), d1 += load4(ar + j + 4) * load4(dr + j + 4);
+        d0 += d1;
+        float dot = (d0[0] + d0[1]) + (d0[2] + d0[3]);
+        for (; j <= i; j++) dot += ar[j] * dr[j];
         for (int j = 0; j <= i; j++) dr[j] = ar[j] * (dr[j] - dot);
         for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
     }

@@ -325,6 +325,17 @@ static void model_grad_add(tally__model *m, const tally__op *op, int k, int B) {
     for (size_t j = 0, n = (size_t)B * m->value_n[v]; j < n; j++) d[j] += m->dtmp[j];
 }
 
+/* dy as value v's gradient from one of its readers: the whole of it when that is v's only reader, else
+ * added to the other readers' (what model_grad_add does through dtmp, without the copy there). */
+static void model_grad_give(tally__model *m, int v, const float *dy, size_t n) {
+    if (v <= 0) return;
+    float *d = m->dact[v];
+    if (m->readers[v] == 1)
+        memcpy(d, dy, n * sizeof(float));
+    else
+        for (size_t j = 0; j < n; j++) d[j] += dy[j];
+}
+
 /* What of an op's backward to run: its input's gradient, its parameters' gradients, or both. */
 enum { GRAD_INPUT = 1, GRAD_PARAMS = 2, GRAD_BOTH = 3 };
 
@@ -366,11 +377,8 @@ static void model_op_backward(tally__model *m, int i, int B, int parts) {
     case TALLY__OP_POOL:
         if (dx) tally_maxpool_backward(dx, dy, m->saved[i], B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
         break;
-    case TALLY__OP_ADD: /* both inputs get dy: one at a time, since they may share dtmp */
-        if (dx) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));
-        model_grad_add(m, op, 0, B);
-        if ((dx = model_grad_dst(m, op, 1))) memcpy(dx, dy, (size_t)B * op->out * sizeof(float));
-        model_grad_add(m, op, 1, B);
+    case TALLY__OP_ADD: /* both inputs get dy: copied to a sole reader's gradient, added to a shared one */
+        for (int k = 0; k < 2; k++) model_grad_give(m, op->src[k], dy, (size_t)B * op->out);
         return;
     }
     if (parts & GRAD_INPUT) model_grad_add(m, op, 0, B);

@@ -39,7 +39,8 @@ static void write_corpus(void) {
     fclose(f);
 }
 
-/* GPT L2 C16 H2 T16 (10,944 parameters) with GPT training's optimizer, as tally train sets it. */
+/* GPT L2 C16 H2 T16 (10,944 parameters) with GPT training's defaults, as tally train sets them, and a
+ * larger learning rate for 30 steps. */
 static tally__train_cfg gcfg(int batch) {
     tally__train_cfg c = tr_small_cfg(0, STEPS, 5);
     c.model.kind = TALLY__MODEL_GPT;
@@ -54,15 +55,8 @@ static tally__train_cfg gcfg(int batch) {
     c.data.source = src;
     c.data.val_windows = 8;
     c.batch = batch;
-    tally_optim_cfg_default(&c.opt.optim, TALLY_OPTIM_ADAMW);
-    c.opt.optim.beta2 = 0.95f;
-    c.opt.optim.weight_decay = 0.1f;
-    c.sync.decay_matrices = 1;
-    c.opt.clip = 1.0f;
+    tally__train_gpt_defaults(&c, 0);
     c.opt.lr = 3e-3f;
-    c.opt.warmup_frac = 0.1f;
-    c.opt.decay = TALLY_DECAY_COSINE;
-    c.opt.min_lr = 1e-4f;
     return c;
 }
 

@@ -276,17 +276,12 @@ static const char *const train_wd_on[] = {"all", "matrices", NULL};
 
 /* GPT training's optimizer where the flags left it open: AdamW with betas 0.9/0.95 and weight decay 0.1
  * on matrices only, clipping at 1.0, warmup over the first 10% of the steps, cosine decay to 1e-4. */
-static void train_gpt_defaults(tally__train_cfg *c, const pending *p) {
-    if (!p->has_opt) {
-        tally_optim_cfg_default(&c->opt.optim, TALLY_OPTIM_ADAMW);
-        c->opt.optim.beta2 = 0.95f;
-        if (!p->has_wd) c->opt.optim.weight_decay = 0.1f;
-    }
-    if (!p->has_wd_on && !c->async.enabled) c->sync.decay_matrices = 1; /* the parameter server has neither */
-    if (!p->has_clip && !c->async.enabled) c->opt.clip = 1.0f;
-    if (!p->has_warmup) c->opt.warmup_frac = 0.1f;
-    if (!p->has_decay) c->opt.decay = TALLY_DECAY_COSINE;
-    if (!p->has_min_lr) c->opt.min_lr = 1e-4f;
+/* The GPT training defaults the flags left to the library. */
+static unsigned train_gpt_given(const pending *p) {
+    return (p->has_opt ? TALLY__GPT_GIVEN_OPTIM : 0) | (p->has_wd ? TALLY__GPT_GIVEN_WD : 0) |
+           (p->has_wd_on ? TALLY__GPT_GIVEN_WD_ON : 0) | (p->has_clip ? TALLY__GPT_GIVEN_CLIP : 0) |
+           (p->has_warmup ? TALLY__GPT_GIVEN_WARMUP : 0) | (p->has_decay ? TALLY__GPT_GIVEN_DECAY : 0) |
+           (p->has_min_lr ? TALLY__GPT_GIVEN_MIN_LR : 0);
 }
 
 /* Flags that set a whole number: where it goes and its range. */
@@ -463,7 +458,7 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return 2;
     }
-    if (o->cfg.model.kind == TALLY__MODEL_GPT) train_gpt_defaults(&o->cfg, &p);
+    if (o->cfg.model.kind == TALLY__MODEL_GPT) tally__train_gpt_defaults(&o->cfg, train_gpt_given(&p));
     if (p.has_momentum) o->cfg.opt.optim.momentum = (float)p.momentum;
     if (p.has_wd) o->cfg.opt.optim.weight_decay = (float)p.wd;
     return 0;

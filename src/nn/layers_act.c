@@ -4,6 +4,8 @@
 #include <string.h>
 #include <tally/layers.h>
 
+#include "cpu.h"
+
 /* Explicit 4-lane vectors: at the build's -O2 gcc neither vectorizes these loops nor if-converts
  * the scalar compare, and a branch on the sign of random activations mispredicts half the time.
  * A compare-and-mask has no branch at all. */
@@ -66,74 +68,43 @@ static inline v4f tanh4(v4f u) {
 static inline v4f gelu4(v4f v) { return GELU_VAL(v, tanh4(GELU_ARG(v))); }
 static inline v4f gelu_grad4(v4f v, v4f g) { return GELU_GRAD(v, tanh4(GELU_ARG(v)), g); }
 
-/* Eight lanes where the CPU has AVX2 (libmvec's AVX2 tanhf): what a multiple of 8 covers; 0 elsewhere. */
+/* W lanes at a time through libmvec's W-lane tanhf (VT the vector, MT its intrinsic type, TARGET what
+ * the CPU must have): what a multiple of W covers. */
+#define GELU_KERNELS(W, VT, MT, TANH, TARGET)                                                                          \
+    __attribute__((target(TARGET))) static size_t gelu_forward##W(float *y, const float *x, size_t n) {                \
+        size_t i = 0;                                                                                                  \
+        for (; i + W <= n; i += W) {                                                                                   \
+            VT v;                                                                                                      \
+            memcpy(&v, x + i, sizeof v);                                                                               \
+            VT t = (VT)TANH((MT)GELU_ARG(v)), r = GELU_VAL(v, t);                                                      \
+            memcpy(y + i, &r, sizeof r);                                                                               \
+        }                                                                                                              \
+        return i;                                                                                                      \
+    }                                                                                                                  \
+    __attribute__((target(TARGET))) static size_t gelu_backward##W(float *dx, const float *dy, const float *x,         \
+                                                                   size_t n) {                                         \
+        size_t i = 0;                                                                                                  \
+        for (; i + W <= n; i += W) {                                                                                   \
+            VT v, g;                                                                                                   \
+            memcpy(&v, x + i, sizeof v);                                                                               \
+            memcpy(&g, dy + i, sizeof g);                                                                              \
+            VT t = (VT)TANH((MT)GELU_ARG(v)), r = GELU_GRAD(v, t, g);                                                  \
+            memcpy(dx + i, &r, sizeof r);                                                                              \
+        }                                                                                                              \
+        return i;                                                                                                      \
+    }
+
+/* Sixteen lanes where the CPU has AVX-512, eight where it has AVX2; none elsewhere. */
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <immintrin.h>
 typedef float v8f __attribute__((vector_size(32)));
-__m256 _ZGVdN8v_tanhf(__m256 x);
-
-static int gelu_avx2(void) {
-    static int has = -1;
-    if (has < 0) has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    return has;
-}
-
-__attribute__((target("avx2,fma"))) static size_t gelu_forward8(float *y, const float *x, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8f v;
-        memcpy(&v, x + i, sizeof v);
-        v8f t = (v8f)_ZGVdN8v_tanhf((__m256)GELU_ARG(v)), r = GELU_VAL(v, t);
-        memcpy(y + i, &r, sizeof r);
-    }
-    return i;
-}
-
-__attribute__((target("avx2,fma"))) static size_t gelu_backward8(float *dx, const float *dy, const float *x, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8f v, g;
-        memcpy(&v, x + i, sizeof v);
-        memcpy(&g, dy + i, sizeof g);
-        v8f t = (v8f)_ZGVdN8v_tanhf((__m256)GELU_ARG(v)), r = GELU_GRAD(v, t, g);
-        memcpy(dx + i, &r, sizeof r);
-    }
-    return i;
-}
-
-/* Sixteen lanes where the CPU has AVX-512 (libmvec's AVX-512 tanhf). */
 typedef float v16f __attribute__((vector_size(64)));
+__m256 _ZGVdN8v_tanhf(__m256 x);
 __m512 _ZGVeN16v_tanhf(__m512 x);
-
-static int gelu_avx512(void) {
-    static int has = -1;
-    if (has < 0) has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-    return has;
-}
-
-__attribute__((target("avx512f,avx512dq"))) static size_t gelu_forward16(float *y, const float *x, size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16f v;
-        memcpy(&v, x + i, sizeof v);
-        v16f t = (v16f)_ZGVeN16v_tanhf((__m512)GELU_ARG(v)), r = GELU_VAL(v, t);
-        memcpy(y + i, &r, sizeof r);
-    }
-    return i;
-}
-
-__attribute__((target("avx512f,avx512dq"))) static size_t gelu_backward16(float *dx, const float *dy, const float *x,
-                                                                          size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16f v, g;
-        memcpy(&v, x + i, sizeof v);
-        memcpy(&g, dy + i, sizeof g);
-        v16f t = (v16f)_ZGVeN16v_tanhf((__m512)GELU_ARG(v)), r = GELU_GRAD(v, t, g);
-        memcpy(dx + i, &r, sizeof r);
-    }
-    return i;
-}
+GELU_KERNELS(8, v8f, __m256, _ZGVdN8v_tanhf, "avx2,fma")
+GELU_KERNELS(16, v16f, __m512, _ZGVeN16v_tanhf, "avx512f,avx512dq")
+static int gelu_avx2(void) { return tally__cpu_avx2(); }
+static int gelu_avx512(void) { return tally__cpu_avx512(); }
 #else
 static int gelu_avx2(void) { return 0; }
 static int gelu_avx512(void) { return 0; }

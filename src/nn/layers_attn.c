@@ -5,6 +5,8 @@
 #include <string.h>
 #include <tally/layers.h>
 
+#include "cpu.h"
+
 typedef float v4f __attribute__((vector_size(16)));
 
 static inline v4f load4(const float *p) {
@@ -31,11 +33,7 @@ static float row_max(const float *s, int n) {
 typedef float v16f __attribute__((vector_size(64)));
 __m512 _ZGVeN16v_expf(__m512 x);
 
-static int exp_avx512(void) {
-    static int has = -1;
-    if (has < 0) has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-    return has;
-}
+static int exp_avx512(void) { return tally__cpu_avx512(); }
 
 __attribute__((target("avx512f,avx512dq"))) static float exp_shifted16(float *s, int n, float m) {
     v16f acc = {0};

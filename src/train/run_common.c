@@ -120,32 +120,14 @@ void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx
     }
 }
 
-/* Test loss and score over the whole test set, each rank taking every size-th sample. */
+static void fill_test_samples(train_run *r, const size_t *items, int n) { tally__train_gather(r, &r->test, items, n); }
+
+/* Test loss and score over the whole test set. */
 int tally__train_evaluate(train_run *r, tally__train_result *res) {
     if (r->tokens) return tally__train_text_evaluate(r, res);
     const tally_dataset *d = &r->test;
-    int B = r->cfg->batch;
-    size_t *idx = r->idx;
-    double sums[3] = {0, 0, 0}; /* score, loss * samples, samples */
-    /* Every rank runs as many batches as the rank with the most samples (stage 3 gathers parameters
-     * in each, and collectives need every rank); a rank out of samples scores a stand-in, unseen. */
-    size_t per_rank = (d->n + (size_t)r->size - 1) / (size_t)r->size, batches = (per_rank + (size_t)B - 1) / (size_t)B;
-    for (size_t k = 0, i = (size_t)r->rank; k < batches; k++) {
-        int n = 0;
-        for (; n < B && i < d->n; n++, i += (size_t)r->size) idx[n] = i;
-        int real = n;
-        if (!n) idx[n++] = 0;
-        tally__train_gather(r, d, idx, n);
-        float loss;
-        int rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, n, &r->hooks, &loss);
-        if (rc) return rc;
-        if (!real) continue;
-        sums[0] += tally__model_score(&r->model, r->yb, r->tb, n);
-        sums[1] += (double)loss * n;
-        sums[2] += n;
-    }
-    int rc = r->sync.ops ? tally__sync_drain(&r->sync) : 0; /* async runs have no engine */
-    if (!rc) rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
+    double sums[3]; /* score, loss * samples, samples */
+    int rc = tally__train_eval_items(r, d->n, fill_test_samples, sums);
     if (rc) return rc;
     double n = sums[2] > 0 ? sums[2] : 1;
     res->evaluated = 1;

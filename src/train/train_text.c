@@ -134,32 +134,21 @@ long tally__train_text_steps_per_epoch(const train_run *r, int T, int workers) {
     return steps > 0 ? steps : 1;
 }
 
-/* Rank r takes windows r, r + size, ...; every rank runs as many batches as the one with the most
- * (stage 3 gathers parameters in each), a rank out of windows running a stand-in it does not count. */
-int tally__train_text_evaluate(train_run *r, tally__train_result *res) {
-    int B = r->cfg->batch, T = r->model.cfg.in_dim,
-        W = r->cfg->data.val_windows ? r->cfg->data.val_windows : VAL_WINDOWS;
-    double sums[3] = {0, 0, 0};                 /* right predictions, loss x windows, windows */
-    if (r->text.n == r->text.train_n) return 0; /* nothing held out */
-    int per_rank = (W + r->size - 1) / r->size, batches = (per_rank + B - 1) / B;
+static int val_windows(const train_run *r) { return r->cfg->data.val_windows ? r->cfg->data.val_windows : VAL_WINDOWS; }
+
+static void fill_val_windows(train_run *r, const size_t *items, int n) {
+    int T = r->model.cfg.in_dim, W = val_windows(r);
     int32_t *tok = (int32_t *)r->xb;
-    for (int b = 0, i = r->rank; b < batches; b++) {
-        int n = 0;
-        for (; n < B && i < W; n++, i += r->size)
-            tally_text_window(&r->text, tally_text_val_start(&r->text, T, i, W), T, tok + (size_t)n * T,
-                              r->yb + (size_t)n * T);
-        int real = n;
-        if (!n) tally_text_window(&r->text, r->text.train_n, T, tok, r->yb), n = 1;
-        float loss;
-        int rc = tally__model_forward(&r->model, tok, r->yb, NULL, n, &r->hooks, &loss);
-        if (rc) return rc;
-        if (!real) continue;
-        sums[0] += tally__model_score(&r->model, r->yb, NULL, n);
-        sums[1] += (double)loss * n;
-        sums[2] += n;
-    }
-    int rc = r->sync.ops ? tally__sync_drain(&r->sync) : 0;
-    if (!rc) rc = tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
+    for (int s = 0; s < n; s++)
+        tally_text_window(&r->text, tally_text_val_start(&r->text, T, (int)items[s], W), T, tok + (size_t)s * T,
+                          r->yb + (size_t)s * T);
+}
+
+int tally__train_text_evaluate(train_run *r, tally__train_result *res) {
+    int T = r->model.cfg.in_dim;
+    if (r->text.n == r->text.train_n) return 0; /* nothing held out */
+    double sums[3];                             /* right predictions, loss x windows, windows */
+    int rc = tally__train_eval_items(r, (size_t)val_windows(r), fill_val_windows, sums);
     if (rc) return rc;
     res->evaluated = 1;
     res->test_acc = sums[0] / (sums[2] * T);

@@ -38,6 +38,19 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->sync.codec.error_feedback = 1;
 }
 
+void tally__train_gpt_defaults(tally__train_cfg *c, unsigned given) {
+    if (!(given & TALLY__GPT_GIVEN_OPTIM)) {
+        tally_optim_cfg_default(&c->opt.optim, TALLY_OPTIM_ADAMW);
+        c->opt.optim.beta2 = 0.95f;
+        if (!(given & TALLY__GPT_GIVEN_WD)) c->opt.optim.weight_decay = 0.1f;
+    }
+    if (!(given & TALLY__GPT_GIVEN_WD_ON) && !c->async.enabled) c->sync.decay_matrices = 1;
+    if (!(given & TALLY__GPT_GIVEN_CLIP) && !c->async.enabled) c->opt.clip = 1.0f;
+    if (!(given & TALLY__GPT_GIVEN_WARMUP)) c->opt.warmup_frac = 0.1f;
+    if (!(given & TALLY__GPT_GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
+    if (!(given & TALLY__GPT_GIVEN_MIN_LR)) c->opt.min_lr = 1e-4f;
+}
+
 /* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */
 static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
     const tally__train_cfg *cfg = r->cfg;

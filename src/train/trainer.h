@@ -94,6 +94,20 @@ typedef struct tally__train_cfg {
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
 void tally__train_cfg_default(tally__train_cfg *cfg);
+/* What GPT training takes unless told otherwise (nanoGPT's and the peer's): AdamW with betas (0.9, 0.95)
+ * and weight decay 0.1 on the matrices only, clipping at 1.0, 10% warmup, cosine decay to 1e-4. `given`
+ * holds the TALLY__GPT_GIVEN_* the caller set itself, which stay as they are; an async run keeps
+ * neither clipping nor matrices-only decay (the parameter server has neither). */
+enum {
+    TALLY__GPT_GIVEN_OPTIM = 1, /* the optimizer (its betas then its own) */
+    TALLY__GPT_GIVEN_WD = 2,
+    TALLY__GPT_GIVEN_WD_ON = 4,
+    TALLY__GPT_GIVEN_CLIP = 8,
+    TALLY__GPT_GIVEN_WARMUP = 16,
+    TALLY__GPT_GIVEN_DECAY = 32,
+    TALLY__GPT_GIVEN_MIN_LR = 64,
+};
+void tally__train_gpt_defaults(tally__train_cfg *cfg, unsigned given);
 
 #define TALLY__TRAIN_STALE_BINS 64
 

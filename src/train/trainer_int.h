@@ -63,6 +63,13 @@ void tally__train_gather(train_run *r, const tally_dataset *d, const size_t *idx
 int tally__train_check_input(const train_run *r);
 /* Test loss and score over the test set, each rank taking every size-th sample (collective). */
 int tally__train_evaluate(train_run *r, tally__train_result *res);
+/* Puts held-out items items[0..n) into the micro-batch buffers (xb, yb, tb). */
+typedef void (*tally__train_eval_fill)(train_run *r, const size_t *items, int n);
+/* Scores `count` held-out items through fill: rank r takes items r, r + size, ...; every rank runs as
+ * many batches as the one with the most (stage 3 gathers parameters in each, and collectives need
+ * every rank), a rank out of items running item 0 as a stand-in it does not count. sums gets the
+ * score, loss x items and items, summed over the ranks (collective). */
+int tally__train_eval_items(train_run *r, size_t count, tally__train_eval_fill fill, double sums[3]);
 /* SHA-256 of the parameters, and whether every rank holds the same (collective). */
 int tally__train_fingerprint(train_run *r, tally__train_result *res);
 void tally__train_teardown(train_run *r);

@@ -201,6 +201,49 @@ static void test_bad_size(void) {
              R[1].rc);
 }
 
+/* ---- TALLY_HOST: ranks with one name are one host, others are not ---- */
+
+static const char *const *HOST_NAMES; /* per rank, set before the fork */
+
+static void env_host_names(int rank, void *arg) { setenv("TALLY_HOST", HOST_NAMES[rank], 1); }
+
+/* The transport the communicator chose, in msg; its peers' host ids. */
+static int fn_host_transport(int rank, int size, void *arg) {
+    tally_comm *c;
+    double t0 = th_now();
+    int rc = tally_comm_init(&c);
+    if (rc) {
+        save_err(rank, rc, t0);
+        return 0;
+    }
+    R[rank].rc = 0;
+    snprintf(R[rank].msg, sizeof R[rank].msg, "%s", tally_comm_transport(c));
+    tally_comm_free(c);
+    return 0;
+}
+
+static void run_hosts(const char *what, const char *const *names, int n, double timeout) {
+    HOST_NAMES = names;
+    th_opts o = {.timeout_s = timeout, .child_env = env_host_names};
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    TH_CHECK(th_run(n, &o, fn_host_transport, NULL) == 0, "%s: ranks did not exit cleanly", what);
+}
+
+static void test_host_names(void) {
+    static const char *const split[] = {"node-a", "node-a", "node_b.1"}, *const one[] = {"x", "x"},
+                             *const bad[] = {"ok", "not a name"};
+    run_hosts("TALLY_HOST split", split, 3, 60);
+    for (int r = 0; r < 3; r++)
+        TH_CHECK(R[r].rc == 0 && !strcmp(R[r].msg, "tcp"), "TALLY_HOST node-a, node-a, node_b.1: rank %d: %d %s", r,
+                 R[r].rc, R[r].msg);
+    run_hosts("TALLY_HOST one", one, 2, 60);
+    for (int r = 0; r < 2; r++)
+        TH_CHECK(R[r].rc == 0 && !strcmp(R[r].msg, "shm"), "TALLY_HOST x, x: rank %d: %d %s", r, R[r].rc, R[r].msg);
+    run_hosts("TALLY_HOST bad", bad, 2, 3);
+    TH_CHECK(R[1].rc == TALLY_E_INVALID && strstr(R[1].msg, "TALLY_HOST") && strstr(R[1].msg, "not a name"),
+             "TALLY_HOST 'not a name': rank 1 got %d '%s'", R[1].rc, R[1].msg);
+}
+
 /* Rank 2 plays strangers against rank 0's port before joining itself. */
 static int fn_strangers(int rank, int size, void *arg) {
     int silent = -1;
@@ -762,6 +805,7 @@ int main(void) {
     test_bad_token();
     test_dup_rank();
     test_bad_size();
+    test_host_names();
     test_missing(4, 3, -1);
     test_missing(4, 3, 0); /* rank 0 starts 1 s after the others: they still hear its verdict */
     test_missing(3, 0, -1);

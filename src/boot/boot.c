@@ -15,6 +15,7 @@
 #include "../core/clock.h"
 #include "../core/env.h"
 #include "../core/log.h"
+#include "../core/parse.h"
 #include "boot_int.h"
 #include "fdlimit.h"
 #include "net.h"
@@ -27,22 +28,54 @@ static const char *boot_prev(char prev[1024]) {
 
 /* ---- who this process is ---- */
 
+static uint64_t fnv1a(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return (h ^ '\n') * 1099511628211ull;
+}
+
+#define FNV_OFFSET 1469598103934665603ull
+
+/* A name TALLY_HOST may give: what a hostname may hold. */
+static int host_name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 63) return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '-' ||
+              *s == '.' || *s == '_'))
+            return 0;
+    return 1;
+}
+
+int tally__boot_check_host(void) {
+    const char *s = tally__env_knob("TALLY_HOST");
+    if (!s || host_name_ok(s)) return 0;
+    return tally__parse_fail("TALLY_HOST", s, "is not a host name",
+                             "it takes 1-63 letters, digits, '.', '-' or '_'; ranks with the same name are one host");
+}
+
+/* A host is one kernel (hostname and boot id: a hostname alone can repeat across containers) and one
+ * network namespace: processes in two namespaces of a kernel (containers, scripts/hosts.sh's test hosts)
+ * reach each other only over the network, as hosts do, so they never share memory. TALLY_HOST names the
+ * host instead: ranks with the same name are one host, others are not. */
 static void boot_self(tally__peer *p) {
-    char boot_id[64] = "";
     memset(p, 0, sizeof *p);
     p->pid = (int)getpid();
+    const char *named = tally__env_knob("TALLY_HOST"); /* checked at init */
+    if (named && host_name_ok(named)) {
+        snprintf(p->hostname, sizeof p->hostname, "%s", named);
+        p->hostid = fnv1a(fnv1a(FNV_OFFSET, "TALLY_HOST"), named);
+        return;
+    }
+    char boot_id[64] = "", netns[64] = "";
     if (gethostname(p->hostname, sizeof p->hostname - 1) != 0) snprintf(p->hostname, sizeof p->hostname, "?");
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
     if (f) {
         if (!fgets(boot_id, sizeof boot_id, f)) boot_id[0] = '\0';
         fclose(f);
     }
-    /* Hostname alone can repeat across containers; the boot id tells kernels (and so shm) apart. */
-    uint64_t h = 1469598103934665603ull;
-    for (const char *s = p->hostname; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    h = (h ^ '\n') * 1099511628211ull;
-    for (const char *s = boot_id; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    p->hostid = h;
+    ssize_t k = readlink("/proc/self/ns/net", netns, sizeof netns - 1); /* "net:[4026531840]" */
+    netns[k > 0 ? k : 0] = '\0';
+    p->hostid = fnv1a(fnv1a(fnv1a(FNV_OFFSET, p->hostname), boot_id), netns);
 }
 
 static void boot_hello_put(unsigned char *o, const tally__boot *b) {

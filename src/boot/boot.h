@@ -31,7 +31,7 @@ int tally__boot_env_read(tally__boot_env *env);
 /* One entry per rank, the same table on every rank after tally__boot_init. */
 typedef struct tally__peer {
     int pid;
-    uint64_t hostid; /* equal for processes on the same host (hostname + boot id) */
+    uint64_t hostid; /* equal for processes on the same host (hostname, boot id, network namespace; or TALLY_HOST) */
     char ip[64];     /* numeric address this rank reaches rank 0 from (where its listeners bind) */
     char hostname[64];
 } tally__peer;
@@ -50,6 +50,8 @@ int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault
 int tally__boot_rank(const tally__boot *b);
 int tally__boot_size(const tally__boot *b);
 const tally__peer *tally__boot_peers(const tally__boot *b);
+/* 0, or TALLY_E_INVALID when TALLY_HOST is set to what is not a host name. */
+int tally__boot_check_host(void);
 /* 1 if every rank reported the same hostid. */
 int tally__boot_single_host(const tally__boot *b);
 /* The token, for the transports' own authenticated handshakes. */

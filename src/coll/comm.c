@@ -95,7 +95,7 @@ static int tally__check_knobs(tally_comm *c, double *timeout_s) {
     int rc;
     if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
         (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) || (rc = tally__shm_check_env()) ||
-        (rc = tally__cost_check_env())) {
+        (rc = tally__cost_check_env()) || (rc = tally__boot_check_host())) {
         char rank[32];
         snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
         return tally__err_wrap(rc, rank, "");

@@ -57,6 +57,20 @@ TALLY_API int tally_comm_rank(const tally_comm *comm);
 TALLY_API int tally_comm_size(const tally_comm *comm);
 TALLY_API int tally_comm_free(tally_comm *comm);
 
+/* Splits comm as MPI_Comm_split does (and ncclCommSplit): the ranks that pass the same color form a new
+ * communicator, ranked by key, ties broken by their rank in comm; a rank passing TALLY_COLOR_NONE (any
+ * negative color) joins none and gets *newcomm = NULL. Collective over comm: every rank of comm calls
+ * it, in the same order among comm's collectives. Each new communicator has its own rendezvous,
+ * connections and transport (shm when its ranks share a host), its own fingerprints, timeouts and abort,
+ * and lives on after comm is freed; its error messages name each rank it mentions by its rank in the
+ * world as well ("rank 1 (world rank 3)"). Free it with tally_comm_free. */
+#define TALLY_COLOR_NONE (-1)
+TALLY_API int tally_comm_split(tally_comm *comm, int color, int key, tally_comm **newcomm);
+/* tally_comm_split by host (color: the host's index among comm's hosts, key: the rank in comm): the
+ * ranks of this rank's host (a host as tally tells them apart: TALLY_HOST, else kernel and network
+ * namespace). */
+TALLY_API int tally_comm_split_host(tally_comm *comm, tally_comm **newcomm);
+
 /* Aborts the communicator, as ncclCommAbort does: for a program that gave up on a collective (a peer is
  * hung, dead or silent) and wants its thread back and a fresh communicator. Callable from any thread,
  * also while another thread is blocked in a collective on comm.

@@ -372,17 +372,26 @@ static tally__boot *boot_alloc(const tally__boot_env *env, tally__fault *fault, 
     return b;
 }
 
+/* A listener handed in is ours to close on every path: the rendezvous closes it, and so do refusals. */
+static int boot_refuse(const tally__boot_env *env, int rc) {
+    if (env->has_listener && env->listen_fd >= 0) close(env->listen_fd);
+    return rc;
+}
+
 int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault *fault, double timeout_s) {
     *out = NULL;
     if (env->size < 1 || env->rank < 0 || env->rank >= env->size || env->token_len >= TALLY__TOKEN_MAX ||
         timeout_s <= 0)
-        return tally__seterr(TALLY_E_INVALID, "boot: rank %d / size %d / timeout %g is invalid", env->rank, env->size,
-                             timeout_s);
+        return boot_refuse(env, tally__seterr(TALLY_E_INVALID, "boot: rank %d / size %d / timeout %g is invalid",
+                                              env->rank, env->size, timeout_s));
     if (env->size > 1 && env->token_len == 0)
-        return tally__seterr(TALLY_E_BOOT, "rank %d: no token to authenticate peers with: set TALLY_TOKEN", env->rank);
-    tally__log_set_rank(env->rank);
+        return boot_refuse(
+            env,
+            tally__seterr(TALLY_E_BOOT, "rank %d: no token to authenticate peers with: set TALLY_TOKEN", env->rank));
+    if (!env->split) tally__log_set_rank(env->rank);
     tally__boot *b = boot_alloc(env, fault, timeout_s);
-    if (!b) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory in the rendezvous", env->rank);
+    if (!b)
+        return boot_refuse(env, tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory in the rendezvous", env->rank));
     if (b->size == 1) {
         snprintf(b->peers[0].ip, sizeof b->peers[0].ip, "127.0.0.1");
     } else {

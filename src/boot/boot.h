@@ -23,6 +23,10 @@ typedef struct tally__boot_env {
     int token_derived;     /* 1: no TALLY_TOKEN, token derived from the launcher's job id (not secret) */
     char bind[256];        /* TALLY_BIND: where rank 0 listens instead of `host` ("" = host itself) */
     double boot_timeout_s; /* TALLY_BOOT_TIMEOUT: limit of the rendezvous; 0 = the timeout boot_init gets */
+    int split;             /* a communicator split from another (the environment never sets these): the log
+                            * keeps the world's rank, and rank 0 serves on listen_fd when has_listener, already
+                            * listening on the port it picked, and closes it */
+    int has_listener, listen_fd;
 } tally__boot_env;
 
 /* Reads the environment. TALLY_E_BOOT with a message naming the missing variable when incomplete. */

@@ -306,7 +306,7 @@ int tally__boot_serve(tally__boot *b, const tally__boot_env *env, uint64_t deadl
     int lfd = -1;
     const char *host = env->bind[0] ? env->bind : env->host; /* never a wildcard unless one was given */
     tally__net_fmt_addr(host, env->port, s.addr, sizeof s.addr);
-    int rc = tally__net_listen(host, env->port, SOMAXCONN, &lfd);
+    int rc = env->has_listener ? (lfd = env->listen_fd, 0) : tally__net_listen(host, env->port, SOMAXCONN, &lfd);
     char prev[1024];
     if (rc) {
         snprintf(prev, sizeof prev, "%s", tally_last_error());

@@ -82,6 +82,15 @@ const tally__cost *tally__comm_cost(const tally_comm *c);
 /* TALLY_TIMEOUT as this communicator read it at init: what the parts built on it wait at most. */
 double tally__comm_timeout_s(const tally_comm *c);
 
+/* A communicator from a rendezvous described by env rather than by the environment (tally_comm_split);
+ * world (malloc'd, taken over, freed with it even on failure) holds each rank's rank in the world, which
+ * its error messages name beside its own. Collective over env's ranks. */
+struct tally__boot_env;
+int tally__comm_create(const struct tally__boot_env *env, int *world, tally_comm **out);
+const struct tally__boot *tally__comm_boot(const tally_comm *c);
+/* The world rank of c's rank `rank` (rank itself for a communicator of the world). */
+int tally__comm_world_rank(const tally_comm *c, int rank);
+
 const char *tally__algo_name(int algo);
 int tally__algo_parse(const char *name); /* -1 when unknown */
 /* Predicted seconds for a collective of `bytes` (the full vector for allreduce/broadcast, the

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../boot/boot.h"
 #include "../boot/host_cpus.h"
@@ -35,6 +36,7 @@ struct tally_comm {
      * last one destroys the communicator, so abort never frees it under a call on another thread. */
     _Atomic int refs;
     _Atomic int aborted; /* tally_comm_abort: tear down without goodbyes */
+    int *world;          /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -113,18 +115,23 @@ static void tally__comm_destroy(tally_comm *c) {
     }
     if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
     if (c->boot) tally__boot_free(c->boot);
+    free(c->world);
     free(c);
 }
 
-static int tally__comm_setup(tally_comm *c) {
-    tally__boot_env env;
-    int rc = tally__boot_env_read(&env);
+static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
+    tally__boot_env read, *env = &read;
+    int rc = given ? 0 : tally__boot_env_read(&read);
     if (rc) return rc;
-    c->ctx.rank = env.rank;
-    c->ctx.size = env.size;
-    tally__log_set_rank(env.rank);
-    if ((rc = tally__check_knobs(c, &c->timeout_s))) return rc;
-    if ((rc = tally__boot_init(&c->boot, &env, &c->fault, c->timeout_s))) return rc;
+    if (given) env = (tally__boot_env *)given;
+    c->ctx.rank = env->rank;
+    c->ctx.size = env->size;
+    if (!given) tally__log_set_rank(env->rank); /* a split's messages keep the world's rank */
+    if ((rc = tally__check_knobs(c, &c->timeout_s))) {
+        if (env->has_listener) close(env->listen_fd); /* boot_init, which would have, is not reached */
+        return rc;
+    }
+    if ((rc = tally__boot_init(&c->boot, env, &c->fault, c->timeout_s))) return rc;
     if ((rc = tally__pick_transport(c, c->timeout_s, &c->ctx.tp))) return rc;
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
@@ -141,15 +148,19 @@ static int tally__comm_setup(tally_comm *c) {
     return 0;
 }
 
-TALLY_API int tally_comm_init(tally_comm **out) {
-    tally__clearerr();
-    if (!out) return tally__seterr(TALLY_E_INVALID, "tally_comm_init: comm pointer is NULL");
-    *out = NULL;
+static int tally__comm_make(const tally__boot_env *env, int *world, tally_comm **out) {
     tally_comm *c = calloc(1, sizeof *c);
-    if (!c) return tally__seterr(TALLY_E_NOMEM, "tally_comm_init: out of memory");
+    if (!c) {
+        free(world);
+        if (env && env->has_listener) close(env->listen_fd);
+        return tally__seterr(TALLY_E_NOMEM, "tally_comm_init: out of memory");
+    }
     tally__fault_init(&c->fault);
     atomic_init(&c->refs, 1);
-    int rc = tally__comm_setup(c);
+    c->world = world;
+    c->fault.world = world;
+    c->fault.world_n = env ? env->size : 0;
+    int rc = tally__comm_setup(c, env);
     if (rc) {
         tally__comm_destroy(c);
         return rc;
@@ -157,6 +168,22 @@ TALLY_API int tally_comm_init(tally_comm **out) {
     *out = c;
     return 0;
 }
+
+TALLY_API int tally_comm_init(tally_comm **out) {
+    tally__clearerr();
+    if (!out) return tally__seterr(TALLY_E_INVALID, "tally_comm_init: comm pointer is NULL");
+    *out = NULL;
+    return tally__comm_make(NULL, NULL, out);
+}
+
+int tally__comm_create(const tally__boot_env *env, int *world, tally_comm **out) {
+    *out = NULL;
+    return tally__comm_make(env, world, out);
+}
+
+const tally__boot *tally__comm_boot(const tally_comm *c) { return c->boot; }
+
+int tally__comm_world_rank(const tally_comm *c, int rank) { return c->world ? c->world[rank] : rank; }
 
 TALLY_API int tally_comm_rank(const tally_comm *c) { return c ? c->ctx.rank : TALLY_E_INVALID; }
 TALLY_API int tally_comm_size(const tally_comm *c) { return c ? c->ctx.size : TALLY_E_INVALID; }
@@ -168,6 +195,12 @@ static void tally__enter(tally_comm *c) {
 
 /* A call ends (or the owner lets go): the last one out destroys the communicator. Returns rc. */
 static int tally__leave(tally_comm *c, int rc) {
+    if (rc && c && c->world) { /* a split's message names each rank it mentions by its world rank too */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", tally_last_error());
+        tally__err_name_world(msg, sizeof msg, c->world, c->ctx.size);
+        tally__seterr(rc, "%s", msg);
+    }
     if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) tally__comm_destroy(c);
     return rc;
 }

@@ -65,7 +65,28 @@ static void tally__fault_wake(tally__fault *f) {
 /* Writes the record once; returns 1 if this call was the first. A later call returns only once the first
  * one's code is published (it follows its message at once): a raiser that then checked the fault would
  * otherwise read 0, and take the message it was refusing for a good one. */
-static int tally__fault_record(tally__fault *f, int code, int culprit, const char *msg) {
+void tally__err_name_world(char *msg, size_t cap, const int *world, int n) {
+    char out[1024];
+    size_t o = 0;
+    const char *m = msg;
+    while (*m && o + 40 < sizeof out) {
+        int r, used = 0, named = m >= msg + 6 && !strncmp(m - 6, "world ", 6);
+        if (!named && !strncmp(m, "rank ", 5) && m[5] >= '0' && m[5] <= '9' && sscanf(m + 5, "%d%n", &r, &used) == 1 &&
+            r < n && strncmp(m + 5 + used, " (world rank", 12)) {
+            o += (size_t)snprintf(out + o, sizeof out - o, "rank %d (world rank %d)", r, world[r]);
+            m += 5 + used;
+            continue;
+        }
+        out[o++] = *m++;
+    }
+    snprintf(out + o, sizeof out - o, "%s", m); /* what did not fit, as it was */
+    snprintf(msg, cap, "%s", out);
+}
+
+static int tally__fault_record(tally__fault *f, int code, int culprit, const char *given) {
+    char msg[sizeof f->msg];
+    snprintf(msg, sizeof msg, "%s", given);
+    if (f->world) tally__err_name_world(msg, sizeof msg, f->world, f->world_n);
     int expected = 0;
     if (!atomic_compare_exchange_strong(&f->claimed, &expected, 1)) {
         while (!atomic_load_explicit(&f->code, memory_order_acquire)) sched_yield();
@@ -84,21 +105,21 @@ int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (tally__fault_record(f, code, culprit, msg)) {
-        tally__log_warn("%s", msg);
-        if (f->propagate) f->propagate(f->propagate_arg, code, culprit, msg);
+    if (tally__fault_record(f, code, culprit, msg)) { /* its message as recorded: a split's names world ranks */
+        tally__log_warn("%s", f->msg);
+        if (f->propagate) f->propagate(f->propagate_arg, code, culprit, f->msg);
     }
     return tally__fault_check(f);
 }
 
 void tally__fault_adopt(tally__fault *f, int code, int culprit, const char *msg) {
-    if (tally__fault_record(f, code, culprit, msg)) tally__log_warn("%s", msg);
+    if (tally__fault_record(f, code, culprit, msg)) tally__log_warn("%s", f->msg);
 }
 
 void tally__fault_adopt_relay(tally__fault *f, int code, int culprit, const char *msg) {
     if (!tally__fault_record(f, code, culprit, msg)) return;
-    tally__log_warn("%s", msg);
-    if (f->propagate) f->propagate(f->propagate_arg, code, culprit, msg);
+    tally__log_warn("%s", f->msg);
+    if (f->propagate) f->propagate(f->propagate_arg, code, culprit, f->msg);
 }
 
 int tally__fault_await(tally__fault *f, double grace_s) {

@@ -26,8 +26,14 @@ typedef struct tally__fault {
      * set by the boot layer after rendezvous. */
     void (*propagate)(void *arg, int code, int culprit, const char *msg);
     void *propagate_arg;
-    int wake_fd; /* eventfd written when a fault is raised (-1 if none): wakes poll() */
+    int wake_fd;      /* eventfd written when a fault is raised (-1 if none): wakes poll() */
+    const int *world; /* a split communicator's world rank of each of its world_n ranks: messages name both */
+    int world_n;
 } tally__fault;
+
+/* Rewrites msg (of capacity cap) so each "rank N" with N < n reads "rank N (world rank world[N])"; a
+ * mention already so named is left as it is. */
+void tally__err_name_world(char *msg, size_t cap, const int *world, int n);
 
 void tally__fault_init(tally__fault *f);
 /* Raises a fault seen on this rank: records it, propagates it to every rank, wakes pollers, and sets

@@ -288,6 +288,21 @@ static void run_oversubscribed(const char *only_transport, int light) {
     sched_setaffinity(0, sizeof set, &set);
 }
 
+/* Three hosts by name, their ranks interleaved (h0 h1 h2 h0 h1 h2): the hierarchical collectives'
+ * reordering of blocks between world order and level order is then not the identity. */
+static void env_interleaved_hosts(int rank, void *arg) {
+    char name[8];
+    snprintf(name, sizeof name, "h%d", rank % 3);
+    setenv("TALLY_HOST", name, 1);
+}
+
+static void run_hier(void) {
+    th_opts o = {.algo = "hier", .timeout_s = 60, .wall_s = 300, .child_env = env_interleaved_hosts};
+    run_case("hier 3 hosts x 2 interleaved", 6, &o, rank_main);
+    o.algo = NULL;
+    run_case("auto 3 hosts x 2 interleaved", 6, &o, rank_main);
+}
+
 /* One rank of a job started elsewhere (scripts/hosts.sh's test hosts): every collective of rank_main,
  * then 16 MiB in one call; the first wrong element on stderr, the status 1. */
 static int as_rank(void) {
@@ -341,6 +356,7 @@ int main(int argc, char **argv) {
             run_case(what, 2, &auto_algo, rank_large);
         }
     }
+    if (!only_transport || !strcmp(only_transport, "hier")) run_hier();
     run_oversubscribed(only_transport, light);
     return th_verdict("test_coll");
 }

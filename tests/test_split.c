@@ -164,6 +164,39 @@ static void test_faults(void) {
            R[0].msg);
 }
 
+/* The hierarchy's levels are splits the world makes itself: world rank 3 dies while the others are in a
+ * hierarchical allreduce (hosts a, a, b, b); each of them gets an error naming it, not a hang. */
+static int fn_hier_death(int rank, int n, void *arg) {
+    tally_comm *w;
+    int rc = tally_comm_init(&w);
+    if (rc) {
+        record(rank, NULL, rc);
+        return 0;
+    }
+    if (rank == 3) _exit(0);
+    size_t count = 1 << 20;
+    float *v = calloc(count, sizeof *v);
+    double t0 = th_now();
+    rc = TALLY_E_INVALID;
+    for (int k = 0; k < 100 && th_now() - t0 < 20; k++)
+        if ((rc = tally_allreduce(w, v, v, count, TALLY_F32, TALLY_SUM))) break;
+    record(rank, NULL, rc);
+    R[rank].sum = th_now() - t0;
+    free(v);
+    tally_comm_abort(w);
+    return 0;
+}
+
+static void test_hier_death(void) {
+    th_opts o = {.child_env = env_hosts, .algo = "hier", .timeout_s = 30, .wall_s = 60};
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_run(4, &o, fn_hier_death, NULL);
+    for (int r = 0; r < 3; r++)
+        TH_CHECK((R[r].rc == TALLY_E_PEER_LOST || R[r].rc == TALLY_E_ABORTED) && strstr(R[r].msg, "3") && R[r].sum < 10,
+                 "hier, world rank 3 dead: world rank %d got %d '%s' after %.1f s", r, R[r].rc, R[r].msg, R[r].sum);
+    printf("  hier, world rank 3 dead: world rank 0 got '%s' after %.2f s\n", R[0].msg, R[0].sum);
+}
+
 static int fn_refusals(int rank, int n, void *arg) {
     tally_comm *w, *c;
     if (tally_comm_init(&w)) return 1;
@@ -188,6 +221,7 @@ int main(void) {
     test_nested();
     test_hosts();
     test_faults();
+    test_hier_death();
     test_refusals();
     th_shared_free(R, sizeof *R * TH_MAX_RANKS);
     return th_verdict("test_split");

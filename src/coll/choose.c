@@ -6,13 +6,13 @@
 #include "blocks.h"
 #include "coll.h"
 
-static const char *const algo_names[TALLY__ALGO_COUNT] = {"auto", "ring", "tree", "rhd", "direct"};
+static const char *const algo_names[TALLY__ALGO_HIER + 1] = {"auto", "ring", "tree", "rhd", "direct", "hier"};
 
-const char *tally__algo_name(int algo) { return algo >= 0 && algo < TALLY__ALGO_COUNT ? algo_names[algo] : "unknown"; }
+const char *tally__algo_name(int algo) { return algo >= 0 && algo <= TALLY__ALGO_HIER ? algo_names[algo] : "unknown"; }
 
 int tally__algo_parse(const char *name) {
     if (!name) return -1;
-    for (int a = 0; a < TALLY__ALGO_COUNT; a++)
+    for (int a = 0; a <= TALLY__ALGO_HIER; a++)
         if (!strcasecmp(name, algo_names[a])) return a;
     return -1;
 }

@@ -14,7 +14,8 @@ typedef enum {
     TALLY__ALGO_TREE,
     TALLY__ALGO_RHD,
     TALLY__ALGO_DIRECT,
-    TALLY__ALGO_COUNT
+    TALLY__ALGO_COUNT,                   /* the flat algorithms end here */
+    TALLY__ALGO_HIER = TALLY__ALGO_COUNT /* by level, over the hosts' and the links' communicators (hier.h) */
 } tally__algo;
 
 typedef struct tally__ctx {
@@ -90,6 +91,26 @@ int tally__comm_create(const struct tally__boot_env *env, int *world, tally_comm
 const struct tally__boot *tally__comm_boot(const tally_comm *c);
 /* The world rank of c's rank `rank` (rank itself for a communicator of the world). */
 int tally__comm_world_rank(const tally_comm *c, int rank);
+
+/* A communicator's levels (hier.c) as its dispatch calls them. The world's init (world.c), above both,
+ * makes and installs them, so comm.c names none of hier.c's symbols. */
+typedef struct tally__levels {
+    void *h;
+    double (*cost)(const void *h, int coll, size_t bytes); /* HUGE_VAL: the collective has no levels */
+    void (*explain)(const void *h, int coll, size_t bytes, char *buf, size_t n);
+    int (*allreduce)(void *h, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);
+    int (*reduce_scatter)(void *h, const void *send, void *recv, size_t recvcount, tally_dtype t, tally_op op);
+    int (*allgather)(void *h, const void *send, void *recv, size_t sendcount, tally_dtype t);
+    void (*release)(void *h, int abandon); /* abandon: the world was aborted, so are they (no goodbyes) */
+} tally__levels;
+/* The world communicator without levels: tally_comm_init's first part (collective). */
+int tally__comm_make_world(tally_comm **out);
+/* Gives c its levels (released with c); c's faults are recorded in the two level communicators' too,
+ * and the flat model takes the link between hosts' alpha and beta where they are the larger. */
+void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
+                            double beta);
+/* TALLY_ALGO as c read it (TALLY__ALGO_AUTO when unset). */
+int tally__comm_forced_algo(const tally_comm *c);
 
 const char *tally__algo_name(int algo);
 int tally__algo_parse(const char *name); /* -1 when unknown */

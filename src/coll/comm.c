@@ -1,5 +1,6 @@
 /* comm.c - the communicator: init from the environment (rendezvous, transport, measured cost model,
  * monitor) and the public collective entry points that validate, fingerprint and dispatch. */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +36,9 @@ struct tally_comm {
     /* The owner's reference (dropped by free or abort) plus one per call in flight: whoever drops the
      * last one destroys the communicator, so abort never frees it under a call on another thread. */
     _Atomic int refs;
-    _Atomic int aborted; /* tally_comm_abort: tear down without goodbyes */
-    int *world;          /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
+    _Atomic int aborted;  /* tally_comm_abort: tear down without goodbyes */
+    int *world;           /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
+    tally__levels levels; /* the world's, when its ranks span hosts alike (levels.h NULL: none) */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -85,7 +87,8 @@ static int tally__read_algo(int *algo) {
     if (!s) return 0;
     int a = tally__algo_parse(s);
     if (a < 0)
-        return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm", "it takes auto, ring, tree, rhd or direct");
+        return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm",
+                                 "it takes auto, ring, tree, rhd, direct or hier");
     *algo = a;
     return 0;
 }
@@ -107,6 +110,7 @@ static int tally__check_knobs(tally_comm *c, double *timeout_s) {
 
 static void tally__comm_destroy(tally_comm *c) {
     if (c->ctx.tp && atomic_load(&c->aborted)) c->ctx.tp->abandon = 1;
+    if (c->levels.h) c->levels.release(c->levels.h, atomic_load(&c->aborted));
     while (c->plain) {
         tally__plain_mem *m = c->plain;
         c->plain = m->next;
@@ -169,12 +173,21 @@ static int tally__comm_make(const tally__boot_env *env, int *world, tally_comm *
     return 0;
 }
 
-TALLY_API int tally_comm_init(tally_comm **out) {
-    tally__clearerr();
-    if (!out) return tally__seterr(TALLY_E_INVALID, "tally_comm_init: comm pointer is NULL");
+int tally__comm_make_world(tally_comm **out) {
     *out = NULL;
     return tally__comm_make(NULL, NULL, out);
 }
+
+void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
+                            double beta) {
+    c->levels = *l;
+    c->fault.linked[0] = &host->fault;
+    c->fault.linked[1] = &cross->fault;
+    if (alpha > c->cost.alpha) c->cost.alpha = alpha;
+    if (beta > c->cost.beta) c->cost.beta = beta;
+}
+
+int tally__comm_forced_algo(const tally_comm *c) { return c->forced_algo; }
 
 int tally__comm_create(const tally__boot_env *env, int *world, tally_comm **out) {
     *out = NULL;
@@ -239,9 +252,18 @@ TALLY_API const char *tally_comm_transport(const tally_comm *c) {
     return c && c->ctx.tp ? c->ctx.tp->ops->name : "none";
 }
 
+/* TALLY_ALGO=hier applies to what has levels (allreduce, reduce-scatter, all-gather); broadcast and
+ * barrier then take the cost model's flat choice. Without it the levels are taken when the model says
+ * they are cheaper. */
 static int tally__choose(const tally_comm *c, int coll, size_t bytes) {
-    if (c->forced_algo != TALLY__ALGO_AUTO) return c->forced_algo;
-    return tally__algo_choose(&c->cost, coll, c->ctx.size, bytes);
+    int hier_ok = c->levels.h && c->levels.cost(c->levels.h, coll, bytes) < HUGE_VAL;
+    if (c->forced_algo == TALLY__ALGO_HIER && hier_ok) return TALLY__ALGO_HIER;
+    if (c->forced_algo != TALLY__ALGO_AUTO && c->forced_algo != TALLY__ALGO_HIER) return c->forced_algo;
+    int a = tally__algo_choose(&c->cost, coll, c->ctx.size, bytes);
+    if (c->forced_algo == TALLY__ALGO_AUTO && hier_ok &&
+        c->levels.cost(c->levels.h, coll, bytes) < tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes))
+        return TALLY__ALGO_HIER;
+    return a;
 }
 
 TALLY_API const char *tally_comm_algo_for(const tally_comm *c, size_t bytes) {
@@ -260,11 +282,17 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
                          c->ctx.size, tally__algo_name(algo));
         return;
     }
-    char model[256];
+    char model[1024];
     size_t used = 0;
     for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT && used < sizeof model; a++)
         used += (size_t)snprintf(model + used, sizeof model - used, "%s%s %.1f us", used ? ", " : "",
                                  tally__algo_name(a), 1e6 * tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes));
+    double by_level = c->levels.h ? c->levels.cost(c->levels.h, coll, bytes) : HUGE_VAL;
+    if (by_level < HUGE_VAL && used < sizeof model) {
+        char levels[512];
+        c->levels.explain(c->levels.h, coll, bytes, levels, sizeof levels);
+        used += (size_t)snprintf(model + used, sizeof model - used, "; hier %.1f us = %s", 1e6 * by_level, levels);
+    }
     tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (model: %s)", tally__coll_name(coll), bytes, c->ctx.size,
                      tally__algo_name(algo), model);
 }
@@ -315,6 +343,15 @@ static int tally__empty(tally_comm *c, int algo) {
     }
 }
 
+/* A level's collective failed: the world fails with its message (sticky, and told to every rank, whose
+ * levels then stop waiting too). */
+static int tally__levels_failed(tally_comm *c, int rc) {
+    if (!rc) return 0;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", tally_last_error());
+    return tally__fault_raise(&c->fault, rc, -1, "%s", msg);
+}
+
 static void tally__copy_if_apart(void *dst, const void *src, size_t bytes) {
     if (dst != src && bytes) memmove(dst, src, bytes);
 }
@@ -333,6 +370,8 @@ static int tally__allreduce_body(tally_comm *c, const void *send, void *recv, si
         return 0;
     }
     if (count == 0) return tally__empty(c, algo);
+    if (algo == TALLY__ALGO_HIER)
+        return tally__levels_failed(c, c->levels.allreduce(c->levels.h, send, recv, count, t, op));
     tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
     switch (algo) {
     case TALLY__ALGO_RING: return tally__ring_allreduce(&c->ctx, send, recv, count, t, op); /* AVG inside */
@@ -363,6 +402,8 @@ static int tally__reduce_scatter_body(tally_comm *c, const void *send, void *rec
         return 0;
     }
     if (recvcount == 0) return tally__empty(c, algo);
+    if (algo == TALLY__ALGO_HIER)
+        return tally__levels_failed(c, c->levels.reduce_scatter(c->levels.h, send, recv, recvcount, t, op));
     tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
     switch (algo) {
     case TALLY__ALGO_RING: rc = tally__ring_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
@@ -393,6 +434,8 @@ static int tally__allgather_body(tally_comm *c, const void *send, void *recv, si
         return 0;
     }
     if (sendcount == 0) return tally__empty(c, algo);
+    if (algo == TALLY__ALGO_HIER)
+        return tally__levels_failed(c, c->levels.allgather(c->levels.h, send, recv, sendcount, t));
     switch (algo) {
     case TALLY__ALGO_RING: return tally__ring_allgather(&c->ctx, send, recv, sendcount, t);
     case TALLY__ALGO_TREE: return tally__tree_allgather(&c->ctx, send, recv, sendcount, t);

@@ -62,9 +62,6 @@ static void tally__fault_wake(tally__fault *f) {
     }
 }
 
-/* Writes the record once; returns 1 if this call was the first. A later call returns only once the first
- * one's code is published (it follows its message at once): a raiser that then checked the fault would
- * otherwise read 0, and take the message it was refusing for a good one. */
 void tally__err_name_world(char *msg, size_t cap, const int *world, int n) {
     char out[1024];
     size_t o = 0;
@@ -83,10 +80,13 @@ void tally__err_name_world(char *msg, size_t cap, const int *world, int n) {
     snprintf(msg, cap, "%s", out);
 }
 
-static int tally__fault_record(tally__fault *f, int code, int culprit, const char *given) {
+/* Writes the record once; returns 1 if this call was the first. A later call returns only once the first
+ * one's code is published (it follows its message at once): a raiser that then checked the fault would
+ * otherwise read 0, and take the message it was refusing for a good one. */
+static int tally__fault_record_as(tally__fault *f, int code, int culprit, const char *given, int name_world) {
     char msg[sizeof f->msg];
     snprintf(msg, sizeof msg, "%s", given);
-    if (f->world) tally__err_name_world(msg, sizeof msg, f->world, f->world_n);
+    if (f->world && name_world) tally__err_name_world(msg, sizeof msg, f->world, f->world_n);
     int expected = 0;
     if (!atomic_compare_exchange_strong(&f->claimed, &expected, 1)) {
         while (!atomic_load_explicit(&f->code, memory_order_acquire)) sched_yield();
@@ -96,7 +96,13 @@ static int tally__fault_record(tally__fault *f, int code, int culprit, const cha
     snprintf(f->msg, sizeof f->msg, "%s", msg);
     atomic_store_explicit(&f->code, code, memory_order_release);
     tally__fault_wake(f);
+    for (int k = 0; k < 2; k++) /* already in the world's words: recorded as it is */
+        if (f->linked[k]) tally__fault_record_as(f->linked[k], code, -1, msg, 0);
     return 1;
+}
+
+static int tally__fault_record(tally__fault *f, int code, int culprit, const char *msg) {
+    return tally__fault_record_as(f, code, culprit, msg, 1);
 }
 
 int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, ...) {

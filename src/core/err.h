@@ -29,6 +29,9 @@ typedef struct tally__fault {
     int wake_fd;      /* eventfd written when a fault is raised (-1 if none): wakes poll() */
     const int *world; /* a split communicator's world rank of each of its world_n ranks: messages name both */
     int world_n;
+    /* The faults of communicators a collective of this one runs on (the hierarchy's levels): a fault
+     * here is recorded there too, so their waits end with it. */
+    struct tally__fault *linked[2];
 } tally__fault;
 
 /* Rewrites msg (of capacity cap) so each "rank N" with N < n reads "rank N (world rank world[N])"; a

@@ -12,7 +12,7 @@ probe=tlyprobe$$
 ip netns add "$probe" 2>/dev/null || skip "this kernel or container cannot make network namespaces"
 ip netns del "$probe"
 status=0
-for algo in ring tree rhd direct; do
+for algo in ring tree rhd direct hier auto; do
   start=$SECONDS
   if TALLY_ALGO=$algo TALLY_TIMEOUT=60 bash "$src/scripts/hosts.sh" --hosts 2 --ranks 2 --rate 10gbit --timeout 300 \
     -- "$build/tests/test_coll" --as-rank; then

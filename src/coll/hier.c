@@ -1,0 +1,243 @@
+/* hier.c - the hierarchical collectives: the levels made from the world's peer table (hosts in order of
+ * their first rank, local ranks in world order), each level's own communicator and cost, and the
+ * reduce-scatter / allreduce / all-gather compositions over them. */
+#include "hier.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../boot/boot.h"
+#include "../core/err.h"
+#include "../core/reduce.h"
+
+/* Each rank's host index and local index from the peer table; the number of hosts, and the ranks per
+ * host when every host has the same number (else 0). */
+static int levels_of(const tally__peer *p, int size, int *host, int *local, int *per_host) {
+    int hosts = 0;
+    for (int r = 0; r < size; r++) {
+        int first = 0;
+        while (p[first].hostid != p[r].hostid) first++;
+        host[r] = first == r ? hosts++ : host[first];
+        local[r] = 0;
+        for (int q = 0; q < r; q++) local[r] += p[q].hostid == p[r].hostid;
+    }
+    *per_host = hosts ? size / hosts : 0;
+    for (int r = 0; r < size; r++)
+        if (local[r] + 1 > *per_host || size % hosts) *per_host = 0;
+    for (int h = 0, count; h < hosts && *per_host; h++) {
+        count = 0;
+        for (int r = 0; r < size; r++) count += host[r] == h;
+        if (count != *per_host) *per_host = 0;
+    }
+    return hosts;
+}
+
+int tally__hier_possible(const tally__boot *boot, int size) {
+    int *host = malloc((size_t)size * sizeof *host), *local = malloc((size_t)size * sizeof *local), per = 0;
+    int hosts = host && local ? levels_of(tally__boot_peers(boot), size, host, local, &per) : 0;
+    free(host);
+    free(local);
+    return hosts >= 2 && per >= 2;
+}
+
+void tally__hier_free(tally__hier *h) {
+    if (!h) return;
+    tally_comm_free(h->host);
+    tally_comm_free(h->cross);
+    free(h->world_of);
+    free(h->tmp);
+    free(h);
+}
+
+/* Both levels' alpha, beta and gamma, the largest over the world: every rank then predicts alike. */
+static int agree_costs(tally_comm *world, tally__hier *h) {
+    const tally__cost *hc = tally__comm_cost(h->host), *cc = tally__comm_cost(h->cross);
+    double v[6] = {hc->alpha, hc->beta, hc->gamma, cc->alpha, cc->beta, cc->gamma};
+    int rc = tally_allreduce(world, v, v, 6, TALLY_F64, TALLY_MAX);
+    if (rc) return rc;
+    h->host_cost = (tally__cost){.alpha = v[0], .beta = v[1], .gamma = v[2]};
+    h->cross_cost = (tally__cost){.alpha = v[3], .beta = v[4], .gamma = v[5]};
+    return 0;
+}
+
+int tally__hier_init(tally_comm *world, const tally__boot *boot, tally__hier **out) {
+    *out = NULL;
+    int size = tally_comm_size(world), rank = tally_comm_rank(world);
+    tally__hier *h = calloc(1, sizeof *h);
+    int *host = malloc((size_t)size * sizeof *host), *local = malloc((size_t)size * sizeof *local), rc = 0;
+    if (!h || !host || !local || !(h->world_of = malloc((size_t)size * sizeof *h->world_of))) {
+        rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the hierarchy of %d ranks", rank, size);
+        goto out;
+    }
+    h->hosts = levels_of(tally__boot_peers(boot), size, host, local, &h->per_host);
+    if (h->hosts < 2 || h->per_host < 2) goto out; /* no levels: *out stays NULL */
+    for (int r = 0; r < size; r++) h->world_of[host[r] * h->per_host + local[r]] = r;
+    h->local = local[rank];
+    h->host_index = host[rank];
+    if (!(rc = tally_comm_split(world, host[rank], rank, &h->host)) &&
+        !(rc = tally_comm_split(world, local[rank], host[rank], &h->cross)) && !(rc = agree_costs(world, h))) {
+        *out = h;
+        h = NULL;
+    }
+out:
+    tally__hier_free(h);
+    free(host);
+    free(local);
+    return rc;
+}
+
+static double best(const tally__cost *c, int coll, int n, size_t bytes, int *algo) {
+    double t = HUGE_VAL;
+    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+        double x = tally__algo_cost(c, a, coll, n, bytes);
+        if (x < t) t = x, *algo = a;
+    }
+    return t;
+}
+
+/* The three steps' predictions (0 for a step the collective does not take). */
+static void steps(const tally__hier *h, int coll, size_t bytes, double t[3], int a[3]) {
+    size_t shard = bytes / (size_t)h->per_host;
+    t[0] = t[1] = t[2] = 0;
+    a[0] = a[1] = a[2] = TALLY__ALGO_AUTO;
+    if (coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER)
+        t[0] = best(&h->host_cost, TALLY__REDUCE_SCATTER, h->per_host, bytes, &a[0]);
+    if (coll == TALLY__ALLREDUCE || coll == TALLY__ALLGATHER)
+        t[2] = best(&h->host_cost, TALLY__ALLGATHER, h->per_host, bytes, &a[2]);
+    int cross = coll == TALLY__ALLREDUCE ? TALLY__ALLREDUCE : coll;
+    t[1] = best(&h->cross_cost, cross, h->hosts, shard, &a[1]);
+}
+
+double tally__hier_cost(const tally__hier *h, int coll, size_t bytes) {
+    if (coll != TALLY__ALLREDUCE && coll != TALLY__REDUCE_SCATTER && coll != TALLY__ALLGATHER) return HUGE_VAL;
+    double t[3];
+    int a[3];
+    steps(h, coll, bytes, t, a);
+    return t[0] + t[1] + t[2];
+}
+
+void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n) {
+    double t[3];
+    int a[3];
+    steps(h, coll, bytes, t, a);
+    static const char *const what[3] = {"reduce-scatter in each host", "between hosts", "all-gather in each host"};
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < 3 && used < n; k++) {
+        if (a[k] == TALLY__ALGO_AUTO) continue;
+        const char *cross = k == 1 ? (coll == TALLY__ALLREDUCE   ? "allreduce "
+                                      : coll == TALLY__ALLGATHER ? "all-gather "
+                                                                 : "reduce-scatter ")
+                                   : "";
+        used += (size_t)snprintf(buf + used, n - used, "%s%s %s%s %.1f us on %d ranks", used ? " + " : "", what[k],
+                                 cross, tally__algo_name(a[k]), 1e6 * t[k], k == 1 ? h->hosts : h->per_host);
+    }
+}
+
+static void *scratch(tally__hier *h, size_t bytes) {
+    if (bytes <= h->tmp_bytes) return h->tmp;
+    void *p = realloc(h->tmp, bytes);
+    if (!p) return NULL;
+    h->tmp = p;
+    h->tmp_bytes = bytes;
+    return p;
+}
+
+int tally__hier_allreduce(tally__hier *h, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+    size_t es = tally_dtype_size(t), M = (size_t)h->per_host, q = count / M, tail = count - q * M;
+    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
+    int rc = 0;
+    if (q) { /* the part of M equal shards: reduce-scatter, shards across hosts, all-gather */
+        char *piece = scratch(h, q * es);
+        if (!piece) return tally__seterr(TALLY_E_NOMEM, "hierarchical allreduce: out of memory for a shard of %zu", q);
+        if ((rc = tally_reduce_scatter(h->host, send, piece, q, t, rop)) ||
+            (rc = tally_allreduce(h->cross, piece, piece, q, t, rop)) ||
+            (rc = tally_allgather(h->host, piece, recv, q, t)))
+            return rc;
+    }
+    if (tail) { /* fewer than M elements left: reduced whole at both levels */
+        const char *s = (const char *)send + q * M * es;
+        char *d = (char *)recv + q * M * es;
+        if ((rc = tally_allreduce(h->host, s, d, tail, t, rop)) || (rc = tally_allreduce(h->cross, d, d, tail, t, rop)))
+            return rc;
+    }
+    if (op == TALLY_AVG) tally__avg_finish(recv, count, t, h->hosts * h->per_host);
+    return 0;
+}
+
+/* Block (host g, local i) of a rank-major array of world blocks, moved to or from the level-major
+ * order [local i][host g] the two steps need. */
+static void reorder(const tally__hier *h, char *level_major, char *world_major, size_t block, int to_level) {
+    for (int i = 0; i < h->per_host; i++)
+        for (int g = 0; g < h->hosts; g++) {
+            char *lm = level_major + ((size_t)i * h->hosts + g) * block;
+            char *wm = world_major + (size_t)h->world_of[g * h->per_host + i] * block;
+            if (to_level)
+                memcpy(lm, wm, block);
+            else
+                memcpy(wm, lm, block);
+        }
+}
+
+int tally__hier_reduce_scatter(tally__hier *h, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                               tally_op op) {
+    size_t es = tally_dtype_size(t), block = recvcount * es, N = (size_t)h->hosts * h->per_host;
+    size_t host_part = (size_t)h->hosts * block; /* what each local rank keeps after the host's step */
+    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
+    char *lm = scratch(h, N * block + host_part);
+    if (!lm) return tally__seterr(TALLY_E_NOMEM, "hierarchical reduce-scatter: out of memory for %zu bytes", N * block);
+    reorder(h, lm, (char *)send, block, 1);
+    char *mine = lm + N * block;
+    int rc = tally_reduce_scatter(h->host, lm, mine, (size_t)h->hosts * recvcount, t, rop);
+    if (!rc) rc = tally_reduce_scatter(h->cross, mine, recv, recvcount, t, rop);
+    if (!rc && op == TALLY_AVG) tally__avg_finish(recv, recvcount, t, (int)N);
+    return rc;
+}
+
+int tally__hier_allgather(tally__hier *h, const void *send, void *recv, size_t sendcount, tally_dtype t) {
+    size_t es = tally_dtype_size(t), block = sendcount * es, N = (size_t)h->hosts * h->per_host;
+    size_t host_part = (size_t)h->hosts * block;
+    char *lm = scratch(h, N * block + host_part);
+    if (!lm) return tally__seterr(TALLY_E_NOMEM, "hierarchical all-gather: out of memory for %zu bytes", N * block);
+    char *mine = lm + N * block;
+    int rc = tally_allgather(h->cross, send, mine, sendcount, t);
+    if (!rc) rc = tally_allgather(h->host, mine, lm, (size_t)h->hosts * sendcount, t);
+    if (!rc) reorder(h, lm, recv, block, 0);
+    return rc;
+}
+
+static double lv_cost(const void *h, int coll, size_t bytes) { return tally__hier_cost(h, coll, bytes); }
+static void lv_explain(const void *h, int coll, size_t bytes, char *buf, size_t n) {
+    tally__hier_explain(h, coll, bytes, buf, n);
+}
+static int lv_allreduce(void *h, const void *s, void *r, size_t n, tally_dtype t, tally_op op) {
+    return tally__hier_allreduce(h, s, r, n, t, op);
+}
+static int lv_reduce_scatter(void *h, const void *s, void *r, size_t n, tally_dtype t, tally_op op) {
+    return tally__hier_reduce_scatter(h, s, r, n, t, op);
+}
+static int lv_allgather(void *h, const void *s, void *r, size_t n, tally_dtype t) {
+    return tally__hier_allgather(h, s, r, n, t);
+}
+static void lv_release(void *arg, int abandon) {
+    tally__hier *h = arg;
+    if (abandon) { /* the world was aborted: its levels go without goodbyes too */
+        tally_comm_abort(h->host);
+        tally_comm_abort(h->cross);
+        h->host = h->cross = NULL;
+    }
+    tally__hier_free(h);
+}
+
+tally__levels tally__hier_levels(tally__hier *h) {
+    return (tally__levels){.h = h,
+                           .cost = lv_cost,
+                           .explain = lv_explain,
+                           .allreduce = lv_allreduce,
+                           .reduce_scatter = lv_reduce_scatter,
+                           .allgather = lv_allgather,
+                           .release = lv_release};
+}

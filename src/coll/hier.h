@@ -1,0 +1,44 @@
+/* hier.h - collectives by level when ranks span hosts: a reduce-scatter inside each host (its own
+ * communicator: shm), an allreduce of each shard with the same local rank on the other hosts (tcp), an
+ * all-gather inside the host; as NCCL, Horovod's hierarchical allreduce and Open MPI's han do. */
+#ifndef TALLY_COLL_HIER_H
+#define TALLY_COLL_HIER_H
+
+#include <stddef.h>
+#include <tally.h>
+
+#include "coll.h"
+
+typedef struct tally__hier {
+    tally_comm *host;  /* this rank's host: rank = local index */
+    tally_comm *cross; /* the ranks of this local index on every host: rank = host index */
+    int hosts, per_host, local, host_index;
+    int *world_of;                     /* [hosts * per_host]: the world rank of (host h, local i) at h * per_host + i */
+    tally__cost host_cost, cross_cost; /* agreed over the world: the slowest host's, the slowest link's */
+    void *tmp;                         /* scratch for the shard and the reordered blocks */
+    size_t tmp_bytes;
+} tally__hier;
+
+/* Whether the world's layout has levels: two or more hosts (as the peer table tells them apart), each
+ * with the same number of ranks, two or more. */
+int tally__hier_possible(const struct tally__boot *boot, int size);
+/* Makes the host and cross communicators (splits of world, collective over it) and agrees the two
+ * levels' cost figures; *out NULL when the layout has no levels. */
+int tally__hier_init(tally_comm *world, const struct tally__boot *boot, tally__hier **out);
+void tally__hier_free(tally__hier *h);
+/* h as the world's dispatch calls it (coll.h's tally__levels). */
+tally__levels tally__hier_levels(tally__hier *h);
+/* Predicted seconds (tally__algo_cost's convention for bytes) with each level's cheapest algorithm;
+ * HUGE_VAL for what has no hierarchical form (broadcast, barrier). */
+double tally__hier_cost(const tally__hier *h, int coll, size_t bytes);
+/* The level costs behind tally__hier_cost, for TALLY_DEBUG: "host rs 12.0 us + hosts allreduce ..." */
+void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n);
+
+/* The collectives, with the public calls' meaning (op AVG finished here: sums at both levels, one
+ * division by the world's size). */
+int tally__hier_allreduce(tally__hier *h, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);
+int tally__hier_reduce_scatter(tally__hier *h, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                               tally_op op);
+int tally__hier_allgather(tally__hier *h, const void *send, void *recv, size_t sendcount, tally_dtype t);
+
+#endif

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <tally/optim.h>
 
+#include "coll/coll.h"
 #include "harness.h"
 #include "nn/model.h"
 #include "plan/plan.h"
@@ -203,6 +204,48 @@ static int balanced(const char *s) {
     return depth == 0 && !in_str;
 }
 
+/* Hosts: on one host the link inside; across hosts the flat algorithms take the slower link, and hier is
+ * the host reduce-scatter + the shard's allreduce between hosts (the host's link shared by its M shards)
+ * + the host all-gather, each level's cheapest algorithm; auto takes the cheaper. */
+static double cheapest(const tally__cost *m, int coll, int n, double bytes) {
+    double best = HUGE_VAL;
+    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+        double t = tally__algo_cost(m, a, coll, n, (size_t)bytes);
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+static void test_hosts(void) {
+    tally__plan_cfg c;
+    tally__plan_cfg_default(&c);
+    c.params = 1000000;
+    c.hosts = 2;
+    c.per_host = 2;
+    c.workers = 4;
+    c.cost = (tally__cost){.alpha = 1e-6, .beta = 1.0 / 5e9, .gamma = 1.0 / 10e9};
+    c.net = (tally__cost){.alpha = 2e-5, .beta = 1.0 / 125e6, .gamma = 0};
+    const double S = 4e6;
+    tally__cost slow = {.alpha = 2e-5, .beta = 1.0 / 125e6, .gamma = 1.0 / 10e9},
+                shared = {.alpha = 2e-5, .beta = 2.0 / 125e6, .gamma = 1.0 / 10e9};
+    double ring = tally__algo_cost(&slow, TALLY__ALGO_RING, TALLY__ALLREDUCE, 4, (size_t)S);
+    double hier = cheapest(&c.cost, TALLY__REDUCE_SCATTER, 2, S) + cheapest(&shared, TALLY__ALLREDUCE, 2, S / 2) +
+                  cheapest(&c.cost, TALLY__ALLGATHER, 2, S);
+    double got_ring = tally__plan_allreduce_on(&c, TALLY__ALGO_RING, 4, S).seconds,
+           got_hier = tally__plan_allreduce_on(&c, TALLY__ALGO_HIER, 4, S).seconds,
+           got_auto = tally__plan_allreduce_on(&c, TALLY__ALGO_AUTO, 4, S).seconds;
+    TH_CHECK(fabs(got_ring - ring) <= 1e-12 * ring && fabs(got_hier - hier) <= 1e-12 * hier &&
+                 got_auto == fmin(got_ring, got_hier) && hier < ring,
+             "2 hosts x 2: ring %.6g (want %.6g), hier %.6g (want %.6g), auto %.6g", got_ring, ring, got_hier, hier,
+             got_auto);
+    double one_host = tally__plan_allreduce_on(&c, TALLY__ALGO_RING, 2, S).seconds;
+    TH_CHECK(one_host == tally__algo_cost(&c.cost, TALLY__ALGO_RING, TALLY__ALLREDUCE, 2, (size_t)S) &&
+                 tally__plan_has_levels(&c, 4) && !tally__plan_has_levels(&c, 2) && !tally__plan_has_levels(&c, 3),
+             "2 ranks fit one host: %.6g; levels at 4, not 2 or 3", one_host);
+    printf("  2 hosts x 2, 4 MB at 1 Gbit/s between hosts: ring %.1f ms, hier %.1f ms\n", 1e3 * got_ring,
+           1e3 * got_hier);
+}
+
 static void test_cli(void) {
     static char out[1 << 16];
     int st = run("--params 7.5G --workers 64 --precision mixed", out, sizeof out);
@@ -234,6 +277,9 @@ static void test_cli(void) {
     TH_CHECK(st == 0 && strstr(out, "3257856 parameters") && strstr(out, "GPT L4 C256 H4 T128 V256") &&
                  strstr(out, "20.84 M FLOP/token"),
              "--model gpt: exit %d\n%s", st, out);
+    st = run("--model gpt --hosts 4 --ranks-per-host 2 --net-bandwidth 1Gbps", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "8 workers") && strstr(out, "layout: 4 hosts x 2 ranks") && strstr(out, "  hier "),
+             "--hosts 4 --ranks-per-host 2: exit %d\n%s", st, out);
     st = run("--model gpt --layers 48 --width 1600 --heads 25 --context 1024 --workers 64 --zero 3", out, sizeof out);
     TH_CHECK(st == 0 && strstr(out, "1477609600 parameters") && strstr(out, "9.79 G FLOP/token"),
              "--model gpt shaped as GPT-2 XL (byte vocabulary): exit %d\n%s", st, out);
@@ -247,7 +293,11 @@ static void test_cli(void) {
                          "--params 1G --workers 4 --optimizer lion",
                          "--params 1G --workers 4 --algo fastest",
                          "--params 1G --workers 4 --model mlp",
-                         "--params 1G --workers 4 extra"};
+                         "--params 1G --workers 4 extra",
+                         "--params 1G --hosts 2",
+                         "--params 1G --hosts 2 --ranks-per-host 2 --workers 5",
+                         "--params 1G --workers 4 --algo hier",
+                         "--params 1G --hosts 2 --ranks-per-host 2 --net-bandwidth fast"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         st = run(bad[i], out, sizeof out);
         TH_CHECK(st == 2 && strstr(out, "tally plan: ") && strstr(out, "tally plan --help"),
@@ -262,6 +312,7 @@ int main(void) {
     test_step();
     test_amdahl();
     test_units();
+    test_hosts();
     test_cli();
     return th_verdict("test_plan");
 }

@@ -42,8 +42,9 @@ static void plan_usage(FILE *out) {
         "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
         "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear|gpt\n"
         "                  [--hidden W1,W2,...] [--layers L --width C --heads H --context T]] [--compute GFLOPS]\n"
-        "                  [--bandwidth 25Gbps] [--latency 5us]\n"
-        "                  [--algo ring|tree|rhd|direct|all] [--bucket-mb M] [--calibrate] [--json]\n"
+        "                  [--bandwidth 25Gbps] [--latency 5us] [--hosts H --ranks-per-host M]\n"
+        "                  [--net-bandwidth 10Gbps] [--net-latency 20us]\n"
+        "                  [--algo ring|tree|rhd|direct|hier|all] [--bucket-mb M] [--calibrate] [--json]\n"
         "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
         "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
         "overlap, and Amdahl's speed-up over N = 1, 2, 4, ... up to --workers.\n"
@@ -56,6 +57,9 @@ static void plan_usage(FILE *out) {
         "  --calibrate measures this machine instead of taking flags: compute (the model's own layers\n"
         "  with --model, else single-thread sgemm), the optimizer update, and alpha/beta/gamma of the shm\n"
         "  and tcp links (2 local ranks each; shm's used when N fits this host's CPUs, else tcp's).\n"
+        "  --hosts H --ranks-per-host M: H hosts of M ranks (N = H x M); --bandwidth and --latency are then\n"
+        "  the link inside a host, --net-bandwidth and --net-latency the one between hosts (10Gbps, 20us),\n"
+        "  and the hierarchical algorithm (hier, as the library runs it) is weighed beside the flat ones.\n"
         "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
 }
 
@@ -84,7 +88,11 @@ enum {
     O_CALIB_BYTES,
     O_WIDTH,
     O_HEADS,
-    O_CONTEXT
+    O_CONTEXT,
+    O_HOSTS,
+    O_PER_HOST,
+    O_NET_BW,
+    O_NET_LAT
 };
 
 static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
@@ -110,6 +118,10 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
                                            {"width", 1, 0, O_WIDTH},
                                            {"heads", 1, 0, O_HEADS},
                                            {"context", 1, 0, O_CONTEXT},
+                                           {"hosts", 1, 0, O_HOSTS},
+                                           {"ranks-per-host", 1, 0, O_PER_HOST},
+                                           {"net-bandwidth", 1, 0, O_NET_BW},
+                                           {"net-latency", 1, 0, O_NET_LAT},
                                            {"help", 0, 0, 'h'},
                                            {0, 0, 0, 0}};
 
@@ -188,6 +200,10 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_WIDTH: return parse_int(a, 1, 1 << 20, &o->mcfg.embd);
     case O_HEADS: return parse_int(a, 1, 1 << 16, &o->mcfg.heads);
     case O_CONTEXT: return parse_int(a, 1, 1 << 24, &o->mcfg.in_dim);
+    case O_HOSTS: return parse_int(a, 1, 1 << 20, &c->hosts);
+    case O_PER_HOST: return parse_int(a, 1, 1 << 16, &c->per_host);
+    case O_NET_BW: return parse_bandwidth(a, &c->net);
+    case O_NET_LAT: return tally__plan_parse_time(a, &c->net.alpha);
     default: return -1;
     }
 }
@@ -210,11 +226,15 @@ static const char *plan_accepts(int ch) {
     case O_WIDTH:
     case O_HEADS:
     case O_CONTEXT: return "it takes a whole number (K, M allowed)";
+    case O_HOSTS: return "it takes a whole number of hosts in 1..1048576";
+    case O_PER_HOST: return "it takes a whole number of ranks per host in 1..65536";
+    case O_NET_BW: return "it takes a rate > 0 whose unit says bits or bytes: 10Gbps, 1.25GB/s";
+    case O_NET_LAT: return "it takes a time >= 0 with its unit: 20us, 1.5ms";
     case O_HIDDEN: return "it takes up to 16 comma-separated widths, each a whole number in 1..1048576 (512,256)";
     case O_COMPUTE: return "it takes GFLOP/s > 0 (a bare number), or a rate with its unit: 100, 1.5TFLOPS";
     case O_BW: return "it takes a rate > 0 whose unit says bits or bytes: 25Gbps, 10GB/s, 800MiB/s";
     case O_LAT: return "it takes a time >= 0 with its unit: 5us, 1.5ms, 100ns, 2s";
-    case O_ALGO: return "it takes ring, tree, rhd, direct or all";
+    case O_ALGO: return "it takes ring, tree, rhd, direct, hier (with --hosts) or all";
     case O_BUCKET: return "it takes a number of MiB > 0 (K, M, G, T allowed)";
     default: return "see tally plan --help";
     }
@@ -226,10 +246,22 @@ static int plan_flag(int ch, const char *flag, const char *a, void *ctx) {
 }
 
 /* Combinations that cannot mean anything: say which and return -1. */
-static int plan_check(const plan_opts *o) {
+static int plan_check(plan_opts *o) {
     const char *why = NULL;
-    if (!o->have_workers)
-        why = "--workers N is required";
+    tally__plan_cfg *c = &o->cfg;
+    if ((c->hosts > 0) != (c->per_host > 0))
+        why = "--hosts and --ranks-per-host go together";
+    else if (c->hosts > 0 && o->have_workers && c->workers != c->hosts * c->per_host)
+        why = "--workers must be --hosts x --ranks-per-host (or left out)";
+    else if (c->hosts > 0 && (double)c->hosts * c->per_host > (1 << 24))
+        why = "--hosts x --ranks-per-host is more than 16777216 ranks";
+    else if (c->hosts == 0 && c->algo == TALLY__ALGO_HIER)
+        why = "--algo hier needs --hosts and --ranks-per-host";
+    if (!why && c->hosts > 0 && !o->have_workers) c->workers = c->hosts * c->per_host, o->have_workers = 1;
+    if (why)
+        ;
+    else if (!o->have_workers)
+        why = "--workers N (or --hosts and --ranks-per-host) is required";
     else if (o->model < 0 && !o->have_params)
         why = "--params P (or --model) is required";
     else if (o->model >= 0 && o->have_params)
@@ -430,6 +462,10 @@ static void print_header(const plan_opts *o) {
     printf("  links (%s): alpha %s, beta 1/(%s/s), gamma 1/(%s/s) reduced; compute %.1f GFLOP/s per rank (%s)\n",
            o->link_source, fmt_time(c->cost.alpha, b1), fmt_bytes(1 / c->cost.beta, b2),
            fmt_bytes(1 / c->cost.gamma, b3), c->gflops, o->flops_source);
+    if (c->hosts > 0)
+        printf("  layout: %d hosts x %d ranks; those links inside a host, between hosts (--net-latency, "
+               "--net-bandwidth) alpha %s, beta 1/(%s/s); flat algorithms across hosts take the slower of the two\n",
+               c->hosts, c->per_host, fmt_time(c->net.alpha, b1), fmt_bytes(1 / c->net.beta, b2));
 }
 
 /* One link's figures, and its measured allreduce of S beside what the model says of it. */
@@ -491,16 +527,19 @@ static void print_algos(const plan_opts *o) {
     char b[4][24];
     printf("\ncommunication per step: allreduce of S = %s of gradients over N = %d\n", fmt_bytes(S, b[0]), n);
     printf("  %-7s %10s %12s %12s %12s\n", "algo", "rounds", "bytes/rank", "sent/rank", "time");
-    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
-        if (!o->show_all && a != c->algo) continue;
-        tally__plan_comm r = tally__plan_allreduce(&c->cost, a, n, S);
+    for (int a = TALLY__ALGO_RING; a <= TALLY__ALGO_HIER; a++) {
+        if ((!o->show_all && a != c->algo) || (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, n))) continue;
+        tally__plan_comm r = tally__plan_allreduce_on(c, a, n, S);
         printf("  %-7s %10.0f %12s %12s %12s\n", tally__algo_name(a), r.rounds, fmt_bytes(r.bytes, b[0]),
-               fmt_bytes(r.sent, b[1]), fmt_time(r.seconds, b[2]));
+               r.sent >= 0 ? fmt_bytes(r.sent, b[1]) : "-", fmt_time(r.seconds, b[2]));
     }
     printf("  rounds, bytes/rank: messages and bytes in sequence at the busiest rank, the alpha and beta terms\n"
            "  of the library's cost model (ring 2(N-1), 2S(N-1)/N; direct: the root receives, then sends,\n"
            "  2(N-1)S); sent/rank: what that rank sends as the code does (tally train's \"bytes sent\");\n"
-           "  time: alpha-beta-gamma.\n");
+           "  time: alpha-beta-gamma.%s\n",
+           tally__plan_has_levels(c, n) ? " hier: reduce-scatter in each host, the shard's allreduce between\n"
+                                          "  hosts, all-gather in each host, each level's cheapest algorithm"
+                                        : "");
 }
 
 static const char *const zero_what[4] = {"allreduce in buckets, overlapped with backward",
@@ -631,13 +670,14 @@ static void json_comm(const plan_opts *o) {
     printf("  \"comm\": {");
     json_num("gradient_bytes", S, ", \"algorithms\": [\n");
     int first = 1;
-    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
-        if (!o->show_all && a != c->algo) continue;
-        tally__plan_comm r = tally__plan_allreduce(&c->cost, a, c->workers, S);
+    for (int a = TALLY__ALGO_RING; a <= TALLY__ALGO_HIER; a++) {
+        if ((!o->show_all && a != c->algo) || (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, c->workers)))
+            continue;
+        tally__plan_comm r = tally__plan_allreduce_on(c, a, c->workers, S);
         printf("%s    {\"algo\": \"%s\", ", first ? "" : ",\n", tally__algo_name(a));
         json_num("rounds", r.rounds, ", ");
         json_num("bytes", r.bytes, ", ");
-        json_num("sent", r.sent, ", ");
+        json_num("sent", r.sent >= 0 ? r.sent : NAN, ", "); /* null: not computed (hier) */
         json_num("seconds", r.seconds, "}");
         first = 0;
     }

@@ -60,7 +60,13 @@ static int agree_costs(tally_comm *world, tally__hier *h) {
     if (rc) return rc;
     h->host_cost = (tally__cost){.alpha = v[0], .beta = v[1], .gamma = v[2]};
     h->cross_cost = (tally__cost){.alpha = v[3], .beta = v[4], .gamma = v[5]};
+    tally__hier_share_link(h);
     return 0;
+}
+
+void tally__hier_share_link(tally__hier *h) {
+    h->cross_busy = h->cross_cost;
+    h->cross_busy.beta *= h->per_host;
 }
 
 int tally__hier_init(tally_comm *world, const tally__boot *boot, tally__hier **out) {
@@ -98,43 +104,38 @@ static double best(const tally__cost *c, int coll, int n, size_t bytes, int *alg
     return t;
 }
 
-/* The three steps' predictions (0 for a step the collective does not take). */
-static void steps(const tally__hier *h, int coll, size_t bytes, double t[3], int a[3]) {
-    size_t shard = bytes / (size_t)h->per_host;
-    t[0] = t[1] = t[2] = 0;
-    a[0] = a[1] = a[2] = TALLY__ALGO_AUTO;
+void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier_step s[3]) {
+    memset(s, 0, 3 * sizeof *s);
     if (coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER)
-        t[0] = best(&h->host_cost, TALLY__REDUCE_SCATTER, h->per_host, bytes, &a[0]);
+        s[0] = (tally__hier_step){TALLY__REDUCE_SCATTER, h->per_host, 0, bytes, &h->host_cost, 0};
+    s[1] = (tally__hier_step){coll, h->hosts, 0, bytes / (size_t)h->per_host, &h->cross_busy, 0};
     if (coll == TALLY__ALLREDUCE || coll == TALLY__ALLGATHER)
-        t[2] = best(&h->host_cost, TALLY__ALLGATHER, h->per_host, bytes, &a[2]);
-    int cross = coll == TALLY__ALLREDUCE ? TALLY__ALLREDUCE : coll;
-    t[1] = best(&h->cross_cost, cross, h->hosts, shard, &a[1]);
+        s[2] = (tally__hier_step){TALLY__ALLGATHER, h->per_host, 0, bytes, &h->host_cost, 0};
+    for (int k = 0; k < 3; k++)
+        if (s[k].cost) s[k].seconds = best(s[k].cost, s[k].coll, s[k].n, s[k].bytes, &s[k].algo);
 }
 
 double tally__hier_cost(const tally__hier *h, int coll, size_t bytes) {
     if (coll != TALLY__ALLREDUCE && coll != TALLY__REDUCE_SCATTER && coll != TALLY__ALLGATHER) return HUGE_VAL;
-    double t[3];
-    int a[3];
-    steps(h, coll, bytes, t, a);
-    return t[0] + t[1] + t[2];
+    tally__hier_step s[3];
+    tally__hier_steps(h, coll, bytes, s);
+    return s[0].seconds + s[1].seconds + s[2].seconds;
 }
 
 void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n) {
-    double t[3];
-    int a[3];
-    steps(h, coll, bytes, t, a);
-    static const char *const what[3] = {"reduce-scatter in each host", "between hosts", "all-gather in each host"};
+    static const char *const where[3] = {"in each host", "between hosts", "in each host"};
+    static const char *const coll_name[] = {[TALLY__ALLREDUCE] = "allreduce",
+                                            [TALLY__REDUCE_SCATTER] = "reduce-scatter",
+                                            [TALLY__ALLGATHER] = "all-gather"};
+    tally__hier_step s[3];
+    tally__hier_steps(h, coll, bytes, s);
     size_t used = 0;
     buf[0] = '\0';
-    for (int k = 0; k < 3 && used < n; k++) {
-        if (a[k] == TALLY__ALGO_AUTO) continue;
-        const char *cross = k == 1 ? (coll == TALLY__ALLREDUCE   ? "allreduce "
-                                      : coll == TALLY__ALLGATHER ? "all-gather "
-                                                                 : "reduce-scatter ")
-                                   : "";
-        used += (size_t)snprintf(buf + used, n - used, "%s%s %s%s %.1f us on %d ranks", used ? " + " : "", what[k],
-                                 cross, tally__algo_name(a[k]), 1e6 * t[k], k == 1 ? h->hosts : h->per_host);
-    }
+    for (int k = 0; k < 3 && used < n; k++)
+        if (s[k].cost)
+            used += (size_t)snprintf(buf + used, n - used, "%s%s %s %s %.1f us on %d ranks", used ? " + " : "",
+                                     coll_name[s[k].coll], where[k], tally__algo_name(s[k].algo), 1e6 * s[k].seconds,
+                                     s[k].n);
 }
 
 static void *scratch(tally__hier *h, size_t bytes) {

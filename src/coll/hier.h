@@ -15,10 +15,14 @@ typedef struct tally__hier {
     int hosts, per_host, local, host_index;
     int *world_of;                     /* [hosts * per_host]: the world rank of (host h, local i) at h * per_host + i */
     tally__cost host_cost, cross_cost; /* agreed over the world: the slowest host's, the slowest link's */
+    tally__cost cross_busy;            /* cross_cost as the shards meet it: all per_host of them at once on the
+                                        * host's one link, so its beta per_host times over */
     void *tmp;                         /* scratch for the shard and the reordered blocks */
     size_t tmp_bytes;
 } tally__hier;
 
+/* Sets h->cross_busy from h->cross_cost (after either is set). */
+void tally__hier_share_link(tally__hier *h);
 /* Whether the world's layout has levels: two or more hosts (as the peer table tells them apart), each
  * with the same number of ranks, two or more. */
 int tally__hier_possible(const struct tally__boot *boot, int size);
@@ -31,6 +35,17 @@ tally__levels tally__hier_levels(tally__hier *h);
 /* Predicted seconds (tally__algo_cost's convention for bytes) with each level's cheapest algorithm;
  * HUGE_VAL for what has no hierarchical form (broadcast, barrier). */
 double tally__hier_cost(const tally__hier *h, int coll, size_t bytes);
+/* One step of a hierarchical collective as the model sees it: which collective on which level, its
+ * ranks and bytes (tally__algo_cost's convention), the cheapest algorithm there and its seconds (all 0
+ * and AUTO for a step the collective does not take). */
+typedef struct tally__hier_step {
+    int coll, n, algo;
+    size_t bytes;
+    const tally__cost *cost;
+    double seconds;
+} tally__hier_step;
+/* The steps of coll on `bytes`: [0] in each host, [1] between hosts, [2] in each host again. */
+void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier_step s[3]);
 /* The level costs behind tally__hier_cost, for TALLY_DEBUG: "host rs 12.0 us + hosts allreduce ..." */
 void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n);
 

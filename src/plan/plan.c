@@ -10,6 +10,7 @@
 #include <tally/optim.h>
 
 #include "../coll/blocks.h"
+#include "../coll/hier.h"
 #include "../core/parse.h"
 #include "../core/sig.h"
 #include "memory.h"
@@ -25,6 +26,7 @@ void tally__plan_cfg_default(tally__plan_cfg *c) {
     c->gflops = 100;
     c->bucket_bytes = 25.0 * 1048576.0; /* tally train's --bucket-mb default, as PyTorch DDP */
     c->cost = (tally__cost){.alpha = 5e-6, .beta = 8.0 / 25e9, .gamma = 1.0 / 10e9};
+    c->net = (tally__cost){.alpha = 20e-6, .beta = 8.0 / 10e9, .gamma = 1.0 / 10e9};
     c->algo = TALLY__ALGO_AUTO;
 }
 
@@ -82,15 +84,63 @@ static double model_at(int algo, int coll, int n, double bytes, double a, double
     return tally__algo_cost(&m, algo, coll, n, (size_t)bytes);
 }
 
-/* Adds `times` collectives of `bytes` to acc, resolving AUTO per call as the library does. */
+/* Adds `times` collectives of `bytes` on one link class to acc, AUTO resolved as the library does. */
 static void comm_add(tally__plan_comm *acc, const tally__cost *m, int algo, int coll, int n, double bytes,
                      double times) {
     if (times <= 0 || n <= 1) return;
-    int a = algo == TALLY__ALGO_AUTO ? tally__algo_choose(m, coll, n, (size_t)bytes) : algo;
+    int a = algo == TALLY__ALGO_AUTO || algo == TALLY__ALGO_HIER ? tally__algo_choose(m, coll, n, (size_t)bytes) : algo;
     acc->rounds += times * model_at(a, coll, n, bytes, 1, 0, 0);
     acc->bytes += times * model_at(a, coll, n, bytes, 0, 1, 0);
     acc->seconds += times * tally__algo_cost(m, a, coll, n, (size_t)bytes);
     if (acc->sent >= 0) acc->sent = coll == TALLY__ALLREDUCE ? acc->sent + times * tally__plan_sent(a, n, bytes) : -1;
+}
+
+int tally__plan_has_levels(const tally__plan_cfg *c, int n) {
+    return c->hosts > 1 && c->per_host >= 2 && n > c->per_host && n % c->per_host == 0;
+}
+
+/* The flat algorithms' link on n ranks of c's layout: inside a host, or across the slower of both. */
+static tally__cost flat_link(const tally__plan_cfg *c, int n) {
+    tally__cost m = c->cost;
+    if (c->hosts > 1 && n > (c->per_host > 0 ? c->per_host : 1)) {
+        m.alpha = fmax(m.alpha, c->net.alpha);
+        m.beta = fmax(m.beta, c->net.beta);
+    }
+    return m;
+}
+
+static tally__hier levels_of(const tally__plan_cfg *c, int n) {
+    tally__hier h = {.hosts = n / c->per_host, .per_host = c->per_host, .host_cost = c->cost, .cross_cost = c->net};
+    h.cross_cost.gamma = c->cost.gamma;
+    tally__hier_share_link(&h);
+    return h;
+}
+
+/* Adds `times` collectives of `bytes` on c's layout of n ranks: flat, or by level (each step with its
+ * level's rounds and bytes; sent not computed), AUTO taking the cheaper. */
+static void layout_add(tally__plan_comm *acc, const tally__plan_cfg *c, int algo, int coll, int n, double bytes,
+                       double times) {
+    tally__cost flat = flat_link(c, n);
+    int levels = tally__plan_has_levels(c, n);
+    tally__hier h = levels ? levels_of(c, n) : (tally__hier){0};
+    int hier = levels && algo == TALLY__ALGO_HIER;
+    if (levels && algo == TALLY__ALGO_AUTO) {
+        int a = tally__algo_choose(&flat, coll, n, (size_t)bytes);
+        hier = tally__hier_cost(&h, coll, (size_t)bytes) < tally__algo_cost(&flat, a, coll, n, (size_t)bytes);
+    }
+    if (!hier || tally__hier_cost(&h, coll, (size_t)bytes) == HUGE_VAL) {
+        comm_add(acc, &flat, algo, coll, n, bytes, times);
+        return;
+    }
+    tally__hier_step st[3];
+    tally__hier_steps(&h, coll, (size_t)bytes, st);
+    for (int k = 0; k < 3; k++)
+        if (st[k].cost && times > 0) {
+            acc->rounds += times * model_at(st[k].algo, st[k].coll, st[k].n, (double)st[k].bytes, 1, 0, 0);
+            acc->bytes += times * model_at(st[k].algo, st[k].coll, st[k].n, (double)st[k].bytes, 0, 1, 0);
+            acc->seconds += times * st[k].seconds;
+        }
+    acc->sent = -1;
 }
 
 /* Ranks a tree rank sends the whole vector to: its parent (up) and its children (down). */
@@ -120,6 +170,12 @@ tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, do
     return r;
 }
 
+tally__plan_comm tally__plan_allreduce_on(const tally__plan_cfg *c, int algo, int n, double S) {
+    tally__plan_comm r = {.algo = algo};
+    layout_add(&r, c, algo, TALLY__ALLREDUCE, n, S, 1);
+    return r;
+}
+
 /* Stage 0: the DDP engine allreduces buckets of bucket_bytes (the last one shorter). */
 static double bucket_count(const tally__plan_cfg *c, double S) {
     double b = c->bucket_bytes > 0 ? c->bucket_bytes : S;
@@ -139,8 +195,8 @@ static void zero_comm(tally__plan_comm *r, const tally__plan_cfg *c, int stage, 
     double K = c->accum, nl = c->nlayers > 0 ? c->nlayers : 1, per = S / nl;
     double rs = stage == 1 ? nl : K * nl, ag = stage == 3 ? K * (2 * nl) : nl;
     if (stage == 3 && c->nlayers > 0) ag = K * (2 * nl - 1) - (K - 1);
-    comm_add(r, &c->cost, algo, TALLY__REDUCE_SCATTER, n, per, rs);
-    comm_add(r, &c->cost, algo, TALLY__ALLGATHER, n, per, ag);
+    layout_add(r, c, algo, TALLY__REDUCE_SCATTER, n, per, rs);
+    layout_add(r, c, algo, TALLY__ALLGATHER, n, per, ag);
 }
 
 tally__plan_comm tally__plan_step_comm(const tally__plan_cfg *c, int stage, int algo, int n) {
@@ -148,8 +204,8 @@ tally__plan_comm tally__plan_step_comm(const tally__plan_cfg *c, int stage, int 
     double S = tally__plan_grad_bytes(c);
     if (stage == 0) {
         double nb = bucket_count(c, S), last = last_bucket(c, S);
-        comm_add(&r, &c->cost, algo, TALLY__ALLREDUCE, n, nb > 1 ? c->bucket_bytes : last, nb - 1);
-        comm_add(&r, &c->cost, algo, TALLY__ALLREDUCE, n, last, 1);
+        layout_add(&r, c, algo, TALLY__ALLREDUCE, n, nb > 1 ? c->bucket_bytes : last, nb - 1);
+        layout_add(&r, c, algo, TALLY__ALLREDUCE, n, last, 1);
     } else {
         r.sent = -1;
         zero_comm(&r, c, stage, algo, n, S);
@@ -161,7 +217,8 @@ int tally__plan_pick_algo(const tally__plan_cfg *c, int stage, int n) {
     if (c->algo != TALLY__ALGO_AUTO) return c->algo;
     int best = TALLY__ALGO_RING;
     double best_s = HUGE_VAL;
-    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+    for (int a = TALLY__ALGO_RING; a <= TALLY__ALGO_HIER; a++) {
+        if (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, n)) continue;
         double s = tally__plan_step_comm(c, stage, a, n).seconds;
         if (s < best_s) best = a, best_s = s;
     }
@@ -193,7 +250,7 @@ tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n) {
     s.comm = cm.seconds;
     double S = tally__plan_grad_bytes(c);
     s.buckets = c->zero == 0 ? (int)bucket_count(c, S) : 0;
-    s.comm_last = c->zero == 0 ? tally__plan_allreduce(&c->cost, c->algo, n, last_bucket(c, S)).seconds : s.comm;
+    s.comm_last = c->zero == 0 ? tally__plan_allreduce_on(c, c->algo, n, last_bucket(c, S)).seconds : s.comm;
     double bwd_last = s.backward / K; /* the engine reduces during the last micro-batch only */
     s.t_sum = s.compute + s.comm + s.update;
     s.t_max = s.compute - bwd_last + fmax(bwd_last, s.comm) + s.update;

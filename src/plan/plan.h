@@ -25,7 +25,9 @@ typedef struct tally__plan_cfg {
     double gflops;              /* compute rate of one rank */
     double update_s_per_param;  /* measured optimizer update; 0: estimate from memory traffic */
     double bucket_bytes;        /* the DDP engine's bucket (tally train: 25 MiB) */
-    tally__cost cost;           /* alpha, beta, gamma of the links */
+    tally__cost cost;           /* alpha, beta, gamma of the links (inside a host, when hosts are given) */
+    int hosts, per_host;        /* > 1 hosts of per_host ranks each: a job of n ranks fills hosts in turn */
+    tally__cost net;            /* with hosts: the link between hosts (its gamma unused: reduced on the ranks) */
     int algo;                   /* TALLY__ALGO_AUTO: the cheapest, per collective, as the library picks */
 } tally__plan_cfg;
 
@@ -62,6 +64,13 @@ typedef struct tally__plan_comm {
 
 /* An allreduce of S bytes over n ranks with one algorithm (not AUTO). */
 tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, double S);
+/* The same on c's layout of n ranks: on one host, c->cost; across hosts, the flat algorithms cross
+ * the slower link (both links' larger alpha and beta) and TALLY__ALGO_HIER runs by level (the library's
+ * hier.c steps, each level's cheapest algorithm), when n fills whole hosts of two or more; AUTO picks as
+ * the library does. */
+tally__plan_comm tally__plan_allreduce_on(const tally__plan_cfg *c, int algo, int n, double S);
+/* Whether c's layout of n ranks has levels (TALLY__ALGO_HIER applies). */
+int tally__plan_has_levels(const tally__plan_cfg *c, int n);
 /* Bytes the busiest rank sends in an allreduce of S bytes, as ring.c, rhd.c, tree.c, direct.c do. */
 double tally__plan_sent(int algo, int n, double S);
 /* The gradient (and, stages 1-3, parameter) traffic of one step of ZeRO stage `stage`:

@@ -2,6 +2,7 @@
  * and groups (key order, ties by rank, TALLY_COLOR_NONE), collectives on the new communicators exact and
  * confined to their group, a split of a split, one that outlives its parent, hosts by TALLY_HOST; and
  * the guarantees: a dead member and a mismatched call are errors naming the world's rank. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@
 #include "harness.h"
 
 typedef struct result {
-    int rank, size, null, rc;
+    int rank, size, null, rc, done;
     char transport[16];
     double sum;
     char msg[800];
@@ -20,6 +21,7 @@ typedef struct result {
 static result *R; /* [TH_MAX_RANKS], shared */
 
 static void record(int world, tally_comm *c, int rc) {
+    R[world].done = 1;
     R[world].rc = rc;
     R[world].null = c == NULL;
     if (c) {
@@ -164,6 +166,38 @@ static void test_faults(void) {
            R[0].msg);
 }
 
+/* A stopped member (SIGSTOP: hung, as under a debugger) is TALLY_E_TIMEOUT after TALLY_TIMEOUT on the
+ * others of its split, naming it by its world rank; the harness kills it at the end. */
+static int fn_stopped(int rank, int n, void *arg) {
+    tally_comm *w, *c = NULL;
+    if (tally_comm_init(&w)) return 1;
+    int rc = tally_comm_split(w, rank % 2, rank, &c);
+    if (!rc && rank == 3) raise(SIGSTOP);
+    float v[4] = {0};
+    double t0 = th_now();
+    if (!rc) rc = tally_allreduce(c, v, v, 4, TALLY_F32, TALLY_SUM);
+    record(rank, c, rc);
+    R[rank].sum = th_now() - t0;
+    tally_comm_abort(c);
+    tally_comm_abort(w);
+    return 0;
+}
+
+static void test_stopped(void) {
+    th_opts o = {.timeout_s = 2, .wall_s = 30};
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_job job;
+    if (th_start(&job, 4, &o, fn_stopped, NULL)) return;
+    double t0 = th_now(); /* the stopped rank goes once the others have their answers */
+    while (th_now() - t0 < 20 && !(R[0].done && R[1].done && R[2].done)) usleep(10000);
+    kill(job.pid[3], SIGKILL);
+    th_wait(&job, 10);
+    TH_CHECK(R[1].rc == TALLY_E_TIMEOUT && strstr(R[1].msg, "rank 1 (world rank 3)") && R[1].sum < 8,
+             "a stopped member: world rank 1 got %d '%s' after %.1f s", R[1].rc, R[1].msg, R[1].sum);
+    TH_CHECK(R[0].rc == 0 && R[2].rc == 0, "the other group: %d, %d", R[0].rc, R[2].rc);
+    printf("  a stopped member, seen by world rank 1: %s\n", R[1].msg);
+}
+
 /* The hierarchy's levels are splits the world makes itself: world rank 3 dies while the others are in a
  * hierarchical allreduce (hosts a, a, b, b); each of them gets an error naming it, not a hang. */
 static int fn_hier_death(int rank, int n, void *arg) {
@@ -222,6 +256,7 @@ int main(void) {
     test_hosts();
     test_faults();
     test_hier_death();
+    test_stopped();
     test_refusals();
     th_shared_free(R, sizeof *R * TH_MAX_RANKS);
     return th_verdict("test_split");

@@ -1,5 +1,6 @@
-/* comm.c - the communicator: init from the environment (rendezvous, transport, measured cost model,
- * monitor) and the public collective entry points that validate, fingerprint and dispatch. */
+/* comm.c - the communicator: made from the environment or from a split's rendezvous (rendezvous,
+ * transport, measured cost model, monitor) and the public collective entry points that validate,
+ * fingerprint and dispatch (to a flat algorithm, or to the world's levels). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -110,7 +111,6 @@ static int tally__check_knobs(tally_comm *c, double *timeout_s) {
 
 static void tally__comm_destroy(tally_comm *c) {
     if (c->ctx.tp && atomic_load(&c->aborted)) c->ctx.tp->abandon = 1;
-    if (c->levels.h) c->levels.release(c->levels.h, atomic_load(&c->aborted));
     while (c->plain) {
         tally__plain_mem *m = c->plain;
         c->plain = m->next;
@@ -119,6 +119,8 @@ static void tally__comm_destroy(tally_comm *c) {
     }
     if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
     if (c->boot) tally__boot_free(c->boot);
+    /* After the monitor stopped: nothing records a fault into the levels' records any more. */
+    if (c->levels.h) c->levels.release(c->levels.h, atomic_load(&c->aborted));
     free(c->world);
     free(c);
 }

@@ -748,11 +748,13 @@ static void test_env_launchers(void) {
                e->port >= 29500 && e->port <= 32767 && e->token_derived,
            "Slurm across nodes: launch node address");
     ENV_OK(E("SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LAUNCH_NODE_IPADDR=10.1.2.3", "SLURM_JOB_ID=77",
-             "SLURM_STEP_NUM_NODES=1"),
+             "SLURM_STEP_ID=0", "SLURM_STEP_NUM_NODES=1"),
            !strcmp(e->host, "127.0.0.1"), "Slurm on one node: loopback");
-    ENV_OK(E("SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_JOB_ID=77", "TALLY_ADDR=n1:6000"),
+    ENV_OK(E("SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_JOB_ID=77", "SLURM_STEP_ID=1", "TALLY_ADDR=n1:6000"),
            !strcmp(e->host, "n1") && e->port == 6000, "Slurm with TALLY_ADDR");
-    ENV_ERR(E("SLURM_PROCID=0", "SLURM_JOB_ID=7"), "SLURM_NTASKS is not set");
+    ENV_ERR(E("SLURM_PROCID=0", "SLURM_JOB_ID=7", "SLURM_STEP_ID=0"), "SLURM_NTASKS is not set");
+    /* an sbatch script, outside any srun step: one process, not rank 0 of SLURM_NTASKS */
+    ENV_ERR(E("SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_ID=7"), "cannot tell this process's rank");
     ENV_OK(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", "TALLY_TOKEN=x"),
            e->rank == 1 && !strcmp(e->source, "torchrun") && !strcmp(e->host, "10.0.0.1") && e->port == 29500,
            "torchrun: MASTER_ADDR:MASTER_PORT");

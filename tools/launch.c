@@ -745,6 +745,8 @@ int tally_launch_in_rank(void) {
     if (getenv("TALLY_RANK") || getenv("TALLY_WORLD_SIZE")) return 1;
     if ((v = getenv("OMPI_COMM_WORLD_RANK")) && *v) return 1;
     if ((v = getenv("PMI_RANK")) && *v) return 1;
+    /* srun's tasks (a job step); not a batch script, which has SLURM_PROCID but no step */
+    if ((v = getenv("SLURM_PROCID")) && *v && (v = getenv("SLURM_STEP_ID")) && *v) return 1;
     return getenv("RANK") && getenv("MASTER_ADDR");
 }
 

@@ -31,9 +31,12 @@ static const struct {
     [L_TORCHRUN] = {"torchrun", "RANK", "WORLD_SIZE"},
 };
 
+/* Slurm's variables make a rank only inside a job step (srun sets SLURM_STEP_ID): a batch script has
+ * SLURM_PROCID and SLURM_NTASKS too, but it is one process, which starts the ranks itself. */
 static boot_launcher boot_detect(void) {
     for (int l = L_OMPI; l <= L_TORCHRUN; l++)
-        if (tally__env_str(launchers[l].rank_var)) return (boot_launcher)l;
+        if (tally__env_str(launchers[l].rank_var) && (l != L_SLURM || tally__env_str("SLURM_STEP_ID")))
+            return (boot_launcher)l;
     return L_NONE;
 }
 

@@ -741,6 +741,9 @@ static void test_env_launchers(void) {
                e->token_derived,
            "PMI on one host");
     ENV_ERR(E("PMI_RANK=0", "PMI_SIZE=3", "TALLY_ADDR=h:5"), "TALLY_TOKEN is not set");
+    ENV_OK(E("PMI_RANK=1", "PMI_SIZE=2", "PMI_JOBID=5.0", "SLURM_STEP_ID=0", "SLURM_STEP_NUM_NODES=1"),
+           e->rank == 1 && !strcmp(e->source, "PMI") && !strcmp(e->host, "127.0.0.1"),
+           "srun --mpi=pmi2 on one node: PMI's ranks, Slurm's node count");
     ENV_ERR(E("PMI_RANK=0"), "PMI_SIZE is not set");
     ENV_OK(E("SLURM_PROCID=3", "SLURM_NTASKS=4", "SLURM_LAUNCH_NODE_IPADDR=10.1.2.3", "SLURM_JOB_ID=77",
              "SLURM_STEP_ID=0", "SLURM_STEP_NUM_NODES=2"),

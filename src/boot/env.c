@@ -125,11 +125,12 @@ static int boot_one_host(boot_launcher l, int size, const char **why) {
         const char *v = tally__env_str(vars[i]);
         if (v) return *why = vars[i], boot_count(vars[i], v, &k) ? TALLY_E_INVALID : k == size;
     }
-    const char *nodes = l == L_OMPI ? tally__env_str("OMPI_MCA_orte_num_nodes")
-                        : l == L_SLURM
-                            ? (tally__env_str("SLURM_STEP_NUM_NODES") ? tally__env_str("SLURM_STEP_NUM_NODES")
-                                                                      : tally__env_str("SLURM_NNODES"))
-                            : NULL;
+    /* srun --mpi=pmi2 gives PMI's ranks and no local size, but it is a Slurm step: Slurm's node count */
+    int slurm_step = l == L_SLURM || (l == L_PMI && tally__env_str("SLURM_STEP_ID"));
+    const char *nodes = l == L_OMPI  ? tally__env_str("OMPI_MCA_orte_num_nodes")
+                        : slurm_step ? (tally__env_str("SLURM_STEP_NUM_NODES") ? tally__env_str("SLURM_STEP_NUM_NODES")
+                                                                               : tally__env_str("SLURM_NNODES"))
+                                     : NULL;
     *why = "the node count";
     if (!nodes) return 0;
     return boot_count("the launcher's node count", nodes, &k) ? TALLY_E_INVALID : k == 1;

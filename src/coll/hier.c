@@ -4,6 +4,7 @@
 #include "hier.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,18 +148,131 @@ static void *scratch(tally__hier *h, size_t bytes) {
     return p;
 }
 
+/* Large vectors go in HIER_CHUNKS contiguous chunks (each a multiple of M elements), so that a chunk
+ * crosses the hosts on a thread of its own while the next one is reduce-scattered and the last one
+ * all-gathered in the host: the levels then overlap instead of waiting for one another. The host
+ * communicator's calls keep one order on every rank (RS 0, RS 1, AG 0, RS 2, AG 1, ...), the cross
+ * communicator's too (AR 0, AR 1, ...). */
+#define HIER_PIPE_MIN_BYTES (4u << 20)
+#define HIER_CHUNKS         4
+
+typedef struct pipe {
+    tally__hier *h;
+    char *piece; /* HIER_CHUNKS shards of `shard` elements (the last may be shorter) */
+    size_t shard, q, es;
+    tally_dtype t;
+    tally_op op;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int scattered, reduced; /* chunks past their reduce-scatter, past their cross allreduce */
+    int rc_host, rc_cross;
+    char why[1024]; /* the cross thread's message, which is its own thread's */
+} pipe_t;
+
+static size_t chunk_len(const pipe_t *p, int j) {
+    size_t first = (size_t)j * p->shard;
+    return first >= p->q ? 0 : p->q - first < p->shard ? p->q - first : p->shard;
+}
+
+static void *pipe_cross(void *arg) {
+    pipe_t *p = arg;
+    for (int j = 0; j < HIER_CHUNKS; j++) {
+        pthread_mutex_lock(&p->mu);
+        while (p->scattered <= j && !p->rc_host) pthread_cond_wait(&p->cv, &p->mu);
+        int stop = p->rc_host;
+        pthread_mutex_unlock(&p->mu);
+        if (stop) break;
+        size_t n = chunk_len(p, j);
+        char *piece = p->piece + (size_t)j * p->shard * p->es;
+        int rc = n ? tally_allreduce(p->h->cross, piece, piece, n, p->t, p->op) : 0;
+        pthread_mutex_lock(&p->mu);
+        if (rc) {
+            p->rc_cross = rc;
+            snprintf(p->why, sizeof p->why, "%s", tally_last_error());
+        } else {
+            p->reduced = j + 1;
+        }
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        if (rc) break;
+    }
+    return NULL;
+}
+
+/* Waits for chunk j's cross allreduce; its error, or 0. */
+static int pipe_wait_reduced(pipe_t *p, int j) {
+    pthread_mutex_lock(&p->mu);
+    while (p->reduced <= j && !p->rc_cross) pthread_cond_wait(&p->cv, &p->mu);
+    int rc = p->rc_cross;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static void pipe_scattered(pipe_t *p, int j, int rc) {
+    pthread_mutex_lock(&p->mu);
+    if (rc)
+        p->rc_host = rc;
+    else
+        p->scattered = j + 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The host steps of chunk j (elements M x shard from j x M x shard). */
+static int pipe_rs(pipe_t *p, const char *send, int j) {
+    size_t n = chunk_len(p, j), M = (size_t)p->h->per_host, at = (size_t)j * M * p->shard * p->es;
+    return n ? tally_reduce_scatter(p->h->host, send + at, p->piece + (size_t)j * p->shard * p->es, n, p->t, p->op) : 0;
+}
+
+static int pipe_ag(pipe_t *p, char *recv, int j) {
+    size_t n = chunk_len(p, j), M = (size_t)p->h->per_host, at = (size_t)j * M * p->shard * p->es;
+    return n ? tally_allgather(p->h->host, p->piece + (size_t)j * p->shard * p->es, recv + at, n, p->t) : 0;
+}
+
+static int pipe_run(pipe_t *p, const char *send, char *recv) {
+    pthread_t th;
+    if (pthread_create(&th, NULL, pipe_cross, p))
+        return tally__seterr(TALLY_E_SYSTEM, "hierarchical allreduce: cannot start the thread between hosts");
+    int rc = 0;
+    for (int j = 0; j < HIER_CHUNKS && !rc; j++) {
+        rc = pipe_rs(p, send, j);
+        pipe_scattered(p, j, rc);
+        if (!rc && j > 0 && !(rc = pipe_wait_reduced(p, j - 1))) rc = pipe_ag(p, recv, j - 1);
+    }
+    if (!rc && !(rc = pipe_wait_reduced(p, HIER_CHUNKS - 1))) rc = pipe_ag(p, recv, HIER_CHUNKS - 1);
+    if (rc) pipe_scattered(p, HIER_CHUNKS, rc); /* the cross thread stops at its next chunk */
+    pthread_join(th, NULL);
+    if (p->rc_cross && rc == p->rc_cross) tally__seterr(rc, "%s", p->why);
+    return rc;
+}
+
+/* The part of M equal shards of q elements: reduce-scatter, the shard across hosts, all-gather. */
+static int hier_shards(tally__hier *h, const void *send, void *recv, size_t q, tally_dtype t, tally_op rop) {
+    size_t es = tally_dtype_size(t), M = (size_t)h->per_host;
+    char *piece = scratch(h, q * es);
+    if (!piece) return tally__seterr(TALLY_E_NOMEM, "hierarchical allreduce: out of memory for a shard of %zu", q);
+    if (q * M * es >= HIER_PIPE_MIN_BYTES) {
+        pipe_t p = {
+            .h = h, .piece = piece, .shard = (q + HIER_CHUNKS - 1) / HIER_CHUNKS, .q = q, .es = es, .t = t, .op = rop};
+        pthread_mutex_init(&p.mu, NULL);
+        pthread_cond_init(&p.cv, NULL);
+        int rc = pipe_run(&p, send, recv);
+        pthread_mutex_destroy(&p.mu);
+        pthread_cond_destroy(&p.cv);
+        return rc;
+    }
+    int rc;
+    if ((rc = tally_reduce_scatter(h->host, send, piece, q, t, rop)) ||
+        (rc = tally_allreduce(h->cross, piece, piece, q, t, rop)))
+        return rc;
+    return tally_allgather(h->host, piece, recv, q, t);
+}
+
 int tally__hier_allreduce(tally__hier *h, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     size_t es = tally_dtype_size(t), M = (size_t)h->per_host, q = count / M, tail = count - q * M;
     tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
     int rc = 0;
-    if (q) { /* the part of M equal shards: reduce-scatter, shards across hosts, all-gather */
-        char *piece = scratch(h, q * es);
-        if (!piece) return tally__seterr(TALLY_E_NOMEM, "hierarchical allreduce: out of memory for a shard of %zu", q);
-        if ((rc = tally_reduce_scatter(h->host, send, piece, q, t, rop)) ||
-            (rc = tally_allreduce(h->cross, piece, piece, q, t, rop)) ||
-            (rc = tally_allgather(h->host, piece, recv, q, t)))
-            return rc;
-    }
+    if (q && (rc = hier_shards(h, send, recv, q, t, rop))) return rc;
     if (tail) { /* fewer than M elements left: reduced whole at both levels */
         const char *s = (const char *)send + q * M * es;
         char *d = (char *)recv + q * M * es;

@@ -4,21 +4,11 @@
 #include <string.h>
 #include <tally/layers.h>
 
-#include "cpu.h"
+#include "simd.h"
 
-/* Explicit 4-lane vectors: at the build's -O2 gcc neither vectorizes these loops nor if-converts
- * the scalar compare, and a branch on the sign of random activations mispredicts half the time.
- * A compare-and-mask has no branch at all. */
-typedef float v4f __attribute__((vector_size(16)));
-typedef int v4i __attribute__((vector_size(16)));
-
-static inline v4f load4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v); /* activations need only float alignment */
-    return v;
-}
-
-static inline void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+/* Explicit 4-lane vectors (simd.h): at the build's -O2 gcc neither vectorizes these loops nor
+ * if-converts the scalar compare, and a branch on the sign of random activations mispredicts half
+ * the time. A compare-and-mask has no branch at all. */
 
 /* v where mask is all ones, +0 where it is zero. */
 static inline v4f keep(v4f v, v4i mask) { return (v4f)((v4i)v & mask); }
@@ -103,11 +93,7 @@ __m256 _ZGVdN8v_tanhf(__m256 x);
 __m512 _ZGVeN16v_tanhf(__m512 x);
 GELU_KERNELS(8, v8f, __m256, _ZGVdN8v_tanhf, "avx2,fma")
 GELU_KERNELS(16, v16f, __m512, _ZGVeN16v_tanhf, "avx512f,avx512dq")
-static int gelu_avx2(void) { return tally__cpu_avx2(); }
-static int gelu_avx512(void) { return tally__cpu_avx512(); }
 #else
-static int gelu_avx2(void) { return 0; }
-static int gelu_avx512(void) { return 0; }
 static size_t gelu_forward8(float *y, const float *x, size_t n) { return 0; }
 static size_t gelu_backward8(float *dx, const float *dy, const float *x, size_t n) { return 0; }
 static size_t gelu_forward16(float *y, const float *x, size_t n) { return 0; }
@@ -116,8 +102,8 @@ static size_t gelu_backward16(float *dx, const float *dy, const float *x, size_t
 
 /* The widest lanes the CPU has, then four at a time for what is left. */
 void tally_gelu_forward(float *y, const float *x, size_t n) {
-    size_t i = gelu_avx512() ? gelu_forward16(y, x, n) : 0;
-    if (gelu_avx2()) i += gelu_forward8(y + i, x + i, n - i);
+    size_t i = tally__cpu_avx512() ? gelu_forward16(y, x, n) : 0;
+    if (tally__cpu_avx2()) i += gelu_forward8(y + i, x + i, n - i);
     for (; i + 4 <= n; i += 4) store4(y + i, gelu4(load4(x + i)));
     if (i < n) {
         float t[4] = {0};
@@ -128,8 +114,8 @@ void tally_gelu_forward(float *y, const float *x, size_t n) {
 }
 
 void tally_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
-    size_t i = gelu_avx512() ? gelu_backward16(dx, dy, x, n) : 0;
-    if (gelu_avx2()) i += gelu_backward8(dx + i, dy + i, x + i, n - i);
+    size_t i = tally__cpu_avx512() ? gelu_backward16(dx, dy, x, n) : 0;
+    if (tally__cpu_avx2()) i += gelu_backward8(dx + i, dy + i, x + i, n - i);
     for (; i + 4 <= n; i += 4) store4(dx + i, gelu_grad4(load4(x + i), load4(dy + i)));
     if (i < n) {
         float tx[4] = {0}, tg[4] = {0};

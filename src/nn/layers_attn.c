@@ -5,15 +5,7 @@
 #include <string.h>
 #include <tally/layers.h>
 
-#include "cpu.h"
-
-typedef float v4f __attribute__((vector_size(16)));
-
-static inline v4f load4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#include "simd.h"
 
 /* The largest of s[0..n): four running maxima, so the compares do not wait on one another. */
 static float row_max(const float *s, int n) {
@@ -33,8 +25,6 @@ static float row_max(const float *s, int n) {
 typedef float v16f __attribute__((vector_size(64)));
 __m512 _ZGVeN16v_expf(__m512 x);
 
-static int exp_avx512(void) { return tally__cpu_avx512(); }
-
 __attribute__((target("avx512f,avx512dq"))) static float exp_shifted16(float *s, int n, float m) {
     v16f acc = {0};
     for (int j = 0; j < n; j += 16) { /* the tail padded with -inf, whose exp adds 0 */
@@ -53,12 +43,11 @@ __attribute__((target("avx512f,avx512dq"))) static float exp_shifted16(float *s,
     return sum;
 }
 #else
-static int exp_avx512(void) { return 0; }
 static float exp_shifted16(float *s, int n, float m) { return 0.0f; }
 #endif
 
 static float exp_shifted(float *s, int n, float m) {
-    if (exp_avx512()) return exp_shifted16(s, n, m);
+    if (tally__cpu_avx512()) return exp_shifted16(s, n, m);
     float sum = 0.0f;
     for (int j = 0; j < n; j++) {
         s[j] = expf(s[j] - m);

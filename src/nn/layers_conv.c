@@ -4,6 +4,8 @@
 #include <string.h>
 #include <tally/layers.h>
 
+#include "simd.h"
+
 /* Scratch budget in floats (16 MiB): a whole LeNet batch of 64 takes about 1.6M floats and runs
  * as one sgemm; chunking showed no gain at that size, so the cap only bounds memory for big layers,
  * where a few images already make the sgemm wide. */
@@ -50,16 +52,6 @@ size_t tally_conv2d_scratch_floats(const tally_conv2d_shape *s, int B) {
 
 /* Explicit 4-lane vectors: at the build's -O2 gcc leaves these short row loops scalar, or turns
  * them into a libc call per row, which costs more than the row itself. */
-typedef float v4f __attribute__((vector_size(16)));
-
-static inline v4f load4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
-
 static inline void copy_row(float *d, const float *s, int n) {
     int i = 0;
     for (; i + 4 <= n; i += 4) store4(d + i, load4(s + i));

@@ -4,16 +4,11 @@
 #include <string.h>
 #include <tally/layers.h>
 
-/* A row's sums with eight running sums side by side (two vectors of four), so the additions do not wait on one another
- * (one chain of C dependent adds was most of the layer's time); the same lanes for every row. */
-typedef float v4f __attribute__((vector_size(16)));
+#include "simd.h"
 
-static inline v4f load4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
+/* A row's sums with eight running sums side by side (two vectors of four), so the additions do not
+ * wait on one another (one chain of C dependent adds was most of the layer's time); the same lanes
+ * for every row. */
 static inline float lanes_sum(v4f a, v4f b) {
     v4f v = a + b;
     return (v[0] + v[1]) + (v[2] + v[3]);

@@ -4,6 +4,8 @@
 #include <string.h>
 #include <tally/layers.h>
 
+#include "simd.h"
+
 /* The first maximum wins ties; a NaN wins and then stays, as in PyTorch, so it propagates. */
 static inline int beats(float v, float m) { return (v > m || isnan(v)) && !isnan(m); }
 
@@ -29,9 +31,6 @@ static void pool_plane(float *y, int32_t *am, const float *x, int H, int W, int 
 
 /* The 2 x 2 case, four windows at a time with compare-and-select: at the build's -O2 the scalar
  * compares stay branches, which mispredict on every other window of random activations. */
-typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v4i __attribute__((vector_size(16)));
-
 #ifdef __clang__
 #define EVENS(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
 #define ODDS(a, b)  __builtin_shufflevector(a, b, 1, 3, 5, 7)
@@ -39,12 +38,6 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 #define EVENS(a, b) __builtin_shuffle(a, b, (v4i){0, 2, 4, 6})
 #define ODDS(a, b)  __builtin_shuffle(a, b, (v4i){1, 3, 5, 7})
 #endif
-
-static inline v4f load4(const float *p) {
-    v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* beats() lane by lane, as all-ones / all-zeros masks. */
 static inline v4i beats4(v4f v, v4f m) { return ((v > m) | (v != v)) & (m == m); }

@@ -56,6 +56,9 @@ int tally__boot_size(const tally__boot *b);
 const tally__peer *tally__boot_peers(const tally__boot *b);
 /* 0, or TALLY_E_INVALID when TALLY_HOST is set to what is not a host name. */
 int tally__boot_check_host(void);
+/* Each rank's host index (hosts numbered in order of their first rank) into host[size] and its index
+ * among its host's ranks into local[size] (hosts.c); returns the number of hosts, -1 out of memory. */
+int tally__hosts_of(const tally__peer *p, int size, int *host, int *local);
 /* 1 if every rank reported the same hostid. */
 int tally__boot_single_host(const tally__boot *b);
 /* The token, for the transports' own authenticated handshakes. */

@@ -138,3 +138,8 @@ int tally__algo_choose(const tally__cost *m, int coll, int n, size_t bytes) {
     }
     return best;
 }
+
+int tally__algo_choose_levels(const tally__cost *m, double by_level, int coll, int n, size_t bytes) {
+    int a = tally__algo_choose(m, coll, n, bytes);
+    return by_level < tally__algo_cost(m, a, coll, n, bytes) ? TALLY__ALGO_HIER : a;
+}

@@ -119,5 +119,8 @@ int tally__algo_parse(const char *name); /* -1 when unknown */
 double tally__algo_cost(const tally__cost *m, int algo, int coll, int n, size_t bytes);
 /* The cheapest algorithm by the model (never AUTO). Deterministic: equal inputs, equal choice. */
 int tally__algo_choose(const tally__cost *m, int coll, int n, size_t bytes);
+/* The same where the ranks also have levels whose collective is predicted to take by_level seconds
+ * (HUGE_VAL: none): TALLY__ALGO_HIER when that is less than the cheapest flat algorithm's. */
+int tally__algo_choose_levels(const tally__cost *m, double by_level, int coll, int n, size_t bytes);
 
 #endif

@@ -258,14 +258,10 @@ TALLY_API const char *tally_comm_transport(const tally_comm *c) {
  * barrier then take the cost model's flat choice. Without it the levels are taken when the model says
  * they are cheaper. */
 static int tally__choose(const tally_comm *c, int coll, size_t bytes) {
-    int hier_ok = c->levels.h && c->levels.cost(c->levels.h, coll, bytes) < HUGE_VAL;
-    if (c->forced_algo == TALLY__ALGO_HIER && hier_ok) return TALLY__ALGO_HIER;
+    double by_level = c->levels.h ? c->levels.cost(c->levels.h, coll, bytes) : HUGE_VAL;
+    if (c->forced_algo == TALLY__ALGO_HIER && by_level < HUGE_VAL) return TALLY__ALGO_HIER;
     if (c->forced_algo != TALLY__ALGO_AUTO && c->forced_algo != TALLY__ALGO_HIER) return c->forced_algo;
-    int a = tally__algo_choose(&c->cost, coll, c->ctx.size, bytes);
-    if (c->forced_algo == TALLY__ALGO_AUTO && hier_ok &&
-        c->levels.cost(c->levels.h, coll, bytes) < tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes))
-        return TALLY__ALGO_HIER;
-    return a;
+    return tally__algo_choose_levels(&c->cost, by_level, coll, c->ctx.size, bytes);
 }
 
 TALLY_API const char *tally_comm_algo_for(const tally_comm *c, size_t bytes) {

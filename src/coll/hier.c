@@ -14,20 +14,11 @@
 #include "../core/err.h"
 #include "../core/reduce.h"
 
-/* Each rank's host index and local index from the peer table; the number of hosts, and the ranks per
- * host when every host has the same number (else 0). */
+/* Each rank's host index and local index from the peer table; the number of hosts (-1 out of memory),
+ * and the ranks per host when every host has the same number (else 0). */
 static int levels_of(const tally__peer *p, int size, int *host, int *local, int *per_host) {
-    int hosts = 0;
-    for (int r = 0; r < size; r++) {
-        int first = 0;
-        while (p[first].hostid != p[r].hostid) first++;
-        host[r] = first == r ? hosts++ : host[first];
-        local[r] = 0;
-        for (int q = 0; q < r; q++) local[r] += p[q].hostid == p[r].hostid;
-    }
-    *per_host = hosts ? size / hosts : 0;
-    for (int r = 0; r < size; r++)
-        if (local[r] + 1 > *per_host || size % hosts) *per_host = 0;
+    int hosts = tally__hosts_of(p, size, host, local);
+    *per_host = hosts > 0 && size % hosts == 0 ? size / hosts : 0;
     for (int h = 0, count; h < hosts && *per_host; h++) {
         count = 0;
         for (int r = 0; r < size; r++) count += host[r] == h;
@@ -38,10 +29,10 @@ static int levels_of(const tally__peer *p, int size, int *host, int *local, int 
 
 int tally__hier_possible(const tally__boot *boot, int size) {
     int *host = malloc((size_t)size * sizeof *host), *local = malloc((size_t)size * sizeof *local), per = 0;
-    int hosts = host && local ? levels_of(tally__boot_peers(boot), size, host, local, &per) : 0;
+    int hosts = host && local ? levels_of(tally__boot_peers(boot), size, host, local, &per) : -1;
     free(host);
     free(local);
-    return hosts >= 2 && per >= 2;
+    return hosts < 0 ? -1 : hosts >= 2 && per >= 2;
 }
 
 void tally__hier_free(tally__hier *h) {
@@ -79,7 +70,10 @@ int tally__hier_init(tally_comm *world, const tally__boot *boot, tally__hier **o
         rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the hierarchy of %d ranks", rank, size);
         goto out;
     }
-    h->hosts = levels_of(tally__boot_peers(boot), size, host, local, &h->per_host);
+    if ((h->hosts = levels_of(tally__boot_peers(boot), size, host, local, &h->per_host)) < 0) {
+        rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the hierarchy of %d ranks", rank, size);
+        goto out;
+    }
     if (h->hosts < 2 || h->per_host < 2) goto out; /* no levels: *out stays NULL */
     for (int r = 0; r < size; r++) h->world_of[host[r] * h->per_host + local[r]] = r;
     h->local = local[rank];
@@ -96,15 +90,6 @@ out:
     return rc;
 }
 
-static double best(const tally__cost *c, int coll, int n, size_t bytes, int *algo) {
-    double t = HUGE_VAL;
-    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
-        double x = tally__algo_cost(c, a, coll, n, bytes);
-        if (x < t) t = x, *algo = a;
-    }
-    return t;
-}
-
 void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier_step s[3]) {
     memset(s, 0, 3 * sizeof *s);
     if (coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER)
@@ -113,7 +98,10 @@ void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier
     if (coll == TALLY__ALLREDUCE || coll == TALLY__ALLGATHER)
         s[2] = (tally__hier_step){TALLY__ALLGATHER, h->per_host, 0, bytes, &h->host_cost, 0};
     for (int k = 0; k < 3; k++)
-        if (s[k].cost) s[k].seconds = best(s[k].cost, s[k].coll, s[k].n, s[k].bytes, &s[k].algo);
+        if (s[k].cost) { /* the level's own communicator picks as the model does */
+            s[k].algo = tally__algo_choose(s[k].cost, s[k].coll, s[k].n, s[k].bytes);
+            s[k].seconds = tally__algo_cost(s[k].cost, s[k].algo, s[k].coll, s[k].n, s[k].bytes);
+        }
 }
 
 double tally__hier_cost(const tally__hier *h, int coll, size_t bytes) {

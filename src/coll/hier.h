@@ -24,7 +24,7 @@ typedef struct tally__hier {
 /* Sets h->cross_busy from h->cross_cost (after either is set). */
 void tally__hier_share_link(tally__hier *h);
 /* Whether the world's layout has levels: two or more hosts (as the peer table tells them apart), each
- * with the same number of ranks, two or more. */
+ * with the same number of ranks, two or more; -1 out of memory. */
 int tally__hier_possible(const struct tally__boot *boot, int size);
 /* Makes the host and cross communicators (splits of world, collective over it) and agrees the two
  * levels' cost figures; *out NULL when the layout has no levels. */

@@ -141,12 +141,12 @@ TALLY_API int tally_comm_split_host(tally_comm *comm, tally_comm **newcomm) {
     *newcomm = NULL;
     if (!comm) return tally__seterr(TALLY_E_INVALID, "tally_comm_split_host: comm is NULL");
     const tally__peer *p = tally__boot_peers(tally__comm_boot(comm));
-    int rank = tally_comm_rank(comm), host_first = 0, color = 0;
-    while (p[host_first].hostid != p[rank].hostid) host_first++;
-    for (int r = 0; r < host_first; r++) { /* the hosts whose first rank comes before this host's */
-        int first = 1;
-        for (int q = 0; q < r && first; q++) first = p[q].hostid != p[r].hostid;
-        color += first;
-    }
-    return split(comm, color, rank, newcomm);
+    int rank = tally_comm_rank(comm), size = tally_comm_size(comm);
+    int *host = malloc((size_t)size * sizeof *host), *local = malloc((size_t)size * sizeof *local);
+    int rc = host && local && tally__hosts_of(p, size, host, local) >= 0
+                 ? split(comm, host[rank], rank, newcomm)
+                 : tally__seterr(TALLY_E_NOMEM, "tally_comm_split_host: out of memory for %d ranks", size);
+    free(host);
+    free(local);
+    return rc;
 }

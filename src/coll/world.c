@@ -13,7 +13,10 @@
 static int world_levels(tally_comm *c) {
     const tally__boot *boot = tally__comm_boot(c);
     int size = tally_comm_size(c), rc;
-    int possible = !tally__boot_single_host(boot) && tally__hier_possible(boot, size);
+    int possible = tally__boot_single_host(boot) ? 0 : tally__hier_possible(boot, size);
+    if (possible < 0)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the hierarchy of %d ranks", tally_comm_rank(c),
+                             size);
     if (!possible && tally__comm_forced_algo(c) == TALLY__ALGO_HIER)
         return tally__seterr(
             TALLY_E_INVALID,

@@ -121,14 +121,13 @@ static tally__hier levels_of(const tally__plan_cfg *c, int n) {
 static void layout_add(tally__plan_comm *acc, const tally__plan_cfg *c, int algo, int coll, int n, double bytes,
                        double times) {
     tally__cost flat = flat_link(c, n);
-    int levels = tally__plan_has_levels(c, n);
-    tally__hier h = levels ? levels_of(c, n) : (tally__hier){0};
-    int hier = levels && algo == TALLY__ALGO_HIER;
-    if (levels && algo == TALLY__ALGO_AUTO) {
-        int a = tally__algo_choose(&flat, coll, n, (size_t)bytes);
-        hier = tally__hier_cost(&h, coll, (size_t)bytes) < tally__algo_cost(&flat, a, coll, n, (size_t)bytes);
-    }
-    if (!hier || tally__hier_cost(&h, coll, (size_t)bytes) == HUGE_VAL) {
+    tally__hier h = tally__plan_has_levels(c, n) ? levels_of(c, n) : (tally__hier){0};
+    double by_level = h.hosts ? tally__hier_cost(&h, coll, (size_t)bytes) : HUGE_VAL;
+    int hier = by_level < HUGE_VAL &&
+               (algo == TALLY__ALGO_HIER ||
+                (algo == TALLY__ALGO_AUTO &&
+                 tally__algo_choose_levels(&flat, by_level, coll, n, (size_t)bytes) == TALLY__ALGO_HIER));
+    if (!hier) {
         comm_add(acc, &flat, algo, coll, n, bytes, times);
         return;
     }

@@ -234,7 +234,7 @@ static void test_host_names(void) {
                              *const bad[] = {"ok", "not a name"};
     run_hosts("TALLY_HOST split", split, 3, 60);
     for (int r = 0; r < 3; r++)
-        TH_CHECK(R[r].rc == 0 && !strcmp(R[r].msg, "tcp"), "TALLY_HOST node-a, node-a, node_b.1: rank %d: %d %s", r,
+        TH_CHECK(R[r].rc == 0 && !strcmp(R[r].msg, "shm+tcp"), "TALLY_HOST node-a, node-a, node_b.1: rank %d: %d %s", r,
                  R[r].rc, R[r].msg);
     run_hosts("TALLY_HOST one", one, 2, 60);
     for (int r = 0; r < 2; r++)

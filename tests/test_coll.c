@@ -296,6 +296,30 @@ static void env_interleaved_hosts(int rank, void *arg) {
     setenv("TALLY_HOST", name, 1);
 }
 
+/* Hosts of consecutive ranks, as launchers place them; g_hosts_of[rank] names each rank's. */
+static const char *g_hosts_of;
+static void env_named_hosts(int rank, void *arg) {
+    char name[8];
+    snprintf(name, sizeof name, "h%c", g_hosts_of[rank]);
+    setenv("TALLY_HOST", name, 1);
+}
+
+/* The flat algorithms over shm+tcp: shm between the ranks of a host, tcp across; ring steps that send
+ * on one kind and receive on the other; a host with one rank alone (no shm there). */
+static void run_mixed(int light) {
+    static const char *const layouts[] = {"0011", "001", "00011"};
+    const char *algos[] = {"ring", "tree", "rhd", "direct"};
+    for (int li = 0; li < 3; li++)
+        for (int ai = 0; ai < 4; ai++) {
+            if (light && li > 0 && ai > 0) continue;
+            g_hosts_of = layouts[li];
+            th_opts o = {.algo = algos[ai], .timeout_s = 60, .wall_s = 300, .child_env = env_named_hosts};
+            char what[64];
+            snprintf(what, sizeof what, "shm+tcp %-6s hosts %s", algos[ai], layouts[li]);
+            run_case(what, (int)strlen(layouts[li]), &o, rank_main);
+        }
+}
+
 static void run_hier(void) {
     th_opts o = {.algo = "hier", .timeout_s = 60, .wall_s = 300, .child_env = env_interleaved_hosts};
     run_case("hier 3 hosts x 2 interleaved", 6, &o, rank_main);
@@ -357,6 +381,7 @@ int main(int argc, char **argv) {
         }
     }
     if (!only_transport || !strcmp(only_transport, "hier")) run_hier();
+    if (!only_transport || !strcmp(only_transport, "mixed")) run_mixed(light);
     run_oversubscribed(only_transport, light);
     return th_verdict("test_coll");
 }

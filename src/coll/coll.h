@@ -109,6 +109,12 @@ int tally__comm_make_world(tally_comm **out);
  * and the flat model takes the link between hosts' alpha and beta where they are the larger. */
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
                             double beta);
+/* c keeps host (its host communicator, a split of c) and frees it with itself, after its monitor and
+ * levels; c's faults are recorded in host's too, so host's waits end with them. */
+void tally__comm_keep_host(tally_comm *c, tally_comm *host);
+/* Replaces c's tcp transport by shm+tcp: shm (the kept host communicator's) to the ranks with
+ * local_of[r] >= 0, tcp to the others. Not collective. */
+int tally__comm_mix_transport(tally_comm *c, const int *local_of);
 /* TALLY_ALGO as c read it (TALLY__ALGO_AUTO when unset). */
 int tally__comm_forced_algo(const tally_comm *c);
 

@@ -40,6 +40,8 @@ struct tally_comm {
     _Atomic int aborted;  /* tally_comm_abort: tear down without goodbyes */
     int *world;           /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
     tally__levels levels; /* the world's, when its ranks span hosts alike (levels.h NULL: none) */
+    tally_comm *host;     /* the world's host communicator (its shm is the transport's, and the levels'
+                           * host level), freed after the world's monitor and levels; NULL: none */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -121,6 +123,10 @@ static void tally__comm_destroy(tally_comm *c) {
     if (c->boot) tally__boot_free(c->boot);
     /* After the monitor stopped: nothing records a fault into the levels' records any more. */
     if (c->levels.h) c->levels.release(c->levels.h, atomic_load(&c->aborted));
+    if (c->host && atomic_load(&c->aborted))
+        tally_comm_abort(c->host); /* the world went without goodbyes: so does its host */
+    else if (c->host)
+        tally_comm_free(c->host);
     free(c->world);
     free(c);
 }
@@ -190,6 +196,22 @@ void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *h
 }
 
 int tally__comm_forced_algo(const tally_comm *c) { return c->forced_algo; }
+
+void tally__comm_keep_host(tally_comm *c, tally_comm *host) {
+    c->host = host;
+    c->fault.linked[0] = &host->fault;
+}
+
+int tally__comm_mix_transport(tally_comm *c, const int *local_of) {
+    tally__tp *mixed;
+    tally__tp *shm = c->host && c->host->ctx.size > 1 ? c->host->ctx.tp : NULL;
+    int rc = tally__mixed_create(c->ctx.tp, shm, local_of, &mixed);
+    if (rc) return rc;
+    c->ctx.tp = mixed;
+    tally__log_debug(1, "rank %d: transport shm+tcp: shm to the %d ranks of this host, tcp to the other %d",
+                     c->ctx.rank, shm ? shm->ctx.size : 1, c->ctx.size - (shm ? shm->ctx.size : 1));
+    return 0;
+}
 
 int tally__comm_create(const tally__boot_env *env, int *world, tally_comm **out) {
     *out = NULL;

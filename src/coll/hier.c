@@ -14,9 +14,7 @@
 #include "../core/err.h"
 #include "../core/reduce.h"
 
-/* Each rank's host index and local index from the peer table; the number of hosts (-1 out of memory),
- * and the ranks per host when every host has the same number (else 0). */
-static int levels_of(const tally__peer *p, int size, int *host, int *local, int *per_host) {
+int tally__hier_layout(const tally__peer *p, int size, int *host, int *local, int *per_host) {
     int hosts = tally__hosts_of(p, size, host, local);
     *per_host = hosts > 0 && size % hosts == 0 ? size / hosts : 0;
     for (int h = 0, count; h < hosts && *per_host; h++) {
@@ -27,18 +25,9 @@ static int levels_of(const tally__peer *p, int size, int *host, int *local, int 
     return hosts;
 }
 
-int tally__hier_possible(const tally__boot *boot, int size) {
-    int *host = malloc((size_t)size * sizeof *host), *local = malloc((size_t)size * sizeof *local), per = 0;
-    int hosts = host && local ? levels_of(tally__boot_peers(boot), size, host, local, &per) : -1;
-    free(host);
-    free(local);
-    return hosts < 0 ? -1 : hosts >= 2 && per >= 2;
-}
-
 void tally__hier_free(tally__hier *h) {
     if (!h) return;
-    tally_comm_free(h->host);
-    tally_comm_free(h->cross);
+    tally_comm_free(h->cross); /* the host level is the world's (tally__comm_keep_host) */
     free(h->world_of);
     free(h->tmp);
     free(h);
@@ -61,7 +50,7 @@ void tally__hier_share_link(tally__hier *h) {
     h->cross_busy.beta *= h->per_host;
 }
 
-int tally__hier_init(tally_comm *world, const tally__boot *boot, tally__hier **out) {
+int tally__hier_init(tally_comm *world, const tally__boot *boot, tally_comm *host_comm, tally__hier **out) {
     *out = NULL;
     int size = tally_comm_size(world), rank = tally_comm_rank(world);
     tally__hier *h = calloc(1, sizeof *h);
@@ -70,7 +59,7 @@ int tally__hier_init(tally_comm *world, const tally__boot *boot, tally__hier **o
         rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the hierarchy of %d ranks", rank, size);
         goto out;
     }
-    if ((h->hosts = levels_of(tally__boot_peers(boot), size, host, local, &h->per_host)) < 0) {
+    if ((h->hosts = tally__hier_layout(tally__boot_peers(boot), size, host, local, &h->per_host)) < 0) {
         rc = tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory for the hierarchy of %d ranks", rank, size);
         goto out;
     }
@@ -78,8 +67,8 @@ int tally__hier_init(tally_comm *world, const tally__boot *boot, tally__hier **o
     for (int r = 0; r < size; r++) h->world_of[host[r] * h->per_host + local[r]] = r;
     h->local = local[rank];
     h->host_index = host[rank];
-    if (!(rc = tally_comm_split(world, host[rank], rank, &h->host)) &&
-        !(rc = tally_comm_split(world, local[rank], host[rank], &h->cross)) && !(rc = agree_costs(world, h))) {
+    h->host = host_comm;
+    if (!(rc = tally_comm_split(world, local[rank], host[rank], &h->cross)) && !(rc = agree_costs(world, h))) {
         *out = h;
         h = NULL;
     }
@@ -328,9 +317,8 @@ static int lv_allgather(void *h, const void *s, void *r, size_t n, tally_dtype t
 static void lv_release(void *arg, int abandon) {
     tally__hier *h = arg;
     if (abandon) { /* the world was aborted: its levels go without goodbyes too */
-        tally_comm_abort(h->host);
         tally_comm_abort(h->cross);
-        h->host = h->cross = NULL;
+        h->cross = NULL;
     }
     tally__hier_free(h);
 }

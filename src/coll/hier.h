@@ -10,7 +10,7 @@
 #include "coll.h"
 
 typedef struct tally__hier {
-    tally_comm *host;  /* this rank's host: rank = local index */
+    tally_comm *host;  /* this rank's host: rank = local index (the world's: freed with it) */
     tally_comm *cross; /* the ranks of this local index on every host: rank = host index */
     int hosts, per_host, local, host_index;
     int *world_of;                     /* [hosts * per_host]: the world rank of (host h, local i) at h * per_host + i */
@@ -23,12 +23,16 @@ typedef struct tally__hier {
 
 /* Sets h->cross_busy from h->cross_cost (after either is set). */
 void tally__hier_share_link(tally__hier *h);
-/* Whether the world's layout has levels: two or more hosts (as the peer table tells them apart), each
- * with the same number of ranks, two or more; -1 out of memory. */
-int tally__hier_possible(const struct tally__boot *boot, int size);
-/* Makes the host and cross communicators (splits of world, collective over it) and agrees the two
- * levels' cost figures; *out NULL when the layout has no levels. */
-int tally__hier_init(tally_comm *world, const struct tally__boot *boot, tally__hier **out);
+/* Each rank's host index and local index from the peer table (hosts in order of their first rank,
+ * local ranks in world order); the number of hosts (-1 out of memory), and the ranks per host when
+ * every host has the same number (else 0). The layout has levels with two or more hosts and two or
+ * more ranks per host. */
+struct tally__peer;
+int tally__hier_layout(const struct tally__peer *p, int size, int *host, int *local, int *per_host);
+/* Takes the world's host communicator (host: a split of world by host, ranked in world order; the
+ * world frees it), makes the cross communicators (collective over world) and agrees the two levels'
+ * cost figures; *out NULL when the layout has no levels. */
+int tally__hier_init(tally_comm *world, const struct tally__boot *boot, tally_comm *host, tally__hier **out);
 void tally__hier_free(tally__hier *h);
 /* h as the world's dispatch calls it (coll.h's tally__levels). */
 tally__levels tally__hier_levels(tally__hier *h);

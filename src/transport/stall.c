@@ -41,6 +41,13 @@ static void stall_path(const tally__stall *s, const int *chain, const uint64_t *
     }
 }
 
+/* The end of the chain may itself wait where this rank cannot see (a host-mate over shm): a rank that
+ * sees that link times out about as soon, and names the rank that holds both up; its verdict, when it
+ * comes within the grace, is taken instead (1), so every rank names the same one. */
+static int stall_defer(tally__fault *f, const tally__stall *s, int end) {
+    return s->hidden && s->hidden(s->arg, end) && tally__fault_await(f, TALLY__LOST_GRACE_S);
+}
+
 int tally__stall_raise(tally__fault *f, const tally__stall *s) {
     int chain[TALLY__STALL_MAX], cycle = 0, len = 1;
     uint64_t seqs[TALLY__STALL_MAX];
@@ -49,6 +56,7 @@ int tally__stall_raise(tally__fault *f, const tally__stall *s) {
     if (s->awaits && s->size <= TALLY__STALL_MAX) len = stall_chain(s, chain, seqs, &cycle);
     tally__sig_format(s->sig, coll, sizeof coll);
     if (len == 1 || cycle) {
+        if (!cycle && stall_defer(f, s, s->awaited)) return tally__fault_report(f);
         if (s->label) s->label(s->arg, s->awaited, who, sizeof who);
         if (cycle) stall_path(s, chain, seqs, len, path, sizeof path);
         return tally__fault_raise(f, TALLY_E_TIMEOUT, s->awaited,
@@ -59,6 +67,7 @@ int tally__stall_raise(tally__fault *f, const tally__stall *s) {
                                   cycle ? ", which waits for one of them." : "");
     }
     int h = chain[len - 1];
+    if (stall_defer(f, s, h)) return tally__fault_report(f);
     if (s->label) s->label(s->arg, h, who, sizeof who);
     stall_path(s, chain, seqs, len, path, sizeof path);
     return tally__fault_raise(f, TALLY_E_TIMEOUT, h,

@@ -91,6 +91,17 @@ static void tcp_label(void *arg, int r, char *buf, size_t n) {
     snprintf(buf, n, " (pid %d, host %s)", p->pid, p->hostname);
 }
 
+/* A rank on another host that shares it with others may wait for one of them over shm (shm+tcp), which
+ * sends us no WAIT frames. */
+static int tcp_hidden(void *arg, int r) {
+    const tally__tcp_tp *t = arg;
+    const tally__peer *p = tally__boot_peers(t->base.ctx.boot);
+    if (!p || t->conns[r].local) return 0;
+    for (int q = 0; q < t->base.ctx.size; q++)
+        if (q != r && p[q].hostid == p[r].hostid) return 1;
+    return 0;
+}
+
 static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
     char sig[160], detail[300];
     int me = t->base.ctx.rank;
@@ -114,6 +125,7 @@ static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
                        .detail = detail,
                        .awaits = tally__tcp_awaits,
                        .label = tcp_label,
+                       .hidden = tcp_hidden,
                        .arg = t};
     return tally__stall_raise(t->base.ctx.fault, &st);
 }

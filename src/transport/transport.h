@@ -81,6 +81,9 @@ typedef struct tally__stall {
      * (*seq; it may be behind or ahead of ours), or -1. NULL: unknown, blame the awaited rank. */
     int (*awaits)(void *arg, int rank, uint64_t *seq);
     void (*label)(void *arg, int rank, char *buf, size_t n); /* " (pid 123, host h)", or NULL */
+    /* 1 when `rank` may wait on a link this backend cannot see (a rank of its host, over shm, in a
+     * shm+tcp world): a rank there sees more, so its verdict is awaited a moment first. NULL: never. */
+    int (*hidden)(void *arg, int rank);
     void *arg;
 } tally__stall;
 /* Raises TALLY_E_TIMEOUT blaming the end of the chain (or the awaited rank when the chain loops) and
@@ -92,6 +95,12 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out);
 /* 0, or TALLY_E_INVALID when TALLY_SHM_LARGE or TALLY_SHM_CMA is set to a value they do not take. */
 int tally__shm_check_env(void);
 int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
+/* The world across hosts (mixed.c): peers with local_of[peer] >= 0 share this host and are reached
+ * through shm (rank = that local index; borrowed, its owner destroys it after this transport), the
+ * others through tcp (taken over on success). The result has tcp's ctx (its fault, fingerprint and
+ * world ranks); a fault shm meets is raised there, naming the world rank. shm NULL: no rank shares
+ * this host. Not collective. */
+int tally__mixed_create(tally__tp *tcp, tally__tp *shm, const int *local_of, tally__tp **out);
 /* The world of one rank: exchanges are never called (every algorithm returns early for size 1). */
 int tally__self_create(const tally__tp_ctx *ctx, tally__tp **out);
 

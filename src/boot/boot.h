@@ -27,6 +27,8 @@ typedef struct tally__boot_env {
                             * keeps the world's rank, and rank 0 serves on listen_fd when has_listener, already
                             * listening on the port it picked, and closes it */
     int has_listener, listen_fd;
+    int crowded; /* a split's: its parent found this rank's kernel crowded (its CPUs fewer than the ranks
+                  * there, some of which the split may not hold), so its waiters yield too */
 } tally__boot_env;
 
 /* Reads the environment. TALLY_E_BOOT with a message naming the missing variable when incomplete. */

@@ -1,19 +1,40 @@
-/* host_cpus.c - whether every rank on this host can have a CPU of its own: the union of the host's
+/* host_cpus.c - whether every rank on this kernel can have a CPU of its own: the union of the kernel's
  * ranks' affinity sets against their count, gathered once at init for the transports' wait policy. */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "boot.h"
 #include "../core/err.h"
 #include "host_cpus.h"
 
-/* A rank's own set is no guide: one bound to a single CPU sees one CPU however many its host's ranks
+/* What each rank tells: its CPU set and its kernel. CPUs belong to a kernel, not to a host as the peer
+ * table tells hosts apart: ranks in two network namespaces of one kernel (containers, the test hosts of
+ * scripts/hosts.sh) are two hosts to the transports but share its CPUs. */
+typedef struct cpus_of {
+    cpu_set_t set;
+    char kernel[40]; /* /proc/sys/kernel/random/boot_id, "" when unreadable */
+} cpus_of;
+
+static void kernel_of(char *id, size_t n) {
+    id[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f) return;
+    if (!fgets(id, (int)n, f)) id[0] = '\0';
+    fclose(f);
+}
+
+/* A rank's own set is no guide: one bound to a single CPU sees one CPU however many its kernel's ranks
  * share between them; and ranks in different cpusets may each see all of theirs. */
 int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded) {
-    cpu_set_t mine, all_cpus;
+    cpus_of mine;
+    cpu_set_t all_cpus;
     *crowded = 0;
-    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
-    cpu_set_t *all = malloc((size_t)size * sizeof *all);
+    memset(&mine, 0, sizeof mine);
+    if (sched_getaffinity(0, sizeof mine.set, &mine.set) != 0) CPU_ZERO(&mine.set);
+    kernel_of(mine.kernel, sizeof mine.kernel);
+    cpus_of *all = malloc((size_t)size * sizeof *all);
     if (!all) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory gathering the ranks' CPU sets", rank);
     int rc = tally__boot_allgather(boot, &mine, all, sizeof mine);
     if (rc) {
@@ -24,10 +45,12 @@ int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded) {
     int local = 0, unknown = 0;
     CPU_ZERO(&all_cpus);
     for (int r = 0; r < size; r++) {
-        if (peers[r].hostid != peers[rank].hostid) continue;
+        all[r].kernel[sizeof all[r].kernel - 1] = '\0';
+        int same = mine.kernel[0] ? !strcmp(all[r].kernel, mine.kernel) : peers[r].hostid == peers[rank].hostid;
+        if (!same) continue;
         local++;
-        unknown |= CPU_COUNT(&all[r]) == 0;
-        CPU_OR(&all_cpus, &all_cpus, &all[r]);
+        unknown |= CPU_COUNT(&all[r].set) == 0;
+        CPU_OR(&all_cpus, &all_cpus, &all[r].set);
     }
     free(all);
     if (!unknown) *crowded = local > CPU_COUNT(&all_cpus);

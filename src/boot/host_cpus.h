@@ -1,12 +1,13 @@
-/* host_cpus.h - whether the ranks of this host outnumber the CPUs their affinity sets cover together
+/* host_cpus.h - whether the ranks on this kernel outnumber the CPUs their affinity sets cover together
  * (then a waiter must yield rather than spin). */
 #ifndef TALLY_BOOT_HOST_CPUS_H
 #define TALLY_BOOT_HOST_CPUS_H
 
 struct tally__boot;
 
-/* Collective over every rank (one bootstrap allgather). *crowded = 1 when this host's ranks outnumber
- * the CPUs of the union of their sets; 0 otherwise, also when a set could not be read. */
+/* Collective over every rank (one bootstrap allgather). *crowded = 1 when the ranks on this rank's
+ * kernel (its boot id; network namespaces do not part them) outnumber the CPUs of the union of their
+ * sets; 0 otherwise, also when a set could not be read. */
 int tally__host_crowded(struct tally__boot *boot, int rank, int size, int *crowded);
 
 #endif

@@ -89,6 +89,8 @@ double tally__comm_timeout_s(const tally_comm *c);
 struct tally__boot_env;
 int tally__comm_create(const struct tally__boot_env *env, int *world, tally_comm **out);
 const struct tally__boot *tally__comm_boot(const tally_comm *c);
+/* 1 when c's waiters yield rather than spin (this rank's kernel has more ranks than CPUs). */
+int tally__comm_crowded(const tally_comm *c);
 /* The world rank of c's rank `rank` (rank itself for a communicator of the world). */
 int tally__comm_world_rank(const tally_comm *c, int rank);
 

@@ -54,7 +54,7 @@ typedef struct tally__plain_mem {
     void *p;
 } tally__plain_mem;
 
-static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp) {
+static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, tally__tp **tp) {
     tally__tp_ctx tctx = {.rank = c->ctx.rank,
                           .size = c->ctx.size,
                           .boot = c->boot,
@@ -64,6 +64,7 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, tally__tp **tp
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
     int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
     if (rc) return rc;
+    tctx.crowded |= crowded;
     const char *want = tally__env_knob("TALLY_TRANSPORT");
     int single_host = tally__boot_single_host(c->boot);
     if (!want || !strcasecmp(want, "auto")) want = single_host ? "shm" : "tcp";
@@ -144,7 +145,7 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
         return rc;
     }
     if ((rc = tally__boot_init(&c->boot, env, &c->fault, c->timeout_s))) return rc;
-    if ((rc = tally__pick_transport(c, c->timeout_s, &c->ctx.tp))) return rc;
+    if ((rc = tally__pick_transport(c, c->timeout_s, env->crowded, &c->ctx.tp))) return rc;
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
@@ -219,6 +220,8 @@ int tally__comm_create(const tally__boot_env *env, int *world, tally_comm **out)
 }
 
 const tally__boot *tally__comm_boot(const tally_comm *c) { return c->boot; }
+
+int tally__comm_crowded(const tally_comm *c) { return c->ctx.tp ? c->ctx.tp->ctx.crowded : 0; }
 
 int tally__comm_world_rank(const tally_comm *c, int rank) { return c->world ? c->world[rank] : rank; }
 

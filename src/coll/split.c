@@ -77,6 +77,7 @@ static int join_group(tally_comm *comm, const member *g, int n, int sub, int col
     const tally__peer *peers = tally__boot_peers(b);
     tally__boot_env env = {
         .rank = sub, .size = n, .source = "tally_comm_split", .split = 1, .has_listener = lfd >= 0, .listen_fd = lfd};
+    env.crowded = tally__comm_crowded(comm);
     snprintf(env.host, sizeof env.host, "%s", peers[g[0].rank].ip);
     env.port = port;
     int *world = malloc((size_t)n * sizeof *world);

@@ -10,15 +10,19 @@
 #   --timeout S  kill every rank after S seconds (default 600; exit status 124)
 #   --out DIR    rank r's output in DIR/rank-r.out (default: rank 0's on the terminal, the others' shown
 #                when they fail)
+#   --launcher   run COMMAND once, in host 0, as another launcher's front end (mpirun): it finds
+#                HOSTS_HOSTFILE (h0 slots=M, h1 slots=M, ...), HOSTS_RSH (an rsh agent that runs a command
+#                in host hK's namespace, with hK as its host name) and HOSTS_NET (the bridge's subnet)
 # Rank r runs on host r / M as local rank r % M, with TALLY_RANK, TALLY_WORLD_SIZE, TALLY_ADDR,
 # TALLY_TOKEN, LOCAL_RANK and LOCAL_WORLD_SIZE set (and TALLY_TEST_HOST=k, for scripts). The exit status is
 # the first failing rank's, or 0. Ranks in different namespaces are different hosts to tally (the host
 # id includes the network namespace), so they never share memory. Needs root, iproute2 (ip, tc) and a
 # kernel with network namespaces, bridges, veth and sch_tbf (netem is not needed).
 set -eu
-hosts=2 ranks=2 rate=10gbit timeout=600 out=
+hosts=2 ranks=2 rate=10gbit timeout=600 out= launcher=0
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   case $1 in
+    --launcher) launcher=1; shift ;;
     --hosts) hosts=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
@@ -91,6 +95,25 @@ for ((k = 0; k < hosts; k++)); do
   limit "$ns" eth0
   limit "$sw" "${tag}p$k"
 done
+
+# Another launcher's front end, in host 0: its daemons reach the other hosts through the rsh agent.
+if [ $launcher = 1 ]; then
+  for ((k = 0; k < hosts; k++)); do echo "h$k slots=$ranks"; done >"$tmp/hostfile"
+  cat >"$tmp/rsh" <<RSH
+#!/usr/bin/env bash
+# An rsh agent for the test hosts: \$1 is hK, the rest the command line a remote shell would run.
+host=\$1; shift
+[[ "\$host" =~ ^h([0-9]+)\$ ]] || { echo "hosts.sh rsh: unknown host \$host" >&2; exit 255; }
+exec ip netns exec ${tag}h\${BASH_REMATCH[1]} unshare --uts sh -c "hostname \$host && \$*"
+RSH
+  chmod +x "$tmp/rsh"
+  ip netns exec "$(ns_of 0)" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
+    env HOSTS_HOSTFILE="$tmp/hostfile" HOSTS_RSH="$tmp/rsh" HOSTS_NET=10.216.0.0/24 timeout "$timeout" "$@" &
+  pids[0]=$!
+  status=0
+  wait "${pids[0]}" || status=$?
+  exit $status
+fi
 
 world=$((hosts * ranks))
 port=$((29700 + RANDOM % 2000))

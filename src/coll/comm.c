@@ -76,7 +76,11 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, t
                                  c->ctx.rank);
         return tally__shm_create(&tctx, tp);
     }
-    return tally__tcp_create(&tctx, tp); /* the knob was checked at init */
+    /* The knobs were checked at init. Several streams only where a pair is on two hosts: inside one,
+     * a second connection over loopback adds copies, not bandwidth. */
+    int streams = 1;
+    if (!single_host) tally__tcp_streams_env(&streams);
+    return tally__stripe_create(&tctx, streams, tp);
 }
 
 static int tally__check_transport(void) {
@@ -101,10 +105,10 @@ static int tally__read_algo(int *algo) {
  * a bad value fails tally_comm_init on the spot, naming it, instead of being replaced by a default or
  * found only on the path that reads it. */
 static int tally__check_knobs(tally_comm *c, double *timeout_s) {
-    int rc;
+    int rc, streams;
     if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
         (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) || (rc = tally__shm_check_env()) ||
-        (rc = tally__cost_check_env()) || (rc = tally__boot_check_host())) {
+        (rc = tally__cost_check_env()) || (rc = tally__boot_check_host()) || (rc = tally__tcp_streams_env(&streams))) {
         char rank[32];
         snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
         return tally__err_wrap(rc, rank, "");

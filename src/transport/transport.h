@@ -101,6 +101,11 @@ int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
  * world ranks); a fault shm meets is raised there, naming the world rank. shm NULL: no rank shares
  * this host. Not collective. */
 int tally__mixed_create(tally__tp *tcp, tally__tp *shm, const int *local_of, tally__tp **out);
+/* k tcp meshes (stripe.c), named "tcp" too: messages of 256 KiB and more to peers on other hosts go in k
+ * stripes at once, one per mesh; k = 1 is the plain tcp transport. */
+int tally__stripe_create(const tally__tp_ctx *ctx, int k, tally__tp **out);
+/* TALLY_TCP_STREAMS in 1..16 (default 1) in *k, or TALLY_E_INVALID naming it. */
+int tally__tcp_streams_env(int *k);
 /* The world of one rank: exchanges are never called (every algorithm returns early for size 1). */
 int tally__self_create(const tally__tp_ctx *ctx, tally__tp **out);
 

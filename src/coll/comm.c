@@ -194,8 +194,8 @@ int tally__comm_make_world(tally_comm **out) {
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
                             double beta) {
     c->levels = *l;
-    c->fault.linked[0] = &host->fault;
-    c->fault.linked[1] = &cross->fault;
+    tally__fault_link(&c->fault, 0, &host->fault);
+    tally__fault_link(&c->fault, 1, &cross->fault);
     if (alpha > c->cost.alpha) c->cost.alpha = alpha;
     if (beta > c->cost.beta) c->cost.beta = beta;
 }
@@ -204,7 +204,7 @@ int tally__comm_forced_algo(const tally_comm *c) { return c->forced_algo; }
 
 void tally__comm_keep_host(tally_comm *c, tally_comm *host) {
     c->host = host;
-    c->fault.linked[0] = &host->fault;
+    tally__fault_link(&c->fault, 0, &host->fault);
 }
 
 int tally__comm_mix_transport(tally_comm *c, const int *local_of) {

@@ -96,13 +96,22 @@ static int tally__fault_record_as(tally__fault *f, int code, int culprit, const 
     snprintf(f->msg, sizeof f->msg, "%s", msg);
     atomic_store_explicit(&f->code, code, memory_order_release);
     tally__fault_wake(f);
+    tally__fault *linked;
     for (int k = 0; k < 2; k++) /* already in the world's words: recorded as it is */
-        if (f->linked[k]) tally__fault_record_as(f->linked[k], code, -1, msg, 0);
+        if ((linked = atomic_load_explicit(&f->linked[k], memory_order_acquire)))
+            tally__fault_record_as(linked, code, -1, msg, 0);
     return 1;
 }
 
 static int tally__fault_record(tally__fault *f, int code, int culprit, const char *msg) {
     return tally__fault_record_as(f, code, culprit, msg, 1);
+}
+
+void tally__fault_link(tally__fault *f, int k, tally__fault *to) {
+    atomic_store_explicit(&f->linked[k], to, memory_order_release);
+    /* A fault recorded before the store may not have seen it: its message is complete once code is. */
+    if (atomic_load_explicit(&f->code, memory_order_acquire))
+        tally__fault_record_as(to, atomic_load(&f->code), -1, f->msg, 0);
 }
 
 int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, ...) {

@@ -31,7 +31,7 @@ typedef struct tally__fault {
     int world_n;
     /* The faults of communicators a collective of this one runs on (the hierarchy's levels): a fault
      * here is recorded there too, so their waits end with it. */
-    struct tally__fault *linked[2];
+    struct tally__fault *_Atomic linked[2]; /* set while the monitor may already record faults */
 } tally__fault;
 
 /* Rewrites msg (of capacity cap) so each "rank N" with N < n reads "rank N (world rank world[N])"; a
@@ -39,6 +39,9 @@ typedef struct tally__fault {
 void tally__err_name_world(char *msg, size_t cap, const int *world, int n);
 
 void tally__fault_init(tally__fault *f);
+/* Links `to` into f's slot k (see linked): f's faults are recorded there from now on, and one f already
+ * had is recorded there at once. */
+void tally__fault_link(tally__fault *f, int k, tally__fault *to);
 /* Raises a fault seen on this rank: records it, propagates it to every rank, wakes pollers, and sets
  * this thread's message. Returns the fault's code (the first one raised if one already was). */
 int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, ...)

@@ -66,24 +66,6 @@ static void stripe_cut(size_t len, int k, int i, size_t *off, size_t *n) {
 
 static int stripe_wide(const stripe_tp *t, int peer, size_t len) { return t->remote[peer] && len >= STRIPE_MIN; }
 
-/* The caller's rules (transport.h), checked before anything is cut: a part refused on one stream while
- * the others ran would leave the peers' stripes unmatched. */
-static int stripe_validate(const stripe_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
-    int size = t->base.ctx.size, me = t->base.ctx.rank;
-    if (ns < 0 || nr < 0 || ns > size || nr > size)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: tcp exchange: %d sends, %d receives", me, ns, nr);
-    for (int i = 0; i < ns; i++)
-        if (s[i].peer < 0 || s[i].peer >= size || s[i].peer == me || (s[i].len && !s[i].buf))
-            return tally__seterr(TALLY_E_INVALID, "rank %d: tcp exchange: bad send to peer %d", me, s[i].peer);
-    for (int i = 0; i < nr; i++) {
-        size_t es = r[i].src ? tally_dtype_size(r[i].dtype) : 1;
-        if (r[i].peer < 0 || r[i].peer >= size || r[i].peer == me || (r[i].len && !r[i].dst) || es == 0 ||
-            r[i].len % es)
-            return tally__seterr(TALLY_E_INVALID, "rank %d: tcp exchange: bad receive from peer %d", me, r[i].peer);
-    }
-    return 0;
-}
-
 /* Shares the exchange out: each lane gets its stripe of every wide message, lane 0 the narrow ones too. */
 static void stripe_split(stripe_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
     for (int i = 0; i < t->k; i++) t->lanes[i].ns = t->lanes[i].nr = 0;
@@ -151,7 +133,9 @@ static int stripe_exchange(tally__tp *tp, const tally__send *s, int ns, const ta
     stripe_tp *t = (stripe_tp *)tp;
     int rc = tally__fault_check(t->base.ctx.fault), wide = 0;
     if (rc) return rc;
-    if ((rc = stripe_validate(t, s, ns, r, nr))) return rc;
+    /* Before anything is cut: a part refused on one stream while the others ran would leave the peers'
+     * stripes unmatched. */
+    if ((rc = tally__tp_check_rules(&t->base.ctx, "tcp", s, ns, r, nr))) return rc;
     for (int j = 0; j < ns && !wide; j++) wide = stripe_wide(t, s[j].peer, s[j].len);
     for (int j = 0; j < nr && !wide; j++) wide = stripe_wide(t, r[j].peer, r[j].len);
     if (!wide) return t->streams[0]->ops->exchange(t->streams[0], s, ns, r, nr);

@@ -357,23 +357,6 @@ static int tcp_sleep(tally__tcp_tp *t, int nops, uint64_t deadline) {
     return 0;
 }
 
-/* Checks the caller's rules cheaply; a violation is a bug in an algorithm, not a peer's fault. */
-static int tcp_validate(tally__tcp_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
-    int size = t->base.ctx.size, me = t->base.ctx.rank;
-    if (ns < 0 || nr < 0 || ns > size || nr > size)
-        return tally__seterr(TALLY_E_INVALID, "rank %d: tcp exchange: %d sends, %d receives", me, ns, nr);
-    for (int i = 0; i < ns; i++)
-        if (s[i].peer < 0 || s[i].peer >= size || s[i].peer == me || (s[i].len && !s[i].buf))
-            return tally__seterr(TALLY_E_INVALID, "rank %d: tcp exchange: bad send to peer %d", me, s[i].peer);
-    for (int i = 0; i < nr; i++) {
-        size_t es = r[i].src ? tally_dtype_size(r[i].dtype) : 1;
-        if (r[i].peer < 0 || r[i].peer >= size || r[i].peer == me || (r[i].len && !r[i].dst) || es == 0 ||
-            r[i].len % es)
-            return tally__seterr(TALLY_E_INVALID, "rank %d: tcp exchange: bad receive from peer %d", me, r[i].peer);
-    }
-    return 0;
-}
-
 static int tcp_post(tally__tcp_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
     int n = 0;
     for (int i = 0; i < ns; i++, n++)
@@ -419,7 +402,7 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
     tally__tcp_tp *t = (tally__tcp_tp *)tp;
     int rc = tally__fault_check(t->base.ctx.fault);
     if (rc) return rc;
-    if ((rc = tcp_validate(t, s, ns, r, nr))) return rc;
+    if ((rc = tally__tp_check_rules(&t->base.ctx, "tcp", s, ns, r, nr))) return rc;
     t->mycpu = tally__cpus_current();
     int nops = tcp_post(t, s, ns, r, nr), pending = nops;
     uint64_t now = tally__now_ns(), deadline = now + (uint64_t)(t->base.ctx.timeout_s * 1e9);

@@ -64,6 +64,10 @@ struct tally__tp {
     int abandon;
 };
 
+/* The rules above, checked (rules.c): TALLY_E_INVALID naming the backend and the bad send or receive. */
+int tally__tp_check_rules(const tally__tp_ctx *ctx, const char *name, const tally__send *s, int ns,
+                          const tally__recv *r, int nr);
+
 /* A wait that lasted TALLY_TIMEOUT. The awaited rank may be waiting too, for a rank that waits in turn:
  * blaming the first one would name a bystander, and each rank would name another. Each backend tells,
  * from what the others published (shm: the segment; tcp: frames sent while stalled), whom a rank waits

@@ -120,7 +120,7 @@ static int abort_rank(int rank, int n, void *arg) {
     free(buf);
     reinit(rank, n);
     S->fds_after[rank] = th_count_fds();
-    S->thr_after[rank] = th_count_threads();
+    S->thr_after[rank] = th_count_threads_after(S->thr_before[rank]);
     return 0;
 }
 

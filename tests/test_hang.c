@@ -74,7 +74,7 @@ out:
     tally_comm_free(c);
     free(buf);
     S->fds_after[rank] = th_count_fds();
-    S->thr_after[rank] = th_count_threads();
+    S->thr_after[rank] = th_count_threads_after(S->thr_before[rank]);
     S->done[rank] = 1;
     return 0;
 }

@@ -218,7 +218,7 @@ static int rank_coll(int rank, int n, void *arg) {
     if (!S->failures && (rc = tally_barrier(c))) fail_rc(rank, "barrier", rc);
     tally_comm_free(c);
     S->fds_after[rank] = th_count_fds();
-    S->thr_after[rank] = th_count_threads();
+    S->thr_after[rank] = th_count_threads_after(S->thr_before[rank]);
     return S->failures ? 1 : 0;
 }
 

@@ -54,6 +54,15 @@ int th_count_threads(void) {
     return n;
 }
 
+int th_count_threads_after(int before) {
+    int n = th_count_threads();
+    for (int waited = 0; n > before && waited < 200; waited++) {
+        usleep(1000);
+        n = th_count_threads();
+    }
+    return n;
+}
+
 int th_first_rank_named(const char *msg) {
     const char *p = strstr(msg, "rank ");
     return p ? atoi(p + 5) : -1;

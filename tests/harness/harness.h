@@ -47,6 +47,10 @@ double th_now(void);
 int th_count_fds(void);
 /* Threads of this process (entries of /proc/self/task), -1 if unreadable. */
 int th_count_threads(void);
+/* The count once it is back to `before` or 200 ms have passed: a joined thread can stay listed in
+ * /proc/self/task a moment after pthread_join returns (the kernel wakes the joiner when the thread
+ * clears its tid, before the task is gone). */
+int th_count_threads_after(int before);
 /* The rank a message names first ("rank 2 (pid ...) ..."), or -1. */
 int th_first_rank_named(const char *msg);
 /* Removes dir and the files in it (not subdirectories); quiet when it does not exist. */

@@ -53,6 +53,14 @@ int tally__boot_check_host(void) {
                              "it takes 1-63 letters, digits, '.', '-' or '_'; ranks with the same name are one host");
 }
 
+void tally__boot_kernel_id(char *id, size_t n) {
+    id[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f) return;
+    if (!fgets(id, (int)n, f)) id[0] = '\0';
+    fclose(f);
+}
+
 /* A host is one kernel (hostname and boot id: a hostname alone can repeat across containers) and one
  * network namespace: processes in two namespaces of a kernel (containers, scripts/hosts.sh's test hosts)
  * reach each other only over the network, as hosts do, so they never share memory. TALLY_HOST names the
@@ -68,11 +76,7 @@ static void boot_self(tally__peer *p) {
     }
     char boot_id[64] = "", netns[64] = "";
     if (gethostname(p->hostname, sizeof p->hostname - 1) != 0) snprintf(p->hostname, sizeof p->hostname, "?");
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-    if (f) {
-        if (!fgets(boot_id, sizeof boot_id, f)) boot_id[0] = '\0';
-        fclose(f);
-    }
+    tally__boot_kernel_id(boot_id, sizeof boot_id);
     ssize_t k = readlink("/proc/self/ns/net", netns, sizeof netns - 1); /* "net:[4026531840]" */
     netns[k > 0 ? k : 0] = '\0';
     p->hostid = fnv1a(fnv1a(fnv1a(FNV_OFFSET, p->hostname), boot_id), netns);

@@ -61,6 +61,9 @@ int tally__boot_check_host(void);
 /* Each rank's host index (hosts numbered in order of their first rank) into host[size] and its index
  * among its host's ranks into local[size] (hosts.c); returns the number of hosts, -1 out of memory. */
 int tally__hosts_of(const tally__peer *p, int size, int *host, int *local);
+/* This kernel's boot id (/proc/sys/kernel/random/boot_id, "" when unreadable): one per running kernel,
+ * shared by its containers and network namespaces. */
+void tally__boot_kernel_id(char *id, size_t n);
 /* 1 if every rank reported the same hostid. */
 int tally__boot_single_host(const tally__boot *b);
 /* The token, for the transports' own authenticated handshakes. */

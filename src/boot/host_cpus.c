@@ -1,7 +1,6 @@
 /* host_cpus.c - whether every rank on this kernel can have a CPU of its own: the union of the kernel's
  * ranks' affinity sets against their count, gathered once at init for the transports' wait policy. */
 #include <sched.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,14 +16,6 @@ typedef struct cpus_of {
     char kernel[40]; /* /proc/sys/kernel/random/boot_id, "" when unreadable */
 } cpus_of;
 
-static void kernel_of(char *id, size_t n) {
-    id[0] = '\0';
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-    if (!f) return;
-    if (!fgets(id, (int)n, f)) id[0] = '\0';
-    fclose(f);
-}
-
 /* A rank's own set is no guide: one bound to a single CPU sees one CPU however many its kernel's ranks
  * share between them; and ranks in different cpusets may each see all of theirs. */
 int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded) {
@@ -33,7 +24,7 @@ int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded) {
     *crowded = 0;
     memset(&mine, 0, sizeof mine);
     if (sched_getaffinity(0, sizeof mine.set, &mine.set) != 0) CPU_ZERO(&mine.set);
-    kernel_of(mine.kernel, sizeof mine.kernel);
+    tally__boot_kernel_id(mine.kernel, sizeof mine.kernel);
     cpus_of *all = malloc((size_t)size * sizeof *all);
     if (!all) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory gathering the ranks' CPU sets", rank);
     int rc = tally__boot_allgather(boot, &mine, all, sizeof mine);

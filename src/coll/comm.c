@@ -37,11 +37,12 @@ struct tally_comm {
     /* The owner's reference (dropped by free or abort) plus one per call in flight: whoever drops the
      * last one destroys the communicator, so abort never frees it under a call on another thread. */
     _Atomic int refs;
-    _Atomic int aborted;  /* tally_comm_abort: tear down without goodbyes */
-    int *world;           /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
-    tally__levels levels; /* the world's, when its ranks span hosts alike (levels.h NULL: none) */
-    tally_comm *host;     /* the world's host communicator (its shm is the transport's, and the levels'
+    _Atomic int aborted;   /* tally_comm_abort: tear down without goodbyes */
+    int *world;            /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
+    tally__levels levels;  /* the world's, when its ranks span hosts alike (levels.h NULL: none) */
+    tally_comm *host;      /* the world's host communicator (its shm is the transport's, and the levels'
                            * host level), freed after the world's monitor and levels; NULL: none */
+    tally__wait_note note; /* the transport's tcp waits, told to the host's ranks (shm+tcp sets it) */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -60,7 +61,8 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, t
                           .boot = c->boot,
                           .fault = &c->fault,
                           .timeout_s = timeout_s,
-                          .sig = &c->sig};
+                          .sig = &c->sig,
+                          .note = &c->note};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
     int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
     if (rc) return rc;

@@ -1,6 +1,7 @@
 /* mixed.c - one communicator over two backends: shared memory to the ranks on this host (the host
  * communicator's shm transport, borrowed), TCP to the ranks on the others; an exchange with both. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,8 @@ typedef struct mixed_tp {
     pthread_cond_t cv;
     int job; /* 1: a TCP half is posted; -1: the thread leaves */
     int done, nts, ntr, rc;
-    char why[1024]; /* the helper's message (its own thread's) */
+    _Atomic int local_busy; /* the shm half runs: its own wait record speaks for this rank */
+    char why[1024];         /* the helper's message (its own thread's) */
 } mixed_tp;
 
 static void *mixed_helper(void *arg) {
@@ -74,7 +76,9 @@ static void mixed_world_words(char *msg, size_t cap) {
 static int mixed_local(mixed_tp *m, int ns, int nr) {
     const tally__sig *own = m->shm->ctx.sig;
     m->shm->ctx.sig = m->base.ctx.sig;
+    atomic_store_explicit(&m->local_busy, 1, memory_order_relaxed);
     int rc = m->shm->ops->exchange(m->shm, m->ls, ns, m->lr, nr);
+    atomic_store_explicit(&m->local_busy, 0, memory_order_relaxed);
     m->shm->ctx.sig = own;
     if (!rc) return 0;
     char msg[sizeof m->base.ctx.fault->msg];
@@ -85,7 +89,17 @@ static int mixed_local(mixed_tp *m, int ns, int nr) {
     return tally__fault_raise(m->base.ctx.fault, rc, culprit, "%s", msg);
 }
 
+/* The TCP half stalled (peer >= 0) or moved on (-1): the host's ranks read it in our shm wait record,
+ * unless the shm half is waiting too, whose own record they follow. The TCP half is posted only after
+ * local_busy is set, and ends before the next exchange sets it again: the two never write at once. */
+static void mixed_tell(void *arg, int peer) {
+    mixed_tp *m = arg;
+    if (peer >= 0 && atomic_load_explicit(&m->local_busy, memory_order_relaxed)) return;
+    tally__shm_wait_elsewhere(m->shm, peer >= 0, m->base.ctx.sig->seq);
+}
+
 static int mixed_both(mixed_tp *m, int nls, int nlr, int nts, int ntr) {
+    atomic_store_explicit(&m->local_busy, 1, memory_order_relaxed);
     pthread_mutex_lock(&m->mu);
     m->nts = nts;
     m->ntr = ntr;
@@ -131,6 +145,7 @@ static int mixed_exchange(tally__tp *tp, const tally__send *s, int ns, const tal
 
 static void mixed_destroy(tally__tp *tp) {
     mixed_tp *m = (mixed_tp *)tp;
+    if (m->base.ctx.note && m->base.ctx.note->arg == m) *m->base.ctx.note = (tally__wait_note){0};
     if (m->started) {
         pthread_mutex_lock(&m->mu);
         m->job = -1;
@@ -185,6 +200,7 @@ int tally__mixed_create(tally__tp *tcp, tally__tp *shm, const int *local_of, tal
         return tally__seterr(TALLY_E_SYSTEM, "rank %d: cannot start the shm+tcp transport's thread", tcp->ctx.rank);
     }
     m->started = shm != NULL;
+    if (shm && m->base.ctx.note) *m->base.ctx.note = (tally__wait_note){.tell = mixed_tell, .arg = m};
     m->tcp = tcp; /* taken over only on success: the caller still owns it on failure */
     *out = &m->base;
     return 0;

@@ -60,8 +60,9 @@ typedef struct shm_fault_rec {
 typedef struct shm_wait_rec {
     _Alignas(SHM_LINE) _Atomic uint64_t seq; /* the collective it waits in */
     _Atomic uint64_t beat_ns;                /* tally__now_ns() of its latest look (it is alive and waiting) */
-    _Atomic int32_t peer;                    /* whom it waits for; -1 when not waiting */
+    _Atomic int32_t peer; /* whom it waits for; -1 when not waiting; SHM_WAIT_ELSEWHERE: a rank over tcp */
 } shm_wait_rec;
+#define SHM_WAIT_ELSEWHERE (-2)
 
 /* The segment starts with this header; then per rank a doorbell and a sleeping word; then the
  * fault records, the wait records and the CPU words; then the channels, page aligned: [consumed line][slot headers][slot data] each. */

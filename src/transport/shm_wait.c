@@ -159,6 +159,25 @@ static int shm_awaits(void *arg, int r, uint64_t *seq) {
     return atomic_load_explicit(&w->peer, memory_order_relaxed);
 }
 
+/* Rank r waits over tcp in a shm+tcp world (it said so within the freshness bound). */
+static int shm_hidden(void *arg, int r) {
+    uint64_t seq;
+    return shm_awaits(arg, r, &seq) == SHM_WAIT_ELSEWHERE;
+}
+
+void tally__shm_wait_elsewhere(tally__tp *tp, int elsewhere, uint64_t seq) {
+    shm_tp *t = (shm_tp *)tp;
+    shm_wait_rec *w = &t->wait[t->me];
+    if (!elsewhere) {
+        int32_t was = SHM_WAIT_ELSEWHERE; /* a wait of the shm half itself is left as it is */
+        atomic_compare_exchange_strong_explicit(&w->peer, &was, -1, memory_order_relaxed, memory_order_relaxed);
+        return;
+    }
+    atomic_store_explicit(&w->seq, seq, memory_order_relaxed);
+    atomic_store_explicit(&w->peer, SHM_WAIT_ELSEWHERE, memory_order_relaxed);
+    atomic_store_explicit(&w->beat_ns, tally__now_ns(), memory_order_release);
+}
+
 static int shm_timeout(const shm_xchg *x) {
     shm_tp *t = x->t;
     const char *what, *dir;
@@ -173,6 +192,7 @@ static int shm_timeout(const shm_xchg *x) {
                       .sig = t->base.ctx.sig,
                       .detail = detail,
                       .awaits = shm_awaits,
+                      .hidden = shm_hidden,
                       .arg = t};
     return tally__stall_raise(t->base.ctx.fault, &s);
 }

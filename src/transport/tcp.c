@@ -398,6 +398,13 @@ static int tcp_abort(tally__tcp_tp *t, int nops, int rc) {
     return rc;
 }
 
+/* Our peers hear it in WAIT frames; the ranks of our host in a shm+tcp world, through the note. */
+static void tcp_tell(tally__tcp_tp *t, int peer) {
+    tally__tcp_tell_wait(t, peer);
+    const tally__wait_note *n = t->base.ctx.note;
+    if (n && n->tell) n->tell(n->arg, peer);
+}
+
 static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally__recv *r, int nr) {
     tally__tcp_tp *t = (tally__tcp_tp *)tp;
     int rc = tally__fault_check(t->base.ctx.fault);
@@ -428,7 +435,7 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
             spin_until = now + spin_ns;
             next_beat = now + beat_ns;
             if (t->stalled) {
-                tally__tcp_tell_wait(t, -1);
+                tcp_tell(t, -1);
                 t->stalled = 0;
             }
         }
@@ -439,14 +446,14 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
         }
         if (now >= deadline) return tcp_abort(t, nops, tcp_timeout(t, &t->ops[tcp_first_pending(t, nops)]));
         if (now >= next_beat) {
-            tally__tcp_tell_wait(t, t->ops[tcp_first_pending(t, nops)].peer);
+            tcp_tell(t, t->ops[tcp_first_pending(t, nops)].peer);
             t->stalled = 1;
             next_beat = now + beat_ns;
         }
         if ((rc = tcp_sleep(t, nops, deadline))) return tcp_abort(t, nops, rc);
         spin_until = tally__now_ns() + spin_ns;
     }
-    if (t->stalled) tally__tcp_tell_wait(t, -1);
+    if (t->stalled) tcp_tell(t, -1);
     return 0;
 }
 

@@ -29,13 +29,23 @@ typedef struct tally__recv {
 /* What every backend is created with. `sig` points at the communicator's current collective
  * fingerprint: each message carries a copy and the receiver compares it with its own; when the
  * sequence numbers match and anything else differs, it raises TALLY_E_MISMATCH naming both sides. */
+/* A stalled tcp wait, told to the ranks that share this host (shm+tcp): they cannot see tcp's WAIT
+ * frames, and without it would take a host-mate that waits on another host for the one that holds
+ * them up. tcp calls tell with the awaited rank as it tells its peers, and with -1 when the wait
+ * ends; tell NULL: nobody listens. Set by mixed.c once the world's shm half exists. */
+typedef struct tally__wait_note {
+    void (*tell)(void *arg, int peer);
+    void *arg;
+} tally__wait_note;
+
 typedef struct tally__tp_ctx {
     int rank, size;
     struct tally__boot *boot;
     tally__fault *fault;
     double timeout_s;
     const tally__sig *sig;
-    int crowded; /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
+    int crowded;            /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
+    tally__wait_note *note; /* NULL, or the communicator's: see tally__wait_note */
 } tally__tp_ctx;
 
 typedef struct tally__tp tally__tp;
@@ -85,8 +95,9 @@ typedef struct tally__stall {
      * (*seq; it may be behind or ahead of ours), or -1. NULL: unknown, blame the awaited rank. */
     int (*awaits)(void *arg, int rank, uint64_t *seq);
     void (*label)(void *arg, int rank, char *buf, size_t n); /* " (pid 123, host h)", or NULL */
-    /* 1 when `rank` may wait on a link this backend cannot see (a rank of its host, over shm, in a
-     * shm+tcp world): a rank there sees more, so its verdict is awaited a moment first. NULL: never. */
+    /* 1 when `rank` may wait on a link this backend cannot see (tcp: a rank of its host, over shm, in a
+     * shm+tcp world; shm: a host-mate that said it waits over tcp): a rank there sees more, so its
+     * verdict is awaited a moment first. NULL: never. */
     int (*hidden)(void *arg, int rank);
     void *arg;
 } tally__stall;
@@ -105,6 +116,9 @@ int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
  * world ranks); a fault shm meets is raised there, naming the world rank. shm NULL: no rank shares
  * this host. Not collective. */
 int tally__mixed_create(tally__tp *tcp, tally__tp *shm, const int *local_of, tally__tp **out);
+/* The shm half of a shm+tcp world: this rank waits over tcp (elsewhere 1, in the collective `seq`) or
+ * no longer does (0), as its host-mates' stall reads it (tally__stall's hidden). */
+void tally__shm_wait_elsewhere(tally__tp *shm, int elsewhere, uint64_t seq);
 /* k tcp meshes (stripe.c), named "tcp" too: messages of 256 KiB and more to peers on other hosts go in k
  * stripes at once, one per mesh; k = 1 is the plain tcp transport. */
 int tally__stripe_create(const tally__tp_ctx *ctx, int k, tally__tp **out);

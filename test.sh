@@ -15,10 +15,10 @@ if [ "${TALLY_TEST_QUICK:-0}" != 1 ]; then
   cmake --build build-asan -j"$jobs"
   (cd build-asan && TALLY_TEST_LIGHT=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900)
   # The threaded parts (the monitor thread, faults raised from it, abort from another thread, the engine
-  # and ZeRO communication threads, shm+tcp's helper thread) under ThreadSanitizer; TALLY_TEST_THREADS=1 keeps test_zero to its
+  # and ZeRO communication threads, shm+tcp's helper thread, the non-blocking calls' thread) under ThreadSanitizer; TALLY_TEST_THREADS=1 keeps test_zero to its
   # threaded cases.
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTALLY_TSAN=ON >/dev/null
-  cmake --build build-tsan -j"$jobs" --target test_boot test_faults test_abort test_ddp test_zero test_mixed tally
+  cmake --build build-tsan -j"$jobs" --target test_boot test_faults test_abort test_ddp test_zero test_mixed test_requests tally
   (cd build-tsan && TALLY_TEST_THREADS=1 TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 \
-    -R '^(test_boot|test_faults|test_abort|test_ddp|test_zero|test_mixed)$')
+    -R '^(test_boot|test_faults|test_abort|test_ddp|test_zero|test_mixed|test_requests)$')
 fi

@@ -122,6 +122,37 @@ TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_
 TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root);
 TALLY_API int tally_barrier(tally_comm *c);
 
+/* Non-blocking collectives (as MPI_Iallreduce, or NCCL's calls on a stream). Each returns at once with a
+ * request in *req; the communicator's communication thread (started by the first such call) runs the
+ * requests one at a time in the order they were posted, so every rank must post the same sequence, as
+ * with blocking calls, and a blocking call made while requests are pending runs after them. Buffers
+ * must stay valid, and unchanged where they are read, until the request is done. Everything a blocking
+ * call can fail with (bad arguments included) is the request's result, returned by tally_wait.
+ * tally_comm_free first completes the pending requests; tally_comm_abort fails them (TALLY_E_ABORTED). */
+typedef struct tally_request tally_request;
+TALLY_API int tally_iallreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                               tally_request **req);
+TALLY_API int tally_ireduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                                    tally_op op, tally_request **req);
+TALLY_API int tally_iallgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t,
+                               tally_request **req);
+TALLY_API int tally_ibroadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root, tally_request **req);
+TALLY_API int tally_ibarrier(tally_comm *c, tally_request **req);
+/* Blocks until req is done; returns its result (0 or a TALLY_E_* code, with tally_last_error set to its
+ * message). A waiter may run queued requests itself when the thread has not started them. The request
+ * stays valid (wait again, or free it). */
+TALLY_API int tally_wait(tally_request *req);
+/* *done = 1 and req's result once it is done; *done = 0 and 0 before. */
+TALLY_API int tally_test(tally_request *req, int *done);
+/* Calls fn(arg, rc, msg) once req is done: on the thread that completed it (the communication thread, or
+ * a waiter), before tally_wait returns; or at once on this thread when it already is done. One
+ * callback per request. fn must not block on, free or abort the communicator. */
+TALLY_API int tally_request_on_done(tally_request *req, void (*fn)(void *arg, int rc, const char *msg), void *arg);
+/* Frees req; NULL is a no-op. A request still pending is freed once it completes (as MPI_Request_free):
+ * it still runs, and its callback is still called, but nobody may wait on it any more. A done request
+ * may outlive its communicator. */
+TALLY_API int tally_request_free(tally_request *req);
+
 /* Memory for collective buffers that the other ranks on this host read in place: on shm a large
  * message from it costs one copy and no system call. 64-byte aligned; usable with every collective
  * like any other memory (plain memory on tcp and self). NULL on failure (see tally_last_error).

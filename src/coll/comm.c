@@ -19,6 +19,7 @@
 #include "../core/log.h"
 #include "../core/parse.h"
 #include "../core/reduce.h"
+#include "async.h"
 #include "coll.h"
 #include "measure.h"
 
@@ -37,12 +38,13 @@ struct tally_comm {
     /* The owner's reference (dropped by free or abort) plus one per call in flight: whoever drops the
      * last one destroys the communicator, so abort never frees it under a call on another thread. */
     _Atomic int refs;
-    _Atomic int aborted;   /* tally_comm_abort: tear down without goodbyes */
-    int *world;            /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
-    tally__levels levels;  /* the world's, when its ranks span hosts alike (levels.h NULL: none) */
-    tally_comm *host;      /* the world's host communicator (its shm is the transport's, and the levels'
+    _Atomic int aborted;     /* tally_comm_abort: tear down without goodbyes */
+    int *world;              /* a split's: each rank's rank in the world, which its messages name; NULL: the world */
+    tally__levels levels;    /* the world's, when its ranks span hosts alike (levels.h NULL: none) */
+    tally_comm *host;        /* the world's host communicator (its shm is the transport's, and the levels'
                            * host level), freed after the world's monitor and levels; NULL: none */
-    tally__wait_note note; /* the transport's tcp waits, told to the host's ranks (shm+tcp sets it) */
+    tally__wait_note note;   /* the transport's tcp waits, told to the host's ranks (shm+tcp sets it) */
+    tally__async_slot async; /* the non-blocking calls' queue and thread, from the first one on */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -240,20 +242,35 @@ static void tally__enter(tally_comm *c) {
 }
 
 /* A call ends (or the owner lets go): the last one out destroys the communicator. Returns rc. */
-static int tally__leave(tally_comm *c, int rc) {
-    if (rc && c && c->world) { /* a split's message names each rank it mentions by its world rank too */
+/* A split's message names each rank it mentions by its world rank too. Returns rc. */
+static int tally__name_world_err(const tally_comm *c, int rc) {
+    if (rc && c && c->world) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", tally_last_error());
         tally__err_name_world(msg, sizeof msg, c->world, c->ctx.size);
         tally__seterr(rc, "%s", msg);
     }
+    return rc;
+}
+
+static int tally__leave(tally_comm *c, int rc) {
+    tally__name_world_err(c, rc);
     if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) tally__comm_destroy(c);
     return rc;
 }
 
+static void tally__comm_stop_async(tally_comm *c) {
+    if (!c->async.e) return;
+    c->async.ops->stop(c->async.e);
+    c->async.e = NULL;
+}
+
 /* Teardown leaves the thread's message alone (as free() leaves errno): a caller tearing down after a
  * failure still reads why it failed. */
-TALLY_API int tally_comm_free(tally_comm *c) { return tally__leave(c, 0); }
+TALLY_API int tally_comm_free(tally_comm *c) {
+    if (c) tally__comm_stop_async(c); /* its requests complete first, as a blocking call would have */
+    return tally__leave(c, 0);
+}
 
 TALLY_API int tally_comm_abort(tally_comm *c) {
     tally__clearerr();
@@ -265,6 +282,7 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
                        "rank %d aborted the communicator (tally_comm_abort); it cannot be used on any rank: free it "
                        "and create a new one",
                        c->ctx.rank);
+    tally__comm_stop_async(c); /* queued requests fail at once on the fault; the running one within ms */
     struct timespec nap = {0, 1000000};
     double waited = 0;
     while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {
@@ -412,11 +430,6 @@ static int tally__allreduce_body(tally_comm *c, const void *send, void *recv, si
     return rc;
 }
 
-TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
-    tally__enter(c);
-    return tally__leave(c, tally__allreduce_body(c, send, recv, count, t, op));
-}
-
 static int tally__reduce_scatter_body(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                                       tally_op op) {
     static const char fn[] = "tally_reduce_scatter";
@@ -444,12 +457,6 @@ static int tally__reduce_scatter_body(tally_comm *c, const void *send, void *rec
     return rc;
 }
 
-TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
-                                   tally_op op) {
-    tally__enter(c);
-    return tally__leave(c, tally__reduce_scatter_body(c, send, recv, recvcount, t, op));
-}
-
 static int tally__allgather_body(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
     static const char fn[] = "tally_allgather";
     int rc = tally__check_common(c, fn, sendcount, t, TALLY_SUM);
@@ -473,11 +480,6 @@ static int tally__allgather_body(tally_comm *c, const void *send, void *recv, si
     }
 }
 
-TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
-    tally__enter(c);
-    return tally__leave(c, tally__allgather_body(c, send, recv, sendcount, t));
-}
-
 static int tally__broadcast_body(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
     static const char fn[] = "tally_broadcast";
     int rc = tally__check_common(c, fn, count, t, TALLY_SUM);
@@ -497,11 +499,6 @@ static int tally__broadcast_body(tally_comm *c, void *buf, size_t count, tally_d
     }
 }
 
-TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
-    tally__enter(c);
-    return tally__leave(c, tally__broadcast_body(c, buf, count, t, root));
-}
-
 static int tally__barrier_body(tally_comm *c) {
     int rc = tally__check_common(c, "tally_barrier", 0, TALLY_U8, TALLY_SUM);
     if (rc) return rc;
@@ -510,9 +507,52 @@ static int tally__barrier_body(tally_comm *c) {
     return tally__empty(c, algo);
 }
 
-TALLY_API int tally_barrier(tally_comm *c) {
+static int tally__body(tally_comm *c, const tally__call *a) {
+    switch (a->coll) {
+    case TALLY__ALLREDUCE: return tally__allreduce_body(c, a->send, a->recv, a->count, a->t, a->op);
+    case TALLY__REDUCE_SCATTER: return tally__reduce_scatter_body(c, a->send, a->recv, a->count, a->t, a->op);
+    case TALLY__ALLGATHER: return tally__allgather_body(c, a->send, a->recv, a->count, a->t);
+    case TALLY__BROADCAST: return tally__broadcast_body(c, a->recv, a->count, a->t, a->root);
+    default: return tally__barrier_body(c);
+    }
+}
+
+int tally__comm_run(tally_comm *c, const tally__call *a) { return tally__name_world_err(c, tally__body(c, a)); }
+
+tally__async_slot *tally__comm_async(tally_comm *c) { return &c->async; }
+
+/* A blocking call runs here, unless non-blocking ones are pending: then it waits its turn behind them. */
+static int tally__call_now(tally_comm *c, const tally__call *a) {
     tally__enter(c);
-    return tally__leave(c, tally__barrier_body(c));
+    int rc =
+        c && c->async.e && c->async.ops->pending(c->async.e) ? c->async.ops->through(c->async.e, a) : tally__body(c, a);
+    return tally__leave(c, rc);
+}
+
+TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+    tally__call a = {TALLY__ALLREDUCE, send, recv, count, t, op, -1};
+    return tally__call_now(c, &a);
+}
+
+TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                                   tally_op op) {
+    tally__call a = {TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op, -1};
+    return tally__call_now(c, &a);
+}
+
+TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
+    tally__call a = {TALLY__ALLGATHER, send, recv, sendcount, t, TALLY_SUM, -1};
+    return tally__call_now(c, &a);
+}
+
+TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
+    tally__call a = {TALLY__BROADCAST, buf, buf, count, t, TALLY_SUM, root};
+    return tally__call_now(c, &a);
+}
+
+TALLY_API int tally_barrier(tally_comm *c) {
+    tally__call a = {TALLY__BARRIER, NULL, NULL, 0, TALLY_U8, TALLY_SUM, -1};
+    return tally__call_now(c, &a);
 }
 
 /* ---- memory peers can read in place ----------------------------------------------------------- */

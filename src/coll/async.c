@@ -1,0 +1,260 @@
+/* async.c - non-blocking collectives and their requests: a queue per communicator, run in the order posted
+ * (every rank posts the same sequence, so the collectives match) on its communication thread or a waiter. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/err.h"
+#include "../core/sig.h"
+#include "async.h"
+
+enum { REQ_QUEUED, REQ_RUNNING, REQ_FINISHING, REQ_DONE };
+
+struct tally_request {
+    tally__async *eng; /* read only while not done: a done request outlives its communicator */
+    tally__call call;
+    tally_request *next;
+    int state;    /* under eng->mu until done */
+    int detached; /* freed while pending: whoever completes it frees it */
+    _Atomic int done;
+    int rc;
+    char msg[1024];
+    void (*fn)(void *arg, int rc, const char *msg);
+    void *arg;
+};
+
+struct tally__async {
+    tally_comm *comm;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t posted, finished;
+    tally_request *head, *tail; /* queued in order; the head may be running */
+    int running, stop;
+};
+
+static pthread_mutex_t async_create_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* With mu held and the head not running: runs it with mu released (on whichever thread calls), then its
+ * callback, and only then marks it done, so a waiter that frees it never races the callback. */
+static void async_run_head(tally__async *e) {
+    tally_request *r = e->head;
+    e->running = 1;
+    r->state = REQ_RUNNING;
+    pthread_mutex_unlock(&e->mu);
+    int rc = tally__comm_run(e->comm, &r->call);
+    r->rc = rc;
+    if (rc) snprintf(r->msg, sizeof r->msg, "%s", tally_last_error());
+    pthread_mutex_lock(&e->mu);
+    e->head = r->next;
+    if (!e->head) e->tail = NULL;
+    e->running = 0;
+    r->state = REQ_FINISHING;
+    void (*fn)(void *, int, const char *) = r->fn;
+    void *arg = r->arg;
+    if (e->head) pthread_cond_signal(&e->posted); /* the thread may have waited for us to finish */
+    pthread_mutex_unlock(&e->mu);
+    if (fn) fn(arg, rc, r->msg);
+    pthread_mutex_lock(&e->mu);
+    r->state = REQ_DONE;
+    if (r->detached) /* nobody holds it; once done is published, its owner may free it at any moment */
+        free(r);
+    else
+        atomic_store_explicit(&r->done, 1, memory_order_release);
+    pthread_cond_broadcast(&e->finished);
+    pthread_cond_broadcast(&e->posted); /* a stopping thread waits for the last one */
+}
+
+static void *async_thread(void *arg) {
+    tally__async *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        if (e->head && !e->running) {
+            async_run_head(e);
+            continue;
+        }
+        if (e->stop && !e->head) break;
+        pthread_cond_wait(&e->posted, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+static int async_pending(tally__async *e) {
+    pthread_mutex_lock(&e->mu);
+    int pending = e->head != NULL;
+    pthread_mutex_unlock(&e->mu);
+    return pending;
+}
+
+static int async_post(tally__async *e, const tally__call *a, tally_request **req) {
+    tally_request *r = calloc(1, sizeof *r);
+    if (!r) return tally__seterr(TALLY_E_NOMEM, "tally: no memory for a request");
+    r->eng = e;
+    r->call = *a;
+    pthread_mutex_lock(&e->mu);
+    if (e->tail)
+        e->tail->next = r;
+    else
+        e->head = r;
+    e->tail = r;
+    pthread_cond_signal(&e->posted);
+    pthread_mutex_unlock(&e->mu);
+    *req = r;
+    return 0;
+}
+
+static int async_through(tally__async *e, const tally__call *a) {
+    tally_request *r = NULL;
+    int rc = async_post(e, a, &r);
+    if (rc) return rc;
+    rc = tally_wait(r);
+    free(r);
+    return rc;
+}
+
+static void async_stop(tally__async *e) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->posted);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->th, NULL);
+    pthread_cond_destroy(&e->finished);
+    pthread_cond_destroy(&e->posted);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+static const tally__async_ops async_ops = {.pending = async_pending, .through = async_through, .stop = async_stop};
+
+/* The communicator's engine, made (and its thread started) by the first non-blocking call. */
+static int async_engine(tally_comm *c, tally__async **out) {
+    tally__async_slot *slot = tally__comm_async(c);
+    pthread_mutex_lock(&async_create_mu);
+    tally__async *e = slot->e;
+    int rc = 0;
+    if (!e && !(e = calloc(1, sizeof *e))) rc = tally__seterr(TALLY_E_NOMEM, "tally: no memory for a request queue");
+    if (!rc && !slot->e) {
+        e->comm = c;
+        pthread_mutex_init(&e->mu, NULL);
+        pthread_cond_init(&e->posted, NULL);
+        pthread_cond_init(&e->finished, NULL);
+        int err = pthread_create(&e->th, NULL, async_thread, e);
+        if (err) {
+            pthread_cond_destroy(&e->finished);
+            pthread_cond_destroy(&e->posted);
+            pthread_mutex_destroy(&e->mu);
+            free(e);
+            rc = tally__seterr(TALLY_E_SYSTEM, "tally: cannot start the communication thread: %s", strerror(err));
+        } else {
+            slot->e = e;
+            slot->ops = &async_ops;
+        }
+    }
+    pthread_mutex_unlock(&async_create_mu);
+    *out = rc ? NULL : e;
+    return rc;
+}
+
+/* ---- the public calls ---- */
+
+static int async_start(tally_comm *c, const tally__call *a, tally_request **req, const char *fn) {
+    tally__clearerr();
+    if (!req) return tally__seterr(TALLY_E_INVALID, "%s: req is NULL", fn);
+    *req = NULL;
+    if (!c) return tally__seterr(TALLY_E_INVALID, "%s: communicator is NULL", fn);
+    tally__async *e;
+    int rc = async_engine(c, &e);
+    return rc ? rc : async_post(e, a, req);
+}
+
+TALLY_API int tally_iallreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                               tally_request **req) {
+    tally__call a = {TALLY__ALLREDUCE, send, recv, count, t, op, -1};
+    return async_start(c, &a, req, "tally_iallreduce");
+}
+
+TALLY_API int tally_ireduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
+                                    tally_op op, tally_request **req) {
+    tally__call a = {TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op, -1};
+    return async_start(c, &a, req, "tally_ireduce_scatter");
+}
+
+TALLY_API int tally_iallgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t,
+                               tally_request **req) {
+    tally__call a = {TALLY__ALLGATHER, send, recv, sendcount, t, TALLY_SUM, -1};
+    return async_start(c, &a, req, "tally_iallgather");
+}
+
+TALLY_API int tally_ibroadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root, tally_request **req) {
+    tally__call a = {TALLY__BROADCAST, buf, buf, count, t, TALLY_SUM, root};
+    return async_start(c, &a, req, "tally_ibroadcast");
+}
+
+TALLY_API int tally_ibarrier(tally_comm *c, tally_request **req) {
+    tally__call a = {TALLY__BARRIER, NULL, NULL, 0, TALLY_U8, TALLY_SUM, -1};
+    return async_start(c, &a, req, "tally_ibarrier");
+}
+
+static int async_result(const tally_request *r) {
+    if (!r->rc) return 0;
+    return tally__seterr(r->rc, "%s", r->msg);
+}
+
+TALLY_API int tally_wait(tally_request *r) {
+    tally__clearerr();
+    if (!r) return tally__seterr(TALLY_E_INVALID, "tally_wait: req is NULL");
+    if (atomic_load_explicit(&r->done, memory_order_acquire)) return async_result(r);
+    tally__async *e = r->eng;
+    pthread_mutex_lock(&e->mu);
+    /* What the thread has not started, the waiter runs: handing it over would only add two thread
+     * switches (on a busy core a scheduling delay each) to a wait that has nothing else to do. */
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+        if (e->head && !e->running)
+            async_run_head(e);
+        else
+            pthread_cond_wait(&e->finished, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return async_result(r);
+}
+
+TALLY_API int tally_test(tally_request *r, int *done) {
+    tally__clearerr();
+    if (!r || !done) return tally__seterr(TALLY_E_INVALID, "tally_test: %s is NULL", r ? "done" : "req");
+    *done = atomic_load_explicit(&r->done, memory_order_acquire);
+    return *done ? async_result(r) : 0;
+}
+
+TALLY_API int tally_request_on_done(tally_request *r, void (*fn)(void *arg, int rc, const char *msg), void *arg) {
+    tally__clearerr();
+    if (!r || !fn) return tally__seterr(TALLY_E_INVALID, "tally_request_on_done: %s is NULL", r ? "fn" : "req");
+    if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+        tally__async *e = r->eng;
+        pthread_mutex_lock(&e->mu);
+        int later = r->state < REQ_FINISHING;
+        if (later) {
+            r->fn = fn;
+            r->arg = arg;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (later) return 0;
+    }
+    fn(arg, r->rc, r->msg); /* already done (or finishing without a callback): now, on this thread */
+    return 0;
+}
+
+TALLY_API int tally_request_free(tally_request *r) {
+    if (!r) return 0;
+    if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+        tally__async *e = r->eng;
+        pthread_mutex_lock(&e->mu);
+        int pending = r->state != REQ_DONE;
+        if (pending) r->detached = 1; /* as MPI_Request_free: it completes, then goes */
+        pthread_mutex_unlock(&e->mu);
+        if (pending) return 0;
+    }
+    free(r);
+    return 0;
+}

@@ -1,0 +1,221 @@
+/* test_requests.c - non-blocking collectives (tally_iallreduce ... tally_wait): results against a reference
+ * at every size class, order kept with blocking calls between, callbacks, errors through the request,
+ * free completing pending requests, abort failing them, a dead peer named. Over shm and tcp. */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tally.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+typedef struct result {
+    int bad, rc, cb_calls, cb_rc;
+    char msg[600];
+} result;
+
+static result *R;
+
+static float val(int rank, size_t i) { return (float)((rank + 1) * 3 + (int)(i % 11)); }
+
+static void fill(float *v, size_t n, int rank) {
+    for (size_t i = 0; i < n; i++) v[i] = val(rank, i);
+}
+
+static float sum_of(int n, size_t i) {
+    float s = 0;
+    for (int r = 0; r < n; r++) s += val(r, i);
+    return s;
+}
+
+static void on_done(void *arg, int rc, const char *msg) {
+    result *r = arg;
+    r->cb_calls++;
+    r->cb_rc = rc;
+}
+
+static void note(result *res, int rc, const char *what) {
+    if (!rc) return;
+    if (!res->rc) {
+        res->rc = rc;
+        snprintf(res->msg, sizeof res->msg, "%s: %s", what, tally_last_error());
+    }
+    res->bad++;
+}
+
+/* Several requests in flight at once, waited for out of order, with a blocking call queued behind them. */
+static int fn_ops(int rank, int n, void *arg) {
+    result *res = &R[rank];
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return note(res, rc, "init"), 0;
+    static const size_t sizes[] = {0, 1, 7, 1001, 1 << 18};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    float *in[NS], *out[NS];
+    tally_request *req[NS];
+    for (int k = 0; k < NS; k++) {
+        size_t m = sizes[k] ? sizes[k] : 1;
+        in[k] = malloc(m * sizeof(float));
+        out[k] = malloc(m * sizeof(float));
+        fill(in[k], sizes[k], rank);
+        note(res, tally_iallreduce(c, in[k], out[k], sizes[k], TALLY_F32, TALLY_SUM, &req[k]), "iallreduce");
+    }
+    note(res, tally_request_on_done(req[NS - 1], on_done, res), "on_done");
+    /* A blocking call now runs after the five: the same sequence on every rank. */
+    float one = (float)rank;
+    note(res, tally_allreduce(c, &one, &one, 1, TALLY_F32, TALLY_MAX), "blocking allreduce behind requests");
+    if (one != (float)(n - 1)) res->bad++;
+    for (int k = NS - 1; k >= 0; k--) {
+        note(res, tally_wait(req[k]), "wait");
+        for (size_t i = 0; i < sizes[k]; i++)
+            if (out[k][i] != sum_of(n, i)) {
+                res->bad++;
+                break;
+            }
+        tally_request_free(req[k]);
+    }
+    if (res->cb_calls != 1 || res->cb_rc != 0) res->bad++;
+    /* The other collectives, posted together. */
+    size_t m = 1003;
+    float *rs_in = malloc(m * n * sizeof(float)), rs_out[1003], *ag = malloc(m * n * sizeof(float)), bc[1003];
+    fill(rs_in, m * n, rank);
+    for (size_t i = 0; i < m; i++) bc[i] = rank == n - 1 ? (float)i : -1.0f;
+    tally_request *rq[4];
+    note(res, tally_ireduce_scatter(c, rs_in, rs_out, m, TALLY_F32, TALLY_SUM, &rq[0]), "ireduce_scatter");
+    note(res, tally_iallgather(c, rs_in, ag, m, TALLY_F32, &rq[1]), "iallgather");
+    note(res, tally_ibroadcast(c, bc, m, TALLY_F32, n - 1, &rq[2]), "ibroadcast");
+    note(res, tally_ibarrier(c, &rq[3]), "ibarrier");
+    for (int k = 0; k < 4; k++) {
+        int done = 0;
+        while (!done) note(res, tally_test(rq[k], &done), "test");
+        tally_request_free(rq[k]);
+    }
+    for (size_t i = 0; i < m; i++) {
+        if (rs_out[i] != sum_of(n, (size_t)rank * m + i)) res->bad++;
+        if (bc[i] != (float)i) res->bad++;
+    }
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < m; i++)
+            if (ag[(size_t)r * m + i] != val(r, i)) res->bad++;
+    /* A request freed while pending still runs, and calls its callback (checked once the comm is freed). */
+    tally_request *gone;
+    float dv[3] = {1, 2, 3};
+    note(res, tally_iallreduce(c, dv, dv, 3, TALLY_F32, TALLY_SUM, &gone), "iallreduce");
+    note(res, tally_request_on_done(gone, on_done, res), "on_done");
+    tally_request_free(gone);
+    note(res, tally_barrier(c), "barrier behind a freed request");
+    if (dv[2] != 3.0f * (float)n) res->bad++;
+    /* An error is the request's: an invalid dtype, on every rank alike. */
+    tally_request *bad;
+    note(res, tally_iallreduce(c, in[1], out[1], 1, (tally_dtype)99, TALLY_SUM, &bad), "post");
+    int brc = tally_wait(bad);
+    if (brc != TALLY_E_INVALID || !strstr(tally_last_error(), "dtype")) res->bad++;
+    tally_request_free(bad);
+    /* Free completes what is still pending; the request outlives the communicator. */
+    tally_request *last;
+    note(res, tally_iallreduce(c, in[4], out[4], sizes[4], TALLY_F32, TALLY_MAX, &last), "iallreduce");
+    tally_comm_free(c);
+    if (res->cb_calls != 2) res->bad++;
+    int done = 0;
+    if (tally_test(last, &done) || !done || out[4][5] != val(n - 1, 5)) res->bad++;
+    tally_request_free(last);
+    for (int k = 0; k < NS; k++) free(in[k]), free(out[k]);
+    free(rs_in);
+    free(ag);
+    return 0;
+}
+
+/* The last rank dies while requests are pending on the others: each fails, naming it, within seconds. */
+static int fn_death(int rank, int n, void *arg) {
+    result *res = &R[rank];
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return note(res, rc, "init"), 0;
+    size_t m = 1 << 16;
+    float *v = calloc(m, sizeof *v);
+    note(res, tally_allreduce(c, v, v, m, TALLY_F32, TALLY_SUM), "first");
+    if (rank == n - 1) _exit(0);
+    tally_request *req[3];
+    for (int k = 0; k < 3; k++) tally_iallreduce(c, v, v, m, TALLY_F32, TALLY_SUM, &req[k]);
+    note(res, tally_request_on_done(req[2], on_done, res), "on_done");
+    int first = 0;
+    for (int k = 0; k < 3; k++) {
+        int rk = tally_wait(req[k]);
+        if (rk && !first) {
+            first = rk;
+            snprintf(res->msg, sizeof res->msg, "%s", tally_last_error());
+        }
+        tally_request_free(req[k]);
+    }
+    res->rc = first;
+    tally_comm_abort(c);
+    free(v);
+    return 0;
+}
+
+/* Abort with requests queued: every one ends with an error, none hangs. */
+static int fn_abort(int rank, int n, void *arg) {
+    result *res = &R[rank];
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return note(res, rc, "init"), 0;
+    size_t m = 1 << 16;
+    float *v = calloc(m, sizeof *v);
+    tally_request *req[8];
+    int posted = 0;
+    if (rank == 0) {
+        for (; posted < 8; posted++) tally_iallreduce(c, v, v, m, TALLY_F32, TALLY_SUM, &req[posted]);
+        tally_comm_abort(c); /* at once: the first may be running, the rest are queued */
+        for (int k = 0; k < posted; k++) {
+            int done = 0;
+            tally_test(req[k], &done);
+            if (!done) res->bad++;
+            res->cb_calls += tally_wait(req[k]) != 0;
+            tally_request_free(req[k]);
+        }
+    } else {
+        int rk = 0;
+        for (int k = 0; k < 50 && !rk; k++) rk = tally_allreduce(c, v, v, m, TALLY_F32, TALLY_SUM);
+        res->rc = rk;
+        if (rk) snprintf(res->msg, sizeof res->msg, "%s", tally_last_error());
+        tally_comm_abort(c);
+    }
+    free(v);
+    return 0;
+}
+
+static void run_ops(const char *transport, int n) {
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_opts o = {.transport = transport, .wall_s = 60};
+    TH_CHECK(th_run(n, &o, fn_ops, NULL) == 0, "%s n=%d: a rank failed", transport, n);
+    for (int r = 0; r < n; r++)
+        TH_CHECK(R[r].bad == 0, "%s n=%d rank %d: %d wrong (%d '%s')", transport, n, r, R[r].bad, R[r].rc, R[r].msg);
+}
+
+int main(void) {
+    R = th_shared_alloc(sizeof *R * TH_MAX_RANKS);
+    run_ops("shm", 1);
+    run_ops("shm", 2);
+    run_ops("shm", 3);
+    run_ops("tcp", 3);
+
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_opts o = {.transport = "shm", .wall_s = 60, .timeout_s = 30};
+    th_run(3, &o, fn_death, NULL);
+    for (int r = 0; r < 2; r++)
+        TH_CHECK(R[r].rc == TALLY_E_PEER_LOST && strstr(R[r].msg, "rank 2") && R[r].cb_calls == 1 && R[r].cb_rc != 0,
+                 "rank 2 died: rank %d got %d '%s' (callbacks %d, rc %d)", r, R[r].rc, R[r].msg, R[r].cb_calls,
+                 R[r].cb_rc);
+    printf("  rank 2 died: rank 0 got '%s'\n", R[0].msg);
+
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_opts ot = {.transport = "tcp", .wall_s = 60, .timeout_s = 30};
+    th_run(2, &ot, fn_abort, NULL);
+    TH_CHECK(R[0].bad == 0 && R[0].cb_calls >= 1, "abort with 8 requests queued: %d not done, %d failed", R[0].bad,
+             R[0].cb_calls);
+    TH_CHECK(R[1].rc == TALLY_E_ABORTED || R[1].rc == TALLY_E_PEER_LOST, "rank 0 aborted: rank 1 got %d '%s'", R[1].rc,
+             R[1].msg);
+    return th_verdict("test_requests");
+}

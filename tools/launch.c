@@ -112,8 +112,9 @@ static int free_port(void) {
 
 /* Variables the launcher sets; inherited copies are dropped so a rank never sees two values. */
 static int env_is_ours(const char *entry, const tally_launch_opts *o) {
-    static const char *const always[] = {"TALLY_RANK=", "TALLY_WORLD_SIZE=", "TALLY_ADDR=",   "TALLY_TOKEN=",
-                                         "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "TALLY_RESTART="};
+    static const char *const always[] = {"TALLY_RANK=", "TALLY_WORLD_SIZE=", "TALLY_ADDR=",    "TALLY_TOKEN=",
+                                         "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "TALLY_RESTART=", "RANK=",
+                                         "WORLD_SIZE=", "MASTER_ADDR=",      "MASTER_PORT="};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (strncmp(entry, always[i], strlen(always[i])) == 0) return 1;
     if (o->transport && strncmp(entry, "TALLY_TRANSPORT=", 16) == 0) return 1;
@@ -134,8 +135,8 @@ static char *dup_printf(const char *fmt, ...) {
 static void free_vars(char **v);
 
 /* The variables common to all ranks, as "NAME=value" strings; NULL-terminated. */
-static char **common_vars(const tally_launch_opts *o, const char *token, int port, int restart) {
-    char **v = calloc(8, sizeof *v);
+static char **common_vars(const tally_launch_opts *o, const char *token, int port, int master_port, int restart) {
+    char **v = calloc(12, sizeof *v);
     if (!v) return NULL;
     int k = 0;
     v[k++] = dup_printf("TALLY_RESTART=%d", restart);
@@ -143,6 +144,10 @@ static char **common_vars(const tally_launch_opts *o, const char *token, int por
     v[k++] = dup_printf("LOCAL_WORLD_SIZE=%d", o->n);
     v[k++] = dup_printf("TALLY_ADDR=127.0.0.1:%d", port);
     v[k++] = dup_printf("TALLY_TOKEN=%s", token);
+    /* torchrun's names too, so a PyTorch program's init_process_group (env://) runs unchanged. */
+    v[k++] = dup_printf("WORLD_SIZE=%d", o->n);
+    v[k++] = dup_printf("MASTER_ADDR=127.0.0.1");
+    v[k++] = dup_printf("MASTER_PORT=%d", master_port);
     if (o->transport) v[k++] = dup_printf("TALLY_TRANSPORT=%s", o->transport);
     if (o->timeout_s > 0) v[k++] = dup_printf("TALLY_TIMEOUT=%g", o->timeout_s);
     for (int i = 0; i < k; i++)
@@ -162,18 +167,17 @@ static void free_vars(char **v) {
 
 /* Built before fork so the child only has to exec (no malloc between fork and exec). The strings
  * belong to environ, `common` and `rankvars`; free only the array. */
-static char **rank_env(const tally_launch_opts *o, char **common, char *rankvars[2]) {
+static char **rank_env(const tally_launch_opts *o, char **common, char *rankvars[3]) {
     size_t ne = 0, nc = 0;
     while (environ && environ[ne]) ne++;
     while (common[nc]) nc++;
-    char **env = malloc((ne + nc + 3) * sizeof *env);
+    char **env = malloc((ne + nc + 4) * sizeof *env);
     if (!env) return NULL;
     size_t k = 0;
     for (size_t i = 0; i < ne; i++)
         if (!env_is_ours(environ[i], o)) env[k++] = environ[i];
     for (size_t i = 0; i < nc; i++) env[k++] = common[i];
-    env[k++] = rankvars[0];
-    env[k++] = rankvars[1];
+    for (int i = 0; i < 3; i++) env[k++] = rankvars[i];
     env[k] = NULL;
     return env;
 }
@@ -367,7 +371,7 @@ static int exec_result(int fd) {
 /* Forks and execs rank r. Returns 0, 127 when exec failed (the child said why), or 1. */
 static int rank_start(launcher *L, int r, const char *file, char *const argv[], char **common) {
     int pipes[2][2], status[2] = {-1, -1};
-    char *rankvars[2] = {NULL, NULL};
+    char *rankvars[3] = {NULL, NULL, NULL};
     char **envp = NULL;
     int rc = 1;
     if (open_pipes(L, pipes) < 0 || pipe2(status, O_CLOEXEC) < 0) {
@@ -381,7 +385,8 @@ static int rank_start(launcher *L, int r, const char *file, char *const argv[], 
     }
     rankvars[0] = dup_printf("TALLY_RANK=%d", r);
     rankvars[1] = dup_printf("LOCAL_RANK=%d", r);
-    if (!rankvars[0] || !rankvars[1] || !(envp = rank_env(L->o, common, rankvars))) {
+    rankvars[2] = dup_printf("RANK=%d", r);
+    if (!rankvars[0] || !rankvars[1] || !rankvars[2] || !(envp = rank_env(L->o, common, rankvars))) {
         fprintf(stderr, "%s: out of memory\n", L->name);
         goto out;
     }
@@ -409,6 +414,7 @@ out:
     if (status[1] >= 0) close(status[1]);
     free(rankvars[0]);
     free(rankvars[1]);
+    free(rankvars[2]);
     free(envp);
     return rc;
 }
@@ -698,14 +704,15 @@ static int launch_once(const tally_launch_opts *o, const char *name, const char 
         return 1;
     }
     char token[2 * LAUNCH_TOKEN_BYTES + 1];
-    int port = free_port();
+    int port = free_port(), master_port = free_port();
+    for (int tries = 0; master_port == port && tries < 8; tries++) master_port = free_port();
     char **common = NULL;
-    if (hex_token(token, sizeof token) < 0 || port < 0) {
+    if (hex_token(token, sizeof token) < 0 || port < 0 || master_port < 0) {
         fprintf(stderr, "%s: cannot %s\n", name,
                 port < 0 ? "find a free port on 127.0.0.1" : "generate TALLY_TOKEN (RAND_bytes failed)");
         L.result = 1;
     } else {
-        common = common_vars(o, token, port, restart);
+        common = common_vars(o, token, port, master_port, restart);
         L.ranks = calloc((size_t)o->n, sizeof *L.ranks);
         L.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (!common || !L.ranks || L.devnull < 0) {

@@ -27,7 +27,9 @@ typedef struct {
  *   TALLY_RANK=r  TALLY_WORLD_SIZE=n  LOCAL_RANK=r  LOCAL_WORLD_SIZE=n
  *   TALLY_ADDR=127.0.0.1:PORT (a port free when picked; rank 0 listens there)
  *   TALLY_TOKEN=<64 hex digits from RAND_bytes, fresh for every launch>
- *   TALLY_TRANSPORT, TALLY_TIMEOUT when opts set them.
+ *   TALLY_TRANSPORT, TALLY_TIMEOUT when opts set them
+ *   RANK=r  WORLD_SIZE=n  MASTER_ADDR=127.0.0.1  MASTER_PORT=PORT2 (torchrun's names: PyTorch's env://
+ *   rendezvous, whose store rank 0 hosts on another free port).
  * With prefix_output, a line goes out whole once its newline (or EOF) arrives, so lines of different
  * ranks never mix; only a line past 1 MiB is relayed in pieces, which others' lines may split.
  * Rank 0 reads our stdin unless it is a terminal; the other ranks read /dev/null. Each rank runs in

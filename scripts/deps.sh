@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh - installs the Debian packages tally's build, main job and tests need that are not installed,
 # in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide.
-# Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs.
+# Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs;
+# --torch (test.sh) adds PyTorch's C++ and Python packages for the tally backend.
 set -eu
 
 # package | why it is needed
@@ -17,13 +18,20 @@ tally_deps=(
   "dataset-fashion-mnist|the MLP's data set (./run.sh --mlp)"
   "openmpi-bin|mpirun: the test that starts the installed library under Open MPI, and the benchmark peer"
   "libopenmpi-dev|Open MPI's headers: the benchmark peer"
+  "python3-numpy|the Python package's tests and examples (tally.Comm over NumPy arrays)"
 )
-if [ "${1:-}" = "--fresh-check" ]; then
-  tally_deps+=("debootstrap|scripts/fresh-check.sh builds a Debian 12 root with it")
-elif [ $# -gt 0 ]; then
-  echo "deps.sh: unknown argument '$1' (the only option is --fresh-check)" >&2
-  exit 2
-fi
+case "${1:-}" in
+  "") ;;
+  --fresh-check) tally_deps+=("debootstrap|scripts/fresh-check.sh builds a Debian 12 root with it") ;;
+  --torch) # about 200 MB: only for PyTorch's tally backend (built when these are there) and its tests
+    tally_deps+=("python3-torch|PyTorch for Python: the tally backend's tests, and the peers DDP is timed against"
+      "libtorch-dev|PyTorch's C++ headers and libraries: the tally backend (python/torch_backend) is built against them"
+      "python3-dev|Python's headers, for the backend's module") ;;
+  *)
+    echo "deps.sh: unknown argument '$1' (it takes --fresh-check or --torch)" >&2
+    exit 2
+    ;;
+esac
 
 tally_installed() { # dpkg's word, or for OpenBLAS an openblas.pc that pkg-config finds (a build of one's own)
   [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ] && return 0

@@ -1,0 +1,70 @@
+"""_lib.py - finds and loads libtally (the shared library the build or `cmake --install` made) and
+declares the C signatures the package calls; no compiler is needed at import."""
+import ctypes
+import ctypes.util
+import os
+
+try:
+    from . import _where  # written by the build (and by cmake --install): where libtally lies
+except ImportError:  # the source tree itself, not a build of it
+    _where = None
+
+
+def _candidates():
+    env = os.environ.get("TALLY_LIBRARY")
+    if env:
+        yield env, "TALLY_LIBRARY"
+        return
+    if _where is not None:
+        yield _where.LIBRARY, "the build's libtally"
+    found = ctypes.util.find_library("tally")
+    if found:
+        yield found, "the system's libtally"
+
+
+def _load():
+    tried = []
+    for path, what in _candidates():
+        try:
+            return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append(f"{what} {path}: {e}")
+    raise ImportError("tally: cannot load libtally.so ("
+                      + ("; ".join(tried) if tried else "none found")
+                      + "). Build tally (cmake --build build) and import the package from build/python, "
+                        "or cmake --install it, or set TALLY_LIBRARY to the library's path.")
+
+
+lib = _load()
+c_comm_p = ctypes.c_void_p
+c_req_p = ctypes.c_void_p
+DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+
+_sigs = {
+    "tally_comm_init": (ctypes.c_int, [ctypes.POINTER(c_comm_p)]),
+    "tally_comm_rank": (ctypes.c_int, [c_comm_p]),
+    "tally_comm_size": (ctypes.c_int, [c_comm_p]),
+    "tally_comm_free": (ctypes.c_int, [c_comm_p]),
+    "tally_comm_abort": (ctypes.c_int, [c_comm_p]),
+    "tally_comm_transport": (ctypes.c_char_p, [c_comm_p]),
+    "tally_comm_algo_for": (ctypes.c_char_p, [c_comm_p, ctypes.c_size_t]),
+    "tally_allreduce": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.c_int]),
+    "tally_reduce_scatter": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                            ctypes.c_int, ctypes.c_int]),
+    "tally_allgather": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
+    "tally_broadcast": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]),
+    "tally_barrier": (ctypes.c_int, [c_comm_p]),
+    "tally_iallreduce": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                        ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_wait": (ctypes.c_int, [c_req_p]),
+    "tally_test": (ctypes.c_int, [c_req_p, ctypes.POINTER(ctypes.c_int)]),
+    "tally_request_free": (ctypes.c_int, [c_req_p]),
+    "tally_mem_alloc": (ctypes.c_void_p, [c_comm_p, ctypes.c_size_t]),
+    "tally_mem_free": (ctypes.c_int, [c_comm_p, ctypes.c_void_p]),
+    "tally_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "tally_last_error": (ctypes.c_char_p, []),
+}
+for _name, (_res, _args) in _sigs.items():
+    _fn = getattr(lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args

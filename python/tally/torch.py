@@ -1,0 +1,72 @@
+"""tally.torch - importing it registers "tally" with torch.distributed, so that
+dist.init_process_group("tally") and an unchanged DistributedDataParallel run on tally's collectives
+(under torchrun, tally run, mpirun, srun, or mp.spawn with MASTER_ADDR/MASTER_PORT)."""
+import datetime
+import os
+import secrets
+import socket
+import threading
+
+import torch.distributed as dist
+
+try:
+    from . import _torch_backend
+except ImportError as e:
+    raise ImportError("tally.torch: the PyTorch backend was not built (it needs Debian's libtorch-dev and "
+                      "python3-torch at build time: scripts/deps.sh --torch, then rebuild): " + str(e)) from e
+
+ProcessGroupTally = _torch_backend.ProcessGroupTally
+_env_lock = threading.Lock()
+
+
+def _my_address():
+    """The address the other ranks reach this one at: TALLY_ADDR's host when given, else the local end of
+    the route to MASTER_ADDR (the host torch's store is on), else this host's name."""
+    given = os.environ.get("TALLY_ADDR")
+    if given and ":" in given:
+        return given.rsplit(":", 1)[0]
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, 9))  # no packet is sent: this only picks the route
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return socket.gethostname()
+
+
+def _free_port(host):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host[0].isdigit() else "", 0))
+        return s.getsockname()[1]
+
+
+def _create(store, rank, size, timeout):
+    """torch.distributed's creator: the ranks agree on tally's rendezvous through torch's store (rank 0
+    says where it listens and the token), then make the communicator."""
+    env = {"TALLY_RANK": str(rank), "TALLY_WORLD_SIZE": str(size)}
+    if size > 1:
+        if rank == 0:
+            host = _my_address()
+            store.set("tally/addr", f"{host}:{_free_port(host)}")
+            store.set("tally/token", os.environ.get("TALLY_TOKEN") or secrets.token_hex(16))
+        env["TALLY_ADDR"] = store.get("tally/addr").decode()
+        env["TALLY_TOKEN"] = store.get("tally/token").decode()
+    if "TALLY_TIMEOUT" not in os.environ and isinstance(timeout, datetime.timedelta):
+        env["TALLY_TIMEOUT"] = str(max(1.0, timeout.total_seconds()))
+    with _env_lock:  # tally reads the environment; these are set for this call only
+        saved = {k: os.environ.get(k) for k in env}
+        try:
+            os.environ.update(env)
+            return ProcessGroupTally(rank, size)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+if "TALLY" not in getattr(dist.Backend, "_plugins", {}):
+    dist.Backend.register_backend("tally", _create)

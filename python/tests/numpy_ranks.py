@@ -1,0 +1,161 @@
+"""numpy_ranks.py - one rank of the NumPy tests, started by `tally run -n N python3 numpy_ranks.py CASE`
+(test_numpy.py runs each case). Prints one line "result RANK passed FAILED [what failed]" at the end.
+Cases: collectives (every collective, dtype and op against NumPy, sizes 0, 1, odd, not divisible by N,
+large), checks (ValueError for what tally would refuse), death (the last rank dies: the others raise
+tally.PeerLost naming it), mismatch (the last rank passes another count: tally.Mismatch everywhere)."""
+import os
+import sys
+import time
+
+import numpy as np
+
+import tally
+
+passed, failed = 0, []
+
+
+def check(ok, what):
+    global passed
+    if ok:
+        passed += 1
+    else:
+        failed.append(what)
+
+
+def data(rank, n, dtype):
+    """Rank r's values: small integers so every op is exact in every dtype (f16 and bf16 included)."""
+    v = (np.arange(n) % 5 + rank + 1)
+    return v.astype(dtype)
+
+
+def reference(size, n, dtype, op):
+    vs = np.stack([data(r, n, np.float64) for r in range(size)])
+    out = {"sum": vs.sum(0), "prod": vs.prod(0), "min": vs.min(0), "max": vs.max(0), "avg": vs.mean(0)}[op]
+    if np.dtype(dtype).kind in "iu" and op == "avg":
+        out = vs.sum(0) // size  # integer average truncates, as tally's does
+    return out
+
+
+def case_collectives(c):
+    dtypes = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8]
+    try:
+        import ml_dtypes  # bfloat16 as NumPy knows it, where installed
+        dtypes.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    sizes = [0, 1, 7, 1001, 3 * c.size + 1, 1 << 20]
+    for dt in dtypes:
+        name = np.dtype(dt).name
+        for n in sizes:
+            for op in ("sum", "prod", "min", "max", "avg"):
+                if op == "prod" and n > 1001:
+                    continue  # products of large vectors overflow every dtype
+                if name == "uint8" and op in ("sum", "avg", "prod") and c.size > 3:
+                    continue
+                a = data(c.rank, n, dt)
+                want = reference(c.size, n, dt, op)
+                got = c.allreduce(a.copy(), op=op)  # in place
+                out = np.empty_like(a)
+                got2 = c.allreduce(a, out=out, op=op)  # into out
+                tol = 1e-2 if name in ("float16", "bfloat16") else 1e-6
+                ok = np.allclose(got.astype(np.float64), want, rtol=tol) and got2 is out and np.array_equal(out, got)
+                check(ok, f"allreduce {name} n={n} {op}")
+            a = data(c.rank, n * c.size, dt)
+            rs = c.reduce_scatter(a)
+            want = reference(c.size, n * c.size, dt, "sum")[c.rank * n:(c.rank + 1) * n]
+            check(np.allclose(rs.astype(np.float64), want, rtol=1e-2), f"reduce_scatter {name} n={n}")
+            a = data(c.rank, n, dt)
+            ag = c.allgather(a)
+            check(ag.shape == (c.size, n) and all(np.array_equal(ag[r], data(r, n, dt)) for r in range(c.size)),
+                  f"allgather {name} n={n}")
+            root = c.size - 1
+            b = data(c.rank, n, dt)
+            c.broadcast(b, root=root)
+            check(np.array_equal(b, data(root, n, dt)), f"broadcast {name} n={n}")
+    c.barrier()
+    # Non-blocking: two in flight, waited for in reverse.
+    a1, a2 = data(c.rank, 1001, np.float32), data(c.rank, 5, np.float64)
+    r1, r2 = c.iallreduce(a1), c.iallreduce(a2, op="max")
+    check(np.array_equal(r2.wait(), reference(c.size, 5, np.float64, "max")), "iallreduce max")
+    check(np.allclose(r1.wait(), reference(c.size, 1001, np.float32, "sum")), "iallreduce sum")
+    # Memory the host's ranks read in place.
+    m = c.mem_alloc((3, 1000), np.float32)
+    m[:] = c.rank + 1
+    c.allreduce(m)
+    check(m.shape == (3, 1000) and np.all(m == c.size * (c.size + 1) / 2), "mem_alloc array allreduce")
+    del m
+
+
+def case_checks(c):
+    def raises(exc, fn, words, what):
+        try:
+            fn()
+        except exc as e:
+            check(all(w in str(e) for w in words), f"{what}: message '{e}' lacks {words}")
+            return
+        except Exception as e:  # noqa: BLE001 - the wrong kind is the failure being tested
+            check(False, f"{what}: raised {type(e).__name__} '{e}', not {exc.__name__}")
+            return
+        check(False, f"{what}: no error")
+
+    a = np.ones((4, 6), np.float32)
+    raises(ValueError, lambda: c.allreduce(a[:, ::2]), ["C-contiguous"], "strided array")
+    raises(ValueError, lambda: c.allreduce(np.ones(3, np.complex64)), ["complex64", "float32"], "complex dtype")
+    raises(ValueError, lambda: c.allreduce(np.ones(3, np.float32), out=np.ones(4, np.float32)), ["4", "3"],
+           "out of the wrong size")
+    raises(ValueError, lambda: c.allreduce(np.ones(3, np.float32), out=np.ones(3, np.float64)), ["float64"],
+           "out of another dtype")
+    raises(ValueError, lambda: c.reduce_scatter(np.ones(c.size * 2 + 1, np.float32)), ["multiple"],
+           "reduce_scatter not divisible")
+    raises(ValueError, lambda: c.broadcast(np.ones(3, np.float32), root=c.size), ["root"], "root out of range")
+    raises(ValueError, lambda: c.allreduce(np.ones(3, np.float32), op="xor"), ["xor"], "unknown op")
+    raises(ValueError, lambda: c.allreduce([1.0, 2.0]), ["NumPy array"], "a list")
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    raises(ValueError, lambda: c.allreduce(ro), ["read-only"], "read-only array in place")
+    check(issubclass(tally.Mismatch, tally.Error) and issubclass(tally.InvalidArgument, ValueError),
+          "error classes")
+    c.barrier()
+
+
+def case_death(c):
+    v = np.ones(1 << 16, np.float32)
+    c.allreduce(v)
+    if c.rank == c.size - 1:
+        os._exit(0)  # no goodbye
+    t0 = time.monotonic()
+    try:
+        for _ in range(100):
+            c.allreduce(v)
+        check(False, "no error after the last rank died")
+    except tally.PeerLost as e:
+        check(e.code == -5 and f"rank {c.size - 1}" in str(e) and time.monotonic() - t0 < 15,
+              f"PeerLost naming rank {c.size - 1}: '{e}' after {time.monotonic() - t0:.1f} s")
+        print(f"rank {c.rank} got: {type(e).__name__}: {e}", flush=True)
+    except tally.Error as e:
+        check(False, f"not PeerLost: {type(e).__name__} {e}")
+    c.abort()
+
+
+def case_mismatch(c):
+    n = 8 if c.rank == c.size - 1 else 7
+    try:
+        c.allreduce(np.ones(n, np.float32))
+        check(False, "no error for counts 7 and 8")
+    except tally.Mismatch as e:
+        check(e.code == -6 and "count 8" in str(e) and "count 7" in str(e), f"Mismatch names both: '{e}'")
+    c.abort()
+
+
+def main():
+    case = sys.argv[1]
+    c = tally.Comm()
+    globals()["case_" + case](c)
+    rank = c.rank
+    if case in ("collectives", "checks"):
+        c.free()
+    print(f"result {rank} {passed} {len(failed)} {'; '.join(failed[:5])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,6 @@
 """comm.py - tally.Comm: the communicator over NumPy arrays (allreduce, reduce_scatter, allgather,
 broadcast, barrier, abort, memory peers read in place), every check and error in Python's terms."""
+import contextlib
 import ctypes
 import os
 import threading
@@ -15,6 +16,23 @@ DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "
 OPS = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
 _ENV = ("TALLY_RANK", "TALLY_WORLD_SIZE", "TALLY_ADDR", "TALLY_TOKEN")
 _env_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def environment(values):
+    """The variables set for the length of a call that reads them (tally_comm_init does), then as they
+    were; one such call at a time in the process."""
+    with _env_lock:
+        saved = {k: os.environ.get(k) for k in values}
+        try:
+            os.environ.update(values)
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _raise(rc):
@@ -87,21 +105,10 @@ class Comm:
     where rank 0 listens) and token given here are used instead. Collective over all ranks."""
 
     def __init__(self, rank=None, size=None, addr=None, token=None):
-        given = dict(zip(_ENV, (rank, size, addr, token)))
+        given = {k: str(v) for k, v in zip(_ENV, (rank, size, addr, token)) if v is not None}
         handle = c_comm_p()
-        with _env_lock:  # the library reads the environment; what is given here is set only for the call
-            saved = {k: os.environ.get(k) for k in _ENV}
-            try:
-                for k, v in given.items():
-                    if v is not None:
-                        os.environ[k] = str(v)
-                rc = lib.tally_comm_init(ctypes.byref(handle))
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+        with environment(given):
+            rc = lib.tally_comm_init(ctypes.byref(handle))
         _raise(rc)
         self._h = handle
         self._mem = {}
@@ -153,31 +160,28 @@ class Comm:
 
     # ---- collectives ----
 
-    def allreduce(self, a, out=None, op="sum"):
-        """Reduces a across ranks into out, or into a itself (in place) when out is None; returns it."""
+    @staticmethod
+    def _allreduce_args(a, out, op):
+        """(dtype code, op code, out): out is a itself when None (in place)."""
         t = _check_array(a, "the array", writable=out is None)
         o = _op_code(op)
         if out is None:
-            out = a
-        else:
-            _check_array(out, "out", writable=True)
-            _same_kind(a, out, "out")
-            if out.size != a.size:
-                raise ValueError(f"tally: out has {out.size} elements, the input {a.size}")
+            return t, o, a
+        _check_array(out, "out", writable=True)
+        _same_kind(a, out, "out")
+        if out.size != a.size:
+            raise ValueError(f"tally: out has {out.size} elements, the input {a.size}")
+        return t, o, out
+
+    def allreduce(self, a, out=None, op="sum"):
+        """Reduces a across ranks into out, or into a itself (in place) when out is None; returns it."""
+        t, o, out = self._allreduce_args(a, out, op)
         _raise(lib.tally_allreduce(self._handle(), a.ctypes.data, out.ctypes.data, a.size, t, o))
         return out
 
     def iallreduce(self, a, out=None, op="sum"):
         """allreduce that returns at once a Request; a and out must not change until its wait()."""
-        t = _check_array(a, "the array", writable=out is None)
-        o = _op_code(op)
-        if out is None:
-            out = a
-        else:
-            _check_array(out, "out", writable=True)
-            _same_kind(a, out, "out")
-            if out.size != a.size:
-                raise ValueError(f"tally: out has {out.size} elements, the input {a.size}")
+        t, o, out = self._allreduce_args(a, out, op)
         req = c_req_p()
         _raise(lib.tally_iallreduce(self._handle(), a.ctypes.data, out.ctypes.data, a.size, t, o, ctypes.byref(req)))
         return Request(req, out, (a, out))

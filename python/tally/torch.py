@@ -5,9 +5,10 @@ import datetime
 import os
 import secrets
 import socket
-import threading
 
 import torch.distributed as dist
+
+from .comm import environment
 
 try:
     from . import _torch_backend
@@ -16,7 +17,6 @@ except ImportError as e:
                       "python3-torch at build time: scripts/deps.sh --torch, then rebuild): " + str(e)) from e
 
 ProcessGroupTally = _torch_backend.ProcessGroupTally
-_env_lock = threading.Lock()
 
 
 def _my_address():
@@ -55,17 +55,8 @@ def _create(store, rank, size, timeout):
         env["TALLY_TOKEN"] = store.get("tally/token").decode()
     if "TALLY_TIMEOUT" not in os.environ and isinstance(timeout, datetime.timedelta):
         env["TALLY_TIMEOUT"] = str(max(1.0, timeout.total_seconds()))
-    with _env_lock:  # tally reads the environment; these are set for this call only
-        saved = {k: os.environ.get(k) for k in env}
-        try:
-            os.environ.update(env)
-            return ProcessGroupTally(rank, size)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with environment(env):  # tally reads the environment; these are set for this call only
+        return ProcessGroupTally(rank, size)
 
 
 if "TALLY" not in getattr(dist.Backend, "_plugins", {}):

@@ -11,15 +11,7 @@ import numpy as np
 
 import tally
 
-passed, failed = 0, []
-
-
-def check(ok, what):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failed.append(what)
+from verdict import check, report
 
 
 def data(rank, n, dtype):
@@ -154,7 +146,7 @@ def main():
     rank = c.rank
     if case in ("collectives", "checks"):
         c.free()
-    print(f"result {rank} {passed} {len(failed)} {'; '.join(failed[:5])}", flush=True)
+    report(rank)
 
 
 if __name__ == "__main__":

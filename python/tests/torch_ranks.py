@@ -14,15 +14,7 @@ import torch.distributed as dist
 
 import tally.torch  # noqa: F401  registers the "tally" backend
 
-passed, failed = 0, []
-
-
-def check(ok, what):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failed.append(what)
+from verdict import check, report
 
 
 def data(rank, n, dtype):
@@ -159,7 +151,7 @@ def main(rank_hint=None):
     else:
         globals()["case_" + case]()
     rank = os.environ.get("RANK", "?")
-    print(f"result {rank} {passed} {len(failed)} {'; '.join(failed[:5])}", flush=True)
+    report(rank)
     if case in ("death", "mismatch"):
         os._exit(0)  # the communicator is broken; nothing to tear down gracefully
 

@@ -29,4 +29,19 @@ done
 LD_LIBRARY_PATH="$libdir" timeout 120 mpirun --oversubscribe -x LD_LIBRARY_PATH -np 2 "$prefix/linear" ||
   fail "examples/linear_ddp.c built with tally-train failed under mpirun"
 passed=$((passed + 1))
+
+# The installed Python package finds the installed libtally by itself, under mpirun too.
+pydir=$(ls -d "$prefix"/lib/python3*/dist-packages 2>/dev/null | head -1)
+if [ -n "$pydir" ] && /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+  out=$(PYTHONPATH="$pydir" timeout 120 mpirun --oversubscribe -x PYTHONPATH -np 2 /usr/bin/python3 -c '
+import numpy as np, tally
+c = tally.Comm(); a = np.ones(3, np.float32) * (c.rank + 1); c.allreduce(a)
+ok = np.array([all(a == 3) and tally.comm.lib._name.startswith("'"$prefix"'")], np.int32)
+c.allreduce(ok, op="min")
+if c.rank == 0: print("python ranks summed with the installed library:", bool(ok[0]))')
+  echo "$out"
+  echo "$out" | grep -q 'installed library: True' ||
+    fail "the installed Python package did not load the installed libtally or sum the ranks"
+  passed=$((passed + 1))
+fi
 echo "test_install_mpirun: $passed passed, 0 failed"

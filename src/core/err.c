@@ -94,12 +94,14 @@ static int tally__fault_record_as(tally__fault *f, int code, int culprit, const 
     }
     f->culprit = culprit;
     snprintf(f->msg, sizeof f->msg, "%s", msg);
-    atomic_store_explicit(&f->code, code, memory_order_release);
-    tally__fault_wake(f);
+    /* The linked records first: a caller that sees our code may at once tear down what they belong to
+     * (an abort of the world aborts its host communicator), whose own fault must not come first there. */
     tally__fault *linked;
     for (int k = 0; k < 2; k++) /* already in the world's words: recorded as it is */
         if ((linked = atomic_load_explicit(&f->linked[k], memory_order_acquire)))
             tally__fault_record_as(linked, code, -1, msg, 0);
+    atomic_store_explicit(&f->code, code, memory_order_release);
+    tally__fault_wake(f);
     return 1;
 }
 
@@ -109,9 +111,11 @@ static int tally__fault_record(tally__fault *f, int code, int culprit, const cha
 
 void tally__fault_link(tally__fault *f, int k, tally__fault *to) {
     atomic_store_explicit(&f->linked[k], to, memory_order_release);
-    /* A fault recorded before the store may not have seen it: its message is complete once code is. */
-    if (atomic_load_explicit(&f->code, memory_order_acquire))
-        tally__fault_record_as(to, atomic_load(&f->code), -1, f->msg, 0);
+    /* A fault being recorded as we stored may not have seen the link: its message is complete once its
+     * code is published (a second record of it in `to` is a no-op). */
+    if (!atomic_load_explicit(&f->claimed, memory_order_acquire)) return;
+    while (!atomic_load_explicit(&f->code, memory_order_acquire)) sched_yield();
+    tally__fault_record_as(to, atomic_load(&f->code), -1, f->msg, 0);
 }
 
 int tally__fault_raise(tally__fault *f, int code, int culprit, const char *fmt, ...) {

@@ -1,6 +1,7 @@
 /* test_requests.c - non-blocking collectives (tally_iallreduce ... tally_wait): results against a reference
  * at every size class, order kept with blocking calls between, callbacks, errors through the request,
  * free completing pending requests, abort failing them, a dead peer named. Over shm and tcp. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -186,6 +187,44 @@ static int fn_abort(int rank, int n, void *arg) {
     return 0;
 }
 
+/* Abort from another thread while this one waits on a request: the wait ends with an error, no hang. */
+typedef struct waiter {
+    tally_request *req;
+    int rc;
+} waiter;
+
+static void *wait_thread(void *arg) {
+    waiter *w = arg;
+    w->rc = tally_wait(w->req);
+    return NULL;
+}
+
+static int fn_abort_waiting(int rank, int n, void *arg) {
+    result *res = &R[rank];
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return note(res, rc, "init"), 0;
+    float v[64] = {0};
+    if (rank == 1) { /* late: rank 0's request waits for it */
+        usleep(1500000);
+        res->rc = tally_allreduce(c, v, v, 64, TALLY_F32, TALLY_SUM);
+        tally_comm_abort(c);
+        return 0;
+    }
+    waiter w = {NULL, 0};
+    note(res, tally_iallreduce(c, v, v, 64, TALLY_F32, TALLY_SUM, &w.req), "iallreduce");
+    pthread_t th;
+    pthread_create(&th, NULL, wait_thread, &w);
+    usleep(200000);
+    double t0 = th_now();
+    tally_comm_abort(c);
+    pthread_join(th, NULL);
+    res->cb_rc = w.rc;
+    if (w.rc != TALLY_E_ABORTED || th_now() - t0 > 2) res->bad++;
+    tally_request_free(w.req);
+    return 0;
+}
+
 static void run_ops(const char *transport, int n) {
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
     th_opts o = {.transport = transport, .wall_s = 60};
@@ -217,5 +256,9 @@ int main(void) {
              R[0].cb_calls);
     TH_CHECK(R[1].rc == TALLY_E_ABORTED || R[1].rc == TALLY_E_PEER_LOST, "rank 0 aborted: rank 1 got %d '%s'", R[1].rc,
              R[1].msg);
+
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_run(2, &o, fn_abort_waiting, NULL);
+    TH_CHECK(R[0].bad == 0, "abort while another thread waits: the wait returned %d", R[0].cb_rc);
     return th_verdict("test_requests");
 }

@@ -32,6 +32,7 @@ struct tally__async {
     pthread_cond_t posted, finished;
     tally_request *head, *tail; /* queued in order; the head may be running */
     int running, stop;
+    int users; /* callers inside tally_wait, _on_done or _free: stop waits for them to leave */
 };
 
 static pthread_mutex_t async_create_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -114,12 +115,27 @@ static int async_through(tally__async *e, const tally__call *a) {
     return rc;
 }
 
+/* A caller of the request calls on another thread (abort may come from any) is let out before the
+ * engine goes. */
+static void async_enter(tally__async *e) {
+    pthread_mutex_lock(&e->mu);
+    e->users++;
+}
+
+static void async_leave(tally__async *e) {
+    if (--e->users == 0) pthread_cond_broadcast(&e->finished);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void async_stop(tally__async *e) {
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
     pthread_cond_broadcast(&e->posted);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->th, NULL);
+    pthread_mutex_lock(&e->mu);
+    while (e->users) pthread_cond_wait(&e->finished, &e->mu);
+    pthread_mutex_unlock(&e->mu);
     pthread_cond_destroy(&e->finished);
     pthread_cond_destroy(&e->posted);
     pthread_mutex_destroy(&e->mu);
@@ -207,7 +223,7 @@ TALLY_API int tally_wait(tally_request *r) {
     if (!r) return tally__seterr(TALLY_E_INVALID, "tally_wait: req is NULL");
     if (atomic_load_explicit(&r->done, memory_order_acquire)) return async_result(r);
     tally__async *e = r->eng;
-    pthread_mutex_lock(&e->mu);
+    async_enter(e);
     /* What the thread has not started, the waiter runs: handing it over would only add two thread
      * switches (on a busy core a scheduling delay each) to a wait that has nothing else to do. */
     while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
@@ -216,7 +232,7 @@ TALLY_API int tally_wait(tally_request *r) {
         else
             pthread_cond_wait(&e->finished, &e->mu);
     }
-    pthread_mutex_unlock(&e->mu);
+    async_leave(e);
     return async_result(r);
 }
 
@@ -232,13 +248,13 @@ TALLY_API int tally_request_on_done(tally_request *r, void (*fn)(void *arg, int 
     if (!r || !fn) return tally__seterr(TALLY_E_INVALID, "tally_request_on_done: %s is NULL", r ? "fn" : "req");
     if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
         tally__async *e = r->eng;
-        pthread_mutex_lock(&e->mu);
+        async_enter(e);
         int later = r->state < REQ_FINISHING;
         if (later) {
             r->fn = fn;
             r->arg = arg;
         }
-        pthread_mutex_unlock(&e->mu);
+        async_leave(e);
         if (later) return 0;
     }
     fn(arg, r->rc, r->msg); /* already done (or finishing without a callback): now, on this thread */
@@ -249,10 +265,10 @@ TALLY_API int tally_request_free(tally_request *r) {
     if (!r) return 0;
     if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
         tally__async *e = r->eng;
-        pthread_mutex_lock(&e->mu);
+        async_enter(e);
         int pending = r->state != REQ_DONE;
         if (pending) r->detached = 1; /* as MPI_Request_free: it completes, then goes */
-        pthread_mutex_unlock(&e->mu);
+        async_leave(e);
         if (pending) return 0;
     }
     free(r);

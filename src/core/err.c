@@ -80,6 +80,36 @@ void tally__err_name_world(char *msg, size_t cap, const int *world, int n) {
     snprintf(msg, cap, "%s", out);
 }
 
+/* The other way round, for a message already in the world's words recorded on a communicator of some of
+ * its ranks (a level or the host of a world, through the link): "rank W" becomes "rank L (world rank W)"
+ * where W is its rank L, else "world rank W", so that the record reads right in that communicator's
+ * words, also to the peers that adopt it from there. */
+static void tally__err_world_to_local(char *msg, size_t cap, const int *world, int n) {
+    char out[1024];
+    size_t o = 0;
+    const char *m = msg;
+    while (*m && o + 40 < sizeof out) {
+        int w, used = 0, named = m >= msg + 6 && !strncmp(m - 6, "world ", 6);
+        if (!named && !strncmp(m, "rank ", 5) && m[5] >= '0' && m[5] <= '9' && sscanf(m + 5, "%d%n", &w, &used) == 1 &&
+            strncmp(m + 5 + used, " (world rank", 12)) {
+            int l = -1;
+            for (int r = 0; r < n && l < 0; r++)
+                if (world[r] == w) l = r;
+            if (l >= 0)
+                o += (size_t)snprintf(out + o, sizeof out - o, "rank %d (world rank %d)", l, w);
+            else
+                o += (size_t)snprintf(out + o, sizeof out - o, "world rank %d", w);
+            m += 5 + used;
+            continue;
+        }
+        out[o++] = *m++;
+    }
+    snprintf(out + o, sizeof out - o, "%s", m);
+    size_t len = strnlen(out, cap - 1);
+    memcpy(msg, out, len);
+    msg[len] = '\0';
+}
+
 /* Writes the record once; returns 1 if this call was the first. A later call returns only once the first
  * one's code is published (it follows its message at once): a raiser that then checked the fault would
  * otherwise read 0, and take the message it was refusing for a good one. */
@@ -87,6 +117,7 @@ static int tally__fault_record_as(tally__fault *f, int code, int culprit, const 
     char msg[sizeof f->msg];
     snprintf(msg, sizeof msg, "%s", given);
     if (f->world && name_world) tally__err_name_world(msg, sizeof msg, f->world, f->world_n);
+    if (f->world && !name_world) tally__err_world_to_local(msg, sizeof msg, f->world, f->world_n);
     int expected = 0;
     if (!atomic_compare_exchange_strong(&f->claimed, &expected, 1)) {
         while (!atomic_load_explicit(&f->code, memory_order_acquire)) sched_yield();

@@ -62,52 +62,45 @@ static void tally__fault_wake(tally__fault *f) {
     }
 }
 
-void tally__err_name_world(char *msg, size_t cap, const int *world, int n) {
+/* Writes the rewrite of "rank N" (not already "world rank N" or "rank N (world rank ..)") into out, or
+ * returns 0 to leave it as it is. to_local: N is a world rank, named in the words of the communicator
+ * whose world ranks are world[0..n); else N is a rank of it, named with its world rank too. */
+static int err_rank_words(char *out, size_t cap, int rank, const int *world, int n, int to_local) {
+    if (!to_local) return rank < n ? snprintf(out, cap, "rank %d (world rank %d)", rank, world[rank]) : 0;
+    for (int l = 0; l < n; l++)
+        if (world[l] == rank) return snprintf(out, cap, "rank %d (world rank %d)", l, rank);
+    return snprintf(out, cap, "world rank %d", rank);
+}
+
+static void err_rewrite_ranks(char *msg, size_t cap, const int *world, int n, int to_local) {
     char out[1024];
     size_t o = 0;
     const char *m = msg;
     while (*m && o + 40 < sizeof out) {
-        int r, used = 0, named = m >= msg + 6 && !strncmp(m - 6, "world ", 6);
+        int r, used = 0, k = 0, named = m >= msg + 6 && !strncmp(m - 6, "world ", 6);
         if (!named && !strncmp(m, "rank ", 5) && m[5] >= '0' && m[5] <= '9' && sscanf(m + 5, "%d%n", &r, &used) == 1 &&
-            r < n && strncmp(m + 5 + used, " (world rank", 12)) {
-            o += (size_t)snprintf(out + o, sizeof out - o, "rank %d (world rank %d)", r, world[r]);
+            strncmp(m + 5 + used, " (world rank", 12) &&
+            (k = err_rank_words(out + o, sizeof out - o, r, world, n, to_local)) > 0) {
+            o += (size_t)k;
             m += 5 + used;
             continue;
         }
         out[o++] = *m++;
     }
     snprintf(out + o, sizeof out - o, "%s", m); /* what did not fit, as it was */
-    snprintf(msg, cap, "%s", out);
+    size_t len = strnlen(out, cap - 1);
+    memcpy(msg, out, len);
+    msg[len] = '\0';
 }
+
+void tally__err_name_world(char *msg, size_t cap, const int *world, int n) { err_rewrite_ranks(msg, cap, world, n, 0); }
 
 /* The other way round, for a message already in the world's words recorded on a communicator of some of
  * its ranks (a level or the host of a world, through the link): "rank W" becomes "rank L (world rank W)"
  * where W is its rank L, else "world rank W", so that the record reads right in that communicator's
  * words, also to the peers that adopt it from there. */
 static void tally__err_world_to_local(char *msg, size_t cap, const int *world, int n) {
-    char out[1024];
-    size_t o = 0;
-    const char *m = msg;
-    while (*m && o + 40 < sizeof out) {
-        int w, used = 0, named = m >= msg + 6 && !strncmp(m - 6, "world ", 6);
-        if (!named && !strncmp(m, "rank ", 5) && m[5] >= '0' && m[5] <= '9' && sscanf(m + 5, "%d%n", &w, &used) == 1 &&
-            strncmp(m + 5 + used, " (world rank", 12)) {
-            int l = -1;
-            for (int r = 0; r < n && l < 0; r++)
-                if (world[r] == w) l = r;
-            if (l >= 0)
-                o += (size_t)snprintf(out + o, sizeof out - o, "rank %d (world rank %d)", l, w);
-            else
-                o += (size_t)snprintf(out + o, sizeof out - o, "world rank %d", w);
-            m += 5 + used;
-            continue;
-        }
-        out[o++] = *m++;
-    }
-    snprintf(out + o, sizeof out - o, "%s", m);
-    size_t len = strnlen(out, cap - 1);
-    memcpy(msg, out, len);
-    msg[len] = '\0';
+    err_rewrite_ranks(msg, cap, world, n, 1);
 }
 
 /* Writes the record once; returns 1 if this call was the first. A later call returns only once the first

@@ -19,8 +19,9 @@ declare -A allowed=(
   [ckpt]="core"
   [dp]="core boot transport coll nn optim ckpt"
   [ps]="core boot transport coll nn optim"
-  [plan]="core boot transport coll nn data optim ckpt dp ps"
-  [train]="core boot transport coll nn data optim ckpt dp ps plan"
+  [sim]="core boot transport coll"
+  [plan]="core boot transport coll nn data optim ckpt dp ps sim"
+  [train]="core boot transport coll nn data optim ckpt dp ps sim plan"
 )
 # The public headers that belong to a folder above core.
 declare -A public=([tally/layers.h]=nn [tally/data.h]=data [tally/optim.h]=optim [tally/ddp.h]=dp)

@@ -10,6 +10,7 @@
 #include "coll/coll.h"
 #include "harness.h"
 #include "nn/model.h"
+#include "core/units.h"
 #include "plan/plan.h"
 
 static int near(double got, double want, double tol) { return fabs(got - want) <= tol; }
@@ -142,21 +143,19 @@ static void test_amdahl(void) {
 
 static void test_units(void) {
     double v = 0;
-    TH_CHECK(!tally__plan_parse_rate("25Gbps", &v) && rel(v, 25e9 / 8), "25Gbps = %g B/s", v);
-    TH_CHECK(!tally__plan_parse_rate("10GB/s", &v) && rel(v, 10e9), "10GB/s = %g B/s", v);
-    TH_CHECK(!tally__plan_parse_rate("1GiB/s", &v) && rel(v, 1073741824.0), "1GiB/s = %g", v);
-    TH_CHECK(!tally__plan_parse_time("5us", &v) && rel(v, 5e-6), "5us = %g s", v);
-    TH_CHECK(!tally__plan_parse_time("1.5ms", &v) && rel(v, 1.5e-3), "1.5ms = %g s", v);
-    TH_CHECK(!tally__plan_parse_count("7.5G", &v) && rel(v, 7.5e9), "7.5G = %g", v);
-    TH_CHECK(!tally__plan_parse_count("2T", &v) && rel(v, 2e12), "2T = %g", v);
-    TH_CHECK(!tally__plan_parse_gflops("100", &v) && rel(v, 100) && !tally__plan_parse_gflops("1.5TFLOPS", &v) &&
-                 rel(v, 1500),
+    TH_CHECK(!tally__units_rate("25Gbps", &v) && rel(v, 25e9 / 8), "25Gbps = %g B/s", v);
+    TH_CHECK(!tally__units_rate("10GB/s", &v) && rel(v, 10e9), "10GB/s = %g B/s", v);
+    TH_CHECK(!tally__units_rate("1GiB/s", &v) && rel(v, 1073741824.0), "1GiB/s = %g", v);
+    TH_CHECK(!tally__units_time("5us", &v) && rel(v, 5e-6), "5us = %g s", v);
+    TH_CHECK(!tally__units_time("1.5ms", &v) && rel(v, 1.5e-3), "1.5ms = %g s", v);
+    TH_CHECK(!tally__units_count("7.5G", &v) && rel(v, 7.5e9), "7.5G = %g", v);
+    TH_CHECK(!tally__units_count("2T", &v) && rel(v, 2e12), "2T = %g", v);
+    TH_CHECK(!tally__units_gflops("100", &v) && rel(v, 100) && !tally__units_gflops("1.5TFLOPS", &v) && rel(v, 1500),
              "GFLOP/s");
     const char *bad_rates[] = {"25G", "fast", "-1GB/s", "10 GB/s", "10GB/h", ""};
     for (size_t i = 0; i < sizeof bad_rates / sizeof *bad_rates; i++)
-        TH_CHECK(tally__plan_parse_rate(bad_rates[i], &v) == -1, "rate '%s' accepted", bad_rates[i]);
-    TH_CHECK(tally__plan_parse_time("5 parsecs", &v) == -1 && tally__plan_parse_count("7.5X", &v) == -1,
-             "bad units accepted");
+        TH_CHECK(tally__units_rate(bad_rates[i], &v) == -1, "rate '%s' accepted", bad_rates[i]);
+    TH_CHECK(tally__units_time("5 parsecs", &v) == -1 && tally__units_count("7.5X", &v) == -1, "bad units accepted");
 }
 
 static tally__model_desc mlp_desc(void) {

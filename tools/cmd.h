@@ -11,5 +11,12 @@ int tally_cmd_bench(int argc, char **argv);
 int tally_cmd_train(int argc, char **argv) __attribute__((weak));
 int tally_cmd_plan(int argc, char **argv) __attribute__((weak));
 int tally_cmd_generate(int argc, char **argv) __attribute__((weak));
+int tally_cmd_sim(int argc, char **argv);
+
+/* cmd_plan.c's link measurement, which `tally sim --calibrate` shares: starts 2 local ranks of this
+ * binary over `transport` and reads back the model rank 0 measured and the time of an allreduce of
+ * `bytes`. 0, or -1 after a message on stderr. */
+struct tally__cost;
+int tally_plan_calibrate_link(const char *transport, double bytes, struct tally__cost *out, double *allreduce_s);
 
 #endif

@@ -15,6 +15,7 @@
 #include "../src/core/sig.h"
 #include "../src/nn/model.h"
 #include "../src/plan/calibrate.h"
+#include "../src/core/units.h"
 #include "../src/plan/plan.h"
 #include "../src/train/trainer.h"
 #include "../src/core/file.h"
@@ -128,7 +129,7 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
 /* A whole number in [lo, hi] (K/M/G/T allowed). */
 static int parse_int(const char *s, double lo, double hi, int *out) {
     double v;
-    if (tally__plan_parse_count(s, &v) || v != floor(v) || v < lo || v > hi) return -1;
+    if (tally__units_count(s, &v) || v != floor(v) || v < lo || v > hi) return -1;
     *out = (int)v;
     return 0;
 }
@@ -160,7 +161,7 @@ static int parse_algo(const char *s, plan_opts *o) {
 
 static int parse_bandwidth(const char *s, tally__cost *m) {
     double bps;
-    if (tally__plan_parse_rate(s, &bps)) return -1;
+    if (tally__units_rate(s, &bps)) return -1;
     m->beta = 1.0 / bps;
     return 0;
 }
@@ -170,7 +171,7 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     double v;
     switch (ch) {
     case O_PARAMS:
-        if (tally__plan_parse_count(a, &v) || v < 1 || v > 1e15) return -1;
+        if (tally__units_count(a, &v) || v < 1 || v > 1e15) return -1;
         c->params = (unsigned long long)llround(v);
         return o->have_params = 1, 0;
     case O_LAYERS: return parse_int(a, 1, 1e6, &o->layers);
@@ -182,28 +183,28 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_BATCH: return parse_int(a, 1, 1 << 24, &c->batch);
     case O_ACCUM: return parse_int(a, 1, 1 << 24, &c->accum);
     case O_FLOPS:
-        if (tally__plan_parse_count(a, &c->flops_per_sample) || c->flops_per_sample <= 0) return -1;
+        if (tally__units_count(a, &c->flops_per_sample) || c->flops_per_sample <= 0) return -1;
         return o->have_flops = 1, 0;
     case O_MODEL: return (o->model = tally__model_parse(a)) < 0 ? -1 : 0;
     case O_HIDDEN: return parse_hidden(a, &o->mcfg);
-    case O_COMPUTE: return tally__plan_parse_gflops(a, &c->gflops);
+    case O_COMPUTE: return tally__units_gflops(a, &c->gflops);
     case O_BW: return parse_bandwidth(a, &c->cost);
-    case O_LAT: return tally__plan_parse_time(a, &c->cost.alpha);
+    case O_LAT: return tally__units_time(a, &c->cost.alpha);
     case O_ALGO: return parse_algo(a, o);
     case O_BUCKET:
-        if (tally__plan_parse_count(a, &v) || v <= 0) return -1;
+        if (tally__units_count(a, &v) || v <= 0) return -1;
         return c->bucket_bytes = v * 1048576.0, 0;
     case O_JSON: return o->json = 1, 0;
     case O_CALIB: return o->calibrate = 1, 0;
     case O_CALIB_RANK: return o->calibrate_rank = a, 0;
-    case O_CALIB_BYTES: return tally__plan_parse_count(a, &o->calibrate_bytes);
+    case O_CALIB_BYTES: return tally__units_count(a, &o->calibrate_bytes);
     case O_WIDTH: return parse_int(a, 1, 1 << 20, &o->mcfg.embd);
     case O_HEADS: return parse_int(a, 1, 1 << 16, &o->mcfg.heads);
     case O_CONTEXT: return parse_int(a, 1, 1 << 24, &o->mcfg.in_dim);
     case O_HOSTS: return parse_int(a, 1, 1 << 20, &c->hosts);
     case O_PER_HOST: return parse_int(a, 1, 1 << 16, &c->per_host);
     case O_NET_BW: return parse_bandwidth(a, &c->net);
-    case O_NET_LAT: return tally__plan_parse_time(a, &c->net.alpha);
+    case O_NET_LAT: return tally__units_time(a, &c->net.alpha);
     default: return -1;
     }
 }
@@ -364,9 +365,7 @@ static int plan_calibrate_rank(const char *file, double bytes) {
     return rc;
 }
 
-/* Starts 2 local ranks of this binary over `transport` and reads back the model rank 0 measured and
- * the time of an allreduce of `bytes`. */
-static int calibrate_link(const char *transport, double bytes, tally__cost *out, double *allreduce_s) {
+int tally_plan_calibrate_link(const char *transport, double bytes, tally__cost *out, double *allreduce_s) {
     const char *dir = getenv("TMPDIR");
     char path[512], size[32];
     snprintf(path, sizeof path, "%s/tally-plan-XXXXXX", dir && *dir ? dir : "/tmp");
@@ -393,8 +392,8 @@ static int calibrate_link(const char *transport, double bytes, tally__cost *out,
 static int plan_calibrate(plan_opts *o, tally__plan_calib *k) {
     memset(k, 0, sizeof *k);
     double S = tally__plan_grad_bytes(&o->cfg);
-    if (calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) ||
-        calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
+    if (tally_plan_calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) ||
+        tally_plan_calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
         return -1;
     if (tally__plan_calibrate(&o->cfg, o->model >= 0 ? &o->mcfg : NULL, k)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());

@@ -20,6 +20,7 @@ static const tally_command commands[] = {
     {"bench", tally_cmd_bench, "measure collectives across N ranks: tally bench -n N ..."},
     {"train", tally_cmd_train, "train a model data-parallel across N ranks: tally train -n N ..."},
     {"plan", tally_cmd_plan, "predict the cost of a training run before starting it"},
+    {"sim", tally_cmd_sim, "simulate collectives and training steps on a described cluster"},
     {"generate", tally_cmd_generate, "sample text from a trained model: tally generate --ckpt DIR ..."},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])

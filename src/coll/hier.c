@@ -130,8 +130,14 @@ static void *scratch(tally__hier *h, size_t bytes) {
  * all-gathered in the host: the levels then overlap instead of waiting for one another. The host
  * communicator's calls keep one order on every rank (RS 0, RS 1, AG 0, RS 2, AG 1, ...), the cross
  * communicator's too (AR 0, AR 1, ...). */
-#define HIER_PIPE_MIN_BYTES (4u << 20)
-#define HIER_CHUNKS         4
+#define HIER_PIPE_MIN_BYTES TALLY__HIER_PIPE_MIN_BYTES
+#define HIER_CHUNKS         TALLY__HIER_CHUNKS
+
+void tally__hier_pipe_step(int k, int *gather, int *chunk) {
+    /* RS 0, then (RS j, AG j-1) for j = 1.., then the last AG */
+    *gather = k > 0 && (k % 2 == 0 || k == 2 * HIER_CHUNKS - 1);
+    *chunk = k == 0 ? 0 : k == 2 * HIER_CHUNKS - 1 ? HIER_CHUNKS - 1 : *gather ? k / 2 - 1 : (k + 1) / 2;
+}
 
 typedef struct pipe {
     tally__hier *h;
@@ -146,10 +152,7 @@ typedef struct pipe {
     char why[1024]; /* the cross thread's message, which is its own thread's */
 } pipe_t;
 
-static size_t chunk_len(const pipe_t *p, int j) {
-    size_t first = (size_t)j * p->shard;
-    return first >= p->q ? 0 : p->q - first < p->shard ? p->q - first : p->shard;
-}
+static size_t chunk_len(const pipe_t *p, int j) { return tally__hier_chunk_len(p->q, p->shard, j); }
 
 static void *pipe_cross(void *arg) {
     pipe_t *p = arg;
@@ -211,12 +214,15 @@ static int pipe_run(pipe_t *p, const char *send, char *recv) {
     if (pthread_create(&th, NULL, pipe_cross, p))
         return tally__seterr(TALLY_E_SYSTEM, "hierarchical allreduce: cannot start the thread between hosts");
     int rc = 0;
-    for (int j = 0; j < HIER_CHUNKS && !rc; j++) {
-        rc = pipe_rs(p, send, j);
-        pipe_scattered(p, j, rc);
-        if (!rc && j > 0 && !(rc = pipe_wait_reduced(p, j - 1))) rc = pipe_ag(p, recv, j - 1);
+    for (int k = 0, gather, j; k < 2 * HIER_CHUNKS && !rc; k++) {
+        tally__hier_pipe_step(k, &gather, &j);
+        if (gather) {
+            if (!(rc = pipe_wait_reduced(p, j))) rc = pipe_ag(p, recv, j);
+        } else {
+            rc = pipe_rs(p, send, j);
+            pipe_scattered(p, j, rc);
+        }
     }
-    if (!rc && !(rc = pipe_wait_reduced(p, HIER_CHUNKS - 1))) rc = pipe_ag(p, recv, HIER_CHUNKS - 1);
     if (rc) pipe_scattered(p, HIER_CHUNKS, rc); /* the cross thread stops at its next chunk */
     pthread_join(th, NULL);
     if (p->rc_cross && rc == p->rc_cross) tally__seterr(rc, "%s", p->why);

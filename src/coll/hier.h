@@ -53,6 +53,21 @@ void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier
 /* The level costs behind tally__hier_cost, for TALLY_DEBUG: "host rs 12.0 us + hosts allreduce ..." */
 void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n);
 
+/* How an allreduce is cut, shared by hier.c and the simulator (src/sim) so both run one schedule: a
+ * vector of M x q elements (M ranks per host) of TALLY__HIER_PIPE_MIN_BYTES or more goes in
+ * TALLY__HIER_CHUNKS chunks of M x shard elements (shard = ceil(q / chunks), the last shorter). The host
+ * level's calls then run in the order tally__hier_pipe_step gives (step k of 2 x chunks: chunk *chunk's
+ * reduce-scatter, or with *gather its all-gather, which waits for that chunk's allreduce between hosts);
+ * the level between hosts allreduces chunk j once the host has reduce-scattered it, in chunk order. */
+#define TALLY__HIER_PIPE_MIN_BYTES ((size_t)4 << 20)
+#define TALLY__HIER_CHUNKS         4
+void tally__hier_pipe_step(int k, int *gather, int *chunk);
+/* Elements of chunk j's shard when q elements per rank are cut in chunks of `shard` (0 past the end). */
+static inline size_t tally__hier_chunk_len(size_t q, size_t shard, int j) {
+    size_t first = (size_t)j * shard;
+    return first >= q ? 0 : q - first < shard ? q - first : shard;
+}
+
 /* The collectives, with the public calls' meaning (op AVG finished here: sums at both levels, one
  * division by the world's size). */
 int tally__hier_allreduce(tally__hier *h, const void *send, void *recv, size_t count, tally_dtype t, tally_op op);

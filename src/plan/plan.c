@@ -2,16 +2,13 @@
  * algorithm (from the library's own cost model), step time with and without overlap, Amdahl's law. */
 #include "plan.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <tally/optim.h>
 
 #include "../coll/blocks.h"
 #include "../coll/hier.h"
-#include "../core/parse.h"
 #include "../core/sig.h"
 #include "memory.h"
 
@@ -270,88 +267,6 @@ double tally__plan_parallel_fraction(const tally__plan_step *s) {
 double tally__plan_amdahl(double p, int n) { return 1.0 / ((1 - p) + p / n); }
 
 double tally__plan_ceiling(double p) { return p < 1 ? 1.0 / (1 - p) : HUGE_VAL; }
-
-/* ---- parsing ---- */
-
-/* The number at the start of s; *rest points after it. -1 when there is none or it is not finite. */
-static int parse_number(const char *s, double *v, const char **rest) {
-    int overflow;
-    const char *end = s ? tally__parse_real_prefix(s, v, &overflow) : NULL;
-    if (!end || overflow || !isfinite(*v) || *v < 0) return -1;
-    *rest = end;
-    return 0;
-}
-
-/* An SI prefix letter (K M G T, either case); 'i' after it makes it binary. Advances *u past it. */
-static double parse_prefix(const char **u) {
-    static const char letters[] = "KMGT";
-    const char *at = **u ? strchr(letters, toupper((unsigned char)**u)) : NULL;
-    if (!at) return 1;
-    int k = (int)(at - letters) + 1;
-    (*u)++;
-    if (**u == 'i') {
-        (*u)++;
-        return pow(1024.0, k);
-    }
-    return pow(1000.0, k);
-}
-
-static int one_of(const char *u, const char *const *list) {
-    for (; *list; list++)
-        if (!strcmp(u, *list)) return 1;
-    return 0;
-}
-
-int tally__plan_parse_count(const char *s, double *out) {
-    double v;
-    const char *u;
-    if (parse_number(s, &v, &u)) return -1;
-    double mult = parse_prefix(&u);
-    if (*u || !isfinite(v * mult)) return -1;
-    *out = v * mult;
-    return 0;
-}
-
-int tally__plan_parse_rate(const char *s, double *bytes_per_s) {
-    static const char *const bits[] = {"bps", "b/s", "bit/s", "bits/s", NULL};
-    static const char *const bytes[] = {"Bps", "B/s", "byte/s", "bytes/s", NULL};
-    double v;
-    const char *u;
-    if (parse_number(s, &v, &u)) return -1;
-    const char *p = u;
-    double mult = parse_prefix(&u);
-    if (one_of(u, bits))
-        mult /= 8;
-    else if (!one_of(u, bytes) && !(*u == 0 && u == p))
-        return -1; /* "25G" alone: bits or bytes? */
-    *bytes_per_s = v * mult;
-    return v > 0 && isfinite(*bytes_per_s) ? 0 : -1;
-}
-
-int tally__plan_parse_time(const char *s, double *seconds) {
-    static const struct {
-        const char *unit;
-        double mult;
-    } units[] = {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"\xc2\xb5s", 1e-6}, {"ns", 1e-9}};
-    double v;
-    const char *u;
-    if (parse_number(s, &v, &u)) return -1;
-    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
-        if (!strcmp(u, units[i].unit)) return *seconds = v * units[i].mult, 0;
-    return -1;
-}
-
-int tally__plan_parse_gflops(const char *s, double *gflops) {
-    double v;
-    const char *u;
-    if (parse_number(s, &v, &u)) return -1;
-    const char *p = u;
-    double mult = parse_prefix(&u);
-    if (u == p) mult = *u ? 1.0 : 1e9; /* a bare number is GFLOP/s */
-    if (*u && strcasecmp(u, "flops") && strcasecmp(u, "flop/s")) return -1;
-    *gflops = v * mult / 1e9;
-    return v > 0 && isfinite(*gflops) ? 0 : -1;
-}
 
 double tally__plan_fit_beta(const tally__cost *m, int n, double S, double seconds) {
     tally__cost lo = *m, hi = *m;

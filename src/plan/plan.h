@@ -110,13 +110,4 @@ double tally__plan_parallel_fraction(const tally__plan_step *s);
 double tally__plan_amdahl(double p, int n); /* 1 / ((1-p) + p/n) */
 double tally__plan_ceiling(double p);       /* 1 / (1-p); HUGE_VAL when p == 1 */
 
-/* Parsers (0, or -1 when malformed). Counts: K/M/G/T = 1e3..1e12 ("7.5G"). Rates: bits with "bps" or
- * "b/s" (Gbps = 1e9 bits/s), bytes with "B/s" or "Bps" (KB/MB/GB/TB decimal, KiB/MiB/GiB binary), to
- * bytes per second. Times: ns, us (or µs), ms, s; a bare number is seconds. FLOP rates: a bare number
- * is GFLOP/s, or with GFLOPS / TFLOPS / GFLOP/s; returns GFLOP/s. */
-int tally__plan_parse_count(const char *s, double *out);
-int tally__plan_parse_rate(const char *s, double *bytes_per_s);
-int tally__plan_parse_time(const char *s, double *seconds);
-int tally__plan_parse_gflops(const char *s, double *gflops);
-
 #endif

@@ -1,0 +1,180 @@
+/* cluster.c - the simulated cluster's description: defaults, one setting by name (flags and config files
+ * share the names), config files of "key = value" lines, the checks, and the links' capacities. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/err.h"
+#include "../core/parse.h"
+#include "../core/units.h"
+#include "sim_int.h"
+
+static const char *const kind_names[TALLY__SIM_KINDS] = {"cpu", "nic tx", "nic rx", "uplink", "downlink"};
+
+const char *tally__sim_kind_name(int kind) { return kind >= 0 && kind < TALLY__SIM_KINDS ? kind_names[kind] : "?"; }
+
+void tally__sim_cluster_default(tally__sim_cluster *c) {
+    memset(c, 0, sizeof *c);
+    c->hosts = 1;
+    c->per_host = 2;
+    c->shm = (tally__cost){.alpha = 5e-6, .beta = 1.0 / 10e9, .gamma = 1.0 / 10e9};
+    c->crowded_alpha = 20e-6;
+    c->nic_rate = 25e9 / 8;
+    c->nic_alpha = 20e-6;
+    c->fabric = TALLY__SIM_FULL;
+    c->hosts_per_leaf = 32;
+    c->oversub = 1;
+    c->seed = 1;
+}
+
+tally__cost tally__sim_net_cost(const tally__sim_cluster *c) {
+    return (tally__cost){.alpha = c->nic_alpha, .beta = 1.0 / c->nic_rate, .gamma = c->shm.gamma};
+}
+
+double tally__sim_capacity(const tally__sim_cluster *c, int kind) {
+    switch (kind) {
+    case TALLY__SIM_CPU: return tally__sim_cores(c);
+    case TALLY__SIM_NIC_TX:
+    case TALLY__SIM_NIC_RX: return c->nic_rate;
+    default: return c->nic_rate * c->hosts_per_leaf / c->oversub;
+    }
+}
+
+static int bad(const char *key, const char *value, const char *takes) {
+    char name[64];
+    snprintf(name, sizeof name, "--%s", key);
+    return tally__parse_fail(name, value, "is not valid", takes);
+}
+
+/* RANK:FACTOR, added to the list. */
+static int set_slow(tally__sim_cluster *c, const char *v) {
+    char *end;
+    errno = 0;
+    long rank = strtol(v, &end, 10);
+    if (end == v || *end != ':' || errno || rank < 0 || rank > 1 << 30) goto fail;
+    double f;
+    if (tally__units_count(end + 1, &f) || !(f > 0) || f > 1e6) goto fail;
+    if (c->nslow == TALLY__SIM_MAX_SLOW) return bad("slow", v, "at most 64 slow ranks");
+    c->slow[c->nslow++] = (tally__sim_slow){.rank = (int)rank, .factor = f};
+    return 0;
+fail:
+    return bad("slow", v, "RANK:FACTOR, a rank and how many times longer its compute takes (3:1.5)");
+}
+
+static int set_int(const char *key, const char *v, long long lo, long long hi, int *out) {
+    char name[64];
+    long long x;
+    snprintf(name, sizeof name, "--%s", key);
+    int rc = tally__parse_int(name, v, lo, hi, &x);
+    if (!rc) *out = (int)x;
+    return rc;
+}
+
+/* A time, or a rate taken as its inverse (seconds per byte). */
+static int set_time(const char *key, const char *v, double *out) {
+    double t;
+    if (tally__units_time(v, &t) || t > 1e3) return bad(key, v, "a time: 5us, 1.5ms, 200ns");
+    *out = t;
+    return 0;
+}
+static int set_per_byte(const char *key, const char *v, double *out) {
+    double r;
+    if (tally__units_rate(v, &r) || !(r > 0)) return bad(key, v, "a rate: 10GB/s, 25Gbps, 800MiB/s");
+    *out = 1.0 / r;
+    return 0;
+}
+
+int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v) {
+    static const char *const fabrics[] = {"full", "fat-tree", NULL};
+    if (!strcmp(key, "hosts")) return set_int(key, v, 1, 1 << 20, &c->hosts);
+    if (!strcmp(key, "ranks-per-host")) return set_int(key, v, 1, 1 << 12, &c->per_host);
+    if (!strcmp(key, "cores")) return set_int(key, v, 0, 1 << 12, &c->cores);
+    if (!strcmp(key, "hosts-per-leaf")) return set_int(key, v, 1, 1 << 20, &c->hosts_per_leaf);
+    if (!strcmp(key, "shm-latency")) return set_time(key, v, &c->shm.alpha);
+    if (!strcmp(key, "crowded-latency")) return set_time(key, v, &c->crowded_alpha);
+    if (!strcmp(key, "shm-bandwidth")) return set_per_byte(key, v, &c->shm.beta);
+    if (!strcmp(key, "reduce-bandwidth")) return set_per_byte(key, v, &c->shm.gamma);
+    if (!strcmp(key, "nic-latency")) return set_time(key, v, &c->nic_alpha);
+    if (!strcmp(key, "tcp-bandwidth")) return set_per_byte(key, v, &c->tcp_cpu);
+    if (!strcmp(key, "shared-cores")) {
+        static const char *const yes_no[] = {"no", "yes", NULL};
+        return tally__parse_word("--shared-cores", v, yes_no, &c->shared_cores);
+    }
+    if (!strcmp(key, "nic")) {
+        double r;
+        if (tally__units_rate(v, &r) || !(r > 0)) return bad(key, v, "a rate: 10Gbps, 100Gbps, 1.25GB/s");
+        c->nic_rate = r;
+        return 0;
+    }
+    if (!strcmp(key, "fabric")) {
+        char name[64];
+        snprintf(name, sizeof name, "--%s", key);
+        return tally__parse_word(name, v, fabrics, &c->fabric);
+    }
+    if (!strcmp(key, "oversub")) return tally__parse_real("--oversub", v, 1, 0, 1e6, &c->oversub);
+    if (!strcmp(key, "compute-sd")) return tally__parse_real("--compute-sd", v, 0, 0, 10, &c->compute_sd);
+    if (!strcmp(key, "slow")) return set_slow(c, v);
+    if (!strcmp(key, "seed")) {
+        uint64_t s;
+        int rc = tally__parse_u64("--seed", v, &s);
+        if (!rc) c->seed = s;
+        return rc;
+    }
+    return 1;
+}
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    char *e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) *--e = '\0';
+    return s;
+}
+
+int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return tally__seterr(TALLY_E_INVALID, "sim: cannot read the cluster file %s: %s", path, strerror(errno));
+    char line[512];
+    int rc = 0, no = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        no++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char *s = trim(line);
+        if (!*s) continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            rc = tally__seterr(TALLY_E_INVALID, "sim: %s line %d: '%s' is not 'key = value'", path, no, s);
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        int r = tally__sim_cluster_set(c, key, val);
+        if (r == 1)
+            rc = tally__seterr(TALLY_E_INVALID, "sim: %s line %d: no setting '%s' (see tally sim --help)", path, no,
+                               key);
+        else if (r)
+            rc = tally__seterr(r, "sim: %s line %d: %s", path, no, tally_last_error());
+    }
+    fclose(f);
+    return rc;
+}
+
+int tally__sim_cluster_check(const tally__sim_cluster *c) {
+    long long n = (long long)c->hosts * c->per_host;
+    if (c->hosts < 1 || c->per_host < 1 || n > (1 << 24))
+        return tally__seterr(TALLY_E_INVALID,
+                             "sim: %d hosts x %d ranks per host: need at least 1 x 1, at most 2^24 ranks", c->hosts,
+                             c->per_host);
+    if (!(c->nic_rate > 0) || !(c->shm.beta > 0) || !(c->shm.gamma >= 0) || !(c->shm.alpha >= 0) ||
+        !(c->nic_alpha >= 0))
+        return tally__seterr(TALLY_E_INVALID, "sim: the links need positive rates and latencies of 0 or more");
+    if (c->fabric == TALLY__SIM_FAT_TREE && (c->hosts_per_leaf < 1 || !(c->oversub >= 1)))
+        return tally__seterr(TALLY_E_INVALID, "sim: a fat tree needs --hosts-per-leaf >= 1 and --oversub >= 1");
+    for (int i = 0; i < c->nslow; i++)
+        if (c->slow[i].rank >= n)
+            return tally__seterr(TALLY_E_INVALID, "sim: --slow %d:%g names rank %d, but the world has ranks 0..%lld",
+                                 c->slow[i].rank, c->slow[i].factor, c->slow[i].rank, n - 1);
+    return 0;
+}

@@ -1,0 +1,222 @@
+/* test_sim.c - the simulator against hand-computed cases: ring, tree and rhd on small layouts against
+ * closed forms written here, two flows on one NIC, a slow rank on the critical path, the fast path
+ * against the event level, cluster files and their errors, and `tally sim` end to end. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coll/coll.h"
+#include "core/sig.h"
+#include "harness.h"
+#include "sim/sim_int.h"
+
+static int close_to(double got, double want, double rel) { return fabs(got - want) <= rel * fabs(want) + 1e-15; }
+
+/* One host of n ranks, a core each, round figures: alpha 10 us, 1 GB/s copies, 2 GB/s reductions. */
+static tally__sim_cluster one_host(int n) {
+    tally__sim_cluster c;
+    tally__sim_cluster_default(&c);
+    c.per_host = n;
+    c.cores = n;
+    c.shm = (tally__cost){.alpha = 10e-6, .beta = 1e-9, .gamma = 0.5e-9};
+    return c;
+}
+
+static double play(const tally__sim_cluster *c, int coll, int algo, size_t bytes, int method, tally__sim_result *r) {
+    tally__sim_coll q = {.coll = coll, .algo = algo, .bytes = bytes, .dtype = TALLY_F32, .method = method};
+    int rc = tally__sim_collective(c, &q, r);
+    TH_CHECK(rc == 0, "sim of %s %zu bytes: %s", tally__algo_name(algo), bytes, rc ? tally_last_error() : "");
+    return rc ? -1 : r->seconds;
+}
+
+/* Ring allreduce: 2(n-1) steps of one block each, reduce-scatter steps copy and reduce, all-gather
+ * steps copy: 2(n-1)a + 2S(n-1)/n b + S(n-1)/n g (DESIGN.md's table, which the library's model uses). */
+static void test_ring_closed_form(void) {
+    const int ns[] = {2, 3, 4, 8};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+        int n = ns[i];
+        tally__sim_cluster c = one_host(n);
+        size_t S = (size_t)n * 4 * 100000; /* blocks of 100000 floats */
+        double a = c.shm.alpha, b = c.shm.beta, g = c.shm.gamma, f = (n - 1.0) / n;
+        double want = 2 * (n - 1) * a + 2 * S * f * b + S * f * g;
+        tally__sim_result r;
+        double ev = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RING, S, TALLY__SIM_EVENT, &r);
+        TH_CHECK(close_to(ev, want, 1e-9), "ring n=%d event level: %.9f s, closed form %.9f s", n, ev, want);
+        TH_CHECK(r.steps == 2 * (n - 1), "ring n=%d: %ld steps, want %d", n, r.steps, 2 * (n - 1));
+        double fa = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RING, S, TALLY__SIM_FAST, &r);
+        TH_CHECK(close_to(fa, want, 1e-9), "ring n=%d fast path: %.9f s, closed form %.9f s", n, fa, want);
+        double bus = S / want * 2 * f;
+        TH_CHECK(close_to(r.busbw, bus, 1e-9), "ring n=%d busbw %.4g, want %.4g", n, r.busbw, bus);
+    }
+}
+
+/* Tree on 3 ranks, one segment (S <= 128 KiB): the second child sends up (reduced at the root), then the
+ * first child, then the root sends the result to both at once: 3a + S(3b + 2g). */
+static void test_tree_closed_form(void) {
+    tally__sim_cluster c = one_host(3);
+    size_t S = 64 << 10;
+    double a = c.shm.alpha, b = c.shm.beta, g = c.shm.gamma;
+    double want = 3 * a + S * (3 * b + 2 * g);
+    tally__sim_result r;
+    double got = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_TREE, S, TALLY__SIM_EVENT, &r);
+    TH_CHECK(close_to(got, want, 1e-9), "tree n=3: %.9f s, closed form %.9f s", got, want);
+    /* the same on 3 ranks sharing one core: the root's two receivers split it at the last step, and every
+     * message waits for a sleeping waiter's wake-up, once per rank on the core */
+    c.cores = 1;
+    want = 3 * 3 * c.crowded_alpha + S * (2 * (b + g) + 2 * b);
+    got = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_TREE, S, TALLY__SIM_EVENT, &r);
+    TH_CHECK(close_to(got, want, 1e-9), "tree n=3 on one core: %.9f s, want %.9f s", got, want);
+}
+
+/* rhd on 4 ranks past the small-vector switch: halving S/2 and S/4 (reduced), doubling S/4 and S/2:
+ * 4a + 1.5 S b + 0.75 S g. On 8 ranks: 6a + 2S(7/8) b + S(7/8) g. */
+static void test_rhd_closed_form(void) {
+    for (int n = 4; n <= 8; n *= 2) {
+        tally__sim_cluster c = one_host(n);
+        size_t S = 1 << 20;
+        double a = c.shm.alpha, b = c.shm.beta, g = c.shm.gamma, f = (n - 1.0) / n, lg = n == 4 ? 2 : 3;
+        double want = 2 * lg * a + 2 * S * f * b + S * f * g;
+        tally__sim_result r;
+        double ev = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RHD, S, TALLY__SIM_EVENT, &r);
+        TH_CHECK(close_to(ev, want, 1e-9), "rhd n=%d event level: %.9f s, closed form %.9f s", n, ev, want);
+        double fa = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RHD, S, TALLY__SIM_FAST, &r);
+        TH_CHECK(close_to(fa, want, 1e-9), "rhd n=%d fast path: %.9f s, closed form %.9f s", n, fa, want);
+    }
+}
+
+/* Two hosts of two ranks: rank 0 alone sends X to rank 2, then ranks 0 and 1 both send X to host 1 at once
+ * over the one NIC: twice the time (latency 0, so the transfer is all there is). */
+static double nic_program(int both, tally__sim_result *r) {
+    tally__sim_cluster c;
+    tally__sim_cluster_default(&c);
+    c.hosts = 2;
+    c.per_host = 2;
+    c.nic_alpha = 0;
+    c.nic_rate = 1e9;
+    tally__sim_prog p;
+    tally__sim_prog_init(&p, 4);
+    for (int s = 0; s < 1 + both; s++) {
+        tally__sim_msg snd = {.peer = 2 + s, .send = 1, .bytes = 1000000}, rcv = {.peer = s, .bytes = 1000000};
+        int first[2] = {0, 1};
+        tally__sim_sched a = {.msg = &snd, .first = first, .nmsg = 1, .nstep = 1};
+        tally__sim_sched b = {.msg = &rcv, .first = first, .nmsg = 1, .nstep = 1};
+        tally__sim_prog_append(&p, s, 0, &a, 0, 1, -1, 0);
+        tally__sim_prog_append(&p, 2 + s, 0, &b, 0, 1, -1, 0);
+    }
+    tally__sim_prog_seal(&p);
+    int rc = tally__sim_event_run(&c, &p, r);
+    TH_CHECK(rc == 0, "nic program: %s", rc ? tally_last_error() : "");
+    tally__sim_prog_free(&p);
+    return r->seconds;
+}
+
+static void test_contention(void) {
+    tally__sim_result r;
+    double one = nic_program(0, &r), two = nic_program(1, &r);
+    TH_CHECK(close_to(one, 1e-3, 1e-9), "one flow of 1 MB on a 1 GB/s NIC: %.6f s, want 0.001", one);
+    TH_CHECK(close_to(two, 2 * one, 1e-9), "two flows on one NIC: %.6f s, want twice %.6f", two, one);
+    TH_CHECK(r.crit_kind == TALLY__SIM_NIC_TX || r.crit_kind == TALLY__SIM_NIC_RX,
+             "two flows: the critical link is %s, want a NIC", tally__sim_kind_name(r.crit_kind));
+    TH_CHECK(close_to(r.util[TALLY__SIM_NIC_TX], 1, 1e-9), "two flows: the NIC was busy %.3f of the time, want 1",
+             r.util[TALLY__SIM_NIC_TX]);
+    /* an oversubscribed fat tree: 4 hosts, 2 per leaf, uplinks at half the NICs' sum: a ring of one rank
+     * per host crosses each leaf's uplink with one flow, at full rate (1 flow <= 2 NICs / 2) */
+    tally__sim_cluster c;
+    tally__sim_cluster_default(&c);
+    c.hosts = 4;
+    c.per_host = 1;
+    c.fabric = TALLY__SIM_FAT_TREE;
+    c.hosts_per_leaf = 2;
+    c.oversub = 4; /* uplink = 2 x NIC / 4 = half a NIC: the crossing flow runs at half rate */
+    c.nic_alpha = 0;
+    c.nic_rate = 1e9;
+    size_t S = 4 << 20;
+    double f = 3.0 / 4, g = c.shm.gamma;
+    double want = 3 * (S / 4.0) / 0.5e9 + 3 * (S / 4.0) / 0.5e9; /* every step waits for the slow crossing */
+    (void)f;
+    (void)g;
+    double ev = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RING, S, TALLY__SIM_EVENT, &r);
+    TH_CHECK(close_to(ev, want, 1e-6), "ring over a 4:1 fat tree: %.6f s, want %.6f s", ev, want);
+    TH_CHECK(r.crit_kind == TALLY__SIM_UP || r.crit_kind == TALLY__SIM_DOWN,
+             "fat tree: critical link %s, want an uplink", tally__sim_kind_name(r.crit_kind));
+    double fa = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RING, S, TALLY__SIM_FAST, &r);
+    TH_CHECK(close_to(fa, want, 1e-6), "ring over a 4:1 fat tree, fast path: %.6f s, want %.6f s", fa, want);
+}
+
+/* Rank 3 computes 10 ms before a ring allreduce, the others 1 ms: the critical path runs through it. */
+static void test_slow_rank(void) {
+    tally__sim_cluster c = one_host(6);
+    tally__sim_prog p;
+    tally__sim_prog_init(&p, 6);
+    for (int k = 0; k < 6; k++) {
+        tally__sim_sched s;
+        tally__sim_trace(TALLY__ALGO_RING, TALLY__ALLREDUCE, k, 6, 6 << 20, TALLY_F32, 0, &s);
+        tally__sim_prog_append(&p, k, 0, &s, 0, 1, -1, 0);
+        p.lane[(size_t)k * TALLY__SIM_LANES].step[0].compute = k == 3 ? 10e-3 : 1e-3;
+        tally__sim_sched_free(&s);
+    }
+    tally__sim_prog_seal(&p);
+    tally__sim_result r;
+    int rc = tally__sim_event_run(&c, &p, &r);
+    tally__sim_prog_free(&p);
+    TH_CHECK(rc == 0 && r.crit_rank == 3, "slow rank 3: the critical path names rank %d (share %.2f), want 3",
+             r.crit_rank, r.crit_rank_share);
+    /* a training step: --slow 5:2 on 8 ranks paces every step; its step is about the compute longer */
+    tally__sim_cluster d = one_host(8);
+    tally__sim_train t = {.grad_bytes = 4e6,
+                          .bucket_bytes = 1e6,
+                          .nlayers = 4,
+                          .accum = 1,
+                          .compute_s = 0.1,
+                          .update_s = 0.001,
+                          .steps = 5,
+                          .algo = TALLY__ALGO_AUTO};
+    tally__sim_step even, slow;
+    rc = tally__sim_train_step(&d, &t, &even);
+    tally__sim_cluster_set(&d, "slow", "5:2");
+    rc |= tally__sim_train_step(&d, &t, &slow);
+    TH_CHECK(rc == 0 && slow.pace_rank == 5 && close_to(slow.pace_share, 1, 1e-12),
+             "--slow 5:2: pace set by rank %d (%.2f of steps), want 5 in all", slow.pace_rank, slow.pace_share);
+    TH_CHECK(even.pace_rank == -1, "no slow rank: pace rank %d, want none", even.pace_rank);
+    TH_CHECK(close_to(slow.step_s - even.step_s, 0.1, 0.05), "a rank twice as slow adds %.4f s to a step, want ~0.1",
+             slow.step_s - even.step_s);
+}
+
+/* The fast path against the event level where both apply (layouts across hosts, hier's pipeline). */
+static void test_fast_matches_event(void) {
+    struct {
+        int hosts, per, algo;
+        size_t bytes;
+        int fat;
+    } cases[] = {{4, 2, TALLY__ALGO_RING, 1 << 20, 0},  {4, 2, TALLY__ALGO_RING, 64 << 20, 0},
+                 {8, 1, TALLY__ALGO_RING, 8 << 20, 1},  {4, 2, TALLY__ALGO_RHD, 8 << 20, 0},
+                 {4, 2, TALLY__ALGO_HIER, 64 << 20, 0}, {4, 4, TALLY__ALGO_HIER, 1 << 20, 1},
+                 {2, 4, TALLY__ALGO_HIER, 16 << 20, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        tally__sim_cluster c;
+        tally__sim_cluster_default(&c);
+        c.hosts = cases[i].hosts;
+        c.per_host = cases[i].per;
+        c.nic_rate = 10e9 / 8;
+        if (cases[i].fat) c.fabric = TALLY__SIM_FAT_TREE, c.hosts_per_leaf = 2, c.oversub = 2;
+        tally__sim_result r;
+        double ev = play(&c, TALLY__ALLREDUCE, cases[i].algo, cases[i].bytes, TALLY__SIM_EVENT, &r);
+        double fa = play(&c, TALLY__ALLREDUCE, cases[i].algo, cases[i].bytes, TALLY__SIM_FAST, &r);
+        TH_CHECK(close_to(fa, ev, 0.05), "%d x %d %s %zu bytes%s: fast %.6f s, event %.6f s (want within 5%%)",
+                 cases[i].hosts, cases[i].per, tally__algo_name(cases[i].algo), cases[i].bytes,
+                 cases[i].fat ? " (fat tree 2:1)" : "", fa, ev);
+    }
+}
+
+int main(void) {
+    test_ring_closed_form();
+    test_tree_closed_form();
+    test_rhd_closed_form();
+    test_contention();
+    test_slow_rank();
+    test_fast_matches_event();
+    return th_verdict("test_sim");
+}

@@ -428,8 +428,19 @@ static void test_cost_model(void) {
         TH_CHECK(x == TALLY__ALGO_RING || x == TALLY__ALGO_RHD, "allreduce of 256 MiB on %d ranks: %s", n,
                  tally__algo_name(x));
     }
+    /* A host's 8 ranks sharing its one link (levels): rhd's rounds across hosts put 8 flows on it at once,
+     * so its bytes there cost 8 times; the ring's cost is the same, and it is the one picked. */
+    tally__cost shared = m;
+    shared.share = 8;
+    size_t big = (size_t)1 << 28;
+    TH_CHECK(tally__algo_cost(&shared, TALLY__ALGO_RHD, TALLY__ALLREDUCE, 64, big) >
+                     4 * tally__algo_cost(&m, TALLY__ALGO_RHD, TALLY__ALLREDUCE, 64, big) &&
+                 tally__algo_cost(&shared, TALLY__ALGO_RING, TALLY__ALLREDUCE, 64, big) ==
+                     tally__algo_cost(&m, TALLY__ALGO_RING, TALLY__ALLREDUCE, 64, big) &&
+                 tally__algo_choose(&shared, TALLY__ALLREDUCE, 64, big) == TALLY__ALGO_RING,
+             "a link shared by 8 ranks: rhd should cost more, the ring the same, and the ring be picked");
     /* With no information every cost is 0: the fixed order decides. */
-    tally__cost zero = {0, 0, 0};
+    tally__cost zero = {0};
     TH_CHECK(tally__algo_choose(&zero, TALLY__ALLREDUCE, 8, 1 << 20) == TALLY__ALGO_RING, "tie not broken by order");
     TH_CHECK(tally__algo_cost(&m, TALLY__ALGO_RING, TALLY__ALLREDUCE, 1, 1 << 20) == 0, "one rank costs nothing");
 }

@@ -21,6 +21,7 @@ int tally__algo_parse(const char *name) {
  * folds extra ranks in (one more exchange of the vector each way). */
 typedef struct shape {
     double n, S, a, b, g;
+    double bs;    /* beta of rhd and the tree: the link shared by `share` ranks of a host */
     double lg;    /* ceil(log2 n): rounds of binomial and dissemination patterns */
     double depth; /* floor(log2 n): height of the binary tree */
     double p, lp; /* largest power of two <= n, and log2 p */
@@ -35,6 +36,7 @@ static shape shape_of(const tally__cost *c, int n, size_t bytes) {
                .a = c->alpha,
                .b = c->beta,
                .g = c->gamma,
+               .bs = c->beta * (c->share > 1 ? c->share : 1),
                .lg = tally__log2_ceil(n),
                .p = p,
                .fold = p != n};
@@ -48,13 +50,13 @@ static shape shape_of(const tally__cost *c, int n, size_t bytes) {
  * its fold, and the tree's per-segment latency. */
 static double cost_allreduce(const shape *x, int algo) {
     double n = x->n, S = x->S, f = (n - 1) / n, pf = (x->p - 1) / x->p;
-    double fold = x->fold * (2 * x->a + 2 * S * x->b + S * x->g);
+    double fold = x->fold * (2 * x->a + 2 * S * x->bs + S * x->g);
     switch (algo) {
     case TALLY__ALGO_RING: return 2 * (n - 1) * x->a + 2 * S * f * x->b + S * f * x->g;
-    case TALLY__ALGO_TREE: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->b + S * x->g;
+    case TALLY__ALGO_TREE: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
     case TALLY__ALGO_RHD:
-        if (x->S <= (double)TALLY__RHD_SMALL_BYTES) return x->lp * (x->a + S * x->b + S * x->g) + fold;
-        return 2 * x->lp * x->a + 2 * S * pf * x->b + S * pf * x->g + fold;
+        if (x->S <= (double)TALLY__RHD_SMALL_BYTES) return x->lp * (x->a + S * x->bs + S * x->g) + fold;
+        return 2 * x->lp * x->a + 2 * S * pf * x->bs + S * pf * x->g + fold;
     case TALLY__ALGO_DIRECT: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
     }
     return HUGE_VAL;
@@ -66,9 +68,9 @@ static double cost_reduce_scatter(const shape *x, int algo) {
     double scatter = (n - 1) * x->a + S * f * x->b; /* rank 0 hands out the blocks */
     switch (algo) {
     case TALLY__ALGO_RING: return (n - 1) * x->a + S * f * (x->b + x->g);
-    case TALLY__ALGO_TREE: return (x->depth + x->m - 1) * x->a + S * (x->b + x->g) + scatter;
+    case TALLY__ALGO_TREE: return (x->depth + x->m - 1) * x->a + S * (x->bs + x->g) + scatter;
     case TALLY__ALGO_RHD:
-        return x->lp * x->a + S * pf * (x->b + x->g) + x->fold * (2 * x->a + S * (x->b + x->g) + S / n * x->b);
+        return x->lp * x->a + S * pf * (x->bs + x->g) + x->fold * (2 * x->a + S * (x->bs + x->g) + S / n * x->bs);
     case TALLY__ALGO_DIRECT: return (n - 1) * (x->a + S * (x->b + x->g)) + scatter;
     }
     return HUGE_VAL;
@@ -80,8 +82,8 @@ static double cost_allgather(const shape *x, int algo) {
     double gather = (n - 1) * x->a + S * f * x->b; /* everyone to rank 0 */
     switch (algo) {
     case TALLY__ALGO_RING: return (n - 1) * x->a + S * f * x->b;
-    case TALLY__ALGO_TREE: return gather + (x->depth + x->m - 1) * x->a + S * x->b;
-    case TALLY__ALGO_RHD: return x->lp * x->a + S * pf * x->b + x->fold * (2 * x->a + S / n * x->b + S * x->b);
+    case TALLY__ALGO_TREE: return gather + (x->depth + x->m - 1) * x->a + S * x->bs;
+    case TALLY__ALGO_RHD: return x->lp * x->a + S * pf * x->bs + x->fold * (2 * x->a + S / n * x->bs + S * x->bs);
     case TALLY__ALGO_DIRECT: return gather + (n - 1) * (x->a + S * x->b);
     }
     return HUGE_VAL;

@@ -76,6 +76,11 @@ typedef struct tally__cost {
     double alpha; /* seconds per message */
     double beta;  /* seconds per byte on a link */
     double gamma; /* seconds per byte reduced */
+    /* Ranks of a host that cross its one link to other hosts at once (0 or 1: none share it). rhd and
+     * the tree pair each rank with ranks of other hosts in the same rounds, so their bytes there go that
+     * many to the link; the ring, in world order, crosses each host boundary once a step. tally sim
+     * found the flat model blind to it: flat rhd picked over hier at 16 x 8 took 7.5x as long. */
+    int share;
 } tally__cost;
 
 /* The model's parameters as this communicator measured them at init (for tally plan --calibrate). */
@@ -108,9 +113,10 @@ typedef struct tally__levels {
 /* The world communicator without levels: tally_comm_init's first part (collective). */
 int tally__comm_make_world(tally_comm **out);
 /* Gives c its levels (released with c); c's faults are recorded in the two level communicators' too,
- * and the flat model takes the link between hosts' alpha and beta where they are the larger. */
+ * and the flat model takes the link between hosts' alpha and beta where they are the larger, shared by
+ * the `share` ranks of each host (tally__cost's share). */
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
-                            double beta);
+                            double beta, int share);
 /* c keeps host (its host communicator, a split of c) and frees it with itself, after its monitor and
  * levels; c's faults are recorded in host's too, so host's waits end with them. */
 void tally__comm_keep_host(tally_comm *c, tally_comm *host);

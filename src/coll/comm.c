@@ -196,12 +196,13 @@ int tally__comm_make_world(tally_comm **out) {
 }
 
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
-                            double beta) {
+                            double beta, int share) {
     c->levels = *l;
     tally__fault_link(&c->fault, 0, &host->fault);
     tally__fault_link(&c->fault, 1, &cross->fault);
     if (alpha > c->cost.alpha) c->cost.alpha = alpha;
     if (beta > c->cost.beta) c->cost.beta = beta;
+    c->cost.share = share;
 }
 
 int tally__comm_forced_algo(const tally_comm *c) { return c->forced_algo; }

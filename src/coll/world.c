@@ -43,7 +43,7 @@ static int world_levels(tally_comm *c, tally_comm *host) {
     tally__levels l = tally__hier_levels(h);
     /* The world's ping-pong ran between ranks 0 and 1, one host's: its flat algorithms also cross the
      * slowest link between hosts, which the cross communicators measured. */
-    tally__comm_set_levels(c, &l, h->host, h->cross, h->cross_cost.alpha, h->cross_cost.beta);
+    tally__comm_set_levels(c, &l, h->host, h->cross, h->cross_cost.alpha, h->cross_cost.beta, h->per_host);
     return 0;
 }
 

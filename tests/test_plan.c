@@ -304,6 +304,31 @@ static void test_cli(void) {
     }
 }
 
+/* Layouts the closed forms cannot answer go to tally sim, and the plan says which it used. */
+static void test_simulated(void) {
+    static char out[1 << 16];
+    int st = run("--params 10M --hosts 2 --ranks-per-host 2", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "T simulated") && strstr(out, "hierarchical layout"),
+             "2 hosts x 2: exit %d, want a simulated step for the hierarchical layout:\n%s", st, out);
+    st = run("--params 10M --workers 8 --slow 3:1.5 --json", out, sizeof out);
+    TH_CHECK(st == 0 && balanced(out) && strstr(out, "\"why\": \"stragglers\"") && strstr(out, "\"pace_rank\": 3"),
+             "--slow 3:1.5: exit %d, want stragglers simulated with rank 3 setting the pace:\n%s", st, out);
+    st = run("--params 10M --hosts 8 --ranks-per-host 1 --fabric fat-tree --hosts-per-leaf 2 --oversub 4", out,
+             sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "oversubscribed fabric"), "a 4:1 fat tree: exit %d, want it simulated:\n%s", st,
+             out);
+    st = run("--params 10M --workers 8 --json", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "\"simulated\": null"), "8 ranks on one host: want no simulation:\n%s", out);
+    const char *bad[] = {"--params 10M --workers 8 --slow 9:2", "--params 10M --workers 8 --fabric fat-tree",
+                         "--params 10M --hosts 2 --ranks-per-host 2 --oversub 0.5",
+                         "--params 10M --workers 8 --slow 3"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        st = run(bad[i], out, sizeof out);
+        TH_CHECK(st == 2 && strstr(out, "tally plan: "), "'plan %s' exited %d, want 2 with a message:\n%s", bad[i], st,
+                 out);
+    }
+}
+
 int main(void) {
     test_zero_paper();
     test_fp32_formulas();
@@ -313,5 +338,6 @@ int main(void) {
     test_units();
     test_hosts();
     test_cli();
+    test_simulated();
     return th_verdict("test_plan");
 }

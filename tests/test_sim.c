@@ -211,6 +211,71 @@ static void test_fast_matches_event(void) {
     }
 }
 
+/* ---- `tally sim` end to end ---- */
+
+static int sim(const char *args, char *out, size_t cap) {
+    const char *b = getenv("TALLY_BIN");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s sim %s", b && *b ? b : "./tally", args);
+    return th_shell(cmd, 120, out, cap);
+}
+
+static void test_cli(void) {
+    static char out[1 << 16];
+    int st = sim("--hosts 4 --ranks-per-host 2 --nic 10Gbps --size 1K,1M,64M", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "hier(") && strstr(out, "64 MiB") && strstr(out, "nic tx"),
+             "sim on 4 x 2: exit %d, want hier picked and the NIC named:\n%s", st, out);
+    st = sim("--hosts 4 --ranks-per-host 2 --size 4M --algo ring --json", out, sizeof out);
+    const char *keys[] = {"\"results\"",     "\"seconds\"",  "\"busbw\"",
+                          "\"utilisation\"", "\"critical\"", "\"algo\": \"ring\""};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        TH_CHECK(st == 0 && strstr(out, keys[i]), "--json: exit %d, no %s:\n%s", st, keys[i], out);
+    char path[] = "/tmp/tally-sim-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (f) {
+        fputs("# a described cluster\nhosts = 3\nranks-per-host = 2   # two a host\nnic = 10Gbps\n", f);
+        fclose(f);
+    }
+    char args[512];
+    snprintf(args, sizeof args, "--config %s --size 1M --json", path);
+    st = sim(args, out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "\"hosts\": 3") && strstr(out, "\"ranks_per_host\": 2"),
+             "--config: exit %d, want 3 hosts x 2:\n%s", st, out);
+    f = fopen(path, "w");
+    if (f) {
+        fputs("hosts = 2\nbogus = 1\n", f);
+        fclose(f);
+    }
+    st = sim(args, out, sizeof out);
+    TH_CHECK(st == 2 && strstr(out, "line 2") && strstr(out, "bogus"), "a config's bad key: exit %d:\n%s", st, out);
+    unlink(path);
+    st = sim("--train --params 10M --layers 4 --compute 50ms --hosts 2 --ranks-per-host 2 --slow 1:2 --json", out,
+             sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "\"step_s\"") && strstr(out, "\"pace_rank\": 1"),
+             "--train --slow 1:2: exit %d, want a step paced by rank 1:\n%s", st, out);
+    st = sim("--train --params 10M --compute 50ms --hosts 2 --ranks-per-host 2 --mode async --staleness 2", out,
+             sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "async"), "--mode async: exit %d:\n%s", st, out);
+    /* the scale the issue asks for: a ring of 65,536 ranks, and a step on 8,192 hosts x 8 (fast path) */
+    st = sim("--hosts 8192 --ranks-per-host 8 --nic 100Gbps --algo ring --size 64M --json", out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "\"method\": \"fast\""), "65,536-rank ring: exit %d:\n%s", st, out);
+    st = sim("--hosts 8192 --ranks-per-host 8 --nic 100Gbps --train --params 1.5G --layers 48 --compute 2s --json", out,
+             sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "\"step_s\""), "a step on 8,192 x 8: exit %d:\n%s", st, out);
+    const char *bad[] = {
+        "--hosts 0",           "--nic fast",    "--hosts 2 --slow 9:2",     "--config /nonexistent/tally.conf",
+        "--train --params 1M", "--size 1K,,2K", "--params 1M --compute 1s", "--fabric star",
+        "--method quick"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        st = sim(bad[i], out, sizeof out);
+        TH_CHECK(st == 2 && strstr(out, "tally sim: "), "'sim %s' exited %d, want 2 with a message:\n%s", bad[i], st,
+                 out);
+    }
+    st = sim("--hosts 1 --ranks-per-host 4 --algo hier", out, sizeof out);
+    TH_CHECK(st == 1 && strstr(out, "hier needs"), "hier on one host: exit %d, want 1 saying why:\n%s", st, out);
+}
+
 int main(void) {
     test_ring_closed_form();
     test_tree_closed_form();
@@ -218,5 +283,6 @@ int main(void) {
     test_contention();
     test_slow_rank();
     test_fast_matches_event();
+    test_cli();
     return th_verdict("test_sim");
 }

@@ -44,7 +44,8 @@ static void plan_usage(FILE *out) {
         "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear|gpt\n"
         "                  [--hidden W1,W2,...] [--layers L --width C --heads H --context T]] [--compute GFLOPS]\n"
         "                  [--bandwidth 25Gbps] [--latency 5us] [--hosts H --ranks-per-host M]\n"
-        "                  [--net-bandwidth 10Gbps] [--net-latency 20us]\n"
+        "                  [--net-bandwidth 10Gbps] [--net-latency 20us] [--fabric full|fat-tree]\n"
+        "                  [--hosts-per-leaf K] [--oversub X] [--slow RANK:FACTOR]... [--compute-sd F]\n"
         "                  [--algo ring|tree|rhd|direct|hier|all] [--bucket-mb M] [--calibrate] [--json]\n"
         "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
         "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
@@ -61,6 +62,10 @@ static void plan_usage(FILE *out) {
         "  --hosts H --ranks-per-host M: H hosts of M ranks (N = H x M); --bandwidth and --latency are then\n"
         "  the link inside a host, --net-bandwidth and --net-latency the one between hosts (10Gbps, 20us),\n"
         "  and the hierarchical algorithm (hier, as the library runs it) is weighed beside the flat ones.\n"
+        "  --fabric fat-tree --hosts-per-leaf K --oversub X: K hosts a leaf switch, uplinks at 1/X of their\n"
+        "  links; --slow RANK:FACTOR (again for more), --compute-sd F: stragglers. Layouts the closed forms\n"
+        "  cannot answer (hosts of 2 or more ranks, an oversubscribed fat tree, stragglers) are also played\n"
+        "  by tally sim, and the plan says so: \"T simulated\".\n"
         "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
 }
 
@@ -93,7 +98,8 @@ enum {
     O_HOSTS,
     O_PER_HOST,
     O_NET_BW,
-    O_NET_LAT
+    O_NET_LAT,
+    O_SIM /* the fabric and the stragglers: tally__sim_cluster_set under the flag's own name */
 };
 
 static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
@@ -123,6 +129,11 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
                                            {"ranks-per-host", 1, 0, O_PER_HOST},
                                            {"net-bandwidth", 1, 0, O_NET_BW},
                                            {"net-latency", 1, 0, O_NET_LAT},
+                                           {"fabric", 1, 0, O_SIM},
+                                           {"hosts-per-leaf", 1, 0, O_SIM},
+                                           {"oversub", 1, 0, O_SIM},
+                                           {"slow", 1, 0, O_SIM},
+                                           {"compute-sd", 1, 0, O_SIM},
                                            {"help", 0, 0, 'h'},
                                            {0, 0, 0, 0}};
 
@@ -242,6 +253,7 @@ static const char *plan_accepts(int ch) {
 }
 
 static int plan_flag(int ch, const char *flag, const char *a, void *ctx) {
+    if (ch == O_SIM) return tally__sim_cluster_set(&((plan_opts *)ctx)->cfg.sim, flag + 2, a);
     if (!plan_parse_one(ch, a, ctx)) return 0;
     return tally__parse_fail(flag, a, "is not accepted", plan_accepts(ch));
 }
@@ -258,6 +270,11 @@ static int plan_check(plan_opts *o) {
         why = "--hosts x --ranks-per-host is more than 16777216 ranks";
     else if (c->hosts == 0 && c->algo == TALLY__ALGO_HIER)
         why = "--algo hier needs --hosts and --ranks-per-host";
+    else if (c->hosts == 0 && c->sim.fabric == TALLY__SIM_FAT_TREE)
+        why = "--fabric fat-tree needs --hosts and --ranks-per-host";
+    for (int i = 0; !why && i < c->sim.nslow; i++)
+        if (c->sim.slow[i].rank >= (c->hosts > 0 ? c->hosts * c->per_host : c->workers))
+            why = "--slow names a rank past the world (ranks are 0 .. N-1)";
     if (!why && c->hosts > 0 && !o->have_workers) c->workers = c->hosts * c->per_host, o->have_workers = 1;
     if (why)
         ;
@@ -560,6 +577,30 @@ static void print_zero_comm(const plan_opts *o) {
     }
 }
 
+static const char *const sim_method[] = {"auto", "event level", "fast path"};
+
+/* What the simulator makes of a layout the closed forms cannot answer, and which it used. */
+static void print_simulated(const plan_opts *o, const tally__plan_step *s) {
+    const tally__plan_cfg *c = &o->cfg;
+    char why[128], b[2][24];
+    if (!tally__plan_needs_sim(c, c->workers, why, sizeof why)) {
+        printf("  (closed forms: a layout they answer; tally sim plays the rest)\n");
+        return;
+    }
+    tally__plan_simulated r;
+    if (tally__plan_simulate(c, c->workers, s, &r)) {
+        printf("  T simulated    %12s  tally sim could not play it: %s\n", "-", tally_last_error());
+        return;
+    }
+    printf("  T simulated    %12s  tally sim (%s, %s for the largest collective): %s, which the\n"
+           "                              closed forms above do not see; communication %s exposed\n",
+           fmt_time(r.step_s, b[0]), sim_method[r.method], tally__algo_name(r.algo), why,
+           fmt_time(r.exposed_s > 0 ? r.exposed_s : 0, b[1]));
+    printf("                              = %.*f samples/s", r.samples_per_s < 100 ? 2 : 0, r.samples_per_s);
+    if (r.pace_rank >= 0) printf("; rank %d set the pace in %.0f%% of the steps", r.pace_rank, 100 * r.pace_share);
+    printf("\n");
+}
+
 static void print_step(const plan_opts *o, const tally__plan_step *s) {
     const tally__plan_cfg *c = &o->cfg;
     char b[4][24];
@@ -583,6 +624,7 @@ static void print_step(const plan_opts *o, const tally__plan_step *s) {
            c->zero ? "no overlap" : "as the engine overlaps: all buckets but the last, which waits for backward");
     printf("                              = %.*f samples/s over %d rank%s\n", s->samples_per_s < 100 ? 2 : 0,
            s->samples_per_s, c->workers, c->workers == 1 ? "" : "s");
+    print_simulated(o, s);
 }
 
 /* The same plan at accum 1, to show what accumulating changes: compute x K; communication once per
@@ -705,6 +747,20 @@ static void json_step(const tally__plan_step *s) {
     json_num("samples_per_s", s->samples_per_s, "},\n");
 }
 
+static void json_simulated(const tally__plan_cfg *c, const tally__plan_step *s) {
+    char why[128];
+    tally__plan_simulated r;
+    if (!tally__plan_needs_sim(c, c->workers, why, sizeof why) || tally__plan_simulate(c, c->workers, s, &r)) {
+        printf("  \"simulated\": null,\n");
+        return;
+    }
+    printf("  \"simulated\": {\"why\": \"%s\", \"method\": \"%s\", \"algo\": \"%s\", \"pace_rank\": %d, ", why,
+           r.method == TALLY__SIM_FAST ? "fast" : "event", tally__algo_name(r.algo), r.pace_rank);
+    json_num("step_s", r.step_s, ", ");
+    json_num("exposed_s", r.exposed_s, ", ");
+    json_num("samples_per_s", r.samples_per_s, "},\n");
+}
+
 static void json_amdahl(const tally__plan_cfg *c, const tally__plan_step *s) {
     double P = tally__plan_parallel_fraction(s);
     printf("  \"amdahl\": {");
@@ -754,6 +810,7 @@ static void plan_print_json(const plan_opts *o, const tally__plan_calib *k) {
     json_comm(o);
     tally__plan_step s = tally__plan_step_time(c, c->workers);
     json_step(&s);
+    json_simulated(c, &s);
     json_amdahl(c, &s);
     if (k) json_calib(k);
     printf("\n}\n");

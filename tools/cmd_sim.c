@@ -131,13 +131,15 @@ static int parse_sizes(const char *flag, const char *v, sim_opts *o) {
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", v);
     o->nsizes = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = buf, *comma;; tok = comma + 1) {
         uint64_t b;
+        if ((comma = strchr(tok, ','))) *comma = '\0';
         if (o->nsizes == MAX_SIZES) return tally__parse_fail(flag, v, "lists too many sizes", "at most 64");
+        if (!*tok) return tally__parse_fail(flag, v, "has an empty size", "sizes such as 1K,1M,64M");
         if (tally__parse_bytes(flag, tok, 0, (uint64_t)1 << 40, &b)) return -1;
         o->size[o->nsizes++] = (size_t)b;
+        if (!comma) return 0;
     }
-    return o->nsizes ? 0 : tally__parse_fail(flag, v, "is empty", "sizes such as 1K,1M,64M");
 }
 
 static int int_flag(const char *flag, const char *v, long long lo, long long hi, int *out) {
@@ -287,9 +289,13 @@ static void where(const tally__sim_cluster *c, int kind, int at, char *buf, size
 static void print_cluster(const sim_opts *o) {
     const tally__sim_cluster *c = &o->c;
     printf("cluster: %d hosts x %d ranks = %d; shm %.2f us (%.1f us crowded), %.2f GB/s copy, %.2f GB/s reduce, "
-           "%d CPUs a host\n",
+           "%d CPUs %s\n",
            c->hosts, c->per_host, c->hosts * c->per_host, c->shm.alpha * 1e6, c->crowded_alpha * 1e6,
-           1e-9 / c->shm.beta, c->shm.gamma > 0 ? 1e-9 / c->shm.gamma : 0.0, c->cores > 0 ? c->cores : c->per_host);
+           1e-9 / c->shm.beta, c->shm.gamma > 0 ? 1e-9 / c->shm.gamma : 0.0,
+           c->cores > 0      ? c->cores
+           : c->shared_cores ? c->hosts * c->per_host
+                             : c->per_host,
+           c->shared_cores ? "shared by all hosts" : "a host");
     if (c->hosts > 1) {
         printf("         NIC %.3g Gbit/s, %.1f us a message, tcp %s%.2f GB/s a core; ", c->nic_rate * 8e-9,
                c->nic_alpha * 1e6, c->tcp_cpu > 0 ? "" : "free: ", c->tcp_cpu > 0 ? 1e-9 / c->tcp_cpu : 0.0);

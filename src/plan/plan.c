@@ -25,6 +25,7 @@ void tally__plan_cfg_default(tally__plan_cfg *c) {
     c->cost = (tally__cost){.alpha = 5e-6, .beta = 8.0 / 25e9, .gamma = 1.0 / 10e9};
     c->net = (tally__cost){.alpha = 20e-6, .beta = 8.0 / 10e9, .gamma = 1.0 / 10e9};
     c->algo = TALLY__ALGO_AUTO;
+    tally__sim_cluster_default(&c->sim);
 }
 
 /* ---- memory ---- */
@@ -102,6 +103,7 @@ static tally__cost flat_link(const tally__plan_cfg *c, int n) {
     if (c->hosts > 1 && n > (c->per_host > 0 ? c->per_host : 1)) {
         m.alpha = fmax(m.alpha, c->net.alpha);
         m.beta = fmax(m.beta, c->net.beta);
+        m.share = c->per_host;
     }
     return m;
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "../coll/coll.h"
+#include "../sim/sim.h"
 
 typedef enum { TALLY__PLAN_FP32, TALLY__PLAN_MIXED } tally__plan_precision;
 
@@ -29,6 +30,9 @@ typedef struct tally__plan_cfg {
     int hosts, per_host;        /* > 1 hosts of per_host ranks each: a job of n ranks fills hosts in turn */
     tally__cost net;            /* with hosts: the link between hosts (its gamma unused: reduced on the ranks) */
     int algo;                   /* TALLY__ALGO_AUTO: the cheapest, per collective, as the library picks */
+    /* What only the simulator answers: its fabric (fat tree, oversubscription) and stragglers (slow
+     * ranks, drawn compute); the planner fills in the rest of the cluster from the fields above. */
+    tally__sim_cluster sim;
 } tally__plan_cfg;
 
 /* Defaults of `tally plan`: adam, fp32, batch 64, accum 1, 100 GFLOP/s, 25 Gbps, 5 us, 10 GB/s reduce. */
@@ -107,6 +111,23 @@ tally__plan_step tally__plan_step_time(const tally__plan_cfg *c, int n);
 double tally__plan_fit_beta(const tally__cost *m, int n, double S, double seconds);
 
 double tally__plan_parallel_fraction(const tally__plan_step *s);
+
+/* ---- what the closed forms cannot answer (plan_sim.c) ---- */
+
+/* Why c's layout of n ranks needs the simulator, in words ("hierarchical layout, stragglers"), or ""
+ * when the closed forms answer it: levels (hosts of 2 or more ranks), an oversubscribed fat tree, slow
+ * ranks or drawn compute. Returns 1 when it does. */
+int tally__plan_needs_sim(const tally__plan_cfg *c, int n, char *why, size_t len);
+typedef struct tally__plan_simulated {
+    double step_s, comm_s, exposed_s, samples_per_s;
+    int method;    /* TALLY__SIM_EVENT or _FAST: how its largest collective was played */
+    int algo;      /* of its largest collective */
+    int pace_rank; /* the rank that set the pace most often, -1 none */
+    double pace_share;
+} tally__plan_simulated;
+/* One step of c on n ranks played by the simulator (tally__sim_train_step) with the closed form's own
+ * compute and update (s); 0, or an error with a message. */
+int tally__plan_simulate(const tally__plan_cfg *c, int n, const tally__plan_step *s, tally__plan_simulated *out);
 double tally__plan_amdahl(double p, int n); /* 1 / ((1-p) + p/n) */
 double tally__plan_ceiling(double p);       /* 1 / (1-p); HUGE_VAL when p == 1 */
 

@@ -28,6 +28,7 @@ static tally__cost flat_cost(const tally__sim_cluster *c) {
     if (c->hosts > 1) {
         m.alpha = fmax(m.alpha, net.alpha);
         m.beta = fmax(m.beta, net.beta);
+        m.share = c->per_host;
     }
     return m;
 }

@@ -99,7 +99,7 @@ typedef struct tally__sim_train {
     int nlayers;         /* ZeRO 2-3 run their collectives per layer (all alike here) */
     int zero, accum;
     double compute_s; /* forward + backward of one micro-batch on a rank at factor 1 */
-    double update_s;  /* the optimizer over the whole model (sharded stages: over its shard) */
+    double update_s;  /* the optimizer over the whole model on one rank (ZeRO 1-3 update a 1/N shard) */
     int async;        /* parameter server on rank 0's host, the other ranks working */
     int staleness;    /* async: SSP bound */
     int steps;        /* played out; the result is their mean */

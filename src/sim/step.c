@@ -45,13 +45,19 @@ static int coll_time(colls *k, int coll, double bytes, double *s) {
     return 0;
 }
 
+/* Compute is CPU work too: ranks that outnumber their cores share them. */
+static double crowding(const tally__sim_cluster *c) {
+    double ranks = c->shared_cores ? (double)c->hosts * c->per_host : c->per_host, cores = tally__sim_cores(c);
+    return ranks > cores ? ranks / cores : 1;
+}
+
 /* This step's compute factor of every rank: slow ones named, the rest drawn around 1. */
 static double factor(const tally__sim_cluster *c, tally__rng *g, int rank) {
     double f = 1;
     for (int i = 0; i < c->nslow; i++)
         if (c->slow[i].rank == rank) f *= c->slow[i].factor;
     if (c->compute_sd > 0) f *= fmax(0.05, 1 + c->compute_sd * tally__rng_normal(g));
-    return f;
+    return f * crowding(c);
 }
 
 /* The slowest rank's factor this step, and which rank it is. */
@@ -84,7 +90,7 @@ static int sync_step(colls *k, double f, double *seconds) {
     const tally__sim_train *t = k->t;
     int K = t->accum > 0 ? t->accum : 1, nl = t->nlayers > 0 ? t->nlayers : 1, rc = 0;
     double C = t->compute_s * f, fwd = C / 3, bwd = C - fwd, S = t->grad_bytes, per = S / nl;
-    double upd = t->zero >= 1 ? t->update_s / k->n : t->update_s;
+    double upd = (t->zero >= 1 ? t->update_s / k->n : t->update_s) * crowding(k->c);
     lanes l = {0};
     k->out->colls = 0;
     if (t->zero == 0) {
@@ -188,7 +194,7 @@ static double play_step(ps_sim *p, int x, double t0) {
     double pulled = remote ? (p->tx = fmax(t0, p->tx) + S / c->nic_rate) + c->nic_alpha : t0 + local;
     double f = factor(c, &p->g, rank), comp = p->t->compute_s * K * f;
     p->compute_sum += comp;
-    p->slower[rank] += f > 1;
+    p->slower[rank] += f > crowding(c);
     double sent = remote ? (p->rx = fmax(pulled + comp, p->rx) + S / c->nic_rate) : pulled + comp + local;
     double arrive = sent + (remote ? c->nic_alpha : 0);
     double applied = p->t->staleness == 0 ? arrive : (p->cpu = fmax(p->cpu, arrive) + p->t->update_s);
@@ -267,11 +273,11 @@ int tally__sim_train_step(const tally__sim_cluster *c, const tally__sim_train *t
     for (int s = 0; s < t->steps && !rc; s++) {
         int who = 0;
         double f = slowest(c, &g, n, &who), sec = 0;
-        if (f > 1) paced[who]++;
+        if (f > crowding(c)) paced[who]++;
         if (n > 1)
             rc = sync_step(&k, f, &sec);
         else
-            sec = t->compute_s * f * (t->accum > 0 ? t->accum : 1) + t->update_s;
+            sec = t->compute_s * f * (t->accum > 0 ? t->accum : 1) + t->update_s * crowding(c);
         sum += sec;
         compute += t->compute_s * f * (t->accum > 0 ? t->accum : 1);
     }

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# sim_train_validate.sh - `tally sim --train` against `tally train`: for each model, one rank's run gives the
+# inputs (compute + data per step, the update, the parameters); then each of STARTS fresh starts trains at
+# each N of RANKS (one host) and, as root, on 2 test hosts of one rank at 1 Gbit/s (scripts/hosts.sh), and
+# each measured step (median, worst) is printed beside the prediction.
+# usage: [sudo] bench/sim_train_validate.sh [STARTS] [MODELS] [RANKS]   (defaults: 3 "mlp gpt" "1 2 4")
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+tally=${TALLY_BIN:-$here/build/tally}
+starts=${1:-3}
+models=${2:-mlp gpt}
+ranks=${3:-1 2 4}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+args_of() { # the run each model trains: short, no evaluation
+  case $1 in
+    mlp) echo "--model mlp --steps 60 --no-eval --quiet" ;;
+    gpt) echo "--model gpt --steps 12 --batch 8 --no-eval --quiet" ;;
+  esac
+}
+field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, d))' "$1" "$2"; }
+
+"$tally" sim --calibrate --size 16M --json >"$out/calib.json"
+read -r alpha crowded beta gamma cores nic_alpha tcp < <(python3 -c '
+import json,sys; c=json.load(open(sys.argv[1])); s=c["shm"]
+print(s["alpha"], s["crowded_alpha"], 1/s["beta"], 1/s["gamma"] if s["gamma"]>0 else 1e12, c["cores"],
+      c["nic_alpha"], 1/c["tcp_cpu"] if c["tcp_cpu"]>0 else 1e12)' "$out/calib.json")
+links="--cores $cores --shm-latency ${alpha}s --crowded-latency ${crowded}s --shm-bandwidth ${beta}B/s"
+links="$links --reduce-bandwidth ${gamma}B/s --nic-latency ${nic_alpha}s --tcp-bandwidth ${tcp}B/s"
+
+echo "| model | layout | measured step median / worst (ms) | predicted (ms) | predicted / median |"
+echo "|---|---|---|---|---|"
+for m in $models; do
+  # shellcheck disable=SC2046 # the run's flags are words
+  "$tally" train -n 1 $(args_of "$m") --json "$out/one.json" >/dev/null
+  P=$(field "$out/one.json" params)
+  C=$(field "$out/one.json" 'step_ms["compute"] + step_ms["data"]')
+  U=$(field "$out/one.json" 'step_ms["update"]')
+  layouts=""
+  for n in $ranks; do layouts="$layouts 1x$n"; done
+  [ "$(id -u)" = 0 ] && layouts="$layouts 2x1@1gbit"
+  for l in $layouts; do
+    h=${l%%x*} rest=${l#*x} n=${rest%@*} rate=
+    [[ $l == *@* ]] && rate=${l#*@}
+    for s in $(seq "$starts"); do
+      if [ -n "$rate" ]; then
+        # shellcheck disable=SC2046
+        bash "$here/scripts/hosts.sh" --hosts "$h" --ranks "$n" --rate "$rate" --out "$out/h" -- \
+          "$tally" train $(args_of "$m") --json "$out/run.json" >/dev/null 2>&1 || true
+      else
+        # shellcheck disable=SC2046
+        "$tally" train -n "$n" $(args_of "$m") --json "$out/run.json" >/dev/null
+      fi
+      field "$out/run.json" 'step_ms["total"]' >>"$out/meas.$m.$l"
+    done
+    extra=""
+    [ -n "$rate" ] && extra="--nic ${rate%bit}bps --shared-cores yes"
+    # shellcheck disable=SC2086
+    pred=$("$tally" sim --train --params "$P" --compute "${C}ms" --update "${U}ms" --hosts "$h" \
+      --ranks-per-host "$n" $links $extra --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"]*1e3)')
+    python3 - "$m" "$l" "$pred" "$out/meas.$m.$l" <<'EOF'
+import statistics, sys
+m, l, pred, path = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+t = [float(x) for x in open(path)]
+med = statistics.median(t)
+print(f"| {m} | {l} | {med:.2f} / {max(t):.2f} | {pred:.2f} | {pred/med:.2f} |")
+EOF
+  done
+done

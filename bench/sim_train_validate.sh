@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# sim_train_validate.sh - `tally sim --train` against `tally train`: for each model, one rank's run gives the
-# inputs (compute + data per step, the update, the parameters); then each of STARTS fresh starts trains at
+# sim_train_validate.sh - `tally sim --train` against `tally train`: `tally sim --calibrate` gives the links,
+# and for each model one rank's run gives the rest (its step but the update, the update, the parameters);
+# then each of STARTS fresh starts trains at
 # each N of RANKS (one host) and, as root, on 2 test hosts of one rank at 1 Gbit/s (scripts/hosts.sh), and
 # each measured step (median, worst) is printed beside the prediction.
 # usage: [sudo] bench/sim_train_validate.sh [STARTS] [MODELS] [RANKS]   (defaults: 3 "mlp gpt" "1 2 4")
@@ -20,13 +21,7 @@ args_of() { # the run each model trains: short, no evaluation
 }
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2], {}, d))' "$1" "$2"; }
 
-"$tally" sim --calibrate --size 16M --json >"$out/calib.json"
-read -r alpha crowded beta gamma cores nic_alpha tcp < <(python3 -c '
-import json,sys; c=json.load(open(sys.argv[1])); s=c["shm"]
-print(s["alpha"], s["crowded_alpha"], 1/s["beta"], 1/s["gamma"] if s["gamma"]>0 else 1e12, c["cores"],
-      c["nic_alpha"], 1/c["tcp_cpu"] if c["tcp_cpu"]>0 else 1e12)' "$out/calib.json")
-links="--cores $cores --shm-latency ${alpha}s --crowded-latency ${crowded}s --shm-bandwidth ${beta}B/s"
-links="$links --reduce-bandwidth ${gamma}B/s --nic-latency ${nic_alpha}s --tcp-bandwidth ${tcp}B/s"
+"$tally" sim --calibrate --size 16M --save "$out/conf" >/dev/null
 
 echo "| model | layout | measured step median / worst (ms) | predicted (ms) | predicted / median |"
 echo "|---|---|---|---|---|"
@@ -34,7 +29,7 @@ for m in $models; do
   # shellcheck disable=SC2046 # the run's flags are words
   "$tally" train -n 1 $(args_of "$m") --json "$out/one.json" >/dev/null
   P=$(field "$out/one.json" params)
-  C=$(field "$out/one.json" 'step_ms["compute"] + step_ms["data"]')
+  C=$(field "$out/one.json" 'step_ms["total"] - step_ms["update"]')
   U=$(field "$out/one.json" 'step_ms["update"]')
   layouts=""
   for n in $ranks; do layouts="$layouts 1x$n"; done
@@ -56,8 +51,8 @@ for m in $models; do
     extra=""
     [ -n "$rate" ] && extra="--nic ${rate%bit}bps --shared-cores yes"
     # shellcheck disable=SC2086
-    pred=$("$tally" sim --train --params "$P" --compute "${C}ms" --update "${U}ms" --hosts "$h" \
-      --ranks-per-host "$n" $links $extra --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"]*1e3)')
+    pred=$("$tally" sim --config "$out/conf" --train --params "$P" --compute "${C}ms" --update "${U}ms" --hosts "$h" \
+      --ranks-per-host "$n" $extra --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"]*1e3)')
     python3 - "$m" "$l" "$pred" "$out/meas.$m.$l" <<'EOF'
 import statistics, sys
 m, l, pred, path = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]

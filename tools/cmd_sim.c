@@ -21,6 +21,7 @@
 typedef struct sim_opts {
     tally__sim_cluster c;
     int coll, algo, method, json, calibrate, train;
+    const char *save; /* --save FILE: the cluster as a config file */
     size_t size[MAX_SIZES];
     int nsizes;
     tally__sim_train t;
@@ -34,14 +35,15 @@ static void sim_usage(FILE *out) {
     fprintf(out,
             "usage: tally sim [--config FILE] [--hosts H] [--ranks-per-host M] [--cores C]\n"
             "                 [--shm-latency 5us] [--shm-bandwidth 10GB/s] [--reduce-bandwidth 10GB/s]\n"
-            "                 [--crowded-latency 20us] [--tcp-bandwidth 2GB/s] [--shared-cores yes|no]\n"
+            "                 [--crowded-latency 20us] [--call-overhead 0.3us] [--tcp-bandwidth 2GB/s]\n"
+            "                 [--shared-cores yes|no]\n"
             "                 [--nic 25Gbps] [--nic-latency 20us] [--fabric full|fat-tree]\n"
             "                 [--hosts-per-leaf K] [--oversub X] [--calibrate]\n"
             "                 [--coll allreduce|reduce-scatter|allgather|broadcast|barrier]\n"
             "                 [--algo auto|ring|tree|rhd|direct|hier] [--size 1K,1M,64M] [--method auto|event|fast]\n"
             "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
             "                  [--accum K] [--bucket-mb 25] [--mode sync|async] [--staleness S] [--steps 20]\n"
-            "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--json]\n"
+            "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
             "Simulates collectives and training steps on a cluster described on paper: H hosts of M ranks\n"
             "(rank = host x M + local), the shm link inside a host (its latency, copy and reduction rates, C\n"
             "CPUs its ranks share; where its ranks outnumber them, a message waits --crowded-latency for the\n"
@@ -54,9 +56,11 @@ static void sim_usage(FILE *out) {
             "two, hier's levels) on large layouts, one step pattern is counted once (the fast path).\n"
             "  --config FILE: 'key = value' lines, the keys these flags' names; flags after it override it.\n"
             "  --calibrate: this machine's shm link (2 ranks: the library's ping-pong, beta fitted to a timed\n"
-            "  allreduce of the largest --size; again with both ranks on one CPU for --crowded-latency), its\n"
+            "  allreduce of the largest --size; again with both ranks on one CPU for --crowded-latency; a\n"
+            "  4-byte allreduce for --call-overhead, what each call costs besides its messages), its\n"
             "  CPUs, and tcp on loopback (--nic-latency, and --tcp-bandwidth: what the stack costs a core);\n"
-            "  flags after --calibrate override what it measured.\n"
+            "  flags after --calibrate override what it measured. --save FILE writes the cluster (measured or\n"
+            "  given) as a file for --config.\n"
             "  --train: steps of a model of P parameters (fp32 gradients) in L equal layers; --compute is one\n"
             "  micro-batch's forward and backward on one rank; --slow 3:1.5 makes rank 3 1.5x slower;\n"
             "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0.\n"
@@ -83,6 +87,7 @@ enum {
     O_STALE,
     O_STEPS,
     O_CALIB,
+    O_SAVE,
     O_JSON,
 };
 
@@ -92,6 +97,7 @@ static const struct option sim_longs[] = {{"config", 1, 0, O_CONFIG},
                                           {"cores", 1, 0, O_CLUSTER},
                                           {"shm-latency", 1, 0, O_CLUSTER},
                                           {"crowded-latency", 1, 0, O_CLUSTER},
+                                          {"call-overhead", 1, 0, O_CLUSTER},
                                           {"tcp-bandwidth", 1, 0, O_CLUSTER},
                                           {"shared-cores", 1, 0, O_CLUSTER},
                                           {"shm-bandwidth", 1, 0, O_CLUSTER},
@@ -120,6 +126,7 @@ static const struct option sim_longs[] = {{"config", 1, 0, O_CONFIG},
                                           {"staleness", 1, 0, O_STALE},
                                           {"steps", 1, 0, O_STEPS},
                                           {"calibrate", 0, 0, O_CALIB},
+                                          {"save", 1, 0, O_SAVE},
                                           {"json", 0, 0, O_JSON},
                                           {"help", 0, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -195,6 +202,7 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     case O_STALE: return int_flag(flag, v, 0, 1000000, &o->t.staleness);
     case O_STEPS: return int_flag(flag, v, 1, 100000, &o->t.steps);
     case O_CALIB: return o->calibrate = 1, 0;
+    case O_SAVE: return o->save = v, 0;
     case O_JSON: return o->json = 1, 0;
     }
     return -1;
@@ -231,6 +239,15 @@ static int sim_calibrate(sim_opts *o) {
     if (tally_plan_calibrate_link("shm", S, &m, &ar)) return -1;
     if (ar > 0) m.beta = tally__plan_fit_beta(&m, 2, S, ar);
     o->c.shm = m;
+    /* a 4-byte allreduce: what the model lacks of its time is the call's own overhead */
+    tally__cost unused;
+    double tiny = 0;
+    if (tally_plan_calibrate_link("shm", 4, &unused, &tiny)) return -1;
+    tally__sim_cluster two = o->c;
+    two.hosts = 1, two.per_host = 2, two.cores = 2, two.call_s = 0;
+    tally__sim_coll q = {.coll = TALLY__ALLREDUCE, .bytes = 4, .dtype = TALLY_F32};
+    tally__sim_result r;
+    if (!tally__sim_collective(&two, &q, &r) && tiny > r.seconds) o->c.call_s = tiny - r.seconds;
     /* tcp on loopback: its latency is the stack's, and its fitted beta what each end's CPU spends a byte */
     tally__cost t;
     if (tally_plan_calibrate_link("tcp", S, &t, &ar)) return -1;
@@ -258,6 +275,25 @@ static int sim_calibrate(sim_opts *o) {
     sched_setaffinity(0, sizeof all, &all);
     if (rc) return -1;
     o->c.crowded_alpha = crowded.alpha;
+    return 0;
+}
+
+/* The cluster as a file --config reads back: every setting, times in seconds, rates in bytes/s. */
+static int save_cluster(const sim_opts *o) {
+    const tally__sim_cluster *c = &o->c;
+    FILE *f = fopen(o->save, "w");
+    if (!f) return fprintf(stderr, "tally sim: --save: cannot write %s\n", o->save), -1;
+    fprintf(f, "# tally sim's cluster%s\n", o->calibrate ? ", its links measured on this machine (--calibrate)" : "");
+    fprintf(f, "hosts = %d\nranks-per-host = %d\ncores = %d\nshared-cores = %s\n", c->hosts, c->per_host, c->cores,
+            c->shared_cores ? "yes" : "no");
+    fprintf(f, "shm-latency = %.9gs\nshm-bandwidth = %.9gB/s\n", c->shm.alpha, 1 / c->shm.beta);
+    if (c->shm.gamma > 0) fprintf(f, "reduce-bandwidth = %.9gB/s\n", 1 / c->shm.gamma);
+    fprintf(f, "crowded-latency = %.9gs\ncall-overhead = %.9gs\n", c->crowded_alpha, c->call_s);
+    fprintf(f, "nic = %.9gB/s\nnic-latency = %.9gs\n", c->nic_rate, c->nic_alpha);
+    if (c->tcp_cpu > 0) fprintf(f, "tcp-bandwidth = %.9gB/s\n", 1 / c->tcp_cpu);
+    fprintf(f, "fabric = %s\nhosts-per-leaf = %d\noversub = %.9g\n",
+            c->fabric == TALLY__SIM_FAT_TREE ? "fat-tree" : "full", c->hosts_per_leaf, c->oversub);
+    if (fclose(f)) return fprintf(stderr, "tally sim: --save: cannot write %s\n", o->save), -1;
     return 0;
 }
 
@@ -356,10 +392,11 @@ static void print_result_json(const sim_opts *o, size_t bytes, const tally__sim_
 static int run_collectives(const sim_opts *o) {
     if (o->json)
         printf("{\"hosts\": %d, \"ranks_per_host\": %d, \"cores\": %d, \"shm\": {\"alpha\": %.9g, \"beta\": %.9g, "
-               "\"gamma\": %.9g, \"crowded_alpha\": %.9g}, \"tcp_cpu\": %.9g, \"nic_rate\": %.9g, \"nic_alpha\": %.9g, "
+               "\"gamma\": %.9g, \"crowded_alpha\": %.9g, \"call\": %.9g}, \"tcp_cpu\": %.9g, \"nic_rate\": %.9g, "
+               "\"nic_alpha\": %.9g, "
                "\"collective\": \"%s\", \"results\": [",
                o->c.hosts, o->c.per_host, o->c.cores, o->c.shm.alpha, o->c.shm.beta, o->c.shm.gamma, o->c.crowded_alpha,
-               o->c.tcp_cpu, o->c.nic_rate, o->c.nic_alpha, coll_names[o->coll]);
+               o->c.call_s, o->c.tcp_cpu, o->c.nic_rate, o->c.nic_alpha, coll_names[o->coll]);
     else {
         print_cluster(o);
         printf("%s, f32:\n%10s  %-16s %-5s %10s  %9s  %9s  %-26s %s\n", coll_names[o->coll], "size", "algorithm", "how",
@@ -430,6 +467,7 @@ int tally_cmd_sim(int argc, char **argv) {
         return rc == 1 ? 0 : 2;
     }
     if (o->calibrate && sim_calibrate(o)) rc = 1;
+    if (!rc && o->save && save_cluster(o)) rc = 1;
     if (!rc) rc = o->train ? run_train(o) : run_collectives(o);
     free(o);
     return rc;

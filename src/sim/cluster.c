@@ -94,6 +94,7 @@ int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v
     if (!strcmp(key, "hosts-per-leaf")) return set_int(key, v, 1, 1 << 20, &c->hosts_per_leaf);
     if (!strcmp(key, "shm-latency")) return set_time(key, v, &c->shm.alpha);
     if (!strcmp(key, "crowded-latency")) return set_time(key, v, &c->crowded_alpha);
+    if (!strcmp(key, "call-overhead")) return set_time(key, v, &c->call_s);
     if (!strcmp(key, "shm-bandwidth")) return set_per_byte(key, v, &c->shm.beta);
     if (!strcmp(key, "reduce-bandwidth")) return set_per_byte(key, v, &c->shm.gamma);
     if (!strcmp(key, "nic-latency")) return set_time(key, v, &c->nic_alpha);

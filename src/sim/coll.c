@@ -56,17 +56,18 @@ typedef struct op {
     size_t bytes;
 } op;
 
-/* Appends op on level lv to each world rank's lane; returns the last step index (the same on every
- * rank of the level), -1 none, -2 failure. */
+/* Appends op on level lv to each world rank's lane, `lead` seconds of a call's overhead first (a
+ * level's own call inside hier); returns the last step index (the same on every rank of the level),
+ * -1 none, -2 failure. */
 static long append_op(tally__sim_prog *p, const tally__sim_level *lv, const op *o, tally_dtype t, int root, int lane,
-                      int dep_lane, long dep_step) {
+                      int dep_lane, long dep_step, double lead) {
     long last = -1;
     for (int k = 0; k < lv->n; k++) {
         tally__sim_sched s;
         if (tally__sim_trace(o->algo, o->coll, k, lv->n, o->bytes, t, root, &s)) return -2;
         for (int i = 0; i < lv->copies; i++) {
             int me = k * lv->stride_k + i * lv->stride_i;
-            long at = tally__sim_prog_append(p, me, lane, &s, i * lv->stride_i, lv->stride_k, dep_lane, dep_step);
+            long at = tally__sim_prog_append(p, me, lane, &s, i * lv->stride_i, lv->stride_k, dep_lane, dep_step, lead);
             if (at == -2) {
                 tally__sim_sched_free(&s);
                 return -2;
@@ -162,20 +163,22 @@ static int hier_event(const tally__sim_cluster *c, const tally__sim_coll *q, con
         int gather, j;
         tally__hier_pipe_step(k, &gather, &j);
         if (!gather) {
-            if ((rs_end[j] = append_op(&p, &hl, &hp->rs[j], q->dtype, 0, 0, -1, 0)) == -2) rc = -1;
+            if ((rs_end[j] = append_op(&p, &hl, &hp->rs[j], q->dtype, 0, 0, -1, 0, c->call_s)) == -2) rc = -1;
             host_last = rs_end[j] >= 0 ? rs_end[j] : host_last;
             /* the chunk's allreduce between hosts waits for its reduce-scatter */
-            if (!rc && (ar_end[j] = append_op(&p, &xl, &hp->ar[j], q->dtype, 0, 1, 0, host_last)) == -2) rc = -1;
+            if (!rc && (ar_end[j] = append_op(&p, &xl, &hp->ar[j], q->dtype, 0, 1, 0, host_last, c->call_s)) == -2)
+                rc = -1;
             cross_last = ar_end[j] >= 0 ? ar_end[j] : cross_last;
         } else {
-            long at = append_op(&p, &hl, &hp->ag[j], q->dtype, 0, 0, 1, ar_end[j] >= 0 ? ar_end[j] : cross_last);
+            long at =
+                append_op(&p, &hl, &hp->ag[j], q->dtype, 0, 0, 1, ar_end[j] >= 0 ? ar_end[j] : cross_last, c->call_s);
             if (at == -2) rc = -1;
             host_last = at >= 0 ? at : host_last;
         }
     }
     for (int k = 0; !rc && k < hp->nseq; k++) { /* one lane: the caller's thread runs these in turn */
         long at = append_op(&p, hp->seq_cross[k] ? &xl : &hl, &hp->seq[k], q->dtype, 0, 0, cross_last >= 0 ? 1 : -1,
-                            cross_last);
+                            cross_last, c->call_s);
         cross_last = -1; /* only the first waits for the pipeline's last chunk between hosts */
         if (at == -2) rc = -1;
     }
@@ -192,6 +195,7 @@ static int level_fast(const tally__sim_cluster *c, const tally__sim_level *lv, c
     if (lv->n < 2 || o->bytes == 0) return 0;
     tally__sim_result part = *r;
     int rc = tally__sim_fast(c, lv, o->algo, o->coll, o->bytes, t, sec, &part);
+    if (!rc && lv->n < c->hosts * c->per_host) *sec += c->call_s; /* a level's own call, inside hier */
     if (!rc) {
         if (part.crit_link_share * *sec > r->crit_link_share * r->seconds) /* keep the longer piece's link */
             r->crit_kind = part.crit_kind, r->crit_at = part.crit_at, r->crit_link_share = part.crit_link_share;
@@ -242,7 +246,7 @@ static int flat_event(const tally__sim_cluster *c, const tally__sim_coll *q, int
     op o = {.coll = q->coll, .algo = algo, .bytes = q->bytes};
     tally__sim_prog p;
     int rc = tally__sim_prog_init(&p, lv.n);
-    if (!rc && append_op(&p, &lv, &o, q->dtype, q->root, 0, -1, 0) == -2) rc = TALLY_E_NOMEM;
+    if (!rc && append_op(&p, &lv, &o, q->dtype, q->root, 0, -1, 0, 0) == -2) rc = TALLY_E_NOMEM;
     if (!rc) rc = tally__sim_prog_seal(&p);
     if (!rc) rc = tally__sim_event_run(c, &p, r);
     tally__sim_prog_free(&p);
@@ -315,6 +319,7 @@ int tally__sim_collective(const tally__sim_cluster *c, const tally__sim_coll *q,
                              es);
     r->algo = pick(c, q);
     if (n > 1 && (rc = run(c, q, r->algo, r))) return rc;
+    if (n > 1) r->seconds += c->call_s;                 /* the call itself, on every rank at once */
     if (r->method == TALLY__SIM_FAST && r->seconds > 0) /* the fast path sums link use over its steps */
         for (int k = 0; k < TALLY__SIM_KINDS; k++) r->util[k] /= r->seconds;
     r->algbw = r->seconds > 0 ? (double)q->bytes / r->seconds : 0;

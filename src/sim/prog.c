@@ -34,7 +34,7 @@ static int reserve(void **buf, long *cap, long need, size_t each) {
 }
 
 long tally__sim_prog_append(tally__sim_prog *p, int rank, int lane, const tally__sim_sched *s, int map_base,
-                            int map_stride, int dep_lane, long dep_step) {
+                            int map_stride, int dep_lane, long dep_step, double lead) {
     tally__sim_lane *l = &p->lane[(size_t)rank * TALLY__SIM_LANES + lane];
     if (s->nstep == 0) return -1;
     if (reserve((void **)&l->step, &l->cap, l->nstep + s->nstep, sizeof *l->step) ||
@@ -46,6 +46,7 @@ long tally__sim_prog_append(tally__sim_prog *p, int rank, int lane, const tally_
         tally__sim_pstep *st = &l->step[l->nstep++];
         *st = (tally__sim_pstep){.first = p->nmsg, .count = s->first[k + 1] - s->first[k], .dep_lane = -1};
         if (k == 0 && dep_lane >= 0) st->dep_lane = dep_lane, st->dep_step = dep_step;
+        if (k == 0) st->compute = lead;
         for (int m = s->first[k]; m < s->first[k + 1]; m++) {
             const tally__sim_msg *x = &s->msg[m];
             p->msg[p->nmsg++] = (tally__sim_pmsg){

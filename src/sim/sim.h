@@ -28,8 +28,10 @@ typedef struct tally__sim_cluster {
     int hosts, per_host;
     int cores;            /* CPUs per host, shared by its ranks' shm copies and reductions (0: one per rank) */
     tally__cost shm;      /* inside a host: alpha per message, beta per byte copied, gamma per byte reduced */
+    double call_s;        /* what a collective call costs a rank before its first message (the library's
+                           * entry: fingerprint, choice, bookkeeping), each level's call too */
     double crowded_alpha; /* where a host's ranks outnumber its cores, waiters sleep (the library's crowded
-                           * policy): a message waits this long for a wake-up per rank each core runs */
+                           * policy): a message waits this long for a wake-up per rank more than the cores */
     double nic_rate;      /* bytes/s of each host's NIC, each way */
     double nic_alpha;     /* seconds per message between hosts: wire, switches and the tcp stack */
     double tcp_cpu;       /* core-seconds the tcp stack spends per byte at each end (0: none, as RDMA) */
@@ -47,7 +49,7 @@ typedef struct tally__sim_cluster {
 /* 1 host of 2 ranks with the library's default links, 25 Gbit/s NICs, full bisection. */
 void tally__sim_cluster_default(tally__sim_cluster *c);
 /* One setting by the name of its flag without "--" (hosts, ranks-per-host, cores, shm-alpha,
- * shm-bandwidth, reduce-bandwidth, crowded-latency, tcp-bandwidth, shared-cores, nic, nic-latency, fabric, hosts-per-leaf, oversub,
+ * shm-bandwidth, reduce-bandwidth, call-overhead, crowded-latency, tcp-bandwidth, shared-cores, nic, nic-latency, fabric, hosts-per-leaf, oversub,
  * compute-sd, slow RANK:FACTOR, seed); 0, 1 when the key is not a cluster's, or TALLY_E_INVALID
  * naming key and value. */
 int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *value);

@@ -61,10 +61,11 @@ typedef struct tally__sim_prog {
 int tally__sim_prog_init(tally__sim_prog *p, int n);
 void tally__sim_prog_free(tally__sim_prog *p);
 /* Appends sched's steps to rank's lane, each peer k mapped to world rank map_base + k x map_stride; the
- * first appended step also waits for (dep_lane, dep_step) when dep_lane >= 0. Returns the index of
- * the last step appended (-1 when sched had none), or -2 out of memory. */
+ * first appended step also waits for (dep_lane, dep_step) when dep_lane >= 0 and computes `lead`
+ * seconds first (a call's overhead). Returns the index of the last step appended (-1 when sched had
+ * none), or -2 out of memory. */
 long tally__sim_prog_append(tally__sim_prog *p, int rank, int lane, const tally__sim_sched *s, int map_base,
-                            int map_stride, int dep_lane, long dep_step);
+                            int map_stride, int dep_lane, long dep_step, double lead);
 /* Numbers the messages of every pair in program order (seq); call once, after the last append. */
 int tally__sim_prog_seal(tally__sim_prog *p);
 /* Plays the program; r's seconds, utilisation, critical path and counts are set. */
@@ -98,11 +99,12 @@ static inline int tally__sim_cores(const tally__sim_cluster *c) {
     return c->shared_cores ? c->per_host * c->hosts : c->per_host;
 }
 /* Seconds from both sides' posts to the first byte of a message inside a host. Crowded, the awaited rank
- * may be asleep behind the other ranks its core runs: the wake-up (measured with two ranks on one CPU)
- * comes once per rank a core holds. */
+ * may be asleep behind the ranks its core runs besides: the wake-up measured with two ranks on one CPU
+ * (one rank too many) comes once per rank more than the cores (this machine: 3, 4 and 8 ranks on 2
+ * CPUs wait 1.0, 2.1 and 5.5 wake-ups a round, bench/sim_validate.sh). */
 static inline double tally__sim_wake(const tally__sim_cluster *c) {
     int cores = tally__sim_cores(c), ranks = c->shared_cores ? c->per_host * c->hosts : c->per_host;
-    return ranks > cores ? c->crowded_alpha * ranks / cores : 0;
+    return ranks > cores ? c->crowded_alpha * (ranks - cores) : 0;
 }
 static inline double tally__sim_shm_alpha(const tally__sim_cluster *c) {
     double wake = tally__sim_wake(c);

@@ -20,14 +20,15 @@ static int by_value(const void *a, const void *b) {
 /* The median call, not the mean: on a shared machine one preempted call would move a mean by its whole
  * stall, and what is fitted to it is every later prediction. */
 double tally__plan_time_allreduce(tally_comm *comm, double bytes) {
-    enum { MANY = 301, FEW = 11 };
+    enum { MANY = 301, SOME = 51, FEW = 11 };
     size_t count = (size_t)(fmin(bytes, 256.0 * 1048576.0) / sizeof(float));
     float *buf = count ? tally_mem_alloc(comm, count * sizeof(float)) : NULL;
     if (!buf) return 0;
     memset(buf, 0, count * sizeof(float));
     double t[MANY];
-    int iters = bytes < 1048576 ? MANY : FEW, done = 0; /* a small one takes microseconds: many */
-    for (int i = -2; i < iters; i++) {                  /* two to warm up */
+    /* a small one takes microseconds: many; a large one milliseconds: a few */
+    int iters = bytes < 1048576 ? MANY : bytes < 16.0 * 1048576 ? SOME : FEW, done = 0;
+    for (int i = -2; i < iters; i++) { /* two to warm up */
         double t0 = tally__now_s();
         if (tally_allreduce(comm, buf, buf, count, TALLY_F32, TALLY_AVG)) break;
         if (i >= 0) t[done++] = tally__now_s() - t0;

@@ -21,12 +21,25 @@ void tally__sim_cluster_default(tally__sim_cluster *c) {
     c->per_host = 2;
     c->shm = (tally__cost){.alpha = 5e-6, .beta = 1.0 / 10e9, .gamma = 1.0 / 10e9};
     c->crowded_alpha = 20e-6;
+    c->beta_bytes = 64.0 * 1048576;
     c->nic_rate = 25e9 / 8;
     c->nic_alpha = 20e-6;
     c->fabric = TALLY__SIM_FULL;
     c->hosts_per_leaf = 32;
     c->oversub = 1;
     c->seed = 1;
+}
+
+tally__sim_cluster tally__sim_at_size(const tally__sim_cluster *c, double bytes) {
+    tally__sim_cluster s = *c;
+    if (!(c->cache_bytes > 0 && c->cache_beta > 0) || bytes >= c->beta_bytes) return s;
+    if (bytes <= c->cache_bytes || c->cache_bytes >= c->beta_bytes) {
+        s.shm.beta = c->cache_beta;
+        return s;
+    }
+    double f = log(bytes / c->cache_bytes) / log(c->beta_bytes / c->cache_bytes); /* 0 at cache, 1 at large */
+    s.shm.beta = exp((1 - f) * log(c->cache_beta) + f * log(c->shm.beta));
+    return s;
 }
 
 tally__cost tally__sim_net_cost(const tally__sim_cluster *c) {
@@ -96,6 +109,15 @@ int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v
     if (!strcmp(key, "crowded-latency")) return set_time(key, v, &c->crowded_alpha);
     if (!strcmp(key, "call-overhead")) return set_time(key, v, &c->call_s);
     if (!strcmp(key, "shm-bandwidth")) return set_per_byte(key, v, &c->shm.beta);
+    if (!strcmp(key, "cache-bandwidth")) return set_per_byte(key, v, &c->cache_beta);
+    if (!strcmp(key, "shm-bandwidth-bytes") || !strcmp(key, "cache-bytes")) {
+        uint64_t b;
+        char name[64];
+        snprintf(name, sizeof name, "--%s", key);
+        int rc = tally__parse_bytes(name, v, 1, (uint64_t)1 << 40, &b);
+        if (!rc) *(key[0] == 's' ? &c->beta_bytes : &c->cache_bytes) = (double)b;
+        return rc;
+    }
     if (!strcmp(key, "reduce-bandwidth")) return set_per_byte(key, v, &c->shm.gamma);
     if (!strcmp(key, "nic-latency")) return set_time(key, v, &c->nic_alpha);
     if (!strcmp(key, "tcp-bandwidth")) return set_per_byte(key, v, &c->tcp_cpu);

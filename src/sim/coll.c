@@ -302,7 +302,9 @@ static int run(const tally__sim_cluster *c, const tally__sim_coll *q, int algo, 
     return rc;
 }
 
-int tally__sim_collective(const tally__sim_cluster *c, const tally__sim_coll *q, tally__sim_result *r) {
+int tally__sim_collective(const tally__sim_cluster *cl, const tally__sim_coll *q, tally__sim_result *r) {
+    tally__sim_cluster at_size = tally__sim_at_size(cl, (double)q->bytes);
+    const tally__sim_cluster *c = &at_size;
     memset(r, 0, sizeof *r);
     r->crit_rank = r->crit_kind = r->crit_at = -1;
     for (int k = 0; k < TALLY__SIM_KINDS; k++) r->util_at[k] = -1;

@@ -79,7 +79,6 @@ static void link_of(const sim *s, int id, int *kind, int *at) {
         *kind = TALLY__SIM_UP, *at = id - 3 * H;
     else
         *kind = TALLY__SIM_DOWN, *at = id - 3 * H - L;
-    (void)L;
 }
 
 static double link_cap(const sim *s, int id) {

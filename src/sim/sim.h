@@ -26,8 +26,12 @@ typedef struct tally__sim_slow {
  * Slurm's block distribution place them. */
 typedef struct tally__sim_cluster {
     int hosts, per_host;
-    int cores;            /* CPUs per host, shared by its ranks' shm copies and reductions (0: one per rank) */
-    tally__cost shm;      /* inside a host: alpha per message, beta per byte copied, gamma per byte reduced */
+    int cores;       /* CPUs per host, shared by its ranks' shm copies and reductions (0: one per rank) */
+    tally__cost shm; /* inside a host: alpha per message, beta per byte copied, gamma per byte reduced */
+    /* shm's beta above is a large vector's, measured at beta_bytes (its bytes going through memory);
+     * vectors of at most cache_bytes copy at cache_beta (cache-resident), and sizes between take beta
+     * interpolated in log size. cache_bytes 0: beta for every size. */
+    double beta_bytes, cache_beta, cache_bytes;
     double call_s;        /* what a collective call costs a rank before its first message (the library's
                            * entry: fingerprint, choice, bookkeeping), each level's call too */
     double crowded_alpha; /* where a host's ranks outnumber its cores, waiters sleep (the library's crowded
@@ -49,7 +53,7 @@ typedef struct tally__sim_cluster {
 /* 1 host of 2 ranks with the library's default links, 25 Gbit/s NICs, full bisection. */
 void tally__sim_cluster_default(tally__sim_cluster *c);
 /* One setting by the name of its flag without "--" (hosts, ranks-per-host, cores, shm-alpha,
- * shm-bandwidth, reduce-bandwidth, call-overhead, crowded-latency, tcp-bandwidth, shared-cores, nic, nic-latency, fabric, hosts-per-leaf, oversub,
+ * shm-bandwidth, shm-bandwidth-bytes, cache-bandwidth, cache-bytes, reduce-bandwidth, call-overhead, crowded-latency, tcp-bandwidth, shared-cores, nic, nic-latency, fabric, hosts-per-leaf, oversub,
  * compute-sd, slow RANK:FACTOR, seed); 0, 1 when the key is not a cluster's, or TALLY_E_INVALID
  * naming key and value. */
 int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *value);
@@ -58,6 +62,8 @@ int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v
 int tally__sim_cluster_read(tally__sim_cluster *c, const char *path);
 /* 0, or TALLY_E_INVALID naming the setting out of range (the layout, a slow rank past the world). */
 int tally__sim_cluster_check(const tally__sim_cluster *c);
+/* c as it plays a collective of `bytes`: shm's beta at that size (beta_bytes, cache_bytes). */
+tally__sim_cluster tally__sim_at_size(const tally__sim_cluster *c, double bytes);
 /* The link costs the library would measure and pick algorithms by: inside a host, and between hosts
  * (the NIC's latency and rate; reductions on the ranks). */
 tally__cost tally__sim_net_cost(const tally__sim_cluster *c);

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # sim_validate.sh - `tally sim` against this machine: each of STARTS fresh starts calibrates (`tally sim
 # --calibrate`: the shm link, its wake-ups and call overhead, the CPUs), measures shm allreduce at 2, 3, 4
-# and 8 ranks from 1 KiB to 64 MiB in place (`tally bench --shared-mem`'s in-place column: the trainer's
-# gradients, in buffers from tally_mem_alloc, reduced in place, as the calibration times them) and
-# predicts them from its own calibration; prints the median prediction beside
+# and 8 ranks from 1 KiB to 64 MiB (`tally bench --shared-mem`, out of place, as tally bench reports
+# first) and predicts them from its own calibration; prints the median prediction beside
 # the median and worst measurement, and the geometric-mean error.
 # usage: bench/sim_validate.sh [STARTS] [RANKS...]     (from the repository, after a build in build/)
 set -euo pipefail
@@ -42,7 +41,7 @@ for n in ranks:
             f = line.split()
             if not f or f[0].startswith("#"):
                 continue
-            meas.setdefault(int(f[0]), []).append((float(f[9]), f[-1]))
+            meas.setdefault(int(f[0]), []).append((float(f[5]), f[-1]))
     sims = [{r["bytes"]: r for r in json.load(open(f"{out}/sim.{n}.{s}"))["results"]} for s in range(1, starts + 1)]
     for size in sorted(meas):
         times = [t for t, _ in meas[size]]

@@ -53,6 +53,21 @@ static void test_ring_closed_form(void) {
     }
 }
 
+/* A cache-resident copy rate for vectors up to 4 MiB, the large one's from 64 MiB, log size between. */
+static void test_cache_rate(void) {
+    tally__sim_cluster c = one_host(2);
+    c.cache_beta = c.shm.beta / 2;
+    c.cache_bytes = 4 << 20;
+    c.beta_bytes = 64 << 20;
+    double b[4] = {tally__sim_at_size(&c, 1 << 20).shm.beta, tally__sim_at_size(&c, 16 << 20).shm.beta,
+                   tally__sim_at_size(&c, 64 << 20).shm.beta, tally__sim_at_size(&c, 1 << 30).shm.beta};
+    TH_CHECK(close_to(b[0], c.cache_beta, 1e-12) && close_to(b[1], c.shm.beta / sqrt(2), 1e-9) &&
+                 close_to(b[2], c.shm.beta, 1e-12) && close_to(b[3], c.shm.beta, 1e-12),
+             "beta by size: %g %g %g %g, want cache, halfway in log size, large, large", b[0], b[1], b[2], b[3]);
+    c.cache_bytes = 0;
+    TH_CHECK(tally__sim_at_size(&c, 1 << 20).shm.beta == c.shm.beta, "no cache rate: one beta for every size");
+}
+
 /* Tree on 3 ranks, one segment (S <= 128 KiB): the second child sends up (reduced at the root), then the
  * first child, then the root sends the result to both at once: 3a + S(3b + 2g). */
 static void test_tree_closed_form(void) {
@@ -275,6 +290,7 @@ static void test_cli(void) {
 
 int main(void) {
     test_ring_closed_form();
+    test_cache_rate();
     test_tree_closed_form();
     test_rhd_closed_form();
     test_contention();

@@ -35,7 +35,7 @@ static void sim_usage(FILE *out) {
     fprintf(out,
             "usage: tally sim [--config FILE] [--hosts H] [--ranks-per-host M] [--cores C]\n"
             "                 [--shm-latency 5us] [--shm-bandwidth 10GB/s] [--reduce-bandwidth 10GB/s]\n"
-            "                 [--shm-bandwidth-bytes 64M] [--cache-bandwidth 14GB/s --cache-bytes 4M]\n"
+            "                 [--cache-bandwidth 14GB/s --cache-bytes 4M [--shm-bandwidth-bytes 64M]]\n"
             "                 [--crowded-latency 20us] [--call-overhead 0.3us] [--tcp-bandwidth 2GB/s]\n"
             "                 [--shared-cores yes|no]\n"
             "                 [--nic 25Gbps] [--nic-latency 20us] [--fabric full|fat-tree]\n"
@@ -58,12 +58,13 @@ static void sim_usage(FILE *out) {
             "  --config FILE: 'key = value' lines, the keys these flags' names; flags after it override it.\n"
             "  --calibrate: this machine's shm link (2 ranks: the library's ping-pong, beta fitted to a timed\n"
             "  allreduce of the largest --size; again with both ranks on one CPU for --crowded-latency; a\n"
-            "  4-byte allreduce for --call-overhead, what each call costs besides its messages; one of 4 MiB for\n"
-            "  --cache-bandwidth, the rate of a vector that stays in cache: sizes between the two measured take\n"
-            "  a rate interpolated in log size), its\n"
-            "  CPUs, and tcp on loopback (--nic-latency, and --tcp-bandwidth: what the stack costs a core);\n"
-            "  flags after --calibrate override what it measured. --save FILE writes the cluster (measured or\n"
-            "  given) as a file for --config.\n"
+            "  4-byte allreduce for --call-overhead, what a call costs besides its messages), its CPUs, and\n"
+            "  tcp on loopback (--nic-latency, and --tcp-bandwidth: what the stack costs a core); flags after\n"
+            "  --calibrate override what it measured. --save FILE writes the cluster (measured or given) as a\n"
+            "  file for --config.\n"
+            "  --cache-bandwidth: the copy rate of vectors of at most --cache-bytes (in cache); sizes up to\n"
+            "  --shm-bandwidth-bytes take a rate between, in log size (not calibrated: on this VM mid-sized\n"
+            "  vectors vary threefold from run to run).\n"
             "  --train: steps of a model of P parameters (fp32 gradients) in L equal layers; --compute is one\n"
             "  micro-batch's forward and backward on one rank; --slow 3:1.5 makes rank 3 1.5x slower;\n"
             "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0.\n"
@@ -246,15 +247,6 @@ static int sim_calibrate(sim_opts *o) {
     if (ar > 0) m.beta = tally__plan_fit_beta(&m, 2, S, ar);
     o->c.shm = m;
     o->c.beta_bytes = S;
-    /* a vector that stays in cache copies faster: its beta, fitted at 4 MiB, serves sizes up to it */
-    const double cached = 4.0 * 1048576;
-    tally__cost mc;
-    double arc = 0;
-    if (S > cached) {
-        if (tally_plan_calibrate_link("shm", cached, &mc, &arc)) return -1;
-        double b = arc > 0 ? tally__plan_fit_beta(&m, 2, cached, arc) : 0;
-        if (b > 0 && b < m.beta) o->c.cache_beta = b, o->c.cache_bytes = cached;
-    }
     /* a 4-byte allreduce: what the model lacks of its time is the call's own overhead */
     tally__cost unused;
     double tiny = 0;

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # sim_train_validate.sh - `tally sim --train` against `tally train`: `tally sim --calibrate` gives the links,
-# and for each model one rank's run gives the rest (its step but the update, the update, the parameters);
-# then each of STARTS fresh starts trains at
+# and for each model STARTS runs of one rank give the rest (the medians of its step but the update and of
+# the update, the parameters); then each of STARTS fresh starts trains at
 # each N of RANKS (one host) and, as root, on 2 test hosts of one rank at 1 Gbit/s (scripts/hosts.sh), and
 # each measured step (median, worst) is printed beside the prediction.
-# usage: [sudo] bench/sim_train_validate.sh [STARTS] [MODELS] [RANKS]   (defaults: 3 "mlp gpt" "1 2 4")
+# usage: [sudo] bench/sim_train_validate.sh [STARTS] [MODELS] [RANKS]   (defaults: 3 "mlp gpt" "2 4")
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 tally=${TALLY_BIN:-$here/build/tally}
 starts=${1:-3}
 models=${2:-mlp gpt}
-ranks=${3:-1 2 4}
+ranks=${3:-2 4}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 args_of() { # the run each model trains: short, no evaluation
@@ -26,13 +26,19 @@ field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eva
 echo "| model | layout | measured step median / worst (ms) | predicted (ms) | predicted / median |"
 echo "|---|---|---|---|---|"
 for m in $models; do
-  # shellcheck disable=SC2046 # the run's flags are words
-  "$tally" train -n 1 $(args_of "$m") --json "$out/one.json" >/dev/null
+  # one rank, STARTS times: the medians of its step but the update, and of the update, are the inputs
+  for s in $(seq "$starts"); do
+    # shellcheck disable=SC2046 # the run's flags are words
+    "$tally" train -n 1 $(args_of "$m") --json "$out/one.json" >/dev/null
+    field "$out/one.json" 'step_ms["total"] - step_ms["update"]' >>"$out/compute.$m"
+    field "$out/one.json" 'step_ms["update"]' >>"$out/update.$m"
+  done
   P=$(field "$out/one.json" params)
-  C=$(field "$out/one.json" 'step_ms["total"] - step_ms["update"]')
-  U=$(field "$out/one.json" 'step_ms["update"]')
+  C=$(python3 -c 'import statistics,sys; print(statistics.median(float(x) for x in open(sys.argv[1])))' "$out/compute.$m")
+  U=$(python3 -c 'import statistics,sys; print(statistics.median(float(x) for x in open(sys.argv[1])))' "$out/update.$m")
+  echo "| $m | inputs: one rank, median of $starts | step but the update $C ms, update $U ms, $P parameters | | |"
   layouts=""
-  for n in $ranks; do layouts="$layouts 1x$n"; done
+  for n in $ranks; do [ "$n" = 1 ] || layouts="$layouts 1x$n"; done
   [ "$(id -u)" = 0 ] && layouts="$layouts 2x1@1gbit"
   for l in $layouts; do
     h=${l%%x*} rest=${l#*x} n=${rest%@*} rate=

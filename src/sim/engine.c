@@ -100,13 +100,7 @@ static void add_link(xfer *x, int id, double wt) {
 /* ---- the heap of timed events ---- */
 
 static int push(sim *s, event e) {
-    if (s->nheap == s->cap_heap) {
-        long c = s->cap_heap ? 2 * s->cap_heap : 1024;
-        event *h = realloc(s->heap, (size_t)c * sizeof *h);
-        if (!h) return s->failed = 1, -1;
-        s->heap = h;
-        s->cap_heap = c;
-    }
+    if (tally__sim_grow((void **)&s->heap, &s->cap_heap, s->nheap + 1, sizeof *s->heap)) return s->failed = 1, -1;
     long i = s->nheap++;
     while (i > 0 && s->heap[(i - 1) / 2].t > e.t) {
         s->heap[i] = s->heap[(i - 1) / 2];
@@ -156,13 +150,7 @@ static const tally__sim_lane *plane(const sim *s, int rank, int ln) {
 /* ---- transfers ---- */
 
 static long new_xfer(sim *s) {
-    if (s->nx == s->cap_x) {
-        long c = s->cap_x ? 2 * s->cap_x : 1024;
-        xfer *x = realloc(s->x, (size_t)c * sizeof *x);
-        if (!x) return s->failed = 1, -1;
-        s->x = x;
-        s->cap_x = c;
-    }
+    if (tally__sim_grow((void **)&s->x, &s->cap_x, s->nx + 1, sizeof *s->x)) return s->failed = 1, -1;
     return s->nx++;
 }
 

@@ -22,7 +22,7 @@ void tally__sim_prog_free(tally__sim_prog *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int reserve(void **buf, long *cap, long need, size_t each) {
+int tally__sim_grow(void **buf, long *cap, long need, size_t each) {
     if (need <= *cap) return 0;
     long c = *cap ? *cap : 64;
     while (c < need) c *= 2;
@@ -37,8 +37,8 @@ long tally__sim_prog_append(tally__sim_prog *p, int rank, int lane, const tally_
                             int map_stride, int dep_lane, long dep_step, double lead) {
     tally__sim_lane *l = &p->lane[(size_t)rank * TALLY__SIM_LANES + lane];
     if (s->nstep == 0) return -1;
-    if (reserve((void **)&l->step, &l->cap, l->nstep + s->nstep, sizeof *l->step) ||
-        reserve((void **)&p->msg, &p->cap, p->nmsg + s->nmsg, sizeof *p->msg)) {
+    if (tally__sim_grow((void **)&l->step, &l->cap, l->nstep + s->nstep, sizeof *l->step) ||
+        tally__sim_grow((void **)&p->msg, &p->cap, p->nmsg + s->nmsg, sizeof *p->msg)) {
         tally__seterr(TALLY_E_NOMEM, "sim: out of memory for a program of %ld messages", p->nmsg + s->nmsg);
         return -2;
     }

@@ -58,6 +58,10 @@ typedef struct tally__sim_prog {
     long nmsg, cap;
 } tally__sim_prog;
 
+/* Makes room for `need` elements of `each` bytes in *buf (capacity *cap, doubled as it grows); 0, or
+ * -1 out of memory (*buf untouched). */
+int tally__sim_grow(void **buf, long *cap, long need, size_t each);
+
 int tally__sim_prog_init(tally__sim_prog *p, int n);
 void tally__sim_prog_free(tally__sim_prog *p);
 /* Appends sched's steps to rank's lane, each peer k mapped to world rank map_base + k x map_stride; the

@@ -11,21 +11,10 @@ typedef struct recorder {
     tally__sim_sched *out;
 } recorder;
 
-static int grow(void **p, long *cap, long need, size_t each) {
-    if (need <= *cap) return 0;
-    long c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * each);
-    if (!q) return -1;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
 static int record(tally__tp *tp, const tally__send *s, int ns, const tally__recv *r, int nr) {
     tally__sim_sched *o = ((recorder *)tp)->out;
-    if (grow((void **)&o->msg, &o->cap_msg, o->nmsg + ns + nr, sizeof *o->msg) ||
-        grow((void **)&o->first, &o->cap_step, o->nstep + 2, sizeof *o->first))
+    if (tally__sim_grow((void **)&o->msg, &o->cap_msg, o->nmsg + ns + nr, sizeof *o->msg) ||
+        tally__sim_grow((void **)&o->first, &o->cap_step, o->nstep + 2, sizeof *o->first))
         return tally__seterr(TALLY_E_NOMEM, "sim: out of memory tracing a schedule of %ld steps", o->nstep);
     for (int i = 0; i < ns; i++) o->msg[o->nmsg++] = (tally__sim_msg){.peer = s[i].peer, .send = 1, .bytes = s[i].len};
     for (int i = 0; i < nr; i++)

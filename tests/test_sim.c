@@ -284,6 +284,9 @@ static void test_cli(void) {
         TH_CHECK(st == 2 && strstr(out, "tally sim: "), "'sim %s' exited %d, want 2 with a message:\n%s", bad[i], st,
                  out);
     }
+    st = sim("--hosts 8192 --ranks-per-host 8 --algo ring --method event", out, sizeof out);
+    TH_CHECK(st == 1 && strstr(out, "--method auto or fast"), "a 65,536-rank event level: exit %d, want refused:\n%s",
+             st, out);
     st = sim("--hosts 1 --ranks-per-host 4 --algo hier", out, sizeof out);
     TH_CHECK(st == 1 && strstr(out, "hier needs"), "hier on one host: exit %d, want 1 saying why:\n%s", st, out);
 }

@@ -188,17 +188,18 @@ static int hier_event(const tally__sim_cluster *c, const tally__sim_coll *q, con
     return rc ? TALLY_E_INVALID : 0;
 }
 
-/* One op on a level, by the fast path; seconds. */
+/* One op on a level, by the fast path; its seconds in *sec. r's critical link is the one a piece spent
+ * longest on (*crit_s: those seconds), its utilisation and counts add up. */
 static int level_fast(const tally__sim_cluster *c, const tally__sim_level *lv, const op *o, tally_dtype t, double *sec,
-                      tally__sim_result *r) {
+                      tally__sim_result *r, double *crit_s) {
     *sec = 0;
     if (lv->n < 2 || o->bytes == 0) return 0;
     tally__sim_result part = *r;
     int rc = tally__sim_fast(c, lv, o->algo, o->coll, o->bytes, t, sec, &part);
-    if (!rc && lv->n < c->hosts * c->per_host) *sec += c->call_s; /* a level's own call, inside hier */
     if (!rc) {
-        if (part.crit_link_share * *sec > r->crit_link_share * r->seconds) /* keep the longer piece's link */
-            r->crit_kind = part.crit_kind, r->crit_at = part.crit_at, r->crit_link_share = part.crit_link_share;
+        double on_link = part.crit_link_share * *sec;
+        if (on_link > *crit_s) *crit_s = on_link, r->crit_kind = part.crit_kind, r->crit_at = part.crit_at;
+        if (lv->n < c->hosts * c->per_host) *sec += c->call_s; /* a level's own call, inside hier */
         memcpy(r->util, part.util, sizeof r->util);
         memcpy(r->util_at, part.util_at, sizeof r->util_at);
         r->messages = part.messages;
@@ -212,30 +213,30 @@ static int level_fast(const tally__sim_cluster *c, const tally__sim_level *lv, c
 static int hier_fast(const tally__sim_cluster *c, const tally__sim_coll *q, const hier_plan *hp, tally__sim_result *r) {
     tally__sim_level hl = host_level(c), xl = cross_level(c);
     double host_free = 0, cross_free = 0, rs_done[TALLY__HIER_CHUNKS] = {0}, ar_done[TALLY__HIER_CHUNKS] = {0};
+    double crit_s = 0;
     int rc = 0;
     for (int k = 0; !rc && k < 2 * hp->npipe; k++) {
         int gather, j;
         double t;
         tally__hier_pipe_step(k, &gather, &j);
         if (!gather) {
-            if ((rc = level_fast(c, &hl, &hp->rs[j], q->dtype, &t, r))) break;
+            if ((rc = level_fast(c, &hl, &hp->rs[j], q->dtype, &t, r, &crit_s))) break;
             rs_done[j] = host_free += t;
-            if ((rc = level_fast(c, &xl, &hp->ar[j], q->dtype, &t, r))) break;
+            if ((rc = level_fast(c, &xl, &hp->ar[j], q->dtype, &t, r, &crit_s))) break;
             ar_done[j] = cross_free = fmax(cross_free, rs_done[j]) + t;
         } else {
-            if ((rc = level_fast(c, &hl, &hp->ag[j], q->dtype, &t, r))) break;
+            if ((rc = level_fast(c, &hl, &hp->ag[j], q->dtype, &t, r, &crit_s))) break;
             host_free = fmax(host_free, ar_done[j]) + t;
         }
-        r->seconds = fmax(host_free, cross_free);
     }
     double now = fmax(host_free, cross_free);
-    for (int k = 0; !rc && k < hp->nseq; k++) {
+    for (int k = 0; !rc && k < hp->nseq; k++) { /* then the rest in turn, on the caller's thread */
         double t;
-        rc = level_fast(c, hp->seq_cross[k] ? &xl : &hl, &hp->seq[k], q->dtype, &t, r);
+        rc = level_fast(c, hp->seq_cross[k] ? &xl : &hl, &hp->seq[k], q->dtype, &t, r, &crit_s);
         now += t;
-        r->seconds = now;
     }
     r->seconds = now;
+    r->crit_link_share = now > 0 ? crit_s / now : 0;
     return rc;
 }
 
@@ -268,6 +269,14 @@ static double bus_factor(int coll, int n) {
     return coll == TALLY__BROADCAST ? 1 : 0;
 }
 
+/* --method event past what its memory can hold: refused, not a machine brought to its knees. */
+static int too_many(long m) {
+    if (m <= 25 * TALLY__SIM_EVENT_MAX) return 0;
+    return tally__seterr(TALLY_E_INVALID,
+                         "sim: the event level would play %ld messages, past %ld: take --method auto or fast", m,
+                         25 * TALLY__SIM_EVENT_MAX);
+}
+
 static int run(const tally__sim_cluster *c, const tally__sim_coll *q, int algo, tally__sim_result *r) {
     int n = c->hosts * c->per_host;
     if (algo == TALLY__ALGO_HIER) {
@@ -275,8 +284,9 @@ static int run(const tally__sim_cluster *c, const tally__sim_coll *q, int algo, 
         plan_hier(c, q, &hp);
         r->level_algo[0] = hp.npipe ? hp.rs[0].algo : hp.nseq ? hp.seq[0].algo : TALLY__ALGO_AUTO;
         r->level_algo[1] = hp.npipe ? hp.ar[0].algo : hp.nseq > 1 ? hp.seq[1].algo : TALLY__ALGO_AUTO;
-        if (q->method == TALLY__SIM_EVENT ||
-            (q->method == TALLY__SIM_AUTO && hier_estimate(c, &hp, q->dtype) <= TALLY__SIM_EVENT_MAX)) {
+        long m = hier_estimate(c, &hp, q->dtype);
+        if (q->method == TALLY__SIM_EVENT && too_many(m)) return TALLY_E_INVALID;
+        if (q->method == TALLY__SIM_EVENT || (q->method == TALLY__SIM_AUTO && m <= TALLY__SIM_EVENT_MAX)) {
             r->method = TALLY__SIM_EVENT;
             int rc = hier_event(c, q, &hp, r);
             return rc ? tally__seterr(rc, "sim: %s", tally_last_error()) : 0;
@@ -288,12 +298,15 @@ static int run(const tally__sim_cluster *c, const tally__sim_coll *q, int algo, 
     op o = {.coll = q->coll, .algo = algo, .bytes = q->bytes};
     long m = estimate(&lv, &o, q->dtype);
     if (m < 0) return tally__seterr(TALLY_E_NOMEM, "sim: cannot trace %s", tally__algo_name(algo));
+    if (q->method == TALLY__SIM_EVENT && too_many(m)) return TALLY_E_INVALID;
     if (q->method == TALLY__SIM_EVENT || (q->method == TALLY__SIM_AUTO && m <= TALLY__SIM_EVENT_MAX)) {
         r->method = TALLY__SIM_EVENT;
         return flat_event(c, q, algo, r);
     }
     r->method = TALLY__SIM_FAST;
-    int rc = level_fast(c, &lv, &o, q->dtype, &r->seconds, r);
+    double crit_s = 0;
+    int rc = level_fast(c, &lv, &o, q->dtype, &r->seconds, r, &crit_s);
+    r->crit_link_share = r->seconds > 0 ? crit_s / r->seconds : 0;
     if (rc && q->method == TALLY__SIM_AUTO)
         return tally__seterr(TALLY_E_INVALID,
                              "sim: %s on %d ranks is %ld messages, past the event level's %ld, and not symmetric "

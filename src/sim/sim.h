@@ -39,8 +39,8 @@ typedef struct tally__sim_cluster {
     double nic_rate;      /* bytes/s of each host's NIC, each way */
     double nic_alpha;     /* seconds per message between hosts: wire, switches and the tcp stack */
     double tcp_cpu;       /* core-seconds the tcp stack spends per byte at each end (0: none, as RDMA) */
-    int shared_cores;     /* 1: every host's ranks share one pool of `cores` (test hosts: namespaces on one
-                        * kernel); 0: each host has its own */
+    int shared_cores;     /* 1: every host's ranks share one pool of `cores` (test hosts: namespaces on
+                           * one kernel); 0: each host has its own */
     int fabric;           /* TALLY__SIM_FULL (full bisection) or TALLY__SIM_FAT_TREE */
     int hosts_per_leaf;   /* fat tree: hosts under one leaf switch */
     double oversub;       /* fat tree: a leaf's host links over its uplinks (1: full bisection) */
@@ -52,10 +52,11 @@ typedef struct tally__sim_cluster {
 
 /* 1 host of 2 ranks with the library's default links, 25 Gbit/s NICs, full bisection. */
 void tally__sim_cluster_default(tally__sim_cluster *c);
-/* One setting by the name of its flag without "--" (hosts, ranks-per-host, cores, shm-alpha,
- * shm-bandwidth, shm-bandwidth-bytes, cache-bandwidth, cache-bytes, reduce-bandwidth, call-overhead, crowded-latency, tcp-bandwidth, shared-cores, nic, nic-latency, fabric, hosts-per-leaf, oversub,
- * compute-sd, slow RANK:FACTOR, seed); 0, 1 when the key is not a cluster's, or TALLY_E_INVALID
- * naming key and value. */
+/* One setting by the name of its flag without "--": hosts, ranks-per-host, cores, shared-cores,
+ * shm-latency, shm-bandwidth, shm-bandwidth-bytes, cache-bandwidth, cache-bytes, reduce-bandwidth,
+ * call-overhead, crowded-latency, tcp-bandwidth, nic, nic-latency, fabric, hosts-per-leaf, oversub,
+ * compute-sd, slow (RANK:FACTOR, once per slow rank), seed. 0, 1 when the key is not a cluster's, or
+ * TALLY_E_INVALID naming key and value. */
 int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *value);
 /* A file of "key = value" lines (# starts a comment) through tally__sim_cluster_set; TALLY_E_INVALID
  * naming the file, the line and the key for a line it cannot take. */

@@ -147,8 +147,58 @@ static const flag_case plan_flags[] = {
     {"--ranks-per-host", {"0", "x"}},
     {"--net-bandwidth", {"1G", "0Gbps", "fast"}},
     {"--net-latency", {"20 us", "-1us", "far"}},
+    {"--fabric", {"star", ""}},
+    {"--hosts-per-leaf", {"0", "x"}},
+    {"--oversub", {"0.5", "x", "nan"}},
+    {"--slow", {"3", "x:2", "3:0", "-1:2", ""}},
+    {"--compute-sd", {"-1", "x", "nan"}},
     NOVAL("--json"),
     NOVAL("--calibrate"),
+    NOVAL("--help"),
+    {NULL, {NULL}},
+};
+
+static const flag_case sim_flags[] = {
+    {"--config", {"", "/nonexistent/tally.conf"}},
+    {"--hosts", {"0", "x", "1.5"}},
+    {"--ranks-per-host", {"0", "x"}},
+    {"--cores", {"-1", "x"}},
+    {"--shm-latency", {"5 us", "-1us", "x"}},
+    {"--shm-bandwidth", {"10G", "0GB/s", "x"}},
+    {"--reduce-bandwidth", {"10G", "x"}},
+    {"--cache-bandwidth", {"x", "0GB/s"}},
+    {"--cache-bytes", {"0", "x", "-1"}},
+    {"--shm-bandwidth-bytes", {"0", "x"}},
+    {"--crowded-latency", {"x", "-5us"}},
+    {"--call-overhead", {"x", ""}},
+    {"--tcp-bandwidth", {"1G", "x"}},
+    {"--shared-cores", {"maybe", ""}},
+    {"--nic", {"25G", "fast", "0Gbps"}},
+    {"--nic-latency", {"20 us", "far"}},
+    {"--fabric", {"star", ""}},
+    {"--hosts-per-leaf", {"0", "x"}},
+    {"--oversub", {"0.5", "x"}},
+    {"--coll", {"gather", ""}},
+    {"--algo", {"fastest", ""}},
+    {"--size", {"1K,,2K", "x", ""}},
+    {"--method", {"quick", ""}},
+    NOVAL("--train"),
+    {"--params", {"0", "x", ""}},
+    {"--layers", {"0", "x"}},
+    {"--compute", {"x", "5 ms"}},
+    {"--update", {"x", "-1ms"}},
+    {"--zero", {"4", "x"}},
+    {"--accum", {"0", "x"}},
+    {"--bucket-mb", {"0", "x"}},
+    {"--mode", {"semi", ""}},
+    {"--staleness", {"-1", "x"}},
+    {"--steps", {"0", "x"}},
+    {"--compute-sd", {"-1", "x"}},
+    {"--slow", {"3", "x:2"}},
+    {"--seed", {"x", "-1"}},
+    {"--save", {""}},
+    NOVAL("--calibrate"),
+    NOVAL("--json"),
     NOVAL("--help"),
     {NULL, {NULL}},
 };
@@ -234,6 +284,7 @@ static void test_flags(void) {
     check_flags("train", none, train_flags);
     check_flags("bench", bench_base, bench_flags);
     check_flags("plan", plan_base, plan_flags);
+    check_flags("sim", none, sim_flags);
     check_flags("run", run_base, run_flags);
     static const char *const generate_base[] = {"--ckpt", "/nonexistent", NULL};
     check_flags("generate", generate_base, generate_flags);
@@ -241,6 +292,7 @@ static void test_flags(void) {
     check_help_covers("train", train_flags);
     check_help_covers("bench", bench_flags);
     check_help_covers("plan", plan_flags);
+    check_help_covers("sim", sim_flags);
     check_help_covers("run", run_flags);
 }
 

@@ -148,8 +148,8 @@ static int parse_sizes(const char *flag, const char *v, sim_opts *o) {
     for (char *tok = buf, *comma;; tok = comma + 1) {
         uint64_t b;
         if ((comma = strchr(tok, ','))) *comma = '\0';
-        if (o->nsizes == MAX_SIZES) return tally__parse_fail(flag, v, "lists too many sizes", "at most 64");
-        if (!*tok) return tally__parse_fail(flag, v, "has an empty size", "sizes such as 1K,1M,64M");
+        if (o->nsizes == MAX_SIZES) return tally__parse_fail(flag, v, "lists too many sizes", "it takes at most 64");
+        if (!*tok) return tally__parse_fail(flag, v, "has an empty size", "it takes sizes such as 1K,1M,64M");
         if (tally__parse_bytes(flag, tok, 0, (uint64_t)1 << 40, &b)) return -1;
         o->size[o->nsizes++] = (size_t)b;
         if (!comma) return 0;
@@ -164,7 +164,8 @@ static int int_flag(const char *flag, const char *v, long long lo, long long hi,
 }
 
 static int time_flag(const char *flag, const char *v, double *out) {
-    if (tally__units_time(v, out)) return tally__parse_fail(flag, v, "is not a time", "120ms, 2.5s, 800us");
+    if (tally__units_time(v, out))
+        return tally__parse_fail(flag, v, "is not a time", "it takes a time: 120ms, 2.5s, 800us");
     return 0;
 }
 
@@ -181,20 +182,25 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
             o->after[o->nafter][0] = ch == O_CONFIG ? NULL : flag + 2;
             o->after[o->nafter++][1] = v;
         }
-        if (ch == O_CONFIG) return tally__sim_cluster_read(&o->c, v);
+        if (ch == O_CONFIG && tally__sim_cluster_read(&o->c, v)) {
+            char why[512];
+            snprintf(why, sizeof why, "it takes a readable file of 'key = value' lines (%s)", tally_last_error());
+            return tally__parse_fail(flag, v, "cannot be used", why);
+        }
+        if (ch == O_CONFIG) return 0;
         rc = tally__sim_cluster_set(&o->c, flag + 2, v);
         return rc == 1 ? -1 : rc;
     case O_COLL: return tally__parse_word(flag, v, coll_names, &o->coll);
     case O_ALGO:
         if ((o->algo = tally__algo_parse(v)) < 0)
-            return tally__parse_fail(flag, v, "is not an algorithm", "auto, ring, tree, rhd, direct or hier");
+            return tally__parse_fail(flag, v, "is not an algorithm", "it takes auto, ring, tree, rhd, direct or hier");
         return 0;
     case O_SIZE: return parse_sizes(flag, v, o);
     case O_METHOD: return tally__parse_word(flag, v, method_names, &o->method);
     case O_TRAIN: return o->train = 1, 0;
     case O_PARAMS:
         if (tally__units_count(v, &o->params) || !(o->params >= 1) || o->params > 1e13)
-            return tally__parse_fail(flag, v, "is not a parameter count", "1 .. 10T (K/M/G/T: 7.5G)");
+            return tally__parse_fail(flag, v, "is not a parameter count", "it takes 1 .. 10T (K/M/G/T: 7.5G)");
         return 0;
     case O_LAYERS: return int_flag(flag, v, 1, 100000, &o->t.nlayers);
     case O_COMPUTE: return time_flag(flag, v, &o->t.compute_s);
@@ -209,7 +215,7 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     case O_STALE: return int_flag(flag, v, 0, 1000000, &o->t.staleness);
     case O_STEPS: return int_flag(flag, v, 1, 100000, &o->t.steps);
     case O_CALIB: return o->calibrate = 1, 0;
-    case O_SAVE: return o->save = v, 0;
+    case O_SAVE: return *v ? (o->save = v, 0) : tally__parse_fail(flag, v, "is empty", "it takes a file to write");
     case O_JSON: return o->json = 1, 0;
     }
     return -1;

@@ -69,11 +69,11 @@ static int set_slow(tally__sim_cluster *c, const char *v) {
     if (end == v || *end != ':' || errno || rank < 0 || rank > 1 << 30) goto fail;
     double f;
     if (tally__units_count(end + 1, &f) || !(f > 0) || f > 1e6) goto fail;
-    if (c->nslow == TALLY__SIM_MAX_SLOW) return bad("slow", v, "at most 64 slow ranks");
+    if (c->nslow == TALLY__SIM_MAX_SLOW) return bad("slow", v, "it takes at most 64 slow ranks");
     c->slow[c->nslow++] = (tally__sim_slow){.rank = (int)rank, .factor = f};
     return 0;
 fail:
-    return bad("slow", v, "RANK:FACTOR, a rank and how many times longer its compute takes (3:1.5)");
+    return bad("slow", v, "it takes RANK:FACTOR, a rank and how many times longer its compute takes (3:1.5)");
 }
 
 static int set_int(const char *key, const char *v, long long lo, long long hi, int *out) {
@@ -88,13 +88,13 @@ static int set_int(const char *key, const char *v, long long lo, long long hi, i
 /* A time, or a rate taken as its inverse (seconds per byte). */
 static int set_time(const char *key, const char *v, double *out) {
     double t;
-    if (tally__units_time(v, &t) || t > 1e3) return bad(key, v, "a time: 5us, 1.5ms, 200ns");
+    if (tally__units_time(v, &t) || t > 1e3) return bad(key, v, "it takes a time: 5us, 1.5ms, 200ns");
     *out = t;
     return 0;
 }
 static int set_per_byte(const char *key, const char *v, double *out) {
     double r;
-    if (tally__units_rate(v, &r) || !(r > 0)) return bad(key, v, "a rate: 10GB/s, 25Gbps, 800MiB/s");
+    if (tally__units_rate(v, &r) || !(r > 0)) return bad(key, v, "it takes a rate: 10GB/s, 25Gbps, 800MiB/s");
     *out = 1.0 / r;
     return 0;
 }
@@ -127,7 +127,7 @@ int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v
     }
     if (!strcmp(key, "nic")) {
         double r;
-        if (tally__units_rate(v, &r) || !(r > 0)) return bad(key, v, "a rate: 10Gbps, 100Gbps, 1.25GB/s");
+        if (tally__units_rate(v, &r) || !(r > 0)) return bad(key, v, "it takes a rate: 10Gbps, 100Gbps, 1.25GB/s");
         c->nic_rate = r;
         return 0;
     }

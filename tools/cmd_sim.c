@@ -454,7 +454,7 @@ static int run_train(const sim_opts *o) {
                "\"pace_rank\": %d, \"pace_share\": %.4f, \"largest\": ",
                o->c.hosts, o->c.per_host, o->t.async ? "async" : "sync", o->t.zero, s.step_s, s.compute_s, s.comm_s,
                s.exposed_s, s.colls, speedup, s.pace_rank, s.pace_share);
-        print_result_json(o, (size_t)(s.big.algbw * s.big.seconds), &s.big, 1);
+        print_result_json(o, s.big_bytes, &s.big, 1);
         printf("}\n");
         return 0;
     }
@@ -472,7 +472,7 @@ static int run_train(const sim_opts *o) {
         printf("  pace: rank %d was the slowest in %.0f%% of the steps\n", s.pace_rank, 100 * s.pace_share);
     if (!o->t.async && s.big.seconds > 0) {
         printf("  the largest collective:\n");
-        print_result_text(o, (size_t)(s.big.algbw * s.big.seconds + 0.5), &s.big);
+        print_result_text(o, s.big_bytes, &s.big);
     }
     return 0;
 }

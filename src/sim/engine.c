@@ -14,8 +14,8 @@ typedef struct xfer {
     int src, dst, lane[2]; /* [0] the sender's lane, [1] the receiver's */
     long step[2];
     double bytes, left, rate, t_rate, t_post, t_end;
-    double cap;            /* bytes/s: one core at each end it costs CPU, or HUGE_VAL */
-    int net, gate, active; /* gate: which side posted last (0 sender, 1 receiver) */
+    double cap;    /* bytes/s: one core at each end it costs CPU, or HUGE_VAL */
+    int net, gate; /* gate: which side posted last (0 sender, 1 receiver) */
     int link[6], nlink, bottleneck;
     double wt[6]; /* what a byte takes of each link: 1 of a NIC or uplink, core-seconds of a CPU */
 } xfer;
@@ -325,7 +325,6 @@ static void start_xfer(sim *s, long id) {
     }
     x->t_rate = s->now;
     x->rate = 0;
-    x->active = 1;
     s->act[s->nact++] = id;
     s->dirty = 1;
 }
@@ -449,7 +448,6 @@ static void loop(sim *s) {
             long id = s->act[i];
             if (s->x[id].t_end <= t + eps) {
                 s->act[i] = s->act[--s->nact];
-                s->x[id].active = 0;
                 s->dirty = 1;
                 finish(s, id, t);
             } else {

@@ -125,6 +125,7 @@ typedef struct tally__sim_step {
     double pace_share;              /* of the steps */
     int colls;                      /* collectives per step */
     tally__sim_result big;          /* the step's largest collective */
+    size_t big_bytes;               /* and its bytes */
 } tally__sim_step;
 
 int tally__sim_train_step(const tally__sim_cluster *c, const tally__sim_train *t, tally__sim_step *r);

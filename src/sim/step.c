@@ -40,7 +40,7 @@ static int coll_time(colls *k, int coll, double bytes, double *s) {
     int rc = tally__sim_collective(k->c, &q, &r);
     if (rc) return rc;
     if (k->nseen < MAX_KINDS) k->seen[k->nseen++] = (typeof(k->seen[0])){coll, b, r.seconds};
-    if ((double)b >= (double)k->out->big.algbw * k->out->big.seconds) k->out->big = r;
+    if (b >= k->out->big_bytes) k->out->big = r, k->out->big_bytes = b;
     *s = r.seconds;
     return 0;
 }

@@ -383,6 +383,7 @@ static int plan_calibrate_rank(const char *file, double bytes) {
 }
 
 int tally_plan_calibrate_link(const char *transport, double bytes, tally__cost *out, double *allreduce_s) {
+    *out = (tally__cost){0}; /* the file has alpha, beta and gamma: the rest (share) must not be stack garbage */
     const char *dir = getenv("TMPDIR");
     char path[512], size[32];
     snprintf(path, sizeof path, "%s/tally-plan-XXXXXX", dir && *dir ? dir : "/tmp");

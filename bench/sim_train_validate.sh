@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # sim_train_validate.sh - `tally sim --train` against `tally train`: `tally sim --calibrate` gives the links,
-# and for each model STARTS runs of one rank give the rest (the medians of its step but the update and of
-# the update, the parameters); then each of STARTS fresh starts trains at
-# each N of RANKS (one host) and, as root, on 2 test hosts of one rank at 1 Gbit/s (scripts/hosts.sh), and
+# and for each model STARTS runs of one rank give the rest (the medians of its step but the update, of the
+# update, and of its compute's spread from step to step, the parameters); then each of STARTS fresh starts
+# trains at each N of RANKS (one host) and, as root, on 2 test hosts of one rank at 1 Gbit/s (scripts/hosts.sh), and
 # each measured step (median, worst) is printed beside the prediction.
 # usage: [sudo] bench/sim_train_validate.sh [STARTS] [MODELS] [RANKS]   (defaults: 3 "mlp gpt" "2 4")
 set -euo pipefail
@@ -32,11 +32,13 @@ for m in $models; do
     "$tally" train -n 1 $(args_of "$m") --json "$out/one.json" >/dev/null
     field "$out/one.json" 'step_ms["total"] - step_ms["update"]' >>"$out/compute.$m"
     field "$out/one.json" 'step_ms["update"]' >>"$out/update.$m"
+    field "$out/one.json" 'step_ms["compute_sd"] / step_ms["compute"]' >>"$out/sd.$m"
   done
   P=$(field "$out/one.json" params)
   C=$(python3 -c 'import statistics,sys; print(statistics.median(float(x) for x in open(sys.argv[1])))' "$out/compute.$m")
   U=$(python3 -c 'import statistics,sys; print(statistics.median(float(x) for x in open(sys.argv[1])))' "$out/update.$m")
-  echo "| $m | inputs: one rank, median of $starts | step but the update $C ms, update $U ms, $P parameters | | |"
+  SD=$(python3 -c 'import statistics,sys; print(round(statistics.median(float(x) for x in open(sys.argv[1])), 4))' "$out/sd.$m")
+  echo "| $m | inputs: one rank, median of $starts | step but the update $C ms, update $U ms, compute's spread $SD, $P parameters | | |"
   layouts=""
   for n in $ranks; do [ "$n" = 1 ] || layouts="$layouts 1x$n"; done
   [ "$(id -u)" = 0 ] && layouts="$layouts 2x1@1gbit"
@@ -57,8 +59,9 @@ for m in $models; do
     extra=""
     [ -n "$rate" ] && extra="--nic ${rate%bit}bps --shared-cores yes"
     # shellcheck disable=SC2086
-    pred=$("$tally" sim --config "$out/conf" --train --params "$P" --compute "${C}ms" --update "${U}ms" --hosts "$h" \
-      --ranks-per-host "$n" $extra --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"]*1e3)')
+    # many drawn steps, so the mean of the slowest rank's compute is not itself a draw
+    pred=$("$tally" sim --config "$out/conf" --train --params "$P" --compute "${C}ms" --update "${U}ms" \
+      --compute-sd "$SD" --steps 400 --hosts "$h" --ranks-per-host "$n" $extra --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step_s"]*1e3)')
     python3 - "$m" "$l" "$pred" "$out/meas.$m.$l" <<'EOF'
 import statistics, sys
 m, l, pred, path = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]

@@ -148,6 +148,11 @@ static void test_cli(void) {
     TH_CHECK(strstr(buf, "\"replicas_identical\": true") && strstr(buf, "\"bytes_sent_per_step\"") &&
                  strstr(buf, "\"world\": 2") && strstr(buf, "\"steps\": 10"),
              "summary JSON lacks expected fields: %s", buf);
+    /* a step's compute from step to step: never negative, and for 10 steps of non-negative time at most
+     * the mean x sqrt(10) (all of it in one step) */
+    const char *sd = strstr(buf, "\"compute_sd\": "), *mean = strstr(buf, "\"compute\": ");
+    double sd_ms = sd ? atof(sd + 14) : -1, mean_ms = mean ? atof(mean + 11) : -1;
+    TH_CHECK(sd && mean && sd_ms >= 0 && mean_ms > 0 && sd_ms <= mean_ms * 3.17, "step_ms.compute_sd: %s", buf);
     unlink(json);
     char *bad_model[] = {"tally", "train", "--model", "transformer", NULL};
     rc = tr_run_tally(bad_model, err, sizeof err);

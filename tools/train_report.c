@@ -92,6 +92,7 @@ void tally__progress_observe(void *arg, const tally__train_event *ev) {
 /* Per-step means of this rank's timers, in milliseconds. */
 typedef struct step_ms {
     double step, data, compute, update, wait, comm;
+    double compute_sd; /* from step to step */
 } step_ms;
 
 static step_ms per_step(const tally__train_result *r) {
@@ -101,7 +102,8 @@ static step_ms per_step(const tally__train_result *r) {
                      .compute = r->compute_s / n * 1e3,
                      .update = r->update_s / n * 1e3,
                      .wait = r->wait_s / n * 1e3,
-                     .comm = r->comm_s / n * 1e3};
+                     .comm = r->comm_s / n * 1e3,
+                     .compute_sd = r->compute_sd_s * 1e3};
 }
 
 /* The f32 bytes of a step's gradient reductions over those this codec sent; 0 when nothing was sent. */
@@ -263,8 +265,8 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             r->last_loss, r->steps, r->samples, r->train_s, r->samples_per_s);
     fprintf(f,
             "  \"step_ms\": {\"total\": %.4f, \"data\": %.4f, \"compute\": %.4f, \"wait\": %.4f, \"update\": %.4f, "
-            "\"comm\": %.4f},\n",
-            ms.step, ms.data, ms.compute, ms.wait, ms.update, ms.comm);
+            "\"comm\": %.4f, \"compute_sd\": %.4f},\n",
+            ms.step, ms.data, ms.compute, ms.wait, ms.update, ms.comm, ms.compute_sd);
     fprintf(f, "  \"comm_share\": %.4f, \"comm_exposed_share\": %.4f, \"bytes_sent_per_step\": %.0f,\n",
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
     fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",

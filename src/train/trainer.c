@@ -112,6 +112,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
 
 typedef struct step_times {
     double data, compute, update;
+    double compute_sq;        /* the sum of each step's compute squared: its spread from step to step */
     double wait;              /* blocked on the gradients' communication */
     double comm;              /* in the gradients' collectives (on whichever thread) */
     unsigned long long bytes; /* sent in the steps' collectives */
@@ -136,6 +137,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     int B = cfg->batch, rc;
     size_t *idx = r->idx;
     unsigned long long sent0 = tally_comm_bytes_sent(r->comm);
+    double compute0 = st->compute;
     tally__sync_stats s0, s2;
     tally__sync_stats_get(&r->sync, &s0); /* between steps: nothing in flight */
     double blocked0 = tally__sync_blocked(&r->sync);
@@ -188,6 +190,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     double blocked2 = tally__sync_blocked(&r->sync);
     tally__sync_stats_get(&r->sync, &s2);
     st->compute -= blocked1 - blocked0;
+    st->compute_sq += (st->compute - compute0) * (st->compute - compute0);
     st->update -= blocked2 - blocked1;
     st->wait += s2.wait_s - s0.wait_s;
     st->comm += s2.comm_s - s0.comm_s;
@@ -270,6 +273,10 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->samples_per_s = res->train_s > 0 ? res->samples / res->train_s : 0;
     res->data_s = st.data;
     res->compute_s = st.compute;
+    if (res->steps > 1) {
+        double mean = st.compute / res->steps;
+        res->compute_sd_s = sqrt(fmax(0, (st.compute_sq - res->steps * mean * mean) / (res->steps - 1)));
+    }
     res->update_s = st.update;
     res->wait_s = st.wait;
     res->comm_s = st.comm;

@@ -120,6 +120,7 @@ typedef struct tally__train_result {
     double train_s;        /* wall time in training steps (evaluation excluded) */
     double samples_per_s;
     double data_s, compute_s, update_s, wait_s, comm_s; /* per-rank totals over the steps */
+    double compute_sd_s;                                /* a step's compute: its standard deviation */
     unsigned long long bytes_sent;                      /* by this rank in the gradient allreduces */
     int buckets;                                        /* gradient buckets per step */
     double last_loss;                                   /* mean training loss of the last epoch (this rank's shard) */

@@ -2,8 +2,9 @@
 # sim_hosts_validate.sh - `tally sim` against the test hosts of scripts/hosts.sh (network namespaces on one
 # kernel, each host's link held to a rate): each of STARTS fresh starts calibrates this machine, measures
 # allreduce of each SIZE on each layout and rate with the flat ring and hier, and predicts them from its
-# calibration (--shared-cores yes: the namespaces share this machine's CPUs); prints the median prediction
-# beside the median and worst measurement.
+# calibration (--shared-cores yes: the namespaces share this machine's CPUs; --nic-payload 0.956: tc's
+# token bucket counts a frame's 1514 bytes without FCS, preamble and gap, of which TCP's data is 1448);
+# prints the median prediction beside the median and worst measurement.
 # usage: sudo bench/sim_hosts_validate.sh [STARTS] [LAYOUTS] [RATES] [SIZES]
 #        (defaults: 3 "2x2 4x2" "1gbit 10gbit" "1M 64M"; from the repository, after a build in build/)
 set -euo pipefail
@@ -26,7 +27,7 @@ for s in $(seq "$starts"); do # each start measures this machine afresh, then th
             --rate "$r" --timeout 600 -- "$tally" bench allreduce -b "$z" -e "$z" --iters 5 --warmup 2 2>/dev/null |
             awk -v k="$l $r $algo" '$1 ~ /^[0-9]+$/ {print k, $1, $6}' >>"$out/measured"
           "$tally" sim --config "$out/conf.$s" --hosts "${l%x*}" --ranks-per-host "${l#*x}" --nic "${r%bit}bps" \
-            --shared-cores yes --algo "$algo" --size "$z" --json |
+            --shared-cores yes --nic-payload 0.956 --algo "$algo" --size "$z" --json |
             python3 -c 'import json,sys; r=json.load(sys.stdin)["results"][0]; print(sys.argv[1], r["bytes"], r["seconds"]*1e6)' \
               "$l $r $algo" >>"$out/predicted"
         done

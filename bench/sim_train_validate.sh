@@ -57,7 +57,7 @@ for m in $models; do
       field "$out/run.json" 'step_ms["total"]' >>"$out/meas.$m.$l"
     done
     extra=""
-    [ -n "$rate" ] && extra="--nic ${rate%bit}bps --shared-cores yes"
+    [ -n "$rate" ] && extra="--nic ${rate%bit}bps --shared-cores yes --nic-payload 0.956" # as sim_hosts_validate.sh
     # shellcheck disable=SC2086
     # many drawn steps, so the mean of the slowest rank's compute is not itself a draw
     pred=$("$tally" sim --config "$out/conf" --train --params "$P" --compute "${C}ms" --update "${U}ms" \

@@ -175,6 +175,7 @@ static const flag_case sim_flags[] = {
     {"--shared-cores", {"maybe", ""}},
     {"--nic", {"25G", "fast", "0Gbps"}},
     {"--nic-latency", {"20 us", "far"}},
+    {"--nic-payload", {"0", "1.5", "x"}},
     {"--fabric", {"star", ""}},
     {"--hosts-per-leaf", {"0", "x"}},
     {"--oversub", {"0.5", "x"}},

@@ -103,14 +103,16 @@ static void test_rhd_closed_form(void) {
 }
 
 /* Two hosts of two ranks: rank 0 alone sends X to rank 2, then ranks 0 and 1 both send X to host 1 at once
- * over the one NIC: twice the time (latency 0, so the transfer is all there is). */
-static double nic_program(int both, tally__sim_result *r) {
+ * over the one NIC: twice the time (latency 0, so the transfer is all there is). payload: the share of the
+ * NIC's rate the data gets. */
+static double nic_program(int both, double payload, tally__sim_result *r) {
     tally__sim_cluster c;
     tally__sim_cluster_default(&c);
     c.hosts = 2;
     c.per_host = 2;
     c.nic_alpha = 0;
     c.nic_rate = 1e9;
+    c.nic_payload = payload;
     tally__sim_prog p;
     tally__sim_prog_init(&p, 4);
     for (int s = 0; s < 1 + both; s++) {
@@ -130,8 +132,10 @@ static double nic_program(int both, tally__sim_result *r) {
 
 static void test_contention(void) {
     tally__sim_result r;
-    double one = nic_program(0, &r), two = nic_program(1, &r);
+    double framed = nic_program(0, 0.5, &r), one = nic_program(0, 1, &r), two = nic_program(1, 1, &r);
     TH_CHECK(close_to(one, 1e-3, 1e-9), "one flow of 1 MB on a 1 GB/s NIC: %.6f s, want 0.001", one);
+    TH_CHECK(close_to(framed, 2e-3, 1e-9), "1 MB on a 1 GB/s NIC whose frames are half headers: %.6f s, want 0.002",
+             framed);
     TH_CHECK(close_to(two, 2 * one, 1e-9), "two flows on one NIC: %.6f s, want twice %.6f", two, one);
     TH_CHECK(r.crit_kind == TALLY__SIM_NIC_TX || r.crit_kind == TALLY__SIM_NIC_RX,
              "two flows: the critical link is %s, want a NIC", tally__sim_kind_name(r.crit_kind));
@@ -148,6 +152,7 @@ static void test_contention(void) {
     c.oversub = 4; /* uplink = 2 x NIC / 4 = half a NIC: the crossing flow runs at half rate */
     c.nic_alpha = 0;
     c.nic_rate = 1e9;
+    c.nic_payload = 1;
     size_t S = 4 << 20;
     double want = 6 * (S / 4.0) / 0.5e9; /* each of the 6 steps waits for the block crossing at half rate */
     double ev = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RING, S, TALLY__SIM_EVENT, &r);

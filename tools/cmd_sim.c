@@ -32,44 +32,46 @@ typedef struct sim_opts {
 } sim_opts;
 
 static void sim_usage(FILE *out) {
-    fprintf(out,
-            "usage: tally sim [--config FILE] [--hosts H] [--ranks-per-host M] [--cores C]\n"
-            "                 [--shm-latency 5us] [--shm-bandwidth 10GB/s] [--reduce-bandwidth 10GB/s]\n"
-            "                 [--cache-bandwidth 14GB/s --cache-bytes 4M [--shm-bandwidth-bytes 64M]]\n"
-            "                 [--crowded-latency 20us] [--call-overhead 0.3us] [--tcp-bandwidth 2GB/s]\n"
-            "                 [--shared-cores yes|no]\n"
-            "                 [--nic 25Gbps] [--nic-latency 20us] [--fabric full|fat-tree]\n"
-            "                 [--hosts-per-leaf K] [--oversub X] [--calibrate]\n"
-            "                 [--coll allreduce|reduce-scatter|allgather|broadcast|barrier]\n"
-            "                 [--algo auto|ring|tree|rhd|direct|hier] [--size 1K,1M,64M] [--method auto|event|fast]\n"
-            "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
-            "                  [--accum K] [--bucket-mb 25] [--mode sync|async] [--staleness S] [--steps 20]\n"
-            "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
-            "Simulates collectives and training steps on a cluster described on paper: H hosts of M ranks\n"
-            "(rank = host x M + local), the shm link inside a host (its latency, copy and reduction rates, C\n"
-            "CPUs its ranks share; where its ranks outnumber them, a message waits --crowded-latency for the\n"
-            "sleeping waiter's wake-up; --shared-cores yes: all hosts share the C CPUs, as test hosts made of\n"
-            "network namespaces do), tcp's CPU cost at each end (--tcp-bandwidth: bytes a core moves; 0 by\n"
-            "default, as RDMA), each host's NIC (each way) and the fabric (full bisection, or a fat tree of\n"
-            "K hosts per leaf switch whose uplinks carry 1/X of its hosts' links). The algorithms run as the\n"
-            "library runs them: their own code is traced step by step, and every flow shares the links it\n"
-            "crosses fairly (the event level), or, for schedules every rank runs alike (ring, rhd on a power of\n"
-            "two, hier's levels) on large layouts, one step pattern is counted once (the fast path).\n"
-            "  --config FILE: 'key = value' lines, the keys these flags' names; flags after it override it.\n"
-            "  --calibrate: this machine's shm link (2 ranks: the library's ping-pong, beta fitted to a timed\n"
-            "  allreduce of the largest --size; again with both ranks on one CPU for --crowded-latency; a\n"
-            "  4-byte allreduce for --call-overhead, what a call costs besides its messages), its CPUs, and\n"
-            "  tcp on loopback (--nic-latency, and --tcp-bandwidth: what the stack costs a core); flags after\n"
-            "  --calibrate override what it measured. --save FILE writes the cluster (measured or given) as a\n"
-            "  file for --config.\n"
-            "  --cache-bandwidth: the copy rate of vectors of at most --cache-bytes (in cache); sizes up to\n"
-            "  --shm-bandwidth-bytes take a rate between, in log size (not calibrated: on this VM mid-sized\n"
-            "  vectors vary threefold from run to run).\n"
-            "  --train: steps of a model of P parameters (fp32 gradients) in L equal layers; --compute is one\n"
-            "  micro-batch's forward and backward on one rank; --slow 3:1.5 makes rank 3 1.5x slower;\n"
-            "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0.\n"
-            "Prints time, algorithm and bus bandwidth, the busiest link of each kind, and the critical path (the\n"
-            "link and the rank that set the pace).\n");
+    fprintf(
+        out,
+        "usage: tally sim [--config FILE] [--hosts H] [--ranks-per-host M] [--cores C]\n"
+        "                 [--shm-latency 5us] [--shm-bandwidth 10GB/s] [--reduce-bandwidth 10GB/s]\n"
+        "                 [--cache-bandwidth 14GB/s --cache-bytes 4M [--shm-bandwidth-bytes 64M]]\n"
+        "                 [--crowded-latency 20us] [--call-overhead 0.3us] [--tcp-bandwidth 2GB/s]\n"
+        "                 [--shared-cores yes|no]\n"
+        "                 [--nic 25Gbps] [--nic-latency 20us] [--nic-payload 0.94] [--fabric full|fat-tree]\n"
+        "                 [--hosts-per-leaf K] [--oversub X] [--calibrate]\n"
+        "                 [--coll allreduce|reduce-scatter|allgather|broadcast|barrier]\n"
+        "                 [--algo auto|ring|tree|rhd|direct|hier] [--size 1K,1M,64M] [--method auto|event|fast]\n"
+        "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
+        "                  [--accum K] [--bucket-mb 25] [--mode sync|async] [--staleness S] [--steps 20]\n"
+        "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
+        "Simulates collectives and training steps on a cluster described on paper: H hosts of M ranks\n"
+        "(rank = host x M + local), the shm link inside a host (its latency, copy and reduction rates, C\n"
+        "CPUs its ranks share; where its ranks outnumber them, a message waits --crowded-latency for the\n"
+        "sleeping waiter's wake-up; --shared-cores yes: all hosts share the C CPUs, as test hosts made of\n"
+        "network namespaces do), tcp's CPU cost at each end (--tcp-bandwidth: bytes a core moves; 0 by\n"
+        "default, as RDMA), each host's NIC (each way; --nic-payload: the share of its rate data gets, 0.94\n"
+        "for TCP over Ethernet at MTU 1500, the rest being headers) and the fabric (full bisection, or a fat tree of\n"
+        "K hosts per leaf switch whose uplinks carry 1/X of its hosts' links). The algorithms run as the\n"
+        "library runs them: their own code is traced step by step, and every flow shares the links it\n"
+        "crosses fairly (the event level), or, for schedules every rank runs alike (ring, rhd on a power of\n"
+        "two, hier's levels) on large layouts, one step pattern is counted once (the fast path).\n"
+        "  --config FILE: 'key = value' lines, the keys these flags' names; flags after it override it.\n"
+        "  --calibrate: this machine's shm link (2 ranks: the library's ping-pong, beta fitted to a timed\n"
+        "  allreduce of the largest --size; again with both ranks on one CPU for --crowded-latency; a\n"
+        "  4-byte allreduce for --call-overhead, what a call costs besides its messages), its CPUs, and\n"
+        "  tcp on loopback (--nic-latency, and --tcp-bandwidth: what the stack costs a core); flags after\n"
+        "  --calibrate override what it measured. --save FILE writes the cluster (measured or given) as a\n"
+        "  file for --config.\n"
+        "  --cache-bandwidth: the copy rate of vectors of at most --cache-bytes (in cache); sizes up to\n"
+        "  --shm-bandwidth-bytes take a rate between, in log size (not calibrated: on this VM mid-sized\n"
+        "  vectors vary threefold from run to run).\n"
+        "  --train: steps of a model of P parameters (fp32 gradients) in L equal layers; --compute is one\n"
+        "  micro-batch's forward and backward on one rank; --slow 3:1.5 makes rank 3 1.5x slower;\n"
+        "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0.\n"
+        "Prints time, algorithm and bus bandwidth, the busiest link of each kind, and the critical path (the\n"
+        "link and the rank that set the pace).\n");
 }
 
 enum {
@@ -111,6 +113,7 @@ static const struct option sim_longs[] = {{"config", 1, 0, O_CONFIG},
                                           {"reduce-bandwidth", 1, 0, O_CLUSTER},
                                           {"nic", 1, 0, O_CLUSTER},
                                           {"nic-latency", 1, 0, O_CLUSTER},
+                                          {"nic-payload", 1, 0, O_CLUSTER},
                                           {"fabric", 1, 0, O_CLUSTER},
                                           {"hosts-per-leaf", 1, 0, O_CLUSTER},
                                           {"oversub", 1, 0, O_CLUSTER},
@@ -306,7 +309,7 @@ static int save_cluster(const sim_opts *o) {
         fprintf(f, "cache-bandwidth = %.9gB/s\ncache-bytes = %.0f\n", 1 / c->cache_beta, c->cache_bytes);
     if (c->shm.gamma > 0) fprintf(f, "reduce-bandwidth = %.9gB/s\n", 1 / c->shm.gamma);
     fprintf(f, "crowded-latency = %.9gs\ncall-overhead = %.9gs\n", c->crowded_alpha, c->call_s);
-    fprintf(f, "nic = %.9gB/s\nnic-latency = %.9gs\n", c->nic_rate, c->nic_alpha);
+    fprintf(f, "nic = %.9gB/s\nnic-latency = %.9gs\nnic-payload = %.9g\n", c->nic_rate, c->nic_alpha, c->nic_payload);
     if (c->tcp_cpu > 0) fprintf(f, "tcp-bandwidth = %.9gB/s\n", 1 / c->tcp_cpu);
     fprintf(f, "fabric = %s\nhosts-per-leaf = %d\noversub = %.9g\n",
             c->fabric == TALLY__SIM_FAT_TREE ? "fat-tree" : "full", c->hosts_per_leaf, c->oversub);
@@ -350,8 +353,9 @@ static void print_cluster(const sim_opts *o) {
                              : c->per_host,
            c->shared_cores ? "shared by all hosts" : "a host");
     if (c->hosts > 1) {
-        printf("         NIC %.3g Gbit/s, %.1f us a message, tcp %s%.2f GB/s a core; ", c->nic_rate * 8e-9,
-               c->nic_alpha * 1e6, c->tcp_cpu > 0 ? "" : "free: ", c->tcp_cpu > 0 ? 1e-9 / c->tcp_cpu : 0.0);
+        printf("         NIC %.3g Gbit/s (data %.0f%%), %.1f us a message, tcp %s%.2f GB/s a core; ",
+               c->nic_rate * 8e-9, c->nic_payload * 100, c->nic_alpha * 1e6,
+               c->tcp_cpu > 0 ? "" : "free: ", c->tcp_cpu > 0 ? 1e-9 / c->tcp_cpu : 0.0);
         if (c->shared_cores) printf("the hosts share the CPUs; ");
         if (c->fabric == TALLY__SIM_FAT_TREE)
             printf("fat tree, %d hosts a leaf, %g:1 oversubscribed\n", c->hosts_per_leaf, c->oversub);
@@ -411,11 +415,11 @@ static int run_collectives(const sim_opts *o) {
         printf("{\"hosts\": %d, \"ranks_per_host\": %d, \"cores\": %d, \"shm\": {\"alpha\": %.9g, \"beta\": %.9g, "
                "\"gamma\": %.9g, \"crowded_alpha\": %.9g, \"call\": %.9g, \"cache_beta\": %.9g, \"cache_bytes\": "
                "%.9g}, \"tcp_cpu\": %.9g, \"nic_rate\": %.9g, "
-               "\"nic_alpha\": %.9g, "
+               "\"nic_alpha\": %.9g, \"nic_payload\": %.9g, "
                "\"collective\": \"%s\", \"results\": [",
                o->c.hosts, o->c.per_host, o->c.cores, o->c.shm.alpha, o->c.shm.beta, o->c.shm.gamma, o->c.crowded_alpha,
                o->c.call_s, o->c.cache_beta, o->c.cache_bytes, o->c.tcp_cpu, o->c.nic_rate, o->c.nic_alpha,
-               coll_names[o->coll]);
+               o->c.nic_payload, coll_names[o->coll]);
     else {
         print_cluster(o);
         printf("%s, f32:\n%10s  %-16s %-5s %10s  %9s  %9s  %-26s %s\n", coll_names[o->coll], "size", "algorithm", "how",

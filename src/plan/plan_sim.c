@@ -28,6 +28,7 @@ static tally__sim_cluster cluster_of(const tally__plan_cfg *c, int n) {
     s.shm = c->cost;
     if (s.crowded_alpha < s.shm.alpha) s.crowded_alpha = s.shm.alpha;
     s.nic_rate = 1.0 / c->net.beta;
+    s.nic_payload = 1; /* the plan's network bandwidth is its data's, as its closed forms take it */
     s.nic_alpha = c->net.alpha;
     for (int i = 0; i < s.nslow; i++) /* a slow rank past a smaller n of the scaling table is not there */
         if (s.slow[i].rank >= n) s.slow[i--] = s.slow[--s.nslow];

@@ -23,6 +23,8 @@ void tally__sim_cluster_default(tally__sim_cluster *c) {
     c->crowded_alpha = 20e-6;
     c->beta_bytes = 64.0 * 1048576;
     c->nic_rate = 25e9 / 8;
+    c->nic_payload = 1448.0 / 1538.0; /* 1500 less IP and TCP headers (timestamps on), of the frame,
+                                       * its FCS, preamble and gap */
     c->nic_alpha = 20e-6;
     c->fabric = TALLY__SIM_FULL;
     c->hosts_per_leaf = 32;
@@ -42,16 +44,18 @@ tally__sim_cluster tally__sim_at_size(const tally__sim_cluster *c, double bytes)
     return s;
 }
 
+double tally__sim_nic_bytes(const tally__sim_cluster *c) { return c->nic_rate * c->nic_payload; }
+
 tally__cost tally__sim_net_cost(const tally__sim_cluster *c) {
-    return (tally__cost){.alpha = c->nic_alpha, .beta = 1.0 / c->nic_rate, .gamma = c->shm.gamma};
+    return (tally__cost){.alpha = c->nic_alpha, .beta = 1.0 / tally__sim_nic_bytes(c), .gamma = c->shm.gamma};
 }
 
 double tally__sim_capacity(const tally__sim_cluster *c, int kind) {
     switch (kind) {
     case TALLY__SIM_CPU: return tally__sim_cores(c);
     case TALLY__SIM_NIC_TX:
-    case TALLY__SIM_NIC_RX: return c->nic_rate;
-    default: return c->nic_rate * c->hosts_per_leaf / c->oversub;
+    case TALLY__SIM_NIC_RX: return tally__sim_nic_bytes(c);
+    default: return tally__sim_nic_bytes(c) * c->hosts_per_leaf / c->oversub;
     }
 }
 
@@ -136,6 +140,7 @@ int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v
         snprintf(name, sizeof name, "--%s", key);
         return tally__parse_word(name, v, fabrics, &c->fabric);
     }
+    if (!strcmp(key, "nic-payload")) return tally__parse_real("--nic-payload", v, 0, 1, 1, &c->nic_payload);
     if (!strcmp(key, "oversub")) return tally__parse_real("--oversub", v, 1, 0, 1e6, &c->oversub);
     if (!strcmp(key, "compute-sd")) return tally__parse_real("--compute-sd", v, 0, 0, 10, &c->compute_sd);
     if (!strcmp(key, "slow")) return set_slow(c, v);
@@ -190,8 +195,8 @@ int tally__sim_cluster_check(const tally__sim_cluster *c) {
         return tally__seterr(TALLY_E_INVALID,
                              "sim: %d hosts x %d ranks per host: need at least 1 x 1, at most 2^24 ranks", c->hosts,
                              c->per_host);
-    if (!(c->nic_rate > 0) || !(c->shm.beta > 0) || !(c->shm.gamma >= 0) || !(c->shm.alpha >= 0) ||
-        !(c->nic_alpha >= 0))
+    if (!(c->nic_rate > 0) || !(c->nic_payload > 0 && c->nic_payload <= 1) || !(c->shm.beta > 0) ||
+        !(c->shm.gamma >= 0) || !(c->shm.alpha >= 0) || !(c->nic_alpha >= 0))
         return tally__seterr(TALLY_E_INVALID, "sim: the links need positive rates and latencies of 0 or more");
     if (c->fabric == TALLY__SIM_FAT_TREE && (c->hosts_per_leaf < 1 || !(c->oversub >= 1)))
         return tally__seterr(TALLY_E_INVALID, "sim: a fat tree needs --hosts-per-leaf >= 1 and --oversub >= 1");

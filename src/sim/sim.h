@@ -37,6 +37,8 @@ typedef struct tally__sim_cluster {
     double crowded_alpha; /* where a host's ranks outnumber its cores, waiters sleep (the library's crowded
                            * policy): a message waits this long for a wake-up per rank more than the cores */
     double nic_rate;      /* bytes/s of each host's NIC, each way */
+    double nic_payload;   /* the share of that rate a collective's bytes get: frames' headers take the rest
+                           * (TCP over Ethernet at MTU 1500: 1448 of 1538 bytes on the wire) */
     double nic_alpha;     /* seconds per message between hosts: wire, switches and the tcp stack */
     double tcp_cpu;       /* core-seconds the tcp stack spends per byte at each end (0: none, as RDMA) */
     int shared_cores;     /* 1: every host's ranks share one pool of `cores` (test hosts: namespaces on
@@ -65,8 +67,10 @@ int tally__sim_cluster_read(tally__sim_cluster *c, const char *path);
 int tally__sim_cluster_check(const tally__sim_cluster *c);
 /* c as it plays a collective of `bytes`: shm's beta at that size (beta_bytes, cache_bytes). */
 tally__sim_cluster tally__sim_at_size(const tally__sim_cluster *c, double bytes);
+/* Bytes/s of data through one NIC each way: its rate less the frames' headers (nic_payload). */
+double tally__sim_nic_bytes(const tally__sim_cluster *c);
 /* The link costs the library would measure and pick algorithms by: inside a host, and between hosts
- * (the NIC's latency and rate; reductions on the ranks). */
+ * (the NIC's latency and data rate; reductions on the ranks). */
 tally__cost tally__sim_net_cost(const tally__sim_cluster *c);
 
 typedef struct tally__sim_coll {

@@ -191,11 +191,11 @@ static double play_step(ps_sim *p, int x, double t0) {
     const tally__sim_cluster *c = p->c;
     int rank = x + 1, remote = tally__sim_host(c, rank) != 0, K = p->t->accum > 0 ? p->t->accum : 1;
     double S = p->t->grad_bytes, local = tally__sim_shm_alpha(c) + S * c->shm.beta;
-    double pulled = remote ? (p->tx = fmax(t0, p->tx) + S / c->nic_rate) + c->nic_alpha : t0 + local;
+    double pulled = remote ? (p->tx = fmax(t0, p->tx) + S / tally__sim_nic_bytes(c)) + c->nic_alpha : t0 + local;
     double f = factor(c, &p->g, rank), comp = p->t->compute_s * K * f;
     p->compute_sum += comp;
     p->slower[rank] += f > crowding(c);
-    double sent = remote ? (p->rx = fmax(pulled + comp, p->rx) + S / c->nic_rate) : pulled + comp + local;
+    double sent = remote ? (p->rx = fmax(pulled + comp, p->rx) + S / tally__sim_nic_bytes(c)) : pulled + comp + local;
     double arrive = sent + (remote ? c->nic_alpha : 0);
     double applied = p->t->staleness == 0 ? arrive : (p->cpu = fmax(p->cpu, arrive) + p->t->update_s);
     p->applied[(size_t)x * p->steps + p->step[x]] = applied;
@@ -242,7 +242,7 @@ static int async_run(const tally__sim_cluster *c, const tally__sim_train *t, tal
     r->step_s = (end + (t->staleness == 0 ? t->update_s : 0)) / t->steps;
     r->compute_s = p.compute_sum / ((double)nw * t->steps);
     r->samples_per_step_factor = (double)nw / n;
-    r->comm_s = 2 * t->grad_bytes / c->nic_rate;
+    r->comm_s = 2 * t->grad_bytes / tally__sim_nic_bytes(c);
     long most = 0;
     r->pace_rank = -1;
     for (int i = 0; i < n; i++)

@@ -245,7 +245,7 @@ static int kill_rank(int rank, int size, void *arg) {
     tally__train_result res;
     g_kill->rc[rank] = tally__train(comm, &c, &res);
     snprintf(g_kill->msg[rank], sizeof g_kill->msg[rank], "%s", tally_last_error());
-    if (!g_kill->rc[rank]) free(res.params);
+    tally__train_result_free(&res);
     tally_comm_free(comm);
     return 0;
 }

@@ -166,6 +166,47 @@ static void test_cli(void) {
     TH_CHECK(rc == 1 && strstr(err, "--batch"), "batch larger than the data: exit %d, %s", rc, err);
 }
 
+/* The slowest rank by hand: work = data + compute + update per step, set against the median of the other
+ * ranks' (6 and 5 ms); a rank of no steps (the parameter server) is left out; under two training ranks
+ * there is none. */
+static void test_find_slowest(void) {
+    /* data, compute, wait, update (seconds over the steps), steps */
+    const double t[4 * TALLY__TIMES] = {0.1, 0.4, 2.0, 0.1, 100, /* 6 ms a step of work, waits 20 */
+                                        0.1, 2.4, 0.0, 0.1, 100, /* 26 ms: the slowest */
+                                        0.0, 0.0, 0.0, 0.0, 0,   /* the server */
+                                        0.1, 0.3, 1.8, 0.1, 100};
+    tally__train_slowest s = tally__train_find_slowest(t, 4);
+    TH_CHECK(s.rank == 1 && fabs(s.work_s - 0.026) < 1e-12 && fabs(s.median_s - 0.0055) < 1e-12 &&
+                 fabs(s.others_wait - 0.019) < 1e-12,
+             "slowest: rank %d, work %.6f s, others' median %.6f s, others wait %.6f s; want 1, 0.026, 0.0055, 0.019",
+             s.rank, s.work_s, s.median_s, s.others_wait);
+    TH_CHECK(tally__train_find_slowest(t, 1).rank == -1, "one rank has no slowest");
+    TH_CHECK(tally__train_find_slowest(t + 2 * TALLY__TIMES, 2).rank == -1, "one training rank has no slowest");
+    TH_CHECK(tally__train_find_slowest(NULL, 4).rank == -1, "no times: no slowest");
+}
+
+/* --straggler 1:20 sleeps rank 1 in every step: the summary must name it, in text and in --json. */
+static void test_straggler_named(void) {
+    char json[] = "/tmp/tally_slow_XXXXXX", out[16384];
+    int fd = mkstemp(json);
+    close(fd);
+    char *args[] = {"tally", "train",    "-n", "2",         "--data",      "synthetic", "--steps", "10", "--batch",
+                    "16",    "--hidden", "32", "--no-eval", "--straggler", "1:20",      "--json",  json, NULL};
+    int rc = tr_run_tally_all(args, out, sizeof out);
+    TH_CHECK(rc == 0 && strstr(out, "slowest rank     1: "), "--straggler 1:20: exit %d, summary: %s", rc, out);
+    FILE *f = fopen(json, "r");
+    char buf[8192] = {0};
+    if (f) {
+        buf[fread(buf, 1, sizeof buf - 1, f)] = 0;
+        fclose(f);
+    }
+    const char *slow = strstr(buf, "\"slowest\": {\"rank\": 1, \"work_ms\": ");
+    double work = slow ? atof(slow + strlen("\"slowest\": {\"rank\": 1, \"work_ms\": ")) : 0;
+    TH_CHECK(slow && work >= 20, "--straggler 1:20: --json names %s", buf);
+    TH_CHECK(strstr(buf, "\"ranks\": [{\"rank\": 0, \"steps\": 10") != NULL, "--json lacks the ranks: %s", buf);
+    unlink(json);
+}
+
 /* The named tensors cover the flat buffer exactly, in order, with PyTorch's names and shapes. */
 static void test_tensors(void) {
     tally__model m;
@@ -224,6 +265,8 @@ static void test_token_model_refused(void) {
 
 int main(void) {
     test_tensors();
+    test_find_slowest();
+    test_straggler_named();
     test_token_model_refused();
     test_equivalence();
     test_overlap_identical();

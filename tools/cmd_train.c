@@ -485,7 +485,7 @@ static int train_as_rank(train_opts *o) {
     rc = tally__train(comm, &o->cfg, &res);
     if (rc) {
         fprintf(stderr, "tally train: %s\n", tally_last_error()); /* messages name their rank */
-        free(res.params);
+        tally__train_result_free(&res);
         tally_comm_free(comm);
         return 1;
     }
@@ -509,7 +509,7 @@ static int train_as_rank(train_opts *o) {
             rc = 1;
         }
     }
-    free(res.params);
+    tally__train_result_free(&res);
     tally_comm_free(comm);
     return rc ? 1 : 0;
 }

@@ -147,6 +147,58 @@ static void summary_async(FILE *out, const tally__train_result *r, const step_ms
             ms->update);
 }
 
+#define SUMMARY_RANK_ROWS 16 /* more ranks than this: the rows of the slowest few */
+
+static double rank_ms(const tally__train_result *r, int rank, int what) {
+    const double *t = r->rank_times + (size_t)rank * TALLY__TIMES;
+    return t[TALLY__TIME_STEPS] > 0 ? t[what] / t[TALLY__TIME_STEPS] * 1e3 : 0;
+}
+
+static double rank_work_ms(const tally__train_result *r, int rank) {
+    return rank_ms(r, rank, TALLY__TIME_DATA) + rank_ms(r, rank, TALLY__TIME_COMPUTE) +
+           rank_ms(r, rank, TALLY__TIME_UPDATE);
+}
+
+static void summary_rank_row(FILE *out, const tally__train_result *r, int rank) {
+    if (!(r->rank_times[(size_t)rank * TALLY__TIMES + TALLY__TIME_STEPS] > 0)) {
+        fprintf(out, "    rank %-9d trains nothing (the parameter server)\n", rank);
+        return;
+    }
+    fprintf(out, "    rank %-9d %.3f / %.3f / %.3f / %.3f\n", rank, rank_ms(r, rank, TALLY__TIME_DATA),
+            rank_ms(r, rank, TALLY__TIME_COMPUTE), rank_ms(r, rank, TALLY__TIME_WAIT),
+            rank_ms(r, rank, TALLY__TIME_UPDATE));
+}
+
+/* Each rank's own times, and the one that held the others up: DDP's allreduce gives every rank the
+ * slowest's step time, so only a rank's work (and the others' wait) shows it. */
+static void summary_ranks(FILE *out, const tally__train_result *r) {
+    if (!r->rank_times || r->world < 2) return;
+    tally__train_slowest s = tally__train_find_slowest(r->rank_times, r->world);
+    fprintf(out, "  ranks            data / compute / wait / update, ms a step%s\n",
+            r->world > SUMMARY_RANK_ROWS ? " (the 4 with most work; every rank in --json)" : "");
+    if (r->world <= SUMMARY_RANK_ROWS) {
+        for (int k = 0; k < r->world; k++) summary_rank_row(out, r, k);
+    } else {
+        int shown[4], n = 0;
+        for (; n < 4; n++) { /* the n-th most work: a scan per row, as only four are shown */
+            int best = -1;
+            for (int k = 0; k < r->world; k++) {
+                int taken = 0;
+                for (int j = 0; j < n; j++) taken |= shown[j] == k;
+                if (!taken && (best < 0 || rank_work_ms(r, k) > rank_work_ms(r, best))) best = k;
+            }
+            shown[n] = best;
+            summary_rank_row(out, r, best);
+        }
+    }
+    if (s.rank < 0) return;
+    fprintf(out,
+            "  slowest rank     %d: %.3f ms of work a step (data + compute + update) against the other ranks' "
+            "median %.3f ms: %.3f ms more (%.2fx); the others waited %.3f ms a step\n",
+            s.rank, s.work_s * 1e3, s.median_s * 1e3, (s.work_s - s.median_s) * 1e3,
+            s.median_s > 0 ? s.work_s / s.median_s : 0, s.others_wait * 1e3);
+}
+
 void tally__summary_print(FILE *out, const tally__run_info *in, const tally__train_result *r) {
     step_ms ms = per_step(r);
     double steps = r->steps > 0 ? (double)r->steps : 1;
@@ -171,6 +223,7 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
         fprintf(out, "  throughput       %.0f samples/s (%ld steps, %.2f s)\n", r->samples_per_s, r->steps, r->train_s);
     fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
             ms.data, ms.compute, ms.wait, ms.update);
+    summary_ranks(out, r);
     if (r->async)
         summary_async(out, r, &ms);
     else if (in->zero)
@@ -210,7 +263,7 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
         fprintf(out,
                 "                   %.2f MFLOP per token: 6 x parameters + attention (12 x layers x context x width)\n",
                 r->flops_per_sample / r->tokens_per_sample * 1e-6);
-    else
+    else if (!(r->peak_gflops > 0))
         fprintf(out, "  compute          %.1f GFLOP/s per rank\n", gf);
     fprintf(out, "  replicas         %s\n", r->replicas_identical ? "bit-identical on every rank" : "DIFFER");
     if (r->resumed_from >= 0 || r->checkpoints)
@@ -234,6 +287,25 @@ static void json_escaped(char *out, size_t n, const char *s) {
             out[o++] = (char)ch;
     }
     out[o] = 0;
+}
+
+/* "ranks": every rank's ms a step; "slowest": the one with most work (null under 2 training ranks). */
+static void json_ranks(FILE *f, const tally__train_result *r) {
+    fprintf(f, "  \"ranks\": [");
+    for (int k = 0; r->rank_times && k < r->world; k++)
+        fprintf(
+            f, "%s{\"rank\": %d, \"steps\": %.0f, \"data\": %.4f, \"compute\": %.4f, \"wait\": %.4f, \"update\": %.4f}",
+            k ? ",\n    " : "", k, r->rank_times[(size_t)k * TALLY__TIMES + TALLY__TIME_STEPS],
+            rank_ms(r, k, TALLY__TIME_DATA), rank_ms(r, k, TALLY__TIME_COMPUTE), rank_ms(r, k, TALLY__TIME_WAIT),
+            rank_ms(r, k, TALLY__TIME_UPDATE));
+    tally__train_slowest s = tally__train_find_slowest(r->rank_times, r->world);
+    if (s.rank < 0)
+        fprintf(f, "],\n  \"slowest\": null,\n");
+    else
+        fprintf(f,
+                "],\n  \"slowest\": {\"rank\": %d, \"work_ms\": %.4f, \"median_work_ms\": %.4f, "
+                "\"others_wait_ms\": %.4f},\n",
+                s.rank, s.work_s * 1e3, s.median_s * 1e3, s.others_wait * 1e3);
 }
 
 int tally__summary_json(const char *path, const tally__run_info *in, const tally__train_result *r) {
@@ -267,6 +339,7 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             "  \"step_ms\": {\"total\": %.4f, \"data\": %.4f, \"compute\": %.4f, \"wait\": %.4f, \"update\": %.4f, "
             "\"comm\": %.4f, \"compute_sd\": %.4f},\n",
             ms.step, ms.data, ms.compute, ms.wait, ms.update, ms.comm, ms.compute_sd);
+    json_ranks(f, r);
     fprintf(f, "  \"comm_share\": %.4f, \"comm_exposed_share\": %.4f, \"bytes_sent_per_step\": %.0f,\n",
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
     fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",

@@ -299,6 +299,13 @@ static void train_account(const train_run *r, tally__train_result *res) {
     if (getrusage(RUSAGE_SELF, &ru) == 0) res->peak_rss = (size_t)ru.ru_maxrss * 1024;
 }
 
+void tally__train_result_free(tally__train_result *res) {
+    free(res->params);
+    free(res->rank_times);
+    res->params = NULL;
+    res->rank_times = NULL;
+}
+
 int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res) {
     memset(res, 0, sizeof *res);
     res->test_acc = -1;
@@ -322,6 +329,7 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
     if (!rc) rc = train_epochs(&r, res);
     if (!rc) rc = tally__train_fingerprint(&r, res);
     if (!rc) train_account(&r, res);
+    if (!rc) rc = tally__train_gather_times(&r, res, 1);
     if (!rc && cfg->measure_peak && r.rank == 0) res->peak_gflops = tally__sgemm_peak_gflops();
     char why[1024]; /* a failure while tearing down must not replace the run's own message */
     snprintf(why, sizeof why, "%s", rc ? tally_last_error() : "");

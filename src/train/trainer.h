@@ -111,6 +111,9 @@ void tally__train_gpt_defaults(tally__train_cfg *cfg, unsigned given);
 
 #define TALLY__TRAIN_STALE_BINS 64
 
+/* A rank's figures in tally__train_result.rank_times: seconds over its steps, then those steps. */
+enum { TALLY__TIME_DATA, TALLY__TIME_COMPUTE, TALLY__TIME_WAIT, TALLY__TIME_UPDATE, TALLY__TIME_STEPS, TALLY__TIMES };
+
 typedef struct tally__train_result {
     size_t nparams;
     double lr;             /* peak learning rate used (after --scale-lr) */
@@ -121,12 +124,16 @@ typedef struct tally__train_result {
     double samples_per_s;
     double data_s, compute_s, update_s, wait_s, comm_s; /* per-rank totals over the steps */
     double compute_sd_s;                                /* a step's compute: its standard deviation */
-    unsigned long long bytes_sent;                      /* by this rank in the gradient allreduces */
-    int buckets;                                        /* gradient buckets per step */
-    double last_loss;                                   /* mean training loss of the last epoch (this rank's shard) */
-    int evaluated;                                      /* test_acc / test_loss hold a result */
-    double test_acc;                                    /* classification; -1 for regression */
-    double test_loss;                                   /* mean test loss (mse for regression) */
+    double *rank_times; /* every rank's data_s, compute_s, wait_s, update_s and steps (TALLY__TIME_*), rank r at
+                         * [r * TALLY__TIMES], gathered at the end; a rank that trains nothing (--ps) has 0
+                         * steps. malloc'd: tally__train_result_free */
+    int world;          /* ranks in rank_times */
+    unsigned long long bytes_sent; /* by this rank in the gradient allreduces */
+    int buckets;                   /* gradient buckets per step */
+    double last_loss;              /* mean training loss of the last epoch (this rank's shard) */
+    int evaluated;                 /* test_acc / test_loss hold a result */
+    double test_acc;               /* classification; -1 for regression */
+    double test_loss;              /* mean test loss (mse for regression) */
     double flops_per_sample;
     int tokens_per_sample;  /* a model on text: the context; 0 otherwise */
     double peak_gflops;     /* single-thread sgemm, 0 when not measured */
@@ -162,8 +169,21 @@ typedef struct tally__train_result {
     double pull_wait_s;         /* what the held-back pulls waited, summed over workers */
 } tally__train_result;
 
-/* Runs the training on this rank. Every rank calls it with the same cfg. */
+/* Runs the training on this rank. Every rank calls it with the same cfg. Whatever it returns, the result
+ * is freed with tally__train_result_free. */
 int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);
+/* Frees what the result holds (params, rank_times) and clears those pointers. */
+void tally__train_result_free(tally__train_result *res);
+
+/* Which rank held the others up. DDP's allreduce makes every rank's step as long as the slowest's, so the
+ * step time hides it; a rank's own work (data + compute + update, per step) does not. */
+typedef struct tally__train_slowest {
+    int rank;           /* the rank with the most work a step; -1 when fewer than 2 ranks trained */
+    double work_s;      /* its work per step */
+    double median_s;    /* the median of the other training ranks' work per step */
+    double others_wait; /* what the other training ranks waited per step, on average */
+} tally__train_slowest;
+tally__train_slowest tally__train_find_slowest(const double *rank_times, int world);
 
 /* The data sets of a run: Fashion-MNIST from cfg->data (a directory, or the Debian one), synthetic, or
  * the least-squares set of the linear model. Falls back to synthetic, saying so on rank 0, when the

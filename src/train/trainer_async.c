@@ -276,6 +276,7 @@ int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__tra
     if (!rc && cfg->eval) rc = tally__train_evaluate(&a.r, res);
     if (!rc) rc = tally__train_fingerprint(&a.r, res);
     if (!rc) async_result(&a, res);
+    if (!rc) rc = tally__train_gather_times(&a.r, res, a.worker >= 0);
     char why[1024]; /* freeing resets the thread's message */
     snprintf(why, sizeof why, "%s", rc ? tally_last_error() : "");
     tally__ps_server_free(a.ps);

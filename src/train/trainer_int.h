@@ -72,6 +72,8 @@ typedef void (*tally__train_eval_fill)(train_run *r, const size_t *items, int n)
 int tally__train_eval_items(train_run *r, size_t count, tally__train_eval_fill fill, double sums[3]);
 /* SHA-256 of the parameters, and whether every rank holds the same (collective). */
 int tally__train_fingerprint(train_run *r, tally__train_result *res);
+/* Every rank's times into res->rank_times (collective); trains: this rank computed gradients. */
+int tally__train_gather_times(train_run *r, tally__train_result *res, int trains);
 void tally__train_teardown(train_run *r);
 /* Sets the BLAS threads of --threads, once the set-up has allocated all it needs; TALLY_E_NOMEM when
  * the address space their buffers need cannot be had. */

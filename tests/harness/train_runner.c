@@ -32,8 +32,9 @@ static int tr_rank(int rank, int size, void *arg) {
         tr->identical[rank] = res.replicas_identical;
         tr->res[rank] = res;
         tr->res[rank].params = NULL;
+        tr->res[rank].rank_times = NULL;
     }
-    free(res.params);
+    tally__train_result_free(&res);
     tally_comm_free(c);
     return rc != 0;
 }
@@ -70,7 +71,7 @@ double tr_max_rel_diff(const float *a, const float *b, size_t n) {
 }
 
 /* Runs the tally binary with args; returns its exit code and leaves stderr in err. */
-int tr_run_tally(char *const args[], char *err, size_t errlen) {
+static int run_tally(char *const args[], char *err, size_t errlen, int with_stdout) {
     const char *bin = getenv("TALLY_BIN");
     int fd[2];
     if (!bin || pipe(fd)) return -1;
@@ -78,7 +79,7 @@ int tr_run_tally(char *const args[], char *err, size_t errlen) {
     if (pid == 0) {
         dup2(fd[1], 2);
         int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
+        dup2(with_stdout ? fd[1] : null, 1);
         close(fd[0]);
         execv(bin, args);
         _exit(127);
@@ -86,13 +87,19 @@ int tr_run_tally(char *const args[], char *err, size_t errlen) {
     close(fd[1]);
     size_t got = 0;
     ssize_t k;
-    while ((k = read(fd[0], err + got, errlen - 1 - got)) > 0) got += (size_t)k;
+    char rest[4096];
+    while ((k = got + 1 < errlen ? read(fd[0], err + got, errlen - 1 - got) : read(fd[0], rest, sizeof rest)) > 0)
+        if (got + 1 < errlen) got += (size_t)k; /* past the buffer: read on, so the child never blocks */
     err[got] = 0;
     close(fd[0]);
     int st;
     waitpid(pid, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+int tr_run_tally(char *const args[], char *err, size_t errlen) { return run_tally(args, err, errlen, 0); }
+
+int tr_run_tally_all(char *const args[], char *out, size_t outlen) { return run_tally(args, out, outlen, 1); }
 
 tally__train_cfg tr_small_cfg(size_t ntrain, long steps, uint64_t seed) {
     tally__train_cfg c;

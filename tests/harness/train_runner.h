@@ -34,5 +34,7 @@ tally__train_cfg tr_small_cfg(size_t ntrain, long steps, uint64_t seed);
 
 /* Runs $TALLY_BIN with args (args[0] is its name); returns its exit code, stderr in err. */
 int tr_run_tally(char *const args[], char *err, size_t errlen);
+/* The same, with stdout and stderr both in out (what a user at a terminal reads). */
+int tr_run_tally_all(char *const args[], char *out, size_t outlen);
 
 #endif

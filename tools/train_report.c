@@ -155,8 +155,7 @@ static double rank_ms(const tally__train_result *r, int rank, int what) {
 }
 
 static double rank_work_ms(const tally__train_result *r, int rank) {
-    return rank_ms(r, rank, TALLY__TIME_DATA) + rank_ms(r, rank, TALLY__TIME_COMPUTE) +
-           rank_ms(r, rank, TALLY__TIME_UPDATE);
+    return tally__train_work_per_step(r->rank_times + (size_t)rank * TALLY__TIMES) * 1e3;
 }
 
 static void summary_rank_row(FILE *out, const tally__train_result *r, int rank) {

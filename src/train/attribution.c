@@ -17,7 +17,8 @@ int tally__train_gather_times(train_run *r, tally__train_result *res, int trains
     return tally_allgather(r->comm, mine, res->rank_times, TALLY__TIMES, TALLY_F64);
 }
 
-static double work_per_step(const double *t) {
+double tally__train_work_per_step(const double *t) {
+    if (!(t[TALLY__TIME_STEPS] > 0)) return 0;
     return (t[TALLY__TIME_DATA] + t[TALLY__TIME_COMPUTE] + t[TALLY__TIME_UPDATE]) / t[TALLY__TIME_STEPS];
 }
 
@@ -32,14 +33,14 @@ tally__train_slowest tally__train_find_slowest(const double *rank_times, int wor
     if (!work) return s;
     for (int r = 0; r < world; r++) {
         const double *t = rank_times + (size_t)r * TALLY__TIMES;
-        if (t[TALLY__TIME_STEPS] > 0 && (s.rank < 0 || work_per_step(t) > s.work_s))
-            s.rank = r, s.work_s = work_per_step(t);
+        if (t[TALLY__TIME_STEPS] > 0 && (s.rank < 0 || tally__train_work_per_step(t) > s.work_s))
+            s.rank = r, s.work_s = tally__train_work_per_step(t);
     }
     int n = 0; /* the others that trained */
     for (int r = 0; r < world; r++) {
         const double *t = rank_times + (size_t)r * TALLY__TIMES;
         if (r == s.rank || !(t[TALLY__TIME_STEPS] > 0)) continue;
-        work[n++] = work_per_step(t);
+        work[n++] = tally__train_work_per_step(t);
         s.others_wait += t[TALLY__TIME_WAIT] / t[TALLY__TIME_STEPS];
     }
     if (n < 1) {

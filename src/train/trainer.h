@@ -184,6 +184,9 @@ typedef struct tally__train_slowest {
     double others_wait; /* what the other training ranks waited per step, on average */
 } tally__train_slowest;
 tally__train_slowest tally__train_find_slowest(const double *rank_times, int world);
+/* One rank's work a step from its row of rank_times (data + compute + update over its steps), seconds;
+ * 0 for a rank of no steps. */
+double tally__train_work_per_step(const double *times);
 
 /* The data sets of a run: Fashion-MNIST from cfg->data (a directory, or the Debian one), synthetic, or
  * the least-squares set of the linear model. Falls back to synthetic, saying so on rank 0, when the

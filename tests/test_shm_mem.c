@@ -172,7 +172,7 @@ static int rank_colls(int rank, int size, void *arg) {
 /* ---- allocation churn and misuse -------------------------------------------------------------- */
 
 static void churn(rank_ctx *x, int rounds) {
-    size_t n = (256u << 10) / 4; /* above the in-place minimum: each round the peers map a new region */
+    size_t n = (1u << 20) / 4; /* above the in-place minimum at 4 ranks: each round the peers map a new region */
     for (int k = 0; k < rounds; k++) {
         float *s = tally_mem_alloc(x->c, n * 4), *r = tally_mem_alloc(x->c, n * 4);
         RCHECK(x, s && r, "tally_mem_alloc in round %d: %s", k, tally_last_error());

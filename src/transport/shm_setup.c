@@ -465,10 +465,13 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
                          "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; every message "
                          "goes through the slots",
                          t->n, SHM_NSLOTS, t->slot_bytes >> 10, t->seg_bytes >> 10);
-    tally__log_debug(1, "shm: tally_mem_alloc buffers: %s",
-                     t->mem && t->mem_min != SHM_LARGE_OFF
-                         ? "messages of 64 KiB or more are read in place (pidfd_getfd + mmap)"
-                         : "sent like any other");
+    if (t->mem && t->mem_min != SHM_LARGE_OFF)
+        tally__log_debug(1,
+                         "shm: tally_mem_alloc buffers: messages of %zu bytes or more are read in place "
+                         "(pidfd_getfd + mmap)",
+                         t->mem_min);
+    else
+        tally__log_debug(1, "shm: tally_mem_alloc buffers: sent like any other");
     *out = &t->base;
     return 0;
 }

@@ -354,6 +354,8 @@ static const var_case lib_vars[] = {
     {"TALLY_SHM_CMA", {"2", "yes", "-1", ""}},
     {"TALLY_COST", {"1,2", "1,2,nan", "1,2,3x", "a,b,c", "1,0,3", ""}},
     {"TALLY_TCP_STREAMS", {"0", "abc", "17", "2.5", ""}},
+    {"TALLY_FLIGHT", {"-1", "abc", "65537", "1.5", ""}},
+    {"TALLY_FLIGHT_DIR", {""}},
     {"TALLY_BIND", {"0.0.0.0:5", "[]", ""}},
     {"TALLY_ADDR", {"node0", ":5", "h:0", "h:70000", ""}},
     {"TALLY_TOKEN", {""}},

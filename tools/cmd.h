@@ -12,6 +12,7 @@ int tally_cmd_train(int argc, char **argv) __attribute__((weak));
 int tally_cmd_plan(int argc, char **argv) __attribute__((weak));
 int tally_cmd_generate(int argc, char **argv) __attribute__((weak));
 int tally_cmd_sim(int argc, char **argv);
+int tally_cmd_flight(int argc, char **argv);
 
 /* cmd_plan.c's link measurement, which `tally sim --calibrate` shares: starts 2 local ranks of this
  * binary over `transport` and reads back the model rank 0 measured and the time of an allreduce of

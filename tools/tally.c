@@ -1,4 +1,4 @@
-/* tally.c - main() of the tally tool: picks the subcommand (run, bench, train, plan) and hands it
+/* tally.c - main() of the tally tool: picks the subcommand (run, bench, train, ...) and hands it
  * its arguments; --help and --version. Each subcommand lives in its own cmd_*.c. */
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +22,7 @@ static const tally_command commands[] = {
     {"plan", tally_cmd_plan, "predict the cost of a training run before starting it"},
     {"sim", tally_cmd_sim, "simulate collectives and training steps on a described cluster"},
     {"generate", tally_cmd_generate, "sample text from a trained model: tally generate --ckpt DIR ..."},
+    {"flight", tally_cmd_flight, "merge a failed job's flight records: tally flight DIR"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

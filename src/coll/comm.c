@@ -21,6 +21,7 @@
 #include "../core/reduce.h"
 #include "async.h"
 #include "coll.h"
+#include "flight.h"
 #include "measure.h"
 
 struct tally_comm {
@@ -45,6 +46,7 @@ struct tally_comm {
                            * host level), freed after the world's monitor and levels; NULL: none */
     tally__wait_note note;   /* the transport's tcp waits, told to the host's ranks (shm+tcp sets it) */
     tally__async_slot async; /* the non-blocking calls' queue and thread, from the first one on */
+    tally__flight flight;    /* the last collectives, written when one fails for a peer (flight.c) */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -64,7 +66,8 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, t
                           .fault = &c->fault,
                           .timeout_s = timeout_s,
                           .sig = &c->sig,
-                          .note = &c->note};
+                          .note = &c->note,
+                          .awaited = &c->flight.awaited};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
     int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
     if (rc) return rc;
@@ -112,7 +115,8 @@ static int tally__check_knobs(tally_comm *c, double *timeout_s) {
     int rc, streams;
     if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
         (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) || (rc = tally__shm_check_env()) ||
-        (rc = tally__cost_check_env()) || (rc = tally__boot_check_host()) || (rc = tally__tcp_streams_env(&streams))) {
+        (rc = tally__cost_check_env()) || (rc = tally__boot_check_host()) || (rc = tally__tcp_streams_env(&streams)) ||
+        (rc = tally__flight_check_env())) {
         char rank[32];
         snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
         return tally__err_wrap(rc, rank, "");
@@ -136,6 +140,7 @@ static void tally__comm_destroy(tally_comm *c) {
         tally_comm_abort(c->host); /* the world went without goodbyes: so does its host */
     else if (c->host)
         tally_comm_free(c->host);
+    tally__flight_fini(&c->flight);
     free(c->world);
     free(c);
 }
@@ -153,7 +158,11 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
         return rc;
     }
     if ((rc = tally__boot_init(&c->boot, env, &c->fault, c->timeout_s))) return rc;
+    const tally__peer *first = tally__boot_peers(c->boot);
+    tally__flight_init(&c->flight, c->ctx.rank, c->ctx.size, tally__comm_world_rank(c, c->ctx.rank),
+                       tally__comm_world_rank(c, 0), !given, first[0].hostname, first[0].pid);
     if ((rc = tally__pick_transport(c, c->timeout_s, env->crowded, &c->ctx.tp))) return rc;
+    tally__flight_set_transport(&c->flight, c->ctx.tp->ops->name);
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
@@ -218,6 +227,7 @@ int tally__comm_mix_transport(tally_comm *c, const int *local_of) {
     int rc = tally__mixed_create(c->ctx.tp, shm, local_of, &mixed);
     if (rc) return rc;
     c->ctx.tp = mixed;
+    tally__flight_set_transport(&c->flight, mixed->ops->name);
     tally__log_debug(1, "rank %d: transport shm+tcp: shm to the %d ranks of this host, tcp to the other %d",
                      c->ctx.rank, shm ? shm->ctx.size : 1, c->ctx.size - (shm ? shm->ctx.size : 1));
     return 0;
@@ -270,6 +280,11 @@ static void tally__comm_stop_async(tally_comm *c) {
  * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
     if (c) tally__comm_stop_async(c); /* its requests complete first, as a blocking call would have */
+    /* A fault the monitor recorded while no call ran (a peer died between collectives) still leaves the
+     * records. */
+    int code = c ? atomic_load(&c->fault.code) : 0;
+    if (tally__flight_wants(code))
+        tally__flight_dump(&c->flight, tally__flight_reason(code), c->fault.culprit, c->fault.msg);
     return tally__leave(c, 0);
 }
 
@@ -290,6 +305,9 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
         nanosleep(&nap, NULL);
         waited += 1e-3;
     }
+    /* A call still in flight writes the records itself when it fails (one writer at a time). */
+    if (atomic_load_explicit(&c->refs, memory_order_acquire) == 1)
+        tally__flight_dump(&c->flight, "ABORTED", c->ctx.rank, "tally_comm_abort on this rank");
     tally__clearerr(); /* the abort itself succeeded */
     return tally__leave(c, 0);
 }
@@ -377,6 +395,7 @@ static int tally__begin(tally_comm *c, int coll, size_t count, int dtype, int op
                           .dtype = (uint8_t)dtype,
                           .op = (uint8_t)op,
                           .algo = (uint8_t)algo};
+    tally__flight_begin(&c->flight, &c->sig);
     tally__log_choice(c, coll, bytes, algo);
     return algo;
 }
@@ -508,7 +527,7 @@ static int tally__barrier_body(tally_comm *c) {
     return tally__empty(c, algo);
 }
 
-static int tally__body(tally_comm *c, const tally__call *a) {
+static int tally__dispatch(tally_comm *c, const tally__call *a) {
     switch (a->coll) {
     case TALLY__ALLREDUCE: return tally__allreduce_body(c, a->send, a->recv, a->count, a->t, a->op);
     case TALLY__REDUCE_SCATTER: return tally__reduce_scatter_body(c, a->send, a->recv, a->count, a->t, a->op);
@@ -516,6 +535,54 @@ static int tally__body(tally_comm *c, const tally__call *a) {
     case TALLY__BROADCAST: return tally__broadcast_body(c, a->recv, a->count, a->t, a->root);
     default: return tally__barrier_body(c);
     }
+}
+
+/* The failure that broke the job: this rank's flight records are written (once) and the message says
+ * where. */
+static void tally__flight_record_fault(tally_comm *c, int rc) {
+    if (!c->flight.on) return;
+    int code = atomic_load(&c->fault.code);
+    tally__flight_dump(&c->flight, tally__flight_reason(rc), code ? c->fault.culprit : -1, tally_last_error());
+    char where[3 * TALLY__FLIGHT_PATH];
+    int err = atomic_load(&c->flight.written);
+    if (err == 1)
+        snprintf(where, sizeof where, "; this rank's last collectives are in %s (`tally flight %s` merges the ranks')",
+                 c->flight.path, c->flight.dir);
+    else if (err > 1)
+        snprintf(where, sizeof where, "; its flight records could not be written to %s (%s)", c->flight.dir,
+                 strerror(err - 1));
+    else
+        return; /* another thread is writing them */
+    tally__err_wrap(rc, "", where);
+}
+
+/* A call the failed communicator refused before it began still goes in the records, with the fingerprint
+ * it would have had: without it, a rank told of the failure looks like one that never came. */
+static void tally__flight_refused(tally_comm *c, const tally__call *a) {
+    int coll = a->coll, bar = coll == TALLY__BARRIER,
+        blocks = coll == TALLY__REDUCE_SCATTER || coll == TALLY__ALLGATHER;
+    int reduces = coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER;
+    size_t bytes = bar ? 0 : a->count * tally_dtype_size(a->t) * (blocks ? (size_t)c->ctx.size : 1);
+    tally__sig s = {.seq = c->seq + 1,
+                    .count = bar ? 0 : a->count,
+                    .root = coll == TALLY__BROADCAST ? a->root : -1,
+                    .coll = (uint8_t)coll,
+                    .dtype = (uint8_t)(bar ? TALLY_U8 : a->t),
+                    .op = (uint8_t)(reduces ? a->op : TALLY_SUM),
+                    .algo = (uint8_t)tally__choose(c, coll, bytes)};
+    tally__flight_begin(&c->flight, &s);
+}
+
+static int tally__body(tally_comm *c, const tally__call *a) {
+    int rc = tally__dispatch(c, a);
+    if (!c) return rc;
+    if (tally__flight_wants(rc) && !c->flight.open) tally__flight_refused(c, a);
+    if (c->flight.open) {
+        int code = rc ? atomic_load(&c->fault.code) : 0;
+        tally__flight_end(&c->flight, rc, code ? c->fault.culprit : -1);
+    }
+    if (tally__flight_wants(rc)) tally__flight_record_fault(c, rc);
+    return rc;
 }
 
 int tally__comm_run(tally_comm *c, const tally__call *a) { return tally__name_world_err(c, tally__body(c, a)); }

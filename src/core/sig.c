@@ -11,7 +11,7 @@ const char *tally__coll_name(int coll) {
 }
 
 void tally__sig_format(const tally__sig *s, char *out, size_t n) {
-    static const char *algos[] = {"auto", "ring", "tree", "rhd", "direct"};
+    static const char *algos[] = {"auto", "ring", "tree", "rhd", "direct", "hier"}; /* coll.h's order */
     const char *algo = s->algo < sizeof algos / sizeof *algos ? algos[s->algo] : "?";
     switch (s->coll) {
     case TALLY__BARRIER: snprintf(out, n, "barrier #%llu", (unsigned long long)s->seq); break;

@@ -207,6 +207,7 @@ static void shm_beat(shm_xchg *x, uint64_t now) {
         atomic_store_explicit(&w->seq, t->base.ctx.sig->seq, memory_order_relaxed);
         atomic_store_explicit(&w->peer, p, memory_order_relaxed);
         x->waiting_on = p;
+        if (p >= 0 && t->base.ctx.awaited) atomic_store_explicit(t->base.ctx.awaited, p, memory_order_relaxed);
     }
     atomic_store_explicit(&w->beat_ns, now, memory_order_release);
 }

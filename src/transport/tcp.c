@@ -401,6 +401,7 @@ static int tcp_abort(tally__tcp_tp *t, int nops, int rc) {
 /* Our peers hear it in WAIT frames; the ranks of our host in a shm+tcp world, through the note. */
 static void tcp_tell(tally__tcp_tp *t, int peer) {
     tally__tcp_tell_wait(t, peer);
+    if (peer >= 0 && t->base.ctx.awaited) atomic_store_explicit(t->base.ctx.awaited, peer, memory_order_relaxed);
     const tally__wait_note *n = t->base.ctx.note;
     if (n && n->tell) n->tell(n->arg, peer);
 }

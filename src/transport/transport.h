@@ -3,6 +3,7 @@
 #ifndef TALLY_TRANSPORT_TRANSPORT_H
 #define TALLY_TRANSPORT_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <tally.h>
@@ -46,6 +47,8 @@ typedef struct tally__tp_ctx {
     const tally__sig *sig;
     int crowded;            /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
     tally__wait_note *note; /* NULL, or the communicator's: see tally__wait_note */
+    _Atomic int *awaited;   /* NULL, or where the slow wait path leaves the peer it waits for (the flight
+                             * recorder's; the communicator resets it at each collective) */
 } tally__tp_ctx;
 
 typedef struct tally__tp tally__tp;

@@ -136,7 +136,17 @@ static void th_child(int rank, int n, int port, const char *token, const th_opts
     _exit(rc == 0 ? 0 : (rc > 0 && rc < 126 ? rc : 1));
 }
 
+/* The flight records the tests' failures leave go to one directory of this test's, removed at its
+ * verdict, rather than one /tmp/tally-flight-* per job. */
+static char th_flight[64];
+void th_flight_default(void) {
+    if (th_flight[0] || getenv("TALLY_FLIGHT_DIR")) return;
+    snprintf(th_flight, sizeof th_flight, "/tmp/tally-test-records-%d", (int)getpid());
+    setenv("TALLY_FLIGHT_DIR", th_flight, 1);
+}
+
 int th_start(th_job *job, int n, const th_opts *o, th_rank_fn fn, void *arg) {
+    th_flight_default();
     memset(job, 0, sizeof *job);
     if (n < 1 || n > TH_MAX_RANKS) return -1;
     job->n = n;
@@ -218,6 +228,7 @@ int th_run(int n, const th_opts *o, th_rank_fn fn, void *arg) {
 }
 
 int th_verdict(const char *name) {
+    if (th_flight[0]) th_rm_dir(th_flight);
     printf("%s: %d passed, %d failed\n", name, th_passed, th_failed);
     fflush(stdout);
     return th_failed ? 1 : 0;

@@ -53,6 +53,9 @@ int th_count_threads(void);
 int th_count_threads_after(int before);
 /* The rank a message names first ("rank 2 (pid ...) ..."), or -1. */
 int th_first_rank_named(const char *msg);
+/* Points TALLY_FLIGHT_DIR (unless set) at a directory of this test's that th_verdict removes; th_start
+ * and th_tool_run call it. */
+void th_flight_default(void);
 /* Removes dir and the files in it (not subdirectories); quiet when it does not exist. */
 void th_rm_dir(const char *dir);
 /* dir/name in one of four rotating buffers (four results may be live at once). */

@@ -60,6 +60,7 @@ static int tool_read(int fd, double end, th_tool *r) {
 }
 
 void th_tool_run(const char *const *args, const th_tool_opts *o, th_tool *r) {
+    th_flight_default();
     char *argv[48];
     int n = 0;
     argv[n++] = "tally";

@@ -1,0 +1,343 @@
+/* flight.c - the flight recorder's writing side: a ring of each communicator's last collectives, filled
+ * as they begin and end, written as text to TALLY_FLIGHT_DIR on a peer's failure or a fatal signal. */
+#include "flight.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tally.h>
+
+#include "../core/env.h"
+#include "../core/parse.h"
+#include "coll.h"
+
+/*   TALLY_FLIGHT=256     collectives each communicator keeps (0: no recorder)
+ *   TALLY_FLIGHT_DIR=D   where the records go (default $TMPDIR or /tmp, then tally-flight-<host>-<pid>
+ *                        of rank 0, so every rank of one job on one machine writes to one place) */
+
+int tally__flight_check_env(void) {
+    long long k;
+    if (tally__env_int("TALLY_FLIGHT", 0, TALLY__FLIGHT_MAX, TALLY__FLIGHT_DEFAULT, &k)) return TALLY_E_INVALID;
+    const char *d = tally__env_knob("TALLY_FLIGHT_DIR");
+    if (d && (!d[0] || strlen(d) > TALLY__FLIGHT_PATH - 64))
+        return tally__parse_fail("TALLY_FLIGHT_DIR", d, d[0] ? "is too long" : "is empty",
+                                 "it takes a directory path of at most 448 characters");
+    return 0;
+}
+
+/* ---- the fatal-signal dump -------------------------------------------------------------------- */
+
+#define FL_SLOTS 64
+static tally__flight *_Atomic fl_registry[FL_SLOTS];
+static const int fl_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+static pthread_once_t fl_once = PTHREAD_ONCE_INIT;
+
+typedef struct fl_buf {
+    int fd, bad;
+    size_t n;
+    char b[4096];
+} fl_buf;
+static fl_buf fl_sig_buf; /* the signal handler's: a signal stack may be small */
+static int fl_write(tally__flight *f, const char *reason, int culprit, const char *msg, fl_buf *w);
+
+static void fl_on_signal(int sig) {
+    char reason[32] = "signal-";
+    int n = 7, d = sig >= 10 ? 2 : 1;
+    for (int k = d - 1, v = sig; k >= 0; k--, v /= 10) reason[n + k] = (char)('0' + v % 10);
+    reason[n + d] = '\0';
+    for (int i = 0; i < FL_SLOTS; i++) {
+        tally__flight *f = atomic_load(&fl_registry[i]);
+        if (f && !atomic_exchange(&f->dumped, 1)) fl_write(f, reason, -1, "a fatal signal", &fl_sig_buf);
+    }
+    raise(sig); /* blocked until we return; then the default action (SA_RESETHAND restored it) */
+}
+
+/* Only where nobody else handles the signal: a program's own handler (or a sanitizer's) stays. */
+static void fl_install(void) {
+    for (size_t i = 0; i < sizeof fl_signals / sizeof *fl_signals; i++) {
+        struct sigaction old, sa;
+        if (sigaction(fl_signals[i], NULL, &old) || old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO)) continue;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = fl_on_signal;
+        sa.sa_flags = SA_RESETHAND;
+        sigemptyset(&sa.sa_mask);
+        sigaction(fl_signals[i], &sa, NULL);
+    }
+}
+
+static void fl_register(tally__flight *f) {
+    pthread_once(&fl_once, fl_install);
+    for (int i = 0; i < FL_SLOTS; i++) {
+        tally__flight *none = NULL;
+        if (atomic_compare_exchange_strong(&fl_registry[i], &none, f)) return;
+    }
+}
+
+static void fl_unregister(tally__flight *f) {
+    for (int i = 0; i < FL_SLOTS; i++) {
+        tally__flight *me = f;
+        if (atomic_compare_exchange_strong(&fl_registry[i], &me, NULL)) return;
+    }
+}
+
+/* ---- set-up ----------------------------------------------------------------------------------- */
+
+/* The directory of the newest world: splits and levels made after it write beside it. */
+static char fl_world_dir[TALLY__FLIGHT_PATH];
+static int fl_comms; /* communicators made since that world: numbers them alike on every rank */
+
+static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid) {
+    const char *d = tally__env_knob("TALLY_FLIGHT_DIR");
+    if (d && d[0])
+        snprintf(f->dir, sizeof f->dir, "%s", d);
+    else if (!world && fl_world_dir[0])
+        snprintf(f->dir, sizeof f->dir, "%s", fl_world_dir);
+    else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(f->dir, sizeof f->dir, "%s/tally-flight-%.64s-%d", tmp && tmp[0] ? tmp : "/tmp",
+                 job_host && job_host[0] ? job_host : "host", job_pid);
+    }
+    if (world) {
+        snprintf(fl_world_dir, sizeof fl_world_dir, "%s", f->dir);
+        fl_comms = 0;
+    }
+}
+
+void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
+                        const char *job_host, int job_pid) {
+    memset(f, 0, sizeof *f);
+    atomic_init(&f->awaited, -1);
+    f->rank = rank;
+    f->size = size;
+    f->world_rank = world_rank;
+    f->transport = "none";
+    long long k = TALLY__FLIGHT_DEFAULT;
+    tally__env_int("TALLY_FLIGHT", 0, TALLY__FLIGHT_MAX, TALLY__FLIGHT_DEFAULT, &k); /* checked at init */
+    if (k == 0 || !(f->ring = calloc((size_t)k, sizeof *f->ring))) return;
+    f->cap = (size_t)k;
+    fl_pick_dir(f, world, job_host, job_pid);
+    if (world)
+        snprintf(f->label, sizeof f->label, "world");
+    else
+        snprintf(f->label, sizeof f->label, "comm%d-%d", ++fl_comms, first_world);
+    if (gethostname(f->host, sizeof f->host - 1)) snprintf(f->host, sizeof f->host, "unknown");
+    snprintf(f->path, sizeof f->path, "%s/rank%d.%s.flight", f->dir, world_rank, f->label);
+    f->on = 1;
+    fl_register(f);
+}
+
+void tally__flight_set_transport(tally__flight *f, const char *name) { f->transport = name; }
+
+void tally__flight_fini(tally__flight *f) {
+    if (!f->on) return;
+    fl_unregister(f);
+    free(f->ring);
+    f->ring = NULL;
+    f->on = 0;
+}
+
+/* ---- recording -------------------------------------------------------------------------------- */
+
+/* The coarse clock (a tick of 1-4 ms) costs a few ns where the fine one costs 20-30: this runs twice a
+ * collective, and a record explains waits of seconds. */
+static uint64_t fl_wall_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME_COARSE, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+void tally__flight_begin(tally__flight *f, const tally__sig *sig) {
+    if (!f->on) return;
+    tally__flight_entry *e = &f->ring[f->n % f->cap];
+    *e = (tally__flight_entry){.sig = *sig, .begin_ns = fl_wall_ns(), .peer = -1, .culprit = -1};
+    f->n++;
+    f->open = 1;
+    atomic_store_explicit(&f->awaited, -1, memory_order_relaxed);
+}
+
+void tally__flight_end(tally__flight *f, int rc, int culprit) {
+    if (!f->on || !f->open) return;
+    tally__flight_entry *e = &f->ring[(f->n - 1) % f->cap];
+    e->end_ns = fl_wall_ns();
+    e->state = rc ? TALLY__FL_FAILED : TALLY__FL_DONE;
+    e->rc = rc;
+    e->peer = atomic_load_explicit(&f->awaited, memory_order_relaxed);
+    e->culprit = rc ? culprit : -1;
+    f->open = 0;
+}
+
+int tally__flight_wants(int rc) {
+    return rc == TALLY_E_TIMEOUT || rc == TALLY_E_PEER_LOST || rc == TALLY_E_MISMATCH || rc == TALLY_E_ABORTED;
+}
+
+const char *tally__flight_reason(int rc) {
+    switch (rc) {
+    case TALLY_E_TIMEOUT: return "TIMEOUT";
+    case TALLY_E_PEER_LOST: return "PEER_LOST";
+    case TALLY_E_MISMATCH: return "MISMATCH";
+    case TALLY_E_ABORTED: return "ABORTED";
+    default: return "error";
+    }
+}
+
+const char *tally__flight_state_name(int state) {
+    return state == TALLY__FL_DONE ? "done" : state == TALLY__FL_FAILED ? "failed" : "running";
+}
+
+/* ---- writing (no stdio or allocation: it also runs in a signal handler) ----------------------- */
+
+static void fl_flush(fl_buf *w) {
+    size_t off = 0;
+    while (off < w->n && !w->bad) {
+        ssize_t k = write(w->fd, w->b + off, w->n - off);
+        if (k > 0)
+            off += (size_t)k;
+        else if (k < 0 && errno != EINTR)
+            w->bad = 1;
+    }
+    w->n = 0;
+}
+
+/* Appends s; text (a message) has its line breaks turned to spaces, so it stays one line. */
+static void fl_put(fl_buf *w, const char *s, int text) {
+    for (; s && *s; s++) {
+        if (w->n == sizeof w->b) fl_flush(w);
+        w->b[w->n++] = text && (*s == '\n' || *s == '\r') ? ' ' : *s;
+    }
+}
+static void fl_s(fl_buf *w, const char *s) { fl_put(w, s, 0); }
+
+static void fl_u(fl_buf *w, uint64_t v) {
+    char d[24];
+    int k = 0;
+    do d[k++] = (char)('0' + v % 10);
+    while ((v /= 10) && k < 23);
+    char out[24];
+    for (int i = 0; i < k; i++) out[i] = d[k - 1 - i];
+    out[k] = '\0';
+    fl_s(w, out);
+}
+
+static void fl_i(fl_buf *w, int64_t v) {
+    if (v < 0) fl_s(w, "-");
+    fl_u(w, v < 0 ? (uint64_t)(-(v + 1)) + 1 : (uint64_t)v);
+}
+
+static void fl_kv_s(fl_buf *w, const char *k, const char *v) {
+    fl_s(w, k);
+    fl_s(w, " ");
+    fl_s(w, v);
+    fl_s(w, "\n");
+}
+
+static void fl_kv_i(fl_buf *w, const char *k, int64_t v) {
+    fl_s(w, k);
+    fl_s(w, " ");
+    fl_i(w, v);
+    fl_s(w, "\n");
+}
+
+/* One line per entry: e seq coll count dtype op root algo state rc peer culprit begin_ns end_ns. */
+static void fl_entry(fl_buf *w, const tally__flight_entry *e) {
+    fl_s(w, "e ");
+    fl_u(w, e->sig.seq);
+    fl_s(w, " ");
+    fl_s(w, tally__coll_name(e->sig.coll));
+    fl_s(w, " ");
+    fl_u(w, e->sig.count);
+    fl_s(w, " ");
+    fl_s(w, tally_dtype_name((tally_dtype)e->sig.dtype));
+    fl_s(w, " ");
+    fl_s(w, tally_op_name((tally_op)e->sig.op));
+    fl_s(w, " ");
+    fl_i(w, e->sig.root);
+    fl_s(w, " ");
+    fl_s(w, tally__algo_name(e->sig.algo));
+    fl_s(w, " ");
+    fl_s(w, tally__flight_state_name(e->state));
+    int64_t rest[] = {e->rc, e->peer, e->culprit};
+    for (int i = 0; i < 3; i++) {
+        fl_s(w, " ");
+        fl_i(w, rest[i]);
+    }
+    fl_s(w, " ");
+    fl_u(w, e->begin_ns);
+    fl_s(w, " ");
+    fl_u(w, e->end_ns);
+    fl_s(w, "\n");
+}
+
+static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int culprit, const char *msg) {
+    fl_s(w, "tally-flight 1\n");
+    fl_kv_s(w, "label", f->label);
+    fl_kv_i(w, "rank", f->rank);
+    fl_kv_i(w, "world_rank", f->world_rank);
+    fl_kv_i(w, "size", f->size);
+    fl_kv_s(w, "host", f->host);
+    fl_kv_i(w, "pid", getpid());
+    fl_kv_s(w, "transport", f->transport);
+    fl_kv_s(w, "reason", reason);
+    fl_kv_i(w, "culprit", culprit);
+    fl_kv_i(w, "dumped_ns", (int64_t)fl_wall_ns());
+    fl_s(w, "message ");
+    fl_put(w, msg && msg[0] ? msg : "-", 1);
+    fl_s(w, "\n");
+}
+
+/* Creates each missing directory of the path (0700: records name hosts and pids). */
+static void fl_mkdirs(const char *dir) {
+    char p[TALLY__FLIGHT_PATH];
+    size_t n = strlen(dir);
+    if (n >= sizeof p) return;
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++)
+        if (p[i] == '/' || p[i] == '\0') {
+            char c = p[i];
+            p[i] = '\0';
+            mkdir(p, 0700);
+            p[i] = c;
+        }
+}
+
+static int fl_write(tally__flight *f, const char *reason, int culprit, const char *msg, fl_buf *w) {
+    char tmp[sizeof f->path + 8];
+    size_t n = strlen(f->path);
+    memcpy(tmp, f->path, n);
+    memcpy(tmp + n, ".tmp", 5);
+    fl_mkdirs(f->dir);
+    unlink(tmp); /* a leftover of an interrupted dump of ours */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    w->fd = fd;
+    w->bad = 0;
+    w->n = 0;
+    fl_header(w, f, reason, culprit, msg);
+    uint64_t first = f->n > f->cap ? f->n - f->cap : 0;
+    fl_kv_i(w, "entries", (int64_t)(f->n - first));
+    for (uint64_t i = first; i < f->n; i++) fl_entry(w, &f->ring[i % f->cap]);
+    fl_flush(w);
+    int bad = w->bad || close(fd);
+    if (!bad && rename(tmp, f->path)) bad = 1;
+    if (bad) {
+        int e = errno;
+        unlink(tmp);
+        errno = e;
+    }
+    return bad ? -1 : 0;
+}
+
+int tally__flight_dump(tally__flight *f, const char *reason, int culprit, const char *msg) {
+    if (!f->on || atomic_exchange(&f->dumped, 1)) return 0;
+    fl_buf w;
+    int rc = fl_write(f, reason, culprit, msg, &w);
+    atomic_store(&f->written, rc ? 1 + (errno ? errno : EIO) : 1);
+    return rc;
+}

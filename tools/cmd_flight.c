@@ -1,0 +1,127 @@
+/* cmd_flight.c - `tally flight DIR`: merges the flight records the ranks of a failed job wrote and says
+ * where they diverged, which rank holds the job up, and what each rank was doing. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <tally.h>
+
+#include "../src/coll/flight.h"
+#include "../src/core/sig.h"
+#include "cmd.h"
+
+static void flight_usage(FILE *out) {
+    fprintf(out, "usage: tally flight DIR\n"
+                 "Reads the flight records the ranks of a job wrote to DIR when a collective timed out, lost a\n"
+                 "peer, mismatched or was aborted, or a rank took a fatal signal (each rank keeps its last\n"
+                 "TALLY_FLIGHT collectives, default 256; TALLY_FLIGHT=0 keeps none; TALLY_FLIGHT_DIR chooses\n"
+                 "DIR, by default /tmp/tally-flight-<host>-<pid of rank 0>, named in the error message).\n"
+                 "For each communicator it prints the first collective the ranks did not complete alike, the\n"
+                 "rank that holds the job up and how that was found, and each rank's last collective.\n"
+                 "Exit status: 0 with a verdict, 1 when the records name no rank (or DIR holds none).\n");
+}
+
+static void flight_sig(const tally__flight_entry *e, char *out, size_t n) { tally__sig_format(&e->sig, out, n); }
+
+/* "rank 2: allreduce #4 (...) failed after 2.00 s (TIMEOUT), waiting for rank 3; blamed rank 2" */
+static void flight_rank_line(const tally__flight_rank *r, uint64_t seq) {
+    const tally__flight_entry *e = seq ? tally__flight_find(r, seq) : NULL, *last = r->n ? &r->e[r->n - 1] : NULL;
+    printf("  rank %d", r->rank);
+    if (r->world_rank != r->rank) printf(" (world rank %d)", r->world_rank);
+    printf(" [%s pid %d]: ", r->host, r->pid);
+    if (!e) e = last;
+    if (!e) {
+        printf("no collective recorded (%s)\n", r->reason);
+        return;
+    }
+    char what[200];
+    flight_sig(e, what, sizeof what);
+    double took = ((e->end_ns ? e->end_ns : r->dumped_ns) - e->begin_ns) * 1e-9;
+    if (e->state == TALLY__FL_RUNNING)
+        printf("in %s for %.3f s", what, took);
+    else
+        printf("%s %s after %.3f s", what, tally__flight_state_name(e->state), took);
+    if (e->state == TALLY__FL_FAILED) printf(" (%s)", tally_strerror(e->rc));
+    if (e->peer >= 0) printf(", waiting for rank %d", e->peer);
+    if (e->culprit >= 0) printf("; the error named rank %d", e->culprit);
+    if (seq && e->sig.seq != seq) printf(" (it never began #%" PRIu64 ")", seq);
+    printf("\n");
+}
+
+static void flight_holder(const tally__flight_verdict *v) {
+    if (v->holder < 0) {
+        printf("  holding the job up: the records do not tell%s\n",
+               v->mismatch ? " (more than one rank called something else)" : "");
+        return;
+    }
+    if (v->mismatch) {
+        printf("  holding the job up: rank %d, whose call differs from every other rank's\n", v->holder);
+        return;
+    }
+    printf("  holding the job up: rank %d", v->holder);
+    if (!v->holder_recorded)
+        printf(" (it left no record: stopped, hung outside tally, or killed");
+    else if (v->holder_late_s < 0)
+        printf(" (it never began the collective the others wait in");
+    else
+        printf(" (it began the collective %.3f s after the first rank", v->holder_late_s);
+    if (v->waiting_on_holder) printf("; %d rank(s) waited for it", v->waiting_on_holder);
+    printf(")\n");
+}
+
+static int flight_report(const tally__flight_rank *r, size_t n) {
+    tally__flight_verdict v;
+    tally__flight_analyze(r, n, &v);
+    printf("communicator %s: %d ranks, records from %zu (%s)\n", r[0].label, v.size, n, r[0].transport);
+    if (v.missing > 0) {
+        printf("  no record from rank(s):");
+        for (int k = 0; k < v.size; k++) {
+            int have = 0;
+            for (size_t i = 0; i < n; i++) have |= r[i].rank == k;
+            if (!have) printf(" %d", k);
+        }
+        printf("\n");
+    }
+    const tally__flight_entry *at = NULL;
+    for (size_t i = 0; i < n && v.diverge_seq && !at; i++) at = tally__flight_find(&r[i], v.diverge_seq);
+    if (at) {
+        char what[200];
+        flight_sig(at, what, sizeof what);
+        printf("  first divergence: %s%s\n", what, v.mismatch ? ": the ranks called different collectives" : "");
+    } else {
+        printf("  first divergence: none in the records (every rank completed every collective they hold)\n");
+    }
+    flight_holder(&v);
+    for (size_t i = 0; i < n; i++) flight_rank_line(&r[i], v.diverge_seq);
+    return v.holder >= 0 ? 0 : 1;
+}
+
+int tally_cmd_flight(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        flight_usage(stdout);
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-' || !argv[1][0]) {
+        fprintf(stderr, "tally flight: %s\n", argc < 2 ? "DIR is missing" : "takes one directory");
+        flight_usage(stderr);
+        return 2;
+    }
+    tally__flight_set s;
+    if (tally__flight_load(argv[1], &s)) {
+        fprintf(stderr, "tally flight: %s\n", tally_last_error());
+        return 1;
+    }
+    if (s.n == 0) {
+        fprintf(stderr, "tally flight: %s holds no flight records (*.flight)\n", argv[1]);
+        return 1;
+    }
+    int rc = 1;
+    for (size_t i = 0; i < s.n;) {
+        size_t j = i;
+        while (j < s.n && !strcmp(s.r[j].label, s.r[i].label)) j++;
+        if (flight_report(&s.r[i], j - i) == 0) rc = 0;
+        i = j;
+    }
+    tally__flight_set_free(&s);
+    return rc;
+}

@@ -5,7 +5,7 @@
 # TALLY_TEST_QUICK=1 skips the sanitizer build.
 set -eu
 cd "$(dirname "$0")"
-bash scripts/deps.sh --torch # the suite tests PyTorch's tally backend too
+bash scripts/deps.sh --tests # the suite tests PyTorch's tally backend and renders the charts in chromium
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"

@@ -2,7 +2,8 @@
 # deps.sh - installs the Debian packages tally's build, main job and tests need that are not installed,
 # in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide.
 # Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs;
-# --torch (test.sh) adds PyTorch's C++ and Python packages for the tally backend.
+# --torch adds PyTorch's C++ and Python packages for the tally backend; --tests (test.sh) adds those and
+# chromium, which renders the SVG charts the CLI writes (tests/test_charts.c).
 set -eu
 
 # package | why it is needed
@@ -23,12 +24,17 @@ tally_deps=(
 case "${1:-}" in
   "") ;;
   --fresh-check) tally_deps+=("debootstrap|scripts/fresh-check.sh builds a Debian 12 root with it") ;;
-  --torch) # about 200 MB: only for PyTorch's tally backend (built when these are there) and its tests
+  --torch | --tests) # about 200 MB: only for PyTorch's tally backend (built when these are there) and its tests
     tally_deps+=("python3-torch|PyTorch for Python: the tally backend's tests, and the peers DDP is timed against"
       "libtorch-dev|PyTorch's C++ headers and libraries: the tally backend (python/torch_backend) is built against them"
-      "python3-dev|Python's headers, for the backend's module") ;;
+      "python3-dev|Python's headers, for the backend's module"
+      "pybind11-dev|pybind11's headers, which PyTorch's C++ headers include (python3-torch only recommends it)")
+    if [ "$1" = --tests ]; then
+      tally_deps+=("chromium|headless rendering of the SVG charts (--plot, --svg) in tests/test_charts.c")
+    fi
+    ;;
   *)
-    echo "deps.sh: unknown argument '$1' (it takes --fresh-check or --torch)" >&2
+    echo "deps.sh: unknown argument '$1' (it takes --fresh-check, --torch or --tests)" >&2
     exit 2
     ;;
 esac

@@ -1,5 +1,6 @@
 /* cmd_bench.c - `tally bench`: times a collective over a range of sizes and prints the nccl-tests
- * table (time, algbw, busbw, #wrong for out-of-place and in-place) and the average bus bandwidth. */
+ * table (time, algbw, busbw, #wrong for out-of-place and in-place) and the average bus bandwidth, for each
+ * algorithm and transport asked for in turn; --svg charts busbw against size, one series for each. */
 #include <getopt.h>
 #include <math.h>
 #include <stdint.h>
@@ -16,9 +17,11 @@
 #include "flags.h"
 #include "launch.h"
 #include "place.h"
+#include "svg_chart.h"
 
 #define BENCH_MAX_ROWS  1000
 #define BENCH_MAX_BYTES (64ull << 30)
+#define BENCH_MAX_LIST  5 /* names in --algo or --transport: each at most once */
 
 typedef enum { B_ALLREDUCE, B_REDUCE_SCATTER, B_ALLGATHER, B_BROADCAST } bench_coll;
 static const char *bench_coll_names[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
@@ -32,8 +35,21 @@ typedef struct {
     tally_op op;
     int root, iters, warmup, check;
     int shared_mem; /* --shared-mem: buffers from tally_mem_alloc, which shm peers read in place */
-    const char *algo, *transport, *bind;
+    const char *bind, *svg;
+    /* --algo and --transport: each combination is timed in turn, transports outer; none given: one pass
+     * with what the environment says (NULL) */
+    const char *algo[BENCH_MAX_LIST], *transport[BENCH_MAX_LIST];
+    int nalgo, ntransport;
+    char algo_buf[64], transport_buf[64]; /* the lists' words */
 } bench_opts;
+
+/* What rank 0 keeps of one combination for --svg: out-of-place busbw at each size. */
+typedef struct bench_series {
+    char name[48];
+    int colour, dash; /* a colour per algorithm, a line style per transport */
+    double bytes[BENCH_MAX_ROWS + 1], busbw[BENCH_MAX_ROWS + 1];
+    size_t n;
+} bench_series;
 
 typedef struct {
     tally_comm *c;
@@ -52,13 +68,17 @@ static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
-            "                   [--algo auto|ring|tree|rhd|direct] [--transport auto|shm|tcp]\n"
-            "                   [--iters I] [--warmup W] [--shared-mem] [--bind core|none] [-c]\n"
+            "                   [--algo auto|ring|tree|rhd|direct[,...]] [--transport auto|shm|tcp[,...]]\n"
+            "                   [--iters I] [--warmup W] [--shared-mem] [--bind core|none] [-c] [--svg FILE]\n"
             "Sizes (1 byte to 64G) accept K/M/G (powers of 1024); from MIN to MAX, times FACTOR (> 1) each row,\n"
             "at most %d rows. -c checks every result and counts wrong elements.\n"
             "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU\n"
             "when they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is).\n"
-            "--shared-mem takes the buffers from tally_mem_alloc (read in place by shm peers).\n",
+            "--shared-mem takes the buffers from tally_mem_alloc (read in place by shm peers).\n"
+            "--algo and --transport take comma-separated lists (--algo ring,rhd,tree): every combination is\n"
+            "timed in turn, a fresh communicator each, one table after another.\n"
+            "--svg FILE writes a chart of busbw (out-of-place) against size, one line per algorithm and\n"
+            "transport.\n",
             BENCH_MAX_ROWS);
 }
 
@@ -71,6 +91,28 @@ static int bench_parse_coll(const char *s, bench_coll *out) {
 static const char *const bench_algos[] = {"auto", "ring", "tree", "rhd", "direct", NULL};
 static const char *const bench_transports[] = {"auto", "shm", "tcp", NULL};
 
+/* A comma-separated list of distinct words, each one of `words`, into out[] (pointing into buf). */
+static int bench_parse_list(const char *flag, const char *a, const char *const *words, const char *accepts, char *buf,
+                            size_t cap, const char **out, int *n) {
+    char why[96];
+    if (!*a) return tally__parse_fail(flag, a, "", accepts);
+    if (strlen(a) >= cap) return tally__parse_fail(flag, a, "is too long", accepts);
+    memcpy(buf, a, strlen(a) + 1);
+    *n = 0;
+    for (char *tok = buf, *comma;; tok = comma + 1) {
+        int k;
+        if ((comma = strchr(tok, ','))) *comma = '\0';
+        for (k = 0; words[k] && strcmp(words[k], tok); k++) {}
+        for (int i = 0; words[k] && i < *n; i++)
+            if (!strcmp(out[i], tok)) return tally__parse_fail(flag, a, "names one twice", accepts);
+        if (!words[k] || *n == BENCH_MAX_LIST) {
+            snprintf(why, sizeof why, "has '%.40s', which is not one", tok);
+            return tally__parse_fail(flag, a, *tok ? why : "has an empty name", accepts);
+        }
+        out[(*n)++] = tok;
+        if (!comma) return 0;
+    }
+}
 static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
     bench_opts *o = ctx;
     long long v;
@@ -91,8 +133,15 @@ static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
         return o->op = (tally_op)k, 0;
     case 'r': return tally__parse_int(flag, a, 0, TALLY_LAUNCH_MAX_RANKS - 1, &v) ? -1 : (o->root = (int)v, 0);
     case 'c': return o->check = 1, 0;
-    case 'A': return tally__parse_word(flag, a, bench_algos, &k) ? -1 : (o->algo = a, 0);
-    case 'T': return tally__parse_word(flag, a, bench_transports, &k) ? -1 : (o->transport = a, 0);
+    case 'A':
+        return bench_parse_list(flag, a, bench_algos,
+                                "it takes auto, ring, tree, rhd or direct, or several comma-separated (ring,rhd)",
+                                o->algo_buf, sizeof o->algo_buf, o->algo, &o->nalgo);
+    case 'T':
+        return bench_parse_list(flag, a, bench_transports,
+                                "it takes auto, shm or tcp, or several comma-separated (shm,tcp)", o->transport_buf,
+                                sizeof o->transport_buf, o->transport, &o->ntransport);
+    case 'V': return *a ? (o->svg = a, 0) : tally__parse_fail(flag, a, "", "it takes a file to write");
     case 'I': return tally__parse_int(flag, a, 1, 1000000000, &v) ? -1 : (o->iters = (int)v, 0);
     case 'W': return tally__parse_int(flag, a, 0, 1000000000, &v) ? -1 : (o->warmup = (int)v, 0);
     case 'S': return o->shared_mem = 1, 0;
@@ -126,11 +175,15 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                                        "'%s' is not a collective: it takes allreduce, reduce_scatter, allgather "
                                        "or broadcast, then the flags",
                                        argv[1]);
-    static const struct option longs[] = {
-        {"algo", required_argument, 0, 'A'},  {"transport", required_argument, 0, 'T'},
-        {"iters", required_argument, 0, 'I'}, {"warmup", required_argument, 0, 'W'},
-        {"shared-mem", no_argument, 0, 'S'},  {"bind", required_argument, 0, 'B'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"algo", required_argument, 0, 'A'},
+                                          {"transport", required_argument, 0, 'T'},
+                                          {"iters", required_argument, 0, 'I'},
+                                          {"warmup", required_argument, 0, 'W'},
+                                          {"shared-mem", no_argument, 0, 'S'},
+                                          {"bind", required_argument, 0, 'B'},
+                                          {"svg", required_argument, 0, 'V'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     const tally_flags f = {.cmd = "bench",
                            .shorts = "n:b:e:f:t:o:r:ch",
                            .longs = longs,
@@ -278,9 +331,9 @@ static int bench_time(const bench_opts *o, const bench_ctx *b, int in_place, siz
     return 0;
 }
 
-static void bench_header(const bench_opts *o, const bench_ctx *b) {
+static void bench_header(const bench_opts *o, const bench_ctx *b, const char *algo) {
     printf("# tally bench %s: %d ranks, transport %s, algo %s, %s %s, iters %d, warmup %d, check %s\n",
-           bench_coll_names[o->coll], b->size, tally_comm_transport(b->c), o->algo ? o->algo : "auto",
+           bench_coll_names[o->coll], b->size, tally_comm_transport(b->c), algo ? algo : "auto",
            tally_dtype_name(o->dtype), o->coll <= B_REDUCE_SCATTER ? tally_op_name(o->op) : "-", o->iters, o->warmup,
            o->check ? "on" : "off");
     printf("#\n");
@@ -301,11 +354,12 @@ static void bench_cell(double sec, size_t bytes, double factor, long long wrong,
     printf(" %9.2f %7.2f %7.2f %6s", sec * 1e6, algbw, algbw * factor, w);
 }
 
-static int bench_run(const bench_opts *o, bench_ctx *b) {
+/* The table for one algorithm (NULL: as the environment says); rank 0 keeps its rows in `keep` (or NULL). */
+static int bench_run(const bench_opts *o, bench_ctx *b, const char *algo, bench_series *keep) {
     double factor = bench_busbw_factor(o->coll, b->size), sum_busbw = 0;
     long long total_wrong = 0;
     int rows = 0;
-    if (b->rank == 0) bench_header(o, b);
+    if (b->rank == 0) bench_header(o, b, algo);
     for (double s = (double)o->minb; s <= (double)o->maxb * 1.0000001; s *= o->factor) {
         size_t bytes = (size_t)s, count, per_rank;
         bench_counts(o, b, bytes, &count, &per_rank);
@@ -327,6 +381,10 @@ static int bench_run(const bench_opts *o, bench_ctx *b) {
             bench_cell(sec[1], bytes, factor, wrong[1], o->check);
             printf("  %s\n", tally_comm_algo_for(b->c, bytes));
             fflush(stdout);
+            if (keep && keep->n <= BENCH_MAX_ROWS) {
+                keep->bytes[keep->n] = (double)bytes;
+                keep->busbw[keep->n++] = sec[0] > 0 ? bytes / sec[0] / 1e9 * factor : NAN;
+            }
         }
     }
     if (b->rank == 0) {
@@ -347,15 +405,22 @@ static void bench_release(const bench_opts *o, bench_ctx *b) {
     free(b->recv);
 }
 
-static int bench_as_rank(const bench_opts *o) {
+/* One combination on a communicator of its own; *size: the world's. */
+static int bench_as_rank(const bench_opts *o, const char *algo, bench_series *keep, int *rank, int *size) {
     bench_ctx b = {0};
     int rc = tally_comm_init(&b.c);
     if (rc) {
         fprintf(stderr, "tally bench: tally_comm_init failed: %s\n%s\n", tally_strerror(rc), tally_last_error());
         return 1;
     }
-    b.rank = tally_comm_rank(b.c);
-    b.size = tally_comm_size(b.c);
+    *rank = b.rank = tally_comm_rank(b.c);
+    *size = b.size = tally_comm_size(b.c);
+    if (keep) { /* "ring / shm", or "ring / shm (auto)" when auto chose it */
+        const char *asked = getenv("TALLY_TRANSPORT"), *used = tally_comm_transport(b.c);
+        int chosen = o->ntransport && asked && strcmp(asked, used);
+        snprintf(keep->name, sizeof keep->name, "%s / %s%s%s%s", algo ? algo : "auto", used, chosen ? " (" : "",
+                 chosen ? asked : "", chosen ? ")" : "");
+    }
     b.esize = tally_dtype_size(o->dtype);
     int bad = 0;
     if (o->root < 0 || o->root >= b.size) {
@@ -374,9 +439,47 @@ static int bench_as_rank(const bench_opts *o) {
             memset(b.recv, 0, span);
         }
     }
-    if (!bad) bad = bench_run(o, &b);
+    if (!bad) bad = bench_run(o, &b, algo, b.rank == 0 ? keep : NULL);
     bench_release(o, &b);
     tally_comm_free(b.c);
+    return bad;
+}
+
+/* Rank 0's chart of every combination's busbw against size. */
+static int bench_chart(const bench_opts *o, const bench_series *s, int n, int size) {
+    char title[128];
+    snprintf(title, sizeof title, "tally bench %s: %d ranks, %s %s", bench_coll_names[o->coll], size,
+             tally_dtype_name(o->dtype), o->coll <= B_REDUCE_SCATTER ? tally_op_name(o->op) : "");
+    tally_svg_chart c = {.title = title, .npanels = 1};
+    tally_svg_panel *p = &c.panel[0];
+    p->title = "bus bandwidth against message size (out-of-place)";
+    p->x = (tally_svg_axis){.title = "message size (bytes)", .scale = TALLY_SVG_LOG2, .units = TALLY_SVG_BYTES};
+    p->y = (tally_svg_axis){.title = "busbw (GB/s)", .from_zero = 1};
+    for (int i = 0; i < n; i++) {
+        tally_svg_series *line = tally_svg_add(p, s[i].name, s[i].bytes, s[i].busbw, s[i].n);
+        line->colour = s[i].colour;
+        line->dash = s[i].dash;
+    }
+    if (!tally_svg_write(o->svg, &c)) return 0;
+    fprintf(stderr, "tally bench: --svg %s: %s\n", o->svg, tally_last_error());
+    return 1;
+}
+
+/* This process is a rank: every combination in turn, transports outer, each on a fresh communicator (the
+ * library reads TALLY_TRANSPORT and TALLY_ALGO at init); the first that fails ends the run on every rank. */
+static int bench_ranks(const bench_opts *o) {
+    int nt = o->ntransport ? o->ntransport : 1, na = o->nalgo ? o->nalgo : 1, bad = 0, rank = -1, size = 0;
+    bench_series *keep = o->svg ? calloc((size_t)(nt * na), sizeof *keep) : NULL;
+    if (o->svg && !keep) return fprintf(stderr, "tally bench: out of memory for --svg\n"), 1;
+    for (int t = 0; t < nt && !bad; t++)
+        for (int a = 0; a < na && !bad; a++) {
+            if (o->ntransport) setenv("TALLY_TRANSPORT", o->transport[t], 1);
+            if (o->nalgo) setenv("TALLY_ALGO", o->algo[a], 1);
+            if (keep) keep[t * na + a].colour = a + 1, keep[t * na + a].dash = t;
+            bad = bench_as_rank(o, o->nalgo ? o->algo[a] : NULL, keep ? &keep[t * na + a] : NULL, &rank, &size);
+        }
+    if (!bad && rank == 0 && keep) bad = bench_chart(o, keep, nt * na, size);
+    free(keep);
     return bad;
 }
 
@@ -384,12 +487,15 @@ int tally_cmd_bench(int argc, char **argv) {
     bench_opts o;
     int prc = bench_parse(argc, argv, &o);
     if (prc) return prc == 1 ? 0 : 2;
-    if (o.algo) setenv("TALLY_ALGO", o.algo, 1);
-    if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
+    if (o.nalgo == 1) setenv("TALLY_ALGO", o.algo[0], 1);
+    if (o.ntransport == 1) setenv("TALLY_TRANSPORT", o.transport[0], 1);
     if (!tally_launch_in_rank()) {
-        tally_launch_opts lo = {
-            .n = o.n ? o.n : 2, .transport = o.transport, .prefix_output = 0, .name = "tally bench", .bind = o.bind};
+        tally_launch_opts lo = {.n = o.n ? o.n : 2,
+                                .transport = o.ntransport == 1 ? o.transport[0] : NULL, /* a list: each rank sets it */
+                                .prefix_output = 0,
+                                .name = "tally bench",
+                                .bind = o.bind};
         return tally_launch_self(&lo, argc, argv);
     }
-    return bench_as_rank(&o);
+    return bench_ranks(&o);
 }

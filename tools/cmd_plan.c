@@ -23,6 +23,7 @@
 #include "cmd.h"
 #include "flags.h"
 #include "launch.h"
+#include "plan_chart.h"
 
 typedef struct plan_opts {
     tally__plan_cfg cfg;
@@ -35,6 +36,7 @@ typedef struct plan_opts {
     const char *calibrate_rank; /* hidden: run as one rank of the link measurement */
     double calibrate_bytes;     /* hidden: the allreduce those ranks time (the plan's S) */
     const char *flops_source, *link_source;
+    const char *svg; /* --svg FILE: the scaling as a chart (plan_chart.c) */
 } plan_opts;
 
 static void plan_usage(FILE *out) {
@@ -47,6 +49,7 @@ static void plan_usage(FILE *out) {
         "                  [--net-bandwidth 10Gbps] [--net-latency 20us] [--fabric full|fat-tree]\n"
         "                  [--hosts-per-leaf K] [--oversub X] [--slow RANK:FACTOR]... [--compute-sd F]\n"
         "                  [--algo ring|tree|rhd|direct|hier|all] [--bucket-mb M] [--calibrate] [--json]\n"
+        "                  [--svg FILE]\n"
         "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
         "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
         "overlap, and Amdahl's speed-up over N = 1, 2, 4, ... up to --workers.\n"
@@ -66,6 +69,8 @@ static void plan_usage(FILE *out) {
         "  links; --slow RANK:FACTOR (again for more), --compute-sd F: stragglers. Layouts the closed forms\n"
         "  cannot answer (hosts of 2 or more ranks, an oversubscribed fat tree, stragglers) are also played\n"
         "  by tally sim, and the plan says so: \"T simulated\".\n"
+        "  --svg FILE: the speed-up against ranks as a chart: Amdahl's S(n), the model's, S = n, and the\n"
+        "  ceiling 1/(1-P).\n"
         "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
 }
 
@@ -99,7 +104,8 @@ enum {
     O_PER_HOST,
     O_NET_BW,
     O_NET_LAT,
-    O_SIM /* the fabric and the stragglers: tally__sim_cluster_set under the flag's own name */
+    O_SIM, /* the fabric and the stragglers: tally__sim_cluster_set under the flag's own name */
+    O_SVG
 };
 
 static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
@@ -134,6 +140,7 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
                                            {"oversub", 1, 0, O_SIM},
                                            {"slow", 1, 0, O_SIM},
                                            {"compute-sd", 1, 0, O_SIM},
+                                           {"svg", 1, 0, O_SVG},
                                            {"help", 0, 0, 'h'},
                                            {0, 0, 0, 0}};
 
@@ -216,6 +223,7 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_PER_HOST: return parse_int(a, 1, 1 << 16, &c->per_host);
     case O_NET_BW: return parse_bandwidth(a, &c->net);
     case O_NET_LAT: return tally__units_time(a, &c->net.alpha);
+    case O_SVG: return *a ? (o->svg = a, 0) : -1;
     default: return -1;
     }
 }
@@ -248,6 +256,7 @@ static const char *plan_accepts(int ch) {
     case O_LAT: return "it takes a time >= 0 with its unit: 5us, 1.5ms, 100ns, 2s";
     case O_ALGO: return "it takes ring, tree, rhd, direct, hier (with --hosts) or all";
     case O_BUCKET: return "it takes a number of MiB > 0 (K, M, G, T allowed)";
+    case O_SVG: return "it takes a file to write";
     default: return "see tally plan --help";
     }
 }
@@ -817,6 +826,20 @@ static void plan_print_json(const plan_opts *o, const tally__plan_calib *k) {
     printf("\n}\n");
 }
 
+static int plan_chart(const plan_opts *o) {
+    char what[192], b[24];
+    if (o->model >= 0) {
+        char arch[128];
+        plan_arch(o, arch, sizeof arch);
+        snprintf(what, sizeof what, "%s %s", tally__model_name((tally__model_kind)o->model), arch);
+    } else {
+        snprintf(what, sizeof what, "%s parameters", fmt_count((double)o->cfg.params, b));
+    }
+    if (!tally_plan_chart(o->svg, &o->cfg, what)) return 0;
+    fprintf(stderr, "tally plan: --svg %s: %s\n", o->svg, tally_last_error());
+    return 1;
+}
+
 int tally_cmd_plan(int argc, char **argv) {
     plan_opts o;
     int prc = plan_parse(argc, argv, &o);
@@ -835,5 +858,5 @@ int tally_cmd_plan(int argc, char **argv) {
         plan_print_json(&o, o.calibrate ? &k : NULL);
     else
         plan_print_text(&o, o.calibrate ? &k : NULL);
-    return 0;
+    return o.svg ? plan_chart(&o) : 0;
 }

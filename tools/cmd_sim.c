@@ -15,6 +15,7 @@
 #include "../src/sim/sim.h"
 #include "cmd.h"
 #include "flags.h"
+#include "sim_chart.h"
 
 #define MAX_SIZES 64
 
@@ -22,6 +23,7 @@ typedef struct sim_opts {
     tally__sim_cluster c;
     int coll, algo, method, json, calibrate, train;
     const char *save; /* --save FILE: the cluster as a config file */
+    const char *svg;  /* --svg FILE: what was played as a chart (sim_chart.c) */
     size_t size[MAX_SIZES];
     int nsizes;
     tally__sim_train t;
@@ -45,6 +47,7 @@ static void sim_usage(FILE *out) {
             "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
             "                  [--accum K] [--bucket-mb 25] [--mode sync|async] [--staleness S] [--steps 20]\n"
             "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
+            "                 [--svg FILE]\n"
             "Simulates collectives and training steps on a cluster described on paper: H hosts of M ranks\n"
             "(rank = host x M + local), the shm link inside a host (its latency, copy and reduction rates, C\n"
             "CPUs its ranks share; where its ranks outnumber them, a message waits --crowded-latency for the\n"
@@ -70,7 +73,9 @@ static void sim_usage(FILE *out) {
             "  micro-batch's forward and backward on one rank; --slow 3:1.5 makes rank 3 1.5x slower;\n"
             "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0.\n"
             "Prints time, algorithm and bus bandwidth, the busiest link of each kind, and the critical path (the\n"
-            "link and the rank that set the pace).\n");
+            "link and the rank that set the pace).\n"
+            "  --svg FILE: a chart of busbw and time against the sizes played; with --train, of the step's\n"
+            "  speed-up and time on 1, 2, 4, ... up to H hosts (each layout played in turn).\n");
 }
 
 enum {
@@ -94,6 +99,7 @@ enum {
     O_CALIB,
     O_SAVE,
     O_JSON,
+    O_SVG,
 };
 
 static const struct option sim_longs[] = {{"config", 1, 0, O_CONFIG},
@@ -137,6 +143,7 @@ static const struct option sim_longs[] = {{"config", 1, 0, O_CONFIG},
                                           {"calibrate", 0, 0, O_CALIB},
                                           {"save", 1, 0, O_SAVE},
                                           {"json", 0, 0, O_JSON},
+                                          {"svg", 1, 0, O_SVG},
                                           {"help", 0, 0, 'h'},
                                           {0, 0, 0, 0}};
 
@@ -219,6 +226,7 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     case O_CALIB: return o->calibrate = 1, 0;
     case O_SAVE: return *v ? (o->save = v, 0) : tally__parse_fail(flag, v, "is empty", "it takes a file to write");
     case O_JSON: return o->json = 1, 0;
+    case O_SVG: return *v ? (o->svg = v, 0) : tally__parse_fail(flag, v, "is empty", "it takes a file to write");
     }
     return -1;
 }
@@ -409,7 +417,15 @@ static void print_result_json(const sim_opts *o, size_t bytes, const tally__sim_
            r->crit_rank, r->crit_rank_share, r->messages, r->steps);
 }
 
+/* --svg's message names the file; 0 or 1. */
+static int chart_done(const sim_opts *o, int rc) {
+    if (rc) fprintf(stderr, "tally sim: --svg %s: %s\n", o->svg, tally_last_error());
+    return rc ? 1 : 0;
+}
+
 static int run_collectives(const sim_opts *o) {
+    tally__sim_result kept[MAX_SIZES];
+    size_t bytes[MAX_SIZES];
     if (o->json)
         printf("{\"hosts\": %d, \"ranks_per_host\": %d, \"cores\": %d, \"shm\": {\"alpha\": %.9g, \"beta\": %.9g, "
                "\"gamma\": %.9g, \"crowded_alpha\": %.9g, \"call\": %.9g, \"cache_beta\": %.9g, \"cache_bytes\": "
@@ -437,9 +453,19 @@ static int run_collectives(const sim_opts *o) {
             print_result_json(o, q.bytes, &r, i == 0);
         else
             print_result_text(o, q.bytes, &r);
+        kept[i] = r;
+        bytes[i] = q.bytes;
     }
     if (o->json) printf("\n]}\n");
-    return 0;
+    if (!o->svg) return 0;
+    fflush(stdout);
+    return chart_done(o, tally_sim_chart_sizes(o->svg, &o->c, coll_names[o->coll], o->algo, bytes, kept, o->nsizes));
+}
+
+static int run_train_chart(const sim_opts *o) {
+    if (!o->svg) return 0;
+    fflush(stdout);
+    return chart_done(o, tally_sim_chart_hosts(o->svg, &o->c, &o->t, o->params));
 }
 
 static int run_train(const sim_opts *o) {
@@ -449,8 +475,7 @@ static int run_train(const sim_opts *o) {
         return 1;
     }
     int n = o->c.hosts * o->c.per_host;
-    double one = o->t.compute_s * o->t.accum + o->t.update_s, speedup = s.step_s > 0 ? n * one / s.step_s : 0;
-    if (o->t.async) speedup *= s.samples_per_step_factor;
+    double speedup = tally_sim_speedup(&o->t, n, &s);
     if (o->json) {
         printf("{\"hosts\": %d, \"ranks_per_host\": %d, \"mode\": \"%s\", \"zero\": %d, \"step_s\": %.9g, "
                "\"compute_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"collectives\": %d, \"speedup\": %.6g, "
@@ -459,7 +484,7 @@ static int run_train(const sim_opts *o) {
                s.exposed_s, s.colls, speedup, s.pace_rank, s.pace_share);
         print_result_json(o, s.big_bytes, &s.big, 1);
         printf("}\n");
-        return 0;
+        return run_train_chart(o);
     }
     print_cluster(o);
     char a[32], b[32], c[32], d[32];
@@ -477,7 +502,7 @@ static int run_train(const sim_opts *o) {
         printf("  the largest collective:\n");
         print_result_text(o, s.big_bytes, &s.big);
     }
-    return 0;
+    return run_train_chart(o);
 }
 
 int tally_cmd_sim(int argc, char **argv) {

@@ -17,6 +17,7 @@
 #include "flags.h"
 #include "launch.h"
 #include "place.h"
+#include "train_plot.h"
 #include "train_report.h"
 
 typedef struct train_opts {
@@ -24,6 +25,7 @@ typedef struct train_opts {
     int n; /* -n: ranks to start (0: join the job, or 1) */
     int max_restarts;
     const char *transport, *bind;
+    const char *plot; /* --plot FILE: rank 0 charts the run there (train_plot.c) */
     char arch[128];
     tally__train_faults faults; /* --inject-*: carried out through cfg.hook */
 } train_opts;
@@ -39,7 +41,7 @@ static void train_usage(FILE *out) {
         "                   [--step-gamma G] [--clip NORM] [--weight-decay-on all|matrices]\n"
         "                   [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
         "                   [--threads T] [--transport auto|shm|tcp] [--bind core|none] [--no-eval] [--quiet]\n"
-        "                   [--json FILE]\n"
+        "                   [--json FILE] [--plot FILE]\n"
         "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
         "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
         "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
@@ -49,6 +51,8 @@ static void train_usage(FILE *out) {
         "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
         "averaged in buckets while backward runs, every replica takes the same step.\n"
         "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
+        "  --plot FILE writes an SVG chart of the run: loss against steps (and the test or validation loss\n"
+        "  after each epoch), and samples/s (tokens/s for gpt) against steps.\n"
         "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
         "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
         "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
@@ -184,7 +188,8 @@ enum {
     O_CONTEXT,
     O_VAL_FRAC,
     O_CLIP,
-    O_WD_ON
+    O_WD_ON,
+    O_PLOT
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -240,6 +245,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"val-frac", 1, 0, O_VAL_FRAC},
                                             {"clip", 1, 0, O_CLIP},
                                             {"weight-decay-on", 1, 0, O_WD_ON},
+                                            {"plot", 1, 0, O_PLOT},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -382,6 +388,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_NO_EVAL: c->eval = 0; return 0;
     case O_QUIET: c->report.quiet = 1; return 0;
     case O_JSON: return parse_path(flag, a, &c->report.json);
+    case O_PLOT: return parse_path(flag, a, &o->plot);
     case O_NAN:
         return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k)
                    ? -1
@@ -464,6 +471,28 @@ static int train_parse(int argc, char **argv, train_opts *o) {
     return 0;
 }
 
+/* --plot: rank 0's observer keeps the history (and draws the progress line unless --quiet, which the
+ * trainer would otherwise take to mean that nobody listens). */
+static int train_plot_begin(train_opts *o, tally__progress *progress, tally_train_plot **out) {
+    tally_train_plot *p = malloc(sizeof *p);
+    if (!p) return fprintf(stderr, "tally train: --plot: out of memory\n"), -1;
+    tally_train_plot_init(p, o->cfg.report.quiet ? NULL : progress);
+    o->cfg.report.quiet = 0;
+    o->cfg.report.observer = tally_train_plot_observe;
+    o->cfg.report.observer_arg = p;
+    *out = p;
+    return 0;
+}
+
+static int train_plot_end(const train_opts *o, const tally_train_plot *p, const tally__run_info *info) {
+    char title[256];
+    snprintf(title, sizeof title, "tally train: %s %s on %s, %d rank%s", info->model, info->arch,
+             info->data ? info->data : "its data", info->world, info->world == 1 ? "" : "s");
+    if (!tally_train_plot_write(p, o->plot, title)) return 0;
+    fprintf(stderr, "tally train: --plot %s: %s\n", o->plot, tally_last_error());
+    return -1;
+}
+
 static int train_as_rank(train_opts *o) {
     o->cfg.hook = tally__train_faults_hook(&o->faults);
     tally_comm *comm = NULL;
@@ -480,13 +509,20 @@ static int train_as_rank(train_opts *o) {
     }
     tally__train_result res;
     tally__progress progress;
+    tally_train_plot *plot = NULL;
+    int quiet = o->cfg.report.quiet;
     o->cfg.report.observer = tally__progress_observe;
     o->cfg.report.observer_arg = &progress;
+    if (o->plot && rank == 0 && train_plot_begin(o, &progress, &plot)) {
+        tally_comm_free(comm);
+        return 1;
+    }
     rc = tally__train(comm, &o->cfg, &res);
     if (rc) {
         fprintf(stderr, "tally train: %s\n", tally_last_error()); /* messages name their rank */
         tally__train_result_free(&res);
         tally_comm_free(comm);
+        free(plot);
         return 1;
     }
     if (rank == 0) {
@@ -503,12 +539,14 @@ static int train_as_rank(train_opts *o) {
                                 .lr = res.lr,
                                 .bucket_mb = o->cfg.sync.bucket_mb > 0 ? o->cfg.sync.bucket_mb : 25};
         snprintf(info.arch, sizeof info.arch, "%s", res.arch);
-        if (!o->cfg.report.quiet) tally__summary_print(stdout, &info, &res);
+        if (!quiet) tally__summary_print(stdout, &info, &res);
         if (o->cfg.report.json && tally__summary_json(o->cfg.report.json, &info, &res)) {
             fprintf(stderr, "tally train: %s\n", tally_last_error());
             rc = 1;
         }
+        if (plot && train_plot_end(o, plot, &info)) rc = 1;
     }
+    free(plot);
     tally__train_result_free(&res);
     tally_comm_free(comm);
     return rc ? 1 : 0;

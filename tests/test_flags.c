@@ -74,6 +74,7 @@ static const flag_case train_flags[] = {
     NOVAL("--quiet"),
     {"--json", {""}},
     {"--plot", {""}},
+    {"--trace", {""}},
     {"--zero", {"4", "-1", "1.0"}},
     {"--max-mem", {"0", "-1", "1.5", "12q", "nan"}},
     {"--nan", {"maybe", ""}},
@@ -118,6 +119,7 @@ static const flag_case bench_flags[] = {
     {"--bind", {"socket", ""}},
     {"--iters", {"1,", "0", "abc", ""}},
     {"--svg", {""}},
+    {"--trace", {""}},
     {"--warmup", {"abc", "-1"}},
     NOVAL("--shared-mem"),
     NOVAL("--help"),
@@ -337,6 +339,9 @@ static void test_bench_bounds(void) {
     expect_refusal(creep, NULL, 2, "-f 1.0000001", "rows", "bench -f 1.0000001");
     const char *order[] = {"bench", "allreduce", "-n", "1", "-b", "1M", "-e", "8", NULL};
     expect_refusal(order, NULL, 2, "-b 1048576 is above -e 8", NULL, "bench -b 1M -e 8");
+    const char *traced[] = {"bench", "allreduce", "-n", "1", "--algo", "ring,rhd", "--trace", "t.json", NULL};
+    expect_refusal(traced, NULL, 2, "--trace t.json times one algorithm and transport", NULL,
+                   "bench --algo ring,rhd --trace");
 }
 
 /* ---- variables ---- */
@@ -360,6 +365,8 @@ static const var_case lib_vars[] = {
     {"TALLY_TCP_STREAMS", {"0", "abc", "17", "2.5", ""}},
     {"TALLY_FLIGHT", {"-1", "abc", "65537", "1.5", ""}},
     {"TALLY_FLIGHT_DIR", {""}},
+    {"TALLY_TRACE", {""}},
+    {"TALLY_TRACE_EVENTS", {"5", "abc", "1e9", ""}},
     {"TALLY_BIND", {"0.0.0.0:5", "[]", ""}},
     {"TALLY_ADDR", {"node0", ":5", "h:0", "h:70000", ""}},
     {"TALLY_TOKEN", {""}},

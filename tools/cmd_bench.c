@@ -35,7 +35,7 @@ typedef struct {
     tally_op op;
     int root, iters, warmup, check;
     int shared_mem; /* --shared-mem: buffers from tally_mem_alloc, which shm peers read in place */
-    const char *bind, *svg;
+    const char *bind, *svg, *trace;
     /* --algo and --transport: each combination is timed in turn, transports outer; none given: one pass
      * with what the environment says (NULL) */
     const char *algo[BENCH_MAX_LIST], *transport[BENCH_MAX_LIST];
@@ -70,6 +70,7 @@ static void bench_usage(FILE *f) {
             "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
             "                   [--algo auto|ring|tree|rhd|direct[,...]] [--transport auto|shm|tcp[,...]]\n"
             "                   [--iters I] [--warmup W] [--shared-mem] [--bind core|none] [-c] [--svg FILE]\n"
+            "                   [--trace FILE]\n"
             "Sizes (1 byte to 64G) accept K/M/G (powers of 1024); from MIN to MAX, times FACTOR (> 1) each row,\n"
             "at most %d rows. -c checks every result and counts wrong elements.\n"
             "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU\n"
@@ -78,7 +79,7 @@ static void bench_usage(FILE *f) {
             "--algo and --transport take comma-separated lists (--algo ring,rhd,tree): every combination is\n"
             "timed in turn, a fresh communicator each, one table after another.\n"
             "--svg FILE writes a chart of busbw (out-of-place) against size, one line per algorithm and\n"
-            "transport.\n",
+            "transport. --trace FILE writes the timeline of every call on every rank (Chrome trace JSON).\n",
             BENCH_MAX_ROWS);
 }
 
@@ -142,6 +143,7 @@ static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
                                 "it takes auto, shm or tcp, or several comma-separated (shm,tcp)", o->transport_buf,
                                 sizeof o->transport_buf, o->transport, &o->ntransport);
     case 'V': return *a ? (o->svg = a, 0) : tally__parse_fail(flag, a, "", "it takes a file to write");
+    case 'R': return *a ? (o->trace = a, 0) : tally__parse_fail(flag, a, "", "it takes a file to write");
     case 'I': return tally__parse_int(flag, a, 1, 1000000000, &v) ? -1 : (o->iters = (int)v, 0);
     case 'W': return tally__parse_int(flag, a, 0, 1000000000, &v) ? -1 : (o->warmup = (int)v, 0);
     case 'S': return o->shared_mem = 1, 0;
@@ -175,15 +177,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
                                        "'%s' is not a collective: it takes allreduce, reduce_scatter, allgather "
                                        "or broadcast, then the flags",
                                        argv[1]);
-    static const struct option longs[] = {{"algo", required_argument, 0, 'A'},
-                                          {"transport", required_argument, 0, 'T'},
-                                          {"iters", required_argument, 0, 'I'},
-                                          {"warmup", required_argument, 0, 'W'},
-                                          {"shared-mem", no_argument, 0, 'S'},
-                                          {"bind", required_argument, 0, 'B'},
-                                          {"svg", required_argument, 0, 'V'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {0, 0, 0, 0}};
+    static const struct option longs[] = {
+        {"algo", required_argument, 0, 'A'},  {"transport", required_argument, 0, 'T'},
+        {"iters", required_argument, 0, 'I'}, {"warmup", required_argument, 0, 'W'},
+        {"shared-mem", no_argument, 0, 'S'},  {"bind", required_argument, 0, 'B'},
+        {"svg", required_argument, 0, 'V'},   {"trace", required_argument, 0, 'R'},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     const tally_flags f = {.cmd = "bench",
                            .shorts = "n:b:e:f:t:o:r:ch",
                            .longs = longs,
@@ -195,6 +194,11 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     if (o->minb > o->maxb)
         return tally_flags_usage_error("bench", "-b %zu is above -e %zu: the smallest size comes first", o->minb,
                                        o->maxb);
+    if (o->trace && (o->nalgo > 1 || o->ntransport > 1))
+        return tally_flags_usage_error("bench",
+                                       "--trace %s times one algorithm and transport: give the lists to a run "
+                                       "without it",
+                                       o->trace);
     if (bench_rows(o) > BENCH_MAX_ROWS)
         return tally_flags_usage_error("bench", "-f %.10g from -b %zu to -e %zu makes more than %d rows: raise -f",
                                        o->factor, o->minb, o->maxb, BENCH_MAX_ROWS);
@@ -441,7 +445,13 @@ static int bench_as_rank(const bench_opts *o, const char *algo, bench_series *ke
     }
     if (!bad) bad = bench_run(o, &b, algo, b.rank == 0 ? keep : NULL);
     bench_release(o, &b);
-    tally_comm_free(b.c);
+    if (tally_comm_free(b.c) && o->trace) {
+        fprintf(stderr, "tally bench: --trace %s: %s\n", o->trace, tally_last_error());
+        bad = 1;
+    } else if (o->trace && b.rank == 0) {
+        fprintf(stderr, "tally bench: timeline of %d ranks in %s (ui.perfetto.dev or chrome://tracing opens it)\n",
+                b.size, o->trace);
+    }
     return bad;
 }
 
@@ -489,6 +499,7 @@ int tally_cmd_bench(int argc, char **argv) {
     if (prc) return prc == 1 ? 0 : 2;
     if (o.nalgo == 1) setenv("TALLY_ALGO", o.algo[0], 1);
     if (o.ntransport == 1) setenv("TALLY_TRANSPORT", o.transport[0], 1);
+    if (o.trace) setenv("TALLY_TRACE", o.trace, 1);
     if (!tally_launch_in_rank()) {
         tally_launch_opts lo = {.n = o.n ? o.n : 2,
                                 .transport = o.ntransport == 1 ? o.transport[0] : NULL, /* a list: each rank sets it */

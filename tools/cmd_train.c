@@ -25,7 +25,8 @@ typedef struct train_opts {
     int n; /* -n: ranks to start (0: join the job, or 1) */
     int max_restarts;
     const char *transport, *bind;
-    const char *plot; /* --plot FILE: rank 0 charts the run there (train_plot.c) */
+    const char *plot;  /* --plot FILE: rank 0 charts the run there (train_plot.c) */
+    const char *trace; /* --trace FILE: the timeline (TALLY_TRACE for every rank) */
     char arch[128];
     tally__train_faults faults; /* --inject-*: carried out through cfg.hook */
 } train_opts;
@@ -41,7 +42,7 @@ static void train_usage(FILE *out) {
         "                   [--step-gamma G] [--clip NORM] [--weight-decay-on all|matrices]\n"
         "                   [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
         "                   [--threads T] [--transport auto|shm|tcp] [--bind core|none] [--no-eval] [--quiet]\n"
-        "                   [--json FILE] [--plot FILE]\n"
+        "                   [--json FILE] [--plot FILE] [--trace FILE]\n"
         "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
         "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
         "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
@@ -53,6 +54,9 @@ static void train_usage(FILE *out) {
         "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
         "  --plot FILE writes an SVG chart of the run: loss against steps (and the test or validation loss\n"
         "  after each epoch), and samples/s (tokens/s for gpt) against steps.\n"
+        "  --trace FILE writes the run's timeline (Chrome trace JSON; ui.perfetto.dev opens it): a track per\n"
+        "  rank and per communication thread, with data, each layer's forward and backward, each bucket's\n"
+        "  collective, the waits, the optimizer and checkpoints, the ranks' clocks aligned (TALLY_TRACE).\n"
         "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
         "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
         "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
@@ -189,7 +193,8 @@ enum {
     O_VAL_FRAC,
     O_CLIP,
     O_WD_ON,
-    O_PLOT
+    O_PLOT,
+    O_TRACE
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -246,6 +251,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"clip", 1, 0, O_CLIP},
                                             {"weight-decay-on", 1, 0, O_WD_ON},
                                             {"plot", 1, 0, O_PLOT},
+                                            {"trace", 1, 0, O_TRACE},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -389,6 +395,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_QUIET: c->report.quiet = 1; return 0;
     case O_JSON: return parse_path(flag, a, &c->report.json);
     case O_PLOT: return parse_path(flag, a, &o->plot);
+    case O_TRACE: return parse_path(flag, a, &o->trace);
     case O_NAN:
         return parse_word(flag, a, tally__nan_policy_parse, "it takes skip, error or ignore", &k)
                    ? -1
@@ -548,7 +555,13 @@ static int train_as_rank(train_opts *o) {
     }
     free(plot);
     tally__train_result_free(&res);
-    tally_comm_free(comm);
+    if (tally_comm_free(comm) && o->trace) {
+        fprintf(stderr, "tally train: --trace %s: %s\n", o->trace, tally_last_error());
+        rc = 1;
+    } else if (o->trace && rank == 0) {
+        fprintf(stderr, "tally train: timeline of %d rank%s in %s (ui.perfetto.dev or chrome://tracing opens it)\n",
+                size, size == 1 ? "" : "s", o->trace);
+    }
     return rc ? 1 : 0;
 }
 
@@ -557,6 +570,7 @@ int tally_cmd_train(int argc, char **argv) {
     int prc = train_parse(argc, argv, &o);
     if (prc) return prc == 1 ? 0 : 2;
     if (o.transport) setenv("TALLY_TRANSPORT", o.transport, 1);
+    if (o.trace) setenv("TALLY_TRACE", o.trace, 1);
     if (!tally_launch_in_rank()) {
         tally_launch_opts lo = {.n = o.n ? o.n : 1,
                                 .transport = o.transport,

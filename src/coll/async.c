@@ -8,6 +8,7 @@
 
 #include "../core/err.h"
 #include "../core/sig.h"
+#include "../core/trace.h"
 #include "async.h"
 
 enum { REQ_QUEUED, REQ_RUNNING, REQ_FINISHING, REQ_DONE };
@@ -69,6 +70,7 @@ static void async_run_head(tally__async *e) {
 
 static void *async_thread(void *arg) {
     tally__async *e = arg;
+    tally__trace_thread("comm (non-blocking calls)");
     pthread_mutex_lock(&e->mu);
     for (;;) {
         if (e->head && !e->running) {

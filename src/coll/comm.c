@@ -19,9 +19,11 @@
 #include "../core/log.h"
 #include "../core/parse.h"
 #include "../core/reduce.h"
+#include "../core/trace.h"
 #include "async.h"
 #include "coll.h"
 #include "flight.h"
+#include "trace_sync.h"
 #include "measure.h"
 
 struct tally_comm {
@@ -47,6 +49,8 @@ struct tally_comm {
     tally__wait_note note;   /* the transport's tcp waits, told to the host's ranks (shm+tcp sets it) */
     tally__async_slot async; /* the non-blocking calls' queue and thread, from the first one on */
     tally__flight flight;    /* the last collectives, written when one fails for a peer (flight.c) */
+    int traced;              /* this world started the timeline (TALLY_TRACE) and writes it when freed */
+    tally__trace_clock clk;  /* its clock against rank 0's */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -116,7 +120,7 @@ static int tally__check_knobs(tally_comm *c, double *timeout_s) {
     if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
         (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) || (rc = tally__shm_check_env()) ||
         (rc = tally__cost_check_env()) || (rc = tally__boot_check_host()) || (rc = tally__tcp_streams_env(&streams)) ||
-        (rc = tally__flight_check_env())) {
+        (rc = tally__flight_check_env()) || (rc = tally__trace_check_env())) {
         char rank[32];
         snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
         return tally__err_wrap(rc, rank, "");
@@ -145,6 +149,32 @@ static void tally__comm_destroy(tally_comm *c) {
     free(c);
 }
 
+/* TALLY_TRACE on a world: the timeline starts, and every rank's clock is set against rank 0's (every
+ * rank takes part even without memory for its spans, so none is left waiting). */
+static int tally__comm_trace_begin(tally_comm *c) {
+    int rc = tally__trace_start();
+    int src = tally__trace_sync(&c->ctx, &c->clk);
+    c->traced = !rc && !src;
+    if (c->traced) tally__trace_thread("main");
+    return rc ? rc : src;
+}
+
+/* The world that started the timeline writes it: rank 0 gathers the ranks' spans over the communicator
+ * while it works, or each rank writes its own when it does not. */
+static int tally__comm_trace_end(tally_comm *c) {
+    if (!c->traced) return 0;
+    c->traced = 0;
+    int healthy = atomic_load(&c->fault.code) == 0;
+    c->sig = (tally__sig){.seq = c->seq + 1, .coll = TALLY__SETUP, .root = -1};
+    char keep[1024];
+    snprintf(keep, sizeof keep, "%s", tally_last_error());
+    int rc = tally__trace_write(&c->ctx, &c->clk, tally__trace_path(), healthy);
+    tally__trace_stop();
+    tally__trace_clock_free(&c->clk);
+    if (!rc) tally__seterr(0, "%s", keep); /* teardown keeps the message of what failed before */
+    return rc;
+}
+
 static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     tally__boot_env read, *env = &read;
     int rc = given ? 0 : tally__boot_env_read(&read);
@@ -165,6 +195,7 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     tally__flight_set_transport(&c->flight, c->ctx.tp->ops->name);
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
+    if (!given && tally__trace_path() && (rc = tally__comm_trace_begin(c))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     c->ctx.sent = &c->bytes_sent;
     char cpus[128];
@@ -280,12 +311,13 @@ static void tally__comm_stop_async(tally_comm *c) {
  * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
     if (c) tally__comm_stop_async(c); /* its requests complete first, as a blocking call would have */
+    int trc = c ? tally__comm_trace_end(c) : 0;
     /* A fault the monitor recorded while no call ran (a peer died between collectives) still leaves the
      * records. */
     int code = c ? atomic_load(&c->fault.code) : 0;
     if (tally__flight_wants(code))
         tally__flight_dump(&c->flight, tally__flight_reason(code), c->fault.culprit, c->fault.msg);
-    return tally__leave(c, 0);
+    return tally__leave(c, trc);
 }
 
 TALLY_API int tally_comm_abort(tally_comm *c) {
@@ -299,6 +331,7 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
                        "and create a new one",
                        c->ctx.rank);
     tally__comm_stop_async(c); /* queued requests fail at once on the fault; the running one within ms */
+    tally__comm_trace_end(c);  /* each rank its own file: the communicator carries nothing now */
     struct timespec nap = {0, 1000000};
     double waited = 0;
     while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {
@@ -556,13 +589,20 @@ static void tally__flight_record_fault(tally_comm *c, int rc) {
     tally__err_wrap(rc, "", where);
 }
 
+/* The bytes of a collective as its algorithm is chosen: the whole vector (a block times the ranks for
+ * reduce-scatter and all-gather). */
+static size_t tally__call_bytes(const tally_comm *c, const tally__call *a) {
+    int blocks = a->coll == TALLY__REDUCE_SCATTER || a->coll == TALLY__ALLGATHER;
+    if (a->coll == TALLY__BARRIER || !tally__dtype_valid(a->t)) return 0;
+    return a->count * tally_dtype_size(a->t) * (blocks ? (size_t)c->ctx.size : 1);
+}
+
 /* A call the failed communicator refused before it began still goes in the records, with the fingerprint
  * it would have had: without it, a rank told of the failure looks like one that never came. */
 static void tally__flight_refused(tally_comm *c, const tally__call *a) {
-    int coll = a->coll, bar = coll == TALLY__BARRIER,
-        blocks = coll == TALLY__REDUCE_SCATTER || coll == TALLY__ALLGATHER;
+    int coll = a->coll, bar = coll == TALLY__BARRIER;
     int reduces = coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER;
-    size_t bytes = bar ? 0 : a->count * tally_dtype_size(a->t) * (blocks ? (size_t)c->ctx.size : 1);
+    size_t bytes = tally__call_bytes(c, a);
     tally__sig s = {.seq = c->seq + 1,
                     .count = bar ? 0 : a->count,
                     .root = coll == TALLY__BROADCAST ? a->root : -1,
@@ -573,9 +613,20 @@ static void tally__flight_refused(tally_comm *c, const tally__call *a) {
     tally__flight_begin(&c->flight, &s);
 }
 
+/* The timeline's span of a collective that began: its bytes, sequence number, algorithm and transport. */
+static void tally__trace_call(const tally_comm *c, const tally__call *a, uint64_t t0, int rc) {
+    tally__trace_arg args[] = {{"bytes", NULL, (int64_t)tally__call_bytes(c, a)},
+                               {"seq", NULL, (int64_t)c->sig.seq},
+                               {"algo", tally__algo_name(c->sig.algo), 0},
+                               {"transport", c->ctx.tp ? c->ctx.tp->ops->name : "self", 0}};
+    tally__trace_span(rc ? "coll-failed" : "coll", tally__coll_name(a->coll), t0, tally__trace_now(), args, 4);
+}
+
 static int tally__body(tally_comm *c, const tally__call *a) {
+    uint64_t t0 = tally__trace_on ? tally__trace_now() : 0, seq0 = c ? c->seq : 0;
     int rc = tally__dispatch(c, a);
     if (!c) return rc;
+    if (tally__trace_on && c->seq != seq0) tally__trace_call(c, a, t0, rc);
     if (tally__flight_wants(rc) && !c->flight.open) tally__flight_refused(c, a);
     if (c->flight.open) {
         int code = rc ? atomic_load(&c->fault.code) : 0;

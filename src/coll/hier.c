@@ -13,6 +13,7 @@
 #include "../boot/boot.h"
 #include "../core/err.h"
 #include "../core/reduce.h"
+#include "../core/trace.h"
 
 int tally__hier_layout(const tally__peer *p, int size, int *host, int *local, int *per_host) {
     int hosts = tally__hosts_of(p, size, host, local);
@@ -156,6 +157,7 @@ static size_t chunk_len(const pipe_t *p, int j) { return tally__hier_chunk_len(p
 
 static void *pipe_cross(void *arg) {
     pipe_t *p = arg;
+    tally__trace_thread("levels (across hosts)");
     for (int j = 0; j < HIER_CHUNKS; j++) {
         pthread_mutex_lock(&p->mu);
         while (p->scattered <= j && !p->rc_host) pthread_cond_wait(&p->cv, &p->mu);

@@ -8,6 +8,7 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "../core/trace.h"
 #include "opqueue.h"
 
 #define DDP_DEFAULT_BUCKET_BYTES (25u << 20)
@@ -180,8 +181,16 @@ TALLY_API int tally_ddp_begin(tally_ddp *d) {
 /* Hands every bucket whose layers are all ready, in index order, to the queue. An error is the
  * queue's: it stays there for tally_ddp_wait to report. */
 static void ddp_post_ready(tally_ddp *d) {
-    while (d->posted < d->nbuckets && d->bucket[d->posted].remaining == 0)
+    while (d->posted < d->nbuckets && d->bucket[d->posted].remaining == 0) {
+        if (tally__trace_on) { /* the moment it could leave: the timeline shows how long it then waited */
+            const ddp_bucket *b = &d->bucket[d->posted];
+            tally__trace_arg args[] = {{"bucket", NULL, d->posted},
+                                       {"bytes", NULL, (int64_t)((b->end - b->begin) * 4)}};
+            uint64_t now = tally__trace_now();
+            tally__trace_span("dp", "bucket ready", now, now, args, 2);
+        }
         if (tally__opq_post(&d->q, ddp_op_reduce, d->posted++, 0) < 0) d->posted = d->nbuckets;
+    }
 }
 
 static void ddp_mark_ready(tally_ddp *d, int layer) {

@@ -7,6 +7,7 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
+#include "../core/trace.h"
 
 /* Called with mu held. Keeps the first error and its message for whoever waits. */
 static void opq_record(tally__opq *q, int rc) {
@@ -34,6 +35,7 @@ static void opq_run_head(tally__opq *q) {
 
 static void *opq_thread(void *arg) {
     tally__opq *q = arg;
+    tally__trace_thread("comm (gradient sync)");
     pthread_mutex_lock(&q->mu);
     for (;;) {
         while (!q->stop && (q->head == q->tail || q->busy)) pthread_cond_wait(&q->posted, &q->mu);

@@ -10,6 +10,7 @@
 #include "../core/err.h"
 #include "../core/alloc.h"
 #include "../core/rng.h"
+#include "../core/trace.h"
 #include "model_build.h"
 
 int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
@@ -291,13 +292,27 @@ static void model_loss_shape(const tally__model *m, int B, int *rows, int *C) {
     *C = (int)(m->value_n[m->nvalues - 1] / (size_t)P);
 }
 
+/* The timeline's span of op i's pass ("linear 3"), when it records. */
+static void model_trace_op(const tally__model *m, const char *pass, int i, uint64_t t0) {
+    static const char *kinds[] = {"linear", "relu",     "conv",      "pool", "add",
+                                  "embed",  "position", "layernorm", "gelu", "attention"};
+    const tally__op *op = &m->op[i];
+    char name[40];
+    unsigned k = (unsigned)op->kind;
+    snprintf(name, sizeof name, "%s %d", k < sizeof kinds / sizeof *kinds ? kinds[k] : "op", i);
+    tally__trace_arg args[] = {{"op", NULL, i}, {"layer", NULL, op->layer}};
+    tally__trace_span(pass, name, t0, tally__trace_now(), args, 2);
+}
+
 int tally__model_forward(tally__model *m, const void *x, const int32_t *y, const float *t, int B,
                          const tally__model_hooks *h, float *loss) {
     m->act[0] = (float *)x; /* token indices when m->token_input: only an embedding reads them */
     for (int i = 0; i < m->nops; i++) {
         int rc = h && h->before_forward && m->op[i].layer >= 0 ? h->before_forward(h->arg, m->op[i].layer) : 0;
+        uint64_t t0 = tally__trace_on ? tally__trace_now() : 0;
         if (!rc) rc = model_op_forward(m, i, B);
         if (rc) return rc;
+        if (tally__trace_on) model_trace_op(m, "forward", i, t0);
         if (i == m->tied_owner) { /* where the tied op will find the weight, later in this pass */
             if (m->tied_copy) memcpy(m->tied_copy, m->op[i].w, tally__model_tied_floats(m) * sizeof(float));
             m->tied_w = m->tied_copy ? m->tied_copy : m->op[i].w;
@@ -418,12 +433,14 @@ int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int
         const tally__op *op = &m->op[i];
         int rc = 0;
         if (op->layer >= 0 && h && h->before_backward && (rc = h->before_backward(h->arg, op->layer))) return rc;
+        uint64_t t0 = tally__trace_on ? tally__trace_now() : 0;
         if (op->layer >= 0 && op->dw && op->dw == op->w) {
             model_op_backward_over_params(m, i, B);
         } else {
             model_add_tied(m, i);
             model_op_backward(m, i, B, GRAD_BOTH);
         }
+        if (tally__trace_on) model_trace_op(m, "backward", i, t0);
         if (op->layer >= 0 && h && h->after_backward && (rc = h->after_backward(h->arg, op->layer))) return rc;
     }
     return 0;

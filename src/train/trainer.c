@@ -15,6 +15,7 @@
 #include "../core/clock.h"
 #include "../core/cpus.h"
 #include "../core/err.h"
+#include "../core/trace.h"
 #include "ckpt_train.h"
 #include "../plan/calibrate.h"
 #include "../plan/memory.h"
@@ -132,7 +133,14 @@ static int train_agree_finite(train_run *r, long step, int *skip) {
     return tally__sync_skip(&r->sync);
 }
 
+/* A span of the training loop on the timeline (step counted from 1, as the summary counts it). */
+static void train_trace(const char *name, long step, uint64_t t0) {
+    tally__trace_arg args[] = {{"step", NULL, step + 1}};
+    tally__trace_span("train", name, t0, tally__trace_now(), args, 1);
+}
+
 static int train_step(train_run *r, long step, size_t pos, step_times *st) {
+    uint64_t t_step = tally__trace_on ? tally__trace_now() : 0;
     const tally__train_cfg *cfg = r->cfg;
     int B = cfg->batch, rc;
     size_t *idx = r->idx;
@@ -155,6 +163,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         if (cfg->hook.batch && !r->tokens)
             cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
+        if (tally__trace_on) train_trace("data", step, t0);
         if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
         if (k == 0) tally__train_straggle(cfg, r->rank);
         float loss;
@@ -165,6 +174,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
         if ((rc = tally__sync_micro_end(&r->sync))) return rc;
+        if (tally__trace_on) train_trace("wait for gradients", step, t2);
         st->data += (double)(t1 - t0) * 1e-9;
         st->compute += (double)(t2 - t1) * 1e-9;
     }
@@ -185,6 +195,10 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     if (r->cfg->hook.updated)
         r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
+    if (tally__trace_on) {
+        train_trace("optimizer", step, t3);
+        train_trace("step", step, t_step);
+    }
     /* ZeRO's waits for communication happen inside the passes and the update: count them as
      * waiting, not work. The counters are read once the step has drained every collective. */
     double blocked2 = tally__sync_blocked(&r->sync);
@@ -203,7 +217,10 @@ static int train_maybe_save(train_run *r, long done, int last) {
     const tally__train_cfg *cfg = r->cfg;
     if (!cfg->ckpt.dir || r->saved_step == done) return 0;
     if (!last && !(cfg->ckpt.every > 0 && done % cfg->ckpt.every == 0)) return 0;
-    return tally__train_ckpt_save(r, done);
+    uint64_t t0 = tally__trace_on ? tally__trace_now() : 0;
+    int rc = tally__train_ckpt_save(r, done);
+    if (tally__trace_on) train_trace("checkpoint", done - 1, t0);
+    return rc;
 }
 
 static int train_epochs(train_run *r, tally__train_result *res) {

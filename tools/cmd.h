@@ -18,6 +18,7 @@ int tally_cmd_flight(int argc, char **argv);
  * binary over `transport` and reads back the model rank 0 measured and the time of an allreduce of
  * `bytes`. 0, or -1 after a message on stderr. */
 struct tally__cost;
-int tally_plan_calibrate_link(const char *transport, double bytes, struct tally__cost *out, double *allreduce_s);
+int tally_plan_calibrate_link(const char *transport, double bytes, tally_op op, struct tally__cost *out,
+                              double *allreduce_s);
 
 #endif

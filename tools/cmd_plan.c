@@ -35,6 +35,7 @@ typedef struct plan_opts {
     int json, calibrate;
     const char *calibrate_rank; /* hidden: run as one rank of the link measurement */
     double calibrate_bytes;     /* hidden: the allreduce those ranks time (the plan's S) */
+    tally_op calibrate_op;      /* hidden: sum or avg (what the trainer does; the default) */
     const char *flops_source, *link_source;
     const char *svg; /* --svg FILE: the scaling as a chart (plan_chart.c) */
 } plan_opts;
@@ -97,6 +98,7 @@ enum {
     O_CALIB,
     O_CALIB_RANK,
     O_CALIB_BYTES,
+    O_CALIB_OP,
     O_WIDTH,
     O_HEADS,
     O_CONTEXT,
@@ -128,6 +130,7 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
                                            {"calibrate", 0, 0, O_CALIB},
                                            {"calibrate-rank", 1, 0, O_CALIB_RANK},
                                            {"calibrate-bytes", 1, 0, O_CALIB_BYTES},
+                                           {"calibrate-op", 1, 0, O_CALIB_OP},
                                            {"width", 1, 0, O_WIDTH},
                                            {"heads", 1, 0, O_HEADS},
                                            {"context", 1, 0, O_CONTEXT},
@@ -216,6 +219,7 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_CALIB: return o->calibrate = 1, 0;
     case O_CALIB_RANK: return o->calibrate_rank = a, 0;
     case O_CALIB_BYTES: return tally__units_count(a, &o->calibrate_bytes);
+    case O_CALIB_OP: return o->calibrate_op = strcmp(a, "sum") ? TALLY_AVG : TALLY_SUM, 0;
     case O_WIDTH: return parse_int(a, 1, 1 << 20, &o->mcfg.embd);
     case O_HEADS: return parse_int(a, 1, 1 << 16, &o->mcfg.heads);
     case O_CONTEXT: return parse_int(a, 1, 1 << 24, &o->mcfg.in_dim);
@@ -310,6 +314,7 @@ static int plan_parse(int argc, char **argv, plan_opts *o) {
     memset(o, 0, sizeof *o);
     tally__plan_cfg_default(&o->cfg);
     o->model = -1;
+    o->calibrate_op = TALLY_AVG;
     o->show_all = 1;
     const tally_flags f = {
         .cmd = "plan", .shorts = "n:h", .longs = plan_longs, .first = 1, .one = plan_flag, .usage = plan_usage};
@@ -369,13 +374,13 @@ static int plan_fill(plan_opts *o) {
 
 /* Hidden mode: one of the 2 ranks tally_launch started; the communicator measures its links at init,
  * then the ranks time one allreduce of the plan's gradients; rank 0 writes what it found. */
-static int plan_calibrate_rank(const char *file, double bytes) {
+static int plan_calibrate_rank(const char *file, double bytes, tally_op op) {
     tally_comm *comm;
     if (tally_comm_init(&comm)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
         return 1;
     }
-    double ar = bytes > 0 ? tally__plan_time_allreduce(comm, bytes) : 0;
+    double ar = bytes > 0 ? tally__plan_time_allreduce(comm, bytes, op) : 0;
     int rc = 0;
     if (tally_comm_rank(comm) == 0) {
         const tally__cost *m = tally__comm_cost(comm);
@@ -391,7 +396,7 @@ static int plan_calibrate_rank(const char *file, double bytes) {
     return rc;
 }
 
-int tally_plan_calibrate_link(const char *transport, double bytes, tally__cost *out, double *allreduce_s) {
+int tally_plan_calibrate_link(const char *transport, double bytes, tally_op op, tally__cost *out, double *allreduce_s) {
     *out = (tally__cost){0}; /* the file has alpha, beta and gamma: the rest (share) must not be stack garbage */
     const char *dir = getenv("TMPDIR");
     char path[512], size[32];
@@ -400,7 +405,15 @@ int tally_plan_calibrate_link(const char *transport, double bytes, tally__cost *
     int fd = mkstemp(path);
     if (fd < 0) return fprintf(stderr, "tally plan: calibrate: cannot create %s\n", path), -1;
     close(fd);
-    char *argv[] = {"/proc/self/exe", "plan", "--calibrate-rank", path, "--calibrate-bytes", size, NULL};
+    char *argv[] = {"/proc/self/exe",
+                    "plan",
+                    "--calibrate-rank",
+                    path,
+                    "--calibrate-bytes",
+                    size,
+                    "--calibrate-op",
+                    op == TALLY_SUM ? "sum" : "avg",
+                    NULL};
     tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
     int rc = tally_launch(&lo, argv);
     int rfd = -1;
@@ -419,8 +432,8 @@ int tally_plan_calibrate_link(const char *transport, double bytes, tally__cost *
 static int plan_calibrate(plan_opts *o, tally__plan_calib *k) {
     memset(k, 0, sizeof *k);
     double S = tally__plan_grad_bytes(&o->cfg);
-    if (tally_plan_calibrate_link("shm", S, &k->shm, &k->shm_allreduce_s) ||
-        tally_plan_calibrate_link("tcp", S, &k->tcp, &k->tcp_allreduce_s))
+    if (tally_plan_calibrate_link("shm", S, TALLY_AVG, &k->shm, &k->shm_allreduce_s) ||
+        tally_plan_calibrate_link("tcp", S, TALLY_AVG, &k->tcp, &k->tcp_allreduce_s))
         return -1;
     if (tally__plan_calibrate(&o->cfg, o->model >= 0 ? &o->mcfg : NULL, k)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
@@ -844,7 +857,7 @@ int tally_cmd_plan(int argc, char **argv) {
     plan_opts o;
     int prc = plan_parse(argc, argv, &o);
     if (prc) return prc == 1 ? 0 : 2;
-    if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank, o.calibrate_bytes);
+    if (o.calibrate_rank) return plan_calibrate_rank(o.calibrate_rank, o.calibrate_bytes, o.calibrate_op);
     if (plan_fill(&o)) return 1;
     tally__plan_calib k;
     o.flops_source = "--compute";

@@ -259,14 +259,14 @@ static int sim_calibrate(sim_opts *o) {
     for (int i = 0; i < o->nsizes; i++) most = o->size[i] > most ? o->size[i] : most;
     double S = most > (1u << 20) ? (double)most : 16.0 * 1048576, ar = 0;
     tally__cost m;
-    if (tally_plan_calibrate_link("shm", S, &m, &ar)) return -1;
+    if (tally_plan_calibrate_link("shm", S, TALLY_SUM, &m, &ar)) return -1;
     if (ar > 0) m.beta = tally__plan_fit_beta(&m, 2, S, ar);
     o->c.shm = m;
     o->c.beta_bytes = S;
     /* a 4-byte allreduce: what the model lacks of its time is the call's own overhead */
     tally__cost unused;
     double tiny = 0;
-    if (tally_plan_calibrate_link("shm", 4, &unused, &tiny)) return -1;
+    if (tally_plan_calibrate_link("shm", 4, TALLY_SUM, &unused, &tiny)) return -1;
     tally__sim_cluster two = o->c;
     two.hosts = 1, two.per_host = 2, two.cores = 2, two.call_s = 0;
     tally__sim_coll q = {.coll = TALLY__ALLREDUCE, .bytes = 4, .dtype = TALLY_F32};
@@ -274,7 +274,7 @@ static int sim_calibrate(sim_opts *o) {
     if (!tally__sim_collective(&two, &q, &r) && tiny > r.seconds) o->c.call_s = tiny - r.seconds;
     /* tcp on loopback: its latency is the stack's, and its fitted beta what each end's CPU spends a byte */
     tally__cost t;
-    if (tally_plan_calibrate_link("tcp", S, &t, &ar)) return -1;
+    if (tally_plan_calibrate_link("tcp", S, TALLY_SUM, &t, &ar)) return -1;
     if (ar > 0) t.beta = tally__plan_fit_beta(&t, 2, S, ar);
     o->c.nic_alpha = t.alpha;
     o->c.tcp_cpu = t.beta;
@@ -295,7 +295,8 @@ static int sim_calibrate(sim_opts *o) {
     /* both ranks on one CPU (the launcher binds within our set): the ping-pong then waits for wake-ups */
     tally__cost crowded;
     double ar1 = 0;
-    int rc = sched_setaffinity(0, sizeof one, &one) ? -1 : tally_plan_calibrate_link("shm", 0, &crowded, &ar1);
+    int rc =
+        sched_setaffinity(0, sizeof one, &one) ? -1 : tally_plan_calibrate_link("shm", 0, TALLY_SUM, &crowded, &ar1);
     sched_setaffinity(0, sizeof all, &all);
     if (rc) return -1;
     o->c.crowded_alpha = crowded.alpha;

@@ -19,7 +19,7 @@ static int by_value(const void *a, const void *b) {
 
 /* The median call, not the mean: on a shared machine one preempted call would move a mean by its whole
  * stall, and what is fitted to it is every later prediction. */
-double tally__plan_time_allreduce(tally_comm *comm, double bytes) {
+double tally__plan_time_allreduce(tally_comm *comm, double bytes, tally_op op) {
     enum { MANY = 301, SOME = 51, FEW = 11 };
     size_t count = (size_t)(fmin(bytes, 256.0 * 1048576.0) / sizeof(float));
     float *buf = count ? tally_mem_alloc(comm, count * sizeof(float)) : NULL;
@@ -30,7 +30,7 @@ double tally__plan_time_allreduce(tally_comm *comm, double bytes) {
     int iters = bytes < 1048576 ? MANY : bytes < 16.0 * 1048576 ? SOME : FEW, done = 0;
     for (int i = -2; i < iters; i++) { /* two to warm up */
         double t0 = tally__now_s();
-        if (tally_allreduce(comm, buf, buf, count, TALLY_F32, TALLY_AVG)) break;
+        if (tally_allreduce(comm, buf, buf, count, TALLY_F32, op)) break;
         if (i >= 0) t[done++] = tally__now_s() - t0;
     }
     tally_mem_free(comm, buf);

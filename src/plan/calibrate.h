@@ -19,9 +19,11 @@ typedef struct tally__plan_calib {
     const char *used; /* the transport whose figures the plan uses */
 } tally__plan_calib;
 
-/* Mean seconds of an allreduce of `bytes` (at most 256 MiB, scaled up past it) on comm, in a buffer
- * from tally_mem_alloc as the trainer's gradients are; 0 when it could not run. Collective. */
-double tally__plan_time_allreduce(tally_comm *comm, double bytes);
+/* Median seconds of an allreduce of `bytes` (at most 256 MiB, scaled up past it) on comm, in a buffer
+ * from tally_mem_alloc as the trainer's gradients are; 0 when it could not run. Collective. op: AVG as
+ * the trainer averages (its division is one more pass over the vector: 20-25% of a 64 MiB allreduce
+ * here), SUM for the collective alone, as `tally sim` models it. */
+double tally__plan_time_allreduce(tally_comm *comm, double bytes, tally_op op);
 /* With k's links measured (shm, tcp and their allreduce times, filled by the caller, which starts the
  * ranks): times sgemm, the model (mcfg; NULL for none: then the update alone), fits each link's beta to
  * its allreduce, and sets cfg's cost, gflops and update rate from them. 0, or an error with a message. */

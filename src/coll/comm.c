@@ -331,16 +331,18 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
                        "and create a new one",
                        c->ctx.rank);
     tally__comm_stop_async(c); /* queued requests fail at once on the fault; the running one within ms */
-    tally__comm_trace_end(c);  /* each rank its own file: the communicator carries nothing now */
     struct timespec nap = {0, 1000000};
     double waited = 0;
     while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {
         nanosleep(&nap, NULL);
         waited += 1e-3;
     }
-    /* A call still in flight writes the records itself when it fails (one writer at a time). */
-    if (atomic_load_explicit(&c->refs, memory_order_acquire) == 1)
+    /* A call still in flight writes the records itself when it fails (one writer at a time), and may
+     * still add spans: the timeline is written (each rank its own file) only once no call is left. */
+    if (atomic_load_explicit(&c->refs, memory_order_acquire) == 1) {
         tally__flight_dump(&c->flight, "ABORTED", c->ctx.rank, "tally_comm_abort on this rank");
+        tally__comm_trace_end(c);
+    }
     tally__clearerr(); /* the abort itself succeeded */
     return tally__leave(c, 0);
 }

@@ -106,7 +106,7 @@ static int fl_parse_file(FILE *in, const char *dir, const char *name, tally__fli
     }
     if (!have_entries || r->n != want) return fl_bad(dir, name, "entries missing (a write cut short?)");
     if (!r->label[0] || r->size <= 0 || r->rank < 0 || r->rank >= r->size) return fl_bad(dir, name, "no rank");
-    qsort(r->e, r->n, sizeof *r->e, fl_by_seq);
+    if (r->n) qsort(r->e, r->n, sizeof *r->e, fl_by_seq); /* none: e is NULL, which qsort may not take */
     return 0;
 }
 
@@ -164,7 +164,7 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
         tally__flight_set_free(s);
         return rc;
     }
-    qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank);
+    if (s->n) qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank);
     return 0;
 }
 

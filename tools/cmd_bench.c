@@ -467,6 +467,7 @@ static int bench_chart(const bench_opts *o, const bench_series *s, int n, int si
     p->y = (tally_svg_axis){.title = "busbw (GB/s)", .from_zero = 1};
     for (int i = 0; i < n; i++) {
         tally_svg_series *line = tally_svg_add(p, s[i].name, s[i].bytes, s[i].busbw, s[i].n);
+        if (!line) break; /* past the chart's series: 5 algorithms x 3 transports stay below it */
         line->colour = s[i].colour;
         line->dash = s[i].dash;
     }

@@ -88,7 +88,7 @@ typedef struct tally__flight_set {
 int tally__flight_load(const char *dir, tally__flight_set *s);
 void tally__flight_set_free(tally__flight_set *s);
 
-/* What the records of one communicator (ranks [first, first + n) of a set, one label) say. */
+/* What the records of one communicator (a set's run of one label, in rank order as loaded) say. */
 typedef struct tally__flight_verdict {
     int size;              /* the communicator's ranks */
     int missing;           /* ranks that left no record */

@@ -78,12 +78,19 @@ static void test_tree_closed_form(void) {
     tally__sim_result r;
     double got = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_TREE, S, TALLY__SIM_EVENT, &r);
     TH_CHECK(close_to(got, want, 1e-9), "tree n=3: %.9f s, closed form %.9f s", got, want);
-    /* the same on 3 ranks sharing one core: the root's two receivers split it at the last step, and every
-     * message waits for a sleeping waiter's wake-up, once per rank more than the cores */
+    /* the same on 3 ranks sharing one core: every message waits a sleeping waiter's wake-up (once per rank
+     * more than the cores), then its own copy at a core's rate; the root's two receivers, at the last
+     * step, also share the core, which ends that step when their copies outlast the wake-up */
     c.cores = 1;
-    want = 3 * 2 * c.crowded_alpha + S * (2 * (b + g) + 2 * b);
-    got = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_TREE, S, TALLY__SIM_EVENT, &r);
-    TH_CHECK(close_to(got, want, 1e-9), "tree n=3 on one core: %.9f s, want %.9f s", got, want);
+    for (int big = 0; big < 2; big++) {
+        S = big ? 64 << 10 : 4 << 10;
+        double w = 2 * c.crowded_alpha;
+        want = 2 * (w + S * (b + g)) + fmax(w + S * b, a + 2 * S * b);
+        got = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_TREE, S, TALLY__SIM_EVENT, &r);
+        TH_CHECK(close_to(got, want, 1e-9), "tree n=3 on one core, %zu bytes: %.9f s, want %.9f s", S, got, want);
+        TH_CHECK(big ? want == 2 * (w + S * (b + g)) + a + 2 * S * b : want == 3 * w + S * (2 * (b + g) + b),
+                 "the case meant: %s", big ? "shared copies outlast the wake-up" : "the wake-up outlasts them");
+    }
 }
 
 /* rhd on 4 ranks past the small-vector switch: halving S/2 and S/4 (reduced), doubling S/4 and S/2:
@@ -100,6 +107,18 @@ static void test_rhd_closed_form(void) {
         double fa = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RHD, S, TALLY__SIM_FAST, &r);
         TH_CHECK(close_to(fa, want, 1e-9), "rhd n=%d fast path: %.9f s, closed form %.9f s", n, fa, want);
     }
+    /* 4 ranks on 2 cores, 32 KiB: every message's wake-up (two ranks past the cores) and then its own copy
+     * outlast the four copies shared by the two cores, at every step, on both levels of the model */
+    tally__sim_cluster c = one_host(4);
+    c.cores = 2;
+    size_t S = 32 << 10;
+    double w = 2 * c.crowded_alpha, b = c.shm.beta, g = c.shm.gamma;
+    double want = 4 * w + 0.75 * S * (2 * b + g);
+    tally__sim_result r;
+    double ev = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RHD, S, TALLY__SIM_EVENT, &r);
+    double fa = play(&c, TALLY__ALLREDUCE, TALLY__ALGO_RHD, S, TALLY__SIM_FAST, &r);
+    TH_CHECK(close_to(ev, want, 1e-9) && close_to(fa, want, 1e-9),
+             "rhd n=4 on 2 cores: event %.9f s, fast %.9f s, closed form %.9f s", ev, fa, want);
 }
 
 /* Two hosts of two ranks: rank 0 alone sends X to rank 2, then ranks 0 and 1 both send X to host 1 at once

@@ -14,8 +14,9 @@ typedef struct xfer {
     int src, dst, lane[2]; /* [0] the sender's lane, [1] the receiver's */
     long step[2];
     double bytes, left, rate, t_rate, t_post, t_end;
-    double cap;    /* bytes/s: one core at each end it costs CPU, or HUGE_VAL */
-    int net, gate; /* gate: which side posted last (0 sender, 1 receiver) */
+    double t_floor; /* it ends no sooner: a crowded host's wake-up (tally__sim_shm_time) */
+    double cap;     /* bytes/s: one core at each end it costs CPU, or HUGE_VAL */
+    int net, gate;  /* gate: which side posted last (0 sender, 1 receiver) */
     int link[6], nlink, bottleneck;
     double wt[6]; /* what a byte takes of each link: 1 of a NIC or uplink, core-seconds of a CPU */
 } xfer;
@@ -29,7 +30,7 @@ typedef struct post {
 
 typedef struct event {
     double t;
-    int type; /* 0: a step's messages are posted (rank, lane, step); 1: transfer id starts */
+    int type; /* 0: a step's messages are posted (rank, lane, step); 1: transfer a starts; 2: a ends */
     int a, b;
     long c;
 } event;
@@ -216,8 +217,8 @@ static void matched(sim *s, int src, int sl, long ss, int dst, int dl, long ds, 
     route(s, x, m->reduce);
     const tally__sim_cluster *c = s->c;
     s->messages++;
-    push(s,
-         (event){.t = t_post + (x->net ? tally__sim_net_alpha(c) : tally__sim_shm_alpha(c)), .type = 1, .a = (int)id});
+    x->t_floor = x->net ? 0 : t_post + tally__sim_shm_time(c, x->bytes / x->cap, 0);
+    push(s, (event){.t = t_post + (x->net ? tally__sim_net_alpha(c) : c->shm.alpha), .type = 1, .a = (int)id});
 }
 
 static void post_step(sim *s, int rank, int ln, long k, double t) {
@@ -317,10 +318,18 @@ static void rates(sim *s) {
     s->dirty = 0;
 }
 
+/* Its bytes are through: it ends now, or parks (taking no link) until its floor. */
+static void bytes_done(sim *s, long id) {
+    if (s->x[id].t_floor > s->now + 1e-12 * (1 + s->now))
+        push(s, (event){.t = s->x[id].t_floor, .type = 2, .a = (int)id});
+    else
+        finish(s, id, s->now);
+}
+
 static void start_xfer(sim *s, long id) {
     xfer *x = &s->x[id];
     if (x->bytes <= 0) {
-        finish(s, id, s->now);
+        bytes_done(s, id);
         return;
     }
     x->t_rate = s->now;
@@ -449,7 +458,7 @@ static void loop(sim *s) {
             if (s->x[id].t_end <= t + eps) {
                 s->act[i] = s->act[--s->nact];
                 s->dirty = 1;
-                finish(s, id, t);
+                bytes_done(s, id);
             } else {
                 i++;
             }
@@ -458,8 +467,10 @@ static void loop(sim *s) {
             event e = pop(s);
             if (e.type == 0)
                 on_post(s, e.a, e.b, e.c, t);
-            else
+            else if (e.type == 1)
                 start_xfer(s, e.a);
+            else
+                finish(s, e.a, t);
         }
     }
 }

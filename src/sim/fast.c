@@ -174,7 +174,7 @@ static int kind_of(const samples *sm, int n) {
 static double step_time(const fast *f, const pattern *p, double bytes, tally__sim_result *r, double *by_link) {
     const tally__sim_cluster *c = f->c;
     double t_shm = 0, t_net = 0;
-    if (p->has_shm) t_shm = tally__sim_shm_alpha(c) + bytes / p->shm_rate;
+    if (p->has_shm) t_shm = tally__sim_shm_time(c, bytes * (c->shm.beta + red_of(f, p)), bytes / p->shm_rate);
     if (p->has_net) t_net = tally__sim_net_alpha(c) + bytes / p->net_rate;
     for (int kind = 0; kind < TALLY__SIM_KINDS; kind++)
         if (p->most_at[kind] >= 0) {

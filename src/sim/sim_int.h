@@ -114,6 +114,16 @@ static inline double tally__sim_shm_alpha(const tally__sim_cluster *c) {
     double wake = tally__sim_wake(c);
     return wake > c->shm.alpha ? wake : c->shm.alpha;
 }
+/* A message inside a host: `own` seconds its copy takes a core alone, `shared` what it takes with the
+ * copies that share its cores. Crowded, a waiter sleeps through the wake-up and then copies on a core the
+ * ranks it waited for have left, while those cores run the other ranks' copies: the message ends at the
+ * later of the wake-up and its own copy, or of the shared copies after shm's latency. Adding the wake-up
+ * to the shared copies predicted 4 and 8 ranks on 2 CPUs 1.3-1.7x too slow from 16 to 256 KiB
+ * (bench/sim_validate.sh); uncrowded, the shared copies end last and this is latency plus copy. */
+static inline double tally__sim_shm_time(const tally__sim_cluster *c, double own, double shared) {
+    double woken = tally__sim_shm_alpha(c) + own, flowed = c->shm.alpha + shared;
+    return woken > flowed ? woken : flowed;
+}
 /* The same between hosts: the wire's latency, and the wake-up where the ranks are crowded. */
 static inline double tally__sim_net_alpha(const tally__sim_cluster *c) { return c->nic_alpha + tally__sim_wake(c); }
 /* The CPU link of a host's ranks (all hosts share one with shared_cores). */

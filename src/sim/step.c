@@ -190,7 +190,7 @@ static double gate(const ps_sim *p, int i) {
 static double play_step(ps_sim *p, int x, double t0) {
     const tally__sim_cluster *c = p->c;
     int rank = x + 1, remote = tally__sim_host(c, rank) != 0, K = p->t->accum > 0 ? p->t->accum : 1;
-    double S = p->t->grad_bytes, local = tally__sim_shm_alpha(c) + S * c->shm.beta;
+    double S = p->t->grad_bytes, local = tally__sim_shm_time(c, S * c->shm.beta, S * c->shm.beta);
     double pulled = remote ? (p->tx = fmax(t0, p->tx) + S / tally__sim_nic_bytes(c)) + c->nic_alpha : t0 + local;
     double f = factor(c, &p->g, rank), comp = p->t->compute_s * K * f;
     p->compute_sum += comp;

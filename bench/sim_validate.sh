@@ -3,7 +3,8 @@
 # --calibrate`: the shm link, its wake-ups and call overhead, the CPUs) before it measures shm allreduce at
 # each of 2, 3, 4 and 8 ranks from 1 KiB to 64 MiB (`tally bench --shared-mem`, out of place, as tally bench reports
 # first) and predicts them from its own calibration; prints the median prediction beside
-# the median and worst measurement, and the geometric-mean error.
+# the median and worst measurement, the geometric-mean error, and the floor: the same error between the
+# odd and the even starts' measurements.
 # usage: bench/sim_validate.sh [STARTS] [RANKS...]     (from the repository, after a build in build/)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -63,4 +64,17 @@ gm = math.exp(sum(logs) / len(logs)) - 1
 print(f"\ngeometric-mean error: {100*gm:.1f}% over {len(logs)} points; worst: {worst[1][0]} ranks, "
       f"{worst[1][1]} bytes, predicted {worst[1][2]:.2f}x the median")
 print(f"against the in-place column (what the calibration times): {100*(math.exp(sum(logs_in) / len(logs_in)) - 1):.1f}%")
+# the floor: this machine against itself, the median of the odd starts against that of the even ones
+if starts >= 2:
+    floor = []
+    for n in ranks:
+        half = [{}, {}]
+        for s in range(1, starts + 1):
+            for line in open(f"{out}/bench.{n}.{s}"):
+                f = line.split()
+                if f and not f[0].startswith("#"):
+                    half[s % 2].setdefault(int(f[0]), []).append(float(f[5]))
+        floor += [abs(math.log(statistics.median(half[1][z]) / statistics.median(half[0][z]))) for z in half[0]]
+    print(f"the measurements against themselves (odd starts' median against even starts'): "
+          f"{100*(math.exp(sum(floor) / len(floor)) - 1):.1f}%")
 EOF

@@ -219,7 +219,10 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_CALIB: return o->calibrate = 1, 0;
     case O_CALIB_RANK: return o->calibrate_rank = a, 0;
     case O_CALIB_BYTES: return tally__units_count(a, &o->calibrate_bytes);
-    case O_CALIB_OP: return o->calibrate_op = strcmp(a, "sum") ? TALLY_AVG : TALLY_SUM, 0;
+    case O_CALIB_OP: {
+        int op = tally_op_parse(a);
+        return op < 0 ? -1 : (o->calibrate_op = (tally_op)op, 0);
+    }
     case O_WIDTH: return parse_int(a, 1, 1 << 20, &o->mcfg.embd);
     case O_HEADS: return parse_int(a, 1, 1 << 16, &o->mcfg.heads);
     case O_CONTEXT: return parse_int(a, 1, 1 << 24, &o->mcfg.in_dim);
@@ -405,15 +408,9 @@ int tally_plan_calibrate_link(const char *transport, double bytes, tally_op op, 
     int fd = mkstemp(path);
     if (fd < 0) return fprintf(stderr, "tally plan: calibrate: cannot create %s\n", path), -1;
     close(fd);
-    char *argv[] = {"/proc/self/exe",
-                    "plan",
-                    "--calibrate-rank",
-                    path,
-                    "--calibrate-bytes",
-                    size,
-                    "--calibrate-op",
-                    op == TALLY_SUM ? "sum" : "avg",
-                    NULL};
+    char *argv[] = {
+        "/proc/self/exe",          "plan", "--calibrate-rank", path, "--calibrate-bytes", size, "--calibrate-op",
+        (char *)tally_op_name(op), NULL};
     tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
     int rc = tally_launch(&lo, argv);
     int rfd = -1;

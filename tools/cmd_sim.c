@@ -268,14 +268,13 @@ static int sim_calibrate(sim_opts *o) {
      * the two CPUs (sharing a cache or not) while the large one's barely does, so it is measured too. It
      * is kept only where faster: slower, it is the in-place path's cost per call, which the slot path
      * that smaller messages take does not pay (2 ranks at 256 KiB then beat 1 MiB's rate by 1.25x). */
-    if (S > SIM_CACHE_BYTES) {
-        tally__cost mid;
-        double at_mid = 0, fitted;
-        if (tally_plan_calibrate_link("shm", SIM_CACHE_BYTES, TALLY_SUM, &mid, &at_mid)) return -1;
-        fitted = at_mid > 0 ? tally__plan_fit_beta(&m, 2, SIM_CACHE_BYTES, at_mid) : m.beta;
-        o->c.cache_beta = fitted < m.beta ? fitted : 0;
-        o->c.cache_bytes = fitted < m.beta ? SIM_CACHE_BYTES : 0;
-    }
+    tally__cost mid;
+    double at_mid = 0;
+    if (tally_plan_calibrate_link("shm", SIM_CACHE_BYTES, TALLY_SUM, &mid, &at_mid)) return -1;
+    double fitted = at_mid > 0 ? tally__plan_fit_beta(&m, 2, SIM_CACHE_BYTES, at_mid) : m.beta;
+    int faster = fitted < m.beta;
+    o->c.cache_beta = faster ? fitted : 0;
+    o->c.cache_bytes = faster ? SIM_CACHE_BYTES : 0;
     /* a 4-byte allreduce: what the model lacks of its time is the call's own overhead */
     tally__cost unused;
     double tiny = 0;

@@ -14,12 +14,17 @@ if [ -d .git ] || git rev-parse --git-dir >/dev/null 2>&1; then
 else
   files=$(find include src tools tests examples fuzz -name '*.[ch]' 2>/dev/null)
 fi
-bad=0
-for f in $files; do
-  if ! "$cf" --dry-run -Werror "$f" >/dev/null 2>&1; then
-    echo "check-format: $f is not as .clang-format lays it out; run: $cf -i $f"
-    bad=1
-  fi
+# One clang-format for every file (a process per file took 25 s); it names each file it would change.
+rc=0
+out=$(printf '%s\n' $files | xargs "$cf" --dry-run -Werror 2>&1) || rc=$?
+bad_files=$(echo "$out" | sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' | sort -u)
+for f in $bad_files; do
+  echo "check-format: $f is not as .clang-format lays it out; run: $cf -i $f"
 done
-[ "$bad" = 0 ] && echo "check-format: $(echo "$files" | wc -w) files as .clang-format lays them out"
-exit "$bad"
+if [ "$rc" -ne 0 ] && [ -z "$bad_files" ]; then # it failed for another reason: show why
+  echo "check-format: $cf failed (exit $rc):"
+  echo "$out" | head -20
+  exit 1
+fi
+[ -z "$bad_files" ] && echo "check-format: $(echo "$files" | wc -w) files as .clang-format lays them out"
+[ -z "$bad_files" ]

@@ -306,12 +306,16 @@ static void test_refused(void) {
 }
 
 int main(void) {
-    test_module();
-    test_refused();
-    test_bsp_equals_sync();
-    test_bound_under_straggler();
-    test_dedicated();
-    test_shared_quota();
-    test_killed_rank();
+    if (th_quick()) {
+        test_module();
+        test_refused();
+        test_bsp_equals_sync();
+        test_dedicated();
+        test_killed_rank();
+    }
+    if (th_long()) { /* a straggler's pace, and a quota shared by several runs */
+        test_bound_under_straggler();
+        test_shared_quota();
+    }
     return th_verdict("test_async");
 }

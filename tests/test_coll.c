@@ -1,5 +1,6 @@
 /* test_coll.c - every public collective x algorithm x transport x dtype x op x count x world size,
  * through the public API in real processes, checked exactly against a reference computed here. */
+#include <malloc.h>
 #include <math.h>
 #include <sched.h>
 #include <stdint.h>
@@ -59,6 +60,33 @@ static double reference(int n, size_t i, int t, int op, int with_nan) {
     return tally__dtype_load(tmp, 0, (tally_dtype)t);
 }
 
+/* input() repeats every 33 elements (its periods are 11 and 3), and so do the contributions and the
+ * references but for element NAN_INDEX: a call's expected values are computed once per period, not once
+ * per element (that was most of this test's time). */
+#define PERIOD 33
+typedef struct periodic {
+    double v[PERIOD], at_nan;
+} periodic;
+
+static double periodic_at(const periodic *p, size_t i) { return i == NAN_INDEX ? p->at_nan : p->v[i % PERIOD]; }
+
+static void contribution_table(periodic *p, int rank, int t, int op, int with_nan) {
+    for (size_t i = 0; i < PERIOD; i++) p->v[i] = contribution(rank, i, t, op, 0);
+    p->at_nan = contribution(rank, NAN_INDEX, t, op, with_nan);
+}
+
+static void reference_table(periodic *p, int n, int t, int op, int with_nan) {
+    for (size_t i = 0; i < PERIOD; i++) p->v[i] = reference(n, i, t, op, 0);
+    p->at_nan = reference(n, NAN_INDEX, t, op, with_nan);
+}
+
+/* The first count elements of rank's contribution, stored as dtype t. */
+static void fill(void *buf, int rank, size_t count, int t, int op, int with_nan) {
+    periodic p;
+    contribution_table(&p, rank, t, op, with_nan);
+    for (size_t i = 0; i < count; i++) tally__dtype_store(buf, i, (tally_dtype)t, periodic_at(&p, i));
+}
+
 static int same(double got, double want) { return (isnan(got) && isnan(want)) || got == want; }
 
 typedef struct {
@@ -84,11 +112,13 @@ static int check_allreduce(tally_comm *c, int t, int op, size_t count, int in_pl
     int rank = tally_comm_rank(c), n = tally_comm_size(c);
     size_t es = tally_dtype_size((tally_dtype)t);
     char *send = malloc(count * es + 1), *recv = in_place ? send : malloc(count * es + 1);
-    for (size_t i = 0; i < count; i++) tally__dtype_store(send, i, (tally_dtype)t, contribution(rank, i, t, op, 1));
+    fill(send, rank, count, t, op, 1);
     int rc = tally_allreduce(c, send, recv, count, (tally_dtype)t, (tally_op)op);
     if (rc) fail_rc(rank, "allreduce", rc);
+    periodic ref;
+    reference_table(&ref, n, t, op, 1);
     for (size_t i = 0; i < count && !rc; i++) {
-        double want = reference(n, i, t, op, 1), got = tally__dtype_load(recv, i, (tally_dtype)t);
+        double want = periodic_at(&ref, i), got = tally__dtype_load(recv, i, (tally_dtype)t);
         if (!same(got, want)) {
             fail(rank, in_place ? "allreduce in place" : "allreduce", t, op, count, i, got, want);
             break;
@@ -104,12 +134,13 @@ static int check_reduce_scatter(tally_comm *c, int t, int op, size_t count, int 
     size_t es = tally_dtype_size((tally_dtype)t), total = count * (size_t)n;
     char *send = malloc(total * es + 1), *own = malloc(count * es + 1);
     char *recv = in_place ? send + (size_t)rank * count * es : own;
-    for (size_t i = 0; i < total; i++) tally__dtype_store(send, i, (tally_dtype)t, contribution(rank, i, t, op, 1));
+    fill(send, rank, total, t, op, 1);
     int rc = tally_reduce_scatter(c, send, recv, count, (tally_dtype)t, (tally_op)op);
     if (rc) fail_rc(rank, "reduce_scatter", rc);
+    periodic ref;
+    reference_table(&ref, n, t, op, 1);
     for (size_t i = 0; i < count && !rc; i++) {
-        double want = reference(n, (size_t)rank * count + i, t, op, 1),
-               got = tally__dtype_load(recv, i, (tally_dtype)t);
+        double want = periodic_at(&ref, (size_t)rank * count + i), got = tally__dtype_load(recv, i, (tally_dtype)t);
         if (!same(got, want)) {
             fail(rank, in_place ? "reduce_scatter in place" : "reduce_scatter", t, op, count, i, got, want);
             break;
@@ -126,13 +157,13 @@ static int check_allgather(tally_comm *c, int t, size_t count, int in_place) {
     char *recv = malloc(total * es + 1), *own = malloc(count * es + 1);
     char *send = in_place ? recv + (size_t)rank * count * es : own;
     memset(recv, 0xA5, total * es);
-    for (size_t i = 0; i < count; i++)
-        tally__dtype_store(send, i, (tally_dtype)t, contribution(rank, i, t, TALLY_SUM, 0));
+    fill(send, rank, count, t, TALLY_SUM, 0);
     int rc = tally_allgather(c, send, recv, count, (tally_dtype)t);
     if (rc) fail_rc(rank, "allgather", rc);
+    periodic of[TH_MAX_RANKS];
+    for (int q = 0; q < n; q++) contribution_table(&of[q], q, t, TALLY_SUM, 0);
     for (size_t i = 0; i < total && !rc; i++) {
-        double want = contribution((int)(i / count), i % count, t, TALLY_SUM, 0),
-               got = tally__dtype_load(recv, i, (tally_dtype)t);
+        double want = periodic_at(&of[i / count], i % count), got = tally__dtype_load(recv, i, (tally_dtype)t);
         if (!same(got, want)) {
             fail(rank, in_place ? "allgather in place" : "allgather", t, TALLY_SUM, count, i, got, want);
             break;
@@ -147,12 +178,13 @@ static int check_broadcast(tally_comm *c, int t, size_t count, int root) {
     int rank = tally_comm_rank(c);
     size_t es = tally_dtype_size((tally_dtype)t);
     char *buf = malloc(count * es + 1);
-    for (size_t i = 0; i < count; i++)
-        tally__dtype_store(buf, i, (tally_dtype)t, contribution(rank, i, t, TALLY_SUM, 0));
+    fill(buf, rank, count, t, TALLY_SUM, 0);
     int rc = tally_broadcast(c, buf, count, (tally_dtype)t, root);
     if (rc) fail_rc(rank, "broadcast", rc);
+    periodic want_of;
+    contribution_table(&want_of, root, t, TALLY_SUM, 0);
     for (size_t i = 0; i < count && !rc; i++) {
-        double want = contribution(root, i, t, TALLY_SUM, 0), got = tally__dtype_load(buf, i, (tally_dtype)t);
+        double want = periodic_at(&want_of, i), got = tally__dtype_load(buf, i, (tally_dtype)t);
         if (!same(got, want)) {
             fail(rank, "broadcast", t, root, count, i, got, want);
             break;
@@ -175,7 +207,10 @@ static int rank_main(int rank, int n, void *arg) {
         fail_rc(rank, "tally_comm_init", rc);
         return 1;
     }
-    size_t counts[] = {0, 1, 7, (size_t)(n > 1 ? n - 1 : 0), (size_t)n + 1, 1000003};
+    /* The large count: past every transport's large-message threshold and several pipeline segments; 4 MB
+     * of f32 where every case runs (by hand, the long tier), 1.2 MB in the quick tier. */
+    size_t large = th_long() ? 1000003 : 300007;
+    size_t counts[] = {0, 1, 7, (size_t)(n > 1 ? n - 1 : 0), (size_t)n + 1, large};
     int ncounts = sizeof counts / sizeof *counts;
     for (int ci = 0; ci < ncounts && !g_result->failures; ci++) {
         size_t count = counts[ci];
@@ -265,7 +300,8 @@ static void run_case(const char *what, int n, const th_opts *o, th_rank_fn fn) {
 }
 
 /* More ranks than CPUs, whatever machine runs the test: the ranks inherit a set of one CPU, so every
- * wait of every algorithm must hand the CPU to the peer it waits for (a spinner would take it). */
+ * wait of every algorithm must hand the CPU to the peer it waits for (a spinner would take it). The quick
+ * tier: the ring on 3 ranks over shm; the long one: every algorithm on 8 ranks, both transports. */
 static void run_oversubscribed(const char *only_transport, int light) {
     const char *transports[] = {"shm", "tcp"};
     const char *algos[] = {"ring", "tree", "rhd", "direct"};
@@ -278,9 +314,14 @@ static void run_oversubscribed(const char *only_transport, int light) {
     TH_CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity to CPU %d", cpu);
     for (int ti = 0; ti < 2; ti++) {
         if (only_transport && strcmp(only_transport, transports[ti])) continue;
-        for (int ai = 0; ai < (light ? 1 : 4); ai++) {
-            th_opts o = {.transport = transports[ti], .algo = algos[ai], .timeout_s = 60, .wall_s = 300};
-            char what[64];
+        th_opts o = {.transport = transports[ti], .algo = algos[0], .timeout_s = 60, .wall_s = 300};
+        char what[64];
+        if (ti == 0 && th_quick()) {
+            snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], algos[0]);
+            run_case(what, 3, &o, rank_main);
+        }
+        for (int ai = 0; ai < (light ? 1 : 4) && th_long(); ai++) {
+            o.algo = algos[ai];
             snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], algos[ai]);
             run_case(what, 8, &o, rank_main);
         }
@@ -288,11 +329,12 @@ static void run_oversubscribed(const char *only_transport, int light) {
     sched_setaffinity(0, sizeof set, &set);
 }
 
-/* Three hosts by name, their ranks interleaved (h0 h1 h2 h0 h1 h2): the hierarchical collectives'
+/* Hosts by name, their ranks interleaved (h0 h1 h2 h0 h1 h2 for three): the hierarchical collectives'
  * reordering of blocks between world order and level order is then not the identity. */
+static int g_interleaved_hosts;
 static void env_interleaved_hosts(int rank, void *arg) {
-    char name[8];
-    snprintf(name, sizeof name, "h%d", rank % 3);
+    char name[16];
+    snprintf(name, sizeof name, "h%d", rank % g_interleaved_hosts);
     setenv("TALLY_HOST", name, 1);
 }
 
@@ -305,12 +347,14 @@ static void env_named_hosts(int rank, void *arg) {
 }
 
 /* The flat algorithms over shm+tcp: shm between the ranks of a host, tcp across; ring steps that send
- * on one kind and receive on the other; a host with one rank alone (no shm there). */
+ * on one kind and receive on the other; a host with one rank alone (no shm there). The quick tier: the
+ * ring on hosts 001. */
 static void run_mixed(int light) {
     static const char *const layouts[] = {"0011", "001", "00011"};
     const char *algos[] = {"ring", "tree", "rhd", "direct"};
     for (int li = 0; li < 3; li++)
         for (int ai = 0; ai < 4; ai++) {
+            if (!th_long() && !(li == 1 && ai == 0)) continue;
             if (light && li > 0 && ai > 0) continue;
             g_hosts_of = layouts[li];
             th_opts o = {.algo = algos[ai], .timeout_s = 60, .wall_s = 300, .child_env = env_named_hosts};
@@ -320,11 +364,20 @@ static void run_mixed(int light) {
         }
 }
 
+/* Quick: 2 hosts x 2 interleaved; long: 3 x 2, the algorithm forced and chosen by the measured model. */
 static void run_hier(void) {
     th_opts o = {.algo = "hier", .timeout_s = 60, .wall_s = 300, .child_env = env_interleaved_hosts};
-    run_case("hier 3 hosts x 2 interleaved", 6, &o, rank_main);
-    o.algo = NULL;
-    run_case("auto 3 hosts x 2 interleaved", 6, &o, rank_main);
+    if (th_quick()) {
+        g_interleaved_hosts = 2;
+        run_case("hier 2 hosts x 2 interleaved", 4, &o, rank_main);
+    }
+    if (th_long()) {
+        g_interleaved_hosts = 3;
+        run_case("hier 3 hosts x 2 interleaved", 6, &o, rank_main);
+        o.algo = NULL;
+        o.measure = 1;
+        run_case("auto 3 hosts x 2 interleaved", 6, &o, rank_main);
+    }
 }
 
 /* One rank of a job started elsewhere (scripts/hosts.sh's test hosts): every collective of rank_main,
@@ -346,6 +399,9 @@ static int as_rank(void) {
 }
 
 int main(int argc, char **argv) {
+    /* Keep freed buffers in the heap: a fresh mmap per call made page faults a tenth of the time. */
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
     if (argc > 1 && !strcmp(argv[1], "--as-rank")) return as_rank();
     const char *transports[] = {"shm", "tcp"};
     const char *algos[] = {"ring", "tree", "rhd", "direct"};
@@ -359,6 +415,9 @@ int main(int argc, char **argv) {
             for (int si = 0; si < 6; si++) {
                 int n = sizes[si];
                 if (n == 1 && (ti || ai)) continue; /* one rank needs no transport or algorithm */
+                /* The quick tier: one rank, and every algorithm on 3 ranks (not a power of two), with a
+                 * smaller large count; the long tier runs them all at full size. */
+                if (!th_long() && n != 1 && n != 3) continue;
                 if (light && n > 3 && n != 5) continue;
                 /* Four and eight ranks for the ring and halving-doubling, whose steps depend on N's shape;
                  * tree and direct take the same paths at 3 and 5 (half a minute of CI saved). */
@@ -371,7 +430,9 @@ int main(int argc, char **argv) {
                 snprintf(what, sizeof what, "%s %-6s", transports[ti], algos[ai]);
                 run_case(what, n, &o, rank_main);
             }
-        th_opts auto_algo = {.transport = transports[ti], .timeout_s = 120, .wall_s = 400};
+        if (!th_long()) continue;
+        /* The algorithm chosen by the cost model measured at init, on 16 ranks; then 256 MiB. */
+        th_opts auto_algo = {.transport = transports[ti], .timeout_s = 120, .wall_s = 400, .measure = 1};
         char what[64];
         snprintf(what, sizeof what, "%s auto  ", transports[ti]);
         run_case(what, 16, &auto_algo, rank_many);

@@ -249,12 +249,16 @@ static void test_generate(void) {
 int main(void) {
     snprintf(g_text, sizeof g_text, "/tmp/tally-test-gpt-%d.txt", (int)getpid());
     write_corpus();
-    test_world_and_accum();
-    test_zero_and_buckets();
-    test_codecs_learn();
-    test_checkpoints();
-    test_guards_and_async();
-    test_generate();
+    if (th_quick()) { /* a few steps each: world size and accumulation, a checkpoint resumed, generation */
+        test_world_and_accum();
+        test_checkpoints();
+        test_generate();
+    }
+    if (th_long()) { /* the whole trainer's features on the GPT */
+        test_zero_and_buckets();
+        test_codecs_learn();
+        test_guards_and_async();
+    }
     unlink(g_text);
     return th_verdict("test_gpt_train");
 }

@@ -308,7 +308,7 @@ static void t_partial_and_long_lines(void) {
     CHECK(r.rc == 0 && s.rc == 0, "exit %d and %d", r.rc, s.rc);
     CHECK(strstr(r.out, "[0] no newline 0\n") && strstr(r.out, "[1] no newline 1\n"), "partial lines flushed");
     for (int rank = 0; rank < 2; rank++) {
-        char head[8];
+        char head[24];
         snprintf(head, sizeof head, "[%d] x", rank);
         const char *p = strstr(s.out, head);
         size_t xs = p ? strspn(p + 4, "x") : 0;

@@ -309,13 +309,16 @@ int main(int argc, char **argv) {
                     if (light && base == LARGE_COUNT && (n != 3 || algos[a])) continue;
                     /* The sanitizer pass: every algorithm on 3 ranks, auto on the others (the paths are alike). */
                     if (light && algos[a] && n != 3) continue;
+                    /* The quick tier: every kind of disagreement on 3 ranks, the algorithm chosen, 100 elements. */
+                    int quick = n == 3 && !algos[a] && base == 100;
+                    if (!(quick ? th_quick() : th_long())) continue;
                     for (size_t i = 0; i < NSCENS; i++)
                         if (!only || strstr(scens[i].name, only)) run_one(n, tps[k], algos[a], base, &scens[i]);
                 }
     for (int n = 2; n <= 4 && (!only || strstr("left early", only)); n++)
         for (int k = 0; k < 2; k++) {
-            test_left_early(n, tps[k], 0);
-            if (n == 3) test_left_early(n, tps[k], 2);
+            if (n == 3 ? th_quick() : th_long()) test_left_early(n, tps[k], 0);
+            if (n == 3 && th_long()) test_left_early(n, tps[k], 2); /* waits 2 s */
         }
     printf("test_mismatch: %d jobs, %d with failures\n", jobs, failed_jobs);
     return th_verdict("test_mismatch");

@@ -313,8 +313,8 @@ int main(void) {
         return 1;
     }
     S = th_shared_alloc(sizeof *S);
-    test_transport("shm");
-    if (!th_light()) test_transport("tcp");
+    if (th_quick()) test_transport("shm");
+    if (!th_light() && th_long()) test_transport("tcp");
     th_shared_free(S, sizeof *S);
     char cmd[PATH_MAX + 32], out[256];
     if (!th_failed) {

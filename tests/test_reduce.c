@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/reduce.h"
+#include "harness.h"
 
 static long checks;
 
@@ -270,8 +271,9 @@ static const int offsets[][3] = {{0, 0, 0}, {1, 1, 1}, {1, 0, 3}, {0, 1, 1}};
 #define NOFFSETS (sizeof offsets / sizeof offsets[0])
 
 static void sweep_dtype(int t, const char *isa) {
-    const char *light_env = getenv("TALLY_TEST_LIGHT"); /* the sanitizer pass: smaller counts only */
-    int light = light_env && *light_env == '1';
+    const char *light_env = getenv("TALLY_TEST_LIGHT");         /* the sanitizer pass: smaller counts only */
+    int light = (light_env && *light_env == '1') || !th_long(); /* and the quick tier */
+    size_t top = light ? 100000 : MAXN;                         /* the largest count swept */
     size_t es = tally_dtype_size(t), span = (MAXN + 2 * GUARD + 8) * es;
     unsigned char *a0 = malloc(MAXN * es), *b0 = malloc(MAXN * es);
     unsigned char *ref = malloc(MAXN * 8);
@@ -284,10 +286,10 @@ static void sweep_dtype(int t, const char *isa) {
     for (int op = 0; op < TALLY_OP_COUNT; op++) {
         for (size_t ci = 0; ci < NCOUNTS; ci++) {
             size_t n = counts[ci];
-            if (light && n > 100000) continue;                        /* the sanitizer pass keeps every smaller count */
+            if (n > top) continue;                                    /* a light sweep keeps every smaller count */
             int nranks = op == TALLY_AVG ? (int)(ci % 4) * 2 + 1 : 1; /* 1, 3, 5, 7 */
             if (ci == 0 || op == TALLY_AVG) /* elementwise: one reference serves every count */
-                for (size_t i = 0, m = op == TALLY_AVG ? n : MAXN; i < m; i++)
+                for (size_t i = 0, m = op == TALLY_AVG ? n : top; i < m; i++)
                     ((uint64_t *)ref)[i] = ref_elem(t, op, a0, b0, i, nranks);
             for (size_t oi = 0; oi < NOFFSETS; oi++) {
                 for (int alias = ALIAS_NONE; alias <= ALIAS_B; alias++) {

@@ -251,13 +251,15 @@ static void test_refusals(void) {
 
 int main(void) {
     R = th_shared_alloc(sizeof *R * TH_MAX_RANKS);
-    test_colors();
-    test_nested();
-    test_hosts();
-    test_faults();
-    test_hier_death();
-    test_stopped();
-    test_refusals();
+    if (th_quick()) {
+        test_colors();
+        test_nested();
+        test_hosts();
+        test_faults();
+        test_hier_death();
+        test_refusals();
+    }
+    if (th_long()) test_stopped(); /* waits out a 2 s TALLY_TIMEOUT */
     th_shared_free(R, sizeof *R * TH_MAX_RANKS);
     return th_verdict("test_split");
 }

@@ -185,6 +185,7 @@ static int tt_data_rank(int rank, int size, void *arg) {
         /* The sanitizer pass keeps every smaller size; the 64 MiB one runs at N = 2 and 3 only, where
          * ring and all-pairs already take every path a larger N would (it cost ~30 s of CI at N = 4, 5). */
         if ((th_light() || size > 3) && tt_lens[li] > (16u << 20)) continue;
+        if (!th_long() && tt_lens[li] > (1u << 20)) continue; /* the quick tier: up to 1 MiB */
         double t0 = th_now();
         int huge = tt_lens[li] > (16u << 20); /* the biggest size: every kind once, each pattern once */
         for (int k = 0; k < K_COUNT; k++) {
@@ -345,7 +346,7 @@ static int tt_fds_rank(int rank, int size, void *arg) {
 /* ---- the parent ---- */
 
 static void tt_data_tests(void) {
-    for (int n = 2; n <= 5; n++) {
+    for (int n = 2; n <= (th_long() ? 5 : 3); n++) { /* the quick tier: 2 and 3 ranks */
         th_opts o = {.wall_s = 300};
         double t0 = th_now();
         TH_CHECK(th_run(n, &o, tt_data_rank, NULL) == 0, "ring/all-pairs data, N=%d", n);
@@ -370,11 +371,13 @@ static void tt_mismatch_tests(void) {
         th_shared_free(sh, sizeof *sh);
     }
     tt_shared *sh = th_shared_alloc(sizeof *sh);
-    TH_CHECK(th_run(3, NULL, tt_mismatch_idle_rank, sh) == 0, "idle mismatch job");
-    TH_CHECK(sh->rc[0] == TALLY_E_MISMATCH && sh->t[0] < 1.5 && strstr(sh->msg[0], "rank 1 called"),
-             "a mismatch from a peer we do not wait on: rc %d after %.2f s '%s'", sh->rc[0], sh->t[0], sh->msg[0]);
-    TH_CHECK(sh->rc[1] == 0, "the sender of the other call: rc %d", sh->rc[1]);
-    memset(sh, 0, sizeof *sh);
+    if (th_long()) { /* its silent rank stays 3 s */
+        TH_CHECK(th_run(3, NULL, tt_mismatch_idle_rank, sh) == 0, "idle mismatch job");
+        TH_CHECK(sh->rc[0] == TALLY_E_MISMATCH && sh->t[0] < 1.5 && strstr(sh->msg[0], "rank 1 called"),
+                 "a mismatch from a peer we do not wait on: rc %d after %.2f s '%s'", sh->rc[0], sh->t[0], sh->msg[0]);
+        TH_CHECK(sh->rc[1] == 0, "the sender of the other call: rc %d", sh->rc[1]);
+        memset(sh, 0, sizeof *sh);
+    }
     TH_CHECK(th_run(2, NULL, tt_length_rank, sh) == 0, "length job");
     for (int r = 0; r < 2; r++)
         TH_CHECK(sh->rc[r] == TALLY_E_PROTOCOL && strstr(sh->msg[r], "wrong length"), "length: rank %d rc %d '%s'", r,
@@ -428,10 +431,10 @@ int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : "";
     if (!*only || !strcmp(only, "fds")) TH_CHECK(th_run(3, NULL, tt_fds_rank, NULL) == 0, "fd leak job");
     if (!*only || !strcmp(only, "mismatch")) tt_mismatch_tests();
-    if (!*only || !strcmp(only, "timeout")) tt_timeout_test();
+    if ((!*only || !strcmp(only, "timeout")) && th_long()) tt_timeout_test(); /* waits out 2 s */
     if (!*only || !strcmp(only, "death")) {
         tt_death_test(3);
-        tt_death_test(4);
+        if (th_long()) tt_death_test(4);
     }
     if (!*only || !strcmp(only, "data")) tt_data_tests();
     return th_verdict("test_tcp");

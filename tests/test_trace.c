@@ -117,11 +117,13 @@ int main(void) {
     snprintf(dir, sizeof dir, "/tmp/tally-test-trace-%d", (int)getpid());
     th_rm_dir(dir);
     mkdir(dir, 0700);
-    train_run("MLP, overlap", NULL);
-    train_run("MLP, --no-overlap", "--no-overlap");
-    bench_run();
-    library_run(0);
-    library_run(1);
+    if (th_quick()) {
+        train_run("MLP, overlap", NULL);
+        bench_run();
+        library_run(0);
+        library_run(1);
+    }
+    if (th_long()) train_run("MLP, --no-overlap", "--no-overlap");
     th_rm_dir(dir);
     return th_verdict("test_trace");
 }

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+from tiers import wants
+
 here = os.path.dirname(os.path.abspath(__file__))
 # A rank's verdict, after whatever prefix its launcher puts on the line ("[1] ", "[default1]:").
 RESULT = re.compile(r"result (\S+) (\d+) (\d+) ?(.*)$")
@@ -46,8 +48,12 @@ def main():
         sys.exit(77)
     tally_bin = sys.argv[1]
     fails, passed = [], 0
-    for n, case, tp in [(1, "collectives", None), (2, "collectives", None), (3, "collectives", None),
-                        (2, "collectives", "tcp"), (2, "checks", None), (3, "death", None), (3, "mismatch", None)]:
+    # The quick tier: every collective on 2 ranks, the argument checks, a mismatch; the long one the rest.
+    for n, case, tp, tier in [(1, "collectives", None, "long"), (2, "collectives", None, "quick"),
+                              (3, "collectives", None, "long"), (2, "collectives", "tcp", "long"),
+                              (2, "checks", None, "quick"), (3, "death", None, "long"), (3, "mismatch", None, "quick")]:
+        if not wants(tier):
+            continue
         f, p = run(tally_bin, n, case, tp)
         fails += f
         passed += p

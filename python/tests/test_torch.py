@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tempfile
 
+from tiers import wants
+
 here = os.path.dirname(os.path.abspath(__file__))
 # A rank's verdict, after whatever prefix its launcher puts on the line ("[1] ", "[default1]:").
 RESULT = re.compile(r"result (\S+) (\d+) (\d+) ?(.*)$")
@@ -53,6 +55,12 @@ def main():
         passed += p
         print(f"  {label}: {'ok' if not f else 'FAILED'} ({p} checks)", flush=True)
 
+    # The quick tier: every collective through the backend once, on 2 ranks; the rest is the external tier's.
+    if wants("quick"):
+        f, p, _ = launch(tally_run(tally_bin, 2, "collectives"), "collectives", 2, "collectives, tally run -n 2")
+        note(f, p, "collectives, tally run -n 2")
+    if not wants("external"):
+        finish(fails, passed)
     f, p, _ = launch(tally_run(tally_bin, 3, "collectives"), "collectives", 3, "collectives, tally run -n 3")
     note(f, p, "collectives, tally run -n 3")
     # --redirects 1 --tee 1: Debian's torchrun 1.13 under Python 3.11 cannot parse its own defaults (0) for
@@ -86,6 +94,10 @@ def main():
     print("\n".join("    " + line for line in out.splitlines() if " got: " in line))
     f, p, _ = launch(tally_run(tally_bin, 3, "mismatch"), "mismatch", 3, "mismatch")
     note(f, p, "counts 7 and 8, 3 ranks")
+    finish(fails, passed)
+
+
+def finish(fails, passed):
     for f in fails:
         print("FAIL", f)
     print(f"test_torch: {passed} passed, {len(fails)} failed")

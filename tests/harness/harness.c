@@ -102,6 +102,30 @@ int th_light(void) {
     return s && *s == '1';
 }
 
+enum { TH_ALL, TH_QUICK, TH_LONG, TH_EXTERNAL };
+static int th_tier(void) {
+    static int tier = -1;
+    if (tier >= 0) return tier;
+    const char *s = getenv("TALLY_TEST_TIER");
+    if (!s || !*s)
+        tier = TH_ALL;
+    else if (!strcmp(s, "quick"))
+        tier = TH_QUICK;
+    else if (!strcmp(s, "long"))
+        tier = TH_LONG;
+    else if (!strcmp(s, "external"))
+        tier = TH_EXTERNAL;
+    else {
+        fprintf(stderr, "TALLY_TEST_TIER='%s': expected quick, long or external (or unset for all)\n", s);
+        exit(2);
+    }
+    return tier;
+}
+
+int th_quick(void) { return th_tier() == TH_ALL || th_tier() == TH_QUICK; }
+int th_long(void) { return th_tier() == TH_ALL || th_tier() == TH_LONG; }
+int th_external(void) { return th_tier() == TH_ALL || th_tier() == TH_EXTERNAL; }
+
 void *th_shared_alloc(size_t bytes) {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
@@ -129,6 +153,7 @@ static void th_child(int rank, int n, int port, const char *token, const th_opts
         snprintf(buf, sizeof buf, "%g", o->timeout_s);
         setenv("TALLY_TIMEOUT", buf, 1);
     }
+    if (!(o && o->measure)) setenv("TALLY_COST", TH_COST, 0);
     if (o && o->child_env) o->child_env(rank, arg);
     int rc = fn(rank, n, arg);
     fflush(stdout);

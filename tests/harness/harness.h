@@ -11,11 +11,17 @@
 
 typedef int (*th_rank_fn)(int rank, int size, void *arg);
 
+#define TH_COST "2,5,10" /* alpha 2 us, 5 GB/s links, 10 GB/s reduction */
+
 typedef struct th_opts {
     const char *transport; /* TALLY_TRANSPORT, NULL = leave unset */
     const char *algo;      /* TALLY_ALGO, NULL = leave unset */
     double timeout_s;      /* TALLY_TIMEOUT, 0 = leave unset */
     double wall_s;         /* ranks still running after this are killed (default 120) */
+    /* Measure the links at init as a user's job does (the cost model's own tests). Otherwise the ranks get
+     * TH_COST as TALLY_COST unless the environment has one: the ping-pong is two thirds of a small job's
+     * time, and a test that checks results, faults or messages gains nothing from it. */
+    int measure;
     /* Called in each child after the TALLY_* variables are set, before fn: adjust the env. */
     void (*child_env)(int rank, void *arg);
 } th_opts;
@@ -67,6 +73,15 @@ void th_write_file(const char *path, const void *data, size_t n);
 int th_shell(const char *cmd, int timeout_s, char *out, size_t cap);
 /* TALLY_TEST_LIGHT=1 (the sanitizer pass): tests trim their largest cases, keeping every kind. */
 int th_light(void);
+/* The tiers (README, "Tests"): ctest runs a test file whose cases fall in several tiers once per tier,
+ * with TALLY_TEST_TIER=quick, long or external (tests/CMakeLists.txt). th_quick() is true where the quick
+ * cases run, th_long() the long ones, th_external() those that need an outside stack (a browser, PyTorch,
+ * mpirun); with the variable unset (a test run by hand) all are. A case belongs to one tier; where the
+ * quick tier runs a case at smaller sizes, the long tier runs it again at full size, so the tiers' union
+ * is every case of the file at every size. Any other value ends the test with status 2. */
+int th_quick(void);
+int th_long(void);
+int th_external(void);
 
 /* Test bookkeeping: counts and a verdict line "NAME: N passed, M failed". */
 extern int th_passed, th_failed;

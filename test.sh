@@ -1,24 +1,96 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: a release build, then the same tests under AddressSanitizer+UBSan, then
-# the threaded tests under ThreadSanitizer.
-# The sanitizer pass runs the same tests with TALLY_TEST_LIGHT=1 (largest sizes trimmed).
-# TALLY_TEST_QUICK=1 skips the sanitizer build.
-set -eu
+# test.sh - the test suite by tiers (README, "Tests"). With no argument, the quick tier: in a Release
+# build, in an AddressSanitizer+UBSan build at -O1 (TALLY_TEST_LIGHT=1), and its threaded tests under
+# ThreadSanitizer, each with ctest -j across the CPUs; at most 10 minutes on 2 cores, or it fails.
+#   --full       every tier (quick, long, external) in the three builds
+#   --long       the long tier alone, in the three builds
+#   --external   the external tier alone (PyTorch, Chromium, mpirun, test hosts), in the Release build
+# Prints each phase's time and the 10 slowest tests; each build keeps ctest's times
+# (Testing/Temporary/CTestCostData.txt), so the next run starts the slowest tests first.
+set -eu -o pipefail
 cd "$(dirname "$0")"
-bash scripts/deps.sh --tests # the suite tests PyTorch's tally backend and renders the charts in chromium
+
+mode=${1:-quick}
+case "$mode" in
+quick | --quick) mode=quick tiers=quick builds="release asan tsan" deps=--torch ;;
+--full) mode=full tiers="quick|long|external" builds="release asan tsan" deps=--tests ;;
+--long) mode=long tiers=long builds="release asan tsan" deps=--torch ;;
+--external) mode=external tiers=external builds=release deps=--tests ;;
+-h | --help)
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+  ;;
+*)
+  echo "test.sh: unknown argument '$1': it takes --full, --long or --external (none: the quick tier); see --help" >&2
+  exit 2
+  ;;
+esac
+# The quick tier's budget on the slower 2-core machine kind; TALLY_TEST_BUDGET=0 lifts it (valgrind, a
+# slower machine).
+budget=${TALLY_TEST_BUDGET:-600}
+
+# PyTorch's packages for the backend's tests; chromium besides for the external tier's charts.
+bash scripts/deps.sh "$deps"
 jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$jobs"
-(cd build && ctest --output-on-failure --timeout 900)
-if [ "${TALLY_TEST_QUICK:-0}" != 1 ]; then
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTALLY_SANITIZE=ON >/dev/null
-  cmake --build build-asan -j"$jobs"
-  (cd build-asan && TALLY_TEST_LIGHT=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 900)
-  # The threaded parts (the monitor thread, faults raised from it, abort from another thread, the engine
-  # and ZeRO communication threads, shm+tcp's helper thread, the non-blocking calls' thread) under ThreadSanitizer; TALLY_TEST_THREADS=1 keeps test_zero to its
-  # threaded cases.
-  cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTALLY_TSAN=ON >/dev/null
-  cmake --build build-tsan -j"$jobs" --target test_boot test_faults test_abort test_ddp test_zero test_mixed test_requests tally
-  (cd build-tsan && TALLY_TEST_THREADS=1 TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 \
-    -R '^(test_boot|test_faults|test_abort|test_ddp|test_zero|test_mixed|test_requests)$')
+t_start=$SECONDS
+logs=()
+failed=()
+
+phase_time() { # name start
+  echo "test.sh: $1: $((SECONDS - $2)) s"
+}
+
+run_build() { # name dir cmake-args...
+  local name=$1 dir=$2 t0=$SECONDS
+  shift 2
+  cmake -S . -B "$dir" "$@" >/dev/null
+  cmake --build "$dir" -j"$jobs"
+  phase_time "$name build" "$t0"
+}
+
+run_tests() { # name dir tiers env...: those tiers' tests of one build
+  local name=$1 dir=$2 tiers=$3 t0=$SECONDS rc=0
+  shift 3
+  local log="$dir/Testing/test.sh-$mode.log"
+  mkdir -p "$dir/Testing"
+  (cd "$dir" && env "$@" ctest --output-on-failure -j"$jobs" -L "^($tiers)\$") 2>&1 | tee "$log" || rc=$?
+  logs+=("$name:$log")
+  phase_time "$name tests ($tiers)" "$t0"
+  [ "$rc" -eq 0 ] || failed+=("$name")
+}
+
+for b in $builds; do
+  case $b in
+  release)
+    run_build release build -DCMAKE_BUILD_TYPE=Release
+    run_tests release build "$tiers"
+    ;;
+  asan) # the largest sizes trimmed (TALLY_TEST_LIGHT); leaks are errors
+    run_build asan build-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DTALLY_SANITIZE=ON
+    run_tests asan build-asan "$tiers" TALLY_TEST_LIGHT=1 ASAN_OPTIONS=detect_leaks=1
+    ;;
+  tsan) # the tests marked THREADS in tests/CMakeLists.txt, the only ones this build has (none external)
+    run_build tsan build-tsan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" -DTALLY_TSAN=ON
+    run_tests tsan build-tsan "$tiers" TSAN_OPTIONS=halt_on_error=1
+    ;;
+  esac
+done
+
+echo "test.sh: the 10 slowest tests of this run:"
+for entry in "${logs[@]}"; do
+  awk -v build="${entry%%:*}" '/Test +#[0-9]+: / {
+    for (i = 1; i <= NF; i++) if ($i == "sec") printf "%9.2f s  %-8s %s\n", $(i - 1), build, $4 }' "${entry#*:}"
+done | sort -rn | head -10
+
+total=$((SECONDS - t_start))
+echo "test.sh: $mode: $total s in all (builds and tests; deps.sh before not counted)"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test.sh: FAILED: tests failed in the ${failed[*]} build(s), above"
+  exit 1
 fi
+if [ "$mode" = quick ] && [ "$budget" -gt 0 ] && [ "$total" -gt "$budget" ]; then
+  echo "test.sh: FAILED: the quick tier took $total s, over its $budget s: make the slow tests faster or move" \
+    "cases to the long tier (README, \"Tests\"); never drop what they check"
+  exit 1
+fi
+echo "test.sh: passed"

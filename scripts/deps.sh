@@ -2,8 +2,8 @@
 # deps.sh - installs the Debian packages tally's build, main job and tests need that are not installed,
 # in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide.
 # Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs;
-# --torch adds PyTorch's C++ and Python packages for the tally backend; --tests (test.sh) adds those and
-# chromium, which renders the SVG charts the CLI writes (tests/test_charts.c).
+# --torch adds PyTorch's C++ and Python packages for the tally backend (test.sh); --tests adds those and
+# chromium, which renders the SVG charts the CLI writes (test.sh --full and --external; tests/test_charts.c).
 set -eu
 
 # package | why it is needed

@@ -18,7 +18,7 @@ from /dev/null). Needs root and debootstrap (scripts/deps.sh --fresh-check insta
               pkg-config libblas-dev liblapack-dev python3 zlib1g-dev libssl-dev)
   --bare      the bare minbase root, nothing preinstalled
   --both      --image, then --bare, each in its own root
-  --tests     also ./test.sh (the whole suite) after ./run.sh
+  --tests     also ./test.sh (the quick tier) after ./run.sh
   --log-dir D logs of each step go there (default: CACHE/logs)
   --rebuild   rebuild the cached roots (the downloaded .debs are kept)
   -h, --help  this text

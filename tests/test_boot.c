@@ -164,7 +164,7 @@ static int fn_init_only(int rank, int size, void *arg) {
     return 0;
 }
 
-/* The refused ranks' peers wait out TALLY_TIMEOUT: 3 s in the long tier, 1.5 in the quick one. */
+/* The refused ranks' peers wait out TALLY_TIMEOUT: 3 s in the long tier, 2 in the quick one. */
 static double refusal_s = 3;
 
 static void run_refusal(const char *what, void (*child_env)(int, void *)) {
@@ -817,7 +817,7 @@ int main(void) {
         run_monitor(4, 2, 1);
         run_monitor(5, -1, 2);
         run_monitor(3, 2, 3);
-        refusal_s = 1.5;
+        refusal_s = 2;
         test_bad_token();
         test_dup_rank();
         test_host_names();

@@ -62,7 +62,7 @@ run_tests() { # name dir tiers env...: those tiers' tests of one build
 for b in $builds; do
   case $b in
   release)
-    run_build release build -DCMAKE_BUILD_TYPE=Release
+    run_build release build -DCMAKE_BUILD_TYPE=Release -DTALLY_TESTS=ON # run.sh builds this one without
     run_tests release build "$tiers"
     ;;
   asan) # the largest sizes trimmed (TALLY_TEST_LIGHT); leaks are errors

@@ -6,7 +6,7 @@ set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 soak=$build/tests/test_soak
-[ -x "$soak" ] || { echo "build first: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build" >&2; exit 2; }
+[ -x "$soak" ] || { echo "build the tests first (./run.sh builds none): cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTALLY_TESTS=ON && cmake --build build" >&2; exit 2; }
 export TALLY_SOAK_COUNT=${2:-10000}
 [ -n "${3:-}" ] && export TALLY_SOAK_SEED=$3
 exec "$soak"

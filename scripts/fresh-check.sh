@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: scripts/fresh-check.sh [--image | --bare | --both] [--tests] [--log-dir DIR] [--rebuild]
+Usage: scripts/fresh-check.sh [--image | --bare | --both] [--bare-mlp] [--tests] [--log-dir DIR] [--rebuild]
 
 Checks that the README's commands work on a fresh Debian 12 machine: builds (once, then cached) a
 Debian 12 root with debootstrap --variant=minbase, from the bookworm mirror in this machine's apt
@@ -18,6 +18,8 @@ from /dev/null). Needs root and debootstrap (scripts/deps.sh --fresh-check insta
               pkg-config libblas-dev liblapack-dev python3 zlib1g-dev libssl-dev)
   --bare      the bare minbase root, nothing preinstalled
   --both      --image, then --bare, each in its own root
+  --bare-mlp  the bare root runs ./run.sh --mlp: the same install and build, the MLP's 20 s job in place
+              of the GPT's two minutes, which the image root runs (.ci/run, to stay within its 20 minutes)
   --tests     also ./test.sh (the quick tier) after ./run.sh
   --log-dir D logs of each step go there (default: CACHE/logs)
   --rebuild   rebuild the cached roots (the downloaded .debs are kept)
@@ -39,6 +41,7 @@ say() { echo "fresh-check: $*"; }
 
 modes=()
 with_tests=0
+bare_job=
 log_dir=
 rebuild=0
 while [ $# -gt 0 ]; do
@@ -47,6 +50,7 @@ while [ $# -gt 0 ]; do
     --bare) modes=(bare) ;;
     --both) modes=(image bare) ;;
     --tests) with_tests=1 ;;
+    --bare-mlp) bare_job=--mlp ;;
     --log-dir) [ $# -ge 2 ] || die "--log-dir needs a directory"; log_dir=$2; shift ;;
     --log-dir=*) log_dir=${1#*=} ;;
     --rebuild) rebuild=1 ;;
@@ -408,6 +412,7 @@ check_mode() {
   for step in run test; do
     [ "$step" = test ] && [ "$with_tests" -ne 1 ] && continue
     if [ "$step" = run ]; then script=./run.sh limit=$t_run; else script=./test.sh limit=$t_test; fi
+    [ "$step" = run ] && [ "$mode" = bare ] && [ -n "$bare_job" ] && script="./run.sh $bare_job"
     log=$log_dir/$stamp-$mode-$step.log
     {
       echo "# fresh-check $mode root: $script at $head_short ($(git -C "$repo" log -1 --format=%s "$head"))"

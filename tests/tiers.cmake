@@ -12,8 +12,8 @@
 # THREADS: the test is one of ThreadSanitizer's; a TALLY_TSAN build registers (and builds) those alone.
 # COMMAND defaults to the executable NAME.
 
-# About the most the sanitizers slow a test (README, "Tests": ASan up to 6.6x, TSan up to 32x for the
-# short ZeRO runs, 3x typically): the time limits grow by as much.
+# About the most the sanitizers slow a test (measured: ASan up to 6.6x for test_flags, TSan up to 32x for
+# test_zero's short runs, about 3x typically): the time limits grow by as much.
 set(TALLY_TEST_SLOWDOWN "" CACHE STRING
   "Factor on every test's time limit (empty: 1, 8 under ASan, 12 under TSan); raise it under valgrind")
 

@@ -62,8 +62,7 @@ static void *aborter(void *p) {
 
 /* Returns once the aborter has called tally_comm_abort (10 s at most), and a moment more. */
 static void after_abort(void) {
-    double end = th_now() + 10;
-    while (*(volatile double *)&S->abort_at == 0 && th_now() < end) sleep_s(0.002);
+    th_wait_set(&S->abort_at, 10);
     sleep_s(0.05);
 }
 

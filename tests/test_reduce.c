@@ -271,9 +271,8 @@ static const int offsets[][3] = {{0, 0, 0}, {1, 1, 1}, {1, 0, 3}, {0, 1, 1}};
 #define NOFFSETS (sizeof offsets / sizeof offsets[0])
 
 static void sweep_dtype(int t, const char *isa) {
-    const char *light_env = getenv("TALLY_TEST_LIGHT");         /* the sanitizer pass: smaller counts only */
-    int light = (light_env && *light_env == '1') || !th_long(); /* and the quick tier */
-    size_t top = light ? 100000 : MAXN;                         /* the largest count swept */
+    /* The largest count swept: smaller in the sanitizer pass (TALLY_TEST_LIGHT) and the quick tier. */
+    size_t top = th_light() || !th_long() ? 100000 : MAXN;
     size_t es = tally_dtype_size(t), span = (MAXN + 2 * GUARD + 8) * es;
     unsigned char *a0 = malloc(MAXN * es), *b0 = malloc(MAXN * es);
     unsigned char *ref = malloc(MAXN * 8);

@@ -21,12 +21,10 @@
  * total divides evenly by 2, 3 or 4, so every shard is uneven and every layer has a tail. */
 #define PRIME_P 16361
 
-static long g_steps = STEPS;
-
 /* 4096 samples, of which a run reads at most 1200; the quick tier's short runs, 1024 (drawing them is most
  * of a short run's time under ThreadSanitizer). */
 static tally__train_cfg zcfg(int zero, tally_optim_kind opt, int accum) {
-    tally__train_cfg c = tr_small_cfg(th_long() ? 4096 : 1024, g_steps, 11);
+    tally__train_cfg c = tr_small_cfg(th_long() ? 4096 : 1024, STEPS, 11);
     c.model.kind = TALLY__MODEL_MLP;
     c.sync.accum = accum;
     c.sync.zero = zero;
@@ -43,12 +41,13 @@ static float g_ref[TR_MAX_PARAMS], g_got[TR_MAX_PARAMS];
 static void test_equivalence(void) {
     const tally_optim_kind opts[] = {TALLY_OPTIM_SGD, TALLY_OPTIM_ADAMW};
     int nmax = th_light() ? 3 : 4;
-    g_steps = th_long() ? STEPS : 10;
+    long steps = th_long() ? STEPS : 10;
     for (int n = 2; n <= nmax; n++)
         for (int o = 0; o < 2; o++) {
             if (!th_long() && !(n == 3 && o == 1)) continue;
             const char *on = tally_optim_name(opts[o]);
             tally__train_cfg ref = zcfg(0, opts[o], 1);
+            ref.max_steps = steps;
             char what[96];
             snprintf(what, sizeof what, "stage 0 %s n=%d", on, n);
             if (tr_train_on("shm", n, &ref, g_ref, what)) continue;
@@ -56,6 +55,7 @@ static void test_equivalence(void) {
                      PRIME_P);
             for (int z = 1; z <= 3; z++) {
                 tally__train_cfg c = zcfg(z, opts[o], 1);
+                c.max_steps = steps;
                 snprintf(what, sizeof what, "stage %d %s n=%d", z, on, n);
                 if (tr_train_on("shm", n, &c, g_got, what)) continue;
                 double d = tr_max_rel_diff(g_got, g_ref, PRIME_P);
@@ -71,7 +71,6 @@ static void test_equivalence(void) {
                              "%s: overlap on and off give different parameters", what);
             }
         }
-    g_steps = STEPS;
 }
 
 /* Accumulation: every stage with accum 2 x batch 4 against stage 0 with the same. */

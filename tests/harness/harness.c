@@ -63,6 +63,15 @@ int th_count_threads_after(int before) {
     return n;
 }
 
+int th_wait_set(const double *flag, double limit_s) {
+    double end = th_now() + limit_s;
+    while (*(const volatile double *)flag == 0) {
+        if (th_now() > end) return 0;
+        usleep(2000);
+    }
+    return 1;
+}
+
 int th_first_rank_named(const char *msg) {
     const char *p = strstr(msg, "rank ");
     return p ? atoi(p + 5) : -1;

@@ -57,6 +57,9 @@ int th_count_threads(void);
  * /proc/self/task a moment after pthread_join returns (the kernel wakes the joiner when the thread
  * clears its tid, before the task is gone). */
 int th_count_threads_after(int before);
+/* Returns once *flag, written by another process through th_shared_alloc memory, is no longer 0, or
+ * after limit_s; 1 when it was set. */
+int th_wait_set(const double *flag, double limit_s);
 /* The rank a message names first ("rank 2 (pid ...) ..."), or -1. */
 int th_first_rank_named(const char *msg);
 /* Points TALLY_FLIGHT_DIR (unless set) at a directory of this test's that th_verdict removes; th_start

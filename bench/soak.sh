@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak benchmark: 10,000 random collectives on 4 ranks, every result checked (tests/test_soak.c,
+# The soak benchmark: 10,000 random collectives on 4 ranks, every result checked (tests/coll/test_soak.c,
 # which ctest runs with a small count); prints collectives/s and "#wrong".
 # usage: bench/soak.sh [BUILD_DIR] [COUNT] [SEED]     (defaults: build, 10000, from the clock)
 set -eu

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "boot/boot_int.h"
-#include "core/reduce.h"
+#include "core/numeric/reduce.h"
 #include "core/sig.h"
 #include "fuzz.h"
 #include "transport/tcp_int.h"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # check-layers.sh - the source tree's layering, as docs/DESIGN.md draws it: each folder of src/ includes only
 # the folders below it, the library never writes to stdout, and (given a build directory) no object file
-# uses a symbol of a folder above its own, and no two object files depend on each other around a loop.
+# uses a symbol of a folder above its own, and no two object files depend on each other around a loop; no
+# folder of code or docs holds more than 25 files.
 # usage: scripts/check-layers.sh [BUILD_DIR]     exit 0 when every rule holds, 1 naming each breach.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,7 +65,7 @@ includes=$(awk '
   /^[ \t]*#[ \t]*include[ \t]*<tally/ {
     inc = $0; sub(/^[^<]*</, "", inc); sub(/>.*/, "", inc)
     print FILENAME "|<" inc ">|"
-  }' src/*/*.[ch])
+  }' $(find src -mindepth 2 -name '*.[ch]' | sort))
 while IFS='|' read -r f inc tf; do
   [ -n "$f" ] || continue
   folder=${f#src/}
@@ -87,7 +88,7 @@ done <<<"$includes"
 # 2. The library never prints: stdout belongs to the program (the CLI draws progress from the trainer's events).
 while IFS= read -r hit; do
   breach "${hit%%:*}: the library writes to stdout (${hit#*:})"
-done < <(grep -nE '(^|[^a-z_])(printf|puts|putchar|vprintf)[[:space:]]*\(|stdout' src/*/*.[ch] |
+done < <(grep -nE '(^|[^a-z_])(printf|puts|putchar|vprintf)[[:space:]]*\(|stdout' $(find src -mindepth 2 -name '*.[ch]') |
   grep -vE '^[^:]*:[0-9]+:[[:space:]]*(/?\*|//)' | sed -E 's/^([^:]*):([0-9]+):[[:space:]]*/\1:\2:/')
 
 # 3. Symbols, from the objects of a build: who defines what, who uses it.
@@ -101,7 +102,7 @@ if [ $# -ge 1 ]; then
   [ -s "$tmp/objs" ] || { echo "check-layers: no objects of src/ under $build: build first" >&2; exit 2; }
   # One nm for every object (one each took 9 s); an object left in the build by a file since moved or
   # deleted is skipped.
-  ls src/*/*.c >"$tmp/sources"
+  find src -mindepth 2 -name '*.c' | sort >"$tmp/sources"
   xargs nm -A <"$tmp/objs" | awk -v list="$tmp/sources" '
     BEGIN { while ((getline s < list) > 0) have[s] = 1 }
     {
@@ -128,5 +129,12 @@ if [ $# -ge 1 ]; then
   fi
 fi
 
-[ "$bad" = 0 ] && echo "check-layers: every folder uses only the ones below it; no stdout; no cycles between files"
+# 4. No folder of code or docs holds more than 25 files (DESIGN.md): past that a reader cannot see what is
+# there; split it by concern (src/core/numeric, tests/LAYER). Data folders (fixtures, fuzz corpora) aside.
+while read -r n dir; do
+  [ "$n" -le 25 ] || breach "$dir/ holds $n files (at most 25): split it by concern"
+done < <(find src tools tests include python scripts bench docs examples fuzz -path fuzz/corpus -prune -o \
+  -path tests/fixtures -prune -o -type f -print 2>/dev/null | sed 's#/[^/]*$##' | sort | uniq -c)
+
+[ "$bad" = 0 ] && echo "check-layers: every folder uses only the ones below it; no stdout; no cycles between files; no folder over 25 files"
 exit "$bad"

@@ -3,7 +3,7 @@
 # in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide.
 # Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs;
 # --torch adds PyTorch's C++ and Python packages for the tally backend (test.sh); --tests adds those and
-# chromium, which renders the SVG charts the CLI writes (test.sh --full and --external; tests/test_charts.c).
+# chromium, which renders the SVG charts the CLI writes (test.sh --full and --external; tests/cli/test_charts.c).
 set -eu
 
 # package | why it is needed
@@ -30,7 +30,7 @@ case "${1:-}" in
       "python3-dev|Python's headers, for the backend's module"
       "pybind11-dev|pybind11's headers, which PyTorch's C++ headers include (python3-torch only recommends it)")
     if [ "$1" = --tests ]; then
-      tally_deps+=("chromium|headless rendering of the SVG charts (--plot, --svg) in tests/test_charts.c")
+      tally_deps+=("chromium|headless rendering of the SVG charts (--plot, --svg) in tests/cli/test_charts.c")
     fi
     ;;
   *)

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""Writes tests/data/gpt_ref.bin: a small GPT, one batch, and what PyTorch computes from them, for
+"""Writes tests/fixtures/gpt_ref.bin: a small GPT, one batch, and what PyTorch computes from them, for
 tests/test_gpt_ref.c to hold tally's model to (as llm.c's test_gpt2 does). Run by hand with Debian's
 python3-torch; the test itself needs no torch.
 
-usage: scripts/gpt_reference.py [OUT]    (default tests/data/gpt_ref.bin)
+usage: scripts/gpt_reference.py [OUT]    (default tests/fixtures/gpt_ref.bin)
 
 The model is the peer's (../shared/peers/ddp_gpt.py) written out again: token and position embeddings,
 pre-LayerNorm blocks (causal self-attention, MLP 4C with tanh GELU), a final LayerNorm, the head tied to
@@ -73,7 +73,7 @@ def record(out, name, t):
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else 'tests/data/gpt_ref.bin'
+    path = sys.argv[1] if len(sys.argv) > 1 else 'tests/fixtures/gpt_ref.bin'
     torch.manual_seed(1234)
     torch.set_num_threads(1)
     model = GPT()

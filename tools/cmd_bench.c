@@ -11,13 +11,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../src/core/dtype.h"
+#include "../src/core/numeric/dtype.h"
 #include "../src/core/parse.h"
 #include "cmd.h"
 #include "flags.h"
 #include "launch.h"
 #include "place.h"
-#include "svg_chart.h"
+#include "charts/svg_chart.h"
 
 #define BENCH_MAX_ROWS  1000
 #define BENCH_MAX_BYTES (64ull << 30)

@@ -23,7 +23,7 @@
 #include "cmd.h"
 #include "flags.h"
 #include "launch.h"
-#include "plan_chart.h"
+#include "charts/plan_chart.h"
 
 typedef struct plan_opts {
     tally__plan_cfg cfg;

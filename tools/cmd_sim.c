@@ -15,7 +15,7 @@
 #include "../src/sim/sim.h"
 #include "cmd.h"
 #include "flags.h"
-#include "sim_chart.h"
+#include "charts/sim_chart.h"
 
 #define MAX_SIZES 64
 

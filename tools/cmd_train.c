@@ -17,7 +17,7 @@
 #include "flags.h"
 #include "launch.h"
 #include "place.h"
-#include "train_plot.h"
+#include "charts/train_plot.h"
 #include "train_report.h"
 
 typedef struct train_opts {

@@ -12,7 +12,7 @@
 
 #include "../boot/boot.h"
 #include "../core/err.h"
-#include "../core/reduce.h"
+#include "../core/numeric/reduce.h"
 #include "../core/trace.h"
 
 int tally__hier_layout(const tally__peer *p, int size, int *host, int *local, int *per_host) {

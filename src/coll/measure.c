@@ -9,7 +9,7 @@
 #include "../core/clock.h"
 #include "../core/env.h"
 #include "../core/parse.h"
-#include "../core/reduce.h"
+#include "../core/numeric/reduce.h"
 
 enum { TALLY__PING_SMALL = 8, TALLY__PING_LARGE = 4 << 20 };
 

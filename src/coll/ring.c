@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/reduce.h"
+#include "../core/numeric/reduce.h"
 #include "blocks.h"
 #include "coll.h"
 

@@ -2,7 +2,7 @@
  * (NaN stays NaN, past the range gives Inf): F16C where the CPU has it, else dtype.c's scalar code. */
 #include <string.h>
 
-#include "../core/dtype.h"
+#include "../core/numeric/dtype.h"
 #include "codec.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "../core/clock.h"
-#include "../core/dtype.h"
-#include "../core/reduce.h"
+#include "../core/numeric/dtype.h"
+#include "../core/numeric/reduce.h"
 #include "shm.h"
 
 /* Fingerprints are compared as a 64-bit hash on the fast path; the full one rides in line 1 for the

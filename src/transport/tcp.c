@@ -13,7 +13,7 @@
 #include "../boot/boot.h"
 #include "../core/clock.h"
 #include "../core/cpus.h"
-#include "../core/reduce.h"
+#include "../core/numeric/reduce.h"
 #include "tcp_int.h"
 
 /* Busy-poll this long after the last progress before sleeping in poll(): a small message's reply

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/reduce.h"
+#include "core/numeric/reduce.h"
 
 typedef struct mock_msg {
     struct mock_msg *next;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run.sh - every collective over 2 test hosts x 2 ranks (scripts/hosts.sh: network namespaces joined by a
 # bridge, each link held to 10 Gbit/s), once per algorithm, each result compared exactly with the
-# reference (tests/test_coll.c --as-rank), and once more over 3 tcp streams per pair. Needs root and
+# reference (tests/coll/test_coll.c --as-rank), and once more over 3 tcp streams per pair. Needs root and
 # network namespaces: skipped (77) otherwise.
 # usage: tests/hosts/run.sh BUILD_DIR SOURCE_DIR
 set -u

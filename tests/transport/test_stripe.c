@@ -10,7 +10,7 @@
 #include <tally.h>
 #include <unistd.h>
 
-#include "core/dtype.h"
+#include "core/numeric/dtype.h"
 #include "harness.h"
 
 /* The transport stripes messages of 256 KiB and more (stripe.c's STRIPE_MIN) in 64-byte units. */

@@ -1,5 +1,5 @@
 /* test_trace.c - the timeline: a 2-rank MLP run with --trace has its buckets' allreduces overlapping
- * backward with overlap on and after it with --no-overlap (tests/trace/check_trace.py reads the JSON); tally
+ * backward with overlap on and after it with --no-overlap (tests/train/check_trace.py reads the JSON); tally
  * bench --trace; TALLY_TRACE from a program of the library's own, merged from 3 ranks; a broken communicator
  * leaves each rank its own file. */
 #include <stdio.h>
@@ -25,7 +25,7 @@ static const char *src_dir(void) {
 static int py(const char *code_or_mode, const char *file, int ranks, int is_mode) {
     char cmd[1024];
     if (is_mode)
-        snprintf(cmd, sizeof cmd, "python3 %s/tests/trace/check_trace.py %s %d %s", src_dir(), file, ranks,
+        snprintf(cmd, sizeof cmd, "python3 %s/tests/train/check_trace.py %s %d %s", src_dir(), file, ranks,
                  code_or_mode);
     else
         snprintf(cmd, sizeof cmd,

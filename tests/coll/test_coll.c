@@ -9,7 +9,7 @@
 #include <string.h>
 #include <tally.h>
 
-#include "core/dtype.h"
+#include "core/numeric/dtype.h"
 #include "harness.h"
 
 /* Inputs are small integers, so every sum, product, min and max is exact in every dtype (f16 and bf16

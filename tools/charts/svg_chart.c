@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../src/core/file.h"
+#include "../../src/core/file.h"
 
 #define MARGIN_LEFT   80
 #define MARGIN_RIGHT  230 /* the legend */

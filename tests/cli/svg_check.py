@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# svg_check.py - tests/test_charts.c's reader of an SVG file as a browser would take it: well-formed XML whose
+# svg_check.py - tests/cli/test_charts.c's reader of an SVG file as a browser would take it: well-formed XML whose
 # root is <svg> in the SVG namespace with width, height and viewBox, and each expected text among its words.
 # usage: svg_check.py FILE [TEXT ...]      exit 0, or 1 after saying what is wrong.
 import sys

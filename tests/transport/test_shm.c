@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "boot/boot.h"
-#include "core/dtype.h"
+#include "core/numeric/dtype.h"
 #include "core/sig.h"
 #include "harness.h"
 #include "transport/transport.h"

@@ -3,7 +3,7 @@
 #ifndef TALLY_TOOLS_TRAIN_PLOT_H
 #define TALLY_TOOLS_TRAIN_PLOT_H
 
-#include "train_report.h"
+#include "../train_report.h"
 
 /* Points kept: past this many, every other one is dropped and the steps kept grow twice as far apart, so
  * a run of any length costs the same memory and its chart the same size. */

@@ -9,8 +9,8 @@
 #include <strings.h>
 
 #include "dtype.h"
-#include "log.h"
-#include "parse.h"
+#include "../log.h"
+#include "../parse.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>

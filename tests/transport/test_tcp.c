@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "boot/boot.h"
-#include "core/dtype.h"
+#include "core/numeric/dtype.h"
 #include "core/err.h"
 #include "core/sig.h"
 #include "harness.h"

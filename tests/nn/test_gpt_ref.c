@@ -1,4 +1,4 @@
-/* test_gpt_ref.c - tally's GPT against PyTorch on the same weights and batch (tests/data/gpt_ref.bin,
+/* test_gpt_ref.c - tally's GPT against PyTorch on the same weights and batch (tests/fixtures/gpt_ref.bin,
  * written by scripts/gpt_reference.py): the logits, the loss, every parameter's gradient, then the
  * losses of 10 AdamW steps with clipping. No torch at test time. */
 #include <math.h>
@@ -171,7 +171,7 @@ static void check_steps(tally__model *m, const int32_t *tok, const int32_t *tgt,
 int main(void) {
     const char *src = getenv("TALLY_SOURCE_DIR");
     char path[1024];
-    snprintf(path, sizeof path, "%s/tests/data/gpt_ref.bin", src ? src : ".");
+    snprintf(path, sizeof path, "%s/tests/fixtures/gpt_ref.bin", src ? src : ".");
     if (load(path)) {
         TH_CHECK(0, "cannot read the reference %s (scripts/gpt_reference.py writes it)", path);
         return th_verdict("test_gpt_ref");

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/core/clock.h"
-#include "../src/core/err.h"
+#include "../../src/core/clock.h"
+#include "../../src/core/err.h"
 #include "svg_chart.h"
 
 #define MANY_STEPS  200 /* past this, the raw losses become faint points under a smoothed line */

@@ -239,7 +239,7 @@ static void test_generate(void) {
     th_rm_dir(g_dir);
     char old[512];
     const char *src = getenv("TALLY_SOURCE_DIR");
-    snprintf(old, sizeof old, "%s/tests/data/ckpt_v1/mlp_zero3", src ? src : ".");
+    snprintf(old, sizeof old, "%s/tests/fixtures/ckpt_v1/mlp_zero3", src ? src : ".");
     TH_CHECK(tally__generate_load(old, &m) == TALLY_E_INVALID && strstr(tally_last_error(), "does not describe"),
              "a checkpoint without a model description: %s", tally_last_error());
     TH_CHECK(tally__generate_load("/nonexistent-tally-dir", &m) != 0 && strstr(tally_last_error(), "/nonexistent"),

@@ -3,7 +3,7 @@
 #ifndef TALLY_TOOLS_PLAN_CHART_H
 #define TALLY_TOOLS_PLAN_CHART_H
 
-#include "../src/plan/plan.h"
+#include "../../src/plan/plan.h"
 
 /* Speed-up over one rank for n = 1, 2, 4, ... and c->workers (the table's rows): Amdahl's S(n) with the
  * parallel fraction at N = c->workers, and the model's samples/s at n over that at 1; the line S = n and

@@ -3,7 +3,7 @@
 #ifndef TALLY_TOOLS_SIM_CHART_H
 #define TALLY_TOOLS_SIM_CHART_H
 
-#include "../src/sim/sim.h"
+#include "../../src/sim/sim.h"
 
 /* Speed-up of a step s on n ranks over one rank doing the same work (async: per gradient applied), as
  * `tally sim --train` prints it. */

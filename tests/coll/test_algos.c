@@ -8,7 +8,7 @@
 
 #include "coll/blocks.h"
 #include "coll/coll.h"
-#include "core/dtype.h"
+#include "core/numeric/dtype.h"
 #include "harness.h"
 #include "mock_tp.h"
 

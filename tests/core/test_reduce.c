@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/dtype.h"
-#include "core/reduce.h"
+#include "core/numeric/dtype.h"
+#include "core/numeric/reduce.h"
 #include "harness.h"
 
 static long checks;

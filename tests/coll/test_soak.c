@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/dtype.h"
+#include "core/numeric/dtype.h"
 #include "harness.h"
 
 #define SOAK_COLLS 5

@@ -1,4 +1,4 @@
-/* test_ckpt_compat.c - checkpoints written by an earlier tally (tests/data/ckpt_v1) still load exactly:
+/* test_ckpt_compat.c - checkpoints written by an earlier tally (tests/fixtures/ckpt_v1) still load exactly:
  * resumed, they reach the parameters that tally reached (across world size and ZeRO stage for one). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,7 +68,7 @@ static void check_case(const compat_case *c, const char *data_dir, const char *t
 int main(void) {
     const char *src = getenv("TALLY_SOURCE_DIR");
     char data_dir[512], tmp[] = "/tmp/tally_test_ckpt_compat.XXXXXX";
-    snprintf(data_dir, sizeof data_dir, "%s/tests/data/ckpt_v1", src ? src : ".");
+    snprintf(data_dir, sizeof data_dir, "%s/tests/fixtures/ckpt_v1", src ? src : ".");
     if (!mkdtemp(tmp)) return perror("mkdtemp"), 2;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], data_dir, tmp);
     char cmd[600], out[64];

@@ -8,7 +8,7 @@
 #include <tally.h>
 #include <zlib.h>
 
-#include "../tools/svg_chart.h"
+#include "../../tools/charts/svg_chart.h"
 #include "harness.h"
 #include "tool_runner.h"
 
@@ -41,8 +41,8 @@ static int count(const char *s, const char *what) {
 /* python3 reads it as a browser would: XML, the <svg> root in its namespace, the texts given. */
 static int svg_ok(const char *path, const char *const *texts) {
     char cmd[1100];
-    size_t o = (size_t)snprintf(cmd, sizeof cmd, "python3 %s/tests/charts/svg_check.py '%s'",
-                                getenv("TALLY_SOURCE_DIR"), path);
+    size_t o =
+        (size_t)snprintf(cmd, sizeof cmd, "python3 %s/tests/cli/svg_check.py '%s'", getenv("TALLY_SOURCE_DIR"), path);
     for (int i = 0; texts && texts[i] && o < sizeof cmd; i++)
         o += (size_t)snprintf(cmd + o, sizeof cmd - o, " '%s'", texts[i]);
     int rc = th_shell(cmd, PYTHON_S, g_out, sizeof g_out);

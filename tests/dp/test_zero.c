@@ -9,7 +9,7 @@
 #include "plan/memory.h"
 #include "train_runner.h"
 
-/* Equivalence bound, as tests/test_train.c states it: tr_max_rel_diff <= 1e-5. The runner pins the
+/* Equivalence bound, as tests/train/test_train.c states it: tr_max_rel_diff <= 1e-5. The runner pins the
  * algorithm to rhd, whose order of addition does not depend on how the vector is cut into layers or
  * buckets, and stages 1-3 then come out bit-identical to stage 0. (With the ring, a block's sum starts
  * at a different rank in a layer's reduce-scatter than in the whole gradient's allreduce; for N >= 3

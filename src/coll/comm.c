@@ -383,6 +383,13 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
     while (bucket < 63 && ((size_t)1 << bucket) < bytes) bucket++;
     if (c->logged[coll] & (1ull << bucket)) return;
     c->logged[coll] |= 1ull << bucket;
+    const tally__algo_desc *forced = tally__algo_get(c->forced_algo);
+    if (forced && !tally__algo_has(forced, coll)) {
+        tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (TALLY_ALGO=%s has no %s: the model's choice)",
+                         tally__coll_name(coll), bytes, c->ctx.size, tally__algo_name(algo), forced->name,
+                         tally__coll_name(coll));
+        return;
+    }
     if (c->forced_algo != TALLY__ALGO_AUTO) {
         tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (forced by TALLY_ALGO)", tally__coll_name(coll), bytes,
                          c->ctx.size, tally__algo_name(algo));

@@ -86,7 +86,8 @@ static double model_at(int algo, int coll, int n, double bytes, double a, double
 static void comm_add(tally__plan_comm *acc, const tally__cost *m, int algo, int coll, int n, double bytes,
                      double times) {
     if (times <= 0 || n <= 1) return;
-    int a = algo == TALLY__ALGO_AUTO || algo == TALLY__ALGO_HIER ? tally__algo_choose(m, coll, n, (size_t)bytes) : algo;
+    const tally__algo_desc *d = tally__algo_get(algo); /* a flat one that has the collective, or the model's */
+    int a = d && tally__algo_has(d, coll) ? algo : tally__algo_choose(m, coll, n, (size_t)bytes);
     acc->rounds += times * model_at(a, coll, n, bytes, 1, 0, 0);
     acc->bytes += times * model_at(a, coll, n, bytes, 0, 1, 0);
     acc->seconds += times * tally__algo_cost(m, a, coll, n, (size_t)bytes);

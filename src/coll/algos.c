@@ -1,5 +1,5 @@
 /* algos.c - the table of flat algorithms, whose order gives their ids, and what is read from it: names
- * both ways, lists of names for messages, a collective's function by id. */
+ * both ways, lists of names for messages and usage lines, which collectives a descriptor has. */
 #include <stdio.h>
 #include <strings.h>
 

@@ -118,7 +118,7 @@ static double direct_cost(const tally__algo_shape *x, int coll) {
         return gather + (n - 1) * (x->a + S * x->b);
     }
     case TALLY__BROADCAST: return x->lg * x->a + (n - 1) * (x->a + S * x->b);
-    case TALLY__BARRIER: return 2 * (x->n - 1) * x->a;
+    case TALLY__BARRIER: return 2 * (n - 1) * x->a;
     default: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
     }
 }

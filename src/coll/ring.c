@@ -141,7 +141,7 @@ static double ring_cost(const tally__algo_shape *x, int coll) {
         double s = S / x->m, agree = x->lg * x->a;
         return agree + (n + x->m - 2) * (x->a + s * x->b);
     }
-    case TALLY__BARRIER: return (x->n - 1) * x->a;
+    case TALLY__BARRIER: return (n - 1) * x->a;
     default: return 2 * (n - 1) * x->a + 2 * S * f * x->b + S * f * x->g;
     }
 }

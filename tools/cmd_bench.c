@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/coll/coll.h"
 #include "../src/core/numeric/dtype.h"
 #include "../src/core/parse.h"
 #include "cmd.h"
@@ -65,10 +66,12 @@ static double bench_now(void) {
 }
 
 static void bench_usage(FILE *f) {
+    char algos[256];
+    tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_AUTO, "|", "|");
     fprintf(f,
             "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
             "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
-            "                   [--algo auto|ring|tree|rhd|direct[,...]] [--transport auto|shm|tcp[,...]]\n"
+            "                   [--algo %s[,...]] [--transport auto|shm|tcp[,...]]\n"
             "                   [--iters I] [--warmup W] [--shared-mem] [--bind core|none] [-c] [--svg FILE]\n"
             "                   [--trace FILE]\n"
             "Sizes (1 byte to 64G) accept K/M/G (powers of 1024); from MIN to MAX, times FACTOR (> 1) each row,\n"
@@ -80,7 +83,7 @@ static void bench_usage(FILE *f) {
             "timed in turn, a fresh communicator each, one table after another.\n"
             "--svg FILE writes a chart of busbw (out-of-place) against size, one line per algorithm and\n"
             "transport. --trace FILE writes the timeline of every call on every rank (Chrome trace JSON).\n",
-            BENCH_MAX_ROWS);
+            algos, BENCH_MAX_ROWS);
 }
 
 static int bench_parse_coll(const char *s, bench_coll *out) {
@@ -89,7 +92,13 @@ static int bench_parse_coll(const char *s, bench_coll *out) {
     return -1;
 }
 
-static const char *const bench_algos[] = {"auto", "ring", "tree", "rhd", "direct", NULL};
+/* auto and the flat algorithms, as --algo takes them (hier needs ranks on several hosts), NULL-ended. */
+static void bench_algos(const char **w) {
+    int k = 0;
+    for (int a = TALLY__ALGO_AUTO; a >= 0 && a != TALLY__ALGO_HIER; a = tally__algo_next(a))
+        w[k++] = tally__algo_name(a);
+    w[k] = NULL;
+}
 static const char *const bench_transports[] = {"auto", "shm", "tcp", NULL};
 
 /* A comma-separated list of distinct words, each one of `words`, into out[] (pointing into buf). */
@@ -134,10 +143,14 @@ static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
         return o->op = (tally_op)k, 0;
     case 'r': return tally__parse_int(flag, a, 0, TALLY_LAUNCH_MAX_RANKS - 1, &v) ? -1 : (o->root = (int)v, 0);
     case 'c': return o->check = 1, 0;
-    case 'A':
-        return bench_parse_list(flag, a, bench_algos,
-                                "it takes auto, ring, tree, rhd or direct, or several comma-separated (ring,rhd)",
-                                o->algo_buf, sizeof o->algo_buf, o->algo, &o->nalgo);
+    case 'A': {
+        const char *words[TALLY__ALGO_HIER + 1]; /* ids run below hier's */
+        char names[256], takes[320];
+        bench_algos(words);
+        tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_AUTO, ", ", " or ");
+        snprintf(takes, sizeof takes, "it takes %s, or several comma-separated (ring,rhd)", names);
+        return bench_parse_list(flag, a, words, takes, o->algo_buf, sizeof o->algo_buf, o->algo, &o->nalgo);
+    }
     case 'T':
         return bench_parse_list(flag, a, bench_transports,
                                 "it takes auto, shm or tcp, or several comma-separated (shm,tcp)", o->transport_buf,

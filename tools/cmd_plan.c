@@ -41,6 +41,8 @@ typedef struct plan_opts {
 } plan_opts;
 
 static void plan_usage(FILE *out) {
+    char algos[256];
+    tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_HIER, "|", "|");
     fprintf(
         out,
         "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
@@ -49,7 +51,7 @@ static void plan_usage(FILE *out) {
         "                  [--bandwidth 25Gbps] [--latency 5us] [--hosts H --ranks-per-host M]\n"
         "                  [--net-bandwidth 10Gbps] [--net-latency 20us] [--fabric full|fat-tree]\n"
         "                  [--hosts-per-leaf K] [--oversub X] [--slow RANK:FACTOR]... [--compute-sd F]\n"
-        "                  [--algo ring|tree|rhd|direct|hier|all] [--bucket-mb M] [--calibrate] [--json]\n"
+        "                  [--algo %s|all] [--bucket-mb M] [--calibrate] [--json]\n"
         "                  [--svg FILE]\n"
         "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
         "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
@@ -72,7 +74,8 @@ static void plan_usage(FILE *out) {
         "  by tally sim, and the plan says so: \"T simulated\".\n"
         "  --svg FILE: the speed-up against ranks as a chart: Amdahl's S(n), the model's, S = n, and the\n"
         "  ceiling 1/(1-P).\n"
-        "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n");
+        "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n",
+        algos);
 }
 
 /* ---- flags ---- */
@@ -261,7 +264,13 @@ static const char *plan_accepts(int ch) {
     case O_COMPUTE: return "it takes GFLOP/s > 0 (a bare number), or a rate with its unit: 100, 1.5TFLOPS";
     case O_BW: return "it takes a rate > 0 whose unit says bits or bytes: 25Gbps, 10GB/s, 800MiB/s";
     case O_LAT: return "it takes a time >= 0 with its unit: 5us, 1.5ms, 100ns, 2s";
-    case O_ALGO: return "it takes ring, tree, rhd, direct, hier (with --hosts) or all";
+    case O_ALGO: {
+        static char takes[320];
+        char names[256];
+        tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_HIER, ", ", ", ");
+        snprintf(takes, sizeof takes, "it takes %s (with --hosts) or all", names);
+        return takes;
+    }
     case O_BUCKET: return "it takes a number of MiB > 0 (K, M, G, T allowed)";
     case O_SVG: return "it takes a file to write";
     default: return "see tally plan --help";
@@ -563,7 +572,7 @@ static void print_algos(const plan_opts *o) {
     char b[4][24];
     printf("\ncommunication per step: allreduce of S = %s of gradients over N = %d\n", fmt_bytes(S, b[0]), n);
     printf("  %-7s %10s %12s %12s %12s\n", "algo", "rounds", "bytes/rank", "sent/rank", "time");
-    for (int a = TALLY__ALGO_RING; a <= TALLY__ALGO_HIER; a++) {
+    for (int a = tally__algo_next(TALLY__ALGO_AUTO); a >= 0; a = tally__algo_next(a)) {
         if ((!o->show_all && a != c->algo) || (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, n))) continue;
         tally__plan_comm r = tally__plan_allreduce_on(c, a, n, S);
         printf("  %-7s %10.0f %12s %12s %12s\n", tally__algo_name(a), r.rounds, fmt_bytes(r.bytes, b[0]),
@@ -731,7 +740,7 @@ static void json_comm(const plan_opts *o) {
     printf("  \"comm\": {");
     json_num("gradient_bytes", S, ", \"algorithms\": [\n");
     int first = 1;
-    for (int a = TALLY__ALGO_RING; a <= TALLY__ALGO_HIER; a++) {
+    for (int a = tally__algo_next(TALLY__ALGO_AUTO); a >= 0; a = tally__algo_next(a)) {
         if ((!o->show_all && a != c->algo) || (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, c->workers)))
             continue;
         tally__plan_comm r = tally__plan_allreduce_on(c, a, c->workers, S);

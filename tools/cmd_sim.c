@@ -34,6 +34,8 @@ typedef struct sim_opts {
 } sim_opts;
 
 static void sim_usage(FILE *out) {
+    char algos[256];
+    tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_AUTO | TALLY__ALGO_WITH_HIER, "|", "|");
     fprintf(out,
             "usage: tally sim [--config FILE] [--hosts H] [--ranks-per-host M] [--cores C]\n"
             "                 [--shm-latency 5us] [--shm-bandwidth 10GB/s] [--reduce-bandwidth 10GB/s]\n"
@@ -43,7 +45,7 @@ static void sim_usage(FILE *out) {
             "                 [--nic 25Gbps] [--nic-latency 20us] [--nic-payload 0.94] [--fabric full|fat-tree]\n"
             "                 [--hosts-per-leaf K] [--oversub X] [--calibrate]\n"
             "                 [--coll allreduce|reduce-scatter|allgather|broadcast|barrier]\n"
-            "                 [--algo auto|ring|tree|rhd|direct|hier] [--size 1K,1M,64M] [--method auto|event|fast]\n"
+            "                 [--algo %s] [--size 1K,1M,64M] [--method auto|event|fast]\n"
             "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
             "                  [--accum K] [--bucket-mb 25] [--mode sync|async] [--staleness S] [--steps 20]\n"
             "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
@@ -74,7 +76,8 @@ static void sim_usage(FILE *out) {
             "Prints time, algorithm and bus bandwidth, the busiest link of each kind, and the critical path (the\n"
             "link and the rank that set the pace).\n"
             "  --svg FILE: a chart of busbw and time against the sizes played; with --train, of the step's\n"
-            "  speed-up and time on 1, 2, 4, ... up to H hosts (each layout played in turn).\n");
+            "  speed-up and time on 1, 2, 4, ... up to H hosts (each layout played in turn).\n",
+            algos);
 }
 
 enum {
@@ -200,8 +203,12 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
         return rc == 1 ? -1 : rc;
     case O_COLL: return tally__parse_word(flag, v, coll_names, &o->coll);
     case O_ALGO:
-        if ((o->algo = tally__algo_parse(v)) < 0)
-            return tally__parse_fail(flag, v, "is not an algorithm", "it takes auto, ring, tree, rhd, direct or hier");
+        if ((o->algo = tally__algo_parse(v)) < 0) {
+            char names[256], why[300];
+            tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_AUTO | TALLY__ALGO_WITH_HIER, ", ", " or ");
+            snprintf(why, sizeof why, "it takes %s", names);
+            return tally__parse_fail(flag, v, "is not an algorithm", why);
+        }
         return 0;
     case O_SIZE: return parse_sizes(flag, v, o);
     case O_METHOD: return tally__parse_word(flag, v, method_names, &o->method);

@@ -1,5 +1,5 @@
-/* coll.h - what the collective algorithms see: a rank, a size, a transport; and the algorithms
- * themselves, one file each (ring.c, tree.c, rhd.c, direct.c), plus the cost model that picks one. */
+/* coll.h - what the collective algorithms see: a rank, a size, a transport; their ids and names, and the
+ * cost model that picks one (each algorithm itself is a descriptor in its own file: algo.h). */
 #ifndef TALLY_COLL_COLL_H
 #define TALLY_COLL_COLL_H
 
@@ -8,15 +8,18 @@
 #include <tally.h>
 #include "../transport/transport.h"
 
-typedef enum {
-    TALLY__ALGO_AUTO,
-    TALLY__ALGO_RING,
-    TALLY__ALGO_TREE,
-    TALLY__ALGO_RHD,
-    TALLY__ALGO_DIRECT,
-    TALLY__ALGO_COUNT,                   /* the flat algorithms end here */
-    TALLY__ALGO_HIER = TALLY__ALGO_COUNT /* by level, over the hosts' and the links' communicators (hier.h) */
-} tally__algo;
+/* Algorithm ids, as fingerprints carry them (sig.algo; every rank runs one build, so ids agree) and
+ * TALLY_ALGO names them. The flat algorithms are algos.c's table (algo.h): id k is its k-th line, so the
+ * first four keep the numbers named here, which code and tests use; a new one needs no constant. Auto
+ * and hier stand outside the table. Records (flight.c) and flags store names, never ids. */
+enum {
+    TALLY__ALGO_AUTO = 0, /* the cost model picks */
+    TALLY__ALGO_RING = 1,
+    TALLY__ALGO_TREE = 2,
+    TALLY__ALGO_RHD = 3,
+    TALLY__ALGO_DIRECT = 4,
+    TALLY__ALGO_HIER = 255 /* by level, over the hosts' and the links' communicators (hier.h); past every id */
+};
 
 typedef struct tally__ctx {
     int rank, size;
@@ -51,25 +54,6 @@ int tally__gather_to_root(const tally__ctx *c, const void *send, void *recv, siz
  * 0 while another called something else. With bytes > 0 the root's `bytes` at buf reach every rank in the
  * same rounds (a binomial broadcast); bytes 0 moves no data (buf may be NULL). */
 int tally__agree(const tally__ctx *c, void *buf, size_t bytes, tally_dtype t, int root);
-
-/* Every algorithm implements every collective with the same contract as the public call, except:
- * op is never AVG (the entry point reduces AVG as SUM and divides after; ring's allreduce alone takes
- * AVG and divides each block between its two phases, where it is in cache), arguments are valid,
- * size >= 2, count >= 1. In place when send == recv (for allgather: send == recv + rank*count*esize;
- * for reduce_scatter: recv == send + rank*count*esize). Results are identical on every rank. */
-#define TALLY__ALGO_DECL(name)                                                                                         \
-    int tally__##name##_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,      \
-                                  tally_op op);                                                                        \
-    int tally__##name##_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, \
-                                       tally_op op);                                                                   \
-    int tally__##name##_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t);     \
-    int tally__##name##_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root);              \
-    int tally__##name##_barrier(const tally__ctx *c);
-TALLY__ALGO_DECL(ring)
-TALLY__ALGO_DECL(tree)
-TALLY__ALGO_DECL(rhd)
-TALLY__ALGO_DECL(direct)
-#undef TALLY__ALGO_DECL
 
 /* The alpha-beta-gamma model of DESIGN.md, with parameters measured on the links in use. */
 typedef struct tally__cost {
@@ -126,8 +110,19 @@ int tally__comm_mix_transport(tally_comm *c, const int *local_of);
 /* TALLY_ALGO as c read it (TALLY__ALGO_AUTO when unset). */
 int tally__comm_forced_algo(const tally_comm *c);
 
+/* The flat algorithms' ids run from 1 to tally__algo_count(), in the table's order (algos.c). */
+int tally__algo_count(void);
+/* The id after algo in the order auto, the flat ones, hier (-1 after hier): every algorithm but auto is
+ * for (a = tally__algo_next(TALLY__ALGO_AUTO); a >= 0; a = tally__algo_next(a)). */
+int tally__algo_next(int algo);
+/* An id's name ("auto", a flat algorithm's, "hier"; "unknown" for others) and back (any case; -1 when
+ * unknown). */
 const char *tally__algo_name(int algo);
-int tally__algo_parse(const char *name); /* -1 when unknown */
+int tally__algo_parse(const char *name);
+/* The names, for a message or a usage line: auto first and hier last where `with` says so, sep between
+ * two and `last` before the final one: "auto, ring, tree, rhd, direct or hier". Returns buf. */
+enum { TALLY__ALGO_WITH_AUTO = 1, TALLY__ALGO_WITH_HIER = 2 };
+const char *tally__algo_names(char *buf, size_t cap, int with, const char *sep, const char *last);
 /* Predicted seconds for a collective of `bytes` (the full vector for allreduce/broadcast, the
  * per-rank block times size for reduce_scatter/allgather) on n ranks. */
 double tally__algo_cost(const tally__cost *m, int algo, int coll, int n, size_t bytes);

@@ -20,8 +20,8 @@
 #include "../core/parse.h"
 #include "../core/numeric/reduce.h"
 #include "../core/trace.h"
+#include "algo.h"
 #include "async.h"
-#include "coll.h"
 #include "flight.h"
 #include "trace_sync.h"
 #include "measure.h"
@@ -105,9 +105,12 @@ static int tally__read_algo(int *algo) {
     *algo = TALLY__ALGO_AUTO;
     if (!s) return 0;
     int a = tally__algo_parse(s);
-    if (a < 0)
-        return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm",
-                                 "it takes auto, ring, tree, rhd, direct or hier");
+    if (a < 0) {
+        char names[256], takes[300];
+        tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_AUTO | TALLY__ALGO_WITH_HIER, ", ", " or ");
+        snprintf(takes, sizeof takes, "it takes %s", names);
+        return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm", takes);
+    }
     *algo = a;
     return 0;
 }
@@ -210,6 +213,7 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
 }
 
 static int tally__comm_make(const tally__boot_env *env, int *world, tally_comm **out) {
+    tally__sig_name_algos(tally__algo_name); /* the transports' messages name the algorithms */
     tally_comm *c = calloc(1, sizeof *c);
     if (!c) {
         free(world);
@@ -358,12 +362,13 @@ TALLY_API const char *tally_comm_transport(const tally_comm *c) {
 }
 
 /* TALLY_ALGO=hier applies to what has levels (allreduce, reduce-scatter, all-gather); broadcast and
- * barrier then take the cost model's flat choice. Without it the levels are taken when the model says
- * they are cheaper. */
+ * barrier then take the cost model's flat choice, as does a collective a forced flat algorithm has not.
+ * Without it the levels are taken when the model says they are cheaper. */
 static int tally__choose(const tally_comm *c, int coll, size_t bytes) {
     double by_level = c->levels.h ? c->levels.cost(c->levels.h, coll, bytes) : HUGE_VAL;
     if (c->forced_algo == TALLY__ALGO_HIER && by_level < HUGE_VAL) return TALLY__ALGO_HIER;
-    if (c->forced_algo != TALLY__ALGO_AUTO && c->forced_algo != TALLY__ALGO_HIER) return c->forced_algo;
+    const tally__algo_desc *forced = tally__algo_get(c->forced_algo);
+    if (forced && tally__algo_has(forced, coll)) return c->forced_algo;
     return tally__algo_choose_levels(&c->cost, by_level, coll, c->ctx.size, bytes);
 }
 
@@ -378,6 +383,13 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
     while (bucket < 63 && ((size_t)1 << bucket) < bytes) bucket++;
     if (c->logged[coll] & (1ull << bucket)) return;
     c->logged[coll] |= 1ull << bucket;
+    const tally__algo_desc *forced = tally__algo_get(c->forced_algo);
+    if (forced && !tally__algo_has(forced, coll)) {
+        tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (TALLY_ALGO=%s has no %s: the model's choice)",
+                         tally__coll_name(coll), bytes, c->ctx.size, tally__algo_name(algo), forced->name,
+                         tally__coll_name(coll));
+        return;
+    }
     if (c->forced_algo != TALLY__ALGO_AUTO) {
         tally__log_debug(1, "%s of %zu bytes on %d ranks: %s (forced by TALLY_ALGO)", tally__coll_name(coll), bytes,
                          c->ctx.size, tally__algo_name(algo));
@@ -385,7 +397,7 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
     }
     char model[1024];
     size_t used = 0;
-    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT && used < sizeof model; a++)
+    for (int a = 1; a <= tally__algo_count() && used < sizeof model; a++)
         used += (size_t)snprintf(model + used, sizeof model - used, "%s%s %.1f us", used ? ", " : "",
                                  tally__algo_name(a), 1e6 * tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes));
     double by_level = c->levels.h ? c->levels.cost(c->levels.h, coll, bytes) : HUGE_VAL;
@@ -435,14 +447,28 @@ static int tally__begin(tally_comm *c, int coll, size_t count, int dtype, int op
     return algo;
 }
 
-/* A collective with nothing to move still meets its peers, so a mismatch is caught, not hidden. */
+/* A collective with nothing to move still meets its peers, so a mismatch is caught, not hidden: in the
+ * chosen algorithm's barrier, or, by level (the levels have none), in the dissemination rounds. */
 static int tally__empty(tally_comm *c, int algo) {
-    switch (algo) {
-    case TALLY__ALGO_RING: return tally__ring_barrier(&c->ctx);
-    case TALLY__ALGO_TREE: return tally__tree_barrier(&c->ctx);
-    case TALLY__ALGO_DIRECT: return tally__direct_barrier(&c->ctx);
-    default: return tally__rhd_barrier(&c->ctx);
-    }
+    const tally__algo_desc *d = tally__algo_get(algo);
+    return d ? d->barrier(&c->ctx) : tally__agree(&c->ctx, NULL, 0, TALLY_U8, 0);
+}
+
+/* The chosen algorithm has no such collective only when none has: a table without it. */
+static int tally__no_algo(const tally_comm *c, int coll) {
+    return tally__seterr(TALLY_E_INVALID, "rank %d: no algorithm in the table runs %s", c->ctx.rank,
+                         tally__coll_name(coll));
+}
+
+/* A reducing collective of the chosen flat algorithm: AVG is reduced as SUM and divided here, once for
+ * every algorithm, unless its descriptor says it divides itself. */
+static int tally__reduce_by(tally_comm *c, const tally__algo_desc *d, tally__algo_reduce_fn fn, int coll,
+                            const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+    if (!fn) return tally__no_algo(c, coll);
+    tally_op rop = op == TALLY_AVG && !(d->takes_avg & (1u << coll)) ? TALLY_SUM : op;
+    int rc = fn(&c->ctx, send, recv, count, t, rop);
+    if (!rc && rop != op) tally__avg_finish(recv, count, t, c->ctx.size);
+    return rc;
 }
 
 /* A level's collective failed: the world fails with its message (sticky, and told to every rank, whose
@@ -474,15 +500,8 @@ static int tally__allreduce_body(tally_comm *c, const void *send, void *recv, si
     if (count == 0) return tally__empty(c, algo);
     if (algo == TALLY__ALGO_HIER)
         return tally__levels_failed(c, c->levels.allreduce(c->levels.h, send, recv, count, t, op));
-    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
-    switch (algo) {
-    case TALLY__ALGO_RING: return tally__ring_allreduce(&c->ctx, send, recv, count, t, op); /* AVG inside */
-    case TALLY__ALGO_TREE: rc = tally__tree_allreduce(&c->ctx, send, recv, count, t, rop); break;
-    case TALLY__ALGO_DIRECT: rc = tally__direct_allreduce(&c->ctx, send, recv, count, t, rop); break;
-    default: rc = tally__rhd_allreduce(&c->ctx, send, recv, count, t, rop); break;
-    }
-    if (!rc && op == TALLY_AVG) tally__avg_finish(recv, count, t, c->ctx.size);
-    return rc;
+    const tally__algo_desc *d = tally__algo_get(algo);
+    return tally__reduce_by(c, d, d->allreduce, TALLY__ALLREDUCE, send, recv, count, t, op);
 }
 
 static int tally__reduce_scatter_body(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
@@ -501,15 +520,8 @@ static int tally__reduce_scatter_body(tally_comm *c, const void *send, void *rec
     if (recvcount == 0) return tally__empty(c, algo);
     if (algo == TALLY__ALGO_HIER)
         return tally__levels_failed(c, c->levels.reduce_scatter(c->levels.h, send, recv, recvcount, t, op));
-    tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
-    switch (algo) {
-    case TALLY__ALGO_RING: rc = tally__ring_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
-    case TALLY__ALGO_TREE: rc = tally__tree_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
-    case TALLY__ALGO_DIRECT: rc = tally__direct_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
-    default: rc = tally__rhd_reduce_scatter(&c->ctx, send, recv, recvcount, t, rop); break;
-    }
-    if (!rc && op == TALLY_AVG) tally__avg_finish(recv, recvcount, t, c->ctx.size);
-    return rc;
+    const tally__algo_desc *d = tally__algo_get(algo);
+    return tally__reduce_by(c, d, d->reduce_scatter, TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op);
 }
 
 static int tally__allgather_body(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
@@ -527,12 +539,8 @@ static int tally__allgather_body(tally_comm *c, const void *send, void *recv, si
     if (sendcount == 0) return tally__empty(c, algo);
     if (algo == TALLY__ALGO_HIER)
         return tally__levels_failed(c, c->levels.allgather(c->levels.h, send, recv, sendcount, t));
-    switch (algo) {
-    case TALLY__ALGO_RING: return tally__ring_allgather(&c->ctx, send, recv, sendcount, t);
-    case TALLY__ALGO_TREE: return tally__tree_allgather(&c->ctx, send, recv, sendcount, t);
-    case TALLY__ALGO_DIRECT: return tally__direct_allgather(&c->ctx, send, recv, sendcount, t);
-    default: return tally__rhd_allgather(&c->ctx, send, recv, sendcount, t);
-    }
+    const tally__algo_desc *d = tally__algo_get(algo);
+    return d->allgather ? d->allgather(&c->ctx, send, recv, sendcount, t) : tally__no_algo(c, TALLY__ALLGATHER);
 }
 
 static int tally__broadcast_body(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
@@ -546,12 +554,8 @@ static int tally__broadcast_body(tally_comm *c, void *buf, size_t count, tally_d
     int algo = tally__begin(c, TALLY__BROADCAST, count, t, TALLY_SUM, root, count * tally_dtype_size(t));
     if (c->ctx.size == 1) return 0;
     if (count == 0) return tally__empty(c, algo);
-    switch (algo) {
-    case TALLY__ALGO_RING: return tally__ring_broadcast(&c->ctx, buf, count, t, root);
-    case TALLY__ALGO_TREE: return tally__tree_broadcast(&c->ctx, buf, count, t, root);
-    case TALLY__ALGO_DIRECT: return tally__direct_broadcast(&c->ctx, buf, count, t, root);
-    default: return tally__rhd_broadcast(&c->ctx, buf, count, t, root);
-    }
+    const tally__algo_desc *d = tally__algo_get(algo); /* never hier: the levels have no broadcast */
+    return d->broadcast ? d->broadcast(&c->ctx, buf, count, t, root) : tally__no_algo(c, TALLY__BROADCAST);
 }
 
 static int tally__barrier_body(tally_comm *c) {

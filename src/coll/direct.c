@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "algo.h"
 
 /* Rank 0 reduces the peers' vectors into dst one at a time, in rank order: one exchange each, since
  * two reducing receives into the same bytes may not share an exchange, and a fixed order makes the
@@ -29,7 +29,7 @@ static int root_scatter(const tally__ctx *c, const void *base, size_t stride, si
 
 /* The result is computed once, at rank 0, and copied to everyone. A peer sends and receives in two
  * exchanges so that in place its send never overlaps its receive. */
-int tally__direct_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+static int direct_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
                             tally_op op) {
     size_t bytes = count * tally_dtype_size(t);
     int rc;
@@ -42,7 +42,7 @@ int tally__direct_allreduce(const tally__ctx *c, const void *send, void *recv, s
 }
 
 /* Rank 0 reduces the whole vector into scratch and sends each rank its block. */
-int tally__direct_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+static int direct_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
                                  tally_op op) {
     size_t bytes = count * tally_dtype_size(t), total = (size_t)c->size * bytes;
     int rc;
@@ -60,7 +60,7 @@ int tally__direct_reduce_scatter(const tally__ctx *c, const void *send, void *re
 }
 
 /* Rank 0 gathers every block in one exchange (plain receives may share one) and sends the whole back. */
-int tally__direct_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
+static int direct_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     size_t bytes = count * tally_dtype_size(t), total = (size_t)c->size * bytes;
     int rc = tally__gather_to_root(c, send, recv, bytes);
     if (rc) return rc;
@@ -71,7 +71,7 @@ int tally__direct_allgather(const tally__ctx *c, const void *send, void *recv, s
 /* The root sends to everyone at once (routing through rank 0 would only add a hop), after the fingerprint
  * rounds of tally__agree: without them the root, which needs nothing from its peers, would return before
  * a rank that called something else is noticed. */
-int tally__direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+static int direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     size_t bytes = count * tally_dtype_size(t);
     int rc;
     if (c->rank != root) {
@@ -89,7 +89,7 @@ int tally__direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_
 }
 
 /* Everyone checks in with rank 0 (empty messages), which releases everyone once all have. */
-int tally__direct_barrier(const tally__ctx *c) {
+static int direct_barrier(const tally__ctx *c) {
     static const char none;
     char sink;
     if (c->rank != 0) {
@@ -103,3 +103,34 @@ int tally__direct_barrier(const tally__ctx *c) {
     free(r);
     return rc ? rc : root_scatter(c, &none, 0, 0);
 }
+
+/* The model: n-1 messages of the whole vector through rank 0 each way, reduced there one at a time;
+ * the broadcast after the lg fingerprint rounds of tally__agree. */
+static double direct_cost(const tally__algo_shape *x, int coll) {
+    double n = x->n, S = x->S, f = (n - 1) / n;
+    switch (coll) {
+    case TALLY__REDUCE_SCATTER: {
+        double scatter = (n - 1) * x->a + S * f * x->b; /* rank 0 hands out the blocks */
+        return (n - 1) * (x->a + S * (x->b + x->g)) + scatter;
+    }
+    case TALLY__ALLGATHER: {
+        double gather = (n - 1) * x->a + S * f * x->b; /* everyone to rank 0 */
+        return gather + (n - 1) * (x->a + S * x->b);
+    }
+    case TALLY__BROADCAST: return x->lg * x->a + (n - 1) * (x->a + S * x->b);
+    case TALLY__BARRIER: return 2 * (n - 1) * x->a;
+    default: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
+    }
+}
+
+/* The root sends everyone the result. */
+static double direct_sent(int n, double S) { return (n - 1) * S; }
+
+const tally__algo_desc tally__direct_algo = {.name = "direct",
+                                             .allreduce = direct_allreduce,
+                                             .reduce_scatter = direct_reduce_scatter,
+                                             .allgather = direct_allgather,
+                                             .broadcast = direct_broadcast,
+                                             .barrier = direct_barrier,
+                                             .cost = direct_cost,
+                                             .sent = direct_sent};

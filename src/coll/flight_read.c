@@ -149,6 +149,7 @@ static int fl_load_one(int dfd, const char *dir, const char *name, tally__flight
 
 int tally__flight_load(const char *dir, tally__flight_set *s) {
     memset(s, 0, sizeof *s);
+    tally__sig_name_algos(tally__algo_name); /* the records' fingerprints are shown with their names */
     int dfd, rc = tally__file_open_dir(dir, dir, &dfd);
     if (rc) return rc;
     DIR *d = fdopendir(dfd);

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "blocks.h"
-#include "coll.h"
+#include "algo.h"
 
 /* Non-powers of two: with p the largest power of two <= n and e = n - p extra ranks, the first 2e ranks
  * pair up (2i, 2i+1); the odd one hands its data to the even one and sits out until it gets the
@@ -106,7 +106,7 @@ static int rhd_allreduce_large(const tally__ctx *c, const rhd_fold *f, const voi
     return 0;
 }
 
-int tally__rhd_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+static int rhd_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     rhd_fold f;
     fold_init(&f, c->size, c->rank);
     size_t bytes = count * tally_dtype_size(t);
@@ -126,7 +126,7 @@ int tally__rhd_allreduce(const tally__ctx *c, const void *send, void *recv, size
 /* Reduce-scatter by recursive halving over the p new ranks; new rank g ends with the blocks of the real
  * ranks it stands for, and an even paired rank passes its partner's block on. Partial results live in
  * a scratch vector; the last round reduces a lone rank's block straight into recv. */
-int tally__rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+static int rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
                               tally_op op) {
     rhd_fold f;
     fold_init(&f, c->size, c->rank);
@@ -169,7 +169,7 @@ int tally__rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv,
 /* All-gather by recursive doubling over the p new ranks: at distance d a rank holds the blocks of its
  * aligned group of d new ranks and swaps them for the partner group's. A rank that sits out first
  * hands its block to its partner and gets the whole vector back at the end. */
-int tally__rhd_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
+static int rhd_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     rhd_fold f;
     fold_init(&f, c->size, c->rank);
     size_t es = tally_dtype_size(t), bytes = count * es, total = (size_t)c->size * bytes;
@@ -197,10 +197,45 @@ int tally__rhd_allgather(const tally__ctx *c, const void *send, void *recv, size
  * v < m that have the data send it to v + m; ceil(log2 n) rounds. They run as the dissemination rounds of
  * tally__agree, whose other edges carry empty fingerprints: the root and every receiver hear from all
  * ranks before returning, for the latency of a barrier and no extra round. */
-int tally__rhd_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+static int rhd_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     return tally__agree(c, buf, count * tally_dtype_size(t), t, root);
 }
 
 /* Dissemination: in round k every rank signals rank + 2^k and waits for rank - 2^k; after
  * ceil(log2 n) rounds each rank has heard, directly or not, from all others. */
-int tally__rhd_barrier(const tally__ctx *c) { return tally__agree(c, NULL, 0, TALLY_U8, 0); }
+static int rhd_barrier(const tally__ctx *c) { return tally__agree(c, NULL, 0, TALLY_U8, 0); }
+
+/* The model: log2 p rounds, halving then doubling (a small vector: whole in every round), each on a link
+ * its host's ranks may share (bs); a fold adds an exchange of the vector each way; the broadcast's data
+ * rides in the lg fingerprint rounds. */
+static double rhd_cost(const tally__algo_shape *x, int coll) {
+    double n = x->n, S = x->S, pf = (x->p - 1) / x->p;
+    switch (coll) {
+    case TALLY__REDUCE_SCATTER:
+        return x->lp * x->a + S * pf * (x->bs + x->g) + x->fold * (2 * x->a + S * (x->bs + x->g) + S / n * x->bs);
+    case TALLY__ALLGATHER: return x->lp * x->a + S * pf * x->bs + x->fold * (2 * x->a + S / n * x->bs + S * x->bs);
+    case TALLY__BROADCAST: return x->lg * (x->a + S * x->b);
+    case TALLY__BARRIER: return x->lg * x->a;
+    default: {
+        double fold = x->fold * (2 * x->a + 2 * S * x->bs + S * x->g);
+        if (x->S <= (double)TALLY__RHD_SMALL_BYTES) return x->lp * (x->a + S * x->bs + S * x->g) + fold;
+        return 2 * x->lp * x->a + 2 * S * pf * x->bs + S * pf * x->g + fold;
+    }
+    }
+}
+
+/* A paired rank also returns the result to the rank that sat out. */
+static double rhd_sent(int n, double S) {
+    int p = tally__pow2_floor(n), fold = p != n;
+    if (S <= (double)TALLY__RHD_SMALL_BYTES) return tally__log2_ceil(p) * S + fold * S;
+    return 2 * S * (p - 1) / p + fold * S;
+}
+
+const tally__algo_desc tally__rhd_algo = {.name = "rhd",
+                                          .allreduce = rhd_allreduce,
+                                          .reduce_scatter = rhd_reduce_scatter,
+                                          .allgather = rhd_allgather,
+                                          .broadcast = rhd_broadcast,
+                                          .barrier = rhd_barrier,
+                                          .cost = rhd_cost,
+                                          .sent = rhd_sent};

@@ -5,7 +5,7 @@
 
 #include "../core/numeric/reduce.h"
 #include "blocks.h"
-#include "coll.h"
+#include "algo.h"
 
 /* Each rank sends to its right neighbour and receives from its left one, once per step. */
 static int right_of(const tally__ctx *c) { return (c->rank + 1) % c->size; }
@@ -26,7 +26,7 @@ static int ring_step(const tally__ctx *c, const void *sbuf, size_t slen, void *d
  * rank, so the first (and only) reduction reads `send` and writes `recv`. After n-1 steps rank r owns
  * the finished block r+1, computed once; the all-gather then copies every finished block everywhere,
  * which is why all ranks end bit-identical. */
-int tally__ring_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+static int ring_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     int n = c->size, r = c->rank, rc;
     size_t es = tally_dtype_size(t);
     tally_op rop = op == TALLY_AVG ? TALLY_SUM : op;
@@ -57,7 +57,7 @@ int tally__ring_allreduce(const tally__ctx *c, const void *send, void *recv, siz
  * ends with block r: at step s it sends block r-s-1 and reduces block r-s-2. Partial blocks live in
  * two scratch buffers used in turn (a step sends one while the other receives); the last step reduces
  * straight into recv. */
-int tally__ring_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+static int ring_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
                                tally_op op) {
     int n = c->size, r = c->rank, rc = 0;
     size_t es = tally_dtype_size(t), bytes = count * es;
@@ -76,7 +76,7 @@ int tally__ring_reduce_scatter(const tally__ctx *c, const void *send, void *recv
 }
 
 /* All-gather: rank r's block starts at its slot; at step s it forwards block r-s and receives r-s-1. */
-int tally__ring_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
+static int ring_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     int n = c->size, r = c->rank, rc;
     size_t es = tally_dtype_size(t), bytes = count * es;
     char *mine = tally__at(recv, (size_t)r * count, es);
@@ -94,7 +94,7 @@ int tally__ring_allgather(const tally__ctx *c, const void *send, void *recv, siz
  * the rank at chain position v sends segment j at step j+v and receives it at step j+v-1. The chain only
  * tells a rank about those before it, so the fingerprint rounds of tally__agree come first: a rank that
  * called something else fails the call on every rank, the root included, before any data moves. */
-int tally__ring_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+static int ring_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     int n = c->size, v = mod(c->rank - root, n), rc = tally__agree(c, NULL, 0, t, root);
     if (rc) return rc;
     size_t es = tally_dtype_size(t), seg = tally__seg_elems(es);
@@ -120,7 +120,7 @@ int tally__ring_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dt
 
 /* n-1 steps of empty messages around the ring: after step s a rank has heard, through its left
  * neighbour, from the s+1 ranks before it, so after n-1 steps every rank has arrived. */
-int tally__ring_barrier(const tally__ctx *c) {
+static int ring_barrier(const tally__ctx *c) {
     static const char none;
     for (int s = 0; s < c->size - 1; s++) {
         char sink;
@@ -129,3 +129,32 @@ int tally__ring_barrier(const tally__ctx *c) {
     }
     return 0;
 }
+
+/* The model: n-1 steps of a block each way, every step on every link at once; the broadcast, a chain of
+ * m segments, after the lg fingerprint rounds of tally__agree. */
+static double ring_cost(const tally__algo_shape *x, int coll) {
+    double n = x->n, S = x->S, f = (n - 1) / n;
+    switch (coll) {
+    case TALLY__REDUCE_SCATTER: return (n - 1) * x->a + S * f * (x->b + x->g);
+    case TALLY__ALLGATHER: return (n - 1) * x->a + S * f * x->b;
+    case TALLY__BROADCAST: {
+        double s = S / x->m, agree = x->lg * x->a;
+        return agree + (n + x->m - 2) * (x->a + s * x->b);
+    }
+    case TALLY__BARRIER: return (n - 1) * x->a;
+    default: return 2 * (n - 1) * x->a + 2 * S * f * x->b + S * f * x->g;
+    }
+}
+
+/* Every rank sends n-1 blocks in each phase. */
+static double ring_sent(int n, double S) { return 2 * S * (n - 1) / n; }
+
+const tally__algo_desc tally__ring_algo = {.name = "ring",
+                                           .allreduce = ring_allreduce,
+                                           .reduce_scatter = ring_reduce_scatter,
+                                           .allgather = ring_allgather,
+                                           .broadcast = ring_broadcast,
+                                           .barrier = ring_barrier,
+                                           .takes_avg = 1u << TALLY__ALLREDUCE,
+                                           .cost = ring_cost,
+                                           .sent = ring_sent};

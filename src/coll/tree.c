@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "blocks.h"
-#include "coll.h"
+#include "algo.h"
 
 /* The tree is a heap over virtual ranks v = rank - root (mod n): v's children are 2v+1 and 2v+2.
  *
@@ -140,7 +140,7 @@ static int tree_run(const tally__ctx *c, int root, const tree_pass *x) {
     return 0;
 }
 
-int tally__tree_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
+static int tree_allreduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     tree_pass x = {
         .send = send, .buf = recv, .count = count, .es = tally_dtype_size(t), .t = t, .op = op, .up = 1, .down = 1};
     return tree_run(c, 0, &x);
@@ -154,7 +154,7 @@ static int tree_bcast_data(const tally__ctx *c, void *buf, size_t count, tally_d
 
 /* Data flows down only, telling a rank nothing of the ranks beside or below it: the fingerprint rounds of
  * tally__agree come first, so a rank that called something else fails the call on every rank. */
-int tally__tree_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
+static int tree_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root) {
     int rc = tally__agree(c, NULL, 0, t, root);
     return rc ? rc : tree_bcast_data(c, buf, count, t, root);
 }
@@ -162,7 +162,7 @@ int tally__tree_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dt
 /* Reduce-scatter: the whole vector is reduced up the tree to rank 0 (inner ranks accumulate in a
  * scratch vector), then rank 0 hands every rank its block in one exchange. Chosen over "broadcast
  * everything, keep your block" because it moves each block down once instead of the whole vector. */
-int tally__tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+static int tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
                                tally_op op) {
     int n = c->size, r = c->rank, rc;
     size_t es = tally_dtype_size(t), bytes = count * es, total = (size_t)n * count;
@@ -190,14 +190,14 @@ int tally__tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv
 
 /* All-gather: every rank sends its block to rank 0 in one exchange, then rank 0 broadcasts the whole
  * vector down the pipelined tree (rank 0 heard from everyone first: no fingerprint rounds needed). */
-int tally__tree_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
+static int tree_allgather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     int rc = tally__gather_to_root(c, send, recv, count * tally_dtype_size(t));
     if (rc) return rc;
     return tree_bcast_data(c, recv, (size_t)c->size * count, t, 0);
 }
 
 /* Empty messages up the tree (a rank reports once its children have), then down (the release). */
-int tally__tree_barrier(const tally__ctx *c) {
+static int tree_barrier(const tally__ctx *c) {
     static const char none;
     char sink[3];
     tree_plan p;
@@ -215,3 +215,45 @@ int tally__tree_barrier(const tally__ctx *c) {
     for (int k = 0; k < p.nkids; k++) s[k] = (tally__send){.peer = p.kid[k], .buf = &none};
     return p.nkids ? tally__xchg(c, s, p.nkids, NULL, 0) : 0;
 }
+
+/* The model: the tree's depth plus m-1 segment steps each way, each rank's bytes to two children on a
+ * link its host's ranks may share (bs); reduce-scatter and all-gather add rank 0's scatter or gather,
+ * the broadcast the lg fingerprint rounds of tally__agree. */
+static double tree_cost(const tally__algo_shape *x, int coll) {
+    double n = x->n, S = x->S, f = (n - 1) / n;
+    switch (coll) {
+    case TALLY__REDUCE_SCATTER: {
+        double scatter = (n - 1) * x->a + S * f * x->b; /* rank 0 hands out the blocks */
+        return (x->depth + x->m - 1) * x->a + S * (x->bs + x->g) + scatter;
+    }
+    case TALLY__ALLGATHER: {
+        double gather = (n - 1) * x->a + S * f * x->b; /* everyone to rank 0 */
+        return gather + (x->depth + x->m - 1) * x->a + S * x->bs;
+    }
+    case TALLY__BROADCAST: {
+        double s = S / x->m, agree = x->lg * x->a;
+        return agree + (x->depth + x->m - 1) * (x->a + 2 * s * x->b);
+    }
+    case TALLY__BARRIER: return 2 * x->depth * x->a;
+    default: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
+    }
+}
+
+/* Ranks a tree rank sends the whole vector to: its parent (up) and its children (down). */
+static int tree_fanout(int v, int n) { return (v > 0) + (2 * v + 1 < n) + (2 * v + 2 < n); }
+
+/* The busiest rank: up to its parent and down to two children. */
+static double tree_sent(int n, double S) {
+    int most = tree_fanout(0, n);
+    if (n > 1 && tree_fanout(1, n) > most) most = tree_fanout(1, n);
+    return most * S;
+}
+
+const tally__algo_desc tally__tree_algo = {.name = "tree",
+                                           .allreduce = tree_allreduce,
+                                           .reduce_scatter = tree_reduce_scatter,
+                                           .allgather = tree_allgather,
+                                           .broadcast = tree_broadcast,
+                                           .barrier = tree_barrier,
+                                           .cost = tree_cost,
+                                           .sent = tree_sent};

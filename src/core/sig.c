@@ -10,9 +10,14 @@ const char *tally__coll_name(int coll) {
     return (coll >= 0 && coll < TALLY__COLL_COUNT) ? names[coll] : "unknown-collective";
 }
 
+/* The algorithms are coll's, above core: their names come from its table once a communicator exists. */
+static const char *(*_Atomic algo_namer)(int algo);
+
+void tally__sig_name_algos(const char *(*name)(int algo)) { algo_namer = name; }
+
 void tally__sig_format(const tally__sig *s, char *out, size_t n) {
-    static const char *algos[] = {"auto", "ring", "tree", "rhd", "direct", "hier"}; /* coll.h's order */
-    const char *algo = s->algo < sizeof algos / sizeof *algos ? algos[s->algo] : "?";
+    const char *(*name)(int) = algo_namer;
+    const char *algo = name ? name(s->algo) : "?";
     switch (s->coll) {
     case TALLY__BARRIER: snprintf(out, n, "barrier #%llu", (unsigned long long)s->seq); break;
     case TALLY__BROADCAST:

@@ -33,5 +33,8 @@ static inline int tally__sig_equal(const tally__sig *a, const tally__sig *b) {
 const char *tally__coll_name(int coll);
 /* "allreduce #12 (count 1000, f32, sum, algo ring)" */
 void tally__sig_format(const tally__sig *s, char *out, size_t n);
+/* Where the algorithms' names come from (coll's tally__algo_name, installed as a communicator is made or
+ * records are read); until then an algorithm shows as "?". */
+void tally__sig_name_algos(const char *(*name)(int algo));
 
 #endif

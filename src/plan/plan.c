@@ -7,7 +7,7 @@
 #include <string.h>
 #include <tally/optim.h>
 
-#include "../coll/blocks.h"
+#include "../coll/algo.h"
 #include "../coll/hier.h"
 #include "../core/sig.h"
 #include "memory.h"
@@ -86,11 +86,13 @@ static double model_at(int algo, int coll, int n, double bytes, double a, double
 static void comm_add(tally__plan_comm *acc, const tally__cost *m, int algo, int coll, int n, double bytes,
                      double times) {
     if (times <= 0 || n <= 1) return;
-    int a = algo == TALLY__ALGO_AUTO || algo == TALLY__ALGO_HIER ? tally__algo_choose(m, coll, n, (size_t)bytes) : algo;
+    const tally__algo_desc *d = tally__algo_get(algo); /* a flat one that has the collective, or the model's */
+    int a = d && tally__algo_has(d, coll) ? algo : tally__algo_choose(m, coll, n, (size_t)bytes);
     acc->rounds += times * model_at(a, coll, n, bytes, 1, 0, 0);
     acc->bytes += times * model_at(a, coll, n, bytes, 0, 1, 0);
     acc->seconds += times * tally__algo_cost(m, a, coll, n, (size_t)bytes);
-    if (acc->sent >= 0) acc->sent = coll == TALLY__ALLREDUCE ? acc->sent + times * tally__plan_sent(a, n, bytes) : -1;
+    double sent = coll == TALLY__ALLREDUCE ? tally__plan_sent(a, n, bytes) : -1;
+    if (acc->sent >= 0) acc->sent = sent >= 0 ? acc->sent + times * sent : -1;
 }
 
 int tally__plan_has_levels(const tally__plan_cfg *c, int n) {
@@ -141,25 +143,10 @@ static void layout_add(tally__plan_comm *acc, const tally__plan_cfg *c, int algo
     acc->sent = -1;
 }
 
-/* Ranks a tree rank sends the whole vector to: its parent (up) and its children (down). */
-static int tree_fanout(int v, int n) { return (v > 0) + (2 * v + 1 < n) + (2 * v + 2 < n); }
-
 double tally__plan_sent(int algo, int n, double S) {
+    const tally__algo_desc *d = tally__algo_get(algo);
     if (n <= 1) return 0;
-    int p = tally__pow2_floor(n), fold = p != n;
-    switch (algo) {
-    case TALLY__ALGO_RING: return 2 * S * (n - 1) / n;
-    case TALLY__ALGO_RHD: /* a paired rank also returns the result to the rank that sat out */
-        if (S <= (double)TALLY__RHD_SMALL_BYTES) return tally__log2_ceil(p) * S + fold * S;
-        return 2 * S * (p - 1) / p + fold * S;
-    case TALLY__ALGO_TREE: { /* the busiest rank: up to its parent and down to two children */
-        int most = tree_fanout(0, n);
-        if (n > 1 && tree_fanout(1, n) > most) most = tree_fanout(1, n);
-        return most * S;
-    }
-    case TALLY__ALGO_DIRECT: return (n - 1) * S; /* the root sends everyone the result */
-    }
-    return 0;
+    return d && d->sent ? d->sent(n, S) : -1;
 }
 
 tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, double S) {
@@ -213,9 +200,9 @@ tally__plan_comm tally__plan_step_comm(const tally__plan_cfg *c, int stage, int 
 
 int tally__plan_pick_algo(const tally__plan_cfg *c, int stage, int n) {
     if (c->algo != TALLY__ALGO_AUTO) return c->algo;
-    int best = TALLY__ALGO_RING;
+    int best = tally__algo_next(TALLY__ALGO_AUTO);
     double best_s = HUGE_VAL;
-    for (int a = TALLY__ALGO_RING; a <= TALLY__ALGO_HIER; a++) {
+    for (int a = best; a >= 0; a = tally__algo_next(a)) {
         if (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, n)) continue;
         double s = tally__plan_step_comm(c, stage, a, n).seconds;
         if (s < best_s) best = a, best_s = s;

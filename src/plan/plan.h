@@ -75,7 +75,8 @@ tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, do
 tally__plan_comm tally__plan_allreduce_on(const tally__plan_cfg *c, int algo, int n, double S);
 /* Whether c's layout of n ranks has levels (TALLY__ALGO_HIER applies). */
 int tally__plan_has_levels(const tally__plan_cfg *c, int n);
-/* Bytes the busiest rank sends in an allreduce of S bytes, as ring.c, rhd.c, tree.c, direct.c do. */
+/* Bytes the busiest rank sends in an allreduce of S bytes, as the algorithm's code does (its
+ * descriptor's formula); -1 where it has none. */
 double tally__plan_sent(int algo, int n, double S);
 /* The gradient (and, stages 1-3, parameter) traffic of one step of ZeRO stage `stage`:
  * 0 allreduce in buckets; 1 reduce-scatter + all-gather once a step; 2 reduce-scatter per layer each

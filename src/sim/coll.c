@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../coll/algo.h"
 #include "../coll/hier.h"
 #include "../core/err.h"
 #include "sim_int.h"
@@ -40,10 +41,12 @@ static tally__hier levels_of(const tally__sim_cluster *c) {
     return h;
 }
 
+/* As comm.c picks: a flat algorithm named that has no such collective leaves it to the model. */
 static int pick(const tally__sim_cluster *c, const tally__sim_coll *q) {
     int n = c->hosts * c->per_host;
     tally__cost flat = flat_cost(c);
-    if (q->algo != TALLY__ALGO_AUTO) return q->algo;
+    const tally__algo_desc *named = tally__algo_get(q->algo);
+    if (q->algo != TALLY__ALGO_AUTO && (!named || tally__algo_has(named, q->coll))) return q->algo;
     if (!has_levels(c, q->coll)) return tally__algo_choose(&flat, q->coll, n, q->bytes);
     tally__hier h = levels_of(c);
     return tally__algo_choose_levels(&flat, tally__hier_cost(&h, q->coll, q->bytes), q->coll, n, q->bytes);

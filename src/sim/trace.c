@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../coll/algo.h"
 #include "../core/err.h"
 #include "sim_int.h"
 
@@ -27,27 +28,6 @@ static void nothing(tally__tp *tp) { (void)tp; }
 
 static const tally__tp_ops recorder_ops = {.name = "sim", .exchange = record, .destroy = nothing};
 
-typedef int (*allreduce_fn)(const tally__ctx *, const void *, void *, size_t, tally_dtype, tally_op);
-typedef int (*gather_fn)(const tally__ctx *, const void *, void *, size_t, tally_dtype);
-typedef int (*bcast_fn)(const tally__ctx *, void *, size_t, tally_dtype, int);
-typedef int (*barrier_fn)(const tally__ctx *);
-
-static const struct {
-    allreduce_fn allreduce, reduce_scatter;
-    gather_fn allgather;
-    bcast_fn broadcast;
-    barrier_fn barrier;
-} algos[TALLY__ALGO_COUNT] = {
-    [TALLY__ALGO_RING] = {tally__ring_allreduce, tally__ring_reduce_scatter, tally__ring_allgather,
-                          tally__ring_broadcast, tally__ring_barrier},
-    [TALLY__ALGO_TREE] = {tally__tree_allreduce, tally__tree_reduce_scatter, tally__tree_allgather,
-                          tally__tree_broadcast, tally__tree_barrier},
-    [TALLY__ALGO_RHD] = {tally__rhd_allreduce, tally__rhd_reduce_scatter, tally__rhd_allgather, tally__rhd_broadcast,
-                         tally__rhd_barrier},
-    [TALLY__ALGO_DIRECT] = {tally__direct_allreduce, tally__direct_reduce_scatter, tally__direct_allgather,
-                            tally__direct_broadcast, tally__direct_barrier},
-};
-
 void tally__sim_sched_free(tally__sim_sched *s) {
     free(s->msg);
     free(s->first);
@@ -59,8 +39,12 @@ void tally__sim_sched_free(tally__sim_sched *s) {
 int tally__sim_trace(int algo, int coll, int rank, int n, size_t bytes, tally_dtype t, int root,
                      tally__sim_sched *out) {
     memset(out, 0, sizeof *out);
-    if (algo <= TALLY__ALGO_AUTO || algo >= TALLY__ALGO_COUNT)
-        return tally__seterr(TALLY_E_INVALID, "sim: no flat algorithm %d to trace", algo);
+    const tally__algo_desc *d = tally__algo_get(algo);
+    if (!d) return tally__seterr(TALLY_E_INVALID, "sim: no flat algorithm %d to trace", algo);
+    if (coll < TALLY__ALLREDUCE || coll > TALLY__BARRIER)
+        return tally__seterr(TALLY_E_INVALID, "sim: no collective %d", coll);
+    if (!tally__algo_has(d, coll))
+        return tally__seterr(TALLY_E_INVALID, "sim: %s has no %s to trace", d->name, tally__coll_name(coll));
     if (!(out->first = calloc(2, sizeof *out->first)))
         return tally__seterr(TALLY_E_NOMEM, "sim: out of memory tracing a schedule");
     out->cap_step = 2;
@@ -78,12 +62,11 @@ int tally__sim_trace(int algo, int coll, int rank, int n, size_t bytes, tally_dt
     recorder rec = {.tp = {.ops = &recorder_ops, .ctx = {.rank = rank, .size = n}}, .out = out};
     tally__ctx ctx = {.rank = rank, .size = n, .tp = &rec.tp};
     switch (coll) {
-    case TALLY__ALLREDUCE: rc = algos[algo].allreduce(&ctx, a, b, count, t, TALLY_SUM); break;
-    case TALLY__REDUCE_SCATTER: rc = algos[algo].reduce_scatter(&ctx, a, b, block, t, TALLY_SUM); break;
-    case TALLY__ALLGATHER: rc = algos[algo].allgather(&ctx, a, b, block, t); break;
-    case TALLY__BROADCAST: rc = algos[algo].broadcast(&ctx, a, count, t, root); break;
-    case TALLY__BARRIER: rc = algos[algo].barrier(&ctx); break;
-    default: rc = tally__seterr(TALLY_E_INVALID, "sim: no collective %d", coll);
+    case TALLY__ALLREDUCE: rc = d->allreduce(&ctx, a, b, count, t, TALLY_SUM); break;
+    case TALLY__REDUCE_SCATTER: rc = d->reduce_scatter(&ctx, a, b, block, t, TALLY_SUM); break;
+    case TALLY__ALLGATHER: rc = d->allgather(&ctx, a, b, block, t); break;
+    case TALLY__BROADCAST: rc = d->broadcast(&ctx, a, count, t, root); break;
+    default: rc = d->barrier(&ctx); break;
     }
 out:
     free(a);

@@ -1,14 +1,15 @@
-/* test_algos.c - every algorithm x collective x dtype x op x count x world size x in/out of place on the
- * threaded mock transport, checked bit for bit against a reference; plus barrier and the cost model. */
+/* test_algos.c - every algorithm of the table x collective x dtype x op x count x world size x in/out of
+ * place on the threaded mock transport, checked bit for bit against a reference; plus barrier, the
+ * descriptors and the cost model. A new algorithm is tested here by its line in the table alone. */
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll/blocks.h"
-#include "coll/coll.h"
+#include "coll/algo.h"
 #include "core/numeric/dtype.h"
+#include "core/numeric/reduce.h"
 #include "harness.h"
 #include "mock_tp.h"
 
@@ -20,28 +21,15 @@ enum { GUARD = 64, MAXN = 16 };
 enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_COUNT };
 static const char *const coll_names[C_COUNT] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
 
-typedef struct algo {
-    const char *name;
-    int (*allreduce)(const tally__ctx *, const void *, void *, size_t, tally_dtype, tally_op);
-    int (*reduce_scatter)(const tally__ctx *, const void *, void *, size_t, tally_dtype, tally_op);
-    int (*allgather)(const tally__ctx *, const void *, void *, size_t, tally_dtype);
-    int (*broadcast)(const tally__ctx *, void *, size_t, tally_dtype, int);
-    int (*barrier)(const tally__ctx *);
-} algo;
-
-#define ALGO(x)                                                                                                        \
-    {                                                                                                                  \
-#x, tally__##x##_allreduce, tally__##x##_reduce_scatter, tally__##x##_allgather, tally__##x##_broadcast,       \
-            tally__##x##_barrier                                                                                       \
-    }
-static const algo algos[] = {ALGO(ring), ALGO(tree), ALGO(rhd), ALGO(direct)};
-#define NALGOS ((int)(sizeof algos / sizeof algos[0]))
+static const int coll_kinds[C_COUNT] = {TALLY__ALLREDUCE, TALLY__REDUCE_SCATTER, TALLY__ALLGATHER, TALLY__BROADCAST};
+typedef tally__algo_desc algo;
 
 static int is_int(tally_dtype t) { return t == TALLY_I32 || t == TALLY_I64 || t == TALLY_U8; }
 
 static double input(tally_op op, int rank, size_t i, tally_dtype t) {
     static const double int_prod[4] = {1, 2, -1, 3};
     switch (op) {
+    case TALLY_AVG: /* a sum, divided after */
     case TALLY_SUM: return (double)((int)((i * 7 + (size_t)rank * 13) % 5) - 2);
     case TALLY_PROD: {
         if (is_int(t)) return int_prod[(i * 5 + (size_t)rank * 3) % 4];
@@ -81,6 +69,7 @@ static int64_t load_int(const void *buf, size_t i, tally_dtype t) {
 /* The reference of one element over ranks 0..n-1: exact in double for floats (see above), in
  * wrapping 64-bit arithmetic for integers (truncation commutes with + and *). */
 static void reference(void *out, size_t oi, tally_op op, int n, size_t i, tally_dtype t) {
+    if (op == TALLY_AVG) op = TALLY_SUM; /* make_patterns divides */
     if (is_int(t)) {
         unsigned char one[8];
         tally__dtype_store(one, 0, t, input(op, 0, i, t));
@@ -145,6 +134,7 @@ static void make_patterns(const job *j) {
     for (int r = 0; r < j->n; r++)
         for (size_t i = 0; i < PERIOD; i++) tally__dtype_store(pat_in[r], i, j->t, input(j->op, r, i, j->t));
     for (size_t i = 0; i < PERIOD; i++) reference(pat_ref, i, j->op, j->n, i, j->t);
+    if (j->op == TALLY_AVG) tally__avg_finish(pat_ref, PERIOD, j->t, j->n); /* the library's own division */
 }
 
 static void fill_input(const job *j, void *buf, int r) {
@@ -272,16 +262,18 @@ static int counts_for(tally_dtype t, int coll, int n, size_t *out) {
 
 static void test_collectives(void) {
     static const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 16};
-    static const tally_op ops[] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX};
+    static const tally_op ops[] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX, TALLY_AVG};
     size_t cap = 2000000 * 8;
     char *want = malloc(cap), *scratch = malloc(cap);
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
         int n = sizes[si];
         if (!th_long() && n > 4) continue; /* the quick tier: 2, 3 and 4 ranks, the large count smaller */
         mock_world *w = mock_world_new(n, 20.0);
-        for (int a = 0; a < NALGOS; a++)
+        for (int a = 1; a <= tally__algo_count(); a++)
             for (int coll = 0; coll < C_COUNT; coll++)
                 for (int t = 0; t < TALLY_DTYPE_COUNT; t++) {
+                    const algo *d = tally__algo_get(a);
+                    if (!tally__algo_has(d, coll_kinds[coll])) continue;
                     size_t counts[5];
                     int nc = counts_for((tally_dtype)t, coll, n, counts);
                     for (int ci = 0; ci < nc; ci++) {
@@ -290,7 +282,7 @@ static void test_collectives(void) {
                             /* Every root; only two for the large count to bound the time. */
                             for (int root = 0; root < n; root++) {
                                 if (big && root != 0 && root != n - 1) continue;
-                                job j = {.a = &algos[a],
+                                job j = {.a = d,
                                          .coll = coll,
                                          .n = n,
                                          .root = root,
@@ -303,14 +295,16 @@ static void test_collectives(void) {
                             }
                             continue;
                         }
-                        for (int oi = 0; oi < 4; oi++)
+                        for (int oi = 0; oi < 5; oi++)
                             for (int inplace = 0; inplace < 2; inplace++) {
-                                /* allgather ignores the op: one is enough. */
+                                /* allgather ignores the op: one is enough. AVG only where the algorithm
+                                 * takes it (ring's allreduce); the others get SUM and the caller divides. */
                                 if (coll == C_ALLGATHER && oi > 0) continue;
+                                if (oi == 4 && !(d->takes_avg & (1u << coll_kinds[coll]))) continue;
                                 /* The large count: sum (both placements) and max; prod and min take the
                                  * same paths through the algorithm as they do. */
                                 if (big && (oi == 1 || oi == 2 || (inplace && oi != 0))) continue;
-                                job j = {.a = &algos[a],
+                                job j = {.a = d,
                                          .coll = coll,
                                          .n = n,
                                          .root = -1,
@@ -342,16 +336,17 @@ static int barrier_rank(const tally__ctx *c, void *arg) {
 static void test_barriers(void) {
     for (int n = 2; n <= MAXN; n++) {
         mock_world *w = mock_world_new(n, 5.0);
-        for (int a = 0; a < NALGOS; a++) {
+        for (int a = 1; a <= tally__algo_count(); a++) {
             int rc[MAXN];
-            int bad = mock_run(w, barrier_rank, (void *)&algos[a], rc);
-            TH_CHECK(!bad, "%s barrier n=%d: %s", algos[a].name, n, mock_failure(w));
+            const algo *d = tally__algo_get(a);
+            int bad = mock_run(w, barrier_rank, (void *)d, rc);
+            TH_CHECK(!bad, "%s barrier n=%d: %s", d->name, n, mock_failure(w));
             for (int r = 0; r < n && !bad; r++)
-                TH_CHECK(rc[r] == 0, "%s barrier n=%d rank %d: %d", algos[a].name, n, r, rc[r]);
+                TH_CHECK(rc[r] == 0, "%s barrier n=%d rank %d: %d", d->name, n, r, rc[r]);
             unsigned long long x = mock_stats_of(w, n - 1).exchanges;
-            if (!strcmp(algos[a].name, "rhd"))
+            if (a == TALLY__ALGO_RHD)
                 TH_CHECK(x == 3ull * (unsigned)tally__log2_ceil(n), "rhd barrier n=%d: %llu exchanges", n, x);
-            if (!strcmp(algos[a].name, "ring"))
+            if (a == TALLY__ALGO_RING)
                 TH_CHECK(x == 3ull * (unsigned)(n - 1), "ring barrier n=%d: %llu exchanges", n, x);
         }
         mock_world_free(w);
@@ -385,21 +380,51 @@ static void test_mock(void) {
 
 static const int model_colls[] = {TALLY__ALLREDUCE, TALLY__REDUCE_SCATTER, TALLY__ALLGATHER, TALLY__BROADCAST};
 
+/* The table: ids, names and the named constants agree; every descriptor is whole; the lists of names. */
+static void test_table(void) {
+    int count = tally__algo_count();
+    TH_CHECK(count >= 4 && count < TALLY__ALGO_HIER && !tally__algos[count], "the table holds %d algorithms", count);
+    for (int a = TALLY__ALGO_AUTO; a >= 0; a = tally__algo_next(a))
+        TH_CHECK(tally__algo_parse(tally__algo_name(a)) == a, "algo %d does not round-trip its name", a);
+    for (int a = 1; a <= count; a++) {
+        const algo *d = tally__algo_get(a);
+        TH_CHECK(d && d == tally__algos[a - 1] && d->name && d->barrier && d->cost, "algo %d: incomplete", a);
+        for (int b = 1; b < a; b++) TH_CHECK(strcmp(d->name, tally__algo_name(b)), "two algorithms named %s", d->name);
+        TH_CHECK(!(d->takes_avg & (1u << TALLY__ALLGATHER | 1u << TALLY__BROADCAST | 1u << TALLY__BARRIER)),
+                 "%s takes AVG where nothing is reduced", d->name);
+    }
+    TH_CHECK(!tally__algo_get(TALLY__ALGO_AUTO) && !tally__algo_get(TALLY__ALGO_HIER) && !tally__algo_get(count + 1),
+             "auto, hier and ids past the table have no descriptor");
+    TH_CHECK(!strcmp(tally__algo_name(TALLY__ALGO_RING), "ring") &&
+                 !strcmp(tally__algo_name(TALLY__ALGO_TREE), "tree") &&
+                 !strcmp(tally__algo_name(TALLY__ALGO_RHD), "rhd") &&
+                 !strcmp(tally__algo_name(TALLY__ALGO_DIRECT), "direct"),
+             "ring, tree, rhd and direct must keep ids 1-4 (the table's first lines)");
+    TH_CHECK(tally__algo_parse("RING") == TALLY__ALGO_RING && tally__algo_parse("Hier") == TALLY__ALGO_HIER &&
+                 tally__algo_parse("bogus") == -1 && tally__algo_parse(NULL) == -1,
+             "algo_parse");
+    char buf[256];
+    tally__algo_names(buf, sizeof buf, TALLY__ALGO_WITH_AUTO | TALLY__ALGO_WITH_HIER, ", ", " or ");
+    TH_CHECK(!strncmp(buf, "auto, ring, tree, rhd, direct", 29) && strstr(buf, " or hier") &&
+                 !strcmp(strstr(buf, " or hier"), " or hier"),
+             "names in words: %s", buf);
+    tally__algo_names(buf, sizeof buf, 0, "|", "|");
+    TH_CHECK(!strncmp(buf, "ring|tree|rhd|direct", 20) && !strstr(buf, "auto") && !strstr(buf, "hier"),
+             "names for usage: %s", buf);
+    tally__algo_names(buf, 8, TALLY__ALGO_WITH_AUTO, ", ", " or ");
+    TH_CHECK(strlen(buf) == 7, "names cut to the buffer: %s", buf);
+}
+
 static void test_cost_model(void) {
     /* A shared-memory-like machine: 1 us per message, 10 GB/s links, 20 GB/s reduction. */
     tally__cost m = {.alpha = 1e-6, .beta = 1e-10, .gamma = 5e-11};
-    for (int a = 0; a < TALLY__ALGO_COUNT; a++)
-        TH_CHECK(tally__algo_parse(tally__algo_name(a)) == a, "algo %d does not round-trip its name", a);
-    TH_CHECK(tally__algo_parse("RING") == TALLY__ALGO_RING && tally__algo_parse("bogus") == -1 &&
-                 tally__algo_parse(NULL) == -1,
-             "algo_parse");
     for (int n = 2; n <= 64; n++)
         for (size_t bytes = 1; bytes <= ((size_t)1 << 30); bytes *= 4)
             for (int coll = 0; coll <= TALLY__BARRIER; coll++) {
                 int x = tally__algo_choose(&m, coll, n, bytes), y = tally__algo_choose(&m, coll, n, bytes);
-                TH_CHECK(x == y && x > TALLY__ALGO_AUTO && x < TALLY__ALGO_COUNT, "choose not deterministic");
+                TH_CHECK(x == y && x > TALLY__ALGO_AUTO && x <= tally__algo_count(), "choose not deterministic");
                 double cx = tally__algo_cost(&m, x, coll, n, bytes);
-                for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++)
+                for (int a = 1; a <= tally__algo_count(); a++)
                     if (tally__algo_cost(&m, a, coll, n, bytes) < cx)
                         TH_CHECK(0, "choose picked %s, %s is cheaper (coll %d, n %d, %zu bytes)", tally__algo_name(x),
                                  tally__algo_name(a), coll, n, bytes);
@@ -452,6 +477,7 @@ int main(void) {
     mallopt(M_MMAP_THRESHOLD, 256 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
     test_mock();
+    test_table();
     test_cost_model();
     test_barriers();
     test_collectives();

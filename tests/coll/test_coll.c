@@ -9,6 +9,7 @@
 #include <string.h>
 #include <tally.h>
 
+#include "coll/coll.h"
 #include "core/numeric/dtype.h"
 #include "harness.h"
 
@@ -304,7 +305,6 @@ static void run_case(const char *what, int n, const th_opts *o, th_rank_fn fn) {
  * tier: the ring on 3 ranks over shm; the long one: every algorithm on 8 ranks, both transports. */
 static void run_oversubscribed(const char *only_transport, int light) {
     const char *transports[] = {"shm", "tcp"};
-    const char *algos[] = {"ring", "tree", "rhd", "direct"};
     cpu_set_t set, one;
     if (sched_getaffinity(0, sizeof set, &set) != 0) return;
     int cpu = 0;
@@ -314,15 +314,15 @@ static void run_oversubscribed(const char *only_transport, int light) {
     TH_CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity to CPU %d", cpu);
     for (int ti = 0; ti < 2; ti++) {
         if (only_transport && strcmp(only_transport, transports[ti])) continue;
-        th_opts o = {.transport = transports[ti], .algo = algos[0], .timeout_s = 60, .wall_s = 300};
+        th_opts o = {.transport = transports[ti], .algo = "ring", .timeout_s = 60, .wall_s = 300};
         char what[64];
         if (ti == 0 && th_quick()) {
-            snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], algos[0]);
+            snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], o.algo);
             run_case(what, 3, &o, rank_main);
         }
-        for (int ai = 0; ai < (light ? 1 : 4) && th_long(); ai++) {
-            o.algo = algos[ai];
-            snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], algos[ai]);
+        for (int a = 1; a <= (light ? 1 : tally__algo_count()) && th_long(); a++) { /* every algorithm */
+            o.algo = tally__algo_name(a);
+            snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], o.algo);
             run_case(what, 8, &o, rank_main);
         }
     }
@@ -351,15 +351,14 @@ static void env_named_hosts(int rank, void *arg) {
  * ring on hosts 001. */
 static void run_mixed(int light) {
     static const char *const layouts[] = {"0011", "001", "00011"};
-    const char *algos[] = {"ring", "tree", "rhd", "direct"};
     for (int li = 0; li < 3; li++)
-        for (int ai = 0; ai < 4; ai++) {
-            if (!th_long() && !(li == 1 && ai == 0)) continue;
-            if (light && li > 0 && ai > 0) continue;
+        for (int a = 1; a <= tally__algo_count(); a++) { /* every algorithm of the table */
+            if (!th_long() && !(li == 1 && a == TALLY__ALGO_RING)) continue;
+            if (light && li > 0 && a != TALLY__ALGO_RING) continue;
             g_hosts_of = layouts[li];
-            th_opts o = {.algo = algos[ai], .timeout_s = 60, .wall_s = 300, .child_env = env_named_hosts};
+            th_opts o = {.algo = tally__algo_name(a), .timeout_s = 60, .wall_s = 300, .child_env = env_named_hosts};
             char what[64];
-            snprintf(what, sizeof what, "shm+tcp %-6s hosts %s", algos[ai], layouts[li]);
+            snprintf(what, sizeof what, "shm+tcp %-6s hosts %s", o.algo, layouts[li]);
             run_case(what, (int)strlen(layouts[li]), &o, rank_main);
         }
 }
@@ -404,30 +403,29 @@ int main(int argc, char **argv) {
     mallopt(M_TRIM_THRESHOLD, 128 << 20);
     if (argc > 1 && !strcmp(argv[1], "--as-rank")) return as_rank();
     const char *transports[] = {"shm", "tcp"};
-    const char *algos[] = {"ring", "tree", "rhd", "direct"};
     int sizes[] = {1, 2, 3, 4, 5, 8};
     const char *only_transport = argc > 1 ? argv[1] : NULL;
     int light = th_light();
     g_result = th_shared_alloc(sizeof *g_result);
     for (int ti = 0; ti < 2; ti++) {
         if (only_transport && strcmp(only_transport, transports[ti])) continue;
-        for (int ai = 0; ai < 4; ai++)
+        for (int a = 1; a <= tally__algo_count(); a++) /* every algorithm of the table */
             for (int si = 0; si < 6; si++) {
-                int n = sizes[si];
-                if (n == 1 && (ti || ai)) continue; /* one rank needs no transport or algorithm */
+                int n = sizes[si], tree_like = a == TALLY__ALGO_TREE || a == TALLY__ALGO_DIRECT;
+                if (n == 1 && (ti || a != 1)) continue; /* one rank needs no transport or algorithm */
                 /* The quick tier: one rank, and every algorithm on 3 ranks (not a power of two), with a
                  * smaller large count; the long tier runs them all at full size. */
                 if (!th_long() && n != 1 && n != 3) continue;
                 if (light && n > 3 && n != 5) continue;
                 /* Four and eight ranks for the ring and halving-doubling, whose steps depend on N's shape;
                  * tree and direct take the same paths at 3 and 5 (half a minute of CI saved). */
-                if ((n == 4 || n == 8) && (ai == 1 || ai == 3)) continue;
+                if ((n == 4 || n == 8) && tree_like) continue;
                 /* Over tcp, the transport's own paths: every N for the ring, the fold of rhd up to 5; the
                  * algorithms' shapes at larger N are the same as over shm. */
-                if (ti == 1 && ((n == 5 && (ai == 1 || ai == 3)) || (n == 8 && ai == 2))) continue;
-                th_opts o = {.transport = transports[ti], .algo = algos[ai], .timeout_s = 60, .wall_s = 300};
+                if (ti == 1 && ((n == 5 && tree_like) || (n == 8 && a == TALLY__ALGO_RHD))) continue;
+                th_opts o = {.transport = transports[ti], .algo = tally__algo_name(a), .timeout_s = 60, .wall_s = 300};
                 char what[64];
-                snprintf(what, sizeof what, "%s %-6s", transports[ti], algos[ai]);
+                snprintf(what, sizeof what, "%s %-6s", transports[ti], o.algo);
                 run_case(what, n, &o, rank_main);
             }
         if (!th_long()) continue;

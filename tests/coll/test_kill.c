@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coll/coll.h"
 #include "harness.h"
 
 /* Knobs:
@@ -37,8 +38,6 @@ typedef struct {
 
 static shared_t *S;
 static size_t count; /* floats per allreduce */
-
-static const char *algos[] = {"ring", "tree", "rhd", "direct"};
 
 /* splitmix64: the test's own generator, so the harness's rand() cannot shift the sequence */
 static uint64_t rng_state;
@@ -143,7 +142,7 @@ static void wait_iters(const th_job *job, int r, int iters, double bound_s) {
 static void kill_point(const char *transport, int point, double *iter_s, double *det, int *ndet) {
     memset(S, 0, sizeof *S);
     int victim = (int)(rng_next() % N), after = (int)(rng_next() % 3); /* 0: in the first allreduce */
-    const char *algo = algos[rng_next() % 4];
+    const char *algo = tally__algo_name(1 + (int)(rng_next() % (uint64_t)tally__algo_count())); /* any in the table */
     double delay = rng_unit() * *iter_s;
     char what[128];
     snprintf(what, sizeof what, "%s kill #%d (victim %d, %s, %d allreduces + %.3f s)", transport, point, victim, algo,

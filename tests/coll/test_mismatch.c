@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <tally.h>
 
+#include "coll/coll.h"
 #include "harness.h"
 
 enum { AR, RS, AG, BC, BAR };
@@ -296,24 +297,24 @@ static void test_left_early(int n, const char *tp, int linger) {
 int main(int argc, char **argv) {
     S = th_shared_alloc(sizeof *S);
     const char *tps[] = {"shm", "tcp"};
-    const char *algos[] = {NULL, "ring", "tree", "rhd", "direct"};
     const char *only = argc > 1 ? argv[1] : NULL; /* a scenario name to run alone, for debugging */
     int light = th_light();
     for (int n = 2; n <= 4; n++)
         for (int k = 0; k < 2; k++)
-            for (size_t a = 0; a < sizeof algos / sizeof *algos; a++)
+            for (int a = TALLY__ALGO_AUTO; a <= tally__algo_count(); a++) /* the model's choice, then each */
                 for (size_t z = 0; z < sizeof base_counts / sizeof *base_counts; z++) {
                     size_t base = base_counts[z];
+                    const char *algo = a == TALLY__ALGO_AUTO ? NULL : tally__algo_name(a);
                     /* Every size under auto; every algorithm at a small size, and large on 3 ranks. */
-                    if (algos[a] && base != 100 && !(base == LARGE_COUNT && n == 3)) continue;
-                    if (light && base == LARGE_COUNT && (n != 3 || algos[a])) continue;
+                    if (algo && base != 100 && !(base == LARGE_COUNT && n == 3)) continue;
+                    if (light && base == LARGE_COUNT && (n != 3 || algo)) continue;
                     /* The sanitizer pass: every algorithm on 3 ranks, auto on the others (the paths are alike). */
-                    if (light && algos[a] && n != 3) continue;
+                    if (light && algo && n != 3) continue;
                     /* The quick tier: every kind of disagreement on 3 ranks, the algorithm chosen, 100 elements. */
-                    int quick = n == 3 && !algos[a] && base == 100;
+                    int quick = n == 3 && !algo && base == 100;
                     if (!(quick ? th_quick() : th_long())) continue;
                     for (size_t i = 0; i < NSCENS; i++)
-                        if (!only || strstr(scens[i].name, only)) run_one(n, tps[k], algos[a], base, &scens[i]);
+                        if (!only || strstr(scens[i].name, only)) run_one(n, tps[k], algo, base, &scens[i]);
                 }
     for (int n = 2; n <= 4 && (!only || strstr("left early", only)); n++)
         for (int k = 0; k < 2; k++) {

@@ -208,7 +208,7 @@ static int balanced(const char *s) {
  * + the host all-gather, each level's cheapest algorithm; auto takes the cheaper. */
 static double cheapest(const tally__cost *m, int coll, int n, double bytes) {
     double best = HUGE_VAL;
-    for (int a = TALLY__ALGO_RING; a < TALLY__ALGO_COUNT; a++) {
+    for (int a = 1; a <= tally__algo_count(); a++) {
         double t = tally__algo_cost(m, a, coll, n, (size_t)bytes);
         if (t < best) best = t;
     }

@@ -12,6 +12,7 @@
 #include "../src/core/parse.h"
 #include "../src/dp/guard.h"
 #include "../src/ps/ps.h"
+#include "../src/train/train_seam.h"
 #include "../src/train/trainer.h"
 #include "cmd.h"
 #include "flags.h"
@@ -28,7 +29,7 @@ typedef struct train_opts {
     const char *plot;  /* --plot FILE: rank 0 charts the run there (train_plot.c) */
     const char *trace; /* --trace FILE: the timeline (TALLY_TRACE for every rank) */
     char arch[128];
-    tally__train_faults faults; /* --inject-*: carried out through cfg.hook */
+    tally__train_faults faults; /* --inject-*: armed in the trainer's test seam (test builds only) */
 } train_opts;
 
 static void train_usage(FILE *out) {
@@ -86,9 +87,6 @@ static void train_usage(FILE *out) {
         "  step (error feedback; --no-error-feedback turns it off) and work with --zero 0 only; fp16 and\n"
         "  bf16 work with every --zero stage. The summary gives the bytes sent and the ratio to f32.\n"
         "  A checkpoint keeps the residuals and factors; resuming with another codec is refused.\n"
-        "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
-        "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
-        "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
         "  --mode async: rank 0 runs a parameter server (master parameters and optimizer state); the\n"
         "  workers pull parameters and push gradients without waiting for each other, except that none\n"
         "  may be more than S steps ahead of the slowest (--staleness, default 0: the same steps as\n"
@@ -101,6 +99,10 @@ static void train_usage(FILE *out) {
         "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
         "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
         "mpirun, srun or torchrun it joins that job.\n");
+    if (TALLY__TRAIN_SEAMS)
+        fprintf(out, "Testing aids (a build with the tests only): --inject-nan RANK:STEP feeds a NaN into that\n"
+                     "rank's data at that step; --inject-flip RANK:STEP flips a bit of that rank's parameters after\n"
+                     "that step; --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n");
 }
 
 #define TRAIN_MAX_STEPS 1000000000000LL /* 1e12 */
@@ -281,6 +283,18 @@ static int parse_rank_step(const char *flag, const char *s, const char *what, lo
     return 0;
 }
 
+/* --inject-*: a fault for the trainer's test seam (train_seam.h), which only a build with the tests has. */
+static int parse_inject(int ch, const char *flag, const char *a, tally__train_faults *f) {
+    if (!TALLY__TRAIN_SEAMS)
+        return tally__seterr(TALLY_E_INVALID,
+                             "%s injects a fault for the tests, and this build has no fault injection: build with "
+                             "the tests (cmake -DTALLY_TESTS=ON, as ./test.sh does) to use it",
+                             flag);
+    int *rank = ch == O_INJECT_NAN ? &f->nan_rank : ch == O_INJECT_FLIP ? &f->flip_rank : &f->kill_rank;
+    long *step = ch == O_INJECT_NAN ? &f->nan_step : ch == O_INJECT_FLIP ? &f->flip_step : &f->kill_step;
+    return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, rank, step);
+}
+
 static const char *const train_modes[] = {"sync", "async", NULL};
 static const char *const train_quotas[] = {"per-worker", "shared", NULL};
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
@@ -401,11 +415,8 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
                    ? -1
                    : (c->sync.nan_policy = k, 0);
     case O_INJECT_NAN:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.nan_rank, &o->faults.nan_step);
     case O_INJECT_FLIP:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.flip_rank, &o->faults.flip_step);
-    case O_INJECT_KILL:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.kill_rank, &o->faults.kill_step);
+    case O_INJECT_KILL: return parse_inject(ch, flag, a, &o->faults);
     case O_CKPT: return parse_path(flag, a, &c->ckpt.dir);
     case O_RESUME: c->ckpt.resume = 1; return 0;
     case O_COMPRESS: return tally__codec_parse(a, &c->sync.codec);
@@ -501,7 +512,7 @@ static int train_plot_end(const train_opts *o, const tally_train_plot *p, const 
 }
 
 static int train_as_rank(train_opts *o) {
-    o->cfg.hook = tally__train_faults_hook(&o->faults);
+    tally__train_faults_arm(&o->faults);
     tally_comm *comm = NULL;
     int rc = tally_comm_init(&comm);
     if (rc) {

@@ -5,7 +5,6 @@
 #include <cblas.h>
 #include <math.h>
 #include <openssl/evp.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -20,6 +19,7 @@
 #include "../plan/calibrate.h"
 #include "../plan/memory.h"
 #include "../ps/ps.h"
+#include "train_seam.h"
 #include "trainer_int.h"
 
 void tally__train_cfg_default(tally__train_cfg *cfg) {
@@ -160,8 +160,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
             for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
             tally__train_gather(r, &r->train, idx, B);
         }
-        if (cfg->hook.batch && !r->tokens)
-            cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
+        if (!r->tokens) tally__train_seam_batch(r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
         if (tally__trace_on) train_trace("data", step, t0);
         if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
@@ -169,8 +168,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
         st->loss += loss / cfg->sync.accum;
-        if (cfg->hook.batch && r->tokens) /* token indices cannot hold a NaN: the softmax's output can */
-            cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->model.probs, (size_t)B * r->model.cfg.in_dim);
+        if (r->tokens) /* token indices cannot hold a NaN: the softmax's output can */
+            tally__train_seam_batch(r->rank, step + 1, k, r->model.probs, (size_t)B * r->model.cfg.in_dim);
         if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
         if ((rc = tally__sync_micro_end(&r->sync))) return rc;
@@ -192,8 +191,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     } else if ((rc = tally__sync_apply(&r->sync, lr))) {
         return rc;
     }
-    if (r->cfg->hook.updated)
-        r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
+    tally__train_seam_updated(r->rank, step + 1, r->model.params, r->model.nparams);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     if (tally__trace_on) {
         train_trace("optimizer", step, t3);
@@ -247,7 +245,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
             epoch_steps += st.skipped == skipped;
             r->in_epoch = s + 1;
             if ((rc = train_maybe_save(r, step + 1, 0))) return rc;
-            if (cfg->hook.done && cfg->hook.done(cfg->hook.arg, r->rank, step + 1)) {
+            if (tally__train_seam_halt(r->rank, step + 1)) {
                 res->steps = step + 1 - r->start_step;
                 return 0; /* as if killed here: nothing more is saved or evaluated */
             }

@@ -14,7 +14,6 @@
 #include "../dp/sync.h"
 #include "../nn/model.h"
 #include "../ps/ps.h"
-#include "faults.h"
 
 /* What the training loop tells its observer, on rank 0 only and on the thread that trains: the CLI draws
  * the progress line and the epoch lines from these (tools/train_report.c); the library never prints. */
@@ -81,15 +80,15 @@ typedef struct tally__train_cfg {
     long max_steps; /* > 0: stop after this many optimizer steps in all */
     int batch;      /* per rank, per micro-batch; default 64 */
     uint64_t seed;
-    int eval;               /* evaluate on the test set after every epoch */
-    int threads;            /* BLAS threads per rank; 0 means 1 */
-    int measure_peak;       /* time single-thread sgemm after training, for MFU */
-    size_t max_mem;         /* > 0: refuse to start when a rank would need more bytes than this */
-    int keep_params;        /* copy the final parameters into the result (tests) */
-    long check_replicas;    /* > 0: compare the replicas' parameter hashes every this many steps */
-    int straggler_rank;     /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
-    int straggler_ms;       /* 0: no straggler */
-    tally__train_hook hook; /* testing: faults at fixed points of each step (faults.h); zero: none */
+    int eval;            /* evaluate on the test set after every epoch */
+    int threads;         /* BLAS threads per rank; 0 means 1 */
+    int measure_peak;    /* time single-thread sgemm after training, for MFU */
+    size_t max_mem;      /* > 0: refuse to start when a rank would need more bytes than this */
+    int keep_params;     /* the final parameters into res->params (whole, gathered under ZeRO-3): a caller
+                             * that uses the trained model without a checkpoint; off, it costs no copy */
+    long check_replicas; /* > 0: compare the replicas' parameter hashes every this many steps */
+    int straggler_rank;  /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
+    int straggler_ms;    /* 0: no straggler */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
@@ -142,12 +141,11 @@ typedef struct tally__train_result {
     long skipped_steps;     /* steps skipped because a gradient was NaN or Inf on some rank */
     long resumed_from;      /* the step of the checkpoint this run resumed from; -1 when it started fresh */
     long checkpoints;       /* checkpoints written */
-    float *params;          /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
+    float *params;          /* the final parameters when cfg->keep_params, malloc'd (tally__train_result_free) */
     size_t mem_params, mem_grads, mem_optim, mem_buffers, mem_activations; /* bytes this rank holds */
     size_t peak_rss;                                                       /* bytes, from getrusage */
     float true_w[64]; /* linear model: the generating weights then bias */
     int true_w_len;
-    tally__train_hook hook; /* testing: faults at fixed points of each step (faults.h); zero: none */
     /* compression */
     char codec[40];                         /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
     char arch[96];                          /* the model's architecture in words ("784-512-512-10", "LeNet-5") */

@@ -8,11 +8,12 @@
 #include <tally.h>
 
 /* Where a run's checkpoints go and how often (`tally train --ckpt DIR --ckpt-every K --ckpt-keep N
- * --resume`). */
+ * --resume`). Two kept by default: a reader that read LATEST just before a commit still finds its file. */
+#define TALLY__CKPT_KEEP_DEFAULT 2
 typedef struct tally__ckpt_cfg {
     const char *dir; /* checkpoints go (and resume reads them) there; NULL: none */
     long every;      /* > 0: save after every this many steps; the end of training always saves */
-    int keep;        /* checkpoints kept in dir; 0 means 2 */
+    int keep;        /* checkpoints kept in dir; 0 means TALLY__CKPT_KEEP_DEFAULT */
     int resume;      /* start from the newest checkpoint in dir, when there is one */
 } tally__ckpt_cfg;
 

@@ -18,23 +18,33 @@
 #include "ckpt_train.h"
 #include "../plan/calibrate.h"
 #include "../plan/memory.h"
+#include "../plan/plan.h"
 #include "../ps/ps.h"
 #include "train_seam.h"
 #include "trainer_int.h"
 
+_Static_assert(TALLY__TRAIN_BATCH_DEFAULT == TALLY__PLAN_BATCH_DEFAULT,
+               "tally plan predicts tally train's default run");
+
 void tally__train_cfg_default(tally__train_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->model.kind = TALLY__MODEL_MLP;
-    cfg->data.source = "fashion-mnist";
-    cfg->data.val_frac = 0.1;
-    cfg->epochs = 1;
-    cfg->batch = 64;
+    cfg->data.source = TALLY__TRAIN_DATA_DEFAULT;
+    cfg->data.val_frac = TALLY__TRAIN_VAL_FRAC_DEFAULT;
+    cfg->data.val_windows = TALLY__TRAIN_VAL_WINDOWS_DEFAULT;
+    cfg->data.linear_samples = TALLY__TRAIN_LINEAR_SAMPLES_DEFAULT;
+    cfg->data.synthetic_train = TALLY__TRAIN_SYNTHETIC_TRAIN_DEFAULT;
+    cfg->data.synthetic_test = TALLY__TRAIN_SYNTHETIC_TEST_DEFAULT;
+    cfg->epochs = TALLY__TRAIN_EPOCHS_DEFAULT;
+    cfg->batch = TALLY__TRAIN_BATCH_DEFAULT;
     cfg->sync.accum = 1;
+    cfg->sync.bucket_mb = TALLY__SYNC_BUCKET_MB_DEFAULT;
+    cfg->ckpt.keep = TALLY__CKPT_KEEP_DEFAULT;
     tally_optim_cfg_default(&cfg->opt.optim, TALLY_OPTIM_SGD);
     cfg->opt.decay = TALLY_DECAY_NONE;
     cfg->opt.step_gamma = 0.1f;
     cfg->eval = 1;
-    cfg->threads = 1;
+    cfg->threads = TALLY__TRAIN_THREADS_DEFAULT;
     cfg->async.stale_lr = TALLY__STALE_LR_INVERSE;
     cfg->sync.codec.error_feedback = 1;
 }
@@ -42,14 +52,14 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
 void tally__train_gpt_defaults(tally__train_cfg *c, unsigned given) {
     if (!(given & TALLY__GPT_GIVEN_OPTIM)) {
         tally_optim_cfg_default(&c->opt.optim, TALLY_OPTIM_ADAMW);
-        c->opt.optim.beta2 = 0.95f;
-        if (!(given & TALLY__GPT_GIVEN_WD)) c->opt.optim.weight_decay = 0.1f;
+        c->opt.optim.beta2 = TALLY__GPT_BETA2_DEFAULT;
+        if (!(given & TALLY__GPT_GIVEN_WD)) c->opt.optim.weight_decay = TALLY__GPT_WEIGHT_DECAY_DEFAULT;
     }
     if (!(given & TALLY__GPT_GIVEN_WD_ON) && !c->async.enabled) c->sync.decay_matrices = 1;
-    if (!(given & TALLY__GPT_GIVEN_CLIP) && !c->async.enabled) c->opt.clip = 1.0f;
-    if (!(given & TALLY__GPT_GIVEN_WARMUP)) c->opt.warmup_frac = 0.1f;
+    if (!(given & TALLY__GPT_GIVEN_CLIP) && !c->async.enabled) c->opt.clip = TALLY__GPT_CLIP_DEFAULT;
+    if (!(given & TALLY__GPT_GIVEN_WARMUP)) c->opt.warmup_frac = TALLY__GPT_WARMUP_FRAC_DEFAULT;
     if (!(given & TALLY__GPT_GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
-    if (!(given & TALLY__GPT_GIVEN_MIN_LR)) c->opt.min_lr = 1e-4f;
+    if (!(given & TALLY__GPT_GIVEN_MIN_LR)) c->opt.min_lr = TALLY__GPT_MIN_LR_DEFAULT;
 }
 
 /* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # check-layers.sh - the source tree's layering, as docs/DESIGN.md draws it: each folder of src/ includes only
-# the folders below it, the library never writes to stdout, and (given a build directory) no object file
-# uses a symbol of a folder above its own, and no two object files depend on each other around a loop; no
-# folder of code or docs holds more than 25 files.
+# the folders below it, the library never writes to stdout, test seams stay in *_seam.[ch], and (given a
+# build directory) no object file uses a symbol of a folder above its own, and no two object files depend
+# on each other around a loop; no folder of code or docs holds more than 25 files.
 # usage: scripts/check-layers.sh [BUILD_DIR]     exit 0 when every rule holds, 1 naming each breach.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -91,7 +91,13 @@ while IFS= read -r hit; do
 done < <(grep -nE '(^|[^a-z_])(printf|puts|putchar|vprintf)[[:space:]]*\(|stdout' $(find src -mindepth 2 -name '*.[ch]') |
   grep -vE '^[^:]*:[0-9]+:[[:space:]]*(/?\*|//)' | sed -E 's/^([^:]*):([0-9]+):[[:space:]]*/\1:\2:/')
 
-# 3. Symbols, from the objects of a build: who defines what, who uses it.
+# 3. Test seams (faults for the tests, compiled in only with TALLY_TEST_SEAMS) live in their own *_seam.[ch]:
+# the rest of the library has one build, with no fault-injection paths of its own.
+while IFS= read -r hit; do
+  breach "${hit%%:*}: TALLY_TEST_SEAMS outside a *_seam.[ch] file (${hit#*:})"
+done < <(grep -n 'TALLY_TEST_SEAMS' $(find src -mindepth 2 -name '*.[ch]') | grep -v '^[^:]*_seam\.[ch]:')
+
+# 4. Symbols, from the objects of a build: who defines what, who uses it.
 if [ $# -ge 1 ]; then
   build=$1
   tmp=$(mktemp -d)
@@ -136,5 +142,5 @@ while read -r n dir; do
 done < <(find src tools tests include python scripts bench docs examples fuzz -path fuzz/corpus -prune -o \
   -path tests/fixtures -prune -o -type f -print 2>/dev/null | sed 's#/[^/]*$##' | sort | uniq -c)
 
-[ "$bad" = 0 ] && echo "check-layers: every folder uses only the ones below it; no stdout; no cycles between files; no folder over 25 files"
+[ "$bad" = 0 ] && echo "check-layers: every folder uses only the ones below it; no stdout; seams apart; no cycles between files; no folder over 25 files"
 exit "$bad"

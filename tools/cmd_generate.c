@@ -17,12 +17,15 @@ typedef struct gen_opts {
 } gen_opts;
 
 static void gen_usage(FILE *out) {
-    fprintf(out, "usage: tally generate --ckpt DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K]\n"
-                 "                      [--seed S]\n"
-                 "Samples text from the newest checkpoint in DIR of a model that reads text (a gpt that tally train\n"
-                 "saved there): the prompt, then N more bytes (default 200), each drawn from the softmax of the\n"
-                 "logits / temperature (default 0.8; 0: always the likeliest byte) over the K likeliest (default\n"
-                 "40; 0: all), from the seed (default 1).\n");
+    fprintf(out,
+            "usage: tally generate --ckpt DIR [--prompt TEXT] [--tokens N] [--temperature X] [--top-k K]\n"
+            "                      [--seed S]\n"
+            "Samples text from the newest checkpoint in DIR of a model that reads text (a gpt that tally train\n"
+            "saved there): the prompt, then N more bytes (default %d), each drawn from the softmax of the\n"
+            "logits / temperature (default %g; 0: always the likeliest byte) over the K likeliest (default\n"
+            "%d; 0: all), from the seed (default %d).\n",
+            TALLY__SAMPLE_TOKENS_DEFAULT, TALLY__SAMPLE_TEMPERATURE_DEFAULT, TALLY__SAMPLE_TOP_K_DEFAULT,
+            TALLY__SAMPLE_SEED_DEFAULT);
 }
 
 enum { G_CKPT = 256, G_PROMPT, G_TOKENS, G_TEMP, G_TOPK, G_SEED };
@@ -53,7 +56,11 @@ static void gen_emit(void *arg, int byte) {
 }
 
 int tally_cmd_generate(int argc, char **argv) {
-    gen_opts o = {.prompt = "", .s = {.tokens = 200, .temperature = 0.8f, .top_k = 40, .seed = 1}};
+    gen_opts o = {.prompt = "",
+                  .s = {.tokens = TALLY__SAMPLE_TOKENS_DEFAULT,
+                        .temperature = TALLY__SAMPLE_TEMPERATURE_DEFAULT,
+                        .top_k = TALLY__SAMPLE_TOP_K_DEFAULT,
+                        .seed = TALLY__SAMPLE_SEED_DEFAULT}};
     const tally_flags f = {
         .cmd = "generate", .shorts = "h", .longs = gen_longs, .first = 1, .one = gen_flag, .usage = gen_usage};
     int rc = tally_flags_parse(&f, argc, argv, &o);

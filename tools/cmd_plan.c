@@ -40,16 +40,21 @@ typedef struct plan_opts {
     const char *svg; /* --svg FILE: the scaling as a chart (plan_chart.c) */
 } plan_opts;
 
+/* The defaults the help names, from where they are written (plan.c's defaults, the models' table). */
 static void plan_usage(FILE *out) {
     char algos[256];
     tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_HIER, "|", "|");
+    tally__plan_cfg d;
+    tally__plan_cfg_default(&d);
+    tally__model_cfg gpt = {.kind = TALLY__MODEL_GPT};
+    tally__model_info_of(TALLY__MODEL_GPT)->defaults(&gpt);
     fprintf(
         out,
         "usage: tally plan --params P [--layers L] --workers N [--optimizer sgd|adam] [--precision fp32|mixed]\n"
         "                  [--zero 0..3] [--batch B] [--accum K] [--flops-per-sample F | --model mlp|cnn|linear|gpt\n"
         "                  [--hidden W1,W2,...] [--layers L --width C --heads H --context T]] [--compute GFLOPS]\n"
-        "                  [--bandwidth 25Gbps] [--latency 5us] [--hosts H --ranks-per-host M]\n"
-        "                  [--net-bandwidth 10Gbps] [--net-latency 20us] [--fabric full|fat-tree]\n"
+        "                  [--bandwidth RATE] [--latency TIME] [--hosts H --ranks-per-host M]\n"
+        "                  [--net-bandwidth RATE] [--net-latency TIME] [--fabric full|fat-tree]\n"
         "                  [--hosts-per-leaf K] [--oversub X] [--slow RANK:FACTOR]... [--compute-sd F]\n"
         "                  [--algo %s|all] [--bucket-mb M] [--calibrate] [--json]\n"
         "                  [--svg FILE]\n"
@@ -58,15 +63,15 @@ static void plan_usage(FILE *out) {
         "overlap, and Amdahl's speed-up over N = 1, 2, 4, ... up to --workers.\n"
         "  --params accepts K/M/G/T (1e3..1e12: 7.5G); --layers: how many (equal) layers hold them.\n"
         "  --model takes P, the layers, FLOPs/sample and activations from tally train's models; for gpt,\n"
-        "  --layers, --width, --heads and --context shape it (default 4, 256, 4, 128; a sample is a\n"
+        "  --layers, --width, --heads and --context shape it (default %d, %d, %d, %d; a sample is a\n"
         "  window of --context byte tokens, its FLOPs 6 x parameters + attention per token).\n"
         "  --bandwidth: 25Gbps (bits), 10GB/s (bytes; MiB/s binary); --latency: 5us, 1.5ms, 100ns.\n"
-        "  --compute: GFLOP/s of one rank (default 100); FLOPs/sample default 6P without --model.\n"
+        "  --compute: GFLOP/s of one rank (default %g); FLOPs/sample default 6P without --model.\n"
         "  --calibrate measures this machine instead of taking flags: compute (the model's own layers\n"
         "  with --model, else single-thread sgemm), the optimizer update, and alpha/beta/gamma of the shm\n"
         "  and tcp links (2 local ranks each; shm's used when N fits this host's CPUs, else tcp's).\n"
         "  --hosts H --ranks-per-host M: H hosts of M ranks (N = H x M); --bandwidth and --latency are then\n"
-        "  the link inside a host, --net-bandwidth and --net-latency the one between hosts (10Gbps, 20us),\n"
+        "  the link inside a host, --net-bandwidth and --net-latency the one between hosts (%gGbps, %gus),\n"
         "  and the hierarchical algorithm (hier, as the library runs it) is weighed beside the flat ones.\n"
         "  --fabric fat-tree --hosts-per-leaf K --oversub X: K hosts a leaf switch, uplinks at 1/X of their\n"
         "  links; --slow RANK:FACTOR (again for more), --compute-sd F: stragglers. Layouts the closed forms\n"
@@ -74,8 +79,10 @@ static void plan_usage(FILE *out) {
         "  by tally sim, and the plan says so: \"T simulated\".\n"
         "  --svg FILE: the speed-up against ranks as a chart: Amdahl's S(n), the model's, S = n, and the\n"
         "  ceiling 1/(1-P).\n"
-        "  Defaults: adam, fp32, zero 0, batch 64, accum 1, 25Gbps, 5us, reduce at 10 GB/s, --algo all.\n",
-        algos);
+        "  Defaults: adam, fp32, zero 0, batch %d, accum %d, %gGbps, %gus, reduce at %g GB/s, buckets of %g MiB,\n"
+        "  --algo all.\n",
+        algos, gpt.layers, gpt.embd, gpt.heads, gpt.in_dim, d.gflops, 8 / d.net.beta / 1e9, d.net.alpha * 1e6, d.batch,
+        d.accum, 8 / d.cost.beta / 1e9, d.cost.alpha * 1e6, 1 / d.cost.gamma / 1e9, d.bucket_bytes / 1048576);
 }
 
 /* ---- flags ---- */
@@ -350,7 +357,7 @@ static void plan_model_cfg(plan_opts *o) {
         return;
     }
     int lsq = info->data == TALLY__DATA_LEAST_SQUARES;
-    m->in_dim = lsq ? 8 : 784;
+    m->in_dim = lsq ? TALLY__TRAIN_LINEAR_FEATURES : 784;
     m->channels = 1;
     m->height = m->width = 28;
     m->outputs = lsq ? 1 : 10;

@@ -11,6 +11,7 @@
 #include "../src/core/parse.h"
 #include "../src/core/sig.h"
 #include "../src/core/units.h"
+#include "../src/dp/sync.h"
 #include "../src/plan/plan.h"
 #include "../src/sim/sim.h"
 #include "cmd.h"
@@ -47,7 +48,7 @@ static void sim_usage(FILE *out) {
             "                 [--coll allreduce|reduce-scatter|allgather|broadcast|barrier]\n"
             "                 [--algo %s] [--size 1K,1M,64M] [--method auto|event|fast]\n"
             "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
-            "                  [--accum K] [--bucket-mb 25] [--mode sync|async] [--staleness S] [--steps 20]\n"
+            "                  [--accum K] [--bucket-mb M] [--mode sync|async] [--staleness S] [--steps 20]\n"
             "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
             "                 [--svg FILE]\n"
             "Simulates collectives and training steps on a cluster described on paper: H hosts of M ranks\n"
@@ -242,7 +243,8 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
     tally__sim_cluster_default(&o->c);
     o->coll = TALLY__ALLREDUCE;
     o->size[o->nsizes++] = 64 << 20;
-    o->t = (tally__sim_train){.bucket_bytes = 25.0 * 1048576.0, .nlayers = 1, .accum = 1, .steps = 20};
+    o->t = (tally__sim_train){
+        .bucket_bytes = TALLY__SYNC_BUCKET_MB_DEFAULT * 1048576.0, .nlayers = 1, .accum = 1, .steps = 20};
     const tally_flags f = {
         .cmd = "sim", .shorts = "h", .longs = sim_longs, .first = 1, .one = sim_flag, .usage = sim_usage};
     int rc = tally_flags_parse(&f, argc, argv, o);

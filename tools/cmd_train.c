@@ -12,6 +12,7 @@
 #include "../src/core/parse.h"
 #include "../src/dp/guard.h"
 #include "../src/ps/ps.h"
+#include "../src/train/train_seam.h"
 #include "../src/train/trainer.h"
 #include "cmd.h"
 #include "flags.h"
@@ -28,10 +29,15 @@ typedef struct train_opts {
     const char *plot;  /* --plot FILE: rank 0 charts the run there (train_plot.c) */
     const char *trace; /* --trace FILE: the timeline (TALLY_TRACE for every rank) */
     char arch[128];
-    tally__train_faults faults; /* --inject-*: carried out through cfg.hook */
+    tally__train_faults faults; /* --inject-*: armed in the trainer's test seam (test builds only) */
 } train_opts;
 
+/* The defaults the help names, from where they are written (trainer.h, the models' table, ckpt.h, sync.h). */
 static void train_usage(FILE *out) {
+    tally__model_cfg gpt = {.kind = TALLY__MODEL_GPT};
+    tally__model_info_of(TALLY__MODEL_GPT)->defaults(&gpt);
+    tally_optim_cfg adamw;
+    tally_optim_cfg_default(&adamw, TALLY_OPTIM_ADAMW);
     fprintf(
         out,
         "usage: tally train [-n N] [--model linear|mlp|cnn|gpt] [--hidden W1,W2,...]\n"
@@ -51,20 +57,22 @@ static void train_usage(FILE *out) {
         "                   [--straggler RANK:MS]\n"
         "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
         "averaged in buckets while backward runs, every replica takes the same step.\n"
-        "  --batch is per rank and per micro-batch (default 64); a step is batch x accum x N samples.\n"
+        "  --batch is per rank and per micro-batch (default %d); a step is batch x accum x N samples.\n"
+        "  --bucket-mb: the gradient buckets' size in MiB (default %g); --no-overlap reduces them after\n"
+        "  backward instead of while it runs.\n"
         "  --plot FILE writes an SVG chart of the run: loss against steps (and the test or validation loss\n"
         "  after each epoch), and samples/s (tokens/s for gpt) against steps.\n"
         "  --trace FILE writes the run's timeline (Chrome trace JSON; ui.perfetto.dev opens it): a track per\n"
         "  rank and per communication thread, with data, each layer's forward and backward, each bucket's\n"
         "  collective, the waits, the optimizer and checkpoints, the ranks' clocks aligned (TALLY_TRACE).\n"
-        "  --lr is the rate for one rank (default sgd 0.05, adamw 0.001; linear model 0.01);\n"
+        "  --lr is the rate for one rank (default sgd %g, adamw %g; linear model %g);\n"
         "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
-        "  The linear model trains on generated least-squares data (8 features, y = x.w + b + noise).\n"
-        "  --model gpt: GPT-2's architecture on byte tokens (--layers 4 --width 256 --heads 4 --context 128\n"
+        "  The linear model trains on generated least-squares data (%d features, y = x.w + b + noise).\n"
+        "  --model gpt: GPT-2's architecture on byte tokens (--layers %d --width %d --heads %d --context %d\n"
         "  by default) of --data text:FILE, or of the King James Bible (Debian's bible-kjv) without --data;\n"
-        "  the last --val-frac (0.1) is held out and scored after each epoch (loss, bits per byte). Its\n"
-        "  optimizer unless told otherwise: adamw, betas 0.9/0.95, weight decay 0.1 on matrices only,\n"
-        "  --clip 1.0, warmup over the first 10%% of steps, then cosine decay to --min-lr 1e-4 (with --mode\n"
+        "  the last --val-frac (%g) is held out and scored after each epoch (loss, bits per byte). Its\n"
+        "  optimizer unless told otherwise: adamw, betas %g/%g, weight decay %g on matrices only,\n"
+        "  --clip %g, warmup over the first %g%% of steps, then cosine decay to --min-lr %g (with --mode\n"
         "  async the parameter server decays every parameter and does not clip).\n"
         "  --clip NORM scales the averaged gradient to at most that global L2 norm (every --zero stage).\n"
         "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
@@ -74,7 +82,7 @@ static void train_usage(FILE *out) {
         "  --check-replicas K: every K steps the ranks compare hashes of their parameters and stop,\n"
         "  naming the rank and the tensor, if a replica diverged.\n"
         "  --ckpt DIR saves the whole training state there every N steps (--ckpt-every) and at the end,\n"
-        "  keeping the newest K (default 2); --resume starts from the newest one when there is one.\n"
+        "  keeping the newest K (default %d); --resume starts from the newest one when there is one.\n"
         "  A checkpoint loads at any world size and ZeRO stage; it is exact at the same world size.\n"
         "  --max-restarts R (with -n and --ckpt): when a rank dies, stop the others, start all ranks\n"
         "  again and resume from the last checkpoint, up to R times.\n"
@@ -86,9 +94,6 @@ static void train_usage(FILE *out) {
         "  step (error feedback; --no-error-feedback turns it off) and work with --zero 0 only; fp16 and\n"
         "  bf16 work with every --zero stage. The summary gives the bytes sent and the ratio to f32.\n"
         "  A checkpoint keeps the residuals and factors; resuming with another codec is refused.\n"
-        "  Testing aids: --inject-nan RANK:STEP feeds a NaN into that rank's data at that step;\n"
-        "  --inject-flip RANK:STEP flips a bit of that rank's parameters after that step;\n"
-        "  --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n"
         "  --mode async: rank 0 runs a parameter server (master parameters and optimizer state); the\n"
         "  workers pull parameters and push gradients without waiting for each other, except that none\n"
         "  may be more than S steps ahead of the slowest (--staleness, default 0: the same steps as\n"
@@ -100,7 +105,16 @@ static void train_usage(FILE *out) {
         "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
         "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
         "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
-        "mpirun, srun or torchrun it joins that job.\n");
+        "mpirun, srun or torchrun it joins that job.\n",
+        TALLY__TRAIN_BATCH_DEFAULT, TALLY__SYNC_BUCKET_MB_DEFAULT, tally__model_info_of(TALLY__MODEL_MLP)->sgd_lr,
+        TALLY__TRAIN_ADAMW_LR_DEFAULT, tally__model_info_of(TALLY__MODEL_LINEAR)->sgd_lr, TALLY__TRAIN_LINEAR_FEATURES,
+        gpt.layers, gpt.embd, gpt.heads, gpt.in_dim, TALLY__TRAIN_VAL_FRAC_DEFAULT, adamw.beta1,
+        TALLY__GPT_BETA2_DEFAULT, TALLY__GPT_WEIGHT_DECAY_DEFAULT, TALLY__GPT_CLIP_DEFAULT,
+        100 * TALLY__GPT_WARMUP_FRAC_DEFAULT, TALLY__GPT_MIN_LR_DEFAULT, TALLY__CKPT_KEEP_DEFAULT);
+    if (TALLY__TRAIN_SEAMS)
+        fprintf(out, "Testing aids (a build with the tests only): --inject-nan RANK:STEP feeds a NaN into that\n"
+                     "rank's data at that step; --inject-flip RANK:STEP flips a bit of that rank's parameters after\n"
+                     "that step; --inject-kill RANK:STEP kills that rank after that step (on the first start only).\n");
 }
 
 #define TRAIN_MAX_STEPS 1000000000000LL /* 1e12 */
@@ -281,14 +295,24 @@ static int parse_rank_step(const char *flag, const char *s, const char *what, lo
     return 0;
 }
 
+/* --inject-*: a fault for the trainer's test seam (train_seam.h), which only a build with the tests has. */
+static int parse_inject(int ch, const char *flag, const char *a, tally__train_faults *f) {
+    if (!TALLY__TRAIN_SEAMS)
+        return tally__seterr(TALLY_E_INVALID,
+                             "%s injects a fault for the tests, and this build has no fault injection: build with "
+                             "the tests (cmake -DTALLY_TESTS=ON, as ./test.sh does) to use it",
+                             flag);
+    int *rank = ch == O_INJECT_NAN ? &f->nan_rank : ch == O_INJECT_FLIP ? &f->flip_rank : &f->kill_rank;
+    long *step = ch == O_INJECT_NAN ? &f->nan_step : ch == O_INJECT_FLIP ? &f->flip_step : &f->kill_step;
+    return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, rank, step);
+}
+
 static const char *const train_modes[] = {"sync", "async", NULL};
 static const char *const train_quotas[] = {"per-worker", "shared", NULL};
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
 static const char *const train_wd_on[] = {"all", "matrices", NULL};
 
-/* GPT training's optimizer where the flags left it open: AdamW with betas 0.9/0.95 and weight decay 0.1
- * on matrices only, clipping at 1.0, warmup over the first 10% of the steps, cosine decay to 1e-4. */
-/* The GPT training defaults the flags left to the library. */
+/* The GPT training defaults (tally__train_gpt_defaults) the flags left to the library. */
 static unsigned train_gpt_given(const pending *p) {
     return (p->has_opt ? TALLY__GPT_GIVEN_OPTIM : 0) | (p->has_wd ? TALLY__GPT_GIVEN_WD : 0) |
            (p->has_wd_on ? TALLY__GPT_GIVEN_WD_ON : 0) | (p->has_clip ? TALLY__GPT_GIVEN_CLIP : 0) |
@@ -401,11 +425,8 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
                    ? -1
                    : (c->sync.nan_policy = k, 0);
     case O_INJECT_NAN:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.nan_rank, &o->faults.nan_step);
     case O_INJECT_FLIP:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.flip_rank, &o->faults.flip_step);
-    case O_INJECT_KILL:
-        return parse_rank_step(flag, a, "STEP", TRAIN_MAX_STEPS, &o->faults.kill_rank, &o->faults.kill_step);
+    case O_INJECT_KILL: return parse_inject(ch, flag, a, &o->faults);
     case O_CKPT: return parse_path(flag, a, &c->ckpt.dir);
     case O_RESUME: c->ckpt.resume = 1; return 0;
     case O_COMPRESS: return tally__codec_parse(a, &c->sync.codec);
@@ -501,7 +522,7 @@ static int train_plot_end(const train_opts *o, const tally_train_plot *p, const 
 }
 
 static int train_as_rank(train_opts *o) {
-    o->cfg.hook = tally__train_faults_hook(&o->faults);
+    tally__train_faults_arm(&o->faults);
     tally_comm *comm = NULL;
     int rc = tally_comm_init(&comm);
     if (rc) {
@@ -544,7 +565,7 @@ static int train_as_rank(train_opts *o) {
                                 .overlap = !o->cfg.sync.no_overlap && size > 1 && !o->cfg.sync.zero,
                                 .zero = o->cfg.sync.zero,
                                 .lr = res.lr,
-                                .bucket_mb = o->cfg.sync.bucket_mb > 0 ? o->cfg.sync.bucket_mb : 25};
+                                .bucket_mb = o->cfg.sync.bucket_mb};
         snprintf(info.arch, sizeof info.arch, "%s", res.arch);
         if (!quiet) tally__summary_print(stdout, &info, &res);
         if (o->cfg.report.json && tally__summary_json(o->cfg.report.json, &info, &res)) {

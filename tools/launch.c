@@ -428,10 +428,12 @@ static void signal_ranks(launcher *L, int sig) {
     for (int r = 0; r < L->started; r++) kill(-L->ranks[r].pid, sig);
 }
 
+static double grace_s(const launcher *L) { return L->o->grace_s > 0 ? L->o->grace_s : TALLY_LAUNCH_GRACE_S; }
+
 static void begin_stop(launcher *L, int sig) {
     signal_ranks(L, sig);
     L->stopping = 1;
-    L->kill_at = now_ms() + (int64_t)((L->o->grace_s > 0 ? L->o->grace_s : 2.0) * 1000);
+    L->kill_at = now_ms() + (int64_t)(grace_s(L) * 1000);
 }
 
 static void kill_ranks(launcher *L) {
@@ -502,7 +504,7 @@ static int stop_progress(launcher *L, int64_t now) {
     if (L->stopping == 1 && now >= L->kill_at) {
         if (L->live > 0)
             fprintf(stderr, "%s: %d rank%s still running %g s after being told to stop; sending SIGKILL\n", L->name,
-                    L->live, plural(L->live), L->o->grace_s > 0 ? L->o->grace_s : 2.0);
+                    L->live, plural(L->live), grace_s(L));
         kill_ranks(L);
     }
     if (L->stopping == 2 && L->live > 0 && now >= L->give_up_at) {

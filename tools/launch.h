@@ -3,6 +3,8 @@
 #ifndef TALLY_TOOLS_LAUNCH_H
 #define TALLY_TOOLS_LAUNCH_H
 
+#define TALLY_LAUNCH_GRACE_S 2.0 /* grace_s's default */
+
 /* Zero-initialise, then set n; every other field has a zero default. */
 typedef struct {
     int n;                 /* ranks to start, 1..TALLY_LAUNCH_MAX_RANKS */
@@ -11,7 +13,7 @@ typedef struct {
     int prefix_output;     /* nonzero: relay each line of rank r as "[r] line"; 0: ranks inherit our
                             * stdout and stderr and write to them directly */
     const char *name;      /* how messages start: NULL means "tally run"; bench passes "tally bench" */
-    double grace_s;        /* SIGTERM-to-SIGKILL delay when stopping the ranks; 0 means 2 s */
+    double grace_s;        /* SIGTERM-to-SIGKILL delay when stopping the ranks; 0 means TALLY_LAUNCH_GRACE_S */
     int max_restarts;      /* when a rank fails, stop the others and start all ranks again, up to this
                             * many times (each start gets a fresh port and token, and TALLY_RESTART=k) */
     const char *bind;      /* "core": rank r on its own CPUs of our affinity set when the ranks fit

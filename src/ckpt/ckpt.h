@@ -8,11 +8,12 @@
 #include <tally.h>
 
 /* Where a run's checkpoints go and how often (`tally train --ckpt DIR --ckpt-every K --ckpt-keep N
- * --resume`). */
+ * --resume`). Two kept by default: a reader that read LATEST just before a commit still finds its file. */
+#define TALLY__CKPT_KEEP_DEFAULT 2
 typedef struct tally__ckpt_cfg {
     const char *dir; /* checkpoints go (and resume reads them) there; NULL: none */
     long every;      /* > 0: save after every this many steps; the end of training always saves */
-    int keep;        /* checkpoints kept in dir; 0 means 2 */
+    int keep;        /* checkpoints kept in dir; 0 means TALLY__CKPT_KEEP_DEFAULT */
     int resume;      /* start from the newest checkpoint in dir, when there is one */
 } tally__ckpt_cfg;
 
@@ -179,23 +180,5 @@ int tally__ckpt_write(tally__ckpt_writer *w, int index, const void *data, size_t
 int tally__ckpt_write_commit(tally__ckpt_writer *w, int keep);
 /* Abandons the checkpoint: removes the .tmp file, frees w (NULL is fine). LATEST is untouched. */
 void tally__ckpt_write_abort(tally__ckpt_writer *w);
-
-/* ---- Test hook ----
- * When set, the writer calls it as it passes each stage, with the stage; a test kills the process there
- * to check that a crash at that instant leaves a loadable LATEST. */
-enum tally__ckpt_stage {
-    TALLY__CKPT_AT_BEGUN,            /* .tmp created, no data yet */
-    TALLY__CKPT_AT_DATA_WRITTEN,     /* all data written, header and table not yet */
-    TALLY__CKPT_AT_HEADER_WRITTEN,   /* header written, file not yet fsynced */
-    TALLY__CKPT_AT_FILE_SYNCED,      /* fsynced, not yet renamed */
-    TALLY__CKPT_AT_FILE_RENAMED,     /* renamed to step-....tck, directory not yet fsynced */
-    TALLY__CKPT_AT_FILE_DURABLE,     /* directory fsynced, LATEST not yet started */
-    TALLY__CKPT_AT_MANIFEST_WRITTEN, /* LATEST.tmp written and fsynced, not yet renamed */
-    TALLY__CKPT_AT_MANIFEST_RENAMED, /* LATEST renamed (the commit), directory not yet fsynced */
-    TALLY__CKPT_AT_COMMITTED,        /* directory fsynced, old files not yet removed */
-    TALLY__CKPT_AT_REMOVED_ONE,      /* after each old or stale file removed */
-    TALLY__CKPT_STAGES
-};
-extern void (*tally__ckpt_stage_hook)(int stage);
 
 #endif

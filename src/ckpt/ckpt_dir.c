@@ -16,8 +16,6 @@
 #include "ckpt_int.h"
 #include "crc32c.h"
 
-void (*tally__ckpt_stage_hook)(int stage);
-
 void tally__ckpt_file_name(char *out, size_t cap, int64_t step, int tmp) {
     snprintf(out, cap, "step-%010" PRId64 ".tck%s", step, tmp ? ".tmp" : "");
 }
@@ -196,7 +194,7 @@ int tally__ckpt_manifest_commit(int dirfd, const char *dir, const ckpt_manifest 
     if (!rc) rc = tally__ckpt_fsync(fd, dir, CKPT_LATEST_TMP);
     if (close(fd) != 0 && !rc)
         rc = tally__seterr(TALLY_E_SYSTEM, "%s: close failed: %s%s", label, strerror(errno), tally__errno_hint(errno));
-    if (!rc) tally__ckpt_stage(TALLY__CKPT_AT_MANIFEST_WRITTEN);
+    if (!rc) tally__ckpt_seam_stage(TALLY__CKPT_AT_MANIFEST_WRITTEN);
     if (!rc && renameat(dirfd, CKPT_LATEST_TMP, dirfd, CKPT_LATEST) != 0)
         rc = tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: renaming %s to LATEST failed: %s%s", dir, CKPT_LATEST_TMP,
                            strerror(errno), tally__errno_hint(errno));
@@ -205,9 +203,9 @@ int tally__ckpt_manifest_commit(int dirfd, const char *dir, const ckpt_manifest 
         return rc;
     }
     *renamed = 1;
-    tally__ckpt_stage(TALLY__CKPT_AT_MANIFEST_RENAMED);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_MANIFEST_RENAMED);
     rc = tally__ckpt_dir_sync(dirfd, dir);
-    if (!rc) tally__ckpt_stage(TALLY__CKPT_AT_COMMITTED);
+    if (!rc) tally__ckpt_seam_stage(TALLY__CKPT_AT_COMMITTED);
     return rc;
 }
 
@@ -227,7 +225,7 @@ static void prune_remove(int dirfd, const char *dir, const char *name, const cha
     if (unlinkat(dirfd, name, 0) != 0 && errno != ENOENT)
         tally__log_warn("checkpoint %s/%s: cannot remove this %s: %s; remove it by hand", dir, name, why,
                         strerror(errno));
-    tally__ckpt_stage(TALLY__CKPT_AT_REMOVED_ONE);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_REMOVED_ONE);
 }
 
 /* The directory's checkpoint files (tmp: the .tmp ones, and LATEST.tmp as step -1), in *out. */

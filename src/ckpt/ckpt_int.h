@@ -8,6 +8,7 @@
 
 #include "../core/bytes.h"
 #include "ckpt.h"
+#include "ckpt_seam.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint tensor data is stored as the host's bytes, which must be little-endian"
@@ -65,7 +66,7 @@ int tally__ckpt_manifest_read(int dirfd, const char *dir, ckpt_manifest *m);
 /* The manifest's text (len bytes, NUL after them) as read from dir/LATEST: 0 with m filled, or
  * TALLY_E_CORRUPT naming what is wrong. What tally__ckpt_manifest_read does after reading. */
 int tally__ckpt_manifest_parse(const char *text, size_t len, const char *dir, ckpt_manifest *m);
-/* Writes LATEST for m: LATEST.tmp, fsync, rename, fsync the directory, with the stage hook between.
+/* Writes LATEST for m: LATEST.tmp, fsync, rename, fsync the directory, passing the test seam's stages.
  * *renamed says whether the rename (the commit) happened, which an error after it does not undo. */
 int tally__ckpt_manifest_commit(int dirfd, const char *dir, const ckpt_manifest *m, int *renamed);
 
@@ -79,9 +80,5 @@ int tally__ckpt_dir_sync(int dirfd, const char *dir);
 int tally__ckpt_mkdirs(const char *dir);
 /* fsync, retrying EINTR; the message names what and where. */
 int tally__ckpt_fsync(int fd, const char *dir, const char *name);
-
-static inline void tally__ckpt_stage(int stage) {
-    if (tally__ckpt_stage_hook) tally__ckpt_stage_hook(stage);
-}
 
 #endif

@@ -222,7 +222,7 @@ int tally__ckpt_write_begin(const char *dir, int64_t step, const tally__ckpt_ten
     w->buf_off = w->data_start;
     advance(w);
     *out = w;
-    tally__ckpt_stage(TALLY__CKPT_AT_BEGUN);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_BEGUN);
     return 0;
 }
 
@@ -330,11 +330,11 @@ static int finish_file(tally__ckpt_writer *w, uint32_t *head_crc) {
                      w->s[w->cur].name, w->cur, w->s[w->cur].done, w->t[w->cur].bytes);
     int rc = flush(w);
     if (rc) return rc;
-    tally__ckpt_stage(TALLY__CKPT_AT_DATA_WRITTEN);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_DATA_WRITTEN);
     if ((rc = write_head(w, head_crc))) return rc;
-    tally__ckpt_stage(TALLY__CKPT_AT_HEADER_WRITTEN);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_HEADER_WRITTEN);
     if (tally__ckpt_fsync(w->fd, w->dir, w->tmp)) return wkeep(w, TALLY_E_SYSTEM);
-    tally__ckpt_stage(TALLY__CKPT_AT_FILE_SYNCED);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_FILE_SYNCED);
     return 0;
 }
 
@@ -356,9 +356,9 @@ int tally__ckpt_write_commit(tally__ckpt_writer *w, int keep) {
         writer_free(w, 0);
         return rc;
     }
-    tally__ckpt_stage(TALLY__CKPT_AT_FILE_RENAMED);
+    tally__ckpt_seam_stage(TALLY__CKPT_AT_FILE_RENAMED);
     rc = tally__ckpt_dir_sync(w->dirfd, w->dir);
-    if (!rc) tally__ckpt_stage(TALLY__CKPT_AT_FILE_DURABLE);
+    if (!rc) tally__ckpt_seam_stage(TALLY__CKPT_AT_FILE_DURABLE);
     ckpt_manifest m = {.bytes = w->file_bytes, .step = w->step, .head_crc = head_crc};
     snprintf(m.file, sizeof m.file, "%s", w->file);
     int renamed = 0;

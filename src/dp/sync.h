@@ -15,6 +15,7 @@
 
 /* How to keep the replicas in step (`tally train --zero --accum --bucket-mb --no-overlap --compress
  * --nan`). */
+#define TALLY__SYNC_BUCKET_MB_DEFAULT 25.0
 typedef struct tally__sync_cfg {
     int zero;               /* the ZeRO stage, 0-3 */
     int accum;              /* micro-batches per step */

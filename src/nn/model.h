@@ -126,13 +126,13 @@ int tally__model_parse_hidden(const char *s, int *hidden, int *n);
 typedef enum {
     TALLY__DATA_FEATURES,      /* any set of feature vectors with classes (IDX, synthetic) */
     TALLY__DATA_IMAGES,        /* an image set: channels, height, width */
-    TALLY__DATA_LEAST_SQUARES, /* its own generated least-squares set (8 features, 1 target) */
+    TALLY__DATA_LEAST_SQUARES, /* its own least-squares set (TALLY__TRAIN_LINEAR_FEATURES, 1 target) */
     TALLY__DATA_TOKENS,        /* text as byte tokens: windows of the context's length, a target at each position */
 } tally__data_need;
 typedef struct tally__model_info {
     const char *name;                       /* --model */
     tally__data_need data;                  /* what it trains on */
-    float sgd_lr;                           /* the default learning rate with SGD (AdamW's is 1e-3 for every model) */
+    float sgd_lr;                           /* the default learning rate with SGD (AdamW's: the trainer's default) */
     int takes_hidden;                       /* --hidden sets its widths */
     void (*defaults)(tally__model_cfg *mc); /* fills what the flags left unset; NULL: nothing */
     void (*arch)(const tally__model_cfg *mc, char *buf, size_t n); /* "784-512-512-10", "LeNet-5" */

@@ -10,6 +10,7 @@
 #include "../coll/algo.h"
 #include "../coll/hier.h"
 #include "../core/sig.h"
+#include "../dp/sync.h"
 #include "memory.h"
 
 void tally__plan_cfg_default(tally__plan_cfg *c) {
@@ -18,10 +19,10 @@ void tally__plan_cfg_default(tally__plan_cfg *c) {
     c->optimizer = TALLY_OPTIM_ADAMW;
     c->precision = TALLY__PLAN_FP32;
     c->workers = 1;
-    c->batch = 64;
+    c->batch = TALLY__PLAN_BATCH_DEFAULT;
     c->accum = 1;
     c->gflops = 100;
-    c->bucket_bytes = 25.0 * 1048576.0; /* tally train's --bucket-mb default, as PyTorch DDP */
+    c->bucket_bytes = TALLY__SYNC_BUCKET_MB_DEFAULT * 1048576.0; /* tally train's, as PyTorch DDP's */
     c->cost = (tally__cost){.alpha = 5e-6, .beta = 8.0 / 25e9, .gamma = 1.0 / 10e9};
     c->net = (tally__cost){.alpha = 20e-6, .beta = 8.0 / 10e9, .gamma = 1.0 / 10e9};
     c->algo = TALLY__ALGO_AUTO;

@@ -25,7 +25,7 @@ typedef struct tally__plan_cfg {
     double activation_bytes;    /* per rank at `batch` (0: no model given) */
     double gflops;              /* compute rate of one rank */
     double update_s_per_param;  /* measured optimizer update; 0: estimate from memory traffic */
-    double bucket_bytes;        /* the DDP engine's bucket (tally train: 25 MiB) */
+    double bucket_bytes;        /* the DDP engine's bucket (tally train's: TALLY__SYNC_BUCKET_MB_DEFAULT MiB) */
     tally__cost cost;           /* alpha, beta, gamma of the links (inside a host, when hosts are given) */
     int hosts, per_host;        /* > 1 hosts of per_host ranks each: a job of n ranks fills hosts in turn */
     tally__cost net;            /* with hosts: the link between hosts (its gamma unused: reduced on the ranks) */
@@ -35,7 +35,10 @@ typedef struct tally__plan_cfg {
     tally__sim_cluster sim;
 } tally__plan_cfg;
 
-/* Defaults of `tally plan`: adam, fp32, batch 64, accum 1, 100 GFLOP/s, 25 Gbps, 5 us, 10 GB/s reduce. */
+/* Defaults of `tally plan`, written in plan.c once (its --help prints them from there): adam, fp32, tally
+ * train's batch and bucket, accum 1, the rate of one rank, and the links inside and between hosts. The
+ * batch is TALLY__TRAIN_BATCH_DEFAULT too, a layer above: trainer.c holds the two equal. */
+#define TALLY__PLAN_BATCH_DEFAULT 64
 void tally__plan_cfg_default(tally__plan_cfg *c);
 
 /* Bytes one rank holds. */

@@ -229,7 +229,8 @@ int tally__train_ckpt_save(train_run *r, long steps_done) {
         if (rc || s.wrc) {
             tally__ckpt_write_abort(s.w);
         } else {
-            ck_write_failed(&s, tally__ckpt_write_commit(s.w, r->cfg->ckpt.keep > 0 ? r->cfg->ckpt.keep : 2));
+            ck_write_failed(&s, tally__ckpt_write_commit(s.w, r->cfg->ckpt.keep > 0 ? r->cfg->ckpt.keep
+                                                                                    : TALLY__CKPT_KEEP_DEFAULT));
         }
     }
     free(s.t);

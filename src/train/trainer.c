@@ -5,7 +5,6 @@
 #include <cblas.h>
 #include <math.h>
 #include <openssl/evp.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -19,22 +18,33 @@
 #include "ckpt_train.h"
 #include "../plan/calibrate.h"
 #include "../plan/memory.h"
+#include "../plan/plan.h"
 #include "../ps/ps.h"
+#include "train_seam.h"
 #include "trainer_int.h"
+
+_Static_assert(TALLY__TRAIN_BATCH_DEFAULT == TALLY__PLAN_BATCH_DEFAULT,
+               "tally plan predicts tally train's default run");
 
 void tally__train_cfg_default(tally__train_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->model.kind = TALLY__MODEL_MLP;
-    cfg->data.source = "fashion-mnist";
-    cfg->data.val_frac = 0.1;
-    cfg->epochs = 1;
-    cfg->batch = 64;
+    cfg->data.source = TALLY__TRAIN_DATA_DEFAULT;
+    cfg->data.val_frac = TALLY__TRAIN_VAL_FRAC_DEFAULT;
+    cfg->data.val_windows = TALLY__TRAIN_VAL_WINDOWS_DEFAULT;
+    cfg->data.linear_samples = TALLY__TRAIN_LINEAR_SAMPLES_DEFAULT;
+    cfg->data.synthetic_train = TALLY__TRAIN_SYNTHETIC_TRAIN_DEFAULT;
+    cfg->data.synthetic_test = TALLY__TRAIN_SYNTHETIC_TEST_DEFAULT;
+    cfg->epochs = TALLY__TRAIN_EPOCHS_DEFAULT;
+    cfg->batch = TALLY__TRAIN_BATCH_DEFAULT;
     cfg->sync.accum = 1;
+    cfg->sync.bucket_mb = TALLY__SYNC_BUCKET_MB_DEFAULT;
+    cfg->ckpt.keep = TALLY__CKPT_KEEP_DEFAULT;
     tally_optim_cfg_default(&cfg->opt.optim, TALLY_OPTIM_SGD);
     cfg->opt.decay = TALLY_DECAY_NONE;
     cfg->opt.step_gamma = 0.1f;
     cfg->eval = 1;
-    cfg->threads = 1;
+    cfg->threads = TALLY__TRAIN_THREADS_DEFAULT;
     cfg->async.stale_lr = TALLY__STALE_LR_INVERSE;
     cfg->sync.codec.error_feedback = 1;
 }
@@ -42,14 +52,14 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
 void tally__train_gpt_defaults(tally__train_cfg *c, unsigned given) {
     if (!(given & TALLY__GPT_GIVEN_OPTIM)) {
         tally_optim_cfg_default(&c->opt.optim, TALLY_OPTIM_ADAMW);
-        c->opt.optim.beta2 = 0.95f;
-        if (!(given & TALLY__GPT_GIVEN_WD)) c->opt.optim.weight_decay = 0.1f;
+        c->opt.optim.beta2 = TALLY__GPT_BETA2_DEFAULT;
+        if (!(given & TALLY__GPT_GIVEN_WD)) c->opt.optim.weight_decay = TALLY__GPT_WEIGHT_DECAY_DEFAULT;
     }
     if (!(given & TALLY__GPT_GIVEN_WD_ON) && !c->async.enabled) c->sync.decay_matrices = 1;
-    if (!(given & TALLY__GPT_GIVEN_CLIP) && !c->async.enabled) c->opt.clip = 1.0f;
-    if (!(given & TALLY__GPT_GIVEN_WARMUP)) c->opt.warmup_frac = 0.1f;
+    if (!(given & TALLY__GPT_GIVEN_CLIP) && !c->async.enabled) c->opt.clip = TALLY__GPT_CLIP_DEFAULT;
+    if (!(given & TALLY__GPT_GIVEN_WARMUP)) c->opt.warmup_frac = TALLY__GPT_WARMUP_FRAC_DEFAULT;
     if (!(given & TALLY__GPT_GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
-    if (!(given & TALLY__GPT_GIVEN_MIN_LR)) c->opt.min_lr = 1e-4f;
+    if (!(given & TALLY__GPT_GIVEN_MIN_LR)) c->opt.min_lr = TALLY__GPT_MIN_LR_DEFAULT;
 }
 
 /* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */
@@ -160,8 +170,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
             for (int s = 0; s < B; s++) idx[s] = tally_sampler_index(&r->sampler, pos + (size_t)k * B + s);
             tally__train_gather(r, &r->train, idx, B);
         }
-        if (cfg->hook.batch && !r->tokens)
-            cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
+        if (!r->tokens) tally__train_seam_batch(r->rank, step + 1, k, r->xb, (size_t)B * r->model.cfg.in_dim);
         uint64_t t1 = tally__now_ns();
         if (tally__trace_on) train_trace("data", step, t0);
         if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
@@ -169,8 +178,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
         st->loss += loss / cfg->sync.accum;
-        if (cfg->hook.batch && r->tokens) /* token indices cannot hold a NaN: the softmax's output can */
-            cfg->hook.batch(cfg->hook.arg, r->rank, step + 1, k, r->model.probs, (size_t)B * r->model.cfg.in_dim);
+        if (r->tokens) /* token indices cannot hold a NaN: the softmax's output can */
+            tally__train_seam_batch(r->rank, step + 1, k, r->model.probs, (size_t)B * r->model.cfg.in_dim);
         if ((rc = tally__model_backward(&r->model, r->yb, r->tb, B, &r->hooks))) return rc;
         uint64_t t2 = tally__now_ns();
         if ((rc = tally__sync_micro_end(&r->sync))) return rc;
@@ -192,8 +201,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     } else if ((rc = tally__sync_apply(&r->sync, lr))) {
         return rc;
     }
-    if (r->cfg->hook.updated)
-        r->cfg->hook.updated(r->cfg->hook.arg, r->rank, step + 1, r->model.params, r->model.nparams);
+    tally__train_seam_updated(r->rank, step + 1, r->model.params, r->model.nparams);
     st->update += (double)(tally__now_ns() - t3) * 1e-9;
     if (tally__trace_on) {
         train_trace("optimizer", step, t3);
@@ -247,7 +255,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
             epoch_steps += st.skipped == skipped;
             r->in_epoch = s + 1;
             if ((rc = train_maybe_save(r, step + 1, 0))) return rc;
-            if (cfg->hook.done && cfg->hook.done(cfg->hook.arg, r->rank, step + 1)) {
+            if (tally__train_seam_halt(r->rank, step + 1)) {
                 res->steps = step + 1 - r->start_step;
                 return 0; /* as if killed here: nothing more is saved or evaluated */
             }

@@ -14,7 +14,6 @@
 #include "../dp/sync.h"
 #include "../nn/model.h"
 #include "../ps/ps.h"
-#include "faults.h"
 
 /* What the training loop tells its observer, on rank 0 only and on the thread that trains: the CLI draws
  * the progress line and the epoch lines from these (tools/train_report.c); the library never prints. */
@@ -36,20 +35,31 @@ typedef struct tally__train_event {
 } tally__train_event;
 typedef void (*tally__train_observer)(void *arg, const tally__train_event *ev);
 
-/* The data set of a run and its sizes. */
+/* The data set of a run and its sizes. Each default is written here once: tally__train_cfg_default fills
+ * it in, the library takes it for a field left 0 (NULL), and the CLI's --help prints it. */
+#define TALLY__TRAIN_DATA_DEFAULT            "fashion-mnist"
+#define TALLY__TRAIN_VAL_FRAC_DEFAULT        0.1
+#define TALLY__TRAIN_VAL_WINDOWS_DEFAULT     64
+#define TALLY__TRAIN_LINEAR_SAMPLES_DEFAULT  16384
+#define TALLY__TRAIN_SYNTHETIC_TRAIN_DEFAULT 60000
+#define TALLY__TRAIN_SYNTHETIC_TEST_DEFAULT  10000
+#define TALLY__TRAIN_LINEAR_FEATURES         8 /* the least-squares set's (the planner's --model linear too) */
 typedef struct tally__data_cfg {
-    const char *source;    /* "fashion-mnist" (default), "synthetic", a directory of IDX files, or "text:FILE" for a
+    const char *source;    /* TALLY__TRAIN_DATA_DEFAULT, "synthetic", a directory of IDX files, or "text:FILE" for a
                          * model that reads tokens (whose default is the King James Bible) */
-    double val_frac;       /* text: the last fraction held out for validation (default 0.1; 0: none) */
-    int val_windows;       /* text: validation windows of the context's length; 0 means 64 */
-    size_t linear_samples; /* linear model: training set size; 0 means 16384 */
-    size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
+    double val_frac;       /* text: the last fraction held out for validation (0: none) */
+    int val_windows;       /* text: validation windows of the context's length */
+    size_t linear_samples; /* linear model: training set size */
+    size_t synthetic_train, synthetic_test; /* synthetic set sizes */
 } tally__data_cfg;
 
-/* The optimizer and its learning rate: the rate, its scaling and its schedule over the run. */
+/* The optimizer and its learning rate: the rate, its scaling and its schedule over the run. SGD's default
+ * rate is the model's (tally__model_info.sgd_lr), TALLY__TRAIN_SGD_LR_DEFAULT for a graph of one's own. */
+#define TALLY__TRAIN_SGD_LR_DEFAULT   0.05f
+#define TALLY__TRAIN_ADAMW_LR_DEFAULT 1e-3f
 typedef struct tally__optim_run_cfg {
     tally_optim_cfg optim; /* kind and hyper-parameters (tally_optim_cfg_default fills them) */
-    float lr;              /* per rank; 0 means the optimizer's default (sgd 0.05, adamw 1e-3) */
+    float lr;              /* per rank; 0 means the optimizer's default (above) */
     int scale_lr;          /* multiply lr by the world size (linear scaling rule) */
     long warmup_steps;
     tally_decay decay;
@@ -68,7 +78,10 @@ typedef struct tally__report_cfg {
     const char *json; /* write the summary there (rank 0) */
 } tally__report_cfg;
 
-/* A run: one struct per module it configures, then the loop's own settings. */
+/* A run: one struct per module it configures, then the loop's own settings (their defaults here). */
+#define TALLY__TRAIN_EPOCHS_DEFAULT  1
+#define TALLY__TRAIN_BATCH_DEFAULT   64
+#define TALLY__TRAIN_THREADS_DEFAULT 1
 typedef struct tally__train_cfg {
     tally__model_cfg model; /* kind and widths (nn); the geometry comes from the data set */
     tally__data_cfg data;
@@ -77,27 +90,34 @@ typedef struct tally__train_cfg {
     tally__ckpt_cfg ckpt;
     tally__async_cfg async; /* --mode async (ps) */
     tally__report_cfg report;
-    int epochs;     /* default 1 */
+    int epochs;
     long max_steps; /* > 0: stop after this many optimizer steps in all */
-    int batch;      /* per rank, per micro-batch; default 64 */
+    int batch;      /* per rank, per micro-batch */
     uint64_t seed;
-    int eval;               /* evaluate on the test set after every epoch */
-    int threads;            /* BLAS threads per rank; 0 means 1 */
-    int measure_peak;       /* time single-thread sgemm after training, for MFU */
-    size_t max_mem;         /* > 0: refuse to start when a rank would need more bytes than this */
-    int keep_params;        /* copy the final parameters into the result (tests) */
-    long check_replicas;    /* > 0: compare the replicas' parameter hashes every this many steps */
-    int straggler_rank;     /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
-    int straggler_ms;       /* 0: no straggler */
-    tally__train_hook hook; /* testing: faults at fixed points of each step (faults.h); zero: none */
+    int eval;            /* evaluate on the test set after every epoch */
+    int threads;         /* BLAS threads per rank; 0 means the default */
+    int measure_peak;    /* time single-thread sgemm after training, for MFU */
+    size_t max_mem;      /* > 0: refuse to start when a rank would need more bytes than this */
+    int keep_params;     /* the final parameters into res->params (whole, gathered under ZeRO-3): a caller
+                          * that uses the trained model without a checkpoint; off, it costs no copy */
+    long check_replicas; /* > 0: compare the replicas' parameter hashes every this many steps */
+    int straggler_rank;  /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
+    int straggler_ms;    /* 0: no straggler */
 } tally__train_cfg;
 
-/* Defaults for every field (mlp, fashion-mnist, 1 epoch, batch 64, sgd momentum 0.9, ...). */
+/* Defaults for every field (mlp, the TALLY__TRAIN_*_DEFAULT above, sgd momentum 0.9, the sync engine's
+ * and the checkpoints' defaults, ...). */
 void tally__train_cfg_default(tally__train_cfg *cfg);
-/* What GPT training takes unless told otherwise (nanoGPT's and the peer's): AdamW with betas (0.9, 0.95)
- * and weight decay 0.1 on the matrices only, clipping at 1.0, 10% warmup, cosine decay to 1e-4. `given`
- * holds the TALLY__GPT_GIVEN_* the caller set itself, which stay as they are; an async run keeps
- * neither clipping nor matrices-only decay (the parameter server has neither). */
+/* What GPT training takes unless told otherwise (nanoGPT's and the peer's): AdamW with beta2 below (beta1
+ * AdamW's own) and the weight decay below on the matrices only, clipping at the norm below, warmup over
+ * the fraction below of the run's steps, cosine decay to the rate below. `given` holds the
+ * TALLY__GPT_GIVEN_* the caller set itself, which stay as they are; an async run keeps neither clipping
+ * nor matrices-only decay (the parameter server has neither). */
+#define TALLY__GPT_BETA2_DEFAULT        0.95f
+#define TALLY__GPT_WEIGHT_DECAY_DEFAULT 0.1f
+#define TALLY__GPT_CLIP_DEFAULT         1.0f
+#define TALLY__GPT_WARMUP_FRAC_DEFAULT  0.1f
+#define TALLY__GPT_MIN_LR_DEFAULT       1e-4f
 enum {
     TALLY__GPT_GIVEN_OPTIM = 1, /* the optimizer (its betas then its own) */
     TALLY__GPT_GIVEN_WD = 2,
@@ -142,12 +162,11 @@ typedef struct tally__train_result {
     long skipped_steps;     /* steps skipped because a gradient was NaN or Inf on some rank */
     long resumed_from;      /* the step of the checkpoint this run resumed from; -1 when it started fresh */
     long checkpoints;       /* checkpoints written */
-    float *params;          /* malloc'd copy of the final parameters when cfg->keep_params (free it) */
+    float *params;          /* the final parameters when cfg->keep_params, malloc'd (tally__train_result_free) */
     size_t mem_params, mem_grads, mem_optim, mem_buffers, mem_activations; /* bytes this rank holds */
     size_t peak_rss;                                                       /* bytes, from getrusage */
     float true_w[64]; /* linear model: the generating weights then bias */
     int true_w_len;
-    tally__train_hook hook; /* testing: faults at fixed points of each step (faults.h); zero: none */
     /* compression */
     char codec[40];                         /* the codec's spec ("none", "fp16", "topk:0.01", ...) */
     char arch[96];                          /* the model's architecture in words ("784-512-512-10", "LeNet-5") */

@@ -2,7 +2,6 @@
  * pull, compute on their shard and push under the staleness bound; then all get the server's parameters. */
 #include <math.h>
 #include <openssl/rand.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -15,6 +14,7 @@
 #include "../coll/coll.h"
 #include "../dp/codec.h"
 #include "../ps/ps.h"
+#include "train_seam.h"
 #include "trainer_int.h"
 
 _Static_assert(TALLY__TRAIN_STALE_BINS == TALLY__PS_STALE_BINS, "the result holds the server's histogram");
@@ -37,7 +37,7 @@ static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
         : cfg->ckpt.dir       ? "--ckpt (the server's state is not checkpointed)"
         : cfg->sync.codec.kind != TALLY__CODEC_NONE ? "--compress (pushes and pulls carry f32 gradients and parameters)"
         : cfg->check_replicas > 0                   ? "--check-replicas (workers hold different parameters by design)"
-        : cfg->hook.batch || cfg->hook.updated      ? "--inject-nan or --inject-flip"
+        : tally__train_seam_corrupts()              ? "--inject-nan or --inject-flip"
         : cfg->opt.clip > 0        ? "--clip (the server applies each push as it comes: no global norm)"
         : cfg->sync.decay_matrices ? "--weight-decay-on matrices (the server's optimizer decays every parameter)"
                                    : NULL;
@@ -171,7 +171,7 @@ static int async_work(async_run *a, int port, tally__train_result *res) {
             long in_epoch = c % r->steps_per_epoch + 1;
             res->last_loss = epoch_loss / (double)in_epoch; /* the epoch so far */
             if (in_epoch == r->steps_per_epoch) epoch_loss = 0;
-            if (r->cfg->hook.done) (void)r->cfg->hook.done(r->cfg->hook.arg, r->rank, c + 1); /* kills; no halt */
+            (void)tally__train_seam_halt(r->rank, c + 1); /* kills; no halt */
             tally__train_tell(r, &(tally__train_event){.kind = TALLY__TRAIN_STEP,
                                                        .step = c + 1 < total ? c + 1 : total,
                                                        .total_steps = total,

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/ckpt_seam.h"
 #include "ckpt/crc32c.h"
 #include "ckpt_fixture.h"
 #include "harness.h"
@@ -110,11 +111,6 @@ static void test_latest(void) {
 }
 
 /* ---- crash safety ---- */
-
-static int kill_stage = -1;
-static void kill_at(int stage) {
-    if (stage == kill_stage) raise(SIGKILL);
-}
 
 /* A child that resumes from LATEST and writes one checkpoint after another until it is killed. */
 static void writer_loop(const char *dir, size_t nw, size_t nm) {
@@ -220,8 +216,7 @@ static void test_stages(void) {
         pid_t pid = fork();
         if (pid == 0) {
             if (write_step(dir, 1, nw, nm, 2) || write_step(dir, 2, nw, nm, 2)) _exit(3);
-            kill_stage = s;
-            tally__ckpt_stage_hook = kill_at;
+            tally__ckpt_seam_kill_at(s);
             write_step(dir, 3, nw, nm, 2);
             _exit(4); /* the stage was never reached */
         }

@@ -168,11 +168,10 @@ static void test_nan_step(void) {
     const char *codecs[] = {"topk:0.05", "powersgd:2"};
     for (int k = 0; k < 2; k++) {
         tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
-        static tally__train_faults nan = {.nan_rank = 1, .nan_step = 10};
-        c.hook = tally__train_faults_hook(&nan);
+        const tally__train_faults nan = {.nan_rank = 1, .nan_step = 10};
         char what[96];
         snprintf(what, sizeof what, "%s with a NaN at step 10", codecs[k]);
-        if (tr_train_on("shm", 2, &c, g_got, what)) continue;
+        if (tr_train_faulty("shm", 2, &c, &nan, g_got, what)) continue;
         TH_CHECK(tr->res[0].skipped_steps == 1, "%s: %ld steps skipped", what, tr->res[0].skipped_steps);
         int finite = 1;
         for (size_t i = 0; i < tr->res[0].nparams; i++) finite &= isfinite(g_got[i]) != 0;
@@ -194,11 +193,9 @@ static void test_resume(const char *codec, int n) {
     tally__train_cfg first = straight, second = straight;
     first.ckpt.dir = second.ckpt.dir = g_dir;
     first.ckpt.every = 10;
-    static tally__train_faults halt;
-    halt.halt_after = K;
-    first.hook = tally__train_faults_hook(&halt);
+    const tally__train_faults halt = {.halt_after = K};
     second.ckpt.resume = 1;
-    if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_got, what)) return;
+    if (tr_train_faulty("shm", n, &first, &halt, NULL, what) || tr_train_on("shm", n, &second, g_got, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
     TH_CHECK(!memcmp(g_ref, g_got, tr->res[0].nparams * sizeof(float)),
              "%s: differs from the run that never "

@@ -43,15 +43,14 @@ static void test_skip(int zero, int n, int nan_rank) {
     char what[80];
     snprintf(what, sizeof what, "zero %d n=%d nan on rank %d", zero, n, nan_rank);
     tally__train_cfg before = gcfg(zero, K - 1), after = gcfg(zero, K), longer = gcfg(zero, K + 4);
-    static tally__train_faults nan; /* read in the forked ranks */
-    nan = (tally__train_faults){.nan_rank = nan_rank, .nan_step = K};
-    after.hook = longer.hook = tally__train_faults_hook(&nan);
-    if (tr_train_on("shm", n, &before, g_before, what) || tr_train_on("shm", n, &after, g_after, what)) return;
+    const tally__train_faults nan = {.nan_rank = nan_rank, .nan_step = K};
+    if (tr_train_on("shm", n, &before, g_before, what) || tr_train_faulty("shm", n, &after, &nan, g_after, what))
+        return;
     size_t np = tr->res[0].nparams;
     TH_CHECK(!memcmp(g_before, g_after, np * sizeof(float)), "%s: the skipped step changed the parameters", what);
     for (int r = 0; r < n; r++)
         TH_CHECK(tr->res[r].skipped_steps == 1, "%s: rank %d skipped %ld steps", what, r, tr->res[r].skipped_steps);
-    if (tr_train_on("shm", n, &longer, g_after, what)) return;
+    if (tr_train_faulty("shm", n, &longer, &nan, g_after, what)) return;
     TH_CHECK(tally__all_finite(g_after, np), "%s: parameters not finite after the skipped step", what);
     tally__train_cfg clean = gcfg(zero, K + 4);
     if (tr_train_on("shm", n, &clean, g_clean, what)) return;

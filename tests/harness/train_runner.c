@@ -13,9 +13,17 @@
 
 tr_out *tr;
 
+/* What each forked rank runs. */
+typedef struct tr_job {
+    const tally__train_cfg *cfg;
+    const tally__train_faults *faults; /* NULL: none */
+} tr_job;
+
 static int tr_rank(int rank, int size, void *arg) {
-    tally__train_cfg cfg = *(const tally__train_cfg *)arg;
+    const tr_job *job = arg;
+    tally__train_cfg cfg = *job->cfg;
     cfg.keep_params = 1;
+    tally__train_faults_arm(job->faults);
     tally_comm *c;
     if (tally_comm_init(&c)) {
         fprintf(stderr, "rank %d: init: %s\n", rank, tally_last_error());
@@ -39,14 +47,16 @@ static int tr_rank(int rank, int size, void *arg) {
     return rc != 0;
 }
 
-int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float *out, const char *what) {
+int tr_train_faulty(const char *transport, int n, const tally__train_cfg *cfg, const tally__train_faults *faults,
+                    float *out, const char *what) {
     if (!tr) tr = th_shared_alloc(sizeof *tr);
     memset(tr, 0, sizeof *tr);
     /* The algorithm is pinned: `auto` chooses by links measured at init, so two runs may sum three or
      * more contributions in different orders, and the tests compare runs bit for bit. rhd's pairwise
      * order is the same however the vector is cut (buckets, layers, shards). */
     th_opts o = {.transport = transport, .algo = "rhd", .timeout_s = 30, .wall_s = 240};
-    int rc = th_run(n, &o, tr_rank, (void *)cfg);
+    tr_job job = {cfg, faults};
+    int rc = th_run(n, &o, tr_rank, &job);
     TH_CHECK(rc == 0, "%s: n=%d: a rank failed", what, n);
     if (rc) return -1;
     size_t np = tr->res[0].nparams, kept = np <= TR_MAX_PARAMS ? np : 0;
@@ -61,6 +71,10 @@ int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float
     }
     if (out) memcpy(out, tr->params[0], np * sizeof(float));
     return 0;
+}
+
+int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float *out, const char *what) {
+    return tr_train_faulty(transport, n, cfg, NULL, out, what);
 }
 
 double tr_max_rel_diff(const float *a, const float *b, size_t n) {

@@ -3,6 +3,7 @@
 #ifndef TALLY_TEST_TRAIN_RUNNER_H
 #define TALLY_TEST_TRAIN_RUNNER_H
 
+#include "train/train_seam.h"
 #include "train/trainer.h"
 
 #define TR_MAX_PARAMS 70000
@@ -23,6 +24,9 @@ extern tr_out *tr;
  * On success copies rank 0's parameters to out (when not NULL; then at most TR_MAX_PARAMS) and
  * returns 0. */
 int tr_train_on(const char *transport, int n, const tally__train_cfg *cfg, float *out, const char *what);
+/* The same with faults armed in the trainer's test seam of every rank (the ranks' processes only). */
+int tr_train_faulty(const char *transport, int n, const tally__train_cfg *cfg, const tally__train_faults *faults,
+                    float *out, const char *what);
 
 /* max_i |a_i - b_i| / max(|b_i|, 1% of max_j |b_j|): a relative difference that judges parameters
  * near zero against 1% of the largest (their own relative error is rounding noise around zero). */

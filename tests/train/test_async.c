@@ -240,6 +240,7 @@ static kill_out *g_kill;
 
 static int kill_rank(int rank, int size, void *arg) {
     tally__train_cfg c = *(const tally__train_cfg *)arg;
+    tally__train_faults_arm(&(tally__train_faults){.kill_rank = 2, .kill_step = 8}); /* this rank's process only */
     tally_comm *comm;
     if (tally_comm_init(&comm)) return 1;
     tally__train_result res;
@@ -257,8 +258,6 @@ static void test_killed_rank(void) {
     c.async.staleness = 2;
     c.straggler_rank = 1;
     c.straggler_ms = 5;
-    static tally__train_faults kill = {.kill_rank = 2, .kill_step = 8}; /* read in the forked ranks */
-    c.hook = tally__train_faults_hook(&kill);
     th_opts o = {.transport = "shm", .timeout_s = 20, .wall_s = 60};
     th_job job;
     double t0 = th_now();

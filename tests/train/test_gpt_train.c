@@ -153,13 +153,11 @@ static void test_checkpoints(void) {
     th_rm_dir(g_dir);
     if (tr_train_on("shm", 2, &straight, g_ref, "gpt straight")) return;
     first.ckpt.dir = second.ckpt.dir = g_dir;
-    first.hook = (tally__train_hook){0};
     first.max_steps = STEPS; /* saves at 15 and at the end; the halt makes 15 the last */
     first.ckpt.every = 15;
-    tally__train_faults halt = {.halt_after = 15};
-    first.hook = tally__train_faults_hook(&halt);
+    const tally__train_faults halt = {.halt_after = 15};
     second.ckpt.resume = 1;
-    if (!tr_train_on("shm", 2, &first, NULL, "gpt first 15 steps") &&
+    if (!tr_train_faulty("shm", 2, &first, &halt, NULL, "gpt first 15 steps") &&
         !tr_train_on("shm", 2, &second, g_got, "gpt resumed at 15")) {
         TH_CHECK(tr->res[0].resumed_from == 15, "resumed from %ld, expected 15", tr->res[0].resumed_from);
         expect_close("stopped at 15 and resumed vs straight", 0);
@@ -180,10 +178,9 @@ static void test_checkpoints(void) {
 
 static void test_guards_and_async(void) {
     tally__train_cfg c = gcfg(4);
-    tally__train_faults nan = {.nan_rank = 1, .nan_step = 5};
-    c.hook = tally__train_faults_hook(&nan);
+    const tally__train_faults nan = {.nan_rank = 1, .nan_step = 5};
     c.check_replicas = 5;
-    if (!tr_train_on("shm", 2, &c, NULL, "gpt NaN at step 5 on rank 1, --check-replicas 5"))
+    if (!tr_train_faulty("shm", 2, &c, &nan, NULL, "gpt NaN at step 5 on rank 1, --check-replicas 5"))
         TH_CHECK(tr->res[0].skipped_steps == 1, "the NaN step: %ld steps skipped, expected 1",
                  tr->res[0].skipped_steps);
     tally__train_cfg sync = gcfg(4), async = gcfg(4);

@@ -59,11 +59,9 @@ static void test_exact(int zero, tally_optim_kind opt, int n) {
     if (tr_train_on("shm", n, &straight, g_a, what)) return;
     tally__train_cfg first = rcfg(zero, opt, END), second = rcfg(zero, opt, END);
     first.ckpt.every = 20;
-    static tally__train_faults halt; /* read in the forked ranks */
-    halt.halt_after = K;
-    first.hook = tally__train_faults_hook(&halt);
+    const tally__train_faults halt = {.halt_after = K};
     second.ckpt.resume = 1;
-    if (tr_train_on("shm", n, &first, NULL, what) || tr_train_on("shm", n, &second, g_b, what)) return;
+    if (tr_train_faulty("shm", n, &first, &halt, NULL, what) || tr_train_on("shm", n, &second, g_b, what)) return;
     TH_CHECK(tr->res[0].resumed_from == K, "%s: resumed from step %ld", what, tr->res[0].resumed_from);
     TH_CHECK(tr->res[0].steps == END - K, "%s: %ld steps after resuming", what, tr->res[0].steps);
     TH_CHECK(!memcmp(g_a, g_b, tr->res[0].nparams * sizeof(float)),

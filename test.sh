@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test.sh - the test suite by tiers (README, "Tests"). With no argument, the quick tier: in a Release
+# test.sh - the test suite by tiers (CONTRIBUTING.md, "Tests"). With no argument, the quick tier: in a Release
 # build, in an AddressSanitizer+UBSan build at -O1 (TALLY_TEST_LIGHT=1), and its threaded tests under
 # ThreadSanitizer, each with ctest -j across the CPUs; at most 10 minutes on 2 cores, or it fails.
 #   --full       every tier (quick, long, external) in the three builds
@@ -95,7 +95,7 @@ if [ ${#failed[@]} -gt 0 ]; then
 fi
 if [ "$mode" = quick ] && [ "$budget" -gt 0 ] && [ "$total" -gt "$budget" ]; then
   echo "test.sh: FAILED: the quick tier took $total s, over its $budget s: make the slow tests faster or move" \
-    "cases to the long tier (README, \"Tests\"); never drop what they check"
+    "cases to the long tier (CONTRIBUTING.md, \"Tests\"); never drop what they check"
   exit 1
 fi
 echo "test.sh: passed"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Trains the Fashion-MNIST MLP and CNN with tally and with the PyTorch DDP peer in one run on this
-# machine, and prints the figures of BENCHMARKS.md (samples/s, accuracy, overlap and bucket effects).
+# machine, and prints the figures of BENCHMARKS.md's training tables (samples/s, accuracy) and of the
+# notebook, docs/benchmarks-history.md (overlap and bucket effects).
 # usage: bench/train_compare.sh [PEERS_DIR] [quick]   (quick: 1-epoch runs only, no accuracy runs)
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)

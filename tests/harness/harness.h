@@ -76,7 +76,7 @@ void th_write_file(const char *path, const void *data, size_t n);
 int th_shell(const char *cmd, int timeout_s, char *out, size_t cap);
 /* TALLY_TEST_LIGHT=1 (the sanitizer pass): tests trim their largest cases, keeping every kind. */
 int th_light(void);
-/* The tiers (README, "Tests"): ctest runs a test file whose cases fall in several tiers once per tier,
+/* The tiers (CONTRIBUTING.md, "Tests"): ctest runs a test file whose cases fall in several tiers once per tier,
  * with TALLY_TEST_TIER=quick, long or external (tests/CMakeLists.txt). th_quick() is true where the quick
  * cases run, th_long() the long ones, th_external() those that need an outside stack (a browser, PyTorch,
  * mpirun); with the variable unset (a test run by hand) all are. A case belongs to one tier; where the

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Writes tests/fixtures/gpt_ref.bin: a small GPT, one batch, and what PyTorch computes from them, for
-tests/test_gpt_ref.c to hold tally's model to (as llm.c's test_gpt2 does). Run by hand with Debian's
+tests/nn/test_gpt_ref.c to hold tally's model to (as llm.c's test_gpt2 does). Run by hand with Debian's
 python3-torch; the test itself needs no torch.
 
 usage: scripts/gpt_reference.py [OUT]    (default tests/fixtures/gpt_ref.bin)

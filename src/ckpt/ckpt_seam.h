@@ -3,7 +3,7 @@
 #ifndef TALLY_CKPT_CKPT_SEAM_H
 #define TALLY_CKPT_CKPT_SEAM_H
 
-/* Where a writer is in its commit: a crash at each must leave a loadable LATEST (tests/test_ckpt_dir.c). */
+/* Where a writer is in its commit: a crash at each must leave a loadable LATEST (tests/ckpt/test_ckpt_dir.c). */
 enum tally__ckpt_stage {
     TALLY__CKPT_AT_BEGUN,            /* .tmp created, no data yet */
     TALLY__CKPT_AT_DATA_WRITTEN,     /* all data written, header and table not yet */

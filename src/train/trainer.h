@@ -44,6 +44,8 @@ typedef struct tally__data_cfg {
     int val_windows;       /* text: validation windows of the context's length; 0 means 64 */
     size_t linear_samples; /* linear model: training set size; 0 means 16384 */
     size_t synthetic_train, synthetic_test; /* synthetic set sizes; 0 means 60000 and 10000 */
+    const char *cache_dir; /* text: the default corpus is extracted into its folder tally (the CLI gives
+                            * $XDG_CACHE_HOME, else ~/.cache; the library reads no environment); NULL: none */
 } tally__data_cfg;
 
 /* The optimizer and its learning rate: the rate, its scaling and its schedule over the run. */

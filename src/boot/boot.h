@@ -39,6 +39,8 @@ typedef struct tally__boot_env {
 /* The world's boot env from its config (whose fields are checked already): TALLY_E_BOOT naming what is
  * missing (the rank and size; beyond one rank the address and the token) and where to give it. */
 int tally__boot_env_from_config(const tally_config *cfg, tally__boot_env *env);
+/* Says at log level 1 where env came from (and that a derived token is no secret). */
+void tally__boot_env_say(const tally__boot_env *env);
 /* The knobs a split's env takes from the config too: the host's name, the transport asked for. */
 void tally__boot_env_knobs(const tally_config *cfg, tally__boot_env *env);
 /* The parsers the config's reader and checks share, with parse.c's message shape naming `name` (the

@@ -128,12 +128,15 @@ int tally__boot_env_from_config(const tally_config *cfg, tally__boot_env *env) {
         return rc;
     env->boot_timeout_s = cfg->boot_timeout;
     tally__boot_env_knobs(cfg, env);
-    tally__log_debug(1, "rank %d of %d from %s%s%s", env->rank, env->size, env->source,
-                     cfg->address[0] ? ", rendezvous at " : "", cfg->address);
+    return 0;
+}
+
+void tally__boot_env_say(const tally__boot_env *env) {
+    tally__log_debug(1, "rank %d of %d from %s, rendezvous at %s:%d", env->rank, env->size, env->source,
+                     env->host[0] ? env->host : "-", env->port);
     if (env->size > 1 && env->token_derived)
         tally__log_debug(1, "TALLY_TOKEN is not set: using a token derived from the launcher's job id; it is NOT a "
                             "secret (anyone who can read the job id can join), so set TALLY_TOKEN for security");
-    return 0;
 }
 
 void tally__boot_env_knobs(const tally_config *cfg, tally__boot_env *env) {

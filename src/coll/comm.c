@@ -174,7 +174,10 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     c->ctx.size = env.size;
     c->timeout_s = c->cfg.timeout;
     c->forced_algo = tally__config_algo(&c->cfg);
-    if (!given) tally__log_set_rank(env.rank); /* a split's messages keep the world's rank */
+    if (!given) {
+        tally__log_set_rank(env.rank); /* a split's messages keep the world's rank */
+        tally__boot_env_say(&env);
+    }
     if ((rc = tally__boot_init(&c->boot, &env, &c->fault, c->timeout_s))) return rc;
     const tally__peer *first = tally__boot_peers(c->boot);
     tally__flight_init(&c->flight, c->ctx.rank, c->ctx.size, tally__comm_world_rank(c, c->ctx.rank),

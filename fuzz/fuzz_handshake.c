@@ -88,7 +88,7 @@ static void hs_env(tally__boot_env *env, int rank) {
     env->port = atomic_load(&hs_port);
     env->token_len = sizeof FZ_HS_TOKEN - 1;
     memcpy(env->token, FZ_HS_TOKEN, env->token_len);
-    env->source = "fuzz";
+    snprintf(env->source, sizeof env->source, "fuzz");
 }
 
 /* ---- rank 0: the listener ---- */

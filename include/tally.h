@@ -50,8 +50,103 @@ typedef enum {
 #undef TALLY__ERR_ENUM
 } tally_err;
 
-/* Communicator lifetime. Rank, size, address and token come from the environment
- * (TALLY_*, or Open MPI / PMI / Slurm / torchrun variables). Collective over all ranks. */
+/* ---- Configuration (as NCCL's ncclConfig_t): what a communicator is made with ----------------------
+ * Start from TALLY_CONFIG_INIT (the defaults, without the environment) or from tally_config_from_env
+ * (the defaults, then every TALLY_* variable set), change what you like, and pass it to
+ * tally_comm_init_config, which copies it (strings too) and checks every field once, naming the field.
+ * docs/config.md lists every field with its variable, range, default and meaning.
+ * The struct may grow: struct_size and version tell the library which fields the caller knows, so a
+ * program built against an older tally.h keeps working (fields it does not know take their defaults).
+ * Process-wide (one per process, not per communicator): log_level, log_fn, log_user and isa are taken
+ * from the config of a communicator made while no other one lives (the first one, normally); a split
+ * inherits its parent's whole config. */
+#define TALLY_CONFIG_VERSION 1
+
+typedef enum { TALLY_TRANSPORT_AUTO, TALLY_TRANSPORT_SHM, TALLY_TRANSPORT_TCP } tally_transport;
+typedef enum { TALLY_ISA_AUTO, TALLY_ISA_SCALAR, TALLY_ISA_AVX2, TALLY_ISA_AVX512 } tally_isa;
+/* The level a log line is given at: errors and warnings always, decisions at log_level 1, details at 2. */
+typedef enum {
+    TALLY_LOG_ERROR = -2,
+    TALLY_LOG_WARNING = -1,
+    TALLY_LOG_DEBUG = 1,
+    TALLY_LOG_VERBOSE = 2
+} tally_log_kind;
+/* Receives each log line (one line, no newline, "tally[rank N] debug: ..."), one call at a time, on
+ * whichever thread logged it; it must not call tally. */
+typedef void (*tally_log_fn)(void *user, int level, const char *line);
+
+/* The defaults, each written once: TALLY_CONFIG_INIT and tally_config_from_env take them from here. */
+#define TALLY_DEFAULT_TIMEOUT      300.0  /* seconds a collective waits for a peer */
+#define TALLY_DEFAULT_TCP_STREAMS  1      /* tcp connections per pair of ranks on two hosts */
+#define TALLY_DEFAULT_SHM_LARGE    (-1LL) /* TALLY_SHM_LARGE_AUTO */
+#define TALLY_DEFAULT_SHM_CMA      1      /* large shm messages read with process_vm_readv */
+#define TALLY_DEFAULT_FLIGHT_DEPTH 256    /* collectives each communicator's flight recorder keeps */
+#define TALLY_DEFAULT_TRACE_EVENTS 262144 /* timeline spans each process keeps */
+#define TALLY_SHM_LARGE_AUTO       (-1LL) /* shm_large: calibration decides */
+#define TALLY_SHM_LARGE_OFF        0LL    /* shm_large: every message through the slots */
+
+typedef struct tally_config {
+    size_t struct_size; /* sizeof(tally_config) where the caller was built: TALLY_CONFIG_INIT sets it */
+    int version;        /* TALLY_CONFIG_VERSION likewise */
+    /* Who and where (TALLY_RANK, TALLY_WORLD_SIZE, TALLY_ADDR, TALLY_TOKEN, TALLY_BIND, TALLY_HOST) */
+    int rank;          /* 0..size-1; -1: not given */
+    int size;          /* ranks, 1..4096; 0: not given */
+    char address[272]; /* "host:port" or "[v6]:port" where rank 0 listens for the rendezvous ("": none) */
+    char token[256];   /* shared secret every rank proves it knows ("": none; size 1 needs none) */
+    char bind[256];    /* where rank 0 listens instead of address's host, no port ("": the host itself) */
+    char host[64];     /* this host's name: ranks with the same one are one host ("": kernel and netns) */
+    /* Time limits (TALLY_TIMEOUT, TALLY_BOOT_TIMEOUT) */
+    double timeout;      /* seconds a collective may wait for a peer, (0, 1e6] */
+    double boot_timeout; /* seconds the rendezvous may take, (0, 1e6]; 0: timeout */
+    /* How (TALLY_TRANSPORT, TALLY_ALGO, TALLY_TCP_STREAMS, TALLY_SHM_LARGE, TALLY_SHM_CMA, TALLY_COST, TALLY_ISA) */
+    int transport;       /* tally_transport */
+    char algo[32];       /* "auto" (or ""), "ring", "tree", "rhd", "direct", "hier" */
+    int tcp_streams;     /* 1..16 */
+    long long shm_large; /* bytes from which shm messages go single-copy, up to 1 TiB; TALLY_SHM_LARGE_* */
+    int shm_cma;         /* 0 or 1 */
+    /* The cost model's alpha in microseconds (>= 0), link and reduction speeds in GB/s (> 0), given
+     * instead of measured at init; all three 0: measured. */
+    double cost_alpha_us, cost_beta_gbps, cost_gamma_gbps;
+    int isa; /* tally_isa: at most this instruction set for reductions (process-wide) */
+    /* Diagnostics (TALLY_DEBUG, TALLY_FLIGHT, TALLY_FLIGHT_DIR, TALLY_TRACE, TALLY_TRACE_EVENTS) */
+    int log_level;         /* 0 quiet, 1 decisions, 2 details (process-wide) */
+    tally_log_fn log_fn;   /* NULL: stderr (process-wide) */
+    void *log_user;        /* log_fn's first argument */
+    int flight_depth;      /* collectives the flight recorder keeps, 0..65536 (0: none) */
+    char flight_dir[449];  /* where it writes ("": $TMPDIR or /tmp, tally-flight-<host>-<pid of rank 0>) */
+    char trace_file[1024]; /* the timeline rank 0 writes ("": none) */
+    int trace_events;      /* spans each process keeps, 1024..67108864 */
+    /* Where rank, size, address and token came from, for messages: tally_config_from_env writes "TALLY" or
+     * the launcher's name ("Open MPI", "PMI", "Slurm", "torchrun"); "" is the caller. token_derived: 1 when
+     * the token was derived from the launcher's job id (no TALLY_TOKEN), which is not a secret. */
+    char source[16];
+    int token_derived;
+} tally_config;
+
+/* Every field in order, for C and C++ alike. */
+#define TALLY_CONFIG_INIT                                                                                              \
+    {                                                                                                                  \
+        sizeof(tally_config), TALLY_CONFIG_VERSION, -1, 0, "", "", "", "", TALLY_DEFAULT_TIMEOUT, 0.0,                 \
+            TALLY_TRANSPORT_AUTO, "auto", TALLY_DEFAULT_TCP_STREAMS, TALLY_DEFAULT_SHM_LARGE, TALLY_DEFAULT_SHM_CMA,   \
+            0.0, 0.0, 0.0, TALLY_ISA_AUTO, 0, 0, 0, TALLY_DEFAULT_FLIGHT_DEPTH, "", "", TALLY_DEFAULT_TRACE_EVENTS,    \
+            "", 0                                                                                                      \
+    }
+
+/* Sets *cfg to the defaults and then to what the environment says: each TALLY_* variable that is set,
+ * parsed strictly, and, when TALLY_RANK and TALLY_WORLD_SIZE are absent, the launcher's variables (Open
+ * MPI, PMI, Slurm, torchrun: rank, size, address and a token derived from the job id). What the
+ * environment does not give keeps its default (rank -1, size 0: tally_comm_init_config then says what is
+ * missing). cfg->struct_size and version must be set (start from TALLY_CONFIG_INIT). The only place the
+ * library reads the environment. 0, TALLY_E_INVALID naming the variable that is set to what it does not
+ * take, or TALLY_E_BOOT when half of a pair is set (TALLY_RANK without TALLY_WORLD_SIZE). */
+TALLY_API int tally_config_from_env(tally_config *cfg);
+
+/* Communicator lifetime. tally_comm_init_config makes the world communicator *cfg describes (checked
+ * first: TALLY_E_INVALID naming the field; TALLY_E_BOOT when rank, size, address or token is missing);
+ * tally_comm_init is tally_config_from_env then tally_comm_init_config: rank, size, address and token
+ * from the environment (TALLY_*, or Open MPI / PMI / Slurm / torchrun variables). Collective over all
+ * ranks. */
+TALLY_API int tally_comm_init_config(tally_comm **comm, const tally_config *cfg);
 TALLY_API int tally_comm_init(tally_comm **comm);
 TALLY_API int tally_comm_rank(const tally_comm *comm);
 TALLY_API int tally_comm_size(const tally_comm *comm);

@@ -29,6 +29,7 @@ typedef struct train_opts {
     const char *plot;  /* --plot FILE: rank 0 charts the run there (train_plot.c) */
     const char *trace; /* --trace FILE: the timeline (TALLY_TRACE for every rank) */
     char arch[128];
+    char cache[4096];           /* cfg.data.cache_dir: $XDG_CACHE_HOME, else ~/.cache */
     tally__train_faults faults; /* --inject-*: armed in the trainer's test seam (test builds only) */
 } train_opts;
 
@@ -469,10 +470,21 @@ static int train_flag(int ch, const char *flag, const char *a, void *ctx) {
     return train_parse_one(ch, flag, a, t->o, t->p);
 }
 
+/* Where the default corpus is kept, as the XDG base directories say (the library reads no environment). */
+static void train_cache_dir(train_opts *o) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(o->cache, sizeof o->cache, "%s", xdg);
+    else if (home && *home)
+        snprintf(o->cache, sizeof o->cache, "%s/.cache", home);
+    o->cfg.data.cache_dir = o->cache[0] ? o->cache : NULL;
+}
+
 /* 0 to run, 1 for --help (printed), 2 after a message about a bad flag. */
 static int train_parse(int argc, char **argv, train_opts *o) {
     memset(o, 0, sizeof *o);
     tally__train_cfg_default(&o->cfg);
+    train_cache_dir(o);
     o->cfg.measure_peak = 1;
     pending p = {0};
     train_parse_ctx ctx = {o, &p};

@@ -39,9 +39,48 @@ lib = _load()
 c_comm_p = ctypes.c_void_p
 c_req_p = ctypes.c_void_p
 DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
+CONFIG_VERSION = 1  # TALLY_CONFIG_VERSION of the struct below
+
+
+class Config(ctypes.Structure):
+    """include/tally.h's tally_config, field for field (docs/config.md says what each one means)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("version", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("size", ctypes.c_int),
+        ("address", ctypes.c_char * 272),
+        ("token", ctypes.c_char * 256),
+        ("bind", ctypes.c_char * 256),
+        ("host", ctypes.c_char * 64),
+        ("timeout", ctypes.c_double),
+        ("boot_timeout", ctypes.c_double),
+        ("transport", ctypes.c_int),
+        ("algo", ctypes.c_char * 32),
+        ("tcp_streams", ctypes.c_int),
+        ("shm_large", ctypes.c_longlong),
+        ("shm_cma", ctypes.c_int),
+        ("cost_alpha_us", ctypes.c_double),
+        ("cost_beta_gbps", ctypes.c_double),
+        ("cost_gamma_gbps", ctypes.c_double),
+        ("isa", ctypes.c_int),
+        ("log_level", ctypes.c_int),
+        ("log_fn", LOG_FN),
+        ("log_user", ctypes.c_void_p),
+        ("flight_depth", ctypes.c_int),
+        ("flight_dir", ctypes.c_char * 449),
+        ("trace_file", ctypes.c_char * 1024),
+        ("trace_events", ctypes.c_int),
+        ("source", ctypes.c_char * 16),
+        ("token_derived", ctypes.c_int),
+    ]
+
 
 _sigs = {
     "tally_comm_init": (ctypes.c_int, [ctypes.POINTER(c_comm_p)]),
+    "tally_comm_init_config": (ctypes.c_int, [ctypes.POINTER(c_comm_p), ctypes.POINTER(Config)]),
+    "tally_config_from_env": (ctypes.c_int, [ctypes.POINTER(Config)]),
     "tally_comm_rank": (ctypes.c_int, [c_comm_p]),
     "tally_comm_size": (ctypes.c_int, [c_comm_p]),
     "tally_comm_free": (ctypes.c_int, [c_comm_p]),

@@ -1,39 +1,16 @@
 """comm.py - tally.Comm: the communicator over NumPy arrays (allreduce, reduce_scatter, allgather,
 broadcast, barrier, abort, memory peers read in place), every check and error in Python's terms."""
-import contextlib
 import ctypes
-import os
-import threading
 import weakref
 
 import numpy as np
 
-from . import errors
+from . import config, errors
 from ._lib import lib, c_comm_p, c_req_p
 
 # tally_dtype and tally_op, in include/tally.h's order.
 DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5, "uint8": 6}
 OPS = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
-_ENV = ("TALLY_RANK", "TALLY_WORLD_SIZE", "TALLY_ADDR", "TALLY_TOKEN")
-_env_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def environment(values):
-    """The variables set for the length of a call that reads them (tally_comm_init does), then as they
-    were; one such call at a time in the process."""
-    with _env_lock:
-        saved = {k: os.environ.get(k) for k in values}
-        try:
-            os.environ.update(values)
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
 
 def _raise(rc):
     if rc:
@@ -101,15 +78,20 @@ class Request:
 
 class Comm:
     """A tally communicator. Comm() takes rank, size and the rendezvous from the environment (tally run,
-    torchrun, mpirun, srun, or TALLY_RANK / TALLY_WORLD_SIZE / TALLY_ADDR); rank, size, addr ("host:port"
-    where rank 0 listens) and token given here are used instead. Collective over all ranks."""
+    torchrun, mpirun, srun, or TALLY_RANK / TALLY_WORLD_SIZE / TALLY_ADDR); what is given here is used
+    instead: rank, size, addr ("host:port" where rank 0 listens; or address=), token, and any other field
+    of tally_config by name (timeout=30, transport="tcp", algo="ring", log_level=1, ...: docs/config.md),
+    with log=callable(level, line) to take tally's log lines. The environment is only read, never set.
+    Collective over all ranks."""
 
-    def __init__(self, rank=None, size=None, addr=None, token=None):
-        given = {k: str(v) for k, v in zip(_ENV, (rank, size, addr, token)) if v is not None}
+    def __init__(self, rank=None, size=None, addr=None, token=None, log=None, **fields):
+        if addr is not None and fields.get("address") is not None:
+            raise ValueError("tally: give addr or address, not both")
+        if addr is not None:
+            fields["address"] = addr
+        cfg = config.make(log=log, rank=rank, size=size, token=token, **fields)
         handle = c_comm_p()
-        with environment(given):
-            rc = lib.tally_comm_init(ctypes.byref(handle))
-        _raise(rc)
+        _raise(lib.tally_comm_init_config(ctypes.byref(handle), ctypes.byref(cfg)))
         self._h = handle
         self._mem = {}
         self.rank = lib.tally_comm_rank(handle)

@@ -8,7 +8,7 @@ import socket
 
 import torch.distributed as dist
 
-from .comm import environment
+from . import config
 
 try:
     from . import _torch_backend
@@ -44,19 +44,19 @@ def _free_port(host):
 
 def _create(store, rank, size, timeout):
     """torch.distributed's creator: the ranks agree on tally's rendezvous through torch's store (rank 0
-    says where it listens and the token), then make the communicator."""
-    env = {"TALLY_RANK": str(rank), "TALLY_WORLD_SIZE": str(size)}
+    says where it listens and the token), then make the communicator from a config with them (and the
+    environment's TALLY_* for the rest), handed to the backend as the struct's bytes."""
+    given = {"rank": rank, "size": size}
     if size > 1:
         if rank == 0:
             host = _my_address()
             store.set("tally/addr", f"{host}:{_free_port(host)}")
             store.set("tally/token", os.environ.get("TALLY_TOKEN") or secrets.token_hex(16))
-        env["TALLY_ADDR"] = store.get("tally/addr").decode()
-        env["TALLY_TOKEN"] = store.get("tally/token").decode()
+        given["address"] = store.get("tally/addr").decode()
+        given["token"] = store.get("tally/token").decode()
     if "TALLY_TIMEOUT" not in os.environ and isinstance(timeout, datetime.timedelta):
-        env["TALLY_TIMEOUT"] = str(max(1.0, timeout.total_seconds()))
-    with environment(env):  # tally reads the environment; these are set for this call only
-        return ProcessGroupTally(rank, size)
+        given["timeout"] = max(1.0, timeout.total_seconds())
+    return ProcessGroupTally(rank, size, bytes(config.make(**given)))
 
 
 if "TALLY" not in getattr(dist.Backend, "_plugins", {}):

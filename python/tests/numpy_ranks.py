@@ -2,7 +2,9 @@
 (test_numpy.py runs each case). Prints one line "result RANK passed FAILED [what failed]" at the end.
 Cases: collectives (every collective, dtype and op against NumPy, sizes 0, 1, odd, not divisible by N,
 large), checks (ValueError for what tally would refuse), death (the last rank dies: the others raise
-tally.PeerLost naming it), mismatch (the last rank passes another count: tally.Mismatch everywhere)."""
+tally.PeerLost naming it), mismatch (the last rank passes another count: tally.Mismatch everywhere),
+config (a Comm from keyword arguments with no TALLY_* left in the environment, which it never changes; its
+log callback; bad fields refused by name)."""
 import os
 import sys
 import time
@@ -110,6 +112,46 @@ def case_checks(c):
     c.barrier()
 
 
+def raises(exc, fn, words, what):
+    try:
+        fn()
+    except exc as e:
+        check(all(w in str(e) for w in words), f"{what}: message '{e}' lacks {words}")
+        return
+    except Exception as e:  # noqa: BLE001 - the wrong kind is the failure being tested
+        check(False, f"{what}: raised {type(e).__name__} '{e}', not {exc.__name__}")
+        return
+    check(False, f"{what}: no error")
+
+
+def case_config():
+    """Rank, size, address and token as arguments, the TALLY_* variables tally run set gone first."""
+    given = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("TALLY_")}
+    before = dict(os.environ)
+    rank, size = int(given["TALLY_RANK"]), int(given["TALLY_WORLD_SIZE"])
+    lines = []
+    c = tally.Comm(rank, size, addr=given["TALLY_ADDR"], token=given["TALLY_TOKEN"], timeout=20, transport="tcp",
+                   algo="ring", cost_alpha_us=2, cost_beta_gbps=5, cost_gamma_gbps=10, log_level=1,
+                   log=lambda level, line: lines.append((level, line)))
+    check(c.rank == rank and c.size == size and c.transport == "tcp" and c.algo_for(1 << 20) == "ring",
+          f"rank {c.rank} of {c.size} over {c.transport}, {c.algo_for(1 << 20)}")
+    v = np.full(5, rank + 1, np.float32)
+    c.allreduce(v)
+    check(np.all(v == size * (size + 1) / 2), "allreduce over the configured communicator")
+    c.free()
+    check(any(level == 1 and f"tally[rank {rank}] debug:" in line for level, line in lines),
+          f"the log callback got no debug line of this rank: {lines[:3]}")
+    check(dict(os.environ) == before, "the environment changed")
+    raises(tally.InvalidArgument, lambda: tally.Comm(0, 1, timeout=0), ["tally_config.timeout='0'"], "timeout 0")
+    raises(tally.InvalidArgument, lambda: tally.Comm(0, 1, algo="fast"), ["tally_config.algo='fast'"], "algo fast")
+    raises(ValueError, lambda: tally.Comm(0, 1, transport="ib"), ["transport", "ib"], "transport ib")
+    raises(TypeError, lambda: tally.Comm(0, 1, timeout_s=5), ["timeout_s"], "an unknown field")
+    os.environ["TALLY_TCP_STREAMS"] = "17"  # the environment's defaults are read, and named when bad
+    raises(tally.InvalidArgument, lambda: tally.Comm(0, 1), ["TALLY_TCP_STREAMS='17'"], "TALLY_TCP_STREAMS=17")
+    del os.environ["TALLY_TCP_STREAMS"]
+    return rank
+
+
 def case_death(c):
     v = np.ones(1 << 16, np.float32)
     c.allreduce(v)
@@ -141,6 +183,9 @@ def case_mismatch(c):
 
 def main():
     case = sys.argv[1]
+    if case == "config":  # its Comm is the first of the process: its log callback is taken
+        report(case_config())
+        return
     c = tally.Comm()
     globals()["case_" + case](c)
     rank = c.rank

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -102,10 +103,21 @@ class WorkTally : public c10d::Work {
 
 class ProcessGroupTally : public c10d::ProcessGroup {
   public:
-    // The communicator comes from the environment the Python side set (TALLY_RANK, _WORLD_SIZE, _ADDR,
-    // _TOKEN, agreed through the store).
-    ProcessGroupTally(int rank, int size) : c10d::ProcessGroup(rank, size) {
-        int rc = tally_comm_init(&comm_);
+    // The communicator comes from the config the Python side made (tally/torch.py: rank, size, address and
+    // token agreed through the store, the environment's TALLY_* for the rest), as the struct's bytes; or,
+    // without one, from the environment alone.
+    ProcessGroupTally(int rank, int size, const std::string &config = std::string())
+        : c10d::ProcessGroup(rank, size) {
+        int rc;
+        if (config.empty()) {
+            rc = tally_comm_init(&comm_);
+        } else {
+            tally_config cfg;
+            TORCH_CHECK(config.size() == sizeof cfg, "tally: the config is ", config.size(),
+                        " bytes; this backend was built with a tally_config of ", sizeof cfg);
+            memcpy(&cfg, config.data(), sizeof cfg);
+            rc = tally_comm_init_config(&comm_, &cfg);
+        }
         TORCH_CHECK(rc == 0, "tally: init_process_group failed: ", tally_last_error());
         TORCH_CHECK(tally_comm_rank(comm_) == rank && tally_comm_size(comm_) == size, "tally: the communicator is rank ",
                     tally_comm_rank(comm_), " of ", tally_comm_size(comm_), ", torch asked for rank ", rank, " of ",
@@ -258,6 +270,11 @@ PYBIND11_MODULE(_torch_backend, m) {
     m.doc() = "tally's ProcessGroup for torch.distributed (import tally.torch to register it)";
     py::module::import("torch.distributed");  // ProcessGroup's Python type must exist first
     py::class_<ProcessGroupTally, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupTally>>(m, "ProcessGroupTally")
-        .def(py::init<int, int>(), py::arg("rank"), py::arg("size"), py::call_guard<py::gil_scoped_release>())
+        .def(py::init([](int rank, int size, py::bytes config) {
+                 std::string bytes = config; // copied while the GIL is held
+                 py::gil_scoped_release unlocked;
+                 return c10::make_intrusive<ProcessGroupTally>(rank, size, bytes);
+             }),
+             py::arg("rank"), py::arg("size"), py::arg("config") = py::bytes())
         .def_property_readonly("transport", &ProcessGroupTally::transport);
 }

@@ -7,15 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../core/clock.h"
-#include "../core/env.h"
 #include "../core/log.h"
-#include "../core/parse.h"
 #include "boot_int.h"
 #include "fdlimit.h"
 #include "net.h"
@@ -35,24 +32,6 @@ static uint64_t fnv1a(uint64_t h, const char *s) {
 
 #define FNV_OFFSET 1469598103934665603ull
 
-/* A name TALLY_HOST may give: what a hostname may hold. */
-static int host_name_ok(const char *s) {
-    size_t n = strlen(s);
-    if (n == 0 || n > 63) return 0;
-    for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '-' ||
-              *s == '.' || *s == '_'))
-            return 0;
-    return 1;
-}
-
-int tally__boot_check_host(void) {
-    const char *s = tally__env_knob("TALLY_HOST");
-    if (!s || host_name_ok(s)) return 0;
-    return tally__parse_fail("TALLY_HOST", s, "is not a host name",
-                             "it takes 1-63 letters, digits, '.', '-' or '_'; ranks with the same name are one host");
-}
-
 void tally__boot_kernel_id(char *id, size_t n) {
     id[0] = '\0';
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
@@ -65,11 +44,10 @@ void tally__boot_kernel_id(char *id, size_t n) {
  * network namespace: processes in two namespaces of a kernel (containers, scripts/hosts.sh's test hosts)
  * reach each other only over the network, as hosts do, so they never share memory. TALLY_HOST names the
  * host instead: ranks with the same name are one host, others are not. */
-static void boot_self(tally__peer *p) {
+static void boot_self(tally__peer *p, const char *named) {
     memset(p, 0, sizeof *p);
     p->pid = (int)getpid();
-    const char *named = tally__env_knob("TALLY_HOST"); /* checked at init */
-    if (named && host_name_ok(named)) {
+    if (named[0]) { /* checked at init */
         snprintf(p->hostname, sizeof p->hostname, "%s", named);
         p->hostid = fnv1a(fnv1a(FNV_OFFSET, "TALLY_HOST"), named);
         return;
@@ -103,7 +81,7 @@ static void boot_fd_check(tally__boot *b) {
     int need = tally__boot_fd_need(b->rank, b->size);
     tally__fd_limit lim;
     char world[64], adv[420], hard[24] = "unlimited";
-    tally__boot_fd_world(b->size, world, sizeof world);
+    tally__boot_fd_world(b->transport, b->size, world, sizeof world);
     int rc = tally__fd_room(need, &lim);
     if (lim.hard != TALLY__FD_UNLIMITED) snprintf(hard, sizeof hard, "%llu", lim.hard);
     if (rc == 0) {
@@ -372,7 +350,8 @@ static tally__boot *boot_alloc(const tally__boot_env *env, tally__fault *fault, 
     for (int k = 0; k < env->size; k++) b->ctl[k] = -1;
     memcpy(b->token, env->token, env->token_len);
     b->token_len = env->token_len;
-    boot_self(&b->peers[env->rank]);
+    boot_self(&b->peers[env->rank], env->named_host);
+    b->transport = env->transport;
     return b;
 }
 

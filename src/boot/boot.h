@@ -12,17 +12,22 @@ struct pollfd;
 
 #define TALLY__TOKEN_MAX 256
 
-/* What the environment says about this process, before any connection. */
+#define TALLY__BOOT_MAX_SIZE 4096 /* ranks a world may have */
+
+/* What the rendezvous needs to know about this process, before any connection: from the config
+ * (tally__boot_env_from_config), or from the parent communicator (a split). */
 typedef struct tally__boot_env {
     int rank, size;
     char host[256]; /* rank 0's rendezvous host (name or IP) */
     int port;       /* rank 0's rendezvous port */
     char token[TALLY__TOKEN_MAX];
     size_t token_len;
-    const char *source;    /* "TALLY", "Open MPI", "PMI", "Slurm", "torchrun" */
+    char source[32];       /* where rank and size came from: "TALLY", "Open MPI", ..., "tally_config" */
     int token_derived;     /* 1: no TALLY_TOKEN, token derived from the launcher's job id (not secret) */
     char bind[256];        /* TALLY_BIND: where rank 0 listens instead of `host` ("" = host itself) */
     double boot_timeout_s; /* TALLY_BOOT_TIMEOUT: limit of the rendezvous; 0 = the timeout boot_init gets */
+    char named_host[64];   /* TALLY_HOST: this host's name ("" = kernel and network namespace tell) */
+    const char *transport; /* "tcp" or "shm" when the config forces one, else NULL: for messages */
     int split;             /* a communicator split from another (the environment never sets these): the log
                             * keeps the world's rank, and rank 0 serves on listen_fd when has_listener, already
                             * listening on the port it picked, and closes it */
@@ -31,8 +36,20 @@ typedef struct tally__boot_env {
                   * there, some of which the split may not hold), so its waiters yield too */
 } tally__boot_env;
 
-/* Reads the environment. TALLY_E_BOOT with a message naming the missing variable when incomplete. */
-int tally__boot_env_read(tally__boot_env *env);
+/* The world's boot env from its config (whose fields are checked already): TALLY_E_BOOT naming what is
+ * missing (the rank and size; beyond one rank the address and the token) and where to give it. */
+int tally__boot_env_from_config(const tally_config *cfg, tally__boot_env *env);
+/* Says at log level 1 where env came from (and that a derived token is no secret). */
+void tally__boot_env_say(const tally__boot_env *env);
+/* The knobs a split's env takes from the config too: the host's name, the transport asked for. */
+void tally__boot_env_knobs(const tally_config *cfg, tally__boot_env *env);
+/* The parsers the config's reader and checks share, with parse.c's message shape naming `name` (the
+ * variable, or the field): "host:port" or "[v6]:port" into host (cap bytes) and port; an address
+ * without a port ("[v6]" unbracketed) into out; a host name of 1-63 letters, digits, '.', '-', '_'.
+ * 0 or TALLY_E_INVALID. */
+int tally__boot_parse_addr(const char *name, const char *val, char *host, size_t cap, int *port);
+int tally__boot_parse_bind(const char *name, const char *val, char *out, size_t cap);
+int tally__boot_check_host_name(const char *name, const char *s);
 
 /* One entry per rank, the same table on every rank after tally__boot_init. */
 typedef struct tally__peer {
@@ -56,8 +73,6 @@ int tally__boot_init(tally__boot **out, const tally__boot_env *env, tally__fault
 int tally__boot_rank(const tally__boot *b);
 int tally__boot_size(const tally__boot *b);
 const tally__peer *tally__boot_peers(const tally__boot *b);
-/* 0, or TALLY_E_INVALID when TALLY_HOST is set to what is not a host name. */
-int tally__boot_check_host(void);
 /* Each rank's host index (hosts numbered in order of their first rank) into host[size] and its index
  * among its host's ranks into local[size] (hosts.c); returns the number of hosts, -1 out of memory. */
 int tally__hosts_of(const tally__peer *p, int size, int *host, int *local);

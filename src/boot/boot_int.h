@@ -62,6 +62,7 @@ struct tally__boot {
     int setup_relayed;              /* rank 0 relayed a setup failure already */
     char fd_short[CTL_MSG_MAX + 1]; /* this rank cannot hold the descriptors the world needs: why ("" if it can) */
     uint32_t fd_hard;               /* then its hard RLIMIT_NOFILE, told to rank 0 in the hello */
+    const char *transport;          /* the one the config asks for ("tcp", "shm"), or NULL: for messages */
 };
 
 /* Frames (monitor.c). send takes wlock so frames from several threads never interleave. */
@@ -97,8 +98,8 @@ int tally__boot_str_ok(const unsigned char *s, size_t n);
 void tally__boot_peer_put(unsigned char *o, const tally__peer *p);
 int tally__boot_peer_get(const unsigned char *in, tally__peer *p);
 /* Descriptors rank `rank` of a world of `size` holds at once from init to free (peers.c), and the world
- * in words for messages about them: "a tcp world of 64 ranks". */
+ * in words for messages about them: "a tcp world of 64 ranks" (transport: the one asked for, or NULL). */
 int tally__boot_fd_need(int rank, int size);
-void tally__boot_fd_world(int size, char *buf, size_t n);
+void tally__boot_fd_world(const char *transport, int size, char *buf, size_t n);
 
 #endif

@@ -2,9 +2,7 @@
  * before use), and the descriptors each rank holds: shared by rank 0's server and every rank's side. */
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
-#include "../core/env.h"
 #include "boot_int.h"
 
 /* Knob read here only to name the transport in messages about descriptors (comm.c checks and uses it):
@@ -49,8 +47,6 @@ int tally__boot_fd_need(int rank, int size) {
     return (rank == 0 ? size : 1) + (size - 1) + BOOT_FD_EXTRA;
 }
 
-void tally__boot_fd_world(int size, char *buf, size_t n) {
-    const char *t = tally__env_knob("TALLY_TRANSPORT");
-    const char *name = !t ? NULL : !strcasecmp(t, "tcp") ? "tcp " : !strcasecmp(t, "shm") ? "shm " : NULL;
-    snprintf(buf, n, "a %sworld of %d ranks", name ? name : "", size);
+void tally__boot_fd_world(const char *transport, int size, char *buf, size_t n) {
+    snprintf(buf, n, "a %s%sworld of %d ranks", transport ? transport : "", transport ? " " : "", size);
 }

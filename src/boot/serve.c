@@ -104,7 +104,7 @@ static void r0_refuse_all(tally__boot *b, r0_state *s, int code, const char *fmt
 /* A joiner that cannot hold the descriptors the world needs said so in its hello (its hard limit). */
 static void r0_short_rank(tally__boot *b, r0_state *s, int rank, uint32_t hard) {
     char world[96];
-    tally__boot_fd_world(b->size, world, sizeof world);
+    tally__boot_fd_world(b->transport, b->size, world, sizeof world);
     r0_refuse_all(b, s, TALLY_E_SYSTEM,
                   "rank 0: rank %d (pid %d on host %s) cannot hold the %d file descriptors "
                   "%s needs on it: its RLIMIT_NOFILE hard limit is %u (its own message says more); raise the "

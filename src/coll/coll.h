@@ -69,14 +69,16 @@ typedef struct tally__cost {
 
 /* The model's parameters as this communicator measured them at init (for tally plan --calibrate). */
 const tally__cost *tally__comm_cost(const tally_comm *c);
-/* TALLY_TIMEOUT as this communicator read it at init: what the parts built on it wait at most. */
+/* Its config's timeout (TALLY_TIMEOUT): what the parts built on it wait at most. */
 double tally__comm_timeout_s(const tally_comm *c);
 
-/* A communicator from a rendezvous described by env rather than by the environment (tally_comm_split);
- * world (malloc'd, taken over, freed with it even on failure) holds each rank's rank in the world, which
- * its error messages name beside its own. Collective over env's ranks. */
+/* A communicator from a rendezvous described by env rather than by a config (tally_comm_split), with
+ * parent's config; world (malloc'd, taken over, freed with it even on failure) holds each rank's rank in
+ * the world, which its error messages name beside its own. Collective over env's ranks. */
 struct tally__boot_env;
-int tally__comm_create(const struct tally__boot_env *env, int *world, tally_comm **out);
+int tally__comm_create(const tally_comm *parent, const struct tally__boot_env *env, int *world, tally_comm **out);
+/* The config c was made with (checked; a split's is its parent's). */
+const tally_config *tally__comm_config(const tally_comm *c);
 const struct tally__boot *tally__comm_boot(const tally_comm *c);
 /* 1 when c's waiters yield rather than spin (this rank's kernel has more ranks than CPUs). */
 int tally__comm_crowded(const tally_comm *c);
@@ -94,8 +96,9 @@ typedef struct tally__levels {
     int (*allgather)(void *h, const void *send, void *recv, size_t sendcount, tally_dtype t);
     void (*release)(void *h, int abandon); /* abandon: the world was aborted, so are they (no goodbyes) */
 } tally__levels;
-/* The world communicator without levels: tally_comm_init's first part (collective). */
-int tally__comm_make_world(tally_comm **out);
+/* The world communicator without levels, from a checked config: tally_comm_init_config's first part
+ * (collective). */
+int tally__comm_make_world(const tally_config *cfg, tally_comm **out);
 /* Gives c its levels (released with c); c's faults are recorded in the two level communicators' too,
  * and the flat model takes the link between hosts' alpha and beta where they are the larger, shared by
  * the `share` ranks of each host (tally__cost's share). */
@@ -107,7 +110,7 @@ void tally__comm_keep_host(tally_comm *c, tally_comm *host);
 /* Replaces c's tcp transport by shm+tcp: shm (the kept host communicator's) to the ranks with
  * local_of[r] >= 0, tcp to the others. Not collective. */
 int tally__comm_mix_transport(tally_comm *c, const int *local_of);
-/* TALLY_ALGO as c read it (TALLY__ALGO_AUTO when unset). */
+/* The algorithm c's config forces (TALLY_ALGO; TALLY__ALGO_AUTO when none). */
 int tally__comm_forced_algo(const tally_comm *c);
 
 /* The flat algorithms' ids run from 1 to tally__algo_count(), in the table's order (algos.c). */

@@ -1,4 +1,4 @@
-/* comm.c - the communicator: made from the environment or from a split's rendezvous (rendezvous,
+/* comm.c - the communicator: made from its config or from a split's rendezvous (rendezvous,
  * transport, measured cost model, monitor) and the public collective entry points that validate,
  * fingerprint and dispatch (to a flat algorithm, or to the world's levels). */
 #include <math.h>
@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,26 +14,27 @@
 #include "../core/clock.h"
 #include "../core/cpus.h"
 #include "../core/numeric/dtype.h"
-#include "../core/env.h"
 #include "../core/log.h"
-#include "../core/parse.h"
 #include "../core/numeric/reduce.h"
 #include "../core/trace.h"
 #include "algo.h"
 #include "async.h"
+#include "coll.h"
+#include "config.h"
 #include "flight.h"
 #include "trace_sync.h"
 #include "measure.h"
 
 struct tally_comm {
     tally__ctx ctx;
+    tally_config cfg; /* what it was made with (a split: its parent's), checked */
     tally__fault fault;
     tally__boot *boot;
     tally__sig sig; /* the collective in flight; the transport stamps it on every message */
     uint64_t seq;
     uint64_t bytes_sent; /* payload of every collective since init (not the set-up measurements) */
-    int forced_algo;     /* TALLY_ALGO, or TALLY__ALGO_AUTO */
-    double timeout_s;    /* TALLY_TIMEOUT */
+    int forced_algo;     /* cfg.algo, or TALLY__ALGO_AUTO */
+    double timeout_s;    /* cfg.timeout */
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
     struct tally__plain_mem *plain;     /* tally_mem_alloc blocks where the transport has no mem ops */
@@ -63,6 +63,27 @@ typedef struct tally__plain_mem {
     void *p;
 } tally__plain_mem;
 
+/* Communicators alive in this process: the first one made while none is sets what is process-wide. */
+static _Atomic int tally__live;
+
+static const char *tally__isa_name(int isa) {
+    static const char *const names[] = {"auto", "scalar", "avx2", "avx512"};
+    return isa >= TALLY_ISA_AUTO && isa <= TALLY_ISA_AVX512 ? names[isa] : "auto";
+}
+
+/* Log level, log callback and the reduction kernels' instruction set are one per process: taken from
+ * the config of a communicator made while no other one lives, and the callback let go of when the last
+ * one is freed (its user pointer may not outlive the program's communicators). */
+static void tally__comm_alive(const tally_config *cfg) {
+    if (atomic_fetch_add(&tally__live, 1) > 0 || !cfg) return;
+    tally__log_configure(cfg->log_level, cfg->log_fn, cfg->log_user);
+    tally__reduce_set_isa(tally__isa_name(cfg->isa));
+}
+
+static void tally__comm_gone(void) {
+    if (atomic_fetch_sub(&tally__live, 1) == 1) tally__log_configure(tally__debug_level(), NULL, NULL);
+}
+
 static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, tally__tp **tp) {
     tally__tp_ctx tctx = {.rank = c->ctx.rank,
                           .size = c->ctx.size,
@@ -71,64 +92,25 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, t
                           .timeout_s = timeout_s,
                           .sig = &c->sig,
                           .note = &c->note,
-                          .awaited = &c->flight.awaited};
+                          .awaited = &c->flight.awaited,
+                          .cfg = &c->cfg};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
     int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
     if (rc) return rc;
     tctx.crowded |= crowded;
-    const char *want = tally__env_knob("TALLY_TRANSPORT");
-    int single_host = tally__boot_single_host(c->boot);
-    if (!want || !strcasecmp(want, "auto")) want = single_host ? "shm" : "tcp";
-    if (!strcasecmp(want, "shm")) {
+    int want = c->cfg.transport, single_host = tally__boot_single_host(c->boot);
+    if (want == TALLY_TRANSPORT_AUTO) want = single_host ? TALLY_TRANSPORT_SHM : TALLY_TRANSPORT_TCP;
+    if (want == TALLY_TRANSPORT_SHM) {
         if (!single_host)
             return tally__seterr(TALLY_E_INVALID,
-                                 "rank %d: TALLY_TRANSPORT=shm but the ranks are on more than one host; "
-                                 "use tcp or auto",
+                                 "rank %d: TALLY_TRANSPORT=shm (tally_config.transport) but the ranks are on more "
+                                 "than one host; use tcp or auto",
                                  c->ctx.rank);
         return tally__shm_create(&tctx, tp);
     }
-    /* The knobs were checked at init. Several streams only where a pair is on two hosts: inside one,
-     * a second connection over loopback adds copies, not bandwidth. */
-    int streams = 1;
-    if (!single_host) tally__tcp_streams_env(&streams);
-    return tally__stripe_create(&tctx, streams, tp);
-}
-
-static int tally__check_transport(void) {
-    const char *s = tally__env_knob("TALLY_TRANSPORT");
-    if (!s || !strcasecmp(s, "auto") || !strcasecmp(s, "shm") || !strcasecmp(s, "tcp")) return 0;
-    return tally__parse_fail("TALLY_TRANSPORT", s, "is not a transport", "it takes auto, shm or tcp");
-}
-
-static int tally__read_algo(int *algo) {
-    const char *s = tally__env_knob("TALLY_ALGO");
-    *algo = TALLY__ALGO_AUTO;
-    if (!s) return 0;
-    int a = tally__algo_parse(s);
-    if (a < 0) {
-        char names[256], takes[300];
-        tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_AUTO | TALLY__ALGO_WITH_HIER, ", ", " or ");
-        snprintf(takes, sizeof takes, "it takes %s", names);
-        return tally__parse_fail("TALLY_ALGO", s, "is not an algorithm", takes);
-    }
-    *algo = a;
-    return 0;
-}
-
-/* Every TALLY_* knob the library reads is checked here, at init, whatever the transport and world size:
- * a bad value fails tally_comm_init on the spot, naming it, instead of being replaced by a default or
- * found only on the path that reads it. */
-static int tally__check_knobs(tally_comm *c, double *timeout_s) {
-    int rc, streams;
-    if ((rc = tally__env_timeout(timeout_s)) || (rc = tally__debug_check()) || (rc = tally__reduce_isa_check()) ||
-        (rc = tally__check_transport()) || (rc = tally__read_algo(&c->forced_algo)) || (rc = tally__shm_check_env()) ||
-        (rc = tally__cost_check_env()) || (rc = tally__boot_check_host()) || (rc = tally__tcp_streams_env(&streams)) ||
-        (rc = tally__flight_check_env()) || (rc = tally__trace_check_env())) {
-        char rank[32];
-        snprintf(rank, sizeof rank, "rank %d: ", c->ctx.rank);
-        return tally__err_wrap(rc, rank, "");
-    }
-    return 0;
+    /* Several streams only where a pair is on two hosts: inside one, a second connection over loopback
+     * adds copies, not bandwidth. */
+    return tally__stripe_create(&tctx, single_host ? 1 : c->cfg.tcp_streams, tp);
 }
 
 static void tally__comm_destroy(tally_comm *c) {
@@ -150,12 +132,13 @@ static void tally__comm_destroy(tally_comm *c) {
     tally__flight_fini(&c->flight);
     free(c->world);
     free(c);
+    tally__comm_gone();
 }
 
 /* TALLY_TRACE on a world: the timeline starts, and every rank's clock is set against rank 0's (every
  * rank takes part even without memory for its spans, so none is left waiting). */
 static int tally__comm_trace_begin(tally_comm *c) {
-    int rc = tally__trace_start();
+    int rc = tally__trace_start((size_t)c->cfg.trace_events);
     int src = tally__trace_sync(&c->ctx, &c->clk);
     c->traced = !rc && !src;
     if (c->traced) tally__trace_thread("main");
@@ -171,7 +154,7 @@ static int tally__comm_trace_end(tally_comm *c) {
     c->sig = (tally__sig){.seq = c->seq + 1, .coll = TALLY__SETUP, .root = -1};
     char keep[1024];
     snprintf(keep, sizeof keep, "%s", tally_last_error());
-    int rc = tally__trace_write(&c->ctx, &c->clk, tally__trace_path(), healthy);
+    int rc = tally__trace_write(&c->ctx, &c->clk, c->cfg.trace_file, healthy);
     tally__trace_stop();
     tally__trace_clock_free(&c->clk);
     if (!rc) tally__seterr(0, "%s", keep); /* teardown keeps the message of what failed before */
@@ -179,26 +162,32 @@ static int tally__comm_trace_end(tally_comm *c) {
 }
 
 static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
-    tally__boot_env read, *env = &read;
-    int rc = given ? 0 : tally__boot_env_read(&read);
+    tally__boot_env env;
+    int rc = 0;
+    if (given)
+        env = *given;
+    else
+        rc = tally__boot_env_from_config(&c->cfg, &env);
     if (rc) return rc;
-    if (given) env = (tally__boot_env *)given;
-    c->ctx.rank = env->rank;
-    c->ctx.size = env->size;
-    if (!given) tally__log_set_rank(env->rank); /* a split's messages keep the world's rank */
-    if ((rc = tally__check_knobs(c, &c->timeout_s))) {
-        if (env->has_listener) close(env->listen_fd); /* boot_init, which would have, is not reached */
-        return rc;
+    tally__boot_env_knobs(&c->cfg, &env);
+    c->ctx.rank = env.rank;
+    c->ctx.size = env.size;
+    c->timeout_s = c->cfg.timeout;
+    c->forced_algo = tally__config_algo(&c->cfg);
+    if (!given) {
+        tally__log_set_rank(env.rank); /* a split's messages keep the world's rank */
+        tally__boot_env_say(&env);
     }
-    if ((rc = tally__boot_init(&c->boot, env, &c->fault, c->timeout_s))) return rc;
+    if ((rc = tally__boot_init(&c->boot, &env, &c->fault, c->timeout_s))) return rc;
     const tally__peer *first = tally__boot_peers(c->boot);
     tally__flight_init(&c->flight, c->ctx.rank, c->ctx.size, tally__comm_world_rank(c, c->ctx.rank),
-                       tally__comm_world_rank(c, 0), !given, first[0].hostname, first[0].pid);
-    if ((rc = tally__pick_transport(c, c->timeout_s, env->crowded, &c->ctx.tp))) return rc;
+                       tally__comm_world_rank(c, 0), !given, first[0].hostname, first[0].pid, c->cfg.flight_depth,
+                       c->cfg.flight_dir);
+    if ((rc = tally__pick_transport(c, c->timeout_s, env.crowded, &c->ctx.tp))) return rc;
     tally__flight_set_transport(&c->flight, c->ctx.tp->ops->name);
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
-    if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cost))) return rc;
-    if (!given && tally__trace_path() && (rc = tally__comm_trace_begin(c))) return rc;
+    if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cfg, &c->cost))) return rc;
+    if (!given && c->cfg.trace_file[0] && (rc = tally__comm_trace_begin(c))) return rc;
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     c->ctx.sent = &c->bytes_sent;
     char cpus[128];
@@ -212,7 +201,8 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     return 0;
 }
 
-static int tally__comm_make(const tally__boot_env *env, int *world, tally_comm **out) {
+/* cfg was checked (tally__config_take), or is the parent's. */
+static int tally__comm_make(const tally_config *cfg, const tally__boot_env *env, int *world, tally_comm **out) {
     tally__sig_name_algos(tally__algo_name); /* the transports' messages name the algorithms */
     tally_comm *c = calloc(1, sizeof *c);
     if (!c) {
@@ -220,6 +210,8 @@ static int tally__comm_make(const tally__boot_env *env, int *world, tally_comm *
         if (env && env->has_listener) close(env->listen_fd);
         return tally__seterr(TALLY_E_NOMEM, "tally_comm_init: out of memory");
     }
+    tally__comm_alive(env ? NULL : cfg);
+    c->cfg = *cfg;
     tally__fault_init(&c->fault);
     atomic_init(&c->refs, 1);
     c->world = world;
@@ -234,9 +226,9 @@ static int tally__comm_make(const tally__boot_env *env, int *world, tally_comm *
     return 0;
 }
 
-int tally__comm_make_world(tally_comm **out) {
+int tally__comm_make_world(const tally_config *cfg, tally_comm **out) {
     *out = NULL;
-    return tally__comm_make(NULL, NULL, out);
+    return tally__comm_make(cfg, NULL, NULL, out);
 }
 
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
@@ -268,10 +260,12 @@ int tally__comm_mix_transport(tally_comm *c, const int *local_of) {
     return 0;
 }
 
-int tally__comm_create(const tally__boot_env *env, int *world, tally_comm **out) {
+int tally__comm_create(const tally_comm *parent, const tally__boot_env *env, int *world, tally_comm **out) {
     *out = NULL;
-    return tally__comm_make(env, world, out);
+    return tally__comm_make(&parent->cfg, env, world, out);
 }
+
+const tally_config *tally__comm_config(const tally_comm *c) { return &c->cfg; }
 
 const tally__boot *tally__comm_boot(const tally_comm *c) { return c->boot; }
 

@@ -15,23 +15,8 @@
 
 #include <tally.h>
 
-#include "../core/env.h"
-#include "../core/parse.h"
 #include "coll.h"
-
-/*   TALLY_FLIGHT=256     collectives each communicator keeps (0: no recorder)
- *   TALLY_FLIGHT_DIR=D   where the records go (default $TMPDIR or /tmp, then tally-flight-<host>-<pid>
- *                        of rank 0, so every rank of one job on one machine writes to one place) */
-
-int tally__flight_check_env(void) {
-    long long k;
-    if (tally__env_int("TALLY_FLIGHT", 0, TALLY__FLIGHT_MAX, TALLY__FLIGHT_DEFAULT, &k)) return TALLY_E_INVALID;
-    const char *d = tally__env_knob("TALLY_FLIGHT_DIR");
-    if (d && (!d[0] || strlen(d) > TALLY__FLIGHT_PATH - 64))
-        return tally__parse_fail("TALLY_FLIGHT_DIR", d, d[0] ? "is too long" : "is empty",
-                                 "it takes a directory path of at most 448 characters");
-    return 0;
-}
+#include "config.h"
 
 /* ---- the fatal-signal dump -------------------------------------------------------------------- */
 
@@ -94,17 +79,15 @@ static void fl_unregister(tally__flight *f) {
 static char fl_world_dir[TALLY__FLIGHT_PATH];
 static int fl_comms; /* communicators made since that world: numbers them alike on every rank */
 
-static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid) {
-    const char *d = tally__env_knob("TALLY_FLIGHT_DIR");
-    if (d && d[0])
+/* The config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or /tmp, tally-flight-<host>-<pid of rank 0>. */
+static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid, const char *d) {
+    if (d[0])
         snprintf(f->dir, sizeof f->dir, "%s", d);
     else if (!world && fl_world_dir[0])
         snprintf(f->dir, sizeof f->dir, "%s", fl_world_dir);
-    else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(f->dir, sizeof f->dir, "%s/tally-flight-%.64s-%d", tmp && tmp[0] ? tmp : "/tmp",
+    else
+        snprintf(f->dir, sizeof f->dir, "%.380s/tally-flight-%.64s-%d", tally__tmpdir(),
                  job_host && job_host[0] ? job_host : "host", job_pid);
-    }
     if (world) {
         snprintf(fl_world_dir, sizeof fl_world_dir, "%s", f->dir);
         fl_comms = 0;
@@ -112,18 +95,16 @@ static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int j
 }
 
 void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid) {
+                        const char *job_host, int job_pid, int depth, const char *dir) {
     memset(f, 0, sizeof *f);
     atomic_init(&f->awaited, -1);
     f->rank = rank;
     f->size = size;
     f->world_rank = world_rank;
     f->transport = "none";
-    long long k = TALLY__FLIGHT_DEFAULT;
-    tally__env_int("TALLY_FLIGHT", 0, TALLY__FLIGHT_MAX, TALLY__FLIGHT_DEFAULT, &k); /* checked at init */
-    if (k == 0 || !(f->ring = calloc((size_t)k, sizeof *f->ring))) return;
-    f->cap = (size_t)k;
-    fl_pick_dir(f, world, job_host, job_pid);
+    if (depth <= 0 || !(f->ring = calloc((size_t)depth, sizeof *f->ring))) return;
+    f->cap = (size_t)depth;
+    fl_pick_dir(f, world, job_host, job_pid, dir);
     if (world)
         snprintf(f->label, sizeof f->label, "world");
     else

@@ -12,9 +12,8 @@
 #include "../core/err.h"
 #include "../core/sig.h"
 
-#define TALLY__FLIGHT_DEFAULT 256   /* entries a communicator keeps unless TALLY_FLIGHT says otherwise */
-#define TALLY__FLIGHT_MAX     65536 /* TALLY_FLIGHT's upper bound */
-#define TALLY__FLIGHT_PATH    512
+#define TALLY__FLIGHT_MAX  65536 /* tally_config.flight_depth's upper bound (TALLY_FLIGHT) */
+#define TALLY__FLIGHT_PATH 512
 
 enum { TALLY__FL_RUNNING, TALLY__FL_DONE, TALLY__FL_FAILED };
 
@@ -44,15 +43,13 @@ typedef struct tally__flight {
     char dir[TALLY__FLIGHT_PATH];
 } tally__flight;
 
-/* Reads TALLY_FLIGHT (entries, 0 turns the recorder off) and TALLY_FLIGHT_DIR; TALLY_E_INVALID naming
- * them when they are set to what they do not take. */
-int tally__flight_check_env(void);
 /* Sets f up for a communicator (rank of size; world_rank, first_world: this rank's and rank 0's rank in
  * the world; job: rank 0's host name and pid, the same on every rank, for the default directory; world:
- * 1 for a world communicator, whose default directory the process's later communicators share). Out
- * of memory leaves it off. Registers it for the fatal-signal dump. */
+ * 1 for a world communicator, whose default directory the process's later communicators share; depth:
+ * entries kept, 0 none; dir: where to write, "" for the default). Out of memory leaves it off. Registers
+ * it for the fatal-signal dump. */
 void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid);
+                        const char *job_host, int job_pid, int depth, const char *dir);
 void tally__flight_set_transport(tally__flight *f, const char *name);
 void tally__flight_fini(tally__flight *f);
 /* A collective starts (its fingerprint stamped) and ends (rc 0, or its failure and the rank named). */

@@ -79,42 +79,16 @@ static int tally__time_reduce(double *gamma) {
     return 0;
 }
 
-/* TALLY_COST="alpha_us,beta_GBps,gamma_GBps": three numbers, each checked as any knob is. */
-static int tally__cost_from_env(tally__cost *out, int *given) {
-    static const char accepts[] = "it takes 'alpha_us,beta_GBps,gamma_GBps', alpha >= 0 and the two rates > 0 "
-                                  "(e.g. '1.5,8,20')";
-    const char *s = tally__env_knob("TALLY_COST");
-    *given = 0;
-    if (!s) return 0;
-    char part[3][64];
-    const char *p = s;
-    for (int i = 0; i < 3; i++) {
-        size_t len = strcspn(p, ",");
-        if (len >= sizeof part[i] || (i < 2 && p[len] != ',') || (i == 2 && p[len]))
-            return tally__parse_fail("TALLY_COST", s, "is not three numbers", accepts);
-        memcpy(part[i], p, len);
-        part[i][len] = '\0';
-        p += len + 1;
+int tally__measure_cost(const tally__ctx *c, tally__boot *boot, const tally_config *cfg, tally__cost *out) {
+    if (cfg->cost_beta_gbps > 0) { /* checked: the three are given together */
+        *out = (tally__cost){.alpha = cfg->cost_alpha_us * 1e-6,
+                             .beta = 1e-9 / cfg->cost_beta_gbps,
+                             .gamma = 1e-9 / cfg->cost_gamma_gbps};
+        return 0;
     }
-    double v[3];
-    for (int i = 0; i < 3; i++)
-        if (tally__parse_real("TALLY_COST", part[i], 0, i > 0, 1e12, &v[i]))
-            return tally__parse_fail("TALLY_COST", s, "holds a value out of range or not a number", accepts);
-    *out = (tally__cost){.alpha = v[0] * 1e-6, .beta = 1e-9 / v[1], .gamma = 1e-9 / v[2]};
-    *given = 1;
-    return 0;
-}
-
-int tally__cost_check_env(void) {
-    tally__cost unused;
-    int given;
-    return tally__cost_from_env(&unused, &given);
-}
-
-int tally__measure_cost(const tally__ctx *c, tally__boot *boot, tally__cost *out) {
-    int given, rc = tally__cost_from_env(out, &given);
-    if (rc || given || c->size == 1) return rc;
+    if (c->size == 1) return 0;
     double v[3] = {0, 0, 0};
+    int rc;
     if (c->rank < 2 && (rc = tally__ping_pong(c, &v[0], &v[1]))) return rc;
     if (c->rank == 0 && (rc = tally__time_reduce(&v[2]))) return rc;
     if ((rc = tally__boot_bcast(boot, v, sizeof v, 0))) return rc;

@@ -6,10 +6,8 @@
 #include "../boot/boot.h"
 #include "coll.h"
 
-/* Collective. TALLY_COST="alpha_us,beta_GBps,gamma_GBps" replaces the measurement (for tests and
- * for modelling another machine). */
-int tally__measure_cost(const tally__ctx *c, tally__boot *boot, tally__cost *out);
-/* TALLY_COST, when set, is valid (checked at init on every rank; only rank 0's pair measures). */
-int tally__cost_check_env(void);
+/* Collective. The config's cost (TALLY_COST="alpha_us,beta_GBps,gamma_GBps"), when given, replaces the
+ * measurement (for tests and for modelling another machine). */
+int tally__measure_cost(const tally__ctx *c, tally__boot *boot, const tally_config *cfg, tally__cost *out);
 
 #endif

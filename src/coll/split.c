@@ -89,7 +89,7 @@ static int join_group(tally_comm *comm, const member *g, int n, int sub, int col
         return rc;
     }
     for (int i = 0; i < n; i++) world[i] = tally__comm_world_rank(comm, g[i].rank);
-    return tally__comm_create(&env, world, out); /* takes world and the listener */
+    return tally__comm_create(comm, &env, world, out); /* takes world and the listener */
 }
 
 static int split(tally_comm *comm, int color, int key, tally_comm **out) {

@@ -1,15 +1,14 @@
-/* world.c - tally_comm_init: the world communicator from the environment, then, when its ranks span
- * hosts, its host communicator, the shm+tcp transport over it and the levels (hier.c); above both
- * comm.c and hier.c, so neither names the other. */
+/* world.c - tally_comm_init_config: the world communicator from its config (tally_comm_init: from the
+ * environment's), then, when its ranks span hosts, its host communicator, the shm+tcp transport over it
+ * and the levels (hier.c); above both comm.c and hier.c, so neither names the other. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <strings.h>
 #include <tally.h>
 
 #include "../boot/boot.h"
-#include "../core/env.h"
 #include "../core/err.h"
 #include "coll.h"
+#include "config.h"
 #include "hier.h"
 
 /* What the peer table says of the hosts: whether some host has two or more ranks (shm pays), and
@@ -31,10 +30,7 @@ static int layout_read(const tally__boot *boot, int size, world_layout *w) {
 }
 
 /* TALLY_TRANSPORT=tcp keeps tcp between the ranks of a host too (as it asks); auto mixes. */
-static int transport_auto(void) {
-    const char *want = tally__env_knob("TALLY_TRANSPORT");
-    return !want || !strcasecmp(want, "auto");
-}
+static int transport_auto(const tally_comm *c) { return tally__comm_config(c)->transport == TALLY_TRANSPORT_AUTO; }
 
 static int world_levels(tally_comm *c, tally_comm *host) {
     tally__hier *h;
@@ -48,13 +44,13 @@ static int world_levels(tally_comm *c, tally_comm *host) {
 }
 
 static int world_parts(tally_comm *c, const world_layout *w) {
-    int rank = tally_comm_rank(c), mix = w->shared && transport_auto(), rc;
+    int rank = tally_comm_rank(c), mix = w->shared && transport_auto(c), rc;
     if (!w->levels && tally__comm_forced_algo(c) == TALLY__ALGO_HIER)
         return tally__seterr(
             TALLY_E_INVALID,
-            "rank %d: TALLY_ALGO=hier needs ranks on two or more hosts with the same number (two or "
-            "more) on each; this job's %d ranks are not so: unset TALLY_ALGO or pick ring, tree, rhd or "
-            "direct",
+            "rank %d: TALLY_ALGO=hier (tally_config.algo) needs ranks on two or more hosts with the same "
+            "number (two or more) on each; this job's %d ranks are not so: unset TALLY_ALGO or pick ring, "
+            "tree, rhd or direct",
             rank, tally_comm_size(c));
     if (!mix && !w->levels) return 0;
     tally_comm *host;
@@ -86,12 +82,25 @@ static int world_finish(tally_comm *c) {
     return rc;
 }
 
+TALLY_API int tally_comm_init_config(tally_comm **out, const tally_config *cfg) {
+    tally__clearerr();
+    if (!out) return tally__seterr(TALLY_E_INVALID, "tally_comm_init_config: comm pointer is NULL");
+    *out = NULL;
+    tally_config mine;
+    int rc = tally__config_take(cfg, &mine);
+    if (rc) return rc;
+    tally_comm *c;
+    if ((rc = tally__comm_make_world(&mine, &c))) return rc;
+    if ((rc = world_finish(c))) tally_comm_free(c); /* teardown keeps the message */
+    *out = rc ? NULL : c;
+    return rc;
+}
+
 TALLY_API int tally_comm_init(tally_comm **out) {
     tally__clearerr();
     if (!out) return tally__seterr(TALLY_E_INVALID, "tally_comm_init: comm pointer is NULL");
-    tally_comm *c;
-    int rc = tally__comm_make_world(&c);
-    if (!rc && (rc = world_finish(c))) tally_comm_free(c); /* teardown keeps the message */
-    *out = rc ? NULL : c;
-    return rc;
+    *out = NULL;
+    tally_config cfg = TALLY_CONFIG_INIT;
+    int rc = tally_config_from_env(&cfg);
+    return rc ? rc : tally_comm_init_config(out, &cfg);
 }

@@ -1,5 +1,5 @@
-/* env.c - environment knobs: TALLY_* values read strictly through parse.c, with defaults when unset;
- * the collective timeout. */
+/* env.c - environment variables read strictly through parse.c, with defaults when unset: the helpers of
+ * the library's one reader (tally_config_from_env) and of the CLI. */
 #include "env.h"
 
 #include <stdlib.h>
@@ -29,11 +29,4 @@ int tally__env_bytes(const char *name, uint64_t lo, uint64_t hi, uint64_t def, u
     const char *s = tally__env_knob(name);
     if (!s) return *out = def, 0;
     return tally__parse_bytes(name, s, lo, hi, out);
-}
-
-int tally__env_timeout(double *out) { return tally__env_real("TALLY_TIMEOUT", 0, 1, TALLY__TIMEOUT_MAX_S, 300.0, out); }
-
-int tally__debug_check(void) {
-    long long v;
-    return tally__env_int("TALLY_DEBUG", 0, 2, 0, &v);
 }

@@ -1,5 +1,6 @@
-/* env.h - typed, strict reads of TALLY_* environment knobs through the one parser (parse.h): a value
- * that is set must be valid, or the read fails with TALLY_E_INVALID naming the variable. */
+/* env.h - typed, strict reads of environment variables through the one parser (parse.h): a value that is
+ * set must be valid, or the read fails with TALLY_E_INVALID naming the variable. The library's one reader
+ * (tally_config_from_env) and the CLI's own variables use them. */
 #ifndef TALLY_CORE_ENV_H
 #define TALLY_CORE_ENV_H
 
@@ -15,10 +16,7 @@ const char *tally__env_knob(const char *name);
 int tally__env_int(const char *name, long long lo, long long hi, long long def, long long *out);
 int tally__env_real(const char *name, double lo, int lo_open, double hi, double def, double *out);
 int tally__env_bytes(const char *name, uint64_t lo, uint64_t hi, uint64_t def, uint64_t *out);
-/* The collective timeout in seconds: TALLY_TIMEOUT in (0, TALLY__TIMEOUT_MAX_S], default 300. */
+/* The most seconds a timeout may be (tally_config.timeout and boot_timeout, the CLI's --timeout). */
 #define TALLY__TIMEOUT_MAX_S 1e6
-int tally__env_timeout(double *out);
-/* 0, or TALLY_E_INVALID when TALLY_DEBUG is set to anything but 0, 1 or 2. */
-int tally__debug_check(void);
 
 #endif

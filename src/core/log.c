@@ -1,29 +1,48 @@
-/* log.c - stderr diagnostics prefixed with "tally[rank N]": warnings always, decisions when
- * TALLY_DEBUG is set. One write per line so lines of concurrent ranks do not interleave. */
+/* log.c - diagnostics prefixed with "tally[rank N]": errors and warnings always, decisions at log level
+ * 1 or 2; to stderr, one write per line so lines of concurrent ranks do not interleave, or to the
+ * process's log callback. Level and callback are process-wide, set from a communicator's config. */
 #include "log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 static int tally__log_rank = -1;
 
 void tally__log_set_rank(int rank) { tally__log_rank = rank; }
 
-/* Lazily, without touching the thread's error message: any value but 1 or 2 logs nothing here, and
- * tally_comm_init refuses it through tally__debug_check (env.c). */
-int tally__debug_level(void) {
-    static int level = -1;
-    if (level < 0) {
-        const char *s = getenv("TALLY_DEBUG");
-        level = s && (!strcmp(s, "1") || !strcmp(s, "2")) ? s[0] - '0' : 0;
-    }
-    return level;
+static _Atomic int tally__log_level;
+/* The callback is called under the lock: one line at a time, so it need not be thread-safe, and never
+ * after tally__log_configure has taken it away. */
+static pthread_mutex_t tally__log_lock = PTHREAD_MUTEX_INITIALIZER;
+static tally_log_fn tally__log_fn;
+static void *tally__log_user;
+
+void tally__log_configure(int level, tally_log_fn fn, void *user) {
+    atomic_store_explicit(&tally__log_level, level, memory_order_relaxed);
+    pthread_mutex_lock(&tally__log_lock);
+    tally__log_fn = fn;
+    tally__log_user = user;
+    pthread_mutex_unlock(&tally__log_lock);
 }
 
-static void tally__log_line(const char *kind, const char *fmt, va_list ap) {
+int tally__debug_level(void) { return atomic_load_explicit(&tally__log_level, memory_order_relaxed); }
+
+/* Returns 1 when the callback took the line (without its newline). */
+static int tally__log_to_fn(int level, char *line, size_t len) {
+    pthread_mutex_lock(&tally__log_lock);
+    tally_log_fn fn = tally__log_fn;
+    if (fn) {
+        line[len - 1] = '\0';
+        fn(tally__log_user, level, line);
+    }
+    pthread_mutex_unlock(&tally__log_lock);
+    return fn != NULL;
+}
+
+static void tally__log_line(int level, const char *kind, const char *fmt, va_list ap) {
     char line[1200];
     int n;
     if (tally__log_rank >= 0)
@@ -36,6 +55,7 @@ static void tally__log_line(const char *kind, const char *fmt, va_list ap) {
     size_t len = (size_t)n + (size_t)m;
     if (len > sizeof line - 2) len = sizeof line - 2;
     line[len++] = '\n';
+    if (tally__log_to_fn(level, line, len)) return;
     ssize_t rc = write(2, line, len);
     (void)rc;
 }
@@ -43,14 +63,14 @@ static void tally__log_line(const char *kind, const char *fmt, va_list ap) {
 void tally__log_warn(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    tally__log_line("error", fmt, ap);
+    tally__log_line(TALLY_LOG_ERROR, "error", fmt, ap);
     va_end(ap);
 }
 
 void tally__log_notice(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    tally__log_line("warning", fmt, ap);
+    tally__log_line(TALLY_LOG_WARNING, "warning", fmt, ap);
     va_end(ap);
 }
 
@@ -58,6 +78,6 @@ void tally__log_debug(int level, const char *fmt, ...) {
     if (tally__debug_level() < level) return;
     va_list ap;
     va_start(ap, fmt);
-    tally__log_line("debug", fmt, ap);
+    tally__log_line(level, "debug", fmt, ap);
     va_end(ap);
 }

@@ -11,12 +11,7 @@
 
 #include <tally.h>
 
-#include "env.h"
 #include "err.h"
-#include "parse.h"
-
-/*   TALLY_TRACE=FILE          record the timeline; rank 0 writes every rank's into FILE at the end
- *   TALLY_TRACE_EVENTS=262144 spans each process keeps (the newest; 1024..67108864) */
 
 #define TRACE_ARGS    4
 #define TRACE_NAME    40
@@ -38,26 +33,12 @@ static _Atomic int nthreads;
 static char thread_names[TRACE_THREADS][32];
 static _Thread_local int my_tid = -1;
 
-int tally__trace_check_env(void) {
-    long long k;
-    const char *p = tally__env_knob("TALLY_TRACE");
-    if (p && !p[0])
-        return tally__parse_fail("TALLY_TRACE", p, "is empty", "it takes the file to write the timeline to");
-    return tally__env_int("TALLY_TRACE_EVENTS", 1024, TALLY__TRACE_MAX, TALLY__TRACE_DEFAULT, &k) ? TALLY_E_INVALID : 0;
-}
-
-const char *tally__trace_path(void) {
-    const char *p = tally__env_knob("TALLY_TRACE");
-    return p && p[0] ? p : NULL;
-}
-
-int tally__trace_start(void) {
-    long long k = TALLY__TRACE_DEFAULT;
-    tally__env_int("TALLY_TRACE_EVENTS", 1024, TALLY__TRACE_MAX, TALLY__TRACE_DEFAULT, &k); /* checked at init */
+int tally__trace_start(size_t events) {
     if (ring) return 0; /* a second world in this process adds to the first's timeline */
-    ring = calloc((size_t)k, sizeof *ring);
-    if (!ring) return tally__seterr(TALLY_E_NOMEM, "no memory for the timeline's %lld spans (TALLY_TRACE_EVENTS)", k);
-    cap = (size_t)k;
+    ring = calloc(events, sizeof *ring);
+    if (!ring)
+        return tally__seterr(TALLY_E_NOMEM, "no memory for the timeline's %zu spans (TALLY_TRACE_EVENTS)", events);
+    cap = events;
     atomic_store(&head, 0);
     tally__trace_on = 1;
     return 0;

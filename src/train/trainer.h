@@ -51,6 +51,8 @@ typedef struct tally__data_cfg {
     int val_windows;       /* text: validation windows of the context's length */
     size_t linear_samples; /* linear model: training set size */
     size_t synthetic_train, synthetic_test; /* synthetic set sizes */
+    const char *cache_dir; /* text: the default corpus is extracted into its folder tally (the CLI gives
+                            * $XDG_CACHE_HOME, else ~/.cache; the library reads no environment); NULL: none */
 } tally__data_cfg;
 
 /* The optimizer and its learning rate: the rate, its scaling and its schedule over the run. SGD's default

@@ -9,7 +9,6 @@
 
 #include "../boot/boot.h"
 #include "../core/clock.h"
-#include "../core/env.h"
 #include "../core/err.h"
 #include "../coll/coll.h"
 #include "../dp/codec.h"
@@ -53,10 +52,10 @@ static int async_refuse(const tally__train_cfg *cfg, int rank, int size) {
     return 0;
 }
 
-/* Where rank 0 listens (TALLY_BIND, else the rendezvous host, loopback for a world of one) and the
- * token the workers prove (a fresh random one for a world of one, which has none). */
+/* Where rank 0 listens (the communicator's bind, else its rendezvous host, loopback for a world of one)
+ * and the token the workers prove (a fresh random one for a world of one, which has none). */
 static int async_address(async_run *a) {
-    int rc = tally__boot_env_read(&a->env);
+    int rc = tally__boot_env_from_config(tally__comm_config(a->r.comm), &a->env);
     if (rc) return rc;
     a->host = a->env.host[0] ? a->env.host : "127.0.0.1";
     if (!a->env.token_len) {

@@ -17,9 +17,7 @@
 #include "../boot/boot.h"
 #include "../boot/fdlimit.h"
 #include "../core/clock.h"
-#include "../core/env.h"
 #include "../core/log.h"
-#include "../core/parse.h"
 #include "shm.h"
 
 /* Knobs (read once per communicator):
@@ -391,30 +389,21 @@ static int shm_rendezvous(shm_tp *t, int usable, int cma_wanted, int calibrate, 
     return rc;
 }
 
-/* TALLY_SHM_LARGE: "off" (or 0) for the slots only, else the size from which messages go single-copy;
- * TALLY_SHM_CMA: 0 or 1. *large is NULL when TALLY_SHM_LARGE is unset (calibration decides). */
+/* The config's shm_large (TALLY_SHM_LARGE): TALLY_SHM_LARGE_OFF for the slots only, else the size from
+ * which messages go single-copy, or TALLY_SHM_LARGE_AUTO (calibration decides); shm_cma: 0 or 1. A
+ * transport made without a config takes the defaults. */
 typedef struct shm_knobs {
-    const char *large;
-    int off, cma;
+    int off, cma, calibrate;
     uint64_t large_min;
 } shm_knobs;
 
-static int shm_read_knobs(shm_knobs *k) {
-    long long cma;
-    *k = (shm_knobs){.large = tally__env_knob("TALLY_SHM_LARGE")};
-    if (k->large && !strcasecmp(k->large, "off"))
-        k->off = 1;
-    else if (k->large && tally__parse_bytes("TALLY_SHM_LARGE", k->large, 0, 1ull << 40, &k->large_min))
-        return tally__err_wrap(TALLY_E_INVALID, "", ", or off");
-    if (k->large && k->large_min == 0) k->off = 1;
-    if (tally__env_int("TALLY_SHM_CMA", 0, 1, 1, &cma)) return TALLY_E_INVALID;
-    k->cma = (int)cma;
-    return 0;
-}
-
-int tally__shm_check_env(void) {
-    shm_knobs k;
-    return shm_read_knobs(&k);
+static shm_knobs shm_read_knobs(const tally_config *cfg) {
+    static const tally_config defaults = TALLY_CONFIG_INIT;
+    if (!cfg) cfg = &defaults;
+    return (shm_knobs){.off = cfg->shm_large == TALLY_SHM_LARGE_OFF,
+                       .cma = cfg->shm_cma,
+                       .calibrate = cfg->shm_large == TALLY_SHM_LARGE_AUTO,
+                       .large_min = cfg->shm_large > 0 ? (uint64_t)cfg->shm_large : 0};
 }
 
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
@@ -425,14 +414,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     t->base.ctx = *ctx;
     t->me = ctx->rank;
     t->n = ctx->size;
-    shm_knobs k;
-    if (shm_read_knobs(&k)) { /* checked at init already; kept for a transport made some other way */
-        free(t);
-        char rank[32];
-        snprintf(rank, sizeof rank, "rank %d: ", ctx->rank);
-        return tally__err_wrap(TALLY_E_INVALID, rank, "");
-    }
-    const char *large = k.large;
+    shm_knobs k = shm_read_knobs(ctx->cfg);
     int off = k.off;
     uint64_t large_min = k.large_min;
     t->large_min = off ? SHM_LARGE_OFF : large_min > SHM_INLINE ? (size_t)large_min : SHM_INLINE + 1;
@@ -445,7 +427,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     char why[SHM_WHY_MAX] = "";
     int rc = shm_alloc_state(t) || tally__shm_mem_init(t) ? TALLY_E_NOMEM : 0, fd_short = 0;
     /* Even without memory this rank must take part in the rendezvous, or the others would wait. */
-    int rrc = shm_rendezvous(t, rc == 0, k.cma, large == NULL, &fd_short, why, sizeof why);
+    int rrc = shm_rendezvous(t, rc == 0, k.cma, k.calibrate, &fd_short, why, sizeof why);
     if (!rc) rc = rrc;
     if (rc) {
         tally__shm_destroy(&t->base);

@@ -7,15 +7,13 @@
 
 #include "../boot/boot.h"
 #include "../boot/fdlimit.h"
-#include "../core/env.h"
 #include "../core/log.h"
 #include "transport.h"
 
-/* Streams per pair across hosts, default and most. Across 2 test hosts (network namespaces) at 1 and 10
- * Gbit/s and unlimited, 2 and 4 streams were no faster than 1, and 1-3% slower at 1 Gbit/s
- * (BENCHMARKS.md, "Across test hosts"): more streams are for per-flow limits those links do not have. */
-#define STRIPE_DEFAULT 1
-#define STRIPE_MAX     16
+/* Streams per pair across hosts: 1 unless the config says (TALLY_DEFAULT_TCP_STREAMS, tally.h), since
+ * across 2 test hosts (network namespaces) at 1 and 10 Gbit/s and unlimited, 2 and 4 streams were no
+ * faster than 1, and 1-3% slower at 1 Gbit/s (BENCHMARKS.md, "Across test hosts"): more streams are for
+ * per-flow limits those links do not have. At most TALLY__TCP_STREAMS_MAX (transport.h). */
 /* Messages of this many bytes and more to a peer on another host are striped; smaller ones go whole on
  * stream 0. A stripe costs a thread hand-off (some 10-50 us on a busy core) and a header per stream:
  * at 256 KiB that is a few percent of the message's 2 ms at 1 Gbit/s, and below it the wire time
@@ -48,13 +46,6 @@ typedef struct stripe_tp {
     stripe_lane *lanes;  /* [k]: lanes[0] holds stream 0's part (run on the caller's thread) */
     char *remote;        /* [size] the peer is on another host */
 } stripe_tp;
-
-int tally__tcp_streams_env(int *k) {
-    long long v;
-    int rc = tally__env_int("TALLY_TCP_STREAMS", 1, STRIPE_MAX, STRIPE_DEFAULT, &v);
-    if (!rc) *k = (int)v;
-    return rc;
-}
 
 /* Stripe i of a len-byte message cut in k: whole units shared out evenly (the first ones one more when
  * they do not divide), the tail under a unit on the last stripe. */
@@ -268,7 +259,7 @@ static int stripe_ready(const tally__tp_ctx *ctx, stripe_tp *t, int k, int32_t m
 int tally__stripe_create(const tally__tp_ctx *ctx, int k, tally__tp **out) {
     *out = NULL;
     if (k <= 1) return tally__tcp_create(ctx, out);
-    if (!ctx || ctx->size < 2 || k > STRIPE_MAX || !ctx->boot || !ctx->fault || !ctx->sig)
+    if (!ctx || ctx->size < 2 || k > TALLY__TCP_STREAMS_MAX || !ctx->boot || !ctx->fault || !ctx->sig)
         return tally__seterr(TALLY_E_INVALID, "tcp transport: bad context for %d streams", k);
     stripe_tp *t = NULL;
     int32_t mine = stripe_alloc(ctx, k, &t) ? STRIPE_NO_MEMORY : STRIPE_READY;

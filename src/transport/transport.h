@@ -45,10 +45,11 @@ typedef struct tally__tp_ctx {
     tally__fault *fault;
     double timeout_s;
     const tally__sig *sig;
-    int crowded;            /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
-    tally__wait_note *note; /* NULL, or the communicator's: see tally__wait_note */
-    _Atomic int *awaited;   /* NULL, or where the slow wait path leaves the peer it waits for (the flight
+    int crowded;             /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
+    tally__wait_note *note;  /* NULL, or the communicator's: see tally__wait_note */
+    _Atomic int *awaited;    /* NULL, or where the slow wait path leaves the peer it waits for (the flight
                              * recorder's; the communicator resets it at each collective) */
+    const tally_config *cfg; /* the communicator's (shm reads shm_large and shm_cma); NULL: the defaults */
 } tally__tp_ctx;
 
 typedef struct tally__tp tally__tp;
@@ -110,8 +111,6 @@ int tally__stall_raise(tally__fault *f, const tally__stall *s);
 
 /* Backends. Each is collective over all ranks (uses the boot layer's bootstrap collectives). */
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out);
-/* 0, or TALLY_E_INVALID when TALLY_SHM_LARGE or TALLY_SHM_CMA is set to a value they do not take. */
-int tally__shm_check_env(void);
 int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
 /* The world across hosts (mixed.c): peers with local_of[peer] >= 0 share this host and are reached
  * through shm (rank = that local index; borrowed, its owner destroys it after this transport), the
@@ -125,8 +124,7 @@ void tally__shm_wait_elsewhere(tally__tp *shm, int elsewhere, uint64_t seq);
 /* k tcp meshes (stripe.c), named "tcp" too: messages of 256 KiB and more to peers on other hosts go in k
  * stripes at once, one per mesh; k = 1 is the plain tcp transport. */
 int tally__stripe_create(const tally__tp_ctx *ctx, int k, tally__tp **out);
-/* TALLY_TCP_STREAMS in 1..16 (default 1) in *k, or TALLY_E_INVALID naming it. */
-int tally__tcp_streams_env(int *k);
+#define TALLY__TCP_STREAMS_MAX 16 /* tally_config.tcp_streams' upper bound (TALLY_TCP_STREAMS) */
 /* The world of one rank: exchanges are never called (every algorithm returns early for size 1). */
 int tally__self_create(const tally__tp_ctx *ctx, tally__tp **out);
 

@@ -17,6 +17,7 @@
 #include "boot/net.h"
 #include "core/clock.h"
 #include "core/env.h"
+#include "boot_env.h"
 #include "harness.h"
 
 /* ---- per-rank results, in memory shared with the parent ---- */
@@ -54,13 +55,19 @@ static void wait_fault(int rank, tally__fault *f, double secs) {
     snprintf(R[rank].msg, sizeof R[rank].msg, "%s", R[rank].code ? f->msg : "");
 }
 
+/* The boot env tally_comm_init makes from this process's environment. */
+static int boot_env_read(tally__boot_env *env) {
+    tally_config cfg;
+    return th_boot_env(&cfg, env);
+}
+
 /* env_read + fault_init + boot_init; returns the boot or NULL (result recorded). */
 static tally__boot *boot_up(int rank, tally__fault *f, double timeout) {
     tally__boot_env env;
     tally__boot *b = NULL;
     double t0 = th_now();
     tally__fault_init(f);
-    int rc = tally__boot_env_read(&env);
+    int rc = boot_env_read(&env);
     if (!rc) rc = tally__boot_init(&b, &env, f, timeout);
     save_err(rank, rc, t0);
     return b;
@@ -157,9 +164,9 @@ static void env_bad_size(int rank, void *arg) {
 
 static int fn_init_only(int rank, int size, void *arg) {
     tally__fault f;
-    double timeout_s = 300;
-    tally__env_timeout(&timeout_s);
-    tally__boot *b = boot_up(rank, &f, timeout_s);
+    tally_config cfg = TALLY_CONFIG_INIT;
+    tally_config_from_env(&cfg);
+    tally__boot *b = boot_up(rank, &f, cfg.timeout);
     tally__boot_free(b);
     return 0;
 }
@@ -252,7 +259,7 @@ static int fn_strangers(int rank, int size, void *arg) {
     int silent = -1;
     if (rank == 2) {
         tally__boot_env env;
-        if (tally__boot_env_read(&env)) return 30;
+        if (boot_env_read(&env)) return 30;
         uint64_t dl = tally__deadline(10);
         unsigned char junk[200], reply[64];
         for (int i = 0; i < 200; i++) junk[i] = (unsigned char)rand();
@@ -332,7 +339,7 @@ static void forge_hello(unsigned char *o, uint32_t magic, uint32_t version, int 
 static int fn_forged(int rank, int size, void *arg) {
     if (rank == 2) {
         tally__boot_env env;
-        if (tally__boot_env_read(&env)) return 60;
+        if (boot_env_read(&env)) return 60;
         unsigned char hdr[CTL_HDR], h[HELLO_LEN];
         tally__ctl_hdr_put(hdr, CTL_HELLO, 0, HELLO_LEN);
         forge_hello(h, 0x12345678u, BOOT_VERSION, 1, size); /* wrong magic */
@@ -420,7 +427,7 @@ static int fn_stallers(int rank, int size, void *arg) {
     int fds[12], nfd = 0;
     if (rank == 2) {
         tally__boot_env env;
-        if (tally__boot_env_read(&env)) return 70;
+        if (boot_env_read(&env)) return 70;
         uint64_t dl = tally__deadline(10);
         static const int kinds[12] = {1, 2, 3, 4, 0, 1, 2, 3, 4, 1, 2, 0};
         for (int i = 0; i < 12; i++) fds[nfd++] = stall_one(&env, kinds[i], dl);
@@ -507,7 +514,7 @@ static void env_bind_any(int rank, void *arg) {
 static int fn_bind(int rank, int size, void *arg) {
     if (rank == 1) { /* looks at rank 0's listener before joining */
         tally__boot_env env;
-        if (tally__boot_env_read(&env)) return 80;
+        if (boot_env_read(&env)) return 80;
         double t0 = th_now();
         while (!BIND_SEEN[0][0] && th_now() - t0 < 10) {
             listen_addr(env.port, BIND_SEEN[0]);
@@ -635,7 +642,7 @@ static int fn_env(int rank, int size, void *arg) {
         *eq = '\0';
         setenv(buf, eq + 1, 1);
     }
-    R[0].rc = tally__boot_env_read(&R[0].env);
+    R[0].rc = boot_env_read(&R[0].env);
     snprintf(R[0].msg, sizeof R[0].msg, "%s", tally_last_error());
     return 0;
 }
@@ -767,7 +774,7 @@ static void test_env_launchers(void) {
     ENV_OK(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500"), e->token_derived,
            "torchrun: token derived from the master address");
     ENV_BAD(E("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=h", "MASTER_PORT=abc"), "MASTER_PORT: port 'abc'");
-    ENV_ERR(E("RANK=1", "WORLD_SIZE=2", "MASTER_PORT=1"), "MASTER_ADDR is not set");
+    ENV_ERR(E("RANK=1", "WORLD_SIZE=2", "MASTER_PORT=1"), "MASTER_ADDR or MASTER_PORT is not set");
     ENV_OK(E("OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "SLURM_PROCID=0", "SLURM_NTASKS=1", "TALLY_ADDR=h:1",
              "TALLY_TOKEN=t"),
            e->rank == 1 && !strcmp(e->source, "Open MPI"), "Open MPI takes precedence over Slurm");

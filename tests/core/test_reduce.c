@@ -532,10 +532,18 @@ int main(void) {
         for (int t = 0; t < TALLY_DTYPE_COUNT; t++) sweep_dtype(t, levels[l]);
         strcat(ran, " "), strcat(ran, levels[l]);
     }
-    /* TALLY_ISA is honoured when nothing is asked for, and never raises the level. */
+    /* TALLY_ISA reaches the kernels through the config of the process's first communicator, and never
+     * raises the level. */
     setenv("TALLY_ISA", "scalar", 1);
-    tally__reduce_set_isa(NULL);
+    tally_config cfg = TALLY_CONFIG_INIT;
+    CHECK(!tally_config_from_env(&cfg) && cfg.isa == TALLY_ISA_SCALAR, "TALLY_ISA=scalar read as %d: %s", cfg.isa,
+          tally_last_error());
+    cfg.rank = 0;
+    cfg.size = 1;
+    tally_comm *one = NULL;
+    CHECK(!tally_comm_init_config(&one, &cfg), "a world of one: %s", tally_last_error());
     CHECK(!strcmp(tally__reduce_isa(), "scalar"), "TALLY_ISA=scalar gave %s", tally__reduce_isa());
+    tally_comm_free(one);
     unsetenv("TALLY_ISA");
     tally__reduce_set_isa(NULL);
     const char *best = tally__reduce_isa();

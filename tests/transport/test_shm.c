@@ -12,6 +12,7 @@
 #include "boot/boot.h"
 #include "core/numeric/dtype.h"
 #include "core/sig.h"
+#include "boot_env.h"
 #include "harness.h"
 #include "transport/transport.h"
 
@@ -25,6 +26,7 @@ typedef struct rank_env {
     tally__boot *boot;
     tally__sig sig;
     tally__tp *tp;
+    tally_config cfg; /* the environment's (TALLY_SHM_LARGE, TALLY_SHM_CMA), which the transport reads */
 } rank_env;
 
 #define RCHECK(e, cond, ...) TH_RANK_CHECK((e)->fails, (e)->rank, cond, __VA_ARGS__)
@@ -35,12 +37,17 @@ static int rank_open(rank_env *e, int rank, int size, double timeout_s) {
     e->size = size;
     tally__fault_init(&e->fault);
     tally__boot_env env;
-    int rc = tally__boot_env_read(&env);
+    int rc = th_boot_env(&e->cfg, &env);
     if (!rc) rc = tally__boot_init(&e->boot, &env, &e->fault, timeout_s);
     e->sig = (tally__sig){
         .seq = 1, .count = 10, .root = -1, .coll = TALLY__ALLREDUCE, .dtype = TALLY_F32, .op = TALLY_SUM, .algo = 1};
-    tally__tp_ctx c = {
-        .rank = rank, .size = size, .boot = e->boot, .fault = &e->fault, .timeout_s = timeout_s, .sig = &e->sig};
+    tally__tp_ctx c = {.rank = rank,
+                       .size = size,
+                       .boot = e->boot,
+                       .fault = &e->fault,
+                       .timeout_s = timeout_s,
+                       .sig = &e->sig,
+                       .cfg = &e->cfg};
     if (!rc) rc = tally__shm_create(&c, &e->tp);
     if (rc) fprintf(stderr, "rank %d: setup failed: %s: %s\n", rank, tally_strerror(rc), tally_last_error());
     return rc;

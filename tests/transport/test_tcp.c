@@ -12,6 +12,7 @@
 #include "core/numeric/dtype.h"
 #include "core/err.h"
 #include "core/sig.h"
+#include "boot_env.h"
 #include "harness.h"
 #include "transport/transport.h"
 
@@ -40,12 +41,13 @@ static int tt_create(tt_world *w, double timeout_s) {
 /* Rendezvous, then the transport under test. */
 static int tt_open(tt_world *w, int rank, int size, double timeout_s) {
     tally__boot_env env;
+    tally_config cfg;
     memset(w, 0, sizeof *w);
     w->rank = tt_rank = rank;
     w->size = size;
     tally__fault_init(&w->fault);
     w->sig = (tally__sig){.seq = 1, .coll = TALLY__ALLREDUCE, .root = -1, .count = 1};
-    int rc = tally__boot_env_read(&env);
+    int rc = th_boot_env(&cfg, &env);
     if (!rc) rc = tally__boot_init(&w->boot, &env, &w->fault, timeout_s);
     if (rc) {
         fprintf(stderr, "rank %d: boot: %s\n", rank, tally_last_error());

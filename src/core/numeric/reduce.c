@@ -1,4 +1,4 @@
-/* reduce.c - reduction entry points: picks the SIMD level once (CPU check, TALLY_ISA) and holds the
+/* reduce.c - reduction entry points: picks the SIMD level once (CPU check, the config's isa) and holds the
  * scalar kernels, which are the fallback, the tails of the SIMD loops, and the definition they match. */
 #include "reduce.h"
 
@@ -15,10 +15,6 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
-
-/* Env knobs read here:
- * TALLY_ISA  scalar | avx2 | avx512: use at most this instruction set (never more than the CPU has). */
-#define TALLY_ENV_ISA "TALLY_ISA"
 
 enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512 };
 static const char *const isa_names[] = {"scalar", "avx2", "avx512"};
@@ -43,12 +39,11 @@ static int isa_of_cpu(void) {
 
 static int isa_choose(const char *want) {
     int cpu = isa_of_cpu();
-    if (!want || !*want) want = getenv(TALLY_ENV_ISA);
     if (!want || !*want) return cpu;
     for (int l = ISA_SCALAR; l <= ISA_AVX512; l++)
         if (!strcasecmp(want, isa_names[l])) return l < cpu ? l : cpu;
     if (strcasecmp(want, "auto")) /* an unknown name must not cost speed, but must not pass unsaid */
-        tally__log_warn("%s='%s' is not one of scalar, avx2, avx512, auto: using %s", TALLY_ENV_ISA, want,
+        tally__log_warn("instruction set '%s' is not one of scalar, avx2, avx512, auto: using %s", want,
                         isa_names[cpu]);
     return cpu;
 }
@@ -60,14 +55,6 @@ static int isa_level(void) {
         atomic_store_explicit(&isa_chosen, l, memory_order_relaxed);
     }
     return l;
-}
-
-int tally__reduce_isa_check(void) {
-    const char *s = getenv(TALLY_ENV_ISA);
-    if (!s || !strcasecmp(s, "auto")) return 0;
-    for (int l = ISA_SCALAR; l <= ISA_AVX512; l++)
-        if (!strcasecmp(s, isa_names[l])) return 0;
-    return tally__parse_fail(TALLY_ENV_ISA, s, "is not an instruction set", "it takes scalar, avx2, avx512 or auto");
 }
 
 void tally__reduce_set_isa(const char *isa) { atomic_store(&isa_chosen, isa_choose(isa)); }

@@ -13,11 +13,10 @@ void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_
 void tally__avg_finish(void *buf, size_t count, tally_dtype t, int n);
 /* The instruction set the kernels dispatch to: "avx512", "avx2" or "scalar". */
 const char *tally__reduce_isa(void);
-/* Chooses the kernels again: "scalar", "avx2" or "avx512" (lowered to what the CPU has), or NULL / ""
- * for TALLY_ISA, else the best the CPU has. Tests and benchmarks use it to run every level. */
+/* Chooses the kernels again: "scalar", "avx2" or "avx512" (lowered to what the CPU has), or NULL, "" or
+ * "auto" for the best the CPU has (also the choice before any call). The communicator sets it from its
+ * config's isa (TALLY_ISA); tests and benchmarks use it to run every level. */
 void tally__reduce_set_isa(const char *isa);
-/* 0, or TALLY_E_INVALID when TALLY_ISA is set to anything but scalar, avx2, avx512 or auto. */
-int tally__reduce_isa_check(void);
 
 /* The SIMD kernels, one file per instruction set, called by reduce.c only once the CPU is known to
  * have it. They do a leading part of the work and return how many elements they did; reduce.c does

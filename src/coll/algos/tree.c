@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blocks.h"
-#include "algo.h"
+#include "../blocks.h"
+#include "../algo.h"
 
 /* The tree is a heap over virtual ranks v = rank - root (mod n): v's children are 2v+1 and 2v+2.
  *

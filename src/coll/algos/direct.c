@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algo.h"
+#include "../algo.h"
 
 /* Rank 0 reduces the peers' vectors into dst one at a time, in rank order: one exchange each, since
  * two reducing receives into the same bytes may not share an exchange, and a fixed order makes the

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blocks.h"
-#include "algo.h"
+#include "../blocks.h"
+#include "../algo.h"
 
 /* Non-powers of two: with p the largest power of two <= n and e = n - p extra ranks, the first 2e ranks
  * pair up (2i, 2i+1); the odd one hands its data to the even one and sits out until it gets the

@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/numeric/reduce.h"
-#include "blocks.h"
-#include "algo.h"
+#include "../../core/numeric/reduce.h"
+#include "../blocks.h"
+#include "../algo.h"
 
 /* Each rank sends to its right neighbour and receives from its left one, once per step. */
 static int right_of(const tally__ctx *c) { return (c->rank + 1) % c->size; }

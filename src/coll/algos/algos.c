@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <strings.h>
 
-#include "algo.h"
+#include "../algo.h"
 
 /* One line per algorithm, defined as tally__<name>_algo in <name>.c; its id is its line, from 1. Append:
  * ring 1, tree 2, rhd 3 and direct 4 keep the ids coll.h names them by. */

@@ -80,18 +80,19 @@ def case_collectives(c):
     del m
 
 
-def case_checks(c):
-    def raises(exc, fn, words, what):
-        try:
-            fn()
-        except exc as e:
-            check(all(w in str(e) for w in words), f"{what}: message '{e}' lacks {words}")
-            return
-        except Exception as e:  # noqa: BLE001 - the wrong kind is the failure being tested
-            check(False, f"{what}: raised {type(e).__name__} '{e}', not {exc.__name__}")
-            return
-        check(False, f"{what}: no error")
+def raises(exc, fn, words, what):
+    try:
+        fn()
+    except exc as e:
+        check(all(w in str(e) for w in words), f"{what}: message '{e}' lacks {words}")
+        return
+    except Exception as e:  # noqa: BLE001 - the wrong kind is the failure being tested
+        check(False, f"{what}: raised {type(e).__name__} '{e}', not {exc.__name__}")
+        return
+    check(False, f"{what}: no error")
 
+
+def case_checks(c):
     a = np.ones((4, 6), np.float32)
     raises(ValueError, lambda: c.allreduce(a[:, ::2]), ["C-contiguous"], "strided array")
     raises(ValueError, lambda: c.allreduce(np.ones(3, np.complex64)), ["complex64", "float32"], "complex dtype")
@@ -110,18 +111,6 @@ def case_checks(c):
     check(issubclass(tally.Mismatch, tally.Error) and issubclass(tally.InvalidArgument, ValueError),
           "error classes")
     c.barrier()
-
-
-def raises(exc, fn, words, what):
-    try:
-        fn()
-    except exc as e:
-        check(all(w in str(e) for w in words), f"{what}: message '{e}' lacks {words}")
-        return
-    except Exception as e:  # noqa: BLE001 - the wrong kind is the failure being tested
-        check(False, f"{what}: raised {type(e).__name__} '{e}', not {exc.__name__}")
-        return
-    check(False, f"{what}: no error")
 
 
 def case_config():

@@ -1,6 +1,5 @@
 /* ddp.c - the data-parallel engine: gradient buckets (views into the flat buffer, last layers first),
- * reduced in a fixed order on the communication thread (opqueue.c) while backward goes on; averaging. */
-#include <pthread.h>
+ * reduced in a fixed order on the communicator's thread (post.c) while backward goes on; averaging. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +8,7 @@
 #include "../core/clock.h"
 #include "../core/err.h"
 #include "../core/trace.h"
-#include "opqueue.h"
+#include "post.h"
 
 #define DDP_DEFAULT_BUCKET_BYTES (25u << 20)
 
@@ -35,48 +34,31 @@ struct tally_ddp {
     int micro;       /* micro-batch index within the step */
     int begun, sync; /* inside a micro-batch; it is the step's last */
     int posted;      /* buckets of the step in flight handed to the queue (they go in index order) */
-    int queue_open;
-    tally__opq q; /* the communication thread (or, without overlap, inline in tally_ddp_wait) */
-
-    pthread_mutex_t mu; /* the counters below: the queue's operations add, tally_ddp_get_stats reads */
-    double comm_s, wait_s;
-    unsigned long long bytes_sent, reductions;
+    tally__post q;   /* on the communicator's thread (or, without overlap, inline in tally_ddp_wait) */
+    double wait_s;
+    unsigned long long reductions;
 };
 
-/* Allreduce of one bucket, then the division that makes it a mean over ranks and micro-batches. */
-static int ddp_reduce_bucket(tally_ddp *d, int k, double *secs, unsigned long long *bytes) {
+/* Bucket k reduced by the caller's reducer, or summed and then divided into a mean over ranks and
+ * micro-batches: on the communication thread or on the waiter. */
+static int ddp_op_reduce(void *ctx, int k, int unused) {
+    tally_ddp *d = ctx;
     const ddp_bucket *b = &d->bucket[k];
     float *g = d->grad + b->begin;
     size_t n = b->end - b->begin;
-    uint64_t t0 = tally__now_ns();
-    unsigned long long sent0 = tally_comm_bytes_sent(d->comm);
-    int rc = 0;
-    if (d->reduce) {
-        rc = d->reduce(d->reduce_arg, d->comm, k, g, n, (float)d->size * (float)d->accum);
-    } else if (d->accum == 1) {
-        rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_AVG);
-    } else {
-        rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_SUM);
-        const float denom = (float)d->size * (float)d->accum;
-        for (size_t i = 0; i < n && !rc; i++) g[i] /= denom;
-    }
-    *bytes = tally_comm_bytes_sent(d->comm) - sent0;
-    *secs = (double)(tally__now_ns() - t0) * 1e-9;
+    const float denom = (float)d->size * (float)d->accum;
+    if (d->reduce) return d->reduce(d->reduce_arg, d->comm, k, g, n, denom);
+    int rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_SUM);
+    for (size_t i = 0; i < n && !rc; i++) g[i] /= denom;
     return rc;
 }
 
-/* The queue's operation: bucket k, on the communication thread or on the waiter. */
-static int ddp_op_reduce(void *ctx, int k, int unused) {
-    tally_ddp *d = ctx;
-    double secs = 0;
-    unsigned long long bytes = 0;
-    int rc = ddp_reduce_bucket(d, k, &secs, &bytes);
-    if (rc) return rc;
-    pthread_mutex_lock(&d->mu);
-    d->comm_s += secs;
-    d->bytes_sent += bytes;
-    pthread_mutex_unlock(&d->mu);
-    return 0;
+/* Bucket k handed to the communicator: one averaging allreduce when that is all it takes. */
+static long ddp_post_bucket(tally_ddp *d, int k) {
+    if (d->reduce || d->accum > 1) return tally__post_fn(&d->q, ddp_op_reduce, k, 0, TALLY__POST_GRAD);
+    float *g = d->grad + d->bucket[k].begin;
+    tally__call a = {TALLY__ALLREDUCE, g, g, d->bucket[k].end - d->bucket[k].begin, TALLY_F32, TALLY_AVG, -1};
+    return tally__post_call(&d->q, &a, TALLY__POST_GRAD);
 }
 
 static int ddp_check_layout(const size_t *off, int nlayers, size_t count) {
@@ -135,11 +117,8 @@ TALLY_API int tally_ddp_create(tally_comm *comm, float *grad, size_t count, cons
     d->nlayers = nlayers;
     size_t bucket_bytes = o.bucket_bytes ? o.bucket_bytes : DDP_DEFAULT_BUCKET_BYTES;
     size_t bucket_elems = (bucket_bytes + sizeof(float) - 1) / sizeof(float);
-    pthread_mutex_init(&d->mu, NULL);
+    tally__post_init(&d->q, comm, d, d->overlap);
     if ((rc = ddp_make_buckets(d, offsets, bucket_elems))) goto fail;
-    rc = tally__opq_init(&d->q, d, d->overlap);
-    d->queue_open = 1; /* initialised even when the thread failed to start */
-    if (rc) goto fail;
     *out = d;
     return 0;
 fail:
@@ -149,8 +128,7 @@ fail:
 
 TALLY_API int tally_ddp_free(tally_ddp *d) {
     if (!d) return 0;
-    if (d->queue_open) tally__opq_free(&d->q);
-    pthread_mutex_destroy(&d->mu);
+    tally__post_free(&d->q);
     free(d->bucket);
     free(d->layer_bucket);
     free(d->layer_ready);
@@ -164,7 +142,7 @@ TALLY_API int tally_ddp_sync_params(tally_comm *comm, float *params, size_t coun
 
 TALLY_API int tally_ddp_begin(tally_ddp *d) {
     if (!d) return tally__seterr(TALLY_E_INVALID, "tally_ddp_begin: engine is NULL");
-    int rc = tally__opq_failed(&d->q);
+    int rc = tally__post_failed(&d->q);
     if (rc) return rc;
     if (d->begun)
         return tally__seterr(TALLY_E_INVALID, "tally_ddp_begin: the previous micro-batch was not ended with "
@@ -189,7 +167,7 @@ static void ddp_post_ready(tally_ddp *d) {
             uint64_t now = tally__trace_now();
             tally__trace_span("dp", "bucket ready", now, now, args, 2);
         }
-        if (tally__opq_post(&d->q, ddp_op_reduce, d->posted++, 0) < 0) d->posted = d->nbuckets;
+        if (ddp_post_bucket(d, d->posted++) < 0) d->posted = d->nbuckets;
     }
 }
 
@@ -219,18 +197,15 @@ TALLY_API int tally_ddp_wait(tally_ddp *d) {
         return 0;
     }
     d->micro = 0;
-    int rc = tally__opq_failed(&d->q);
+    int rc = tally__post_failed(&d->q);
     if (rc) return rc;
     /* A layer never marked is reduced now; without a thread every bucket runs here, in order. */
     uint64_t t0 = tally__now_ns();
     for (int l = d->nlayers - 1; l >= 0; l--) ddp_mark_ready(d, l);
     ddp_post_ready(d);
-    rc = tally__opq_drain(&d->q);
-    double waited = (double)(tally__now_ns() - t0) * 1e-9;
-    pthread_mutex_lock(&d->mu);
-    d->wait_s += waited;
+    rc = tally__post_drain(&d->q);
+    d->wait_s += (double)(tally__now_ns() - t0) * 1e-9;
     if (!rc) d->reductions++;
-    pthread_mutex_unlock(&d->mu);
     return rc;
 }
 
@@ -238,13 +213,11 @@ TALLY_API void tally_ddp_get_stats(const tally_ddp *d, tally_ddp_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!d) return;
-    pthread_mutex_lock((pthread_mutex_t *)&d->mu);
-    out->comm_s = d->comm_s;
+    out->comm_s = d->q.comm_s;
     out->wait_s = d->wait_s;
-    out->bytes_sent = d->bytes_sent;
+    out->bytes_sent = d->q.bytes[TALLY__POST_GRAD];
     out->reductions = d->reductions;
     out->buckets = d->nbuckets;
-    pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
 }
 
 TALLY_API int tally_ddp_bucket(const tally_ddp *d, int i, size_t *begin, size_t *end) {

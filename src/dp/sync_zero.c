@@ -17,8 +17,9 @@ static int zs_skip(tally__sync *s) { return tally__zero_skip(&s->zero); }
 static int zs_apply(tally__sync *s, float lr) { return tally__zero_step(&s->zero, lr); }
 
 static void zs_stats(const tally__sync *s, tally__sync_stats *out) {
-    *out = (tally__sync_stats){
-        .comm_s = s->zero.comm_s, .wait_s = tally__zero_blocked(&s->zero), .grad_bytes = s->zero.grad_bytes};
+    *out = (tally__sync_stats){.comm_s = s->zero.q.comm_s,
+                               .wait_s = tally__zero_blocked(&s->zero),
+                               .grad_bytes = s->zero.q.bytes[TALLY__POST_GRAD]};
 }
 
 static double zs_blocked(const tally__sync *s) { return tally__zero_blocked(&s->zero); }

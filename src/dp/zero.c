@@ -37,36 +37,23 @@ static int zero_half_op(tally__zero *z, float *buf, size_t n, size_t mine, size_
     return 0;
 }
 
-/* Timed collectives, so the trainer can report the time spent communicating (run by one thread at a
- * time: the communication thread with overlap, else the training thread). */
+/* A layer's reductions (run by one thread at a time: the communication thread with overlap, else the
+ * training thread; post.c counts their time and bytes). */
 static int zero_rs(tally__zero *z, float *buf, size_t piece, tally_op op) {
     if (!piece) return 0; /* every rank has the same geometry: all skip alike */
-    uint64_t t0 = tally__now_ns();
-    unsigned long long sent0 = tally_comm_bytes_sent(z->comm);
     size_t mine = (size_t)z->rank * piece;
-    int rc = z->half >= 0 ? zero_half_op(z, buf, piece * (size_t)z->size, mine, piece, op, 1)
-                          : tally_reduce_scatter(z->comm, buf, buf + mine, piece, TALLY_F32, op);
-    z->grad_bytes += tally_comm_bytes_sent(z->comm) - sent0;
-    z->comm_s += (double)(tally__now_ns() - t0) * 1e-9;
-    return rc;
+    return z->half >= 0 ? zero_half_op(z, buf, piece * (size_t)z->size, mine, piece, op, 1)
+                        : tally_reduce_scatter(z->comm, buf, buf + mine, piece, TALLY_F32, op);
 }
 
 static int zero_ar(tally__zero *z, float *buf, size_t n, tally_op op) {
     if (!n) return 0;
-    uint64_t t0 = tally__now_ns();
-    unsigned long long sent0 = tally_comm_bytes_sent(z->comm);
-    int rc = z->half >= 0 ? zero_half_op(z, buf, n, 0, n, op, 0) : tally_allreduce(z->comm, buf, buf, n, TALLY_F32, op);
-    z->grad_bytes += tally_comm_bytes_sent(z->comm) - sent0;
-    z->comm_s += (double)(tally__now_ns() - t0) * 1e-9;
-    return rc;
+    return z->half >= 0 ? zero_half_op(z, buf, n, 0, n, op, 0) : tally_allreduce(z->comm, buf, buf, n, TALLY_F32, op);
 }
 
 static int zero_ag(tally__zero *z, float *buf, size_t piece) {
     if (!piece) return 0;
-    uint64_t t0 = tally__now_ns();
-    int rc = tally_allgather(z->comm, buf + (size_t)z->rank * piece, buf, piece, TALLY_F32);
-    z->comm_s += (double)(tally__now_ns() - t0) * 1e-9;
-    return rc;
+    return tally_allgather(z->comm, buf + (size_t)z->rank * piece, buf, piece, TALLY_F32);
 }
 
 /* One micro-batch: a plain sum; the division by N*K comes once, at the step. One reduction per step
@@ -137,8 +124,8 @@ int tally__zero_init(tally__zero *z, tally_comm *comm, tally__model *m, int stag
     z->held[0] = z->held[1] = -1;
     z->gather_ticket[0] = z->gather_ticket[1] = z->staging_ticket[0] = z->staging_ticket[1] = -1;
     z->last_micro = accum == 1;
-    int rc = tally__opq_init(&z->q, z, z->overlap);
-    if (!rc) rc = zero_layout(z, ocfg);
+    tally__post_init(&z->q, comm, z, z->overlap);
+    int rc = zero_layout(z, ocfg);
     if (!rc && zero_alloc_buffers(z))
         rc = tally__seterr(TALLY_E_NOMEM, "rank %d: zero stage %d: out of memory for a shard of %zu parameters",
                            z->rank, stage, z->shard_len);
@@ -158,8 +145,7 @@ int tally__zero_measure_f32(tally__zero *z, unsigned long long *bytes) {
     float *zeros = zero_alloc(z->largest + 1);
     if (!zeros) return tally__seterr(TALLY_E_NOMEM, "rank %d: zero: out of memory", z->rank);
     int half = z->half, rc = 0;
-    unsigned long long before = z->grad_bytes;
-    double secs = z->comm_s;
+    unsigned long long before = tally_comm_bytes_sent(z->comm);
     z->half = -1;
     for (int l = 0; l < z->nlayers && !rc; l++) {
         rc = zero_rs(z, zeros, z->layer[l].piece, TALLY_SUM);
@@ -167,17 +153,15 @@ int tally__zero_measure_f32(tally__zero *z, unsigned long long *bytes) {
     }
     z->half = half;
     /* Stages 2-3 reduce every micro-batch's gradients (stage 1 only the step's sum). */
-    *bytes = (z->grad_bytes - before) * (unsigned long long)(z->stage >= 2 ? z->accum : 1);
-    z->grad_bytes = before;
-    z->comm_s = secs; /* not part of training */
+    *bytes = (tally_comm_bytes_sent(z->comm) - before) * (unsigned long long)(z->stage >= 2 ? z->accum : 1);
     free(zeros);
     return rc;
 }
 
-int tally__zero_drain(tally__zero *z) { return tally__opq_drain(&z->q); }
+int tally__zero_drain(tally__zero *z) { return tally__post_drain(&z->q); }
 
 void tally__zero_free(tally__zero *z) {
-    if (z->comm) tally__opq_free(&z->q); /* set up first in init, so present whenever comm is */
+    tally__post_free(&z->q);
     for (int l = 0; l < z->nlayers; l++) {
         tally_optim_free(&z->layer[l].opt_piece);
         tally_optim_free(&z->layer[l].opt_tail);
@@ -195,7 +179,7 @@ void tally__zero_free(tally__zero *z) {
 
 void tally__zero_micro(tally__zero *z, int k) { z->last_micro = k == z->accum - 1; }
 
-double tally__zero_blocked(const tally__zero *z) { return z->overlap ? z->q.wait_s : z->comm_s; }
+double tally__zero_blocked(const tally__zero *z) { return z->overlap ? z->q.wait_s : z->q.comm_s; }
 
 /* ---- operations, run in order by the communication thread (or inline) ---- */
 
@@ -234,10 +218,11 @@ static int op_reduce(void *ctx, int l, int b) {
 }
 
 /* Stages 1-2, after the update: every rank's new piece of layer l to everyone. */
-static int op_share_params(void *ctx, int l, int unused) {
-    tally__zero *z = ctx;
-    (void)unused;
-    return zero_ag(z, z->m->params + z->layer[l].off, z->layer[l].piece);
+static long post_share_params(tally__zero *z, int l) {
+    const tally__zero_layer *L = &z->layer[l];
+    float *p = z->m->params + L->off;
+    tally__call a = {TALLY__ALLGATHER, p + (size_t)z->rank * L->piece, p, L->piece, TALLY_F32, TALLY_SUM, -1};
+    return L->piece ? tally__post_call(&z->q, &a, TALLY__POST_PARAM) : 0;
 }
 
 /* ---- hooks, on the training thread ---- */
@@ -247,7 +232,7 @@ static long zero_want(tally__zero *z, int l) {
     int b = buf_of(z, l);
     if (z->held[b] == l) return z->gather_ticket[b];
     z->held[b] = l;
-    long t = tally__opq_post(&z->q, op_gather, l, b);
+    long t = tally__post_fn(&z->q, op_gather, l, b, TALLY__POST_PARAM);
     if (t < 0) z->held[b] = -1;
     return z->gather_ticket[b] = t;
 }
@@ -255,7 +240,7 @@ static long zero_want(tally__zero *z, int l) {
 /* Stage 3: layer l's parameters in place for its op; with overlap the next layer's are sent for. */
 static int zero_use_params(tally__zero *z, int l, int next) {
     long t = zero_want(z, l);
-    int rc = t < 0 ? (int)t : tally__opq_wait(&z->q, t);
+    int rc = t < 0 ? (int)t : tally__post_wait(&z->q, t);
     if (rc) return rc;
     tally__op *op = &z->m->op[tally__model_layer_op(z->m, l)];
     op->w = z->gathered[buf_of(z, l)];
@@ -284,7 +269,7 @@ static int zero_before_backward(void *arg, int l) {
         op->db = op->b;
         return 0;
     }
-    if ((rc = tally__opq_wait(&z->q, z->staging_ticket[b]))) return rc;
+    if ((rc = tally__post_wait(&z->q, z->staging_ticket[b]))) return rc;
     memset(z->staging[b], 0, z->layer[l].n * sizeof(float));
     op->dw = z->staging[b];
     op->db = z->staging[b] + (op->b_off - op->w_off);
@@ -297,7 +282,7 @@ static int zero_after_backward(void *arg, int l) {
     tally__zero *z = arg;
     if (z->stage == 1 && !z->last_micro) return 0;
     int b = buf_of(z, l);
-    long t = tally__opq_post(&z->q, op_reduce, l, b);
+    long t = tally__post_fn(&z->q, op_reduce, l, b, TALLY__POST_GRAD);
     if (t < 0) return (int)t;
     if (z->stage == 2) z->staging_ticket[b] = t;
     return 0;
@@ -374,7 +359,7 @@ static void zero_average(tally__zero *z) {
 }
 
 int tally__zero_clip(tally__zero *z, float max_norm, double *norm) {
-    int rc = tally__opq_drain(&z->q);
+    int rc = tally__post_drain(&z->q);
     if (rc) return rc;
     zero_average(z);
     double part = 0;
@@ -408,17 +393,17 @@ static void zero_update(tally_optim *o, float *p, const float *g, size_t n, size
 }
 
 int tally__zero_step(tally__zero *z, float lr) {
-    int rc = tally__opq_drain(&z->q);
+    int rc = tally__post_drain(&z->q);
     if (!rc) zero_average(z);
     for (int l = z->nlayers - 1; l >= 0 && !rc; l--) {
         tally__zero_layer *L = &z->layer[l];
         zero_view v = zero_view_of(z, l);
         zero_update(&L->opt_piece, v.p_piece, v.g_piece, L->piece, L->off + (size_t)z->rank * L->piece, L, lr);
         zero_update(&L->opt_tail, v.p_tail, v.g_tail, L->tail, L->off + (size_t)z->size * L->piece, L, lr);
-        long t = z->stage < 3 ? tally__opq_post(&z->q, op_share_params, l, 0) : 0;
+        long t = z->stage < 3 ? post_share_params(z, l) : 0;
         if (t < 0) rc = (int)t;
     }
-    if (!rc) rc = tally__opq_drain(&z->q);
+    if (!rc) rc = tally__post_drain(&z->q);
     zero_clear_step(z);
     return rc;
 }
@@ -426,7 +411,7 @@ int tally__zero_step(tally__zero *z, float lr) {
 void tally__zero_params_changed(tally__zero *z) { z->held[0] = z->held[1] = -1; }
 
 int tally__zero_skip(tally__zero *z) {
-    int rc = tally__opq_drain(&z->q);
+    int rc = tally__post_drain(&z->q);
     zero_clear_step(z);
     return rc;
 }

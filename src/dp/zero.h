@@ -8,7 +8,7 @@
 #include <tally/optim.h>
 
 #include "../nn/model.h"
-#include "opqueue.h"
+#include "post.h"
 
 /* Rank r owns elements [off + r*piece, off + (r+1)*piece) of the layer and all of its tail
  * [off + N*piece, off + n): reduce-scatter needs equal pieces, and a tail of fewer than N elements
@@ -43,13 +43,11 @@ typedef struct tally__zero {
     int overlap;                              /* collectives on the communication thread while compute goes on */
     int last_micro; /* the micro-batch in progress is the step's last (stage 1 reduces then) */
     int averaged;   /* this step's gradient shards are already means (tally__zero_clip did it) */
-    tally__opq q;
-    double comm_s; /* seconds in collectives (read between steps) */
+    tally__post q;  /* its collectives, in order on the communicator's thread (or inline) */
     /* compression */
-    int half;                      /* TALLY_F16 / TALLY_BF16: gradients reduced in 16 bits; -1: in f32 */
-    uint16_t *hbuf;                /* [largest]: a layer's gradients cast */
-    int overflow;                  /* 1: a 16-bit sum came out non-finite from finite inputs (the trainer clears it) */
-    unsigned long long grad_bytes; /* sent in the gradient reductions (read between steps) */
+    int half;       /* TALLY_F16 / TALLY_BF16: gradients reduced in 16 bits; -1: in f32 */
+    uint16_t *hbuf; /* [largest]: a layer's gradients cast */
+    int overflow;   /* 1: a 16-bit sum came out non-finite from finite inputs (the trainer clears it) */
 } tally__zero;
 
 /* Sets up stage 1-3 over a model made by tally__model_init (stage 3: with TALLY__MODEL_NO_PARAMS,

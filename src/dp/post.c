@@ -8,10 +8,9 @@
 #include "../core/clock.h"
 #include "../core/err.h"
 
-void tally__post_init(tally__post *p, tally_comm *comm, void *ctx, int overlap) {
+void tally__post_init(tally__post *p, tally_comm *comm, int overlap) {
     memset(p, 0, sizeof *p);
     p->comm = comm;
-    p->ctx = ctx;
     p->overlap = overlap;
     pthread_mutex_init(&p->mu, NULL);
 }
@@ -47,7 +46,7 @@ static int post_run(void *arg) {
                     : 0;
     pthread_mutex_unlock(&p->mu);
     if (prior) return prior;
-    int rc = o->fn(p->ctx, o->a, o->b);
+    int rc = o->fn(o->ctx, o->a, o->b);
     post_record(p, rc);
     return rc;
 }
@@ -97,9 +96,10 @@ static int post_reap(tally__post *p, long ticket) {
 static long post_inline(tally__post *p, const tally__post_op *o, const tally__call *call) {
     uint64_t t0 = tally__now_ns();
     unsigned long long sent0 = tally_comm_bytes_sent(p->comm);
-    int rc = o->fn ? o->fn(p->ctx, o->a, o->b) : post_call_now(p->comm, call);
-    int kind = o->kind;
-    post_count(p, kind, (double)(tally__now_ns() - t0) * 1e-9, tally_comm_bytes_sent(p->comm) - sent0);
+    int rc = o->fn ? o->fn(o->ctx, o->a, o->b) : post_call_now(p->comm, call);
+    double secs = (double)(tally__now_ns() - t0) * 1e-9;
+    post_count(p, o->kind, secs, tally_comm_bytes_sent(p->comm) - sent0);
+    p->wait_s += secs;
     post_record(p, rc);
     if (rc) return rc;
     p->done = ++p->tail;
@@ -121,8 +121,8 @@ static long post_one(tally__post *p, const tally__post_op *what, const tally__ca
     return rc ? rc : p->tail++;
 }
 
-long tally__post_fn(tally__post *p, tally__post_op_fn fn, int a, int b, int kind) {
-    tally__post_op o = {.fn = fn, .a = a, .b = b, .kind = kind};
+long tally__post_fn(tally__post *p, tally__post_op_fn fn, void *ctx, int a, int b, int kind) {
+    tally__post_op o = {.fn = fn, .ctx = ctx, .a = a, .b = b, .kind = kind};
     return post_one(p, &o, NULL);
 }
 

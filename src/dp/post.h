@@ -21,13 +21,13 @@ enum { TALLY__POST_GRAD, TALLY__POST_PARAM, TALLY__POST_KINDS };
 typedef struct tally__post_op {
     struct tally__post *p;
     tally__post_op_fn fn; /* NULL: a plain collective, posted as tally_i* */
+    void *ctx;
     int a, b, kind;
     tally_request *req;
 } tally__post_op;
 
 typedef struct tally__post {
     tally_comm *comm;
-    void *ctx;
     int overlap; /* 0: every operation runs inline when posted and no thread starts ("no overlap") */
     tally__post_op op[TALLY__POST_CAP];
     long done, tail;    /* tickets: op[t % CAP] for done <= t < tail are posted and not yet waited for */
@@ -36,17 +36,17 @@ typedef struct tally__post {
     char errmsg[1024];
     double comm_s;                               /* in the operations, whichever thread ran them */
     unsigned long long bytes[TALLY__POST_KINDS]; /* sent by them, by kind */
-    double wait_s; /* the caller's time in tally__post_wait, including operations it ran itself */
+    double wait_s; /* the caller's time waiting for operations or running them (inline, or as the waiter) */
 } tally__post;
 
 /* overlap: post to the communication thread; else run every operation inline when posted. */
-void tally__post_init(tally__post *p, tally_comm *comm, void *ctx, int overlap);
+void tally__post_init(tally__post *p, tally_comm *comm, int overlap);
 /* Waits for what is posted (operations of the engine's own not yet begun are skipped: the engine is
  * going), then frees. Safe on a zeroed one. */
 void tally__post_free(tally__post *p);
 /* Posts fn(ctx, a, b) and returns its ticket (>= 0), or the first error (< 0) of an earlier operation
  * (after which the engine's own operations are skipped, not run). */
-long tally__post_fn(tally__post *p, tally__post_op_fn fn, int a, int b, int kind);
+long tally__post_fn(tally__post *p, tally__post_op_fn fn, void *ctx, int a, int b, int kind);
 /* Posts a plain collective (tally_iallreduce & co.) the same way. */
 long tally__post_call(tally__post *p, const tally__call *call, int kind);
 /* Until operation `ticket` and all before it are done; the first error (its message set on this thread)

@@ -26,9 +26,10 @@ extern "C" {
  *
  * After tally_ddp_wait of the step's last micro-batch, grad holds the sum of every rank's accumulated
  * gradients divided by (world size * K): the mean gradient of the global batch when each micro-batch's
- * loss is a mean over its samples. The reductions run on a thread of the engine; while a step is in
- * flight (between tally_ddp_begin of its last micro-batch and tally_ddp_wait) the caller must not use
- * the communicator, nor touch gradients of layers it has marked ready. Between steps the communicator
+ * loss is a mean over its samples. The reductions run on the communicator's communication thread (the
+ * one its non-blocking calls run on, in the order posted); while a step is in flight (between
+ * tally_ddp_begin of its last micro-batch and tally_ddp_wait) the caller must not use the communicator,
+ * nor touch gradients of layers it has marked ready. Between steps the communicator
  * is the caller's (e.g. to evaluate). Buckets are reduced in a fixed order, the same on every rank, so
  * a layer marked ready out of order only delays its bucket; a layer never marked is reduced in
  * tally_ddp_wait. */
@@ -41,7 +42,7 @@ typedef struct tally_ddp_opts {
     int accum;           /* micro-batches per reduction (gradient accumulation); 0 means 1 */
     /* Optional, NULL means a plain f32 allreduce: replaces a bucket's allreduce (e.g. to compress it).
      * On return grad[0..count) must hold the sum over ranks divided by denom (= world size x accum),
-     * the same on every rank. Runs on the engine thread with overlap (else in tally_ddp_wait), one
+     * the same on every rank. Runs on the communication thread with overlap (else in tally_ddp_wait), one
      * bucket at a time in bucket order; the bytes it sends on comm count in tally_ddp_stats. A nonzero
      * return fails the step like a failed allreduce. */
     int (*reduce)(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
@@ -55,7 +56,7 @@ typedef struct tally_ddp_opts {
  * same layout. */
 TALLY_API int tally_ddp_create(tally_comm *comm, float *grad, size_t count, const size_t *offsets, int nlayers,
                                const tally_ddp_opts *opts, tally_ddp **out);
-/* Waits for anything in flight, stops the engine's thread and frees the engine (not grad or comm). */
+/* Waits for anything in flight and frees the engine (not grad or comm). */
 TALLY_API int tally_ddp_free(tally_ddp *d);
 
 /* Broadcasts params[count] from rank 0 so every replica starts identical (as DDP does at wrap time). */
@@ -73,7 +74,7 @@ TALLY_API int tally_ddp_wait(tally_ddp *d);
 
 /* Cumulative counters since tally_ddp_create; take differences around a step. */
 typedef struct tally_ddp_stats {
-    double comm_s;                 /* seconds spent inside the bucket allreduces (engine thread or wait) */
+    double comm_s;                 /* seconds spent inside the bucket allreduces (whichever thread ran them) */
     double wait_s;                 /* seconds tally_ddp_wait blocked for communication after backward */
     unsigned long long bytes_sent; /* payload bytes this rank sent in those allreduces */
     unsigned long long reductions; /* steps reduced */

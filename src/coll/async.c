@@ -1,11 +1,12 @@
-/* async.c - non-blocking collectives and their requests: a queue per communicator, run in the order posted
- * (every rank posts the same sequence, so the collectives match) on its communication thread or a waiter. */
+/* async.c - the one engine for ordered non-blocking operations: a queue per communicator of collectives and
+ * of the library's own operations, run in the order posted on its communication thread or a waiter. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/clock.h"
 #include "../core/err.h"
 #include "../core/sig.h"
 #include "../core/trace.h"
@@ -16,12 +17,16 @@ enum { REQ_QUEUED, REQ_RUNNING, REQ_FINISHING, REQ_DONE };
 struct tally_request {
     tally__async *eng; /* read only while not done: a done request outlives its communicator */
     tally__call call;
+    tally__async_fn op; /* an operation of the library's own instead of the call (tally__async_post_fn) */
+    void *op_ctx;
     tally_request *next;
     int state;    /* under eng->mu until done */
     int detached; /* freed while pending: whoever completes it frees it */
     _Atomic int done;
     int rc;
     char msg[1024];
+    double secs;              /* the operation's own run, whichever thread ran it */
+    unsigned long long bytes; /* what the communicator sent meanwhile */
     void (*fn)(void *arg, int rc, const char *msg);
     void *arg;
 };
@@ -33,10 +38,36 @@ struct tally__async {
     pthread_cond_t posted, finished;
     tally_request *head, *tail; /* queued in order; the head may be running */
     int running, stop;
-    int users; /* callers inside tally_wait, _on_done or _free: stop waits for them to leave */
+    int aborted; /* the communicator was aborted: operations of the library's own fail unrun */
+    int users;   /* callers inside tally_wait, _on_done or _free: stop waits for them to leave */
 };
 
 static pthread_mutex_t async_create_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The engine whose head this thread is running: a blocking call made inside that operation is part of
+ * it and runs at once, not behind it. */
+static _Thread_local tally__async *async_running;
+
+/* With mu released: the head's call or operation, timed and counted. */
+static int async_exec(tally__async *e, tally_request *r, int aborted) {
+    uint64_t t0 = tally__now_ns();
+    unsigned long long sent0 = tally_comm_bytes_sent(e->comm);
+    int rc;
+    if (!r->op) {
+        rc = tally__comm_run(e->comm, &r->call);
+    } else if (aborted) {
+        rc = tally__seterr(TALLY_E_ABORTED, "the communicator was aborted (tally_comm_abort) before this operation "
+                                            "ran");
+    } else {
+        tally__async *outer = async_running;
+        async_running = e;
+        rc = r->op(r->op_ctx);
+        async_running = outer;
+    }
+    r->bytes = tally_comm_bytes_sent(e->comm) - sent0;
+    r->secs = (double)(tally__now_ns() - t0) * 1e-9;
+    return rc;
+}
 
 /* With mu held and the head not running: runs it with mu released (on whichever thread calls), then its
  * callback, and only then marks it done, so a waiter that frees it never races the callback. */
@@ -44,8 +75,9 @@ static void async_run_head(tally__async *e) {
     tally_request *r = e->head;
     e->running = 1;
     r->state = REQ_RUNNING;
+    int aborted = e->aborted;
     pthread_mutex_unlock(&e->mu);
-    int rc = tally__comm_run(e->comm, &r->call);
+    int rc = async_exec(e, r, aborted);
     r->rc = rc;
     if (rc) snprintf(r->msg, sizeof r->msg, "%s", tally_last_error());
     pthread_mutex_lock(&e->mu);
@@ -70,7 +102,7 @@ static void async_run_head(tally__async *e) {
 
 static void *async_thread(void *arg) {
     tally__async *e = arg;
-    tally__trace_thread("comm (non-blocking calls)");
+    tally__trace_thread("comm thread");
     pthread_mutex_lock(&e->mu);
     for (;;) {
         if (e->head && !e->running) {
@@ -85,17 +117,20 @@ static void *async_thread(void *arg) {
 }
 
 static int async_pending(tally__async *e) {
+    if (async_running == e) return 0; /* called from inside the running operation */
     pthread_mutex_lock(&e->mu);
     int pending = e->head != NULL;
     pthread_mutex_unlock(&e->mu);
     return pending;
 }
 
-static int async_post(tally__async *e, const tally__call *a, tally_request **req) {
+static int async_post(tally__async *e, const tally__call *a, tally__async_fn op, void *ctx, tally_request **req) {
     tally_request *r = calloc(1, sizeof *r);
     if (!r) return tally__seterr(TALLY_E_NOMEM, "tally: no memory for a request");
     r->eng = e;
-    r->call = *a;
+    if (a) r->call = *a;
+    r->op = op;
+    r->op_ctx = ctx;
     pthread_mutex_lock(&e->mu);
     if (e->tail)
         e->tail->next = r;
@@ -110,7 +145,7 @@ static int async_post(tally__async *e, const tally__call *a, tally_request **req
 
 static int async_through(tally__async *e, const tally__call *a) {
     tally_request *r = NULL;
-    int rc = async_post(e, a, &r);
+    int rc = async_post(e, a, NULL, NULL, &r);
     if (rc) return rc;
     rc = tally_wait(r);
     free(r);
@@ -129,9 +164,10 @@ static void async_leave(tally__async *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
-static void async_stop(tally__async *e) {
+static void async_stop(tally__async *e, int abandon) {
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
+    e->aborted |= abandon;
     pthread_cond_broadcast(&e->posted);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->th, NULL);
@@ -177,42 +213,54 @@ static int async_engine(tally_comm *c, tally__async **out) {
 
 /* ---- the public calls ---- */
 
-static int async_start(tally_comm *c, const tally__call *a, tally_request **req, const char *fn) {
+static int async_start(tally_comm *c, const tally__call *a, tally__async_fn op, void *ctx, tally_request **req,
+                       const char *fn) {
     tally__clearerr();
     if (!req) return tally__seterr(TALLY_E_INVALID, "%s: req is NULL", fn);
     *req = NULL;
     if (!c) return tally__seterr(TALLY_E_INVALID, "%s: communicator is NULL", fn);
     tally__async *e;
     int rc = async_engine(c, &e);
-    return rc ? rc : async_post(e, a, req);
+    return rc ? rc : async_post(e, a, op, ctx, req);
+}
+
+int tally__async_post_fn(tally_comm *c, tally__async_fn fn, void *ctx, tally_request **req) {
+    if (!fn) return tally__seterr(TALLY_E_INVALID, "tally__async_post_fn: fn is NULL");
+    return async_start(c, NULL, fn, ctx, req, "tally__async_post_fn");
+}
+
+void tally__request_cost(const tally_request *r, double *secs, unsigned long long *bytes) {
+    int done = r && atomic_load_explicit(&r->done, memory_order_acquire);
+    *secs = done ? r->secs : 0;
+    *bytes = done ? r->bytes : 0;
 }
 
 TALLY_API int tally_iallreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
                                tally_request **req) {
     tally__call a = {TALLY__ALLREDUCE, send, recv, count, t, op, -1};
-    return async_start(c, &a, req, "tally_iallreduce");
+    return async_start(c, &a, NULL, NULL, req, "tally_iallreduce");
 }
 
 TALLY_API int tally_ireduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                                     tally_op op, tally_request **req) {
     tally__call a = {TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op, -1};
-    return async_start(c, &a, req, "tally_ireduce_scatter");
+    return async_start(c, &a, NULL, NULL, req, "tally_ireduce_scatter");
 }
 
 TALLY_API int tally_iallgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t,
                                tally_request **req) {
     tally__call a = {TALLY__ALLGATHER, send, recv, sendcount, t, TALLY_SUM, -1};
-    return async_start(c, &a, req, "tally_iallgather");
+    return async_start(c, &a, NULL, NULL, req, "tally_iallgather");
 }
 
 TALLY_API int tally_ibroadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root, tally_request **req) {
     tally__call a = {TALLY__BROADCAST, buf, buf, count, t, TALLY_SUM, root};
-    return async_start(c, &a, req, "tally_ibroadcast");
+    return async_start(c, &a, NULL, NULL, req, "tally_ibroadcast");
 }
 
 TALLY_API int tally_ibarrier(tally_comm *c, tally_request **req) {
     tally__call a = {TALLY__BARRIER, NULL, NULL, 0, TALLY_U8, TALLY_SUM, -1};
-    return async_start(c, &a, req, "tally_ibarrier");
+    return async_start(c, &a, NULL, NULL, req, "tally_ibarrier");
 }
 
 static int async_result(const tally_request *r) {

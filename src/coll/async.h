@@ -1,5 +1,5 @@
-/* async.h - non-blocking collectives: a communicator's requests, run one at a time in the order posted
- * on its communication thread (started by the first one), or by a waiter that finds the thread idle. */
+/* async.h - ordered non-blocking operations: a communicator's requests (its collectives and the library's
+ * own operations), run one at a time in the order posted on its communication thread or by a waiter. */
 #ifndef TALLY_COLL_ASYNC_H
 #define TALLY_COLL_ASYNC_H
 
@@ -20,19 +20,31 @@ typedef struct tally__call {
 typedef struct tally__async tally__async;
 
 /* What comm.c calls of a communicator's engine, through the slot (async.c calls comm.c, not the reverse):
- * pending: 1 while requests are queued or running, so a blocking call must wait its turn; through: a
- * blocking call behind them, posted then waited for; stop: runs what is queued (after an abort each
- * fails at once), stops and joins the thread and frees the engine (free and abort call it before the
- * communicator goes; not from a request's callback). */
+ * pending: 1 while requests are queued or running, so a blocking call must wait its turn (0 on the thread
+ * running one of the library's operations: its blocking calls are part of it); through: a blocking call
+ * behind them, posted then waited for; stop: runs what is queued (abandon, from abort: the collectives fail
+ * at once on the fault, the library's operations fail unrun), stops and joins the thread and frees the
+ * engine (free and abort call it before the communicator goes; not from a request's callback). */
 typedef struct tally__async_ops {
     int (*pending)(tally__async *e);
     int (*through)(tally__async *e, const tally__call *a);
-    void (*stop)(tally__async *e);
+    void (*stop)(tally__async *e, int abandon);
 } tally__async_ops;
 typedef struct tally__async_slot {
     tally__async *e; /* NULL until the first non-blocking call */
     const tally__async_ops *ops;
 } tally__async_slot;
+
+/* An operation of the library's own (a codec's encode, collective and decode; a sequence of collectives):
+ * 0 or a TALLY_E_* code with its message set on the thread that ran it. */
+typedef int (*tally__async_fn)(void *ctx);
+/* Posts fn(ctx) behind the communicator's pending requests, under the rules of tally_iallreduce's: one
+ * at a time in the order posted, run on the communication thread or by a waiter, its error its request's,
+ * failed by abort, completed by free. Its blocking collectives on this communicator run inside it. */
+int tally__async_post_fn(tally_comm *c, tally__async_fn fn, void *ctx, tally_request **req);
+/* A done request's operation: the seconds it ran and the bytes its communicator sent meanwhile (0 while
+ * it is not done). */
+void tally__request_cost(const tally_request *r, double *secs, unsigned long long *bytes);
 
 /* comm.c: runs the call on this thread, as the blocking entry point does (its message names world ranks
  * in a split); and where the communicator keeps its engine. */

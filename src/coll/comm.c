@@ -299,16 +299,16 @@ static int tally__leave(tally_comm *c, int rc) {
     return rc;
 }
 
-static void tally__comm_stop_async(tally_comm *c) {
+static void tally__comm_stop_async(tally_comm *c, int abandon) {
     if (!c->async.e) return;
-    c->async.ops->stop(c->async.e);
+    c->async.ops->stop(c->async.e, abandon);
     c->async.e = NULL;
 }
 
 /* Teardown leaves the thread's message alone (as free() leaves errno): a caller tearing down after a
  * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
-    if (c) tally__comm_stop_async(c); /* its requests complete first, as a blocking call would have */
+    if (c) tally__comm_stop_async(c, 0); /* its requests complete first, as a blocking call would have */
     int trc = c ? tally__comm_trace_end(c) : 0;
     /* A fault the monitor recorded while no call ran (a peer died between collectives) still leaves the
      * records. */
@@ -328,7 +328,7 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
                        "rank %d aborted the communicator (tally_comm_abort); it cannot be used on any rank: free it "
                        "and create a new one",
                        c->ctx.rank);
-    tally__comm_stop_async(c); /* queued requests fail at once on the fault; the running one within ms */
+    tally__comm_stop_async(c, 1); /* queued requests fail at once on the fault; the running one within ms */
     struct timespec nap = {0, 1000000};
     double waited = 0;
     while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {

@@ -4,7 +4,6 @@
 #include "hier.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +12,6 @@
 #include "../boot/boot.h"
 #include "../core/err.h"
 #include "../core/numeric/reduce.h"
-#include "../core/trace.h"
 
 int tally__hier_layout(const tally__peer *p, int size, int *host, int *local, int *per_host) {
     int hosts = tally__hosts_of(p, size, host, local);
@@ -127,7 +125,8 @@ static void *scratch(tally__hier *h, size_t bytes) {
 }
 
 /* Large vectors go in HIER_CHUNKS contiguous chunks (each a multiple of M elements), so that a chunk
- * crosses the hosts on a thread of its own while the next one is reduce-scattered and the last one
+ * crosses the hosts on the cross communicator's own thread (a non-blocking allreduce: the one thread of
+ * that communicator, not one per call) while the next one is reduce-scattered and the last one
  * all-gathered in the host: the levels then overlap instead of waiting for one another. The host
  * communicator's calls keep one order on every rank (RS 0, RS 1, AG 0, RS 2, AG 1, ...), the cross
  * communicator's too (AR 0, AR 1, ...). */
@@ -146,89 +145,60 @@ typedef struct pipe {
     size_t shard, q, es;
     tally_dtype t;
     tally_op op;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int scattered, reduced; /* chunks past their reduce-scatter, past their cross allreduce */
-    int rc_host, rc_cross;
-    char why[1024]; /* the cross thread's message, which is its own thread's */
+    tally_request *cross[HIER_CHUNKS]; /* chunk j's allreduce between hosts, posted once it is scattered */
 } pipe_t;
 
 static size_t chunk_len(const pipe_t *p, int j) { return tally__hier_chunk_len(p->q, p->shard, j); }
 
-static void *pipe_cross(void *arg) {
-    pipe_t *p = arg;
-    tally__trace_thread("levels (across hosts)");
-    for (int j = 0; j < HIER_CHUNKS; j++) {
-        pthread_mutex_lock(&p->mu);
-        while (p->scattered <= j && !p->rc_host) pthread_cond_wait(&p->cv, &p->mu);
-        int stop = p->rc_host;
-        pthread_mutex_unlock(&p->mu);
-        if (stop) break;
-        size_t n = chunk_len(p, j);
-        char *piece = p->piece + (size_t)j * p->shard * p->es;
-        int rc = n ? tally_allreduce(p->h->cross, piece, piece, n, p->t, p->op) : 0;
-        pthread_mutex_lock(&p->mu);
-        if (rc) {
-            p->rc_cross = rc;
-            snprintf(p->why, sizeof p->why, "%s", tally_last_error());
-        } else {
-            p->reduced = j + 1;
-        }
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-        if (rc) break;
-    }
-    return NULL;
-}
-
-/* Waits for chunk j's cross allreduce; its error, or 0. */
-static int pipe_wait_reduced(pipe_t *p, int j) {
-    pthread_mutex_lock(&p->mu);
-    while (p->reduced <= j && !p->rc_cross) pthread_cond_wait(&p->cv, &p->mu);
-    int rc = p->rc_cross;
-    pthread_mutex_unlock(&p->mu);
-    return rc;
-}
-
-static void pipe_scattered(pipe_t *p, int j, int rc) {
-    pthread_mutex_lock(&p->mu);
-    if (rc)
-        p->rc_host = rc;
-    else
-        p->scattered = j + 1;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
+static char *pipe_shard(const pipe_t *p, int j) { return p->piece + (size_t)j * p->shard * p->es; }
 
 /* The host steps of chunk j (elements M x shard from j x M x shard). */
 static int pipe_rs(pipe_t *p, const char *send, int j) {
     size_t n = chunk_len(p, j), M = (size_t)p->h->per_host, at = (size_t)j * M * p->shard * p->es;
-    return n ? tally_reduce_scatter(p->h->host, send + at, p->piece + (size_t)j * p->shard * p->es, n, p->t, p->op) : 0;
+    return n ? tally_reduce_scatter(p->h->host, send + at, pipe_shard(p, j), n, p->t, p->op) : 0;
 }
 
 static int pipe_ag(pipe_t *p, char *recv, int j) {
     size_t n = chunk_len(p, j), M = (size_t)p->h->per_host, at = (size_t)j * M * p->shard * p->es;
-    return n ? tally_allgather(p->h->host, p->piece + (size_t)j * p->shard * p->es, recv + at, n, p->t) : 0;
+    return n ? tally_allgather(p->h->host, pipe_shard(p, j), recv + at, n, p->t) : 0;
+}
+
+static int pipe_post_cross(pipe_t *p, int j) {
+    size_t n = chunk_len(p, j);
+    return n ? tally_iallreduce(p->h->cross, pipe_shard(p, j), pipe_shard(p, j), n, p->t, p->op, &p->cross[j]) : 0;
+}
+
+/* Chunk j's cross allreduce done (0 when it was never posted); its error, with its message. */
+static int pipe_wait_cross(pipe_t *p, int j) {
+    if (!p->cross[j]) return 0;
+    int rc = tally_wait(p->cross[j]);
+    tally_request_free(p->cross[j]);
+    p->cross[j] = NULL;
+    return rc;
 }
 
 static int pipe_run(pipe_t *p, const char *send, char *recv) {
-    pthread_t th;
-    if (pthread_create(&th, NULL, pipe_cross, p))
-        return tally__seterr(TALLY_E_SYSTEM, "hierarchical allreduce: cannot start the thread between hosts");
     int rc = 0;
     for (int k = 0, gather, j; k < 2 * HIER_CHUNKS && !rc; k++) {
         tally__hier_pipe_step(k, &gather, &j);
         if (gather) {
-            if (!(rc = pipe_wait_reduced(p, j))) rc = pipe_ag(p, recv, j);
-        } else {
-            rc = pipe_rs(p, send, j);
-            pipe_scattered(p, j, rc);
+            if (!(rc = pipe_wait_cross(p, j))) rc = pipe_ag(p, recv, j);
+        } else if (!(rc = pipe_rs(p, send, j))) {
+            rc = pipe_post_cross(p, j);
         }
     }
-    if (rc) pipe_scattered(p, HIER_CHUNKS, rc); /* the cross thread stops at its next chunk */
-    pthread_join(th, NULL);
-    if (p->rc_cross && rc == p->rc_cross) tally__seterr(rc, "%s", p->why);
-    return rc;
+    /* After a failure the chunks already posted still end before the scratch is reused; the first
+     * error is the one reported. */
+    char why[1024];
+    if (rc) snprintf(why, sizeof why, "%s", tally_last_error());
+    for (int j = 0; j < HIER_CHUNKS; j++) {
+        int rj = pipe_wait_cross(p, j);
+        if (rj && !rc) {
+            rc = rj;
+            snprintf(why, sizeof why, "%s", tally_last_error());
+        }
+    }
+    return rc ? tally__seterr(rc, "%s", why) : 0;
 }
 
 /* The part of M equal shards of q elements: reduce-scatter, the shard across hosts, all-gather. */
@@ -239,12 +209,7 @@ static int hier_shards(tally__hier *h, const void *send, void *recv, size_t q, t
     if (q * M * es >= HIER_PIPE_MIN_BYTES) {
         pipe_t p = {
             .h = h, .piece = piece, .shard = (q + HIER_CHUNKS - 1) / HIER_CHUNKS, .q = q, .es = es, .t = t, .op = rop};
-        pthread_mutex_init(&p.mu, NULL);
-        pthread_cond_init(&p.cv, NULL);
-        int rc = pipe_run(&p, send, recv);
-        pthread_mutex_destroy(&p.mu);
-        pthread_cond_destroy(&p.cv);
-        return rc;
+        return pipe_run(&p, send, recv);
     }
     int rc;
     if ((rc = tally_reduce_scatter(h->host, send, piece, q, t, rop)) ||

@@ -173,23 +173,34 @@ int tally__codec_half_scale(tally_comm *comm, float *x, size_t n, tally_dtype dt
     return 0;
 }
 
+int tally__codec_half_reduce(tally_comm *comm, float *x, size_t n, size_t mine, size_t len, tally_dtype dt, tally_op op,
+                             int scatter, float denom, uint16_t *half, int *overflowed) {
+    int finite_in = tally__all_finite(x, n);
+    float scale;
+    int rc = tally__codec_half_scale(comm, x, n, dt, &scale);
+    if (rc) return rc;
+    tally__codec_to_half(x, half, n, dt);
+    rc = scatter ? tally_reduce_scatter(comm, half, half + mine, len, dt, op)
+                 : tally_allreduce(comm, half, half, n, dt, op);
+    if (rc) return rc;
+    tally__codec_from_half(half + mine, x + mine, len, dt);
+    const float div = denom * scale; /* exact: scale is a power of two */
+    if (div != 1.0f)
+        for (size_t i = mine; i < mine + len; i++) x[i] /= div;
+    *overflowed = finite_in && !tally__all_finite(x + mine, len);
+    return 0;
+}
+
 /* fp16/bf16: the bucket cast, summed in 16 bits on the wire (the kernels add in f32), cast back. A
  * value past fp16's range becomes Inf, so the mean is Inf: recorded as an overflow of this bucket
  * for the trainer, which treats it as its NaN/Inf policy says (skip the step by default), as mixed
  * precision training skips an overflowed step. */
 static int codec_reduce_half(tally__codec *c, int k, float *grad, size_t n, float denom) {
     tally_dtype dt = (tally_dtype)tally__codec_half_dtype(&c->cfg);
-    int finite_in = tally__all_finite(grad, n);
-    float scale;
-    int rc = tally__codec_half_scale(c->comm, grad, n, dt, &scale);
-    if (rc) return rc;
-    tally__codec_to_half(grad, c->half, n, dt);
-    if ((rc = tally_allreduce(c->comm, c->half, c->half, n, dt, TALLY_SUM))) return rc;
-    tally__codec_from_half(c->half, grad, n, dt);
-    const float div = denom * scale; /* exact: scale is a power of two */
-    for (size_t i = 0; i < n; i++) grad[i] /= div;
-    if (finite_in && c->overflow < 0 && !tally__all_finite(grad, n)) c->overflow = k;
-    return 0;
+    int overflowed = 0;
+    int rc = tally__codec_half_reduce(c->comm, grad, n, 0, n, dt, TALLY_SUM, 0, denom, c->half, &overflowed);
+    if (!rc && overflowed && c->overflow < 0) c->overflow = k;
+    return rc;
 }
 
 int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom) {

@@ -75,6 +75,15 @@ void tally__codec_from_half(const uint16_t *src, float *dst, size_t n, tally_dty
  * Collective. */
 int tally__codec_half_scale(tally_comm *comm, float *x, size_t n, tally_dtype dt, float *scale);
 
+/* The 16-bit reduction every engine uses (stage 0's fp16/bf16 buckets, the other stages' layers): x[n]
+ * scaled (fp16, as tally__codec_half_scale says), cast into half[n] (dt TALLY_F16 or TALLY_BF16; the
+ * kernels add in f32), reduced with op (an allreduce; with scatter a reduce-scatter, len each, this rank's
+ * at mine), this rank's part x[mine .. mine + len) cast back and divided by denom times the scale (no
+ * division when that is 1). *overflowed: finite inputs came back non-finite there (fp16's range).
+ * Collective. */
+int tally__codec_half_reduce(tally_comm *comm, float *x, size_t n, size_t mine, size_t len, tally_dtype dt, tally_op op,
+                             int scatter, float denom, uint16_t *half, int *overflowed);
+
 /* Top-k selection (codec_topk.c): the indices of the k largest |x| (a NaN counts as an Inf; ties go to
  * the lower index), ascending, into idx[k]. key is scratch of n floats. */
 void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float *key);

@@ -1,6 +1,5 @@
-/* ddp.c - the data-parallel engine: gradient buckets (views into the flat buffer, last layers first),
- * reduced in a fixed order on the communication thread (opqueue.c) while backward goes on; averaging. */
-#include <pthread.h>
+/* ddp.c - the data-parallel engine for a model of one's own (include/tally/ddp.h): the buckets every stage
+ * shares (buckets.c), reduced in a fixed order on the communicator's thread while backward goes on. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,76 +7,21 @@
 
 #include "../core/clock.h"
 #include "../core/err.h"
-#include "../core/trace.h"
-#include "opqueue.h"
-
-#define DDP_DEFAULT_BUCKET_BYTES (25u << 20)
-
-typedef struct ddp_bucket {
-    size_t begin, end; /* elements of grad */
-    int layers;        /* layers it holds */
-    int remaining;     /* of those, not yet ready in the step in flight */
-} ddp_bucket;
+#include "buckets.h"
+#include "post.h"
+#include "sync.h"
 
 struct tally_ddp {
-    tally_comm *comm;
-    float *grad;
-    int size; /* world size */
-    int accum;
     int overlap; /* reductions on the communication thread while backward runs */
-    int (*reduce)(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom);
-    void *reduce_arg; /* the caller's bucket reducer (NULL: plain allreduce) */
-    int nlayers, nbuckets;
-    int *layer_bucket; /* layer -> bucket */
-    unsigned char *layer_ready;
-    ddp_bucket *bucket;
-
+    int accum, nlayers;
+    tally__buckets B;
+    tally__bucket_reducer R;
     int micro;       /* micro-batch index within the step */
     int begun, sync; /* inside a micro-batch; it is the step's last */
-    int posted;      /* buckets of the step in flight handed to the queue (they go in index order) */
-    int queue_open;
-    tally__opq q; /* the communication thread (or, without overlap, inline in tally_ddp_wait) */
-
-    pthread_mutex_t mu; /* the counters below: the queue's operations add, tally_ddp_get_stats reads */
-    double comm_s, wait_s;
-    unsigned long long bytes_sent, reductions;
+    tally__post q;   /* on the communicator's thread (or, without overlap, inline in tally_ddp_wait) */
+    double wait_s;
+    unsigned long long reductions;
 };
-
-/* Allreduce of one bucket, then the division that makes it a mean over ranks and micro-batches. */
-static int ddp_reduce_bucket(tally_ddp *d, int k, double *secs, unsigned long long *bytes) {
-    const ddp_bucket *b = &d->bucket[k];
-    float *g = d->grad + b->begin;
-    size_t n = b->end - b->begin;
-    uint64_t t0 = tally__now_ns();
-    unsigned long long sent0 = tally_comm_bytes_sent(d->comm);
-    int rc = 0;
-    if (d->reduce) {
-        rc = d->reduce(d->reduce_arg, d->comm, k, g, n, (float)d->size * (float)d->accum);
-    } else if (d->accum == 1) {
-        rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_AVG);
-    } else {
-        rc = tally_allreduce(d->comm, g, g, n, TALLY_F32, TALLY_SUM);
-        const float denom = (float)d->size * (float)d->accum;
-        for (size_t i = 0; i < n && !rc; i++) g[i] /= denom;
-    }
-    *bytes = tally_comm_bytes_sent(d->comm) - sent0;
-    *secs = (double)(tally__now_ns() - t0) * 1e-9;
-    return rc;
-}
-
-/* The queue's operation: bucket k, on the communication thread or on the waiter. */
-static int ddp_op_reduce(void *ctx, int k, int unused) {
-    tally_ddp *d = ctx;
-    double secs = 0;
-    unsigned long long bytes = 0;
-    int rc = ddp_reduce_bucket(d, k, &secs, &bytes);
-    if (rc) return rc;
-    pthread_mutex_lock(&d->mu);
-    d->comm_s += secs;
-    d->bytes_sent += bytes;
-    pthread_mutex_unlock(&d->mu);
-    return 0;
-}
 
 static int ddp_check_layout(const size_t *off, int nlayers, size_t count) {
     if (!off || nlayers < 1) return tally__seterr(TALLY_E_INVALID, "tally_ddp_create: need at least one layer");
@@ -89,27 +33,6 @@ static int ddp_check_layout(const size_t *off, int nlayers, size_t count) {
         if (off[i + 1] < off[i])
             return tally__seterr(TALLY_E_INVALID, "tally_ddp_create: offsets decrease at layer %d (%zu > %zu)", i,
                                  off[i], off[i + 1]);
-    return 0;
-}
-
-/* Whole layers from the last one backwards, a bucket closed once it reaches the byte budget. */
-static int ddp_make_buckets(tally_ddp *d, const size_t *off, size_t bucket_elems) {
-    d->bucket = calloc((size_t)d->nlayers, sizeof *d->bucket);
-    d->layer_bucket = calloc((size_t)d->nlayers, sizeof *d->layer_bucket);
-    d->layer_ready = calloc((size_t)d->nlayers, 1);
-    if (!d->bucket || !d->layer_bucket || !d->layer_ready)
-        return tally__seterr(TALLY_E_NOMEM, "tally_ddp_create: out of memory");
-    int k = -1;
-    for (int l = d->nlayers - 1; l >= 0; l--) {
-        if (k < 0 || d->bucket[k].end - d->bucket[k].begin >= bucket_elems) {
-            k++;
-            d->bucket[k].end = off[l + 1];
-        }
-        d->bucket[k].begin = off[l];
-        d->bucket[k].layers++;
-        d->layer_bucket[l] = k;
-    }
-    d->nbuckets = k + 1;
     return 0;
 }
 
@@ -125,35 +48,31 @@ TALLY_API int tally_ddp_create(tally_comm *comm, float *grad, size_t count, cons
     if (o.accum < 0) return tally__seterr(TALLY_E_INVALID, "tally_ddp_create: accum %d is negative", o.accum);
     tally_ddp *d = calloc(1, sizeof *d);
     if (!d) return tally__seterr(TALLY_E_NOMEM, "tally_ddp_create: out of memory");
-    d->comm = comm;
-    d->grad = grad;
-    d->size = tally_comm_size(comm);
+    int size = tally_comm_size(comm);
     d->accum = o.accum ? o.accum : 1;
-    d->overlap = !o.no_overlap && d->size > 1;
-    d->reduce = o.reduce;
-    d->reduce_arg = o.reduce_arg;
+    d->overlap = !o.no_overlap && size > 1;
     d->nlayers = nlayers;
-    size_t bucket_bytes = o.bucket_bytes ? o.bucket_bytes : DDP_DEFAULT_BUCKET_BYTES;
-    size_t bucket_elems = (bucket_bytes + sizeof(float) - 1) / sizeof(float);
-    pthread_mutex_init(&d->mu, NULL);
-    if ((rc = ddp_make_buckets(d, offsets, bucket_elems))) goto fail;
-    rc = tally__opq_init(&d->q, d, d->overlap);
-    d->queue_open = 1; /* initialised even when the thread failed to start */
-    if (rc) goto fail;
+    size_t bucket_bytes = o.bucket_bytes ? o.bucket_bytes : (size_t)(TALLY__SYNC_BUCKET_MB_DEFAULT * 1048576.0);
+    tally__post_init(&d->q, comm, d->overlap);
+    if ((rc = tally__buckets_init(&d->B, offsets, nlayers, (bucket_bytes + sizeof(float) - 1) / sizeof(float)))) {
+        tally_ddp_free(d);
+        return rc;
+    }
+    d->R = (tally__bucket_reducer){.comm = comm,
+                                   .grad = grad,
+                                   .B = &d->B,
+                                   .denom = (float)size * (float)d->accum,
+                                   .accum = d->accum,
+                                   .reduce = o.reduce,
+                                   .reduce_arg = o.reduce_arg};
     *out = d;
     return 0;
-fail:
-    tally_ddp_free(d);
-    return rc;
 }
 
 TALLY_API int tally_ddp_free(tally_ddp *d) {
     if (!d) return 0;
-    if (d->queue_open) tally__opq_free(&d->q);
-    pthread_mutex_destroy(&d->mu);
-    free(d->bucket);
-    free(d->layer_bucket);
-    free(d->layer_ready);
+    tally__post_free(&d->q);
+    tally__buckets_free(&d->B);
     free(d);
     return 0;
 }
@@ -164,7 +83,7 @@ TALLY_API int tally_ddp_sync_params(tally_comm *comm, float *params, size_t coun
 
 TALLY_API int tally_ddp_begin(tally_ddp *d) {
     if (!d) return tally__seterr(TALLY_E_INVALID, "tally_ddp_begin: engine is NULL");
-    int rc = tally__opq_failed(&d->q);
+    int rc = tally__post_failed(&d->q);
     if (rc) return rc;
     if (d->begun)
         return tally__seterr(TALLY_E_INVALID, "tally_ddp_begin: the previous micro-batch was not ended with "
@@ -172,31 +91,15 @@ TALLY_API int tally_ddp_begin(tally_ddp *d) {
     d->begun = 1;
     d->sync = d->micro == d->accum - 1;
     if (!d->sync) return 0;
-    for (int k = 0; k < d->nbuckets; k++) d->bucket[k].remaining = d->bucket[k].layers;
-    memset(d->layer_ready, 0, (size_t)d->nlayers);
-    d->posted = 0;
+    tally__buckets_begin(&d->B);
     return 1;
 }
 
-/* Hands every bucket whose layers are all ready, in index order, to the queue. An error is the
+/* Hands every bucket whose layers are all ready, in index order, to the communicator. An error is the
  * queue's: it stays there for tally_ddp_wait to report. */
 static void ddp_post_ready(tally_ddp *d) {
-    while (d->posted < d->nbuckets && d->bucket[d->posted].remaining == 0) {
-        if (tally__trace_on) { /* the moment it could leave: the timeline shows how long it then waited */
-            const ddp_bucket *b = &d->bucket[d->posted];
-            tally__trace_arg args[] = {{"bucket", NULL, d->posted},
-                                       {"bytes", NULL, (int64_t)((b->end - b->begin) * 4)}};
-            uint64_t now = tally__trace_now();
-            tally__trace_span("dp", "bucket ready", now, now, args, 2);
-        }
-        if (tally__opq_post(&d->q, ddp_op_reduce, d->posted++, 0) < 0) d->posted = d->nbuckets;
-    }
-}
-
-static void ddp_mark_ready(tally_ddp *d, int layer) {
-    if (d->layer_ready[layer]) return;
-    d->layer_ready[layer] = 1;
-    d->bucket[d->layer_bucket[layer]].remaining--;
+    for (int k; (k = tally__buckets_next(&d->B)) >= 0;)
+        if (tally__buckets_post(&d->q, &d->R, k) < 0) d->B.next = d->B.n;
 }
 
 TALLY_API int tally_ddp_layer_ready(tally_ddp *d, int layer) {
@@ -205,7 +108,7 @@ TALLY_API int tally_ddp_layer_ready(tally_ddp *d, int layer) {
         return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: layer %d is not in 0..%d", layer, d->nlayers - 1);
     if (!d->begun) return tally__seterr(TALLY_E_INVALID, "tally_ddp_layer_ready: call tally_ddp_begin first");
     if (!d->sync || !d->overlap) return 0; /* accumulating locally, or everything waits for the end */
-    ddp_mark_ready(d, layer);
+    tally__buckets_ready(&d->B, layer);
     ddp_post_ready(d);
     return 0;
 }
@@ -219,18 +122,15 @@ TALLY_API int tally_ddp_wait(tally_ddp *d) {
         return 0;
     }
     d->micro = 0;
-    int rc = tally__opq_failed(&d->q);
+    int rc = tally__post_failed(&d->q);
     if (rc) return rc;
     /* A layer never marked is reduced now; without a thread every bucket runs here, in order. */
     uint64_t t0 = tally__now_ns();
-    for (int l = d->nlayers - 1; l >= 0; l--) ddp_mark_ready(d, l);
+    tally__buckets_all_ready(&d->B);
     ddp_post_ready(d);
-    rc = tally__opq_drain(&d->q);
-    double waited = (double)(tally__now_ns() - t0) * 1e-9;
-    pthread_mutex_lock(&d->mu);
-    d->wait_s += waited;
+    rc = tally__post_drain(&d->q);
+    d->wait_s += (double)(tally__now_ns() - t0) * 1e-9;
     if (!rc) d->reductions++;
-    pthread_mutex_unlock(&d->mu);
     return rc;
 }
 
@@ -238,18 +138,16 @@ TALLY_API void tally_ddp_get_stats(const tally_ddp *d, tally_ddp_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!d) return;
-    pthread_mutex_lock((pthread_mutex_t *)&d->mu);
-    out->comm_s = d->comm_s;
+    out->comm_s = d->q.comm_s;
     out->wait_s = d->wait_s;
-    out->bytes_sent = d->bytes_sent;
+    out->bytes_sent = d->q.bytes[TALLY__POST_GRAD];
     out->reductions = d->reductions;
-    out->buckets = d->nbuckets;
-    pthread_mutex_unlock((pthread_mutex_t *)&d->mu);
+    out->buckets = d->B.n;
 }
 
 TALLY_API int tally_ddp_bucket(const tally_ddp *d, int i, size_t *begin, size_t *end) {
-    if (!d || i < 0 || i >= d->nbuckets) return tally__seterr(TALLY_E_INVALID, "tally_ddp_bucket: no bucket %d", i);
-    if (begin) *begin = d->bucket[i].begin;
-    if (end) *end = d->bucket[i].end;
+    if (!d || i < 0 || i >= d->B.n) return tally__seterr(TALLY_E_INVALID, "tally_ddp_bucket: no bucket %d", i);
+    if (begin) *begin = d->B.b[i].begin;
+    if (end) *end = d->B.b[i].end;
     return 0;
 }

@@ -1,17 +1,17 @@
-/* sync.h - one interface for keeping the replicas in step whatever the ZeRO stage: stage 0 (the DDP
- * engine's buckets and a whole optimizer, sync_ddp.c) and stages 1-3 (ZeRO's shards, sync_zero.c). */
+/* sync.h - keeping the replicas in step: one engine whose ZeRO stage is data (what is sharded: 0 nothing,
+ * the DDP buckets; 1 the optimizer state; 2 and the gradients; 3 and the parameters). */
 #ifndef TALLY_DP_SYNC_H
 #define TALLY_DP_SYNC_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <tally.h>
-#include <tally/ddp.h>
 #include <tally/optim.h>
 
 #include "../nn/model.h"
+#include "buckets.h"
 #include "codec.h"
-#include "zero.h"
+#include "post.h"
 
 /* How to keep the replicas in step (`tally train --zero --accum --bucket-mb --no-overlap --compress
  * --nan`). */
@@ -29,10 +29,10 @@ typedef struct tally__sync_cfg {
 } tally__sync_cfg;
 
 /* Cumulative since open; take differences around a step. Read between steps only, when nothing is in
- * flight (the communication thread writes them meanwhile). */
+ * flight. */
 typedef struct tally__sync_stats {
     double comm_s;                 /* seconds in the gradient collectives (whichever thread ran them) */
-    double wait_s;                 /* seconds the training thread waited for them */
+    double wait_s;                 /* seconds the training thread waited for them (or ran them itself) */
     unsigned long long grad_bytes; /* sent in the gradient reductions */
     int buckets;                   /* stage 0's buckets per step (0 for stages 1-3) */
 } tally__sync_stats;
@@ -45,90 +45,92 @@ typedef struct tally__sync_mem {
 /* tally__sync_overflow's answer for a 16-bit sum that overflowed in some layer (stages 1-3). */
 #define TALLY__SYNC_OVERFLOW_LAYER (-2)
 
-typedef struct tally__sync tally__sync;
-typedef struct tally__sync_ops {
-    tally__model_hooks (*hooks)(tally__sync *s);
-    int (*micro_begin)(tally__sync *s, int k);
-    int (*micro_end)(tally__sync *s);
-    int (*drain)(tally__sync *s);
-    int (*skip)(tally__sync *s);
-    int (*apply)(tally__sync *s, float lr);
-    void (*stats)(const tally__sync *s, tally__sync_stats *out);
-    double (*blocked)(const tally__sync *s);
-    int (*each_layer)(tally__sync *s, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
-    tally__sync_mem (*memory)(const tally__sync *s);
-    int (*overflow)(const tally__sync *s);
-    void (*step_begin)(tally__sync *s);
-    void (*step_end)(tally__sync *s, int taken);
-    void (*close)(tally__sync *s);
-    /* For the state dict (sync_state.c). The optimizer's state of kind `second` (0: m, 1: v) for a
-     * whole layer: its own memory, or buf (stages 1-3 gather it: collective); NULL with *rc on failure. */
-    const float *(*opt_layer)(tally__sync *s, int second, int layer, float *buf, int *rc);
-    /* Asks read() for every range of the flat layout this rank keeps of `what` (0: parameters; 1, 2: the
-     * optimizer's m, v), into where it keeps them. */
-    int (*load_part)(tally__sync *s, int what, int (*read)(void *arg, size_t begin, size_t count, float *dst),
-                     void *arg);
-    long long (*opt_step)(const tally__sync *s);
-    void (*set_opt_step)(tally__sync *s, long long step);
-    void (*params_changed)(tally__sync *s); /* parameters were replaced from outside */
-    /* The averaged gradients' global L2 norm into *norm; when above max_norm, the gradients scaled to it. */
-    int (*clip)(tally__sync *s, float max_norm, double *norm);
-} tally__sync_ops;
+/* What rank r owns of a layer: elements [off + r*piece, off + (r+1)*piece) and all of its tail
+ * [off + N*piece, off + n), which every rank keeps (reduce-scatter needs equal pieces, and a tail of fewer
+ * than N elements costs less as one small allreduce than as padding every buffer). Stage 0 shards nothing:
+ * piece 0, the whole layer a tail. */
+typedef struct tally__sync_layer {
+    size_t off, n;      /* the layer in the model's flat layout */
+    size_t piece, tail; /* n = N*piece + tail */
+    size_t shard_off;   /* where its piece, then its tail, sit in this rank's shard arrays */
+    size_t decay_n;     /* its first decay_n elements take weight decay (n, or the weight's, or none) */
+    tally_optim opt_piece, opt_tail;
+} tally__sync_layer;
 
-/* The engines' state lives here (the checkpoint code reads the one in use: optim or zero). */
-struct tally__sync {
-    const tally__sync_ops *ops;
+typedef struct tally__sync {
+    int stage; /* what is sharded: 0 nothing, 1 optimizer state, 2 + gradients, 3 + parameters */
+    int rank, size, accum;
+    int overlap; /* collectives on the communication thread while compute goes on */
     tally_comm *comm;
     tally__model *m;
-    tally_ddp *ddp;                    /* stage 0 */
-    tally_optim optim;                 /* stage 0 */
+    int nlayers;
+    tally__sync_layer *layer;
+    size_t shard_len; /* elements this rank owns over all layers */
+    size_t largest;   /* elements of the largest layer */
+    float *gshard;    /* stage >= 2: this rank's accumulated gradients [shard_len] */
+    float *pshard;    /* stage 3: this rank's parameters [shard_len] */
+    /* Two of each layer-sized buffer, used by layer parity: with overlap, layer l+1's (forward) or
+     * l-1's (backward) parameters arrive while layer l computes, and a layer's gradients are reduced
+     * while the next layer's backward fills the other buffer. */
+    float *staging[2];  /* stage 2: one layer's full gradients while backward makes them */
+    float *gathered[2]; /* stage 3: one layer's full parameters, gathered for forward or backward, then in
+                         * backward its gradients (they replace the parameters once the input's is made) */
+    int held[2];        /* the layer a gathered buffer holds or is receiving (-1: none, or stale) */
+    long gather_ticket[2], staging_ticket[2]; /* the last operation writing / reading each */
+    int last_micro;                           /* the micro-batch in progress is the step's last */
+    int averaged;                             /* this step's gradients are already means */
+    /* The reductions: buckets of whole layers (stage 0: up to --bucket-mb; stages 1-3: a layer each, its
+     * pieces reduce-scattered), posted in order to the communicator's engine. */
+    tally__buckets buckets;
+    tally__bucket_reducer bucket; /* stage 0's reduction of a bucket (a codec's, with --compress) */
+    tally__post q;
     tally__codec *codec;               /* stage 0 with --compress */
-    tally__zero zero;                  /* stages 1-3 */
+    int half;                          /* stages 1-3: TALLY_F16 / TALLY_BF16 reductions in 16 bits; -1: f32 */
+    uint16_t *hbuf;                    /* [largest]: a layer's gradients cast */
+    int overflow;                      /* stages 1-3: a 16-bit sum came out non-finite from finite inputs this step */
+    double end_wait_s;                 /* of the waits, those at the end of a step's backward (not inside a pass) */
     unsigned long long f32_bytes_step; /* what one step's gradient reductions would send in f32 (measured) */
     tally_optim_cfg optim_cfg;         /* what it was opened with, for the state dict */
     uint64_t seed;                     /* the model's parameters and PowerSGD's first factors */
-    size_t *nodecay; /* stage 0 with decay_matrices: [begin, end) pairs of the flat layout weight decay skips */
-    int nnodecay;    /* (biases, norms); 0 pairs: decay everywhere */
     tally__codec_cfg codec_cfg;
-};
+} tally__sync;
 
 /* Lays out the model m for the stage (the buffers it keeps whole; gradients from the communicator's
  * shared memory) with batches up to max_batch, initialised from seed, and the engine over it with the
  * optimizer; with a codec, measures the f32 baseline of a step (collective). Every rank calls it alike. */
 int tally__sync_open(tally__sync *s, tally_comm *comm, tally__model *m, const tally__model_cfg *mc, int max_batch,
                      const tally__sync_cfg *cfg, const tally_optim_cfg *optim, uint64_t seed);
+/* Opened (and not closed). */
+static inline int tally__sync_is_open(const tally__sync *s) { return s->layer != NULL; }
 /* The hooks forward and backward run with. */
-static inline tally__model_hooks tally__sync_hooks(tally__sync *s) { return s->ops->hooks(s); }
+tally__model_hooks tally__sync_hooks(tally__sync *s);
 /* Before micro-batch k of a step's forward. */
-static inline int tally__sync_micro_begin(tally__sync *s, int k) { return s->ops->micro_begin(s, k); }
-/* After its backward: on the step's last micro-batch stage 0 waits here for its buckets. */
-static inline int tally__sync_micro_end(tally__sync *s) { return s->ops->micro_end(s); }
-/* Every reduction of the step done: the communicator is free for the caller's collectives. */
-static inline int tally__sync_drain(tally__sync *s) { return s->ops->drain(s); }
+int tally__sync_micro_begin(tally__sync *s, int k);
+/* After its backward: on the step's last micro-batch every reduction of the step is done when it returns. */
+int tally__sync_micro_end(tally__sync *s);
+/* Nothing in flight: the communicator is free for the caller's collectives. */
+int tally__sync_drain(tally__sync *s);
 /* Drops the step's gradients (every rank agreed to skip it); parameters and state stay. */
-static inline int tally__sync_skip(tally__sync *s) { return s->ops->skip(s); }
+int tally__sync_skip(tally__sync *s);
 /* After drain, before apply: clips the averaged gradients to a global L2 norm of max_norm (PyTorch's
  * clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is below 1), the norm over the whole
  * model whatever the stage; *norm gets it. */
-static inline int tally__sync_clip(tally__sync *s, float max_norm, double *norm) {
-    return s->ops->clip(s, max_norm, norm);
-}
-/* The optimizer's update from the averaged gradients, then the gradients cleared. */
-static inline int tally__sync_apply(tally__sync *s, float lr) { return s->ops->apply(s, lr); }
-static inline void tally__sync_stats_get(const tally__sync *s, tally__sync_stats *out) { s->ops->stats(s, out); }
-/* Seconds the training thread has waited for communication inside the passes and the update so far
- * (stages 1-3; 0 for stage 0, which waits only in micro_end): readable at any time on that thread. */
-static inline double tally__sync_blocked(const tally__sync *s) { return s->ops->blocked(s); }
+int tally__sync_clip(tally__sync *s, float max_norm, double *norm);
+/* The optimizer's update from the averaged gradients (stages 1-2: then every rank's new pieces to
+ * everyone), then the gradients cleared. */
+int tally__sync_apply(tally__sync *s, float lr);
+void tally__sync_stats_get(const tally__sync *s, tally__sync_stats *out);
+/* Seconds the training thread has waited for communication inside the passes and the update so far (not
+ * at the end of a step's backward): readable at any time on that thread. */
+double tally__sync_blocked(const tally__sync *s);
 /* Every layer's whole parameters in turn (stage 3 gathers them: collective). */
-static inline int tally__sync_each_layer(tally__sync *s, void (*fn)(void *, int, const float *, size_t), void *arg) {
-    return s->ops->each_layer(s, fn, arg);
-}
-static inline tally__sync_mem tally__sync_memory(const tally__sync *s) { return s->ops->memory(s); }
+int tally__sync_each_layer(tally__sync *s, void (*fn)(void *arg, int layer, const float *p, size_t n), void *arg);
+tally__sync_mem tally__sync_memory(const tally__sync *s);
 /* After drain: -1, or where a 16-bit sum overflowed (a bucket, or TALLY__SYNC_OVERFLOW_LAYER). */
-static inline int tally__sync_overflow(const tally__sync *s) { return s->ops->overflow(s); }
+int tally__sync_overflow(const tally__sync *s);
 /* Around a step: the codec's state is kept (taken) or dropped. */
-static inline void tally__sync_step_begin(tally__sync *s) { s->ops->step_begin(s); }
-static inline void tally__sync_step_end(tally__sync *s, int taken) { s->ops->step_end(s, taken); }
+void tally__sync_step_begin(tally__sync *s);
+void tally__sync_step_end(tally__sync *s, int taken);
 /* Its state dict (sync_state.c): the optimizer's kind and step, every parameter tensor as param.<name>,
  * the optimizer's state per tensor as optim.<name>.<exp_avg|exp_avg_sq|momentum_buffer> (torch.optim's
  * names), and the codec's spec, residuals and factors; all whole. */
@@ -136,9 +138,5 @@ struct tally__state;
 void tally__sync_state(tally__sync *s, struct tally__state *out);
 /* Frees the engine (not the model); safe on a zeroed or half-opened one. */
 void tally__sync_close(tally__sync *s);
-
-/* The two engines (sync_ddp.c, sync_zero.c): open after the model, then set s->ops. */
-int tally__sync_open_ddp(tally__sync *s, const tally__sync_cfg *cfg);
-int tally__sync_open_zero(tally__sync *s, const tally__sync_cfg *cfg);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "../ckpt/state.h"
 #include "../core/err.h"
-#include "sync.h"
+#include "sync_int.h"
 
 /* The optimizer's per-parameter state, named as torch.optim's state_dict names it. */
 typedef struct state_kind {
@@ -145,7 +145,7 @@ static int st_save_all(void *arg, int first, const tally__state_sink *out) {
     tally__sync *s = arg;
     layout L = layout_of(s);
     const tally__model *m = s->m;
-    int64_t step = s->ops->opt_step(s);
+    int64_t step = tally__sync_opt_step(s);
     const char *kind = tally_optim_name(s->optim_cfg.kind);
     out->put(out->arg, first, &step, sizeof step);
     out->put(out->arg, first + 1, kind, strlen(kind));
@@ -160,7 +160,7 @@ static int st_save_all(void *arg, int first, const tally__state_sink *out) {
     for (int k = 0; k < L.K && !rc; k++) {
         v.first = first + L.first_state + k * L.T;
         for (int l = 0; l < m->nlayers && !rc; l++) {
-            const float *p = s->ops->opt_layer(s, L.kinds[k].second, l, buf, &rc);
+            const float *p = tally__sync_opt_layer(s, L.kinds[k].second, l, buf, &rc);
             if (p) put_layer(&v, m->offsets[l], m->offsets[l + 1] - m->offsets[l], p);
         }
     }
@@ -247,18 +247,18 @@ static int st_load(void *arg, const tally__ckpt *ck) {
     int rank = tally_comm_rank(s->comm);
     int rc = tally__state_string_is(ck, "optim.kind", tally_optim_name(s->optim_cfg.kind), rank, "the optimizer");
     st_read q = {.ck = ck, .m = s->m, .prefix = "param.", .suffix = ""};
-    if (!rc) rc = s->ops->load_part(s, 0, read_range, &q);
+    if (!rc) rc = tally__sync_load_part(s, 0, read_range, &q);
     state_kind kinds[2];
     int nk = kinds_of(&s->optim_cfg, kinds);
     int64_t step = 0;
     if (!rc) rc = tally__state_i64(ck, "optim.step", &step);
     for (int k = 0; k < nk && !rc; k++) {
         q = (st_read){.ck = ck, .m = s->m, .prefix = "optim.", .suffix = kinds[k].suffix};
-        rc = s->ops->load_part(s, 1 + kinds[k].second, read_range, &q);
+        rc = tally__sync_load_part(s, 1 + kinds[k].second, read_range, &q);
     }
-    if (!rc) s->ops->set_opt_step(s, step);
+    if (!rc) tally__sync_set_opt_step(s, step);
     if (!rc) rc = load_codec(s, ck);
-    if (!rc) s->ops->params_changed(s);
+    if (!rc) tally__sync_params_changed(s);
     return rc;
 }
 

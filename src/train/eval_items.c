@@ -23,6 +23,6 @@ int tally__train_eval_items(train_run *r, size_t count, tally__train_eval_fill f
         sums[1] += (double)loss * n;
         sums[2] += n;
     }
-    int rc = r->sync.ops ? tally__sync_drain(&r->sync) : 0; /* async runs have no engine */
+    int rc = tally__sync_is_open(&r->sync) ? tally__sync_drain(&r->sync) : 0; /* async runs have no engine */
     return rc ? rc : tally_allreduce(r->comm, sums, sums, 3, TALLY_F64, TALLY_SUM);
 }

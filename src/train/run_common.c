@@ -150,7 +150,7 @@ static void fp_layer(void *arg, int layer, const float *p, size_t n) {
 }
 
 static int train_visit_layers(train_run *r, fp_ctx *c) {
-    if (r->sync.ops) return tally__sync_each_layer(&r->sync, fp_layer, c);
+    if (tally__sync_is_open(&r->sync)) return tally__sync_each_layer(&r->sync, fp_layer, c);
     for (int l = 0; l < r->model.nlayers; l++)
         fp_layer(c, l, r->model.params + r->model.offsets[l], r->model.offsets[l + 1] - r->model.offsets[l]);
     return 0;

@@ -242,12 +242,9 @@ static int rank_main(int rank, int n, void *arg) {
     return g_result->failures ? 1 : 0;
 }
 
-/* 256 MiB in one call (the large size class; arg: another byte count), out of place and in place. */
-static int rank_large(int rank, int n, void *arg) {
-    tally_comm *c;
-    int rc = tally_comm_init(&c);
-    if (rc) return fail_rc(rank, "tally_comm_init", rc), 1;
-    size_t count = (arg ? *(const size_t *)arg : 256u << 20) / sizeof(float) + 3;
+/* count elements in one call, out of place and in place, checked. */
+static void large_allreduce(tally_comm *c, int rank, int n, size_t count) {
+    int rc;
     float *send = malloc(count * sizeof *send), *recv = malloc(count * sizeof *recv);
     for (size_t i = 0; i < count; i++) send[i] = (float)((rank + i) % 5);
     for (int ip = 0; ip < 2 && !g_result->failures; ip++) {
@@ -268,6 +265,34 @@ static int rank_large(int rank, int n, void *arg) {
     }
     free(send);
     free(recv);
+}
+
+/* 256 MiB in one call (the large size class; arg: another byte count), out of place and in place. */
+static int rank_large(int rank, int n, void *arg) {
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return fail_rc(rank, "tally_comm_init", rc), 1;
+    large_allreduce(c, rank, n, (arg ? *(const size_t *)arg : 256u << 20) / sizeof(float) + 3);
+    tally_comm_free(c);
+    return g_result->failures ? 1 : 0;
+}
+
+/* hier's allreduce in chunks (6 MiB: the cross level's share runs on its communicator's thread while
+ * the host level works), three times over: right each time, and no thread made per call. */
+static int rank_hier_chunks(int rank, int n, void *arg) {
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return fail_rc(rank, "tally_comm_init", rc), 1;
+    size_t count = (6u << 20) / sizeof(float) + 3;
+    large_allreduce(c, rank, n, count);
+    int threads = th_count_threads();
+    for (int k = 0; k < 2 && !g_result->failures; k++) large_allreduce(c, rank, n, count);
+    int after = th_count_threads_after(threads);
+    if (after != threads && __sync_fetch_and_add(&g_result->failures, 1) == 0)
+        snprintf(g_result->first, sizeof g_result->first,
+                 "rank %d: hier in chunks: %d threads after the first call, %d "
+                 "after two more",
+                 rank, threads, after);
     tally_comm_free(c);
     return g_result->failures ? 1 : 0;
 }
@@ -369,6 +394,7 @@ static void run_hier(void) {
     if (th_quick()) {
         g_interleaved_hosts = 2;
         run_case("hier 2 hosts x 2 interleaved", 4, &o, rank_main);
+        run_case("hier 2 hosts x 2 interleaved, 6 MiB in chunks", 4, &o, rank_hier_chunks);
     }
     if (th_long()) {
         g_interleaved_hosts = 3;

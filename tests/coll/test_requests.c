@@ -1,6 +1,7 @@
 /* test_requests.c - non-blocking collectives (tally_iallreduce ... tally_wait): results against a reference
  * at every size class, order kept with blocking calls between, callbacks, errors through the request,
- * free completing pending requests, abort failing them, a dead peer named. Over shm and tcp. */
+ * free completing pending requests, abort failing them, a dead peer named; the library's own operations
+ * (tally__async_post_fn) under the same rules. Over shm and tcp. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -10,6 +11,8 @@
 #include <tally.h>
 #include <unistd.h>
 
+#include "coll/async.h"
+#include "core/err.h"
 #include "harness.h"
 
 typedef struct result {
@@ -225,6 +228,90 @@ static int fn_abort_waiting(int rank, int n, void *arg) {
     return 0;
 }
 
+/* ---- the library's own operations, in order with the collectives ---- */
+
+typedef struct own_op {
+    tally_comm *c;
+    float *v;
+    int ran, fail, hold; /* hold: spin until released (the next ones stay queued meanwhile) */
+    _Atomic int started, release;
+} own_op;
+
+/* Doubles v[0..3) between the collectives around it, then adds it over the ranks with a blocking call
+ * (which runs inside this operation, not behind it). */
+static int own_double(void *arg) {
+    own_op *o = arg;
+    atomic_store(&o->started, 1);
+    while (o->hold && !atomic_load(&o->release)) usleep(1000);
+    o->ran++;
+    if (o->fail) return tally__seterr(TALLY_E_INVALID, "own operation failed on purpose");
+    for (int i = 0; i < 3; i++) o->v[i] *= 2;
+    return o->c ? tally_allreduce(o->c, o->v, o->v, 3, TALLY_F32, TALLY_SUM) : 0;
+}
+
+static int fn_own(int rank, int n, void *arg) {
+    result *res = &R[rank];
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return note(res, rc, "init"), 0;
+    float v[3] = {1, 2, 3};
+    tally_request *req[4];
+    own_op dbl = {.c = c, .v = v}, bad = {.fail = 1};
+    note(res, tally_iallreduce(c, v, v, 3, TALLY_F32, TALLY_SUM, &req[0]), "iallreduce");
+    note(res, tally__async_post_fn(c, own_double, &dbl, &req[1]), "post_fn");
+    note(res, tally__async_post_fn(c, own_double, &bad, &req[2]), "post_fn failing");
+    note(res, tally_iallreduce(c, v, v, 3, TALLY_F32, TALLY_SUM, &req[3]), "iallreduce");
+    /* The last one waited for first: this waiter runs what the thread has not started, in order. */
+    note(res, tally_wait(req[3]), "wait last");
+    float want = (float)n * (float)n * 2 * (float)n; /* v[0] = 1: summed, doubled, summed, summed */
+    if (v[0] != want || dbl.ran != 1) res->bad++;
+    if (tally_wait(req[2]) != TALLY_E_INVALID || !strstr(tally_last_error(), "on purpose")) res->bad++;
+    if (tally_wait(req[1]) || tally_wait(req[0])) res->bad++; /* the error stayed its request's */
+    double secs;
+    unsigned long long bytes;
+    tally__request_cost(req[1], &secs, &bytes);
+    if (secs < 0 || (n > 1 && bytes == 0)) res->bad++;
+    for (int k = 0; k < 4; k++) tally_request_free(req[k]);
+    /* Free completes a pending one. */
+    own_op last = {.c = c, .v = v};
+    tally_request *r;
+    note(res, tally__async_post_fn(c, own_double, &last, &r), "post_fn before free");
+    tally_comm_free(c);
+    int done = 0;
+    if (tally_test(r, &done) || !done || last.ran != 1) res->bad++;
+    tally_request_free(r);
+    return 0;
+}
+
+static void *abort_thread(void *c) {
+    tally_comm_abort(c);
+    return NULL;
+}
+
+/* Abort while one operation runs: the one queued behind it fails unrun. */
+static int fn_own_abort(int rank, int n, void *arg) {
+    result *res = &R[rank];
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return note(res, rc, "init"), 0;
+    float v[3] = {1, 2, 3};
+    own_op first = {.v = v, .hold = 1}, second = {.v = v};
+    tally_request *a, *b;
+    note(res, tally__async_post_fn(c, own_double, &first, &a), "post_fn");
+    note(res, tally__async_post_fn(c, own_double, &second, &b), "post_fn");
+    while (!atomic_load(&first.started)) usleep(1000);
+    pthread_t th;
+    pthread_create(&th, NULL, abort_thread, c);
+    usleep(100000);
+    atomic_store(&first.release, 1);
+    pthread_join(th, NULL);
+    if (tally_wait(a) || first.ran != 1) res->bad++;
+    if (tally_wait(b) != TALLY_E_ABORTED || second.ran) res->bad++;
+    tally_request_free(a);
+    tally_request_free(b);
+    return 0;
+}
+
 static void run_ops(const char *transport, int n) {
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
     th_opts o = {.transport = transport, .wall_s = 60};
@@ -239,6 +326,18 @@ int main(void) {
     run_ops("shm", 2);
     run_ops("shm", 3);
     run_ops("tcp", 3);
+    for (int n = 1; n <= 3; n++) {
+        memset(R, 0, sizeof *R * TH_MAX_RANKS);
+        th_opts own = {.transport = "shm", .wall_s = 60};
+        TH_CHECK(th_run(n, &own, fn_own, NULL) == 0, "own operations n=%d: a rank failed", n);
+        for (int r = 0; r < n; r++)
+            TH_CHECK(R[r].bad == 0, "own operations n=%d rank %d: %d wrong (%d '%s')", n, r, R[r].bad, R[r].rc,
+                     R[r].msg);
+    }
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    th_opts one = {.transport = "shm", .wall_s = 60};
+    TH_CHECK(th_run(1, &one, fn_own_abort, NULL) == 0 && R[0].bad == 0,
+             "abort with an own operation running and one queued: %d wrong", R[0].bad);
 
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
     th_opts o = {.transport = "shm", .wall_s = 60, .timeout_s = 30};

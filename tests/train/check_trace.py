@@ -26,7 +26,7 @@ if pids != list(range(ranks)):
     fail(f"spans from ranks {pids}, want 0..{ranks - 1}")
 threads = {(e["pid"], e["args"]["name"]) for e in ev if e.get("ph") == "M" and e.get("name") == "thread_name"}
 for r in range(ranks):
-    for want in ("main", "comm (gradient sync)"):
+    for want in ("main", "comm thread"):
         if (r, want) not in threads and not (want.startswith("comm") and mode == "no-overlap"):
             fail(f"rank {r} has no '{want}' track: {sorted(threads)}")
 for e in spans:

@@ -20,7 +20,7 @@ typedef struct tally__sync_cfg {
     int zero;               /* the ZeRO stage, 0-3 */
     int accum;              /* micro-batches per step */
     int no_overlap;         /* communicate after backward, not while it (and, stage 3, forward) runs */
-    double bucket_mb;       /* stage 0's buckets; 0 means 25 */
+    double bucket_mb;       /* stage 0's buckets; 0 means TALLY__SYNC_BUCKET_MB_DEFAULT */
     tally__codec_cfg codec; /* --compress: stage 0 per bucket, stages 1-3 16-bit reductions */
     int nan_policy;         /* tally__nan_policy (guard.h): a NaN or Inf gradient skips the step,
                              * stops, or is not looked for */

@@ -229,6 +229,10 @@ int tally__async_post_fn(tally_comm *c, tally__async_fn fn, void *ctx, tally_req
     return async_start(c, NULL, fn, ctx, req, "tally__async_post_fn");
 }
 
+int tally__async_post_call(tally_comm *c, const tally__call *a, tally_request **req) {
+    return async_start(c, a, NULL, NULL, req, "tally__async_post_call");
+}
+
 void tally__request_cost(const tally_request *r, double *secs, unsigned long long *bytes) {
     int done = r && atomic_load_explicit(&r->done, memory_order_acquire);
     *secs = done ? r->secs : 0;

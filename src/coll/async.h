@@ -42,13 +42,17 @@ typedef int (*tally__async_fn)(void *ctx);
  * at a time in the order posted, run on the communication thread or by a waiter, its error its request's,
  * failed by abort, completed by free. Its blocking collectives on this communicator run inside it. */
 int tally__async_post_fn(tally_comm *c, tally__async_fn fn, void *ctx, tally_request **req);
+/* Posts a collective call as its non-blocking entry point (tally_iallreduce ...) does. */
+int tally__async_post_call(tally_comm *c, const tally__call *a, tally_request **req);
 /* A done request's operation: the seconds it ran and the bytes its communicator sent meanwhile (0 while
  * it is not done). */
 void tally__request_cost(const tally_request *r, double *secs, unsigned long long *bytes);
 
 /* comm.c: runs the call on this thread, as the blocking entry point does (its message names world ranks
- * in a split); and where the communicator keeps its engine. */
+ * in a split); the blocking entry point itself (behind pending requests, as tally_allreduce ...); and
+ * where the communicator keeps its engine. */
 int tally__comm_run(tally_comm *c, const tally__call *a);
+int tally__comm_call(tally_comm *c, const tally__call *a);
 tally__async_slot *tally__comm_async(tally_comm *c);
 
 #endif

@@ -641,7 +641,7 @@ int tally__comm_run(tally_comm *c, const tally__call *a) { return tally__name_wo
 tally__async_slot *tally__comm_async(tally_comm *c) { return &c->async; }
 
 /* A blocking call runs here, unless non-blocking ones are pending: then it waits its turn behind them. */
-static int tally__call_now(tally_comm *c, const tally__call *a) {
+int tally__comm_call(tally_comm *c, const tally__call *a) {
     tally__enter(c);
     int rc =
         c && c->async.e && c->async.ops->pending(c->async.e) ? c->async.ops->through(c->async.e, a) : tally__body(c, a);
@@ -650,28 +650,28 @@ static int tally__call_now(tally_comm *c, const tally__call *a) {
 
 TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
     tally__call a = {TALLY__ALLREDUCE, send, recv, count, t, op, -1};
-    return tally__call_now(c, &a);
+    return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                                    tally_op op) {
     tally__call a = {TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op, -1};
-    return tally__call_now(c, &a);
+    return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
     tally__call a = {TALLY__ALLGATHER, send, recv, sendcount, t, TALLY_SUM, -1};
-    return tally__call_now(c, &a);
+    return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
     tally__call a = {TALLY__BROADCAST, buf, buf, count, t, TALLY_SUM, root};
-    return tally__call_now(c, &a);
+    return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_barrier(tally_comm *c) {
     tally__call a = {TALLY__BARRIER, NULL, NULL, 0, TALLY_U8, TALLY_SUM, -1};
-    return tally__call_now(c, &a);
+    return tally__comm_call(c, &a);
 }
 
 /* ---- memory peers can read in place ----------------------------------------------------------- */

@@ -51,26 +51,6 @@ static int post_run(void *arg) {
     return rc;
 }
 
-static int post_call_now(tally_comm *c, const tally__call *a) {
-    switch (a->coll) {
-    case TALLY__ALLREDUCE: return tally_allreduce(c, a->send, a->recv, a->count, a->t, a->op);
-    case TALLY__REDUCE_SCATTER: return tally_reduce_scatter(c, a->send, a->recv, a->count, a->t, a->op);
-    case TALLY__ALLGATHER: return tally_allgather(c, a->send, a->recv, a->count, a->t);
-    case TALLY__BROADCAST: return tally_broadcast(c, a->recv, a->count, a->t, a->root);
-    default: return tally_barrier(c);
-    }
-}
-
-static int post_call_later(tally_comm *c, const tally__call *a, tally_request **req) {
-    switch (a->coll) {
-    case TALLY__ALLREDUCE: return tally_iallreduce(c, a->send, a->recv, a->count, a->t, a->op, req);
-    case TALLY__REDUCE_SCATTER: return tally_ireduce_scatter(c, a->send, a->recv, a->count, a->t, a->op, req);
-    case TALLY__ALLGATHER: return tally_iallgather(c, a->send, a->recv, a->count, a->t, req);
-    case TALLY__BROADCAST: return tally_ibroadcast(c, a->recv, a->count, a->t, a->root, req);
-    default: return tally_ibarrier(c, req);
-    }
-}
-
 static void post_count(tally__post *p, int kind, double secs, unsigned long long bytes) {
     p->comm_s += secs;
     p->bytes[kind] += bytes;
@@ -96,7 +76,7 @@ static int post_reap(tally__post *p, long ticket) {
 static long post_inline(tally__post *p, const tally__post_op *o, const tally__call *call) {
     uint64_t t0 = tally__now_ns();
     unsigned long long sent0 = tally_comm_bytes_sent(p->comm);
-    int rc = o->fn ? o->fn(o->ctx, o->a, o->b) : post_call_now(p->comm, call);
+    int rc = o->fn ? o->fn(o->ctx, o->a, o->b) : tally__comm_call(p->comm, call);
     double secs = (double)(tally__now_ns() - t0) * 1e-9;
     post_count(p, o->kind, secs, tally_comm_bytes_sent(p->comm) - sent0);
     p->wait_s += secs;
@@ -116,7 +96,7 @@ static long post_one(tally__post *p, const tally__post_op *what, const tally__ca
     *o = *what;
     o->p = p;
     o->req = NULL;
-    rc = o->fn ? tally__async_post_fn(p->comm, post_run, o, &o->req) : post_call_later(p->comm, call, &o->req);
+    rc = o->fn ? tally__async_post_fn(p->comm, post_run, o, &o->req) : tally__async_post_call(p->comm, call, &o->req);
     post_record(p, rc);
     return rc ? rc : p->tail++;
 }

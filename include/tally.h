@@ -21,11 +21,27 @@ extern "C" {
 
 typedef struct tally_comm tally_comm; /* opaque */
 
-typedef enum { TALLY_F32, TALLY_F64, TALLY_F16, TALLY_BF16, TALLY_I32, TALLY_I64, TALLY_U8 } tally_dtype;
-typedef enum { TALLY_SUM, TALLY_AVG, TALLY_PROD, TALLY_MIN, TALLY_MAX } tally_op;
+/* Element types. New ones are added at the end, so a value keeps its meaning across versions. BOOL is one
+ * byte holding 0 or 1 (as C's bool and torch.bool). */
+typedef enum {
+    TALLY_F32,
+    TALLY_F64,
+    TALLY_F16,
+    TALLY_BF16,
+    TALLY_I32,
+    TALLY_I64,
+    TALLY_U8,
+    TALLY_I8,
+    TALLY_I16,
+    TALLY_BOOL
+} tally_dtype;
+/* Reductions. AVG is SUM divided by the ranks (integers: truncating). BAND, BOR and BXOR are bitwise and
+ * take the integer types and BOOL only (TALLY_E_INVALID for a floating type). On BOOL, SUM, MAX and BOR are
+ * a logical or, PROD, MIN and BAND a logical and, BXOR an exclusive or; AVG takes no BOOL. */
+typedef enum { TALLY_SUM, TALLY_AVG, TALLY_PROD, TALLY_MIN, TALLY_MAX, TALLY_BAND, TALLY_BOR, TALLY_BXOR } tally_op;
 
-#define TALLY_DTYPE_COUNT 7
-#define TALLY_OP_COUNT    5
+#define TALLY_DTYPE_COUNT 10
+#define TALLY_OP_COUNT    8
 
 /* One table makes the error enum and its strings (as libuv's UV_ERRNO_MAP). */
 #define TALLY_ERRNO_MAP(X)                                                                                             \
@@ -217,6 +233,39 @@ TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_
 TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root);
 TALLY_API int tally_barrier(tally_comm *c);
 
+/* Rooted collectives and all-to-all, under the same rules (every rank calls, fingerprints, timeouts).
+ * reduce: root receives in recv the reduction of every rank's send (count elements); recv is read only
+ * on root (NULL elsewhere); in place on root when send == recv.
+ * gather: root receives in recv size*sendcount elements, rank-major; recv is read only on root.
+ * scatter: root's send holds size*recvcount elements, block r going to rank r; send is read only on root.
+ * alltoall: send and recv hold size*count elements; block j of send goes to rank j, where it lands as
+ * block i (this rank's) of recv. In place when send == recv.
+ * alltoallv: sendcounts[j] elements from send + sdispls[j] go to rank j; recvcounts[i] elements from rank
+ * i land at recv + rdispls[i] (counts and displacements in elements, arrays of size entries, as
+ * MPI_Alltoallv). sendcounts[j] on rank i must equal recvcounts[i] on rank j: else TALLY_E_MISMATCH
+ * naming both ranks. send and recv must not overlap. */
+TALLY_API int tally_reduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                           int root);
+TALLY_API int tally_gather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t, int root);
+TALLY_API int tally_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t, int root);
+TALLY_API int tally_alltoall(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t);
+TALLY_API int tally_alltoallv(tally_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
+                              void *recv, const size_t *recvcounts, const size_t *rdispls, tally_dtype t);
+
+/* Point-to-point messages, as MPI_Send/MPI_Recv: between two ranks only, outside the collectives' order
+ * (a rank's sends and receives do not wait for its or its peers' collectives, nor they for them). A
+ * message carries a tag (0 .. TALLY_TAG_MAX) and its dtype and count; a receive takes the first message
+ * from src (TALLY_ANY_SOURCE: from any rank) with its tag, and messages from one rank with one tag arrive
+ * in the order they were sent. Its count and dtype must be the message's: else TALLY_E_MISMATCH naming
+ * both ranks. A send returns (its request is done) once buf may be reused: the message is on its way or
+ * arrived, whether or not the receiver has asked for it yet. A receive waits at most the communicator's
+ * timeout (TALLY_E_TIMEOUT naming the rank it waits for); a peer that dies fails it with
+ * TALLY_E_PEER_LOST naming the rank. from (may be NULL) receives the sender's rank. */
+#define TALLY_ANY_SOURCE (-1)
+#define TALLY_TAG_MAX    0x7fffffff
+TALLY_API int tally_send(tally_comm *c, const void *buf, size_t count, tally_dtype t, int dst, int tag);
+TALLY_API int tally_recv(tally_comm *c, void *buf, size_t count, tally_dtype t, int src, int tag, int *from);
+
 /* Non-blocking collectives (as MPI_Iallreduce, or NCCL's calls on a stream). Each returns at once with a
  * request in *req; the communicator's communication thread (started by the first such call) runs the
  * requests one at a time in the order they were posted, so every rank must post the same sequence, as
@@ -233,6 +282,24 @@ TALLY_API int tally_iallgather(tally_comm *c, const void *send, void *recv, size
                                tally_request **req);
 TALLY_API int tally_ibroadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root, tally_request **req);
 TALLY_API int tally_ibarrier(tally_comm *c, tally_request **req);
+TALLY_API int tally_ireduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                            int root, tally_request **req);
+TALLY_API int tally_igather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t, int root,
+                            tally_request **req);
+TALLY_API int tally_iscatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t, int root,
+                             tally_request **req);
+TALLY_API int tally_ialltoall(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t,
+                              tally_request **req);
+/* The four arrays are copied: they may change once the call returns (the buffers may not). */
+TALLY_API int tally_ialltoallv(tally_comm *c, const void *send, const size_t *sendcounts, const size_t *sdispls,
+                               void *recv, const size_t *recvcounts, const size_t *rdispls, tally_dtype t,
+                               tally_request **req);
+/* Point-to-point requests stand outside the queue above: they complete in whatever order their messages
+ * allow, while collectives run (tally_wait, _test, _on_done and _free take them alike). */
+TALLY_API int tally_isend(tally_comm *c, const void *buf, size_t count, tally_dtype t, int dst, int tag,
+                          tally_request **req);
+TALLY_API int tally_irecv(tally_comm *c, void *buf, size_t count, tally_dtype t, int src, int tag,
+                          tally_request **req);
 /* Blocks until req is done; returns its result (0 or a TALLY_E_* code, with tally_last_error set to its
  * message). A waiter may run queued requests itself when the thread has not started them. The request
  * stays valid (wait again, or free it). */
@@ -243,6 +310,8 @@ TALLY_API int tally_test(tally_request *req, int *done);
  * a waiter), before tally_wait returns; or at once on this thread when it already is done. One
  * callback per request. fn must not block on, free or abort the communicator. */
 TALLY_API int tally_request_on_done(tally_request *req, void (*fn)(void *arg, int rc, const char *msg), void *arg);
+/* The rank a done receive (tally_irecv) got its message from; -1 for another request or one not done. */
+TALLY_API int tally_request_source(const tally_request *req);
 /* Frees req; NULL is a no-op. A request still pending is freed once it completes (as MPI_Request_free):
  * it still runs, and its callback is still called, but nobody may wait on it any more. A done request
  * may outlive its communicator. */

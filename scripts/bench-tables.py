@@ -140,6 +140,20 @@ def python(d):
     return table(heads, rows)
 
 
+def torch_ops(d):
+    """Each torch.distributed operation, size and world size: latency and busbw over Gloo and over tally."""
+    heads = ["operation", "ranks", "size", "Gloo: us, median (worst)", "tally: us, median (worst)",
+             "Gloo busbw GB/s", "tally busbw GB/s", "tally's speed-up (median, worst against worst)"]
+    rows = []
+    for r in d["rows"]:
+        g, t = r["gloo"], r["tally"]
+        cell = lambda x, k, note: f"{x[k][0]} ({x[k][1]})" if x else note  # noqa: E731
+        rows.append([r["op"], r["ranks"], r["size"], cell(g, "us", r.get("gloo_note", "-")),
+                     cell(t, "us", r.get("tally_note", "-")), cell(g, "busbw", "-"), cell(t, "busbw", "-"),
+                     speedup(t["us"], g["us"], False) if g and t else "-"])
+    return table(heads, rows)
+
+
 def sim_error(d):
     heads = ["set", "points"] + [h for _, h in d["columns"]]
     rows = [[r["set"], r["points"]] + [f"{r[k]}%" if r.get(k) is not None else "" for k, _ in d["columns"]]
@@ -233,7 +247,7 @@ def kernels(d):
 
 
 KINDS = {f.__name__: f for f in (starts, in_place, hosts, streams, training, quality, python, sim_error, published,
-                                  trace, compression, slowlink, async_ps, zero, plan, kill, fuzz, kernels)}
+                                  trace, compression, slowlink, async_ps, zero, plan, kill, fuzz, kernels, torch_ops)}
 
 
 # ---- the page ----

@@ -20,7 +20,11 @@ static volatile size_t fz_sink; /* results go here so no decoding is optimized a
 
 /* ---- the TCP data connection, as a receiver reads it ---- */
 
-static const tally_op fz_ops[4] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX};
+/* The op of the TCP mode's third byte: its bits 0-1 and 4 (bits 2 and 3 say copy and in place). A float
+ * with a bitwise op is a pair the kernels refuse: they must leave dst alone, not misread it. */
+static const tally_op fz_ops[8] = {TALLY_SUM,  TALLY_PROD, TALLY_MIN,  TALLY_MAX,
+                                   TALLY_BAND, TALLY_BOR,  TALLY_BXOR, TALLY_SUM};
+static tally_op fz_op(int opb) { return fz_ops[(opb & 3) | ((opb >> 2) & 4)]; }
 
 /* The receiving side of the transport, rank 0 of FZ_CTL_SIZE, reading peer 1's stream: its
  * connection's read-ahead buffer holds the input, so the control-frame parsers (WAIT, FAULT) read
@@ -68,7 +72,7 @@ static void fz_tcp(const uint8_t *p, size_t n) {
                        .root = -1,
                        .coll = TALLY__ALLREDUCE,
                        .dtype = (uint8_t)dt,
-                       .op = (uint8_t)fz_ops[opb % 4],
+                       .op = (uint8_t)fz_op(opb),
                        .algo = 1};
     memset(src, 0x3c, sizeof src);
     memset(dst, 0, sizeof dst);
@@ -93,7 +97,7 @@ static void fz_tcp(const uint8_t *p, size_t n) {
         if (opb & 4)
             memcpy(dst, pay, want);
         else
-            tally__reduce(dst, (opb & 8) ? dst : src, pay, count, dt, fz_ops[opb % 4]);
+            tally__reduce(dst, (opb & 8) ? dst : src, pay, count, dt, fz_op(opb));
         c->rb_head += want;
         mine.seq++;
     }

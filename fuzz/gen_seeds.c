@@ -143,19 +143,20 @@ static void gs_frame_tcp_ctl(void) {
 }
 
 static void gs_frame_tcp(void) {
-    static const char *dt_names[TALLY_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
     for (int dt = 0; dt < TALLY_DTYPE_COUNT; dt++) { /* two messages of each dtype, then goodbye */
         gs_buf s = {0};
         size_t count = 3, len = count * tally_dtype_size((tally_dtype)dt);
-        int op = dt % 4, ops[4] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX};
+        /* op byte as fuzz_frame reads it: bits 0-1 and 4; the dtypes after u8 take the bitwise ops */
+        int op = dt % 4 + (dt > TALLY_U8 ? 16 : 0);
+        int ops[8] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX, TALLY_BAND, TALLY_BOR, TALLY_BXOR, TALLY_SUM};
         gs_byte(&s, FZ_FRAME_TCP), gs_byte(&s, (unsigned)count), gs_byte(&s, (unsigned)dt), gs_byte(&s, (unsigned)op);
         for (uint64_t seq = FZ_TCP_SEQ0; seq < FZ_TCP_SEQ0 + 2; seq++) {
-            gs_tcp_hdr(&s, TALLY__TCP_MAGIC_DATA, gs_sig(seq, count, dt, ops[op]), len);
+            gs_tcp_hdr(&s, TALLY__TCP_MAGIC_DATA, gs_sig(seq, count, dt, ops[(op & 3) | ((op >> 2) & 4)]), len);
             for (size_t i = 0; i < len; i++) gs_byte(&s, (unsigned)(0x3f ^ (i * 7 + seq)));
         }
         gs_tcp_hdr(&s, TALLY__TCP_MAGIC_BYE, (tally__sig){0}, 0);
         char name[64];
-        snprintf(name, sizeof name, "tcp-%s", dt_names[dt]);
+        snprintf(name, sizeof name, "tcp-%s", tally_dtype_name((tally_dtype)dt));
         gs_write("frame", name, &s);
     }
     struct {

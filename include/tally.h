@@ -298,8 +298,7 @@ TALLY_API int tally_ialltoallv(tally_comm *c, const void *send, const size_t *se
  * allow, while collectives run (tally_wait, _test, _on_done and _free take them alike). */
 TALLY_API int tally_isend(tally_comm *c, const void *buf, size_t count, tally_dtype t, int dst, int tag,
                           tally_request **req);
-TALLY_API int tally_irecv(tally_comm *c, void *buf, size_t count, tally_dtype t, int src, int tag,
-                          tally_request **req);
+TALLY_API int tally_irecv(tally_comm *c, void *buf, size_t count, tally_dtype t, int src, int tag, tally_request **req);
 /* Blocks until req is done; returns its result (0 or a TALLY_E_* code, with tally_last_error set to its
  * message). A waiter may run queued requests itself when the thread has not started them. The request
  * stays valid (wait again, or free it). */

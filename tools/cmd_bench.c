@@ -70,7 +70,8 @@ static void bench_usage(FILE *f) {
     tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_AUTO, "|", "|");
     fprintf(f,
             "usage: tally bench allreduce|reduce_scatter|allgather|broadcast [-n N] [-b MIN] [-e MAX] [-f FACTOR]\n"
-            "                   [-t f32|f64|f16|bf16|i32|i64|u8] [-o sum|avg|prod|min|max] [-r ROOT]\n"
+            "                   [-t f32|f64|f16|bf16|i32|i64|u8|i8|i16|bool] [-o sum|avg|prod|min|max|band|bor|bxor]\n"
+            "                   [-r ROOT]\n"
             "                   [--algo %s[,...]] [--transport auto|shm|tcp[,...]]\n"
             "                   [--iters I] [--warmup W] [--shared-mem] [--bind core|none] [-c] [--svg FILE]\n"
             "                   [--trace FILE]\n"
@@ -135,11 +136,13 @@ static int bench_parse_one(int ch, const char *flag, const char *a, void *ctx) {
     case 'f': return tally__parse_real(flag, a, 1, 1, 1 << 20, &o->factor);
     case 't':
         if ((k = tally_dtype_parse(a)) < 0)
-            return tally__parse_fail(flag, a, "is not a type", "it takes f32, f64, f16, bf16, i32, i64 or u8");
+            return tally__parse_fail(flag, a, "is not a type",
+                                     "it takes f32, f64, f16, bf16, i32, i64, u8, i8, i16 or bool");
         return o->dtype = (tally_dtype)k, 0;
     case 'o':
         if ((k = tally_op_parse(a)) < 0)
-            return tally__parse_fail(flag, a, "is not an operation", "it takes sum, avg, prod, min or max");
+            return tally__parse_fail(flag, a, "is not an operation",
+                                     "it takes sum, avg, prod, min, max, band, bor or bxor");
         return o->op = (tally_op)k, 0;
     case 'r': return tally__parse_int(flag, a, 0, TALLY_LAUNCH_MAX_RANKS - 1, &v) ? -1 : (o->root = (int)v, 0);
     case 'c': return o->check = 1, 0;
@@ -207,6 +210,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     if (o->minb > o->maxb)
         return tally_flags_usage_error("bench", "-b %zu is above -e %zu: the smallest size comes first", o->minb,
                                        o->maxb);
+    if (o->coll <= B_REDUCE_SCATTER && !tally__dtype_op_valid(o->dtype, o->op))
+        return tally_flags_usage_error("bench", "-o %s does not take -t %s: %s takes %s", tally_op_name(o->op),
+                                       tally_dtype_name(o->dtype), tally_op_name(o->op), tally__op_takes(o->op));
     if (o->trace && (o->nalgo > 1 || o->ntransport > 1))
         return tally_flags_usage_error("bench",
                                        "--trace %s times one algorithm and transport: give the lists to a run "
@@ -245,19 +251,29 @@ static int bench_is_float(tally_dtype t) {
     return t == TALLY_F32 || t == TALLY_F64 || t == TALLY_F16 || t == TALLY_BF16;
 }
 
-static double bench_expected_reduce(const bench_opts *o, int n, size_t i) {
-    double acc = bench_input(0, i, o->op);
-    for (int r = 1; r < n; r++) {
-        double v = bench_input(r, i, o->op);
-        if (o->op == TALLY_PROD)
-            acc *= v;
-        else if (o->op == TALLY_MIN)
-            acc = v < acc ? v : acc;
-        else if (o->op == TALLY_MAX)
-            acc = v > acc ? v : acc;
-        else
-            acc += v;
+/* v as a buffer of dtype t holds it (bool: 0 or 1). */
+static double bench_stored(tally_dtype t, double v) {
+    char tmp[8];
+    tally__dtype_store(tmp, 0, t, v);
+    return tally__dtype_load(tmp, 0, t);
+}
+
+/* The inputs are small and non-negative, so a bool's or is their sum and its and their product or min. */
+static double bench_combine(tally_op op, double acc, double v) {
+    switch (op) {
+    case TALLY_PROD: return acc * v;
+    case TALLY_MIN: return v < acc ? v : acc;
+    case TALLY_MAX: return v > acc ? v : acc;
+    case TALLY_BAND: return (double)((int64_t)acc & (int64_t)v);
+    case TALLY_BOR: return (double)((int64_t)acc | (int64_t)v);
+    case TALLY_BXOR: return (double)((int64_t)acc ^ (int64_t)v);
+    default: return acc + v;
     }
+}
+
+static double bench_expected_reduce(const bench_opts *o, int n, size_t i) {
+    double acc = bench_stored(o->dtype, bench_input(0, i, o->op));
+    for (int r = 1; r < n; r++) acc = bench_combine(o->op, acc, bench_stored(o->dtype, bench_input(r, i, o->op)));
     if (o->dtype == TALLY_U8) acc = (double)(uint8_t)(uint64_t)acc;
     char tmp[8];
     tally__dtype_store(tmp, 0, o->dtype, acc);
@@ -280,8 +296,8 @@ static double bench_expected(const bench_opts *o, const bench_ctx *b, size_t per
     switch (o->coll) {
     case B_ALLREDUCE: return bench_expected_reduce(o, b->size, i);
     case B_REDUCE_SCATTER: return bench_expected_reduce(o, b->size, (size_t)b->rank * per_rank + i);
-    case B_ALLGATHER: return bench_input((int)(i / per_rank), i % per_rank, TALLY_SUM);
-    default: return bench_input(o->root, i, TALLY_SUM);
+    case B_ALLGATHER: return bench_stored(o->dtype, bench_input((int)(i / per_rank), i % per_rank, TALLY_SUM));
+    default: return bench_stored(o->dtype, bench_input(o->root, i, TALLY_SUM));
     }
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../src/core/clock.h"
+#include "../src/core/numeric/dtype.h"
 #include "../src/core/sig.h"
 #include "../src/nn/model.h"
 #include "../src/plan/calibrate.h"
@@ -218,7 +219,8 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_CALIB_BYTES: return tally__units_count(a, &o->calibrate_bytes);
     case O_CALIB_OP: {
         int op = tally_op_parse(a);
-        return op < 0 ? -1 : (o->calibrate_op = (tally_op)op, 0);
+        /* the calibration's allreduce is of f32: a bitwise op would be refused */
+        return op < 0 || !tally__dtype_op_valid(TALLY_F32, op) ? -1 : (o->calibrate_op = (tally_op)op, 0);
     }
     case O_WIDTH: return parse_int(a, 1, 1 << 20, &o->mcfg.embd);
     case O_HEADS: return parse_int(a, 1, 1 << 16, &o->mcfg.heads);

@@ -412,6 +412,10 @@ static int tally__check_common(tally_comm *c, const char *fn, size_t count, int 
         return tally__seterr(TALLY_E_INVALID, "%s on rank %d: invalid dtype %d", fn, c->ctx.rank, dtype);
     if (!tally__op_valid(op))
         return tally__seterr(TALLY_E_INVALID, "%s on rank %d: invalid op %d", fn, c->ctx.rank, op);
+    if (!tally__dtype_op_valid(dtype, op))
+        return tally__seterr(TALLY_E_INVALID, "%s on rank %d: op %s does not take dtype %s: %s takes %s", fn,
+                             c->ctx.rank, tally_op_name(op), tally_dtype_name(dtype), tally_op_name(op),
+                             tally__op_takes(op));
     if (count > ((size_t)1 << 50) / tally_dtype_size((tally_dtype)dtype))
         return tally__seterr(TALLY_E_INVALID, "%s on rank %d: count %zu is too large", fn, c->ctx.rank, count);
     int f = tally__fault_check(&c->fault);

@@ -32,7 +32,7 @@ static int fl_parse_entry(const char *line, tally__flight_entry *e) {
                &count, dtype, op, &root, algo, state, &rc, &peer, &culprit, &b, &end) != 13)
         return -1;
     int c = fl_name(coll, 0, TALLY__COLL_COUNT - 1, tally__coll_name),
-        d = fl_name(dtype, TALLY_F32, TALLY_U8, fl_dtype), o = fl_name(op, TALLY_SUM, TALLY_MAX, fl_op),
+        d = fl_name(dtype, 0, TALLY_DTYPE_COUNT - 1, fl_dtype), o = fl_name(op, 0, TALLY_OP_COUNT - 1, fl_op),
         a = tally__algo_parse(algo), st = fl_name(state, TALLY__FL_RUNNING, TALLY__FL_FAILED, tally__flight_state_name);
     if (c < 0 || d < 0 || o < 0 || a < 0 || st < 0) return -1;
     *e = (tally__flight_entry){.sig = {.seq = seq,

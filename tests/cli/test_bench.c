@@ -41,6 +41,8 @@ int main(void) {
     check_bench("allgather -n 4 -b 64 -e 64K -f 32 -t u8 --algo ring", 3);
     check_bench("broadcast -n 3 -b 4 -e 4M -f 1024 -t f64 -r 2 --algo tree", 3);
     check_bench("allreduce -n 5 -b 4 -e 1M -f 256 -t f16 -o prod --algo direct --transport shm", 3);
+    check_bench("allreduce -n 3 -b 1 -e 64K -f 64 -t i8 -o bxor", 3);
+    check_bench("reduce_scatter -n 2 -b 4 -e 4K -f 32 -t bool -o band", 3);
 
     static char out[1 << 16];
     char cmd[512];
@@ -57,5 +59,11 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "%s bench allreduce -n 2 -t nosuchtype", tally_bin());
     TH_CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "-t 'nosuchtype' is not a type") && strstr(out, "--help"),
              "a bad dtype is not named, with where the flags are described:\n%s", out);
+    snprintf(cmd, sizeof cmd, "%s bench allreduce -n 2 -t f32 -o band", tally_bin());
+    TH_CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "-o band does not take -t f32") && strstr(out, "bool"),
+             "a bitwise op on a float type is not refused, naming both and what the op takes:\n%s", out);
+    snprintf(cmd, sizeof cmd, "%s bench reduce_scatter -n 2 -t bool -o avg", tally_bin());
+    TH_CHECK(run(cmd, out, sizeof out) == 2 && strstr(out, "-o avg does not take -t bool"),
+             "avg on bool is not refused:\n%s", out);
     return th_verdict("test_bench");
 }

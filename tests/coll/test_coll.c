@@ -25,12 +25,20 @@ static double input(int rank, size_t i, int op) {
 
 static int is_float(int t) { return t == TALLY_F32 || t == TALLY_F64 || t == TALLY_F16 || t == TALLY_BF16; }
 
-/* The value rank `rank` contributes at element i, as stored in dtype t (u8 wraps negatives). */
+/* The value rank `rank` contributes at element i, as stored in dtype t (u8 wraps negatives; bool is the
+ * truth of the byte fill() writes, which is the input's low byte: 253 and 7 are both true). */
 static double contribution(int rank, size_t i, int t, int op, int with_nan) {
     double v = input(rank, i, op);
     if (with_nan && is_float(t) && i == NAN_INDEX && rank == 1 && (op == TALLY_MIN || op == TALLY_MAX)) return NAN;
     if (t == TALLY_U8) v = (double)(uint8_t)(int)v;
+    if (t == TALLY_BOOL) v = v != 0;
     return v;
+}
+
+/* Bitwise ops on the integers' two's-complement bits (wide here; storing cuts them to the dtype). */
+static double bits_of(int op, double acc, double v) {
+    int64_t p = (int64_t)acc, q = (int64_t)v;
+    return (double)(op == TALLY_BAND ? p & q : op == TALLY_BOR ? p | q : p ^ q);
 }
 
 static double reference(int n, size_t i, int t, int op, int with_nan) {
@@ -41,7 +49,10 @@ static double reference(int n, size_t i, int t, int op, int with_nan) {
         case TALLY_PROD: acc *= v; break;
         case TALLY_MIN: acc = (isnan(acc) || isnan(v)) ? NAN : (v < acc ? v : acc); break;
         case TALLY_MAX: acc = (isnan(acc) || isnan(v)) ? NAN : (v > acc ? v : acc); break;
-        default: acc += v;
+        case TALLY_BAND:
+        case TALLY_BOR:
+        case TALLY_BXOR: acc = bits_of(op, acc, v); break;
+        default: acc += v; /* a bool's sum is non-zero exactly when one is true: its or */
         }
     }
     if (t == TALLY_U8) acc = (double)(uint8_t)(uint64_t)(int64_t)acc;
@@ -81,11 +92,23 @@ static void reference_table(periodic *p, int n, int t, int op, int with_nan) {
     p->at_nan = reference(n, NAN_INDEX, t, op, with_nan);
 }
 
-/* The first count elements of rank's contribution, stored as dtype t. */
+/* The first count elements of rank's contribution, stored as dtype t; bool as the input's low byte, so
+ * true comes as 1 and as other bytes, which every reduction must still read as true. */
 static void fill(void *buf, int rank, size_t count, int t, int op, int with_nan) {
+    if (t == TALLY_BOOL) {
+        uint8_t b[PERIOD];
+        for (size_t i = 0; i < PERIOD; i++) b[i] = (uint8_t)(int)input(rank, i, op);
+        for (size_t i = 0; i < count; i++) ((uint8_t *)buf)[i] = b[i % PERIOD];
+        return;
+    }
     periodic p;
     contribution_table(&p, rank, t, op, with_nan);
     for (size_t i = 0; i < count; i++) tally__dtype_store(buf, i, (tally_dtype)t, periodic_at(&p, i));
+}
+
+/* A reduction's bool is 0 or 1, whatever bytes came in; one rank's copy is left as it was. */
+static int bool_byte_ok(const tally_comm *c, int t, const void *buf, size_t i) {
+    return t != TALLY_BOOL || tally_comm_size(c) == 1 || ((const uint8_t *)buf)[i] <= 1;
 }
 
 static int same(double got, double want) { return (isnan(got) && isnan(want)) || got == want; }
@@ -120,7 +143,7 @@ static int check_allreduce(tally_comm *c, int t, int op, size_t count, int in_pl
     reference_table(&ref, n, t, op, 1);
     for (size_t i = 0; i < count && !rc; i++) {
         double want = periodic_at(&ref, i), got = tally__dtype_load(recv, i, (tally_dtype)t);
-        if (!same(got, want)) {
+        if (!same(got, want) || !bool_byte_ok(c, t, recv, i)) {
             fail(rank, in_place ? "allreduce in place" : "allreduce", t, op, count, i, got, want);
             break;
         }
@@ -142,7 +165,7 @@ static int check_reduce_scatter(tally_comm *c, int t, int op, size_t count, int 
     reference_table(&ref, n, t, op, 1);
     for (size_t i = 0; i < count && !rc; i++) {
         double want = periodic_at(&ref, (size_t)rank * count + i), got = tally__dtype_load(recv, i, (tally_dtype)t);
-        if (!same(got, want)) {
+        if (!same(got, want) || !bool_byte_ok(c, t, recv, i)) {
             fail(rank, in_place ? "reduce_scatter in place" : "reduce_scatter", t, op, count, i, got, want);
             break;
         }
@@ -195,6 +218,63 @@ static int check_broadcast(tally_comm *c, int t, size_t count, int root) {
     return rc;
 }
 
+/* Pairs no reduction takes fail alike on every rank with TALLY_E_INVALID, naming the op, the dtype and
+ * what the op takes, blocking or not, and leave the communicator working for the calls that follow. */
+static void check_refused(tally_comm *c) {
+    static const struct {
+        int coll, t, op, nonblocking;
+    } cases[] = {{TALLY__ALLREDUCE, TALLY_F32, TALLY_BAND, 0},
+                 {TALLY__REDUCE_SCATTER, TALLY_F64, TALLY_BXOR, 0},
+                 {TALLY__ALLREDUCE, TALLY_BOOL, TALLY_AVG, 0},
+                 {TALLY__REDUCE_SCATTER, TALLY_BOOL, TALLY_AVG, 0},
+                 {TALLY__ALLREDUCE, TALLY_BF16, TALLY_BOR, 1}};
+    int rank = tally_comm_rank(c);
+    double send[TH_MAX_RANKS] = {0}, recv[TH_MAX_RANKS] = {0};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0] && !g_result->failures; k++) {
+        tally_dtype t = (tally_dtype)cases[k].t;
+        tally_op op = (tally_op)cases[k].op;
+        int rc;
+        if (cases[k].nonblocking) { /* the request carries the refusal */
+            tally_request *req = NULL;
+            rc = tally_iallreduce(c, send, recv, 1, t, op, &req);
+            if (!rc) rc = tally_wait(req);
+            tally_request_free(req);
+        } else if (cases[k].coll == TALLY__ALLREDUCE) {
+            rc = tally_allreduce(c, send, recv, 1, t, op);
+        } else {
+            rc = tally_reduce_scatter(c, send, recv, 1, t, op);
+        }
+        const char *msg = tally_last_error(), *takes = op == TALLY_AVG ? "every dtype but bool" : "bool";
+        char what[64];
+        snprintf(what, sizeof what, "%s%s", cases[k].nonblocking ? "i" : "", tally__coll_name(cases[k].coll));
+        if (rc != TALLY_E_INVALID || !strstr(msg, tally_op_name(op)) || !strstr(msg, tally_dtype_name(t)) ||
+            !strstr(msg, takes)) {
+            if (__sync_fetch_and_add(&g_result->failures, 1) == 0)
+                snprintf(g_result->first, sizeof g_result->first,
+                         "rank %d: %s of %s with %s returned %s, want %s naming both and what %s takes: %s", rank, what,
+                         tally_dtype_name(t), tally_op_name(op), tally_strerror(rc), tally_strerror(TALLY_E_INVALID),
+                         tally_op_name(op), msg);
+        }
+    }
+}
+
+/* Which (dtype, op) pairs rank_main runs: all of them, the first ones only, or the ones added with i8, i16,
+ * bool and the bitwise ops only. The quick tier runs the added ones where their bytes take other paths
+ * (the ring over shm and tcp at 2 and 3 ranks, hier, shm+tcp) and not again for every algorithm, which
+ * moves the bytes of every dtype alike; neither tier runs them on one CPU. Set before the ranks fork. */
+enum { PAIRS_ALL, PAIRS_FIRST, PAIRS_ADDED };
+static int g_pairs = PAIRS_ALL;
+
+static int dtype_added(int t) { return t == TALLY_I8 || t == TALLY_I16 || t == TALLY_BOOL; }
+
+static int dtype_wanted(int t) { return g_pairs == PAIRS_ALL || (g_pairs == PAIRS_ADDED) == dtype_added(t); }
+
+static int pair_wanted(int t, int op) {
+    if (!tally__dtype_op_valid(t, op)) return 0; /* refused: check_refused() */
+    int added = dtype_added(t) || op == TALLY_BAND || op == TALLY_BOR || op == TALLY_BXOR;
+    return g_pairs == PAIRS_ALL || (g_pairs == PAIRS_ADDED) == added;
+}
+
 /* The big count runs for f32 and i32 (all ops) and once per other dtype (sum), to keep CI short. */
 static int big_count_wanted(int t, int op) {
     if (th_light()) return t == TALLY_F32 && op == TALLY_SUM;
@@ -208,6 +288,7 @@ static int rank_main(int rank, int n, void *arg) {
         fail_rc(rank, "tally_comm_init", rc);
         return 1;
     }
+    check_refused(c);
     /* The large count: past every transport's large-message threshold and several pipeline segments; 4 MB
      * of f32 where every case runs (by hand, the long tier), 1.2 MB in the quick tier. */
     size_t large = th_long() ? 1000003 : 300007;
@@ -218,13 +299,14 @@ static int rank_main(int rank, int n, void *arg) {
         int big = count > 100000;
         for (int t = 0; t < TALLY_DTYPE_COUNT && !g_result->failures; t++) {
             for (int op = 0; op < TALLY_OP_COUNT && !g_result->failures; op++) {
-                if (big && !big_count_wanted(t, op)) continue;
+                if (!pair_wanted(t, op) || (big && !big_count_wanted(t, op))) continue;
                 for (int ip = 0; ip < 2; ip++) {
                     if (big && ip && t != TALLY_F32) continue;
                     check_allreduce(c, t, op, count, ip);
                     check_reduce_scatter(c, t, op, big ? count / 8 : count, ip);
                 }
             }
+            if (!dtype_wanted(t)) continue;
             for (int ip = 0; ip < 2 && !g_result->failures; ip++) check_allgather(c, t, big ? count / 8 : count, ip);
             for (int root = 0; root < n && !g_result->failures; root++) {
                 if (big && root != n - 1) continue;
@@ -337,6 +419,7 @@ static void run_oversubscribed(const char *only_transport, int light) {
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     TH_CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity to CPU %d", cpu);
+    g_pairs = PAIRS_FIRST; /* what is waited for here is the CPU, whatever the dtype */
     for (int ti = 0; ti < 2; ti++) {
         if (only_transport && strcmp(only_transport, transports[ti])) continue;
         th_opts o = {.transport = transports[ti], .algo = "ring", .timeout_s = 60, .wall_s = 300};
@@ -352,6 +435,7 @@ static void run_oversubscribed(const char *only_transport, int light) {
         }
     }
     sched_setaffinity(0, sizeof set, &set);
+    g_pairs = PAIRS_ALL;
 }
 
 /* Hosts by name, their ranks interleaved (h0 h1 h2 h0 h1 h2 for three): the hierarchical collectives'
@@ -440,8 +524,11 @@ int main(int argc, char **argv) {
                 int n = sizes[si], tree_like = a == TALLY__ALGO_TREE || a == TALLY__ALGO_DIRECT;
                 if (n == 1 && (ti || a != 1)) continue; /* one rank needs no transport or algorithm */
                 /* The quick tier: one rank, and every algorithm on 3 ranks (not a power of two), with a
-                 * smaller large count; the long tier runs them all at full size. */
-                if (!th_long() && n != 1 && n != 3) continue;
+                 * smaller large count, the ring on 2 with the pairs added last; the long tier runs them all
+                 * at full size. */
+                int ring = a == TALLY__ALGO_RING;
+                if (!th_long() && n != 1 && n != 3 && !(n == 2 && ring)) continue;
+                g_pairs = th_long() || n == 1 || (n == 3 && ring) ? PAIRS_ALL : n == 2 ? PAIRS_ADDED : PAIRS_FIRST;
                 if (light && n > 3 && n != 5) continue;
                 /* Four and eight ranks for the ring and halving-doubling, whose steps depend on N's shape;
                  * tree and direct take the same paths at 3 and 5 (half a minute of CI saved). */
@@ -453,6 +540,7 @@ int main(int argc, char **argv) {
                 char what[64];
                 snprintf(what, sizeof what, "%s %-6s", transports[ti], o.algo);
                 run_case(what, n, &o, rank_main);
+                g_pairs = PAIRS_ALL;
             }
         if (!th_long()) continue;
         /* The algorithm chosen by the cost model measured at init, on 16 ranks; then 256 MiB. */

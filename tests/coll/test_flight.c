@@ -296,10 +296,36 @@ static void tool_misuse(void) {
     free(t);
 }
 
+/* Records name every dtype and op, the last ones added too, and read back as the codes they were. */
+static void every_name_reads_back(void) {
+    char dir[128], text[512];
+    snprintf(dir, sizeof dir, "/tmp/tally-test-flight-names-%d", (int)getpid());
+    th_rm_dir(dir);
+    mkdir(dir, 0700);
+    snprintf(text, sizeof text,
+             "tally-flight 1\nlabel world\nrank 0\nsize 2\nentries 2\ne 1 allreduce 8 %s %s -1 ring done 0 -1 -1 1 2\n"
+             "e 2 allreduce 8 %s %s -1 ring done 0 -1 -1 3 4\n",
+             tally_dtype_name(TALLY_DTYPE_COUNT - 1), tally_op_name(TALLY_OP_COUNT - 1), tally_dtype_name(TALLY_I8),
+             tally_op_name(TALLY_BAND));
+    th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+    tally__flight_set set;
+    int rc = tally__flight_load(dir, &set);
+    TH_CHECK(!rc && set.n == 1 && set.r[0].n == 2, "a record of the newest dtypes and ops: %s", tally_last_error());
+    if (!rc && set.n == 1 && set.r[0].n == 2) {
+        const tally__sig *a = &set.r[0].e[0].sig, *b = &set.r[0].e[1].sig;
+        TH_CHECK(a->dtype == TALLY_DTYPE_COUNT - 1 && a->op == TALLY_OP_COUNT - 1 && b->dtype == TALLY_I8 &&
+                     b->op == TALLY_BAND,
+                 "read back as dtype %d op %d, dtype %d op %d", a->dtype, a->op, b->dtype, b->op);
+    }
+    if (!rc) tally__flight_set_free(&set);
+    th_rm_dir(dir);
+}
+
 int main(void) {
     S = th_shared_alloc(sizeof *S);
     if (th_quick()) {
         verdicts();
+        every_name_reads_back();
         tool_misuse();
         stopped("shm"); /* waits out a 2 s TALLY_TIMEOUT */
         mismatched();

@@ -133,6 +133,45 @@ static double ref_opd(double p, double q, int op) {
     }
 }
 
+/* Element i of an integer buffer, sign-extended (u8 zero-extended), and its width in bits. */
+static int64_t int_at(int t, const void *p, size_t i, int *bits) {
+    switch (t) {
+    case TALLY_U8: return *bits = 8, ((const uint8_t *)p)[i];
+    case TALLY_I8: return *bits = 8, ((const int8_t *)p)[i];
+    case TALLY_I16: return *bits = 16, ((const int16_t *)p)[i];
+    case TALLY_I32: return *bits = 32, ((const int32_t *)p)[i];
+    default: return *bits = 64, ((const int64_t *)p)[i];
+    }
+}
+
+/* v cut to the low `bits` bits and read back as dtype t (signed types sign-extend). */
+static int64_t int_wrap(int t, uint64_t v, int bits) {
+    if (bits == 64) return (int64_t)v;
+    uint64_t m = (1ull << bits) - 1, low = v & m;
+    if (t == TALLY_U8 || !(low >> (bits - 1))) return (int64_t)low;
+    return (int64_t)(low | ~m);
+}
+
+/* Integers: computed in 64 bits (u128 for the i64 product), then wrapped to the width; AVG (div > 1)
+ * divides the wrapped sum, truncating. */
+static uint64_t ref_int(int t, int op, const void *a, const void *b, size_t i, int div) {
+    int bits;
+    int64_t p = int_at(t, a, i, &bits), q = int_at(t, b, i, &bits);
+    uint64_t r;
+    switch (op) {
+    case TALLY_PROD: r = (uint64_t)((u128)(uint64_t)p * (uint64_t)q); break;
+    case TALLY_MIN: r = (uint64_t)(p < q ? p : q); break;
+    case TALLY_MAX: r = (uint64_t)(p > q ? p : q); break;
+    case TALLY_BAND: r = (uint64_t)p & (uint64_t)q; break;
+    case TALLY_BOR: r = (uint64_t)p | (uint64_t)q; break;
+    case TALLY_BXOR: r = (uint64_t)p ^ (uint64_t)q; break;
+    default: r = (uint64_t)p + (uint64_t)q; break;
+    }
+    int64_t w = int_wrap(t, r, bits);
+    if (div > 1) w /= div;
+    return bits == 64 ? (uint64_t)w : (uint64_t)w & ((1ull << bits) - 1);
+}
+
 /* Reference for element i: raw bits in, raw bits out (as uint64), with AVG divided by nranks. */
 static uint64_t ref_elem(int t, int op, const void *a, const void *b, size_t i, int nranks) {
     int avg = op == TALLY_AVG && nranks > 1;
@@ -153,32 +192,17 @@ static uint64_t ref_elem(int t, int op, const void *a, const void *b, size_t i, 
         uint16_t r = ref_f2b(ref_opf(ref_b2f(((const uint16_t *)a)[i]), ref_b2f(((const uint16_t *)b)[i]), op));
         return avg ? ref_f2b(ref_b2f(r) / (float)nranks) : r;
     }
-    case TALLY_I32: {
-        int64_t p = ((const int32_t *)a)[i], q = ((const int32_t *)b)[i];
-        int64_t r = op == TALLY_PROD  ? (int64_t)((uint64_t)p * (uint64_t)q)
-                    : op == TALLY_MIN ? (p < q ? p : q)
-                    : op == TALLY_MAX ? (p > q ? p : q)
-                                      : p + q;
-        int32_t w = (int32_t)(uint32_t)(r & 0xffffffff); /* wrap to 32 bits */
-        return (uint32_t)(avg ? w / nranks : w);
+    case TALLY_BOOL: {
+        unsigned p = ((const uint8_t *)a)[i] != 0, q = ((const uint8_t *)b)[i] != 0;
+        switch (op) {
+        case TALLY_PROD:
+        case TALLY_MIN:
+        case TALLY_BAND: return p & q;
+        case TALLY_BXOR: return p ^ q;
+        default: return p | q; /* SUM, MAX, BOR */
+        }
     }
-    case TALLY_I64: {
-        int64_t p = ((const int64_t *)a)[i], q = ((const int64_t *)b)[i];
-        int64_t r = op == TALLY_PROD  ? (int64_t)(uint64_t)((u128)(uint64_t)p * (uint64_t)q)
-                    : op == TALLY_MIN ? (p < q ? p : q)
-                    : op == TALLY_MAX ? (p > q ? p : q)
-                                      : (int64_t)((uint64_t)p + (uint64_t)q);
-        return (uint64_t)(avg ? r / nranks : r);
-    }
-    default: {
-        unsigned p = ((const uint8_t *)a)[i], q = ((const uint8_t *)b)[i];
-        unsigned r = (op == TALLY_PROD  ? p * q
-                      : op == TALLY_MIN ? (p < q ? p : q)
-                      : op == TALLY_MAX ? (p > q ? p : q)
-                                        : p + q) %
-                     256;
-        return avg ? r / (unsigned)nranks : r;
-    }
+    default: return ref_int(t, op, a, b, i, avg ? nranks : 1);
     }
 }
 
@@ -224,7 +248,8 @@ static const uint16_t f16_special[] = {
 static const uint16_t bf16_special[] = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc1, 0x7f81 /* sNaN */,
                                         0x0001, 0x8001, 0x007f, 0x0080, 0x7f7f, 0xff7f, 0x7f7e,
                                         0x3f80, 0x3f81, 0x3b80, 0x4380};
-static const int64_t int_special[] = {INT64_MIN, INT64_MAX, INT32_MIN, INT32_MAX, -1, 0, 1, 2, 255, 128};
+static const int64_t int_special[] = {INT64_MIN, INT64_MAX, INT32_MIN, INT32_MAX, INT16_MIN, INT16_MAX, INT8_MIN,
+                                      INT8_MAX,  -1,        0,         1,         2,         255,       128};
 
 #define PICK(arr) arr[rnd() % (sizeof arr / sizeof arr[0])]
 
@@ -252,6 +277,19 @@ static void gen(int t, void *dst, size_t n) {
             ((int64_t *)dst)[i] = kind < 2   ? PICK(int_special)
                                   : kind < 8 ? (int64_t)bits
                                              : (int64_t)(bits % 2001) - 1000;
+            break;
+        case TALLY_I16:
+            ((int16_t *)dst)[i] = (int16_t)(kind < 2   ? PICK(int_special)
+                                            : kind < 8 ? (int64_t)bits
+                                                       : (int64_t)(bits % 2001) - 1000);
+            break;
+        case TALLY_I8:
+            ((int8_t *)dst)[i] = (int8_t)(kind < 2   ? PICK(int_special)
+                                          : kind < 8 ? (int64_t)bits
+                                                     : (int64_t)(bits % 21) - 10);
+            break;
+        case TALLY_BOOL: /* mostly 0 and 1, and other bytes, which count as true */
+            ((uint8_t *)dst)[i] = kind < 6 ? 0 : kind < 12 ? 1 : (uint8_t)bits;
             break;
         default: ((uint8_t *)dst)[i] = (uint8_t)bits; break;
         }
@@ -283,6 +321,7 @@ static void sweep_dtype(int t, const char *isa) {
     gen(t, a0, MAXN);
     gen(t, b0, MAXN);
     for (int op = 0; op < TALLY_OP_COUNT; op++) {
+        if (!tally__dtype_op_valid(t, op)) continue; /* refused pairs: directed() checks they change nothing */
         for (size_t ci = 0; ci < NCOUNTS; ci++) {
             size_t n = counts[ci];
             if (n > top) continue;                                    /* a light sweep keeps every smaller count */
@@ -331,16 +370,124 @@ static void sweep_dtype(int t, const char *isa) {
     free(a0), free(b0), free(ref);
 }
 
-/* Spot checks written out by hand, so a mistake shared by the kernels and the reference shows. */
-static void directed(const char *isa) {
-    enum { N = 100 }; /* long enough for the SIMD loops, with a tail */
-    float fa[N], fb[N], fd[N];
-    uint16_t ha[N], hb[N], hd[N];
-    int32_t ia[N], ib[N], id[N];
+/* Spot checks written out by hand, so a mistake shared by the kernels and the reference shows; N is long
+ * enough for the SIMD loops, with a tail. */
+enum { N = 100 };
 #define FILL2(x, y, va, vb)                                                                                            \
     for (int i = 0; i < N; i++) x[i] = (va), y[i] = (vb)
 #define ALL(d, cond, ...)                                                                                              \
     for (int i = 0; i < N; i++) CHECK(cond, "isa=%s element %d: " __VA_ARGS__)
+
+/* i8 and i16 wrap, and compare signed (an unsigned min would answer 1 for min(-1, 1)). */
+static void directed_small_ints(const char *isa) {
+    int8_t ca[N], cb[N], cd[N];
+    int16_t sa[N], sb[N], sd[N];
+    FILL2(ca, cb, 127, 1);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_SUM);
+    ALL(cd, cd[i] == -128, "i8 127+1 = %d", isa, i, cd[i]);
+    FILL2(ca, cb, -1, 1);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_MIN);
+    ALL(cd, cd[i] == -1, "i8 min(-1,1) = %d", isa, i, cd[i]);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_MAX);
+    ALL(cd, cd[i] == 1, "i8 max(-1,1) = %d", isa, i, cd[i]);
+    FILL2(ca, cb, -128, -1);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_PROD);
+    ALL(cd, cd[i] == -128, "i8 -128*-1 = %d", isa, i, cd[i]);
+    FILL2(ca, cb, 12, -11);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_PROD);
+    ALL(cd, cd[i] == 124, "i8 12*-11 (-132 wrapped) = %d", isa, i, cd[i]);
+    FILL2(ca, cb, -7, 0);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_AVG);
+    tally__avg_finish(cd, N, TALLY_I8, 2);
+    ALL(cd, cd[i] == -3, "i8 avg(-7,0) over 2 = %d", isa, i, cd[i]);
+    FILL2(sa, sb, 32767, 1);
+    tally__reduce(sd, sa, sb, N, TALLY_I16, TALLY_SUM);
+    ALL(sd, sd[i] == -32768, "i16 32767+1 = %d", isa, i, sd[i]);
+    FILL2(sa, sb, -1, 1);
+    tally__reduce(sd, sa, sb, N, TALLY_I16, TALLY_MIN);
+    ALL(sd, sd[i] == -1, "i16 min(-1,1) = %d", isa, i, sd[i]);
+    FILL2(sa, sb, 300, 300);
+    tally__reduce(sd, sa, sb, N, TALLY_I16, TALLY_PROD);
+    ALL(sd, sd[i] == 24464, "i16 300*300 (90000 wrapped) = %d", isa, i, sd[i]);
+    FILL2(sa, sb, 1001, 0);
+    tally__reduce(sd, sa, sb, N, TALLY_I16, TALLY_AVG);
+    tally__avg_finish(sd, N, TALLY_I16, 4);
+    ALL(sd, sd[i] == 250, "i16 avg(1001,0) over 4 = %d", isa, i, sd[i]);
+}
+
+/* Bitwise ops on the two's-complement bits of every integer width. */
+static void directed_bitwise(const char *isa) {
+    int32_t ia[N], ib[N], id[N];
+    FILL2(ia, ib, 0x0f0f0f0f, 0x00ff00ff);
+    tally__reduce(id, ia, ib, N, TALLY_I32, TALLY_BAND);
+    ALL(id, id[i] == 0x000f000f, "i32 band = 0x%x", isa, i, (unsigned)id[i]);
+    tally__reduce(id, ia, ib, N, TALLY_I32, TALLY_BOR);
+    ALL(id, id[i] == 0x0fff0fff, "i32 bor = 0x%x", isa, i, (unsigned)id[i]);
+    tally__reduce(id, ia, ib, N, TALLY_I32, TALLY_BXOR);
+    ALL(id, id[i] == 0x0ff00ff0, "i32 bxor = 0x%x", isa, i, (unsigned)id[i]);
+    int64_t la[N], lb[N], ld[N];
+    FILL2(la, lb, -1, 0x123456789abcll);
+    tally__reduce(ld, la, lb, N, TALLY_I64, TALLY_BXOR);
+    ALL(ld, ld[i] == ~0x123456789abcll, "i64 -1 bxor x = %lld", isa, i, (long long)ld[i]);
+    tally__reduce(ld, la, lb, N, TALLY_I64, TALLY_BAND);
+    ALL(ld, ld[i] == 0x123456789abcll, "i64 -1 band x = %lld", isa, i, (long long)ld[i]);
+    int16_t sa[N], sb[N], sd[N];
+    FILL2(sa, sb, INT16_MIN, 1);
+    tally__reduce(sd, sa, sb, N, TALLY_I16, TALLY_BOR);
+    ALL(sd, sd[i] == -32767, "i16 0x8000 bor 1 = %d", isa, i, sd[i]);
+    int8_t ca[N], cb[N], cd[N];
+    FILL2(ca, cb, -1, 0x0f);
+    tally__reduce(cd, ca, cb, N, TALLY_I8, TALLY_BAND);
+    ALL(cd, cd[i] == 15, "i8 -1 band 15 = %d", isa, i, cd[i]);
+    uint8_t ua[N], ub[N], ud[N];
+    FILL2(ua, ub, 0xf0, 0xff);
+    tally__reduce(ud, ua, ub, N, TALLY_U8, TALLY_BXOR);
+    ALL(ud, ud[i] == 0x0f, "u8 0xf0 bxor 0xff = 0x%x", isa, i, ud[i]);
+}
+
+/* bool: any non-zero byte is true, and what comes out is 0 or 1 whatever came in. */
+static void directed_bool(const char *isa) {
+    static const struct {
+        uint8_t a, b;
+        uint8_t want[TALLY_OP_COUNT]; /* by op; AVG unused */
+    } cases[] = {
+        /*              sum avg prod min max band bor bxor */
+        {2, 4, {1, 0, 1, 1, 1, 1, 1, 0}}, {0, 255, {1, 0, 0, 0, 1, 0, 1, 1}}, {0, 0, {0, 0, 0, 0, 0, 0, 0, 0}},
+        {1, 1, {1, 0, 1, 1, 1, 1, 1, 0}}, {128, 0, {1, 0, 0, 0, 1, 0, 1, 1}},
+    };
+    uint8_t ba[N], bb[N], bd[N];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int op = 0; op < TALLY_OP_COUNT; op++) {
+            if (op == TALLY_AVG) continue;
+            FILL2(ba, bb, cases[c].a, cases[c].b);
+            tally__reduce(bd, ba, bb, N, TALLY_BOOL, (tally_op)op);
+            ALL(bd, bd[i] == cases[c].want[op], "bool %d %s %d = %d, want %d", isa, i, cases[c].a, tally_op_name(op),
+                cases[c].b, bd[i], cases[c].want[op]);
+        }
+    }
+}
+
+/* A pair the entry points refuse leaves dst alone here too: no kernel invents a meaning for it. */
+static void directed_refused(const char *isa) {
+    float fa[N], fb[N], fd[N];
+    uint8_t ba[N], bb[N], bd[N];
+    FILL2(fa, fb, 1.0f, 2.0f);
+    for (int op = TALLY_BAND; op <= TALLY_BXOR; op++) {
+        for (int i = 0; i < N; i++) fd[i] = 7.0f;
+        tally__reduce(fd, fa, fb, N, TALLY_F32, (tally_op)op);
+        ALL(fd, fd[i] == 7.0f, "f32 %s changed dst to %g", isa, i, tally_op_name(op), fd[i]);
+    }
+    FILL2(ba, bb, 1, 1);
+    memset(bd, 9, sizeof bd);
+    tally__reduce(bd, ba, bb, N, TALLY_BOOL, TALLY_AVG);
+    tally__avg_finish(bd, N, TALLY_BOOL, 2);
+    ALL(bd, bd[i] == 9, "bool avg changed dst to %d", isa, i, bd[i]);
+}
+
+static void directed(const char *isa) {
+    float fa[N], fb[N], fd[N];
+    uint16_t ha[N], hb[N], hd[N];
+    int32_t ia[N], ib[N], id[N];
     FILL2(fa, fb, -0.0f, 0.0f);
     tally__reduce(fd, fa, fb, N, TALLY_F32, TALLY_MIN);
     ALL(fd, fbits(fd[i]) == 0x80000000, "min(-0,+0) = 0x%x", isa, i, fbits(fd[i]));
@@ -403,6 +550,10 @@ static void directed(const char *isa) {
     FILL2(la, lb, 0x100000001ll, 0x100000001ll);
     tally__reduce(ld, la, lb, N, TALLY_I64, TALLY_PROD);
     ALL(ld, ld[i] == 0x200000001ll, "(2^32+1)^2 mod 2^64 = %lld", isa, i, (long long)ld[i]);
+    directed_small_ints(isa);
+    directed_bitwise(isa);
+    directed_bool(isa);
+    directed_refused(isa);
 #undef FILL2
 #undef ALL
 }
@@ -492,10 +643,45 @@ static void test_conversions(void) {
     }
 }
 
+/* Which pairs a reduction takes, written out: the bitwise ops only the integers and bool, AVG all but bool. */
+static void test_valid_pairs(void) {
+    static const char valid[TALLY_DTYPE_COUNT][TALLY_OP_COUNT + 1] = {
+        /* sum avg prod min max band bor bxor */
+        [TALLY_F32] = "11111000", [TALLY_F64] = "11111000",  [TALLY_F16] = "11111000", [TALLY_BF16] = "11111000",
+        [TALLY_I32] = "11111111", [TALLY_I64] = "11111111",  [TALLY_U8] = "11111111",  [TALLY_I8] = "11111111",
+        [TALLY_I16] = "11111111", [TALLY_BOOL] = "10111111",
+    };
+    for (int t = 0; t < TALLY_DTYPE_COUNT; t++)
+        for (int op = 0; op < TALLY_OP_COUNT; op++)
+            CHECK(tally__dtype_op_valid(t, op) == (valid[t][op] == '1'), "%s with %s: valid %d, want %c",
+                  tally_dtype_name(t), tally_op_name(op), tally__dtype_op_valid(t, op), valid[t][op]);
+    CHECK(!tally__dtype_op_valid(-1, TALLY_SUM) && !tally__dtype_op_valid(TALLY_DTYPE_COUNT, TALLY_SUM) &&
+              !tally__dtype_op_valid(TALLY_I32, -1) && !tally__dtype_op_valid(TALLY_I32, TALLY_OP_COUNT),
+          "a code out of range makes a valid pair");
+    CHECK(strstr(tally__op_takes(TALLY_BAND), "bool") && strstr(tally__op_takes(TALLY_BAND), "i16") &&
+              strstr(tally__op_takes(TALLY_AVG), "but bool"),
+          "what the ops take: band '%s', avg '%s'", tally__op_takes(TALLY_BAND), tally__op_takes(TALLY_AVG));
+    /* load and store: bool reads any non-zero byte as 1 and writes 0 or 1; the small integers wrap. */
+    unsigned char buf[8] = {0, 2, 255, 1};
+    CHECK(tally__dtype_load(buf, 0, TALLY_BOOL) == 0 && tally__dtype_load(buf, 1, TALLY_BOOL) == 1 &&
+              tally__dtype_load(buf, 2, TALLY_BOOL) == 1,
+          "bool loads");
+    tally__dtype_store(buf, 0, TALLY_BOOL, -3.0);
+    tally__dtype_store(buf, 1, TALLY_BOOL, 0.0);
+    CHECK(buf[0] == 1 && buf[1] == 0, "bool stores -3 as %d and 0 as %d", buf[0], buf[1]);
+    tally__dtype_store(buf, 0, TALLY_I8, -3.0);
+    tally__dtype_store(buf, 1, TALLY_I8, 200.0);
+    CHECK(tally__dtype_load(buf, 0, TALLY_I8) == -3 && tally__dtype_load(buf, 1, TALLY_I8) == -56, "i8 stores");
+    tally__dtype_store(buf, 1, TALLY_I16, -30000.0);
+    CHECK(tally__dtype_load(buf, 1, TALLY_I16) == -30000, "i16 stores");
+}
+
 static void test_names(void) {
-    static const char *const dnames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
-    static const size_t sizes[] = {4, 8, 2, 2, 4, 8, 1};
-    static const char *const onames[] = {"sum", "avg", "prod", "min", "max"};
+    static const char *const dnames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8", "i8", "i16", "bool"};
+    static const size_t sizes[] = {4, 8, 2, 2, 4, 8, 1, 1, 2, 1};
+    static const char *const onames[] = {"sum", "avg", "prod", "min", "max", "band", "bor", "bxor"};
+    _Static_assert(sizeof dnames / sizeof *dnames == TALLY_DTYPE_COUNT, "a dtype without its name here");
+    _Static_assert(sizeof onames / sizeof *onames == TALLY_OP_COUNT, "an op without its name here");
     for (int t = 0; t < TALLY_DTYPE_COUNT; t++) {
         CHECK(!strcmp(tally_dtype_name((tally_dtype)t), dnames[t]), "dtype %d named %s", t, tally_dtype_name(t));
         CHECK(tally_dtype_size((tally_dtype)t) == sizes[t], "dtype %s size %zu", dnames[t], tally_dtype_size(t));
@@ -505,13 +691,17 @@ static void test_names(void) {
         CHECK(!strcmp(tally_op_name((tally_op)op), onames[op]), "op %d named %s", op, tally_op_name(op));
         CHECK(tally_op_parse(onames[op]) == op, "parse %s", onames[op]);
     }
-    CHECK(tally_dtype_size((tally_dtype)7) == 0 && tally_dtype_size((tally_dtype)-1) == 0, "bad dtype has a size");
+    CHECK(tally_dtype_size((tally_dtype)TALLY_DTYPE_COUNT) == 0 && tally_dtype_size((tally_dtype)-1) == 0,
+          "bad dtype has a size");
     CHECK(tally_dtype_name((tally_dtype)99) && tally_op_name((tally_op)99), "bad names give NULL");
     CHECK(tally_dtype_parse("BF16") == TALLY_BF16 && tally_dtype_parse("Float") == TALLY_F32, "case-insensitive");
     CHECK(tally_dtype_parse("double") == TALLY_F64 && tally_dtype_parse("half") == TALLY_F16 &&
               tally_dtype_parse("int") == TALLY_I32,
           "aliases");
-    CHECK(tally_op_parse("MAX") == TALLY_MAX, "op case-insensitive");
+    CHECK(tally_dtype_parse("int8") == TALLY_I8 && tally_dtype_parse("int16") == TALLY_I16 &&
+              tally_dtype_parse("BOOL") == TALLY_BOOL,
+          "aliases of the small integers and bool");
+    CHECK(tally_op_parse("MAX") == TALLY_MAX && tally_op_parse("BXOR") == TALLY_BXOR, "op case-insensitive");
     CHECK(tally_dtype_parse(NULL) == -1 && tally_op_parse(NULL) == -1, "NULL parses");
     CHECK(tally_dtype_parse("f33") == -1 && tally_dtype_parse("") == -1 && tally_op_parse("sums") == -1,
           "unknown parses");
@@ -519,6 +709,7 @@ static void test_names(void) {
 
 int main(void) {
     test_names();
+    test_valid_pairs();
     test_conversions();
     static const char *const levels[] = {"scalar", "avx2", "avx512"};
     char ran[64] = "";

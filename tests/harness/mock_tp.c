@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/numeric/dtype.h"
 #include "core/numeric/reduce.h"
 
 typedef struct mock_msg {
@@ -81,8 +82,8 @@ static const char *mock_rules(const mock_rank *me, const tally__send *s, int ns,
         if (r[i].src) {
             size_t es = tally_dtype_size(r[i].dtype);
             if (!es || r[i].len % es) return "reducing recv with a bad dtype or a length not a multiple of it";
-            if (r[i].op != TALLY_SUM && r[i].op != TALLY_PROD && r[i].op != TALLY_MIN && r[i].op != TALLY_MAX)
-                return "reducing recv with an op other than SUM, PROD, MIN, MAX";
+            if (r[i].op == TALLY_AVG || !tally__dtype_op_valid((int)r[i].dtype, (int)r[i].op))
+                return "reducing recv with AVG (the caller divides) or an op its dtype does not take";
             if (r[i].src != r[i].dst && overlap(r[i].src, r[i].len, r[i].dst, r[i].len))
                 return "reducing recv whose src partly overlaps its dst";
         }

@@ -1,5 +1,5 @@
-/* dtype.c - element sizes, dtype/op names as the CLI spells them, and the f16/bf16 <-> f32
- * conversions (round to nearest even, as F16C does, so scalar and SIMD kernels agree bit for bit). */
+/* dtype.c - element sizes, dtype/op names as the CLI spells them, the (dtype, op) pairs a reduction takes,
+ * and the f16/bf16 <-> f32 conversions (round to nearest even, as F16C does, so SIMD and scalar agree). */
 #include "dtype.h"
 
 #include <string.h>
@@ -74,12 +74,14 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[TALLY_DTYPE_COUNT] = {
-    [TALLY_F32] = {"f32", 4}, [TALLY_F64] = {"f64", 8}, [TALLY_F16] = {"f16", 2}, [TALLY_BF16] = {"bf16", 2},
-    [TALLY_I32] = {"i32", 4}, [TALLY_I64] = {"i64", 8}, [TALLY_U8] = {"u8", 1},
+    [TALLY_F32] = {"f32", 4}, [TALLY_F64] = {"f64", 8},   [TALLY_F16] = {"f16", 2}, [TALLY_BF16] = {"bf16", 2},
+    [TALLY_I32] = {"i32", 4}, [TALLY_I64] = {"i64", 8},   [TALLY_U8] = {"u8", 1},   [TALLY_I8] = {"i8", 1},
+    [TALLY_I16] = {"i16", 2}, [TALLY_BOOL] = {"bool", 1},
 };
 
 static const char *const ops[TALLY_OP_COUNT] = {
-    [TALLY_SUM] = "sum", [TALLY_AVG] = "avg", [TALLY_PROD] = "prod", [TALLY_MIN] = "min", [TALLY_MAX] = "max",
+    [TALLY_SUM] = "sum", [TALLY_AVG] = "avg",   [TALLY_PROD] = "prod", [TALLY_MIN] = "min",
+    [TALLY_MAX] = "max", [TALLY_BAND] = "band", [TALLY_BOR] = "bor",   [TALLY_BXOR] = "bxor",
 };
 
 /* Spellings users bring from numpy, PyTorch and MPI. */
@@ -88,10 +90,11 @@ static const struct {
     int value;
 } dtype_aliases[] =
     {
-        {"float", TALLY_F32},   {"float32", TALLY_F32},   {"fp32", TALLY_F32}, {"double", TALLY_F64},
-        {"float64", TALLY_F64}, {"fp64", TALLY_F64},      {"half", TALLY_F16}, {"float16", TALLY_F16},
-        {"fp16", TALLY_F16},    {"bfloat16", TALLY_BF16}, {"int", TALLY_I32},  {"int32", TALLY_I32},
-        {"int64", TALLY_I64},   {"long", TALLY_I64},      {"uint8", TALLY_U8}, {"byte", TALLY_U8},
+        {"float", TALLY_F32},   {"float32", TALLY_F32},   {"fp32", TALLY_F32},  {"double", TALLY_F64},
+        {"float64", TALLY_F64}, {"fp64", TALLY_F64},      {"half", TALLY_F16},  {"float16", TALLY_F16},
+        {"fp16", TALLY_F16},    {"bfloat16", TALLY_BF16}, {"int", TALLY_I32},   {"int32", TALLY_I32},
+        {"int64", TALLY_I64},   {"long", TALLY_I64},      {"uint8", TALLY_U8},  {"byte", TALLY_U8},
+        {"int8", TALLY_I8},     {"int16", TALLY_I16},     {"short", TALLY_I16},
 },
   op_aliases[] = {
       {"mean", TALLY_AVG},
@@ -105,6 +108,24 @@ size_t tally_dtype_size(tally_dtype t) { return tally__dtype_valid((int)t) ? dty
 const char *tally_dtype_name(tally_dtype t) { return tally__dtype_valid((int)t) ? dtypes[t].name : "invalid"; }
 
 const char *tally_op_name(tally_op op) { return tally__op_valid((int)op) ? ops[op] : "invalid"; }
+
+static int dtype_is_integer(int t) {
+    return t == TALLY_U8 || t == TALLY_I8 || t == TALLY_I16 || t == TALLY_I32 || t == TALLY_I64;
+}
+
+static int op_is_bitwise(int op) { return op == TALLY_BAND || op == TALLY_BOR || op == TALLY_BXOR; }
+
+int tally__dtype_op_valid(int t, int op) {
+    if (!tally__dtype_valid(t) || !tally__op_valid(op)) return 0;
+    if (op_is_bitwise(op)) return dtype_is_integer(t) || t == TALLY_BOOL;
+    return !(op == TALLY_AVG && t == TALLY_BOOL); /* a mean of truth values is no truth value */
+}
+
+const char *tally__op_takes(int op) {
+    if (op_is_bitwise(op)) return "the integer dtypes (u8, i8, i16, i32, i64) and bool";
+    if (op == TALLY_AVG) return "every dtype but bool";
+    return tally__op_valid(op) ? "every dtype" : "no dtype";
+}
 
 int tally_dtype_parse(const char *name) {
     if (!name) return -1;
@@ -132,8 +153,12 @@ double tally__dtype_load(const void *buf, size_t i, tally_dtype t) {
     case TALLY_BF16: return tally__bf16_to_f32(((const uint16_t *)buf)[i]);
     case TALLY_I32: return ((const int32_t *)buf)[i];
     case TALLY_I64: return (double)((const int64_t *)buf)[i];
-    default: return ((const uint8_t *)buf)[i];
+    case TALLY_U8: return ((const uint8_t *)buf)[i];
+    case TALLY_I8: return ((const int8_t *)buf)[i];
+    case TALLY_I16: return ((const int16_t *)buf)[i];
+    case TALLY_BOOL: return ((const uint8_t *)buf)[i] != 0;
     }
+    return 0;
 }
 
 void tally__dtype_store(void *buf, size_t i, tally_dtype t, double v) {
@@ -144,6 +169,9 @@ void tally__dtype_store(void *buf, size_t i, tally_dtype t, double v) {
     case TALLY_BF16: ((uint16_t *)buf)[i] = tally__f32_to_bf16((float)v); break;
     case TALLY_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case TALLY_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
-    default: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    case TALLY_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    case TALLY_I8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break; /* wraps, as the kernels do */
+    case TALLY_I16: ((int16_t *)buf)[i] = (int16_t)(int64_t)v; break;
+    case TALLY_BOOL: ((uint8_t *)buf)[i] = v != 0; break;
     }
 }

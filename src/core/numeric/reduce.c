@@ -112,13 +112,28 @@ static inline double max_f64(double p, double q) {
     default: LOOP(uint16_t, FROM32(TO32(p) + TO32(q))); break;                                                         \
     }
 
-/* Integers wrap: U, the unsigned type, makes overflow defined. */
+/* Integers wrap: U, an unsigned type at least as wide as unsigned int (narrower ones would promote to
+ * int, whose overflow is undefined), makes overflow defined. Bitwise ops act on the two's-complement bits. */
 #define INT_OPS(T, U)                                                                                                  \
     switch (op) {                                                                                                      \
     case TALLY_PROD: LOOP(T, (U)p *(U)q); break;                                                                       \
     case TALLY_MIN: LOOP(T, p < q ? p : q); break;                                                                     \
     case TALLY_MAX: LOOP(T, p > q ? p : q); break;                                                                     \
+    case TALLY_BAND: LOOP(T, p &q); break;                                                                             \
+    case TALLY_BOR: LOOP(T, p | q); break;                                                                             \
+    case TALLY_BXOR: LOOP(T, p ^ q); break;                                                                            \
     default: LOOP(T, (U)p + (U)q); break;                                                                              \
+    }
+
+/* BOOL: any non-zero byte is true, and every result is 0 or 1, so a byte other than 1 from the caller
+ * never spreads. SUM, MAX and BOR are or; PROD, MIN and BAND and; BXOR exclusive or. */
+#define BOOL_OPS                                                                                                       \
+    switch (op) {                                                                                                      \
+    case TALLY_PROD:                                                                                                   \
+    case TALLY_MIN:                                                                                                    \
+    case TALLY_BAND: LOOP(uint8_t, p &&q); break;                                                                      \
+    case TALLY_BXOR: LOOP(uint8_t, !p != !q); break;                                                                   \
+    default: LOOP(uint8_t, p || q); break;                                                                             \
     }
 
 static void reduce_scalar(void *dst, const void *a, const void *b, size_t n, tally_dtype t, tally_op op) {
@@ -130,12 +145,16 @@ static void reduce_scalar(void *dst, const void *a, const void *b, size_t n, tal
     case TALLY_I32: INT_OPS(int32_t, uint32_t); break;
     case TALLY_I64: INT_OPS(int64_t, uint64_t); break;
     case TALLY_U8: INT_OPS(uint8_t, unsigned); break;
+    case TALLY_I8: INT_OPS(int8_t, unsigned); break;
+    case TALLY_I16: INT_OPS(int16_t, unsigned); break;
+    case TALLY_BOOL: BOOL_OPS; break;
     }
 }
 
 void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op) {
+    /* A pair the entry points refuse (a float with a bitwise op, BOOL with AVG) has no definition here. */
+    if (count == 0 || !tally__dtype_op_valid((int)t, (int)op)) return;
     if (op == TALLY_AVG) op = TALLY_SUM;
-    if (count == 0 || !tally__dtype_valid((int)t) || !tally__op_valid((int)op)) return;
     size_t done = 0;
     switch (isa_level()) {
     case ISA_AVX512: done = tally__reduce_avx512(dst, a, b, count, t, op); break;
@@ -165,6 +184,9 @@ static void avg_scalar(void *buf, size_t n, tally_dtype t, int nranks) {
     case TALLY_I32: AVG_LOOP(int32_t, p / nranks); break;
     case TALLY_I64: AVG_LOOP(int64_t, p / (int64_t)nranks); break;
     case TALLY_U8: AVG_LOOP(uint8_t, p / nranks); break;
+    case TALLY_I8: AVG_LOOP(int8_t, p / nranks); break;
+    case TALLY_I16: AVG_LOOP(int16_t, p / nranks); break;
+    case TALLY_BOOL: break; /* AVG takes no BOOL */
     }
 }
 

@@ -6,10 +6,10 @@
 #include <stddef.h>
 #include <tally.h>
 
-/* dst[i] = a[i] op b[i] for i < count. dst may alias a or b (exactly, not partially).
- * op is SUM, PROD, MIN or MAX; AVG is reduced as SUM and finished by tally__avg_finish. */
+/* dst[i] = a[i] op b[i] for i < count. dst may alias a or b (exactly, not partially). AVG is reduced as
+ * SUM and finished by tally__avg_finish. A pair tally__dtype_op_valid refuses leaves dst as it was. */
 void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op);
-/* buf[i] /= n, for the AVG op after a SUM (integers: truncating division). */
+/* buf[i] /= n, for the AVG op after a SUM (integers: truncating division; BOOL has no AVG: unchanged). */
 void tally__avg_finish(void *buf, size_t count, tally_dtype t, int n);
 /* The instruction set the kernels dispatch to: "avx512", "avx2" or "scalar". */
 const char *tally__reduce_isa(void);
@@ -20,7 +20,7 @@ void tally__reduce_set_isa(const char *isa);
 
 /* The SIMD kernels, one file per instruction set, called by reduce.c only once the CPU is known to
  * have it. They do a leading part of the work and return how many elements they did; reduce.c does
- * the rest with its scalar loop. op is never AVG here. */
+ * the rest with its scalar loop. op is never AVG here, and (t, op) is a valid pair. */
 size_t tally__reduce_avx2(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op);
 size_t tally__reduce_avx512(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op);
 size_t tally__avg_finish_avx2(void *buf, size_t count, tally_dtype t, int n);

@@ -58,6 +58,30 @@ INL __m256i u8_mul(__m256i x, __m256i y) {
 INL __m256i u8_min(__m256i x, __m256i y) { return _mm256_min_epu8(x, y); }
 INL __m256i u8_max(__m256i x, __m256i y) { return _mm256_max_epu8(x, y); }
 
+/* i8: the low byte of a sum or product does not depend on the sign; only min and max do. */
+#define i8_add u8_add
+#define i8_mul u8_mul
+INL __m256i i8_min(__m256i x, __m256i y) { return _mm256_min_epi8(x, y); }
+INL __m256i i8_max(__m256i x, __m256i y) { return _mm256_max_epi8(x, y); }
+
+INL __m256i i16_add(__m256i x, __m256i y) { return _mm256_add_epi16(x, y); }
+INL __m256i i16_mul(__m256i x, __m256i y) { return _mm256_mullo_epi16(x, y); }
+INL __m256i i16_min(__m256i x, __m256i y) { return _mm256_min_epi16(x, y); }
+INL __m256i i16_max(__m256i x, __m256i y) { return _mm256_max_epi16(x, y); }
+
+/* Bitwise ops see bits, not elements: one set serves every integer width. */
+INL __m256i bits_and(__m256i x, __m256i y) { return _mm256_and_si256(x, y); }
+INL __m256i bits_or(__m256i x, __m256i y) { return _mm256_or_si256(x, y); }
+INL __m256i bits_xor(__m256i x, __m256i y) { return _mm256_xor_si256(x, y); }
+
+/* bool: min(byte, 1) is its truth as 0 or 1; min(x, y) is non-zero exactly when both are. */
+INL __m256i bool_or(__m256i x, __m256i y) { return _mm256_min_epu8(_mm256_or_si256(x, y), _mm256_set1_epi8(1)); }
+INL __m256i bool_and(__m256i x, __m256i y) { return _mm256_min_epu8(_mm256_min_epu8(x, y), _mm256_set1_epi8(1)); }
+INL __m256i bool_xor(__m256i x, __m256i y) {
+    __m256i one = _mm256_set1_epi8(1);
+    return _mm256_xor_si256(_mm256_min_epu8(x, one), _mm256_min_epu8(y, one));
+}
+
 /* f16: 8 halves widen exactly to 8 floats; one RNE rounding back, as the scalar code does. */
 #define F16_OP(name, OP)                                                                                               \
     INL __m128i name(__m128i x, __m128i y) { return _mm256_cvtps_ph(OP(_mm256_cvtph_ps(x), _mm256_cvtph_ps(y)), RNE); }
@@ -119,26 +143,48 @@ BF16_OP(bf16_max, f32_max)
     KERNEL(P##_prod, T, V, W, LD, ST, P##_mul)                                                                         \
     KERNEL(P##_minimum, T, V, W, LD, ST, P##_min)                                                                      \
     KERNEL(P##_maximum, T, V, W, LD, ST, P##_max)
+/* Bytes, whatever the dtype: the integers' bitwise ops run on them with the count in bytes. */
+#define BYTE_KERNEL(name, OP) KERNEL(name, uint8_t, __m256i, 32, LD_SI, ST_SI, OP)
 
 KERNELS(f32, float, __m256, 8, LD_PS, ST_PS)
 KERNELS(f64, double, __m256d, 4, LD_PD, ST_PD)
 KERNELS(i32, int32_t, __m256i, 8, LD_SI, ST_SI)
 KERNELS(i64, int64_t, __m256i, 4, LD_SI, ST_SI)
 KERNELS(u8, uint8_t, __m256i, 32, LD_SI, ST_SI)
+KERNELS(i8, int8_t, __m256i, 32, LD_SI, ST_SI)
+KERNELS(i16, int16_t, __m256i, 16, LD_SI, ST_SI)
 KERNELS(f16, uint16_t, __m128i, 8, LD_X, ST_X)
 KERNELS(bf16, uint16_t, __m256i, 16, LD_SI, ST_SI)
+BYTE_KERNEL(bytes_and, bits_and)
+BYTE_KERNEL(bytes_or, bits_or)
+BYTE_KERNEL(bytes_xor, bits_xor)
+BYTE_KERNEL(bool_any, bool_or)
+BYTE_KERNEL(bool_all, bool_and)
+BYTE_KERNEL(bool_one, bool_xor)
 
 typedef size_t (*kernel_fn)(void *, const void *, const void *, size_t);
 #define ROW(P)                                                                                                         \
     { [TALLY_SUM] = P##_sum, [TALLY_PROD] = P##_prod, [TALLY_MIN] = P##_minimum, [TALLY_MAX] = P##_maximum }
+/* bool: or for SUM, MAX and BOR; and for PROD, MIN and BAND. */
+#define BOOL_ROW                                                                                                       \
+    {                                                                                                                  \
+        [TALLY_SUM] = bool_any, [TALLY_MAX] = bool_any, [TALLY_BOR] = bool_any, [TALLY_PROD] = bool_all,               \
+        [TALLY_MIN] = bool_all, [TALLY_BAND] = bool_all, [TALLY_BXOR] = bool_one                                       \
+    }
 static const kernel_fn kernels[TALLY_DTYPE_COUNT][TALLY_OP_COUNT] = {
-    [TALLY_F32] = ROW(f32), [TALLY_F64] = ROW(f64), [TALLY_F16] = ROW(f16), [TALLY_BF16] = ROW(bf16),
-    [TALLY_I32] = ROW(i32), [TALLY_I64] = ROW(i64), [TALLY_U8] = ROW(u8),
+    [TALLY_F32] = ROW(f32), [TALLY_F64] = ROW(f64),  [TALLY_F16] = ROW(f16), [TALLY_BF16] = ROW(bf16),
+    [TALLY_I32] = ROW(i32), [TALLY_I64] = ROW(i64),  [TALLY_U8] = ROW(u8),   [TALLY_I8] = ROW(i8),
+    [TALLY_I16] = ROW(i16), [TALLY_BOOL] = BOOL_ROW,
 };
+static const kernel_fn bitwise[TALLY_OP_COUNT] = {
+    [TALLY_BAND] = bytes_and, [TALLY_BOR] = bytes_or, [TALLY_BXOR] = bytes_xor};
 
 size_t tally__reduce_avx2(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op) {
     kernel_fn k = kernels[t][op];
-    return k ? k(dst, a, b, count) : 0;
+    if (k) return k(dst, a, b, count);
+    /* An integer's bitwise op, on its bytes; 32 bytes hold whole elements, so none is cut. */
+    size_t es = tally_dtype_size(t);
+    return bitwise[op] ? bitwise[op](dst, a, b, count * es) / es : 0;
 }
 
 /* ---- AVG: divide (not multiply by 1/n, which rounds differently); integers stay scalar ---- */

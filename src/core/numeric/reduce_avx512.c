@@ -58,6 +58,30 @@ INL __m512i u8_mul(__m512i x, __m512i y) {
 INL __m512i u8_min(__m512i x, __m512i y) { return _mm512_min_epu8(x, y); }
 INL __m512i u8_max(__m512i x, __m512i y) { return _mm512_max_epu8(x, y); }
 
+/* i8: the low byte of a sum or product does not depend on the sign; only min and max do. */
+#define i8_add u8_add
+#define i8_mul u8_mul
+INL __m512i i8_min(__m512i x, __m512i y) { return _mm512_min_epi8(x, y); }
+INL __m512i i8_max(__m512i x, __m512i y) { return _mm512_max_epi8(x, y); }
+
+INL __m512i i16_add(__m512i x, __m512i y) { return _mm512_add_epi16(x, y); }
+INL __m512i i16_mul(__m512i x, __m512i y) { return _mm512_mullo_epi16(x, y); }
+INL __m512i i16_min(__m512i x, __m512i y) { return _mm512_min_epi16(x, y); }
+INL __m512i i16_max(__m512i x, __m512i y) { return _mm512_max_epi16(x, y); }
+
+/* Bitwise ops see bits, not elements: one set serves every integer width. */
+INL __m512i bits_and(__m512i x, __m512i y) { return _mm512_and_si512(x, y); }
+INL __m512i bits_or(__m512i x, __m512i y) { return _mm512_or_si512(x, y); }
+INL __m512i bits_xor(__m512i x, __m512i y) { return _mm512_xor_si512(x, y); }
+
+/* bool: min(byte, 1) is its truth as 0 or 1; min(x, y) is non-zero exactly when both are. */
+INL __m512i bool_or(__m512i x, __m512i y) { return _mm512_min_epu8(_mm512_or_si512(x, y), _mm512_set1_epi8(1)); }
+INL __m512i bool_and(__m512i x, __m512i y) { return _mm512_min_epu8(_mm512_min_epu8(x, y), _mm512_set1_epi8(1)); }
+INL __m512i bool_xor(__m512i x, __m512i y) {
+    __m512i one = _mm512_set1_epi8(1);
+    return _mm512_xor_si512(_mm512_min_epu8(x, one), _mm512_min_epu8(y, one));
+}
+
 /* f16: 16 halves widen exactly to 16 floats; one RNE rounding back, as the scalar code does. */
 #define F16_OP(name, OP)                                                                                               \
     INL __m256i name(__m256i x, __m256i y) { return _mm512_cvtps_ph(OP(_mm512_cvtph_ps(x), _mm512_cvtph_ps(y)), RNE); }
@@ -146,26 +170,48 @@ static inline size_t head_len(const void *d, const void *a, const void *b, size_
     KERNEL(P##_prod, T, M, W, LD, MLD, ST, MST, P##_mul)                                                               \
     KERNEL(P##_minimum, T, M, W, LD, MLD, ST, MST, P##_min)                                                            \
     KERNEL(P##_maximum, T, M, W, LD, MLD, ST, MST, P##_max)
+/* Bytes, whatever the dtype: the integers' bitwise ops run on them with the count in bytes. */
+#define BYTE_KERNEL(name, OP) KERNEL(name, uint8_t, __mmask64, 64, LD_SI, MLD_8, ST_SI, MST_8, OP)
 
 KERNELS(f32, float, __mmask16, 16, LD_PS, MLD_PS, ST_PS, MST_PS)
 KERNELS(f64, double, __mmask8, 8, LD_PD, MLD_PD, ST_PD, MST_PD)
 KERNELS(i32, int32_t, __mmask16, 16, LD_SI, MLD_32, ST_SI, MST_32)
 KERNELS(i64, int64_t, __mmask8, 8, LD_SI, MLD_64, ST_SI, MST_64)
 KERNELS(u8, uint8_t, __mmask64, 64, LD_SI, MLD_8, ST_SI, MST_8)
+KERNELS(i8, int8_t, __mmask64, 64, LD_SI, MLD_8, ST_SI, MST_8)
+KERNELS(i16, int16_t, __mmask32, 32, LD_SI, MLD_16, ST_SI, MST_16)
 KERNELS(f16, uint16_t, __mmask16, 16, LD_Y, MLD_Y16, ST_Y, MST_Y16)
 KERNELS(bf16, uint16_t, __mmask32, 32, LD_SI, MLD_16, ST_SI, MST_16)
+BYTE_KERNEL(bytes_and, bits_and)
+BYTE_KERNEL(bytes_or, bits_or)
+BYTE_KERNEL(bytes_xor, bits_xor)
+BYTE_KERNEL(bool_any, bool_or)
+BYTE_KERNEL(bool_all, bool_and)
+BYTE_KERNEL(bool_one, bool_xor)
 
 typedef size_t (*kernel_fn)(void *, const void *, const void *, size_t);
 #define ROW(P)                                                                                                         \
     { [TALLY_SUM] = P##_sum, [TALLY_PROD] = P##_prod, [TALLY_MIN] = P##_minimum, [TALLY_MAX] = P##_maximum }
+/* bool: or for SUM, MAX and BOR; and for PROD, MIN and BAND. */
+#define BOOL_ROW                                                                                                       \
+    {                                                                                                                  \
+        [TALLY_SUM] = bool_any, [TALLY_MAX] = bool_any, [TALLY_BOR] = bool_any, [TALLY_PROD] = bool_all,               \
+        [TALLY_MIN] = bool_all, [TALLY_BAND] = bool_all, [TALLY_BXOR] = bool_one                                       \
+    }
 static const kernel_fn kernels[TALLY_DTYPE_COUNT][TALLY_OP_COUNT] = {
-    [TALLY_F32] = ROW(f32), [TALLY_F64] = ROW(f64), [TALLY_F16] = ROW(f16), [TALLY_BF16] = ROW(bf16),
-    [TALLY_I32] = ROW(i32), [TALLY_I64] = ROW(i64), [TALLY_U8] = ROW(u8),
+    [TALLY_F32] = ROW(f32), [TALLY_F64] = ROW(f64),  [TALLY_F16] = ROW(f16), [TALLY_BF16] = ROW(bf16),
+    [TALLY_I32] = ROW(i32), [TALLY_I64] = ROW(i64),  [TALLY_U8] = ROW(u8),   [TALLY_I8] = ROW(i8),
+    [TALLY_I16] = ROW(i16), [TALLY_BOOL] = BOOL_ROW,
 };
+static const kernel_fn bitwise[TALLY_OP_COUNT] = {
+    [TALLY_BAND] = bytes_and, [TALLY_BOR] = bytes_or, [TALLY_BXOR] = bytes_xor};
 
 size_t tally__reduce_avx512(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op) {
     kernel_fn k = kernels[t][op];
-    return k ? k(dst, a, b, count) : 0;
+    if (k) return k(dst, a, b, count);
+    /* An integer's bitwise op, on its bytes (all of them: the masked tail ends on the last). */
+    size_t es = tally_dtype_size(t);
+    return bitwise[op] ? bitwise[op](dst, a, b, count * es) / es : 0;
 }
 
 /* ---- AVG: divide (not multiply by 1/n, which rounds differently); integers stay scalar ---- */

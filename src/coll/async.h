@@ -15,6 +15,11 @@ typedef struct tally__call {
     tally_dtype t;
     tally_op op;
     int root;
+    /* alltoallv's: size entries each (a non-blocking call's point into its request, which copied them) */
+    const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
+    /* What runs a call comm.c's own bodies do not (rooted.c's: reduce, gather, scatter, alltoall, alltoallv),
+     * as comm.c's dispatch would; called through here so comm.c does not depend on rooted.c. */
+    int (*body)(tally_comm *c, const struct tally__call *a);
 } tally__call;
 
 typedef struct tally__async tally__async;
@@ -52,6 +57,7 @@ void tally__request_cost(const tally_request *r, double *secs, unsigned long lon
  * in a split); the blocking entry point itself (behind pending requests, as tally_allreduce ...); and
  * where the communicator keeps its engine. */
 int tally__comm_run(tally_comm *c, const tally__call *a);
+
 int tally__comm_call(tally_comm *c, const tally__call *a);
 tally__async_slot *tally__comm_async(tally_comm *c);
 

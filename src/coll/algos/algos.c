@@ -11,7 +11,9 @@
     X(ring)                                                                                                            \
     X(tree)                                                                                                            \
     X(rhd)                                                                                                             \
-    X(direct)
+    X(direct)                                                                                                          \
+    X(pairwise)                                                                                                        \
+    X(bruck)
 
 #define TALLY__ALGO_EXTERN(name) extern const tally__algo_desc tally__##name##_algo;
 TALLY__ALGO_TABLE(TALLY__ALGO_EXTERN)
@@ -62,6 +64,11 @@ int tally__algo_has(const tally__algo_desc *d, int coll) {
     case TALLY__ALLGATHER: return d->allgather != NULL;
     case TALLY__BROADCAST: return d->broadcast != NULL;
     case TALLY__BARRIER: return d->barrier != NULL;
+    case TALLY__REDUCE: return d->reduce != NULL;
+    case TALLY__GATHER: return d->gather != NULL;
+    case TALLY__SCATTER: return d->scatter != NULL;
+    case TALLY__ALLTOALL: return d->alltoall != NULL;
+    case TALLY__ALLTOALLV: return d->alltoallv != NULL;
     default: return d->allreduce != NULL; /* allreduce, and the set-up traffic its cost stands for */
     }
 }

@@ -1,5 +1,6 @@
 /* tree.c - the pipelined binary tree: allreduce as a reduction up the tree and a broadcast down it, in
- * segments so every level works at once; reduce-scatter, all-gather, broadcast and barrier built on it. */
+ * segments so every level works at once; reduce-scatter, all-gather, broadcast and barrier built on it;
+ * and the binomial tree of the rooted collectives (reduce, gather, scatter). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,6 +217,123 @@ static int tree_barrier(const tally__ctx *c) {
     return p.nkids ? tally__xchg(c, s, p.nkids, NULL, 0) : 0;
 }
 
+/* ---- rooted: the binomial tree ----
+ * Virtual rank v = rank - root (mod n). v's parent is v minus its lowest set bit; its children are v + m
+ * for the powers of two m below that bit (below n for the root) with v + m < n, and its subtree is the
+ * virtual ranks [v, v + sub(v)): contiguous, so a gather's or scatter's blocks travel as one message.
+ * Data flowing up (reduce, gather) is followed by an empty release down, and data flowing down (scatter)
+ * waits for an empty "here" up, so no rank returns before it has heard, through the tree, from all. */
+static int bin_low(int v, int n) { return v ? v & -v : tally__pow2_floor(n) * 2; }
+static int bin_sub(int v, int n) { return bin_low(v, n) < n - v ? bin_low(v, n) : n - v; }
+static int bin_real(int v, int root, int n) { return (v + root) % n; }
+
+/* v's children's real ranks in kids, m = 1, 2, 4 ... in turn; returns how many. */
+static int bin_kids(int v, int root, int n, int *kids) {
+    int k = 0;
+    for (int m = 1; m < bin_low(v, n) && v + m < n; m *= 2) kids[k++] = bin_real(v + m, root, n);
+    return k;
+}
+
+/* One exchange with the parent: slen bytes up, rlen bytes down into rdst (0: its empty release). */
+static int bin_parent(const tally__ctx *c, int v, int root, const void *sbuf, size_t slen, void *rdst, size_t rlen,
+                      tally_dtype t) {
+    char sink;
+    int parent = bin_real(v - bin_low(v, c->size), root, c->size);
+    tally__send s = {.peer = parent, .buf = sbuf, .len = slen};
+    tally__recv r = {.peer = parent, .dst = rlen ? rdst : &sink, .len = rlen, .dtype = t};
+    return tally__xchg(c, &s, 1, &r, 1);
+}
+
+/* Empty messages to (release) or from (here) every child, in one exchange. */
+static int bin_kids_empty(const tally__ctx *c, int v, int root, int to_kids) {
+    static const char none;
+    char sink[32];
+    int kids[32], nk = bin_kids(v, root, c->size, kids);
+    tally__send s[32];
+    tally__recv r[32];
+    for (int k = 0; k < nk; k++) {
+        s[k] = (tally__send){.peer = kids[k], .buf = &none};
+        r[k] = (tally__recv){.peer = kids[k], .dst = &sink[k], .dtype = TALLY_U8};
+    }
+    if (!nk) return 0;
+    return to_kids ? tally__xchg(c, s, nk, NULL, 0) : tally__xchg(c, NULL, 0, r, nk);
+}
+
+/* Binomial reduce: each child's partial (one exchange each: they reduce into the same bytes) in the
+ * order m = 1, 2, 4 ..., then the result to the parent with its release back, then the children's
+ * release. A leaf sends its own data; an inner rank accumulates in scratch, the root in recv. */
+static int tree_reduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                       int root) {
+    int n = c->size, v = (c->rank - root + n) % n, rc = 0, kids[32], nk = bin_kids(v, root, n, kids);
+    size_t bytes = count * tally_dtype_size(t);
+    int inner = v && nk;
+    void *acc = inner ? malloc(bytes) : recv;
+    if (inner && !acc)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree reduce: no memory for %zu bytes", c->rank, bytes);
+    const void *cur = send;
+    for (int k = 0; !rc && k < nk; k++) {
+        rc = tally__recv_one(c, kids[k], acc, cur, bytes, t, op);
+        cur = acc;
+    }
+    if (!rc && v) rc = bin_parent(c, v, root, cur, bytes, NULL, 0, t);
+    if (!rc) rc = bin_kids_empty(c, v, root, 1);
+    if (inner) free(acc);
+    return rc;
+}
+
+/* Binomial gather: the children's subtrees' blocks in one exchange (disjoint plain receives), then this
+ * subtree's to the parent with its release back, then the children's release. Blocks go in virtual
+ * order: the root takes them in scratch and puts them in rank order unless it is rank 0; a leaf sends
+ * its own block. */
+static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), rc = 0, kids[32];
+    int nk = bin_kids(v, root, n, kids);
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    char *buf = v == 0 && root == 0 ? recv : sub > 1 ? malloc((size_t)sub * bytes) : NULL;
+    if (sub > 1 && !buf)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree gather: no memory for %d blocks", c->rank, sub);
+    if (buf) memmove(buf, send, bytes);
+    tally__recv r[32];
+    for (int k = 0, m = 1; k < nk; k++, m *= 2)
+        r[k] = (tally__recv){
+            .peer = kids[k], .dst = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes, .dtype = t};
+    if (nk) rc = tally__xchg(c, NULL, 0, r, nk);
+    if (!rc && v) rc = bin_parent(c, v, root, buf ? buf : send, (size_t)sub * bytes, NULL, 0, t);
+    if (!rc && v == 0 && buf != recv) { /* virtual block k is rank (k + root) % n's */
+        memcpy(tally__at(recv, (size_t)root * count, es), buf, (size_t)(n - root) * bytes);
+        memcpy(recv, buf + (size_t)(n - root) * bytes, (size_t)root * bytes);
+    }
+    if (!rc) rc = bin_kids_empty(c, v, root, 1);
+    if (buf != recv) free(buf);
+    return rc;
+}
+
+/* Binomial scatter: the children's "here" (empty), then this rank's to the parent with its subtree's
+ * blocks back, then each child's subtree's blocks in one exchange, keeping the first. The root lays its
+ * blocks out in virtual order unless it is rank 0; a leaf receives straight into recv. */
+static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
+    static const char none;
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), rc, kids[32];
+    int nk = bin_kids(v, root, n, kids);
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    char *buf = v == 0 && root == 0 ? (char *)send : sub > 1 ? malloc((size_t)sub * bytes) : recv;
+    if (sub > 1 && !buf)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree scatter: no memory for %d blocks", c->rank, sub);
+    if (v == 0 && root != 0) {
+        memcpy(buf, tally__at(send, (size_t)root * count, es), (size_t)(n - root) * bytes);
+        memcpy(buf + (size_t)(n - root) * bytes, send, (size_t)root * bytes);
+    }
+    rc = bin_kids_empty(c, v, root, 0);
+    if (!rc && v) rc = bin_parent(c, v, root, &none, 0, buf, (size_t)sub * bytes, t);
+    tally__send s[32];
+    for (int k = 0, m = 1; k < nk; k++, m *= 2)
+        s[k] = (tally__send){.peer = kids[k], .buf = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes};
+    if (!rc && nk) rc = tally__xchg(c, s, nk, NULL, 0);
+    if (!rc && buf != recv) memmove(recv, buf, bytes);
+    if (buf != recv && buf != send) free(buf);
+    return rc;
+}
+
 /* The model: the tree's depth plus m-1 segment steps each way, each rank's bytes to two children on a
  * link its host's ranks may share (bs); reduce-scatter and all-gather add rank 0's scatter or gather,
  * the broadcast the lg fingerprint rounds of tally__agree. */
@@ -235,6 +353,10 @@ static double tree_cost(const tally__algo_shape *x, int coll) {
         return agree + (x->depth + x->m - 1) * (x->a + 2 * s * x->b);
     }
     case TALLY__BARRIER: return 2 * x->depth * x->a;
+    /* Binomial: lg rounds of the vector (each rank reduces what its children send), lg of the release. */
+    case TALLY__REDUCE: return x->lg * (x->a + S * (x->bs + x->g)) + x->lg * x->a;
+    case TALLY__GATHER:
+    case TALLY__SCATTER: return 2 * x->lg * x->a + S * f * x->bs; /* the root's link carries every block */
     default: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
     }
 }
@@ -255,5 +377,8 @@ const tally__algo_desc tally__tree_algo = {.name = "tree",
                                            .allgather = tree_allgather,
                                            .broadcast = tree_broadcast,
                                            .barrier = tree_barrier,
+                                           .reduce = tree_reduce,
+                                           .gather = tree_gather,
+                                           .scatter = tree_scatter,
                                            .cost = tree_cost,
                                            .sent = tree_sent};

@@ -16,15 +16,19 @@ static int root_reduce(const tally__ctx *c, const void *mine, void *dst, size_t 
     return 0;
 }
 
-/* Rank 0 sends rank k the `len` bytes at base + k*stride, to all ranks in one exchange. */
-static int root_scatter(const tally__ctx *c, const void *base, size_t stride, size_t len) {
+/* The root sends rank k the `len` bytes at base + k*stride, to all ranks in one exchange. */
+static int root_scatter_from(const tally__ctx *c, const void *base, size_t stride, size_t len, int root) {
     tally__send *s = malloc((size_t)(c->size - 1) * sizeof *s);
     if (!s) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct: no memory", c->rank);
-    for (int k = 1; k < c->size; k++)
-        s[k - 1] = (tally__send){.peer = k, .buf = (const char *)base + (size_t)k * stride, .len = len};
+    for (int k = 0, i = 0; k < c->size; k++)
+        if (k != root) s[i++] = (tally__send){.peer = k, .buf = (const char *)base + (size_t)k * stride, .len = len};
     int rc = tally__xchg(c, s, c->size - 1, NULL, 0);
     free(s);
     return rc;
+}
+
+static int root_scatter(const tally__ctx *c, const void *base, size_t stride, size_t len) {
+    return root_scatter_from(c, base, stride, len, 0);
 }
 
 /* The result is computed once, at rank 0, and copied to everyone. A peer sends and receives in two
@@ -88,87 +92,50 @@ static int direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_
     return rc;
 }
 
-/* ---- rooted: the root exchanges with each rank ---- */
-
-/* The root sends every other rank an empty message in one exchange: sent once it has heard from all,
- * it tells each rank that every rank made this call (a leaf of a gather or reduce, which only sends,
- * learns it no other way). */
-static int root_release(const tally__ctx *c, int root) {
-    static const char none;
-    tally__send *s = malloc((size_t)(c->size - 1) * sizeof *s);
-    if (!s) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct: no memory", c->rank);
-    for (int k = 0, i = 0; k < c->size; k++)
-        if (k != root) s[i++] = (tally__send){.peer = k, .buf = &none};
-    int rc = tally__xchg(c, s, c->size - 1, NULL, 0);
-    free(s);
-    return rc;
-}
-
-/* A leaf sends `len` bytes to the root and takes the root's empty release, in one exchange. */
-static int leaf_up(const tally__ctx *c, int root, const void *buf, size_t len) {
-    char sink;
-    tally__send s = {.peer = root, .buf = buf, .len = len};
-    tally__recv r = {.peer = root, .dst = &sink, .dtype = TALLY_U8};
-    return tally__xchg(c, &s, 1, &r, 1);
-}
+/* ---- rooted: the root exchanges with each rank ----
+ * The data flows one way, which would let a leaf (gather, reduce) or the root (scatter) return before
+ * hearing from every rank: the fingerprint rounds of tally__agree come first, as for the broadcast. They
+ * also make a rank that called something else (another root, say) send before it waits, so the
+ * disagreement is seen rather than two roots waiting on each other. */
 
 /* The root reduces the others' vectors into recv one at a time, in rank order (two reducing receives into
  * the same bytes may not share an exchange, and a fixed order makes the result reproducible). */
 static int direct_reduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
                          int root) {
     size_t bytes = count * tally_dtype_size(t);
-    if (c->rank != root) return leaf_up(c, root, send, bytes);
+    int rc = tally__agree(c, NULL, 0, t, root);
+    if (rc || c->rank != root) return rc ? rc : tally__send_one(c, root, send, bytes);
     const void *src = send;
-    for (int k = 0; k < c->size; k++) {
+    for (int k = 0; k < c->size && !rc; k++) {
         if (k == root) continue;
-        int rc = tally__recv_one(c, k, recv, src, bytes, t, op);
-        if (rc) return rc;
+        rc = tally__recv_one(c, k, recv, src, bytes, t, op);
         src = recv;
     }
-    return root_release(c, root);
+    return rc;
 }
 
 /* The root takes every block in one exchange (plain receives into disjoint blocks may share one). */
 static int direct_gather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
-    size_t bytes = count * tally_dtype_size(t);
-    if (c->rank != root) return leaf_up(c, root, send, bytes);
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    int rc = tally__agree(c, NULL, 0, t, root);
+    if (rc || c->rank != root) return rc ? rc : tally__send_one(c, root, send, bytes);
     tally__recv *r = malloc((size_t)(c->size - 1) * sizeof *r);
     if (!r) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct gather: no memory", c->rank);
     for (int k = 0, i = 0; k < c->size; k++)
-        if (k != root)
-            r[i++] = (tally__recv){
-                .peer = k, .dst = tally__at(recv, (size_t)k * count, tally_dtype_size(t)), .len = bytes, .dtype = t};
-    memmove(tally__at(recv, (size_t)root * count, tally_dtype_size(t)), send, bytes);
-    int rc = tally__xchg(c, NULL, 0, r, c->size - 1);
+        if (k != root) r[i++] = (tally__recv){.peer = k, .dst = tally__at(recv, (size_t)k * count, es), .len = bytes};
+    memmove(tally__at(recv, (size_t)root * count, es), send, bytes);
+    rc = tally__xchg(c, NULL, 0, r, c->size - 1);
     free(r);
-    return rc ? rc : root_release(c, root);
+    return rc;
 }
 
-/* Every rank tells the root it is here (an empty message) and takes its block in the same exchange; the
- * root sends the blocks once it has heard from all, so no rank returns before every rank made the call. */
+/* The root sends every rank its block in one exchange. */
 static int direct_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
-    static const char none;
     size_t es = tally_dtype_size(t), bytes = count * es;
-    int n = c->size, rc;
-    if (c->rank != root) {
-        tally__send s = {.peer = root, .buf = &none};
-        tally__recv r = {.peer = root, .dst = recv, .len = bytes, .dtype = t};
-        return tally__xchg(c, &s, 1, &r, 1);
-    }
-    char sink;
-    tally__send *s = malloc((size_t)(n - 1) * sizeof *s);
-    tally__recv *r = malloc((size_t)(n - 1) * sizeof *r);
-    rc = s && r ? 0 : tally__seterr(TALLY_E_NOMEM, "rank %d: direct scatter: no memory", c->rank);
-    for (int k = 0, i = 0; !rc && k < n; k++)
-        if (k != root) {
-            r[i] = (tally__recv){.peer = k, .dst = &sink, .dtype = TALLY_U8};
-            s[i++] = (tally__send){.peer = k, .buf = tally__at(send, (size_t)k * count, es), .len = bytes};
-        }
-    if (!rc) rc = tally__xchg(c, NULL, 0, r, n - 1);
-    if (!rc) rc = tally__xchg(c, s, n - 1, NULL, 0);
+    int rc = tally__agree(c, NULL, 0, t, root);
+    if (rc || c->rank != root) return rc ? rc : tally__recv_one(c, root, recv, NULL, bytes, t, TALLY_SUM);
+    rc = root_scatter_from(c, send, bytes, bytes, root);
     if (!rc) memmove(recv, tally__at(send, (size_t)root * count, es), bytes);
-    free(s);
-    free(r);
     return rc;
 }
 
@@ -189,8 +156,8 @@ static int direct_barrier(const tally__ctx *c) {
 }
 
 /* The model: n-1 messages of the whole vector through rank 0 each way, reduced there one at a time;
- * the broadcast after the lg fingerprint rounds of tally__agree; the rooted ones, n-1 messages through
- * the root and n-1 empty ones (its release, or the ranks' check-in). */
+ * the broadcast and the rooted ones after the lg fingerprint rounds of tally__agree, then n-1 messages
+ * through the root. */
 static double direct_cost(const tally__algo_shape *x, int coll) {
     double n = x->n, S = x->S, f = (n - 1) / n;
     switch (coll) {
@@ -204,9 +171,9 @@ static double direct_cost(const tally__algo_shape *x, int coll) {
     }
     case TALLY__BROADCAST: return x->lg * x->a + (n - 1) * (x->a + S * x->b);
     case TALLY__BARRIER: return 2 * (n - 1) * x->a;
-    case TALLY__REDUCE: return (n - 1) * (x->a + S * (x->b + x->g)) + (n - 1) * x->a; /* then the release */
+    case TALLY__REDUCE: return x->lg * x->a + (n - 1) * (x->a + S * (x->b + x->g));
     case TALLY__GATHER:
-    case TALLY__SCATTER: return 2 * (n - 1) * x->a + S * f * x->b; /* the blocks, and the empty messages */
+    case TALLY__SCATTER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b;
     default: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
     }
 }

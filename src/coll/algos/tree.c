@@ -221,11 +221,13 @@ static int tree_barrier(const tally__ctx *c) {
  * Virtual rank v = rank - root (mod n). v's parent is v minus its lowest set bit; its children are v + m
  * for the powers of two m below that bit (below n for the root) with v + m < n, and its subtree is the
  * virtual ranks [v, v + sub(v)): contiguous, so a gather's or scatter's blocks travel as one message.
- * Data flowing up (reduce, gather) is followed by an empty release down, and data flowing down (scatter)
- * waits for an empty "here" up, so no rank returns before it has heard, through the tree, from all. */
+ * The data flows one way: the fingerprint rounds of tally__agree come first, as for the broadcast, so no
+ * rank returns before hearing from all, and a rank that called something else (another root) sends
+ * before it waits, so the disagreement is seen rather than two roots waiting on each other. */
 static int bin_low(int v, int n) { return v ? v & -v : tally__pow2_floor(n) * 2; }
 static int bin_sub(int v, int n) { return bin_low(v, n) < n - v ? bin_low(v, n) : n - v; }
 static int bin_real(int v, int root, int n) { return (v + root) % n; }
+static int bin_parent(int v, int root, int n) { return bin_real(v - bin_low(v, n), root, n); }
 
 /* v's children's real ranks in kids, m = 1, 2, 4 ... in turn; returns how many. */
 static int bin_kids(int v, int root, int n, int *kids) {
@@ -234,39 +236,14 @@ static int bin_kids(int v, int root, int n, int *kids) {
     return k;
 }
 
-/* One exchange with the parent: slen bytes up, rlen bytes down into rdst (0: its empty release). */
-static int bin_parent(const tally__ctx *c, int v, int root, const void *sbuf, size_t slen, void *rdst, size_t rlen,
-                      tally_dtype t) {
-    char sink;
-    int parent = bin_real(v - bin_low(v, c->size), root, c->size);
-    tally__send s = {.peer = parent, .buf = sbuf, .len = slen};
-    tally__recv r = {.peer = parent, .dst = rlen ? rdst : &sink, .len = rlen, .dtype = t};
-    return tally__xchg(c, &s, 1, &r, 1);
-}
-
-/* Empty messages to (release) or from (here) every child, in one exchange. */
-static int bin_kids_empty(const tally__ctx *c, int v, int root, int to_kids) {
-    static const char none;
-    char sink[32];
-    int kids[32], nk = bin_kids(v, root, c->size, kids);
-    tally__send s[32];
-    tally__recv r[32];
-    for (int k = 0; k < nk; k++) {
-        s[k] = (tally__send){.peer = kids[k], .buf = &none};
-        r[k] = (tally__recv){.peer = kids[k], .dst = &sink[k], .dtype = TALLY_U8};
-    }
-    if (!nk) return 0;
-    return to_kids ? tally__xchg(c, s, nk, NULL, 0) : tally__xchg(c, NULL, 0, r, nk);
-}
-
 /* Binomial reduce: each child's partial (one exchange each: they reduce into the same bytes) in the
- * order m = 1, 2, 4 ..., then the result to the parent with its release back, then the children's
- * release. A leaf sends its own data; an inner rank accumulates in scratch, the root in recv. */
+ * order m = 1, 2, 4 ..., then the result to the parent. A leaf sends its own data; an inner rank
+ * accumulates in scratch, the root in recv. */
 static int tree_reduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
                        int root) {
-    int n = c->size, v = (c->rank - root + n) % n, rc = 0, kids[32], nk = bin_kids(v, root, n, kids);
+    int n = c->size, v = (c->rank - root + n) % n, kids[32], nk = bin_kids(v, root, n, kids);
     size_t bytes = count * tally_dtype_size(t);
-    int inner = v && nk;
+    int rc = tally__agree(c, NULL, 0, t, root), inner = v && nk;
     void *acc = inner ? malloc(bytes) : recv;
     if (inner && !acc)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: tree reduce: no memory for %zu bytes", c->rank, bytes);
@@ -275,19 +252,17 @@ static int tree_reduce(const tally__ctx *c, const void *send, void *recv, size_t
         rc = tally__recv_one(c, kids[k], acc, cur, bytes, t, op);
         cur = acc;
     }
-    if (!rc && v) rc = bin_parent(c, v, root, cur, bytes, NULL, 0, t);
-    if (!rc) rc = bin_kids_empty(c, v, root, 1);
+    if (!rc && v) rc = tally__send_one(c, bin_parent(v, root, n), cur, bytes);
     if (inner) free(acc);
     return rc;
 }
 
 /* Binomial gather: the children's subtrees' blocks in one exchange (disjoint plain receives), then this
- * subtree's to the parent with its release back, then the children's release. Blocks go in virtual
- * order: the root takes them in scratch and puts them in rank order unless it is rank 0; a leaf sends
- * its own block. */
+ * subtree's to the parent. Blocks go in virtual order: the root takes them in scratch and puts them in
+ * rank order unless it is rank 0; a leaf sends its own block. */
 static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
-    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), rc = 0, kids[32];
-    int nk = bin_kids(v, root, n, kids);
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
+    int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
     size_t es = tally_dtype_size(t), bytes = count * es;
     char *buf = v == 0 && root == 0 ? recv : sub > 1 ? malloc((size_t)sub * bytes) : NULL;
     if (sub > 1 && !buf)
@@ -297,24 +272,22 @@ static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t
     for (int k = 0, m = 1; k < nk; k++, m *= 2)
         r[k] = (tally__recv){
             .peer = kids[k], .dst = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes, .dtype = t};
-    if (nk) rc = tally__xchg(c, NULL, 0, r, nk);
-    if (!rc && v) rc = bin_parent(c, v, root, buf ? buf : send, (size_t)sub * bytes, NULL, 0, t);
+    if (!rc && nk) rc = tally__xchg(c, NULL, 0, r, nk);
+    if (!rc && v) rc = tally__send_one(c, bin_parent(v, root, n), buf ? buf : send, (size_t)sub * bytes);
     if (!rc && v == 0 && buf != recv) { /* virtual block k is rank (k + root) % n's */
         memcpy(tally__at(recv, (size_t)root * count, es), buf, (size_t)(n - root) * bytes);
         memcpy(recv, buf + (size_t)(n - root) * bytes, (size_t)root * bytes);
     }
-    if (!rc) rc = bin_kids_empty(c, v, root, 1);
     if (buf != recv) free(buf);
     return rc;
 }
 
-/* Binomial scatter: the children's "here" (empty), then this rank's to the parent with its subtree's
- * blocks back, then each child's subtree's blocks in one exchange, keeping the first. The root lays its
- * blocks out in virtual order unless it is rank 0; a leaf receives straight into recv. */
+/* Binomial scatter: this rank's subtree's blocks from the parent, then each child's in one exchange,
+ * keeping the first. The root lays its blocks out in virtual order unless it is rank 0; a leaf receives
+ * straight into recv. */
 static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
-    static const char none;
-    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), rc, kids[32];
-    int nk = bin_kids(v, root, n, kids);
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
+    int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
     size_t es = tally_dtype_size(t), bytes = count * es;
     char *buf = v == 0 && root == 0 ? (char *)send : sub > 1 ? malloc((size_t)sub * bytes) : recv;
     if (sub > 1 && !buf)
@@ -323,8 +296,7 @@ static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_
         memcpy(buf, tally__at(send, (size_t)root * count, es), (size_t)(n - root) * bytes);
         memcpy(buf + (size_t)(n - root) * bytes, send, (size_t)root * bytes);
     }
-    rc = bin_kids_empty(c, v, root, 0);
-    if (!rc && v) rc = bin_parent(c, v, root, &none, 0, buf, (size_t)sub * bytes, t);
+    if (!rc && v) rc = tally__recv_one(c, bin_parent(v, root, n), buf, NULL, (size_t)sub * bytes, t, TALLY_SUM);
     tally__send s[32];
     for (int k = 0, m = 1; k < nk; k++, m *= 2)
         s[k] = (tally__send){.peer = kids[k], .buf = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes};
@@ -353,10 +325,11 @@ static double tree_cost(const tally__algo_shape *x, int coll) {
         return agree + (x->depth + x->m - 1) * (x->a + 2 * s * x->b);
     }
     case TALLY__BARRIER: return 2 * x->depth * x->a;
-    /* Binomial: lg rounds of the vector (each rank reduces what its children send), lg of the release. */
-    case TALLY__REDUCE: return x->lg * (x->a + S * (x->bs + x->g)) + x->lg * x->a;
+    /* Binomial, after the lg fingerprint rounds: lg rounds of the vector, each rank reducing what its
+     * children send; or lg rounds in which the root's link carries every block. */
+    case TALLY__REDUCE: return x->lg * x->a + x->lg * (x->a + S * (x->bs + x->g));
     case TALLY__GATHER:
-    case TALLY__SCATTER: return 2 * x->lg * x->a + S * f * x->bs; /* the root's link carries every block */
+    case TALLY__SCATTER: return 2 * x->lg * x->a + S * f * x->bs;
     default: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
     }
 }

@@ -134,8 +134,10 @@ int tally__algo_next(int algo);
 const char *tally__algo_name(int algo);
 int tally__algo_parse(const char *name);
 /* The names, for a message or a usage line: auto first and hier last where `with` says so, sep between
- * two and `last` before the final one: "auto, ring, tree, rhd, direct or hier". Returns buf. */
-enum { TALLY__ALGO_WITH_AUTO = 1, TALLY__ALGO_WITH_HIER = 2 };
+ * two and `last` before the final one: "auto, ring, tree, rhd, direct or hier". ALLREDUCE_ONLY leaves out
+ * the flat algorithms without an allreduce (pairwise, bruck: all-to-all), for what weighs allreduces
+ * (the planner). Returns buf. */
+enum { TALLY__ALGO_WITH_AUTO = 1, TALLY__ALGO_WITH_HIER = 2, TALLY__ALGO_ALLREDUCE_ONLY = 4 };
 const char *tally__algo_names(char *buf, size_t cap, int with, const char *sep, const char *last);
 /* Predicted seconds for a collective of `bytes` (the full vector for allreduce, broadcast and reduce; the
  * per-rank block times size for reduce_scatter, allgather, gather, scatter and alltoall; 0 for alltoallv)

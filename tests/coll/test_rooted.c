@@ -399,6 +399,14 @@ static void run_case(const char *what, int n, const th_opts *o, th_rank_fn fn, v
     fflush(stdout);
 }
 
+/* Hosts of consecutive ranks by name (g_hosts_of[rank]): the world is shm+tcp, and "0011" has levels. */
+static const char *g_hosts_of;
+static void env_named_hosts(int rank, void *arg) {
+    char name[8];
+    snprintf(name, sizeof name, "h%c", g_hosts_of[rank]);
+    setenv("TALLY_HOST", name, 1);
+}
+
 /* An algorithm with any of these collectives. */
 static int has_any(int a) {
     static const int colls[] = {TALLY__REDUCE, TALLY__GATHER, TALLY__SCATTER, TALLY__ALLTOALL, TALLY__ALLTOALLV};
@@ -422,12 +430,13 @@ int main(int argc, char **argv) {
     }
     for (int ti = 0; ti < 2; ti++) {
         if (only && strcmp(only, tps[ti])) continue;
-        for (int n = 2; n <= 4; n++)
+        for (int n = 2; n <= 8; n++)
             for (int a = TALLY__ALGO_AUTO; a <= tally__algo_count(); a++) { /* the model's choice, then each */
                 if (a != TALLY__ALGO_AUTO && !has_any(a)) continue;
-                /* The quick tier: 3 ranks, the model's choice on both transports, each algorithm over shm. */
+                /* The quick tier: 3 ranks, the model's choice on both transports, each algorithm over shm;
+                 * the long one 2 to 4 ranks on both, 5 and 8 (the binomial trees' other shapes) over shm. */
                 int quick = n == 3 && (a == TALLY__ALGO_AUTO || ti == 0);
-                if (!(quick ? th_quick() : th_long())) continue;
+                if (!(quick ? th_quick() : th_long()) || (n > 4 && (ti || (n != 5 && n != 8)))) continue;
                 if (light && n != 3) continue;
                 w.algo = a;
                 th_opts o = {.transport = tps[ti],
@@ -446,5 +455,19 @@ int main(int argc, char **argv) {
             run_case(what, n, &o, rank_args, NULL);
         }
     }
+    /* shm+tcp (and levels, which these collectives leave to the flat algorithms): the long tier */
+    static const char *const layouts[] = {"0011", "001"};
+    for (int li = 0; li < 2 && th_long() && !light && !only; li++)
+        for (int a = TALLY__ALGO_AUTO; a <= tally__algo_count(); a++) {
+            if (a != TALLY__ALGO_AUTO && !has_any(a)) continue;
+            g_hosts_of = layouts[li];
+            w.algo = a;
+            th_opts o = {.algo = a == TALLY__ALGO_AUTO ? NULL : tally__algo_name(a),
+                         .timeout_s = 60,
+                         .wall_s = 300,
+                         .child_env = env_named_hosts};
+            snprintf(what, sizeof what, "shm+tcp %-8s hosts %s", a ? tally__algo_name(a) : "auto", layouts[li]);
+            run_case(what, (int)strlen(layouts[li]), &o, rank_sweep, &w);
+        }
     return th_verdict("test_rooted");
 }

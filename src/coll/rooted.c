@@ -26,8 +26,8 @@ static const tally__algo_desc *algo_for(tally_comm *c, int algo, int coll) {
     return NULL;
 }
 
-/* Checks shared by the rooted calls: the common ones, root, and the buffer every rank reads (`mine`, of
- * count elements) and the one only root touches (`roots`, of `at_root` elements). */
+/* Checks shared by the rooted calls: the common ones, root, the buffer every rank uses (`mine`) and, on
+ * root only, the one only root touches (`roots`): NULL refused where count > 0. */
 static int rooted_check(tally_comm *c, const char *fn, const tally__call *a, int op, const char *mine_name,
                         const void *mine, const char *roots_name, const void *roots) {
     int rc = tally__comm_check(c, fn, a->count, a->t, op);
@@ -161,7 +161,7 @@ static int v_agree(const tally__ctx *x, const size_t *sendcounts, const size_t *
     int n = x->size, me = x->rank, rc = 0;
     if (sendcounts[me] != recvcounts[me]) return v_mismatch(x, me, me, sendcounts[me], recvcounts[me]);
     if (n == 1) return 0;
-    uint64_t *mine = malloc(4 * (size_t)n * sizeof *mine), *theirs = mine + 2 * n;
+    uint64_t *mine = malloc(4 * (size_t)n * sizeof *mine), *theirs = mine ? mine + 2 * n : NULL;
     tally__send *s = malloc((size_t)n * sizeof *s);
     tally__recv *r = malloc((size_t)n * sizeof *r);
     if (!mine || !s || !r)
@@ -194,8 +194,9 @@ static int alltoallv_body(tally_comm *c, const tally__call *a) {
     if ((rc = v_agree(x, a->sendcounts, a->recvcounts))) return rc;
     size_t es = tally_dtype_size(a->t), me = (size_t)x->rank;
     if (x->size == 1) {
-        copy_if_apart(tally__at(a->recv, a->rdispls[me], es), tally__at(a->send, a->sdispls[me], es),
-                      a->sendcounts[me] * es);
+        if (a->sendcounts[me]) /* else the buffers may be NULL */
+            memcpy(tally__at(a->recv, a->rdispls[me], es), tally__at(a->send, a->sdispls[me], es),
+                   a->sendcounts[me] * es);
         return 0;
     }
     const tally__algo_desc *d = algo_for(c, algo, TALLY__ALLTOALLV);

@@ -41,10 +41,11 @@ static int pairwise_alltoallv(const tally__ctx *c, const void *send, const size_
     int n = c->size, me = c->rank, rc = 0;
     size_t es = tally_dtype_size(t);
     if (sendcounts[me]) memcpy(tally__at(recv, rdispls[me], es), tally__at(send, sdispls[me], es), sendcounts[me] * es);
-    for (int k = 1; k < n && !rc; k++) {
+    for (int k = 1; k < n && !rc; k++) { /* a buffer may be NULL where its counts are all 0 */
         int to = mod(me + k, n), from = mod(me - k, n);
-        rc = pair_round(c, to, tally__at(send, sdispls[to], es), sendcounts[to] * es, from,
-                        tally__at(recv, rdispls[from], es), recvcounts[from] * es, 1);
+        const void *sbuf = sendcounts[to] ? tally__at(send, sdispls[to], es) : NULL;
+        void *dst = recvcounts[from] ? tally__at(recv, rdispls[from], es) : NULL;
+        rc = pair_round(c, to, sbuf, sendcounts[to] * es, from, dst, recvcounts[from] * es, 1);
     }
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <tally.h>
+#include <unistd.h>
 
 #include "coll/algo.h"
 #include "core/numeric/dtype.h"
@@ -390,6 +391,57 @@ static int rank_args(int rank, int n, void *arg) {
     return S->failures ? 1 : 0;
 }
 
+/* ---- a rank that dies before the call: its peers fail with TALLY_E_PEER_LOST naming it ---- */
+
+typedef struct deaths {
+    int rc[TH_MAX_RANKS];
+    char msg[TH_MAX_RANKS][600];
+} deaths;
+
+static deaths *D;
+
+static int rank_dies(int rank, int n, void *arg) {
+    int coll = *(const int *)arg, last = n - 1;
+    tally_comm *c;
+    if (check_rc(rank, "tally_comm_init", tally_comm_init(&c))) return 1;
+    float warm = 1, buf[64] = {0}, out[64 * TH_MAX_RANKS];
+    size_t ones[TH_MAX_RANKS], at[TH_MAX_RANKS];
+    for (int j = 0; j < n; j++) ones[j] = 1, at[j] = (size_t)j;
+    if (check_rc(rank, "allreduce", tally_allreduce(c, &warm, &warm, 1, TALLY_F32, TALLY_SUM))) return 1;
+    if (rank == last) _exit(0); /* gone without a goodbye */
+    int rc;
+    switch (coll) {
+    case TALLY__REDUCE: rc = tally_reduce(c, buf, out, 64, TALLY_F32, TALLY_SUM, 0); break;
+    case TALLY__GATHER: rc = tally_gather(c, buf, out, 64, TALLY_F32, 0); break;
+    case TALLY__SCATTER: rc = tally_scatter(c, out, buf, 64, TALLY_F32, last); break; /* from the dead root */
+    case TALLY__ALLTOALL: rc = tally_alltoall(c, out, out, 64, TALLY_F32); break;
+    default: rc = tally_alltoallv(c, buf, ones, at, out, ones, at, TALLY_F32);
+    }
+    D->rc[rank] = rc;
+    snprintf(D->msg[rank], sizeof D->msg[rank], "%s", tally_last_error());
+    tally_comm_free(c);
+    return 0;
+}
+
+static void run_deaths(const char *tp) {
+    static const int colls[] = {TALLY__REDUCE, TALLY__GATHER, TALLY__SCATTER, TALLY__ALLTOALL, TALLY__ALLTOALLV};
+    const int n = 3;
+    char who[32];
+    snprintf(who, sizeof who, "rank %d", n - 1);
+    for (int k = 0; k < 5; k++) {
+        memset(S, 0, sizeof *S);
+        memset(D, 0, sizeof *D);
+        th_opts o = {.transport = tp, .timeout_s = 20, .wall_s = 60};
+        int bad = th_run(n, &o, rank_dies, (void *)&colls[k]);
+        TH_CHECK(!bad && !S->failures, "%s: a rank dies before %s: %s", tp, tally__coll_name(colls[k]), S->first);
+        for (int r = 0; r < n - 1; r++)
+            TH_CHECK(D->rc[r] == TALLY_E_PEER_LOST && strstr(D->msg[r], who),
+                     "%s: rank %d died before %s: rank %d got %d (%s), want TALLY_E_PEER_LOST naming it", tp, n - 1,
+                     tally__coll_name(colls[k]), r, D->rc[r], D->msg[r]);
+    }
+    printf("  %s a rank dies before each call n=%d: done\n", tp, n);
+}
+
 static void run_case(const char *what, int n, const th_opts *o, th_rank_fn fn, void *arg) {
     memset(S, 0, sizeof *S);
     double t0 = th_now();
@@ -419,6 +471,7 @@ int main(int argc, char **argv) {
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 128 << 20);
     S = th_shared_alloc(sizeof *S);
+    D = th_shared_alloc(sizeof *D);
     const char *tps[] = {"shm", "tcp"};
     const char *only = argc > 1 ? argv[1] : NULL; /* a transport alone, for debugging */
     int light = th_light();
@@ -454,6 +507,7 @@ int main(int argc, char **argv) {
             snprintf(what, sizeof what, "%s arguments", tps[ti]);
             run_case(what, n, &o, rank_args, NULL);
         }
+        if (th_long() && !light) run_deaths(tps[ti]);
     }
     /* shm+tcp (and levels, which these collectives leave to the flat algorithms): the long tier */
     static const char *const layouts[] = {"0011", "001"};

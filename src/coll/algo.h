@@ -22,8 +22,8 @@ typedef int (*tally__algo_barrier_fn)(const tally__ctx *c);
 /* Rooted: reduce's result, gather's blocks and scatter's source are root's only (recv, recv and send are
  * not read elsewhere: they may be NULL there). In place on root when send == recv (reduce). The same
  * promise holds: every rank hears from every other, though the data flows one way. */
-typedef int (*tally__algo_rreduce_fn)(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
-                                      tally_op op, int root);
+typedef int (*tally__algo_root_reduce_fn)(const tally__ctx *c, const void *send, void *recv, size_t count,
+                                          tally_dtype t, tally_op op, int root);
 typedef int (*tally__algo_rooted_fn)(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
                                      int root);
 /* alltoall: blocks of count elements, in place when send == recv. alltoallv: the entry point has checked
@@ -71,7 +71,7 @@ typedef struct tally__algo_desc {
     tally__algo_gather_fn allgather;
     tally__algo_bcast_fn broadcast;
     tally__algo_barrier_fn barrier; /* never NULL: a call with nothing to move still meets through it */
-    tally__algo_rreduce_fn reduce;
+    tally__algo_root_reduce_fn reduce;
     tally__algo_rooted_fn gather, scatter;
     tally__algo_gather_fn alltoall;
     tally__algo_alltoallv_fn alltoallv;

@@ -57,7 +57,6 @@ void tally__request_cost(const tally_request *r, double *secs, unsigned long lon
  * in a split); the blocking entry point itself (behind pending requests, as tally_allreduce ...); and
  * where the communicator keeps its engine. */
 int tally__comm_run(tally_comm *c, const tally__call *a);
-
 int tally__comm_call(tally_comm *c, const tally__call *a);
 tally__async_slot *tally__comm_async(tally_comm *c);
 

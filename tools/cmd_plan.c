@@ -31,7 +31,7 @@
 /* The defaults the help names, from where they are written (plan.c's defaults, the models' table). */
 static void plan_usage(FILE *out) {
     char algos[256];
-    tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_HIER, "|", "|");
+    tally__algo_names(algos, sizeof algos, TALLY__ALGO_WITH_HIER | TALLY__ALGO_ALLREDUCE_ONLY, "|", "|");
     tally__plan_cfg d;
     tally__plan_cfg_default(&d);
     tally__model_cfg gpt = {.kind = TALLY__MODEL_GPT};
@@ -172,7 +172,7 @@ static int parse_precision(const char *s, tally__plan_cfg *c) {
 static int parse_algo(const char *s, plan_opts *o) {
     if (!strcmp(s, "all") || !strcmp(s, "auto")) return o->show_all = 1, o->cfg.algo = TALLY__ALGO_AUTO, 0;
     int a = tally__algo_parse(s);
-    if (a <= TALLY__ALGO_AUTO) return -1;
+    if (a <= TALLY__ALGO_AUTO || !tally__plan_weighs(a)) return -1;
     o->show_all = 0;
     o->cfg.algo = a;
     return 0;
@@ -263,7 +263,7 @@ static const char *plan_accepts(int ch) {
     case O_ALGO: {
         static char takes[320];
         char names[256];
-        tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_HIER, ", ", ", ");
+        tally__algo_names(names, sizeof names, TALLY__ALGO_WITH_HIER | TALLY__ALGO_ALLREDUCE_ONLY, ", ", ", ");
         snprintf(takes, sizeof takes, "it takes %s (with --hosts) or all", names);
         return takes;
     }

@@ -141,6 +141,7 @@ static void print_algos(const plan_opts *o) {
     printf("  %-7s %10s %12s %12s %12s\n", "algo", "rounds", "bytes/rank", "sent/rank", "time");
     for (int a = tally__algo_next(TALLY__ALGO_AUTO); a >= 0; a = tally__algo_next(a)) {
         if ((!o->show_all && a != c->algo) || (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, n))) continue;
+        if (!tally__plan_weighs(a)) continue;
         tally__plan_comm r = tally__plan_allreduce_on(c, a, n, S);
         printf("  %-7s %10.0f %12s %12s %12s\n", tally__algo_name(a), r.rounds, fmt_bytes(r.bytes, b[0]),
                r.sent >= 0 ? fmt_bytes(r.sent, b[1]) : "-", fmt_time(r.seconds, b[2]));
@@ -310,6 +311,7 @@ static void json_comm(const plan_opts *o) {
     for (int a = tally__algo_next(TALLY__ALGO_AUTO); a >= 0; a = tally__algo_next(a)) {
         if ((!o->show_all && a != c->algo) || (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, c->workers)))
             continue;
+        if (!tally__plan_weighs(a)) continue;
         tally__plan_comm r = tally__plan_allreduce_on(c, a, c->workers, S);
         printf("%s    {\"algo\": \"%s\", ", first ? "" : ",\n", tally__algo_name(a));
         json_num("rounds", r.rounds, ", ");

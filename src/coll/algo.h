@@ -19,6 +19,19 @@ typedef int (*tally__algo_reduce_fn)(const tally__ctx *c, const void *send, void
 typedef int (*tally__algo_gather_fn)(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t);
 typedef int (*tally__algo_bcast_fn)(const tally__ctx *c, void *buf, size_t count, tally_dtype t, int root);
 typedef int (*tally__algo_barrier_fn)(const tally__ctx *c);
+/* Rooted: reduce's result, gather's blocks and scatter's source are root's only (recv, recv and send are
+ * not read elsewhere: they may be NULL there). In place on root when send == recv (reduce). The same
+ * promise holds: every rank hears from every other, though the data flows one way. */
+typedef int (*tally__algo_root_reduce_fn)(const tally__ctx *c, const void *send, void *recv, size_t count,
+                                          tally_dtype t, tally_op op, int root);
+typedef int (*tally__algo_rooted_fn)(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t,
+                                     int root);
+/* alltoall: blocks of count elements, in place when send == recv. alltoallv: the entry point has checked
+ * that every pair agrees on its counts (rooted.c), which also had every rank hear from every other; send
+ * and recv do not overlap. */
+typedef int (*tally__algo_alltoallv_fn)(const tally__ctx *c, const void *send, const size_t *sendcounts,
+                                        const size_t *sdispls, void *recv, const size_t *recvcounts,
+                                        const size_t *rdispls, tally_dtype t);
 
 /* What the cost functions share, computed once from the measured model (tally__cost): n ranks, S bytes
  * (tally__algo_cost's convention), p the power of two rhd runs on, and whether rhd folds extra ranks in
@@ -58,9 +71,15 @@ typedef struct tally__algo_desc {
     tally__algo_gather_fn allgather;
     tally__algo_bcast_fn broadcast;
     tally__algo_barrier_fn barrier; /* never NULL: a call with nothing to move still meets through it */
-    unsigned takes_avg;             /* 1u << coll: that collective is given AVG and divides itself */
+    tally__algo_root_reduce_fn reduce;
+    tally__algo_rooted_fn gather, scatter;
+    tally__algo_gather_fn alltoall;
+    tally__algo_alltoallv_fn alltoallv;
+    unsigned takes_avg; /* 1u << coll: that collective is given AVG and divides itself */
     /* Predicted seconds of collective coll (one it has; tally__coll_kind) on x's ranks and bytes; the
-     * allreduce's stands for the set-up traffic too. */
+     * allreduce's stands for the set-up traffic too. S is the whole vector for allreduce, broadcast and
+     * reduce; a block times the ranks for reduce-scatter, all-gather, gather, scatter and all-to-all (a
+     * rank's whole send buffer); 0 for alltoallv (its counts differ by rank; the choice must not). */
     double (*cost)(const tally__algo_shape *x, int coll);
     /* Bytes the busiest rank sends in an allreduce of S bytes on n >= 2 ranks, as the code sends them
      * (what tally_comm_bytes_sent counts; the planner's figure); NULL: not known. */

@@ -124,11 +124,26 @@ static int async_pending(tally__async *e) {
     return pending;
 }
 
+/* alltoallv's four arrays go after the request, in its one allocation: the caller may change its own once
+ * the call returns, and they are freed with the request whichever way it goes. */
+static size_t async_arrays_bytes(const tally__async *e, const tally__call *a) {
+    return a && a->coll == TALLY__ALLTOALLV ? 4 * (size_t)tally_comm_size(e->comm) * sizeof(size_t) : 0;
+}
+
+static void async_copy_arrays(tally_request *r, int n) {
+    size_t *at = (size_t *)(r + 1);
+    const size_t **arrays[4] = {&r->call.sendcounts, &r->call.sdispls, &r->call.recvcounts, &r->call.rdispls};
+    for (int k = 0; k < 4; k++, at += n)
+        if (*arrays[k]) *arrays[k] = memcpy(at, *arrays[k], (size_t)n * sizeof *at); /* NULL: refused when run */
+}
+
 static int async_post(tally__async *e, const tally__call *a, tally__async_fn op, void *ctx, tally_request **req) {
-    tally_request *r = calloc(1, sizeof *r);
+    size_t arrays = async_arrays_bytes(e, a);
+    tally_request *r = calloc(1, sizeof *r + arrays);
     if (!r) return tally__seterr(TALLY_E_NOMEM, "tally: no memory for a request");
     r->eng = e;
     if (a) r->call = *a;
+    if (arrays) async_copy_arrays(r, tally_comm_size(e->comm));
     r->op = op;
     r->op_ctx = ctx;
     pthread_mutex_lock(&e->mu);
@@ -241,29 +256,33 @@ void tally__request_cost(const tally_request *r, double *secs, unsigned long lon
 
 TALLY_API int tally_iallreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
                                tally_request **req) {
-    tally__call a = {TALLY__ALLREDUCE, send, recv, count, t, op, -1};
+    tally__call a = {
+        .coll = TALLY__ALLREDUCE, .send = send, .recv = recv, .count = count, .t = t, .op = op, .root = -1};
     return async_start(c, &a, NULL, NULL, req, "tally_iallreduce");
 }
 
 TALLY_API int tally_ireduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                                     tally_op op, tally_request **req) {
-    tally__call a = {TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op, -1};
+    tally__call a = {
+        .coll = TALLY__REDUCE_SCATTER, .send = send, .recv = recv, .count = recvcount, .t = t, .op = op, .root = -1};
     return async_start(c, &a, NULL, NULL, req, "tally_ireduce_scatter");
 }
 
 TALLY_API int tally_iallgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t,
                                tally_request **req) {
-    tally__call a = {TALLY__ALLGATHER, send, recv, sendcount, t, TALLY_SUM, -1};
+    tally__call a = {
+        .coll = TALLY__ALLGATHER, .send = send, .recv = recv, .count = sendcount, .t = t, .op = TALLY_SUM, .root = -1};
     return async_start(c, &a, NULL, NULL, req, "tally_iallgather");
 }
 
 TALLY_API int tally_ibroadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root, tally_request **req) {
-    tally__call a = {TALLY__BROADCAST, buf, buf, count, t, TALLY_SUM, root};
+    tally__call a = {
+        .coll = TALLY__BROADCAST, .send = buf, .recv = buf, .count = count, .t = t, .op = TALLY_SUM, .root = root};
     return async_start(c, &a, NULL, NULL, req, "tally_ibroadcast");
 }
 
 TALLY_API int tally_ibarrier(tally_comm *c, tally_request **req) {
-    tally__call a = {TALLY__BARRIER, NULL, NULL, 0, TALLY_U8, TALLY_SUM, -1};
+    tally__call a = {.coll = TALLY__BARRIER, .t = TALLY_U8, .op = TALLY_SUM, .root = -1};
     return async_start(c, &a, NULL, NULL, req, "tally_ibarrier");
 }
 

@@ -15,6 +15,11 @@ typedef struct tally__call {
     tally_dtype t;
     tally_op op;
     int root;
+    /* alltoallv's: size entries each (a non-blocking call's point into its request, which copied them) */
+    const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
+    /* What runs a call comm.c's own bodies do not (rooted.c's: reduce, gather, scatter, alltoall, alltoallv),
+     * as comm.c's dispatch would; called through here so comm.c does not depend on rooted.c. */
+    int (*body)(tally_comm *c, const struct tally__call *a);
 } tally__call;
 
 typedef struct tally__async tally__async;

@@ -6,14 +6,12 @@
 
 double tally__algo_cost(const tally__cost *m, int algo, int coll, int n, size_t bytes) {
     if (!m || n < 1) return HUGE_VAL;
-    if (n == 1) return 0;
     if (algo == TALLY__ALGO_AUTO) algo = tally__algo_choose(m, coll, n, bytes);
     const tally__algo_desc *d = tally__algo_get(algo);
     if (!d || !tally__algo_has(d, coll)) return HUGE_VAL;
+    if (n == 1) return 0;
     tally__algo_shape x = tally__algo_shape_of(m, n, bytes);
-    int known =
-        coll == TALLY__REDUCE_SCATTER || coll == TALLY__ALLGATHER || coll == TALLY__BROADCAST || coll == TALLY__BARRIER;
-    return d->cost(&x, known ? coll : TALLY__ALLREDUCE); /* allreduce, and setup traffic */
+    return d->cost(&x, coll == TALLY__SETUP ? TALLY__ALLREDUCE : coll); /* setup traffic costs as allreduce */
 }
 
 /* The first strictly cheapest in the table's order (ring, tree, rhd, direct, ...), so ties always fall

@@ -112,6 +112,17 @@ void tally__comm_keep_host(tally_comm *c, tally_comm *host);
 int tally__comm_mix_transport(tally_comm *c, const int *local_of);
 /* The algorithm c's config forces (TALLY_ALGO; TALLY__ALGO_AUTO when none). */
 int tally__comm_forced_algo(const tally_comm *c);
+/* What the bodies of the rooted and all-to-all calls (rooted.c) share with comm.c's: c's context; the
+ * checks of the arguments every collective takes and of the communicator's health (fn names the call);
+ * a buffer NULL with count > 0 refused; the fingerprint stamped and the algorithm chosen (returned) for
+ * the call about to start, on `bytes` as tally__algo_cost counts them; a call with nothing to move meeting
+ * its peers through the chosen algorithm's barrier; the error of an algorithm without the collective. */
+const tally__ctx *tally__comm_ctx(const tally_comm *c);
+int tally__comm_check(tally_comm *c, const char *fn, size_t count, int dtype, int op);
+int tally__comm_need_buf(const tally_comm *c, const char *fn, const char *what, const void *p, size_t count);
+int tally__comm_begin(tally_comm *c, int coll, size_t count, int dtype, int op, int root, size_t bytes);
+int tally__comm_empty(tally_comm *c, int algo);
+int tally__comm_no_algo(const tally_comm *c, int coll);
 
 /* The flat algorithms' ids run from 1 to tally__algo_count(), in the table's order (algos.c). */
 int tally__algo_count(void);
@@ -123,11 +134,14 @@ int tally__algo_next(int algo);
 const char *tally__algo_name(int algo);
 int tally__algo_parse(const char *name);
 /* The names, for a message or a usage line: auto first and hier last where `with` says so, sep between
- * two and `last` before the final one: "auto, ring, tree, rhd, direct or hier". Returns buf. */
-enum { TALLY__ALGO_WITH_AUTO = 1, TALLY__ALGO_WITH_HIER = 2 };
+ * two and `last` before the final one: "auto, ring, tree, rhd, direct or hier". ALLREDUCE_ONLY leaves out
+ * the flat algorithms without an allreduce (pairwise, bruck: all-to-all), for what weighs allreduces
+ * (the planner). Returns buf. */
+enum { TALLY__ALGO_WITH_AUTO = 1, TALLY__ALGO_WITH_HIER = 2, TALLY__ALGO_ALLREDUCE_ONLY = 4 };
 const char *tally__algo_names(char *buf, size_t cap, int with, const char *sep, const char *last);
-/* Predicted seconds for a collective of `bytes` (the full vector for allreduce/broadcast, the
- * per-rank block times size for reduce_scatter/allgather) on n ranks. */
+/* Predicted seconds for a collective of `bytes` (the full vector for allreduce, broadcast and reduce; the
+ * per-rank block times size for reduce_scatter, allgather, gather, scatter and alltoall; 0 for alltoallv)
+ * on n ranks. */
 double tally__algo_cost(const tally__cost *m, int algo, int coll, int n, size_t bytes);
 /* The cheapest algorithm by the model (never AUTO). Deterministic: equal inputs, equal choice. */
 int tally__algo_choose(const tally__cost *m, int coll, int n, size_t bytes);

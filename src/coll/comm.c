@@ -391,9 +391,11 @@ static void tally__log_choice(tally_comm *c, int coll, size_t bytes, int algo) {
     }
     char model[1024];
     size_t used = 0;
-    for (int a = 1; a <= tally__algo_count() && used < sizeof model; a++)
+    for (int a = 1; a <= tally__algo_count() && used < sizeof model; a++) {
+        if (!tally__algo_has(tally__algo_get(a), coll)) continue; /* not every algorithm runs every collective */
         used += (size_t)snprintf(model + used, sizeof model - used, "%s%s %.1f us", used ? ", " : "",
                                  tally__algo_name(a), 1e6 * tally__algo_cost(&c->cost, a, coll, c->ctx.size, bytes));
+    }
     double by_level = c->levels.h ? c->levels.cost(c->levels.h, coll, bytes) : HUGE_VAL;
     if (by_level < HUGE_VAL && used < sizeof model) {
         char levels[512];
@@ -477,6 +479,20 @@ static int tally__levels_failed(tally_comm *c, int rc) {
     snprintf(msg, sizeof msg, "%s", tally_last_error());
     return tally__fault_raise(&c->fault, rc, -1, "%s", msg);
 }
+
+/* What rooted.c's bodies share with the ones here (coll.h). */
+const tally__ctx *tally__comm_ctx(const tally_comm *c) { return &c->ctx; }
+int tally__comm_check(tally_comm *c, const char *fn, size_t count, int dtype, int op) {
+    return tally__check_common(c, fn, count, dtype, op);
+}
+int tally__comm_need_buf(const tally_comm *c, const char *fn, const char *what, const void *p, size_t count) {
+    return tally__need_buf(c, fn, what, p, count);
+}
+int tally__comm_begin(tally_comm *c, int coll, size_t count, int dtype, int op, int root, size_t bytes) {
+    return tally__begin(c, coll, count, dtype, op, root, bytes);
+}
+int tally__comm_empty(tally_comm *c, int algo) { return tally__empty(c, algo); }
+int tally__comm_no_algo(const tally_comm *c, int coll) { return tally__no_algo(c, coll); }
 
 static void tally__copy_if_apart(void *dst, const void *src, size_t bytes) {
     if (dst != src && bytes) memmove(dst, src, bytes);
@@ -570,7 +586,8 @@ static int tally__dispatch(tally_comm *c, const tally__call *a) {
     case TALLY__REDUCE_SCATTER: return tally__reduce_scatter_body(c, a->send, a->recv, a->count, a->t, a->op);
     case TALLY__ALLGATHER: return tally__allgather_body(c, a->send, a->recv, a->count, a->t);
     case TALLY__BROADCAST: return tally__broadcast_body(c, a->recv, a->count, a->t, a->root);
-    default: return tally__barrier_body(c);
+    case TALLY__BARRIER: return tally__barrier_body(c);
+    default: return a->body ? a->body(c, a) : tally__seterr(TALLY_E_INVALID, "tally: unknown collective %d", a->coll);
     }
 }
 
@@ -594,10 +611,11 @@ static void tally__flight_record_fault(tally_comm *c, int rc) {
 }
 
 /* The bytes of a collective as its algorithm is chosen: the whole vector (a block times the ranks for
- * reduce-scatter and all-gather). */
+ * reduce-scatter, all-gather, gather, scatter and all-to-all; none for alltoallv, whose counts differ). */
 static size_t tally__call_bytes(const tally_comm *c, const tally__call *a) {
-    int blocks = a->coll == TALLY__REDUCE_SCATTER || a->coll == TALLY__ALLGATHER;
-    if (a->coll == TALLY__BARRIER || !tally__dtype_valid(a->t)) return 0;
+    int coll = a->coll, blocks = coll == TALLY__REDUCE_SCATTER || coll == TALLY__ALLGATHER || coll == TALLY__GATHER ||
+                                 coll == TALLY__SCATTER || coll == TALLY__ALLTOALL;
+    if (coll == TALLY__BARRIER || coll == TALLY__ALLTOALLV || !tally__dtype_valid(a->t)) return 0;
     return a->count * tally_dtype_size(a->t) * (blocks ? (size_t)c->ctx.size : 1);
 }
 
@@ -605,11 +623,12 @@ static size_t tally__call_bytes(const tally_comm *c, const tally__call *a) {
  * it would have had: without it, a rank told of the failure looks like one that never came. */
 static void tally__flight_refused(tally_comm *c, const tally__call *a) {
     int coll = a->coll, bar = coll == TALLY__BARRIER;
-    int reduces = coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER;
+    int reduces = coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER || coll == TALLY__REDUCE;
+    int rooted = coll == TALLY__BROADCAST || coll == TALLY__REDUCE || coll == TALLY__GATHER || coll == TALLY__SCATTER;
     size_t bytes = tally__call_bytes(c, a);
     tally__sig s = {.seq = c->seq + 1,
-                    .count = bar ? 0 : a->count,
-                    .root = coll == TALLY__BROADCAST ? a->root : -1,
+                    .count = bar || coll == TALLY__ALLTOALLV ? 0 : a->count,
+                    .root = rooted ? a->root : -1,
                     .coll = (uint8_t)coll,
                     .dtype = (uint8_t)(bar ? TALLY_U8 : a->t),
                     .op = (uint8_t)(reduces ? a->op : TALLY_SUM),
@@ -653,28 +672,32 @@ int tally__comm_call(tally_comm *c, const tally__call *a) {
 }
 
 TALLY_API int tally_allreduce(tally_comm *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op) {
-    tally__call a = {TALLY__ALLREDUCE, send, recv, count, t, op, -1};
+    tally__call a = {
+        .coll = TALLY__ALLREDUCE, .send = send, .recv = recv, .count = count, .t = t, .op = op, .root = -1};
     return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_reduce_scatter(tally_comm *c, const void *send, void *recv, size_t recvcount, tally_dtype t,
                                    tally_op op) {
-    tally__call a = {TALLY__REDUCE_SCATTER, send, recv, recvcount, t, op, -1};
+    tally__call a = {
+        .coll = TALLY__REDUCE_SCATTER, .send = send, .recv = recv, .count = recvcount, .t = t, .op = op, .root = -1};
     return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_allgather(tally_comm *c, const void *send, void *recv, size_t sendcount, tally_dtype t) {
-    tally__call a = {TALLY__ALLGATHER, send, recv, sendcount, t, TALLY_SUM, -1};
+    tally__call a = {
+        .coll = TALLY__ALLGATHER, .send = send, .recv = recv, .count = sendcount, .t = t, .op = TALLY_SUM, .root = -1};
     return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_broadcast(tally_comm *c, void *buf, size_t count, tally_dtype t, int root) {
-    tally__call a = {TALLY__BROADCAST, buf, buf, count, t, TALLY_SUM, root};
+    tally__call a = {
+        .coll = TALLY__BROADCAST, .send = buf, .recv = buf, .count = count, .t = t, .op = TALLY_SUM, .root = root};
     return tally__comm_call(c, &a);
 }
 
 TALLY_API int tally_barrier(tally_comm *c) {
-    tally__call a = {TALLY__BARRIER, NULL, NULL, 0, TALLY_U8, TALLY_SUM, -1};
+    tally__call a = {.coll = TALLY__BARRIER, .t = TALLY_U8, .op = TALLY_SUM, .root = -1};
     return tally__comm_call(c, &a);
 }
 

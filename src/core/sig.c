@@ -5,8 +5,9 @@
 #include <tally.h>
 
 const char *tally__coll_name(int coll) {
-    static const char *names[TALLY__COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather",
-                                                   "broadcast", "barrier",        "setup"};
+    static const char *names[TALLY__COLL_COUNT] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                                   "barrier",   "setup",          "reduce",    "gather",
+                                                   "scatter",   "alltoall",       "alltoallv"};
     return (coll >= 0 && coll < TALLY__COLL_COUNT) ? names[coll] : "unknown-collective";
 }
 
@@ -17,20 +18,25 @@ void tally__sig_name_algos(const char *(*name)(int algo)) { algo_namer = name; }
 
 void tally__sig_format(const tally__sig *s, char *out, size_t n) {
     const char *(*name)(int) = algo_namer;
-    const char *algo = name ? name(s->algo) : "?";
+    const char *algo = name ? name(s->algo) : "?", *coll = tally__coll_name(s->coll);
+    const char *dtype = tally_dtype_name((tally_dtype)s->dtype);
+    unsigned long long seq = (unsigned long long)s->seq, count = (unsigned long long)s->count;
     switch (s->coll) {
-    case TALLY__BARRIER: snprintf(out, n, "barrier #%llu", (unsigned long long)s->seq); break;
+    case TALLY__BARRIER: snprintf(out, n, "barrier #%llu", seq); break;
     case TALLY__BROADCAST:
-        snprintf(out, n, "broadcast #%llu (count %llu, %s, root %d, algo %s)", (unsigned long long)s->seq,
-                 (unsigned long long)s->count, tally_dtype_name((tally_dtype)s->dtype), (int)s->root, algo);
+    case TALLY__GATHER:
+    case TALLY__SCATTER:
+        snprintf(out, n, "%s #%llu (count %llu, %s, root %d, algo %s)", coll, seq, count, dtype, (int)s->root, algo);
+        break;
+    case TALLY__REDUCE:
+        snprintf(out, n, "reduce #%llu (count %llu, %s, %s, root %d, algo %s)", seq, count, dtype,
+                 tally_op_name((tally_op)s->op), (int)s->root, algo);
         break;
     case TALLY__ALLGATHER:
-        snprintf(out, n, "allgather #%llu (count %llu, %s, algo %s)", (unsigned long long)s->seq,
-                 (unsigned long long)s->count, tally_dtype_name((tally_dtype)s->dtype), algo);
-        break;
+    case TALLY__ALLTOALL: snprintf(out, n, "%s #%llu (count %llu, %s, algo %s)", coll, seq, count, dtype, algo); break;
+    case TALLY__ALLTOALLV: snprintf(out, n, "alltoallv #%llu (%s, algo %s)", seq, dtype, algo); break;
     default:
-        snprintf(out, n, "%s #%llu (count %llu, %s, %s, algo %s)", tally__coll_name(s->coll),
-                 (unsigned long long)s->seq, (unsigned long long)s->count, tally_dtype_name((tally_dtype)s->dtype),
+        snprintf(out, n, "%s #%llu (count %llu, %s, %s, algo %s)", coll, seq, count, dtype,
                  tally_op_name((tally_op)s->op), algo);
     }
 }

@@ -13,13 +13,20 @@ typedef enum {
     TALLY__BROADCAST,
     TALLY__BARRIER,
     TALLY__SETUP, /* messages exchanged at init (cost measurement) */
+    /* After SETUP, so the values above keep their meaning for the code and tests that range over them. */
+    TALLY__REDUCE,
+    TALLY__GATHER,
+    TALLY__SCATTER,
+    TALLY__ALLTOALL,
+    TALLY__ALLTOALLV,
     TALLY__COLL_COUNT
 } tally__coll_kind;
 
 typedef struct tally__sig {
     uint64_t seq;   /* collectives started on this communicator, from 1 */
-    uint64_t count; /* elements (per rank block for reduce_scatter/allgather) */
-    int32_t root;   /* broadcast root, else -1 */
+    uint64_t count; /* elements (per rank block for reduce_scatter/allgather/gather/scatter/alltoall; 0 for
+                     * alltoallv, whose counts differ by rank and are compared pair by pair instead) */
+    int32_t root;   /* root of broadcast, reduce, gather and scatter, else -1 */
     uint8_t coll;   /* tally__coll_kind */
     uint8_t dtype;  /* tally_dtype */
     uint8_t op;     /* tally_op as the user passed it (AVG stays AVG) */

@@ -81,6 +81,12 @@ long tally__buckets_post(tally__post *q, tally__bucket_reducer *R, int k) {
     if (R->reduce || R->accum > 1) return tally__post_fn(q, bucket_reduce, R, k, 0, TALLY__POST_GRAD);
     const tally__bucket *b = &R->B->b[k];
     float *g = R->grad + b->begin;
-    tally__call a = {TALLY__ALLREDUCE, g, g, b->end - b->begin, TALLY_F32, TALLY_AVG, -1};
+    tally__call a = {.coll = TALLY__ALLREDUCE,
+                     .send = g,
+                     .recv = g,
+                     .count = b->end - b->begin,
+                     .t = TALLY_F32,
+                     .op = TALLY_AVG,
+                     .root = -1};
     return tally__post_call(q, &a, TALLY__POST_GRAD);
 }

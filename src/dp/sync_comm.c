@@ -73,7 +73,13 @@ static int op_reduce_layer(void *ctx, int l, int b) {
 long tally__sync_share_params(tally__sync *s, int l) {
     const tally__sync_layer *L = &s->layer[l];
     float *p = s->m->params + L->off;
-    tally__call a = {TALLY__ALLGATHER, p + (size_t)s->rank * L->piece, p, L->piece, TALLY_F32, TALLY_SUM, -1};
+    tally__call a = {.coll = TALLY__ALLGATHER,
+                     .send = p + (size_t)s->rank * L->piece,
+                     .recv = p,
+                     .count = L->piece,
+                     .t = TALLY_F32,
+                     .op = TALLY_SUM,
+                     .root = -1};
     return L->piece ? tally__post_call(&s->q, &a, TALLY__POST_PARAM) : 0;
 }
 

@@ -199,12 +199,18 @@ tally__plan_comm tally__plan_step_comm(const tally__plan_cfg *c, int stage, int 
     return r;
 }
 
+int tally__plan_weighs(int algo) {
+    const tally__algo_desc *d = tally__algo_get(algo);
+    return algo == TALLY__ALGO_HIER || (d && d->allreduce);
+}
+
 int tally__plan_pick_algo(const tally__plan_cfg *c, int stage, int n) {
     if (c->algo != TALLY__ALGO_AUTO) return c->algo;
     int best = tally__algo_next(TALLY__ALGO_AUTO);
     double best_s = HUGE_VAL;
     for (int a = best; a >= 0; a = tally__algo_next(a)) {
         if (a == TALLY__ALGO_HIER && !tally__plan_has_levels(c, n)) continue;
+        if (!tally__plan_weighs(a)) continue;
         double s = tally__plan_step_comm(c, stage, a, n).seconds;
         if (s < best_s) best = a, best_s = s;
     }

@@ -69,6 +69,9 @@ typedef struct tally__plan_comm {
     double rounds, bytes, sent, seconds;
 } tally__plan_comm;
 
+/* 1 for an algorithm the plan weighs: hier, or a flat one with an allreduce (not all-to-all's pairwise and
+ * bruck, which would stand for the model's choice). */
+int tally__plan_weighs(int algo);
 /* An allreduce of S bytes over n ranks with one algorithm (not AUTO). */
 tally__plan_comm tally__plan_allreduce(const tally__cost *m, int algo, int n, double S);
 /* The same on c's layout of n ranks: on one host, c->cost; across hosts, the flat algorithms cross

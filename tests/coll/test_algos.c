@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coll/algo.h"
+#include "coll/hier.h"
 #include "core/numeric/dtype.h"
 #include "core/numeric/reduce.h"
 #include "harness.h"
@@ -497,6 +498,215 @@ static void test_cost_model(void) {
     TH_CHECK(tally__algo_cost(&m, TALLY__ALGO_RING, TALLY__ALLREDUCE, 1, 1 << 20) == 0, "one rank costs nothing");
 }
 
+/* ---- the rooted collectives and all-to-all ----
+ * Each algorithm that has one, every root (three past 8 ranks), counts 1, 7, n+1 and a large one, every
+ * dtype, reduce's ops: results bit for bit, buffers only root reads left NULL elsewhere, inputs untouched,
+ * nothing written past a buffer. Block k of what rank r sends (alltoall's, scatter's) is its input
+ * pattern from element k * count, so every block differs. */
+enum { R_REDUCE, R_GATHER, R_SCATTER, R_ALLTOALL, R_ALLTOALLV, R_COUNT };
+static const int r_kinds[R_COUNT] = {TALLY__REDUCE, TALLY__GATHER, TALLY__SCATTER, TALLY__ALLTOALL, TALLY__ALLTOALLV};
+
+typedef struct rjob {
+    job j; /* a, n, root, t, op, count, es */
+    int coll, inplace;
+    char *send[MAXN], *recv[MAXN];
+    size_t slen[MAXN], rlen[MAXN];                                         /* bytes, guards outside */
+    size_t sc[MAXN][MAXN], sd[MAXN][MAXN], rc[MAXN][MAXN], rd[MAXN][MAXN]; /* alltoallv, per rank */
+} rjob;
+
+static size_t r_vcount(int from, int to, size_t scale) { return (size_t)((from * 3 + to * 5 + 1) % 4) * scale; }
+
+static char *r_alloc(size_t len) {
+    char *b = malloc(len + 2 * GUARD);
+    if (b) memset(b, 0xA5, len + 2 * GUARD);
+    return b ? b + GUARD : NULL;
+}
+
+static int r_intact(const char *p, size_t len) {
+    for (size_t k = 0; k < GUARD; k++)
+        if ((unsigned char)p[-GUARD + (long)k] != 0xA5 || (unsigned char)p[len + k] != 0xA5) return 0;
+    return 1;
+}
+
+/* rank r's buffers, with what it sends filled in. */
+static void r_setup(rjob *x, int r) {
+    size_t n = (size_t)x->j.n, c = x->j.count, es = x->j.es;
+    int root = r == x->j.root;
+    x->slen[r] = x->rlen[r] = 0;
+    switch (x->coll) {
+    case R_REDUCE: x->slen[r] = c * es, x->rlen[r] = root && !x->inplace ? c * es : 0; break;
+    case R_GATHER: x->slen[r] = c * es, x->rlen[r] = root ? n * c * es : 0; break;
+    case R_SCATTER: x->slen[r] = root ? n * c * es : 0, x->rlen[r] = c * es; break;
+    case R_ALLTOALL: x->slen[r] = n * c * es, x->rlen[r] = x->inplace ? 0 : n * c * es; break;
+    default: {
+        size_t st = 0, rt = 0;
+        for (int q = 0; q < (int)n; q++) { /* a gap of one element before each block; received in reverse */
+            x->sc[r][q] = r_vcount(r, q, c), x->sd[r][q] = st + 1, st += x->sc[r][q] + 1;
+            int i = (int)n - 1 - q;
+            x->rc[r][i] = r_vcount(i, r, c), x->rd[r][i] = rt + 1, rt += x->rc[r][i] + 1;
+        }
+        x->slen[r] = st * es, x->rlen[r] = rt * es;
+    }
+    }
+    x->send[r] = x->slen[r] ? r_alloc(x->slen[r]) : NULL;
+    x->recv[r] = x->rlen[r] ? r_alloc(x->rlen[r]) : NULL;
+    if (x->coll == R_REDUCE || x->coll == R_GATHER) tile(x->send[r], pat_in[r], es, 0, c);
+    if (x->coll == R_SCATTER && root) tile(x->send[r], pat_in[r], es, 0, n * c);
+    if (x->coll == R_ALLTOALL) tile(x->send[r], pat_in[r], es, 0, n * c);
+    for (int q = 0; x->coll == R_ALLTOALLV && q < (int)n; q++)
+        tile(x->send[r] + x->sd[r][q] * es, pat_in[r], es, (size_t)q * 7, x->sc[r][q]);
+    if (x->inplace && ((root && x->coll == R_REDUCE) || x->coll == R_ALLTOALL)) {
+        x->recv[r] = x->send[r];
+        x->rlen[r] = x->slen[r];
+    }
+}
+
+static int r_run_rank(const tally__ctx *c, void *arg) {
+    rjob *x = arg;
+    int r = c->rank;
+    const algo *a = x->j.a;
+    switch (x->coll) {
+    case R_REDUCE: return a->reduce(c, x->send[r], x->recv[r], x->j.count, x->j.t, x->j.op, x->j.root);
+    case R_GATHER: return a->gather(c, x->send[r], x->recv[r], x->j.count, x->j.t, x->j.root);
+    case R_SCATTER: return a->scatter(c, x->send[r], x->recv[r], x->j.count, x->j.t, x->j.root);
+    case R_ALLTOALL: return a->alltoall(c, x->send[r], x->recv[r], x->j.count, x->j.t);
+    default: return a->alltoallv(c, x->send[r], x->sc[r], x->sd[r], x->recv[r], x->rc[r], x->rd[r], x->j.t);
+    }
+}
+
+/* 1 when out (of rank r) holds what it should. */
+static int r_expect(const rjob *x, int r, const char *out, char *want) {
+    size_t n = (size_t)x->j.n, c = x->j.count, es = x->j.es;
+    switch (x->coll) {
+    case R_REDUCE:
+        if (r != x->j.root) return 1;
+        tile(want, pat_ref, es, 0, c);
+        return !memcmp(out, want, c * es);
+    case R_GATHER:
+        if (r != x->j.root) return 1;
+        for (size_t q = 0; q < n; q++) tile(want + q * c * es, pat_in[q], es, 0, c);
+        return !memcmp(out, want, n * c * es);
+    case R_SCATTER: tile(want, pat_in[x->j.root], es, (size_t)r * c, c); return !memcmp(out, want, c * es);
+    case R_ALLTOALL:
+        for (size_t q = 0; q < n; q++) tile(want + q * c * es, pat_in[q], es, (size_t)r * c, c);
+        return !memcmp(out, want, n * c * es);
+    default:
+        memset(want, 0xA5, x->rlen[r]);
+        for (int i = 0; i < (int)n; i++) tile(want + x->rd[r][i] * es, pat_in[i], es, (size_t)r * 7, x->rc[r][i]);
+        return !memcmp(out, want, x->rlen[r]);
+    }
+}
+
+static void r_check(mock_world *w, rjob *x, char *want) {
+    static const char *const names[R_COUNT] = {"reduce", "gather", "scatter", "alltoall", "alltoallv"};
+    char what[200];
+    snprintf(what, sizeof what, "%s %s n=%d %s %s count=%zu root=%d%s", x->j.a->name, names[x->coll], x->j.n,
+             tally_dtype_name(x->j.t), tally_op_name(x->j.op), x->j.count, x->j.root, x->inplace ? " in place" : "");
+    for (int r = 0; r < x->j.n; r++) r_setup(x, r);
+    int rc[MAXN], bad = mock_run(w, r_run_rank, x, rc);
+    TH_CHECK(!bad, "%s: %s", what, mock_failure(w));
+    for (int r = 0; r < x->j.n && !bad; r++) {
+        TH_CHECK(rc[r] == 0, "%s: rank %d returned %d", what, r, rc[r]);
+        const char *out = x->recv[r] ? x->recv[r] : x->send[r];
+        TH_CHECK(!out || r_expect(x, r, out, want), "%s: rank %d differs from the reference", what, r);
+        TH_CHECK((!x->send[r] || r_intact(x->send[r], x->slen[r])) && (!x->recv[r] || r_intact(x->recv[r], x->rlen[r])),
+                 "%s: rank %d wrote outside its buffers", what, r);
+        int kept = 1; /* out of place, what was sent is untouched */
+        if (x->send[r] && x->send[r] != x->recv[r] && x->coll != R_ALLTOALLV) {
+            size_t elems = x->slen[r] / x->j.es;
+            tile(want, pat_in[r], x->j.es, 0, elems);
+            kept = !memcmp(x->send[r], want, x->slen[r]);
+        }
+        TH_CHECK(kept, "%s: rank %d's send buffer was modified", what, r);
+    }
+    for (int r = 0; r < x->j.n; r++) {
+        if (x->recv[r] && x->recv[r] != x->send[r]) free(x->recv[r] - GUARD);
+        if (x->send[r]) free(x->send[r] - GUARD);
+    }
+}
+
+static void test_rooted(void) {
+    static const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 16};
+    static const tally_op rops[] = {TALLY_SUM, TALLY_PROD, TALLY_MIN, TALLY_MAX};
+    char *want = malloc(16 * 20011 * 8 + 64 * 1024);
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        int n = sizes[si];
+        if (!th_long() && n > 5) continue; /* the quick tier: 2 to 5 ranks */
+        mock_world *w = mock_world_new(n, 20.0);
+        for (int a = 1; a <= tally__algo_count(); a++)
+            for (int coll = 0; coll < R_COUNT; coll++)
+                for (int t = 0; t <= TALLY_U8; t++) {
+                    const algo *d = tally__algo_get(a);
+                    if (!tally__algo_has(d, r_kinds[coll])) continue;
+                    int big_t = t == TALLY_F32 || t == TALLY_I32;
+                    size_t counts[] = {1, 7, (size_t)n + 1, coll == R_ALLTOALLV ? 3001 : 20011 / (size_t)n + 1};
+                    for (int ci = 0; ci < 4; ci++)
+                        for (int oi = 0; oi < 4; oi++)
+                            for (int root = 0; root < n; root++) {
+                                int big = ci == 3, reduce = coll == R_REDUCE;
+                                if (big && !big_t) continue;
+                                if (oi && (!reduce || (big && oi != 3))) continue; /* ops: reduce's */
+                                if (root && coll >= R_ALLTOALL) continue;          /* no root */
+                                if ((n > 8 || big) && root && root != n / 2 && root != n - 1) continue;
+                                rjob *x = calloc(1, sizeof *x);
+                                x->j = (job){.a = d,
+                                             .n = n,
+                                             .root = root,
+                                             .t = (tally_dtype)t,
+                                             .op = rops[oi],
+                                             .count = counts[ci],
+                                             .es = tally_dtype_size((tally_dtype)t)};
+                                x->coll = coll;
+                                x->inplace = (coll == R_REDUCE || coll == R_ALLTOALL) && (ci + root) % 2;
+                                make_patterns(&x->j);
+                                r_check(w, x, want);
+                                free(x);
+                            }
+                }
+        mock_world_free(w);
+    }
+    free(want);
+}
+
+/* The model picks among the algorithms that have each collective; hier's levels have none of them. */
+static void test_rooted_model(void) {
+    tally__cost m = {.alpha = 1e-6, .beta = 1e-10, .gamma = 5e-11};
+    for (int k = 0; k < R_COUNT; k++)
+        for (int n = 2; n <= 64; n *= 2)
+            for (size_t bytes = 1; bytes <= ((size_t)1 << 30); bytes *= 16) {
+                int coll = r_kinds[k], x = tally__algo_choose(&m, coll, n, bytes);
+                TH_CHECK(tally__algo_has(tally__algo_get(x), coll), "coll %d n %d: %s chosen, which has none", coll, n,
+                         tally__algo_name(x));
+                for (int a = 1; a <= tally__algo_count(); a++)
+                    TH_CHECK(tally__algo_has(tally__algo_get(a), coll) ==
+                                 (tally__algo_cost(&m, a, coll, n, bytes) < HUGE_VAL),
+                             "%s: cost of coll %d finite exactly where it has it", tally__algo_name(a), coll);
+            }
+    int pairwise = tally__algo_parse("pairwise"), bruck = tally__algo_parse("bruck");
+    TH_CHECK(pairwise > 0 && bruck > 0, "pairwise and bruck are in the table");
+    for (int n = 8; n <= 64; n *= 2) {
+        TH_CHECK(tally__algo_choose(&m, TALLY__ALLTOALL, n, (size_t)n * 8) == bruck, "small alltoall on %d: %s", n,
+                 tally__algo_name(tally__algo_choose(&m, TALLY__ALLTOALL, n, (size_t)n * 8)));
+        TH_CHECK(tally__algo_choose(&m, TALLY__ALLTOALL, n, (size_t)n << 20) == pairwise, "large alltoall on %d: %s", n,
+                 tally__algo_name(tally__algo_choose(&m, TALLY__ALLTOALL, n, (size_t)n << 20)));
+        TH_CHECK(tally__algo_choose(&m, TALLY__REDUCE, n, (size_t)1 << 28) == TALLY__ALGO_RING,
+                 "reduce of 256 MiB on %d: %s", n, tally__algo_name(tally__algo_choose(&m, TALLY__REDUCE, n, 1 << 28)));
+    }
+    /* No algorithm without allreduce takes the set-up traffic, allreduce or barrier from the others. */
+    for (int n = 2; n <= 64; n++)
+        for (size_t bytes = 1; bytes <= ((size_t)1 << 30); bytes *= 8)
+            for (int coll = 0; coll <= TALLY__BARRIER; coll++) {
+                const algo *d = tally__algo_get(tally__algo_choose(&m, coll, n, bytes));
+                TH_CHECK(d->allreduce, "coll %d n %d bytes %zu: %s chosen", coll, n, bytes, d->name);
+            }
+    /* hier's levels: none of them (comm.c then takes the flat model's choice, TALLY_ALGO=hier or not) */
+    tally__hier h = {.hosts = 4, .per_host = 2, .host_cost = m, .cross_cost = m};
+    tally__hier_share_link(&h);
+    for (int k = 0; k < R_COUNT; k++)
+        TH_CHECK(tally__hier_cost(&h, r_kinds[k], 1 << 20) == HUGE_VAL, "hier has coll %d", r_kinds[k]);
+    TH_CHECK(tally__hier_cost(&h, TALLY__ALLREDUCE, 1 << 20) < HUGE_VAL, "hier has allreduce");
+}
+
 int main(void) {
     /* Keep freed big buffers in the heap: the mock allocates a copy of every message, and fresh mmaps
      * would make page faults the main cost of the test. */
@@ -507,5 +717,7 @@ int main(void) {
     test_cost_model();
     test_barriers();
     test_collectives();
+    test_rooted_model();
+    test_rooted();
     return th_verdict("test_algos");
 }

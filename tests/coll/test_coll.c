@@ -9,7 +9,7 @@
 #include <string.h>
 #include <tally.h>
 
-#include "coll/coll.h"
+#include "coll/algo.h"
 #include "core/numeric/dtype.h"
 #include "harness.h"
 
@@ -397,6 +397,10 @@ static int rank_many(int rank, int n, void *arg) {
     return g_result->failures ? 1 : 0;
 }
 
+/* The collectives here are the ones with allreduce's algorithms: TALLY_ALGO naming an all-to-all one
+ * (pairwise, bruck; test_rooted's) would leave them all to the model, auto's case. */
+static int runs_these(int a) { return tally__algo_get(a)->allreduce != NULL; }
+
 static void run_case(const char *what, int n, const th_opts *o, th_rank_fn fn) {
     memset(g_result, 0, sizeof *g_result);
     double t0 = th_now();
@@ -429,6 +433,7 @@ static void run_oversubscribed(const char *only_transport, int light) {
             run_case(what, 3, &o, rank_main);
         }
         for (int a = 1; a <= (light ? 1 : tally__algo_count()) && th_long(); a++) { /* every algorithm */
+            if (!runs_these(a)) continue;
             o.algo = tally__algo_name(a);
             snprintf(what, sizeof what, "%s %-6s 1 CPU", transports[ti], o.algo);
             run_case(what, 8, &o, rank_main);
@@ -462,6 +467,7 @@ static void run_mixed(int light) {
     static const char *const layouts[] = {"0011", "001", "00011"};
     for (int li = 0; li < 3; li++)
         for (int a = 1; a <= tally__algo_count(); a++) { /* every algorithm of the table */
+            if (!runs_these(a)) continue;
             if (!th_long() && !(li == 1 && a == TALLY__ALGO_RING)) continue;
             if (light && li > 0 && a != TALLY__ALGO_RING) continue;
             g_hosts_of = layouts[li];
@@ -520,7 +526,7 @@ int main(int argc, char **argv) {
     for (int ti = 0; ti < 2; ti++) {
         if (only_transport && strcmp(only_transport, transports[ti])) continue;
         for (int a = 1; a <= tally__algo_count(); a++) /* every algorithm of the table */
-            for (int si = 0; si < 6; si++) {
+            for (int si = 0; si < 6 && runs_these(a); si++) {
                 int n = sizes[si], tree_like = a == TALLY__ALGO_TREE || a == TALLY__ALGO_DIRECT;
                 if (n == 1 && (ti || a != 1)) continue; /* one rank needs no transport or algorithm */
                 /* The quick tier: one rank, and every algorithm on 3 ranks (not a power of two), with a

@@ -1,5 +1,6 @@
-/* test_mismatch.c - ranks that disagree (collective, broadcast root, count, dtype, op, a skipped call) fail
- * on every rank with TALLY_E_MISMATCH naming both calls, in that very call: 2-4 ranks, shm and tcp, all sizes. */
+/* test_mismatch.c - ranks that disagree (collective, root, count, dtype, op, alltoallv's counts of a pair, a
+ * skipped call) fail on every rank with TALLY_E_MISMATCH naming both calls, in that very call: 2-4 ranks, shm
+ * and tcp, all sizes, every algorithm. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,11 +8,12 @@
 #include <unistd.h>
 #include <tally.h>
 
-#include "coll/coll.h"
+#include "coll/algo.h"
 #include "harness.h"
 
-enum { AR, RS, AG, BC, BAR };
-static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier"};
+enum { AR, RS, AG, BC, BAR, RED, GA, SC, A2A, A2AV };
+static const char *const coll_names[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier",
+                                         "reduce",    "gather",         "scatter",   "alltoall",  "alltoallv"};
 
 /* One rank's call: count is the size's base count plus dc; root ROOT_ODD is the disagreeing rank itself. */
 #define ROOT_ODD (-1)
@@ -74,6 +76,39 @@ static const scen scens[] = {
     {"halves: allreduce count", ARED, C(AR, 1, F32, SUM, 0), ODD_HALF, 0, 0},
     {"halves: allgather vs reduce_scatter", C(AG, 0, F32, SUM, 0), C(RS, 0, F32, SUM, 0), ODD_HALF, 0, 0},
     {"halves: a skipped barrier", ARED, ARED, ODD_HALF, 1, 0},
+    /* the rooted collectives and all-to-all, against each other and the others */
+    {"gather vs scatter", C(GA, 0, F32, SUM, 0), C(SC, 0, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"scatter vs gather by its root", C(SC, 0, F32, SUM, 0), C(GA, 0, F32, SUM, 0), ODD_FIRST, 0, 0},
+    {"reduce vs gather", C(RED, 0, F32, SUM, 0), C(GA, 0, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"reduce vs allreduce", C(RED, 0, F32, SUM, 0), ARED, ODD_SECOND, 0, 0},
+    {"allreduce vs reduce by its root", ARED, C(RED, 0, F32, SUM, 0), ODD_FIRST, 0, 0},
+    {"reduce vs broadcast", C(RED, 0, F32, SUM, 0), BCAST(0), ODD_LAST, 0, 0},
+    {"reduce two roots", C(RED, 0, F32, SUM, 0), C(RED, 0, F32, SUM, ROOT_ODD), ODD_LAST, 0, 1},
+    {"reduce op", C(RED, 0, I32, SUM, 0), C(RED, 0, I32, MAX, 0), ODD_SECOND, 0, 0},
+    {"reduce count", C(RED, 0, F32, SUM, 0), C(RED, 1, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"reduce dtype at the root", C(RED, 0, F32, SUM, 0), C(RED, 0, F64, SUM, 0), ODD_FIRST, 0, 0},
+    {"gather two roots", C(GA, 0, F32, SUM, 0), C(GA, 0, F32, SUM, ROOT_ODD), ODD_LAST, 0, 0},
+    {"gather count", C(GA, 0, F32, SUM, 0), C(GA, 1, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"gather vs allgather", C(GA, 0, F32, SUM, 0), C(AG, 0, F32, SUM, 0), ODD_SECOND, 0, 0},
+    {"gather vs barrier", C(GA, 0, F32, SUM, 0), C(BAR, 0, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"scatter two roots", C(SC, 0, F32, SUM, 0), C(SC, 0, F32, SUM, ROOT_ODD), ODD_LAST, 0, 1},
+    {"scatter count at the root", C(SC, 1, F32, SUM, 0), C(SC, 0, F32, SUM, 0), ODD_FIRST, 0, 0},
+    {"scatter vs broadcast", C(SC, 0, F32, SUM, 0), BCAST(0), ODD_LAST, 0, 0},
+    {"scatter vs reduce_scatter", C(SC, 0, F32, SUM, 0), C(RS, 0, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"alltoall vs alltoallv", C(A2A, 0, F32, SUM, 0), C(A2AV, 0, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"alltoall count", C(A2A, 0, F32, SUM, 0), C(A2A, 1, F32, SUM, 0), ODD_SECOND, 0, 1},
+    {"alltoall vs allreduce", C(A2A, 0, F32, SUM, 0), ARED, ODD_LAST, 0, 0},
+    {"alltoall vs gather", C(A2A, 0, F32, SUM, 0), C(GA, 0, F32, SUM, 0), ODD_FIRST, 0, 0},
+    {"alltoallv counts", C(A2AV, 0, F32, SUM, 0), C(A2AV, 1, F32, SUM, 0), ODD_LAST, 0, 1},
+    {"alltoallv dtype", C(A2AV, 0, F32, SUM, 0), C(A2AV, 0, I32, SUM, 0), ODD_FIRST, 0, 0},
+    {"alltoallv vs barrier", C(A2AV, 0, F32, SUM, 0), C(BAR, 0, F32, SUM, 0), ODD_LAST, 0, 0},
+    {"a skipped barrier before a gather", C(GA, 0, F32, SUM, 0), C(GA, 0, F32, SUM, 0), ODD_LAST, 1, 0},
+    {"a skipped barrier before a scatter", C(SC, 0, F32, SUM, 0), C(SC, 0, F32, SUM, 0), ODD_FIRST, 1, 0},
+    {"a skipped barrier before an alltoall", C(A2A, 0, F32, SUM, 0), C(A2A, 0, F32, SUM, 0), ODD_SECOND, 1, 0},
+    {"halves: gather vs scatter", C(GA, 0, F32, SUM, 0), C(SC, 0, F32, SUM, 0), ODD_HALF, 0, 0},
+    {"halves: reduce two roots", C(RED, 0, F32, SUM, 0), C(RED, 0, F32, SUM, ROOT_ODD), ODD_HALF, 0, 0},
+    {"halves: alltoallv counts", C(A2AV, 0, F32, SUM, 0), C(A2AV, 1, F32, SUM, 0), ODD_HALF, 0, 0},
+    {"halves: alltoall vs allreduce", C(A2A, 0, F32, SUM, 0), ARED, ODD_HALF, 0, 0},
 };
 #define NSCENS (sizeof scens / sizeof *scens)
 
@@ -129,35 +164,65 @@ static double reduce_all(tally_op op, int n, size_t i) {
 static double expected(const call *c, int rank, int n, size_t i) {
     size_t count = count_of(c);
     switch (c->coll) {
-    case AR: return reduce_all(c->op, n, i);
+    case AR:
+    case RED: return reduce_all(c->op, n, i);
     case RS: return reduce_all(c->op, n, (size_t)rank * count + i);
-    case AG: return input((int)(i / count), i % count);
+    case AG:
+    case GA: return input((int)(i / count), i % count);
+    case SC: return input(c->root, (size_t)rank * count + i);
+    case A2A:
+    case A2AV: return input((int)(i / count), (size_t)rank * count + i % count);
     default: return input(c->root, i);
     }
 }
 
-static size_t out_elems(const call *c, int n) {
+/* The elements this rank's call writes (a rooted one's only at its root). */
+static size_t out_elems(const call *c, int rank, int n) {
     size_t count = count_of(c);
-    return c->coll == AG ? (size_t)n * count : c->coll == BAR ? 0 : count;
+    switch (c->coll) {
+    case BAR: return 0;
+    case AG:
+    case A2A:
+    case A2AV: return (size_t)n * count;
+    case RED: return rank == c->root ? count : 0;
+    case GA: return rank == c->root ? (size_t)n * count : 0;
+    default: return count;
+    }
+}
+
+static size_t in_elems(const call *c, int n) {
+    size_t count = count_of(c);
+    return c->coll == RS || c->coll == A2A || c->coll == A2AV || c->coll == SC ? (size_t)n * count : count;
+}
+
+/* alltoallv with every pair exchanging count elements, blocks back to back. */
+static int uniform_alltoallv(tally_comm *comm, const void *send, void *recv, size_t count, tally_dtype t, int n) {
+    size_t counts[TH_MAX_RANKS], displs[TH_MAX_RANKS];
+    for (int j = 0; j < n; j++) counts[j] = count, displs[j] = (size_t)j * count;
+    return tally_alltoallv(comm, send, counts, displs, recv, counts, displs, t);
 }
 
 /* Runs the call; returns its code, and sets *wrong when it returned 0 with a result it should not have. */
 static int run_call(tally_comm *comm, const call *c, int rank, int n, void *send, void *recv, int *wrong) {
-    size_t count = count_of(c), in = c->coll == RS ? (size_t)n * count : count;
+    size_t count = count_of(c), in = in_elems(c, n), out = out_elems(c, rank, n);
     for (size_t i = 0; i < in; i++) put(send, c->t, i, input(rank, i));
-    for (size_t i = 0; i < out_elems(c, n); i++) put(recv, c->t, i, -7);
+    for (size_t i = 0; i < out; i++) put(recv, c->t, i, -7);
     int rc;
     switch (c->coll) {
     case AR: rc = tally_allreduce(comm, send, recv, count, c->t, c->op); break;
     case RS: rc = tally_reduce_scatter(comm, send, recv, count, c->t, c->op); break;
     case AG: rc = tally_allgather(comm, send, recv, count, c->t); break;
     case BAR: rc = tally_barrier(comm); break;
+    case RED: rc = tally_reduce(comm, send, recv, count, c->t, c->op, c->root); break;
+    case GA: rc = tally_gather(comm, send, recv, count, c->t, c->root); break;
+    case SC: rc = tally_scatter(comm, send, recv, count, c->t, c->root); break;
+    case A2A: rc = tally_alltoall(comm, send, recv, count, c->t); break;
+    case A2AV: rc = uniform_alltoallv(comm, send, recv, count, c->t, n); break;
     default:
         if (rank == c->root) memcpy(recv, send, count * tally_dtype_size(c->t));
         rc = tally_broadcast(comm, recv, count, c->t, c->root);
     }
-    for (size_t i = 0; rc == 0 && i < out_elems(c, n) && !*wrong; i++)
-        *wrong = get(recv, c->t, i) != expected(c, rank, n, i);
+    for (size_t i = 0; rc == 0 && i < out && !*wrong; i++) *wrong = get(recv, c->t, i) != expected(c, rank, n, i);
     return rc;
 }
 
@@ -197,10 +262,14 @@ static void sig_text(const call *c, int seq, char *buf, size_t len) {
     const char *t = tally_dtype_name(c->t), *op = tally_op_name(c->op), *name = coll_names[c->coll];
     if (c->coll == BAR)
         snprintf(buf, len, "barrier #%d", seq);
-    else if (c->coll == BC)
-        snprintf(buf, len, "broadcast #%d (count %zu, %s, root %d", seq, count, t, c->root);
-    else if (c->coll == AG)
-        snprintf(buf, len, "allgather #%d (count %zu, %s", seq, count, t);
+    else if (c->coll == BC || c->coll == GA || c->coll == SC)
+        snprintf(buf, len, "%s #%d (count %zu, %s, root %d", name, seq, count, t, c->root);
+    else if (c->coll == RED)
+        snprintf(buf, len, "reduce #%d (count %zu, %s, %s, root %d", seq, count, t, op, c->root);
+    else if (c->coll == AG || c->coll == A2A)
+        snprintf(buf, len, "%s #%d (count %zu, %s", name, seq, count, t);
+    else if (c->coll == A2AV)
+        snprintf(buf, len, "alltoallv #%d (%s", seq, t);
     else
         snprintf(buf, len, "%s #%d (count %zu, %s, %s", name, seq, count, t, op);
 }
@@ -212,6 +281,17 @@ static void large_env(int rank, void *arg) {
 }
 
 static int jobs, failed_jobs;
+
+/* Whether TALLY_ALGO=algo changes what either call of s runs (an algorithm without a collective leaves it
+ * to the model). */
+static int forces(int algo, const scen *s) {
+    static const int kinds[] = {TALLY__ALLREDUCE, TALLY__REDUCE_SCATTER, TALLY__ALLGATHER, TALLY__BROADCAST,
+                                TALLY__BARRIER,   TALLY__REDUCE,         TALLY__GATHER,    TALLY__SCATTER,
+                                TALLY__ALLTOALL,  TALLY__ALLTOALLV};
+    const tally__algo_desc *d = tally__algo_get(algo);
+    int skip = s->skip && tally__algo_has(d, TALLY__BARRIER);
+    return skip || tally__algo_has(d, kinds[s->a.coll]) || tally__algo_has(d, kinds[s->b.coll]);
+}
 
 static void run_one(int n, const char *tp, const char *algo, size_t base, const scen *s) {
     cur = s;
@@ -236,6 +316,11 @@ static void run_one(int n, const char *tp, const char *algo, size_t base, const 
     call a = call_of(s, odd == 0 ? 1 : 0, n), b = call_of(s, odd, n);
     sig_text(s->skip ? &(call){BAR, 0, TALLY_F32, TALLY_SUM, 0} : &a, seq, sa, sizeof sa);
     sig_text(&b, seq, sb, sizeof sb);
+    /* alltoallv's counts of a pair: both named, as "... is 100 but ... is 101" */
+    int vcounts = a.coll == A2AV && b.coll == A2AV && a.dc != b.dc;
+    char ca[48], cb[48];
+    snprintf(ca, sizeof ca, "is %zu", count_of(&a));
+    snprintf(cb, sizeof cb, "is %zu", count_of(&b));
     for (int r = 0; r < n; r++) {
         TH_CHECK(!job.killed_by_harness[r], "%s: rank %d hung", what, r);
         TH_CHECK(WIFEXITED(job.status[r]) && WEXITSTATUS(job.status[r]) == 0, "%s: rank %d did not exit 0 (%s)", what,
@@ -245,6 +330,8 @@ static void run_one(int n, const char *tp, const char *algo, size_t base, const 
         TH_CHECK(!S->wrong[r], "%s: rank %d returned 0 with wrong data", what, r);
         TH_CHECK(!S->rc[r] || (strstr(S->msg[r], sa) && strstr(S->msg[r], sb)),
                  "%s: rank %d's message does not name both \"%s\" and \"%s\": %s", what, r, sa, sb, S->msg[r]);
+        TH_CHECK(!S->rc[r] || !vcounts || (strstr(S->msg[r], ca) && strstr(S->msg[r], cb)),
+                 "%s: rank %d's message does not name both counts (\"%s\", \"%s\"): %s", what, r, ca, cb, S->msg[r]);
         TH_CHECK(!s->follow || S->next_rc[r] == TALLY_E_MISMATCH, "%s: rank %d's next call returned %d", what, r,
                  S->next_rc[r]);
         TH_CHECK(S->free_rc[r] == 0, "%s: rank %d's tally_comm_free returned %d", what, r, S->free_rc[r]);
@@ -310,11 +397,18 @@ int main(int argc, char **argv) {
                     if (light && base == LARGE_COUNT && (n != 3 || algo)) continue;
                     /* The sanitizer pass: every algorithm on 3 ranks, auto on the others (the paths are alike). */
                     if (light && algo && n != 3) continue;
-                    /* The quick tier: every kind of disagreement on 3 ranks, the algorithm chosen, 100 elements. */
-                    int quick = n == 3 && !algo && base == 100;
-                    if (!(quick ? th_quick() : th_long())) continue;
-                    for (size_t i = 0; i < NSCENS; i++)
-                        if (!only || strstr(scens[i].name, only)) run_one(n, tps[k], algo, base, &scens[i]);
+                    /* The quick tier: every kind of disagreement on 3 ranks, the algorithm chosen, 100 elements
+                     * (those of the rooted collectives and all-to-all over shm; tcp's in the long tier). */
+                    int quick_run = n == 3 && !algo && base == 100;
+                    for (size_t i = 0; i < NSCENS; i++) {
+                        const scen *s = &scens[i];
+                        int old = s->a.coll < RED && s->b.coll < RED, quick = quick_run && (k == 0 || old);
+                        if (!(quick ? th_quick() : th_long()) || (only && !strstr(s->name, only))) continue;
+                        if (algo && !forces(a, s)) continue; /* both calls the model's: auto's case */
+                        /* the rooted ones and all-to-all: each algorithm on 3 ranks at 100 elements */
+                        if (algo && !old && (n != 3 || base != 100)) continue;
+                        run_one(n, tps[k], algo, base, s);
+                    }
                 }
     for (int n = 2; n <= 4 && (!only || strstr("left early", only)); n++)
         for (int k = 0; k < 2; k++) {

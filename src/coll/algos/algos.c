@@ -11,7 +11,9 @@
     X(ring)                                                                                                            \
     X(tree)                                                                                                            \
     X(rhd)                                                                                                             \
-    X(direct)
+    X(direct)                                                                                                          \
+    X(pairwise)                                                                                                        \
+    X(bruck)
 
 #define TALLY__ALGO_EXTERN(name) extern const tally__algo_desc tally__##name##_algo;
 TALLY__ALGO_TABLE(TALLY__ALGO_EXTERN)
@@ -45,13 +47,20 @@ int tally__algo_next(int algo) {
 }
 
 const char *tally__algo_names(char *buf, size_t cap, int with, const char *sep, const char *last) {
-    int a = with & TALLY__ALGO_WITH_AUTO ? TALLY__ALGO_AUTO : tally__algo_next(TALLY__ALGO_AUTO);
-    int end = with & TALLY__ALGO_WITH_HIER ? -1 : TALLY__ALGO_HIER;
+    int ids[TALLY__ALGO_HIER + 1], k = 0;
+    for (int a = TALLY__ALGO_AUTO; a >= 0; a = tally__algo_next(a)) {
+        const tally__algo_desc *d = tally__algo_get(a);
+        if (a == TALLY__ALGO_AUTO   ? !(with & TALLY__ALGO_WITH_AUTO)
+            : a == TALLY__ALGO_HIER ? !(with & TALLY__ALGO_WITH_HIER)
+                                    : (with & TALLY__ALGO_ALLREDUCE_ONLY) && !d->allreduce)
+            continue;
+        ids[k++] = a;
+    }
     size_t used = 0;
     if (cap) buf[0] = '\0';
-    for (int k = 0; a != end && used < cap; a = tally__algo_next(a), k++) {
-        const char *join = k == 0 ? "" : tally__algo_next(a) == end ? last : sep;
-        used += (size_t)snprintf(buf + used, cap - used, "%s%s", join, tally__algo_name(a));
+    for (int i = 0; i < k && used < cap; i++) {
+        const char *join = i == 0 ? "" : i == k - 1 ? last : sep;
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", join, tally__algo_name(ids[i]));
     }
     return buf;
 }
@@ -62,6 +71,11 @@ int tally__algo_has(const tally__algo_desc *d, int coll) {
     case TALLY__ALLGATHER: return d->allgather != NULL;
     case TALLY__BROADCAST: return d->broadcast != NULL;
     case TALLY__BARRIER: return d->barrier != NULL;
+    case TALLY__REDUCE: return d->reduce != NULL;
+    case TALLY__GATHER: return d->gather != NULL;
+    case TALLY__SCATTER: return d->scatter != NULL;
+    case TALLY__ALLTOALL: return d->alltoall != NULL;
+    case TALLY__ALLTOALLV: return d->alltoallv != NULL;
     default: return d->allreduce != NULL; /* allreduce, and the set-up traffic its cost stands for */
     }
 }

@@ -16,15 +16,19 @@ static int root_reduce(const tally__ctx *c, const void *mine, void *dst, size_t 
     return 0;
 }
 
-/* Rank 0 sends rank k the `len` bytes at base + k*stride, to all ranks in one exchange. */
-static int root_scatter(const tally__ctx *c, const void *base, size_t stride, size_t len) {
+/* The root sends rank k the `len` bytes at base + k*stride, to all ranks in one exchange. */
+static int root_scatter_from(const tally__ctx *c, const void *base, size_t stride, size_t len, int root) {
     tally__send *s = malloc((size_t)(c->size - 1) * sizeof *s);
     if (!s) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct: no memory", c->rank);
-    for (int k = 1; k < c->size; k++)
-        s[k - 1] = (tally__send){.peer = k, .buf = (const char *)base + (size_t)k * stride, .len = len};
+    for (int k = 0, i = 0; k < c->size; k++)
+        if (k != root) s[i++] = (tally__send){.peer = k, .buf = (const char *)base + (size_t)k * stride, .len = len};
     int rc = tally__xchg(c, s, c->size - 1, NULL, 0);
     free(s);
     return rc;
+}
+
+static int root_scatter(const tally__ctx *c, const void *base, size_t stride, size_t len) {
+    return root_scatter_from(c, base, stride, len, 0);
 }
 
 /* The result is computed once, at rank 0, and copied to everyone. A peer sends and receives in two
@@ -88,6 +92,53 @@ static int direct_broadcast(const tally__ctx *c, void *buf, size_t count, tally_
     return rc;
 }
 
+/* ---- rooted: the root exchanges with each rank ----
+ * The data flows one way, which would let a leaf (gather, reduce) or the root (scatter) return before
+ * hearing from every rank: the fingerprint rounds of tally__agree come first, as for the broadcast. They
+ * also make a rank that called something else (another root, say) send before it waits, so the
+ * disagreement is seen rather than two roots waiting on each other. */
+
+/* The root reduces the others' vectors into recv one at a time, in rank order (two reducing receives into
+ * the same bytes may not share an exchange, and a fixed order makes the result reproducible). */
+static int direct_reduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                         int root) {
+    size_t bytes = count * tally_dtype_size(t);
+    int rc = tally__agree(c, NULL, 0, t, root);
+    if (rc || c->rank != root) return rc ? rc : tally__send_one(c, root, send, bytes);
+    const void *src = send;
+    for (int k = 0; k < c->size && !rc; k++) {
+        if (k == root) continue;
+        rc = tally__recv_one(c, k, recv, src, bytes, t, op);
+        src = recv;
+    }
+    return rc;
+}
+
+/* The root takes every block in one exchange (plain receives into disjoint blocks may share one). */
+static int direct_gather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    int rc = tally__agree(c, NULL, 0, t, root);
+    if (rc || c->rank != root) return rc ? rc : tally__send_one(c, root, send, bytes);
+    tally__recv *r = malloc((size_t)(c->size - 1) * sizeof *r);
+    if (!r) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct gather: no memory", c->rank);
+    for (int k = 0, i = 0; k < c->size; k++)
+        if (k != root) r[i++] = (tally__recv){.peer = k, .dst = tally__at(recv, (size_t)k * count, es), .len = bytes};
+    memmove(tally__at(recv, (size_t)root * count, es), send, bytes);
+    rc = tally__xchg(c, NULL, 0, r, c->size - 1);
+    free(r);
+    return rc;
+}
+
+/* The root sends every rank its block in one exchange. */
+static int direct_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    int rc = tally__agree(c, NULL, 0, t, root);
+    if (rc || c->rank != root) return rc ? rc : tally__recv_one(c, root, recv, NULL, bytes, t, TALLY_SUM);
+    rc = root_scatter_from(c, send, bytes, bytes, root);
+    if (!rc) memmove(recv, tally__at(send, (size_t)root * count, es), bytes);
+    return rc;
+}
+
 /* Everyone checks in with rank 0 (empty messages), which releases everyone once all have. */
 static int direct_barrier(const tally__ctx *c) {
     static const char none;
@@ -105,7 +156,8 @@ static int direct_barrier(const tally__ctx *c) {
 }
 
 /* The model: n-1 messages of the whole vector through rank 0 each way, reduced there one at a time;
- * the broadcast after the lg fingerprint rounds of tally__agree. */
+ * the broadcast and the rooted ones after the lg fingerprint rounds of tally__agree, then n-1 messages
+ * through the root. */
 static double direct_cost(const tally__algo_shape *x, int coll) {
     double n = x->n, S = x->S, f = (n - 1) / n;
     switch (coll) {
@@ -119,6 +171,9 @@ static double direct_cost(const tally__algo_shape *x, int coll) {
     }
     case TALLY__BROADCAST: return x->lg * x->a + (n - 1) * (x->a + S * x->b);
     case TALLY__BARRIER: return 2 * (n - 1) * x->a;
+    case TALLY__REDUCE: return x->lg * x->a + (n - 1) * (x->a + S * (x->b + x->g));
+    case TALLY__GATHER:
+    case TALLY__SCATTER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b;
     default: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
     }
 }
@@ -132,5 +187,8 @@ const tally__algo_desc tally__direct_algo = {.name = "direct",
                                              .allgather = direct_allgather,
                                              .broadcast = direct_broadcast,
                                              .barrier = direct_barrier,
+                                             .reduce = direct_reduce,
+                                             .gather = direct_gather,
+                                             .scatter = direct_scatter,
                                              .cost = direct_cost,
                                              .sent = direct_sent};

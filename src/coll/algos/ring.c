@@ -1,5 +1,6 @@
 /* ring.c - the ring algorithms: allreduce as reduce-scatter then all-gather around the ring (bandwidth
- * optimal), ring reduce-scatter and all-gather, a pipelined chain broadcast, and a ring barrier. */
+ * optimal), ring reduce-scatter and all-gather, reduce as reduce-scatter then the blocks to the root, a
+ * pipelined chain broadcast, and a ring barrier. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +119,42 @@ static int ring_broadcast(const tally__ctx *c, void *buf, size_t count, tally_dt
     return 0;
 }
 
+/* Reduce: the reduce-scatter half of the allreduce, partial blocks kept in two scratch blocks used in turn
+ * (a step sends one while the other receives), then every rank sends the block it finished, r+1, to the
+ * root, whose last step reduces its own straight into recv. The n-1 steps have every rank hear, through
+ * its left neighbour, from every other: no release is needed. */
+static int ring_reduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                       int root) {
+    int n = c->size, r = c->rank, rc = 0;
+    size_t es = tally_dtype_size(t), most = tally__blk_count(count, n, 0) * es;
+    char *tmp = malloc(2 * most);
+    if (!tmp) return tally__seterr(TALLY_E_NOMEM, "rank %d: ring reduce: no memory for %zu bytes", r, 2 * most);
+    const void *sbuf = tally__at(send, tally__blk_start(count, n, r), es);
+    for (int s = 0; s < n - 1 && !rc; s++) {
+        int sb = mod(r - s, n), rb = mod(r - s - 1, n);
+        size_t roff = tally__blk_start(count, n, rb);
+        char *dst = s == n - 2 && r == root ? tally__at(recv, roff, es) : tmp + (size_t)(s % 2) * most;
+        rc = ring_step(c, sbuf, tally__blk_count(count, n, sb) * es, dst, tally__at(send, roff, es),
+                       tally__blk_count(count, n, rb) * es, t, op);
+        sbuf = dst;
+    }
+    if (!rc && r != root) rc = tally__send_one(c, root, sbuf, tally__blk_count(count, n, mod(r + 1, n)) * es);
+    tally__recv *rv = !rc && r == root ? malloc((size_t)(n - 1) * sizeof *rv) : NULL;
+    if (!rc && r == root && !rv) rc = tally__seterr(TALLY_E_NOMEM, "rank %d: ring reduce: no memory", r);
+    for (int k = 0, i = 0; rv && k < n; k++) {
+        int b = mod(k + 1, n); /* the block rank k finished */
+        if (k != root)
+            rv[i++] = (tally__recv){.peer = k,
+                                    .dst = tally__at(recv, tally__blk_start(count, n, b), es),
+                                    .len = tally__blk_count(count, n, b) * es,
+                                    .dtype = t};
+    }
+    if (rv) rc = tally__xchg(c, NULL, 0, rv, n - 1);
+    free(rv);
+    free(tmp);
+    return rc;
+}
+
 /* n-1 steps of empty messages around the ring: after step s a rank has heard, through its left
  * neighbour, from the s+1 ranks before it, so after n-1 steps every rank has arrived. */
 static int ring_barrier(const tally__ctx *c) {
@@ -142,6 +179,10 @@ static double ring_cost(const tally__algo_shape *x, int coll) {
         return agree + (n + x->m - 2) * (x->a + s * x->b);
     }
     case TALLY__BARRIER: return (n - 1) * x->a;
+    case TALLY__REDUCE: { /* the reduce-scatter, then the blocks to the root */
+        double gather = (n - 1) * x->a + S * f * x->b;
+        return (n - 1) * x->a + S * f * (x->b + x->g) + gather;
+    }
     default: return 2 * (n - 1) * x->a + 2 * S * f * x->b + S * f * x->g;
     }
 }
@@ -155,6 +196,7 @@ const tally__algo_desc tally__ring_algo = {.name = "ring",
                                            .allgather = ring_allgather,
                                            .broadcast = ring_broadcast,
                                            .barrier = ring_barrier,
+                                           .reduce = ring_reduce,
                                            .takes_avg = 1u << TALLY__ALLREDUCE,
                                            .cost = ring_cost,
                                            .sent = ring_sent};

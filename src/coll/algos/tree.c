@@ -1,5 +1,6 @@
 /* tree.c - the pipelined binary tree: allreduce as a reduction up the tree and a broadcast down it, in
- * segments so every level works at once; reduce-scatter, all-gather, broadcast and barrier built on it. */
+ * segments so every level works at once; reduce-scatter, all-gather, broadcast and barrier built on it;
+ * and the binomial tree of the rooted collectives (reduce, gather, scatter). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,6 +217,95 @@ static int tree_barrier(const tally__ctx *c) {
     return p.nkids ? tally__xchg(c, s, p.nkids, NULL, 0) : 0;
 }
 
+/* ---- rooted: the binomial tree ----
+ * Virtual rank v = rank - root (mod n). v's parent is v minus its lowest set bit; its children are v + m
+ * for the powers of two m below that bit (below n for the root) with v + m < n, and its subtree is the
+ * virtual ranks [v, v + sub(v)): contiguous, so a gather's or scatter's blocks travel as one message.
+ * The data flows one way: the fingerprint rounds of tally__agree come first, as for the broadcast, so no
+ * rank returns before hearing from all, and a rank that called something else (another root) sends
+ * before it waits, so the disagreement is seen rather than two roots waiting on each other. */
+static int bin_low(int v, int n) { return v ? v & -v : tally__pow2_floor(n) * 2; }
+static int bin_sub(int v, int n) { return bin_low(v, n) < n - v ? bin_low(v, n) : n - v; }
+static int bin_real(int v, int root, int n) { return (v + root) % n; }
+static int bin_parent(int v, int root, int n) { return bin_real(v - bin_low(v, n), root, n); }
+
+/* v's children's real ranks in kids, m = 1, 2, 4 ... in turn; returns how many. */
+static int bin_kids(int v, int root, int n, int *kids) {
+    int k = 0;
+    for (int m = 1; m < bin_low(v, n) && v + m < n; m *= 2) kids[k++] = bin_real(v + m, root, n);
+    return k;
+}
+
+/* Binomial reduce: each child's partial (one exchange each: they reduce into the same bytes) in the
+ * order m = 1, 2, 4 ..., then the result to the parent. A leaf sends its own data; an inner rank
+ * accumulates in scratch, the root in recv. */
+static int tree_reduce(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, tally_op op,
+                       int root) {
+    int n = c->size, v = (c->rank - root + n) % n, kids[32], nk = bin_kids(v, root, n, kids);
+    size_t bytes = count * tally_dtype_size(t);
+    int rc = tally__agree(c, NULL, 0, t, root), inner = v && nk;
+    void *acc = inner ? malloc(bytes) : recv;
+    if (inner && !acc)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree reduce: no memory for %zu bytes", c->rank, bytes);
+    const void *cur = send;
+    for (int k = 0; !rc && k < nk; k++) {
+        rc = tally__recv_one(c, kids[k], acc, cur, bytes, t, op);
+        cur = acc;
+    }
+    if (!rc && v) rc = tally__send_one(c, bin_parent(v, root, n), cur, bytes);
+    if (inner) free(acc);
+    return rc;
+}
+
+/* Binomial gather: the children's subtrees' blocks in one exchange (disjoint plain receives), then this
+ * subtree's to the parent. Blocks go in virtual order: the root takes them in scratch and puts them in
+ * rank order unless it is rank 0; a leaf sends its own block. */
+static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
+    int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    char *buf = v == 0 && root == 0 ? recv : sub > 1 ? malloc((size_t)sub * bytes) : NULL;
+    if (sub > 1 && !buf)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree gather: no memory for %d blocks", c->rank, sub);
+    if (buf) memmove(buf, send, bytes);
+    tally__recv r[32];
+    for (int k = 0, m = 1; k < nk; k++, m *= 2)
+        r[k] = (tally__recv){
+            .peer = kids[k], .dst = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes, .dtype = t};
+    if (!rc && nk) rc = tally__xchg(c, NULL, 0, r, nk);
+    if (!rc && v) rc = tally__send_one(c, bin_parent(v, root, n), buf ? buf : send, (size_t)sub * bytes);
+    if (!rc && v == 0 && buf != recv) { /* virtual block k is rank (k + root) % n's */
+        memcpy(tally__at(recv, (size_t)root * count, es), buf, (size_t)(n - root) * bytes);
+        memcpy(recv, buf + (size_t)(n - root) * bytes, (size_t)root * bytes);
+    }
+    if (buf != recv) free(buf);
+    return rc;
+}
+
+/* Binomial scatter: this rank's subtree's blocks from the parent, then each child's in one exchange,
+ * keeping the first. The root lays its blocks out in virtual order unless it is rank 0; a leaf receives
+ * straight into recv. */
+static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
+    int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
+    size_t es = tally_dtype_size(t), bytes = count * es;
+    char *buf = v == 0 && root == 0 ? (char *)send : sub > 1 ? malloc((size_t)sub * bytes) : recv;
+    if (sub > 1 && !buf)
+        return tally__seterr(TALLY_E_NOMEM, "rank %d: tree scatter: no memory for %d blocks", c->rank, sub);
+    if (v == 0 && root != 0) {
+        memcpy(buf, tally__at(send, (size_t)root * count, es), (size_t)(n - root) * bytes);
+        memcpy(buf + (size_t)(n - root) * bytes, send, (size_t)root * bytes);
+    }
+    if (!rc && v) rc = tally__recv_one(c, bin_parent(v, root, n), buf, NULL, (size_t)sub * bytes, t, TALLY_SUM);
+    tally__send s[32];
+    for (int k = 0, m = 1; k < nk; k++, m *= 2)
+        s[k] = (tally__send){.peer = kids[k], .buf = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes};
+    if (!rc && nk) rc = tally__xchg(c, s, nk, NULL, 0);
+    if (!rc && buf != recv) memmove(recv, buf, bytes);
+    if (buf != recv && buf != send) free(buf);
+    return rc;
+}
+
 /* The model: the tree's depth plus m-1 segment steps each way, each rank's bytes to two children on a
  * link its host's ranks may share (bs); reduce-scatter and all-gather add rank 0's scatter or gather,
  * the broadcast the lg fingerprint rounds of tally__agree. */
@@ -235,6 +325,11 @@ static double tree_cost(const tally__algo_shape *x, int coll) {
         return agree + (x->depth + x->m - 1) * (x->a + 2 * s * x->b);
     }
     case TALLY__BARRIER: return 2 * x->depth * x->a;
+    /* Binomial, after the lg fingerprint rounds: lg rounds of the vector, each rank reducing what its
+     * children send; or lg rounds in which the root's link carries every block. */
+    case TALLY__REDUCE: return x->lg * x->a + x->lg * (x->a + S * (x->bs + x->g));
+    case TALLY__GATHER:
+    case TALLY__SCATTER: return 2 * x->lg * x->a + S * f * x->bs;
     default: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
     }
 }
@@ -255,5 +350,8 @@ const tally__algo_desc tally__tree_algo = {.name = "tree",
                                            .allgather = tree_allgather,
                                            .broadcast = tree_broadcast,
                                            .barrier = tree_barrier,
+                                           .reduce = tree_reduce,
+                                           .gather = tree_gather,
+                                           .scatter = tree_scatter,
                                            .cost = tree_cost,
                                            .sent = tree_sent};

@@ -260,7 +260,13 @@ TALLY_API int tally_alltoallv(tally_comm *c, const void *send, const size_t *sen
  * both ranks. A send returns (its request is done) once buf may be reused: the message is on its way or
  * arrived, whether or not the receiver has asked for it yet. A receive waits at most the communicator's
  * timeout (TALLY_E_TIMEOUT naming the rank it waits for); a peer that dies fails it with
- * TALLY_E_PEER_LOST naming the rank. from (may be NULL) receives the sender's rank. */
+ * TALLY_E_PEER_LOST naming the rank. from (may be NULL) receives the sender's rank.
+ * A rank may send to itself. Bad arguments (a rank out of range, a negative tag, buf NULL with count > 0)
+ * are TALLY_E_INVALID at once (tally_isend and tally_irecv then make no request). A rank's point-to-point
+ * starts with its first such call on the communicator: a send to a rank that has made none waits for it,
+ * at most the timeout. A failure of the communicator (a dead rank, a failed collective, an abort) fails
+ * every pending request; a receive's timeout or mismatch leaves the communicator usable.
+ * tally_comm_free completes the pending sends and fails the pending receives (TALLY_E_ABORTED). */
 #define TALLY_ANY_SOURCE (-1)
 #define TALLY_TAG_MAX    0x7fffffff
 TALLY_API int tally_send(tally_comm *c, const void *buf, size_t count, tally_dtype t, int dst, int tag);

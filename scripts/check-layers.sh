@@ -13,7 +13,8 @@ declare -A allowed=(
   [core]=""
   [boot]="core"
   [transport]="core boot"
-  [coll]="core boot transport"
+  [p2p]="core boot"
+  [coll]="core boot transport p2p"
   [nn]="core"
   [data]="core"
   [optim]="core"
@@ -21,8 +22,8 @@ declare -A allowed=(
   [dp]="core boot transport coll nn optim ckpt"
   [ps]="core boot transport coll nn optim"
   [sim]="core boot transport coll"
-  [plan]="core boot transport coll nn data optim ckpt dp ps sim"
-  [train]="core boot transport coll nn data optim ckpt dp ps sim plan"
+  [plan]="core boot transport p2p coll nn data optim ckpt dp ps sim"
+  [train]="core boot transport p2p coll nn data optim ckpt dp ps sim plan"
 )
 # The public headers that belong to a folder above core.
 declare -A public=([tally/layers.h]=nn [tally/data.h]=data [tally/optim.h]=optim [tally/ddp.h]=dp)

@@ -29,6 +29,8 @@ struct tally_request {
     unsigned long long bytes; /* what the communicator sent meanwhile */
     void (*fn)(void *arg, int rc, const char *msg);
     void *arg;
+    int ext;    /* completed from outside the queue (point-to-point): its state is under ext_mu */
+    int source; /* a receive's sender once done, else -1 */
 };
 
 struct tally__async {
@@ -142,6 +144,7 @@ static int async_post(tally__async *e, const tally__call *a, tally__async_fn op,
     tally_request *r = calloc(1, sizeof *r + arrays);
     if (!r) return tally__seterr(TALLY_E_NOMEM, "tally: no memory for a request");
     r->eng = e;
+    r->source = -1;
     if (a) r->call = *a;
     if (arrays) async_copy_arrays(r, tally_comm_size(e->comm));
     r->op = op;
@@ -291,10 +294,81 @@ static int async_result(const tally_request *r) {
     return tally__seterr(r->rc, "%s", r->msg);
 }
 
+/* ---- requests completed from outside the queue (point-to-point) ---- */
+
+/* One lock and one condition for them all: they outlive every request, so the completer's last touch of
+ * a request and a waiter's free of it cannot cross (a lock inside the request could be freed under its
+ * own unlock). Waiters on point-to-point requests are few: one broadcast wakes them all. */
+static pthread_mutex_t ext_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ext_cv = PTHREAD_COND_INITIALIZER;
+
+int tally__request_external(tally_request **out) {
+    tally_request *r = calloc(1, sizeof *r);
+    if (!r) return tally__seterr(TALLY_E_NOMEM, "tally: no memory for a request");
+    r->ext = 1;
+    r->source = -1;
+    r->state = REQ_RUNNING;
+    *out = r;
+    return 0;
+}
+
+void tally__request_complete(tally_request *r, int rc, const char *msg, int source) {
+    pthread_mutex_lock(&ext_mu);
+    r->rc = rc;
+    snprintf(r->msg, sizeof r->msg, "%s", rc && msg ? msg : "");
+    r->source = rc ? -1 : source;
+    r->state = REQ_FINISHING;
+    void (*fn)(void *, int, const char *) = r->fn;
+    void *arg = r->arg;
+    pthread_mutex_unlock(&ext_mu);
+    if (fn) fn(arg, rc, r->msg); /* the request cannot go meanwhile: free only detaches it until done */
+    pthread_mutex_lock(&ext_mu);
+    r->state = REQ_DONE;
+    if (r->detached)
+        free(r);
+    else
+        atomic_store_explicit(&r->done, 1, memory_order_release);
+    pthread_cond_broadcast(&ext_cv);
+    pthread_mutex_unlock(&ext_mu);
+}
+
+static int ext_wait(tally_request *r) {
+    pthread_mutex_lock(&ext_mu);
+    while (!atomic_load_explicit(&r->done, memory_order_acquire)) pthread_cond_wait(&ext_cv, &ext_mu);
+    pthread_mutex_unlock(&ext_mu);
+    return async_result(r);
+}
+
+/* 0 when fn was kept for the completer; 1 when the request is done (or finishing), so fn runs now. */
+static int ext_on_done(tally_request *r, void (*fn)(void *, int, const char *), void *arg) {
+    pthread_mutex_lock(&ext_mu);
+    int later = r->state < REQ_FINISHING;
+    if (later) {
+        r->fn = fn;
+        r->arg = arg;
+    }
+    pthread_mutex_unlock(&ext_mu);
+    return !later;
+}
+
+/* 1 when the request is still pending: detached, its completer frees it. */
+static int ext_detach(tally_request *r) {
+    pthread_mutex_lock(&ext_mu);
+    int pending = r->state != REQ_DONE;
+    if (pending) r->detached = 1;
+    pthread_mutex_unlock(&ext_mu);
+    return pending;
+}
+
+TALLY_API int tally_request_source(const tally_request *r) {
+    return r && atomic_load_explicit(&r->done, memory_order_acquire) ? r->source : -1;
+}
+
 TALLY_API int tally_wait(tally_request *r) {
     tally__clearerr();
     if (!r) return tally__seterr(TALLY_E_INVALID, "tally_wait: req is NULL");
     if (atomic_load_explicit(&r->done, memory_order_acquire)) return async_result(r);
+    if (r->ext) return ext_wait(r);
     tally__async *e = r->eng;
     async_enter(e);
     /* What the thread has not started, the waiter runs: handing it over would only add two thread
@@ -319,7 +393,8 @@ TALLY_API int tally_test(tally_request *r, int *done) {
 TALLY_API int tally_request_on_done(tally_request *r, void (*fn)(void *arg, int rc, const char *msg), void *arg) {
     tally__clearerr();
     if (!r || !fn) return tally__seterr(TALLY_E_INVALID, "tally_request_on_done: %s is NULL", r ? "fn" : "req");
-    if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    if (r->ext && !ext_on_done(r, fn, arg)) return 0;
+    if (!r->ext && !atomic_load_explicit(&r->done, memory_order_acquire)) {
         tally__async *e = r->eng;
         async_enter(e);
         int later = r->state < REQ_FINISHING;
@@ -336,7 +411,8 @@ TALLY_API int tally_request_on_done(tally_request *r, void (*fn)(void *arg, int 
 
 TALLY_API int tally_request_free(tally_request *r) {
     if (!r) return 0;
-    if (!atomic_load_explicit(&r->done, memory_order_acquire)) {
+    if (r->ext && ext_detach(r)) return 0;
+    if (!r->ext && !atomic_load_explicit(&r->done, memory_order_acquire)) {
         tally__async *e = r->eng;
         async_enter(e);
         int pending = r->state != REQ_DONE;

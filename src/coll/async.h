@@ -53,6 +53,12 @@ int tally__async_post_call(tally_comm *c, const tally__call *a, tally_request **
  * it is not done). */
 void tally__request_cost(const tally_request *r, double *secs, unsigned long long *bytes);
 
+/* A request completed from outside the queue (point-to-point: src/coll/p2p.c): made pending, completed
+ * once with its result, message and (for a receive, else -1) the sender's rank; tally_wait, _test,
+ * _on_done, _free and tally_request_source take it as any other. */
+int tally__request_external(tally_request **req);
+void tally__request_complete(tally_request *req, int rc, const char *msg, int source);
+
 /* comm.c: runs the call on this thread, as the blocking entry point does (its message names world ranks
  * in a split); the blocking entry point itself (behind pending requests, as tally_allreduce ...); and
  * where the communicator keeps its engine. */

@@ -71,6 +71,13 @@ typedef struct tally__cost {
 const tally__cost *tally__comm_cost(const tally_comm *c);
 /* Its config's timeout (TALLY_TIMEOUT): what the parts built on it wait at most. */
 double tally__comm_timeout_s(const tally_comm *c);
+/* Point-to-point (p2p.c): the communicator's post office, and a call in flight holding the communicator
+ * (so an abort on another thread frees it only once the call has left; release returns rc, its message
+ * naming world ranks in a split). */
+struct tally__po;
+struct tally__po *tally__comm_po(const tally_comm *c);
+void tally__comm_hold(tally_comm *c);
+int tally__comm_release(tally_comm *c, int rc);
 
 /* A communicator from a rendezvous described by env rather than by a config (tally_comm_split), with
  * parent's config; world (malloc'd, taken over, freed with it even on failure) holds each rank's rank in

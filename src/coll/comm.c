@@ -17,6 +17,7 @@
 #include "../core/log.h"
 #include "../core/numeric/reduce.h"
 #include "../core/trace.h"
+#include "../p2p/p2p.h"
 #include "algo.h"
 #include "async.h"
 #include "coll.h"
@@ -51,6 +52,7 @@ struct tally_comm {
     tally__flight flight;    /* the last collectives, written when one fails for a peer (flight.c) */
     int traced;              /* this world started the timeline (TALLY_TRACE) and writes it when freed */
     tally__trace_clock clk;  /* its clock against rank 0's */
+    tally__po *po;           /* point-to-point: its post office (src/p2p), apart from the collectives' order */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -122,6 +124,7 @@ static void tally__comm_destroy(tally_comm *c) {
         free(m);
     }
     if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
+    tally__po_free(c->po); /* before the boot layer, whose fault wake-up its thread polled */
     if (c->boot) tally__boot_free(c->boot);
     /* After the monitor stopped: nothing records a fault into the levels' records any more. */
     if (c->levels.h) c->levels.release(c->levels.h, atomic_load(&c->aborted));
@@ -188,6 +191,8 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cfg, &c->cost))) return rc;
     if (!given && c->cfg.trace_file[0] && (rc = tally__comm_trace_begin(c))) return rc;
+    tally__po_cfg po = {c->ctx.rank, c->ctx.size, c->boot, &c->fault, c->timeout_s, c->cfg.shm_cma};
+    if ((rc = tally__po_open(&po, &c->po))) return rc; /* its port is published before the monitor starts */
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     c->ctx.sent = &c->bytes_sent;
     char cpus[128];
@@ -299,6 +304,10 @@ static int tally__leave(tally_comm *c, int rc) {
     return rc;
 }
 
+void tally__comm_hold(tally_comm *c) { tally__enter(c); }
+int tally__comm_release(tally_comm *c, int rc) { return tally__leave(c, rc); }
+tally__po *tally__comm_po(const tally_comm *c) { return c->po; }
+
 static void tally__comm_stop_async(tally_comm *c, int abandon) {
     if (!c->async.e) return;
     c->async.ops->stop(c->async.e, abandon);
@@ -309,6 +318,7 @@ static void tally__comm_stop_async(tally_comm *c, int abandon) {
  * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
     if (c) tally__comm_stop_async(c, 0); /* its requests complete first, as a blocking call would have */
+    if (c) tally__po_shutdown(c->po, 0); /* the sends too; receives still pending fail */
     int trc = c ? tally__comm_trace_end(c) : 0;
     /* A fault the monitor recorded while no call ran (a peer died between collectives) still leaves the
      * records. */
@@ -329,6 +339,7 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
                        "and create a new one",
                        c->ctx.rank);
     tally__comm_stop_async(c, 1); /* queued requests fail at once on the fault; the running one within ms */
+    tally__po_shutdown(c->po, 1); /* and the point-to-point ones */
     struct timespec nap = {0, 1000000};
     double waited = 0;
     while (atomic_load_explicit(&c->refs, memory_order_acquire) > 1 && waited < TALLY__ABORT_WAIT_S) {

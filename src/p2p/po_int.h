@@ -1,0 +1,258 @@
+/* po_int.h - what the post office's files share: the frames on its connections, a posted send or receive,
+ * a message arriving or kept, the two ends of a connection, and the post office itself. */
+#ifndef TALLY_P2P_PO_INT_H
+#define TALLY_P2P_PO_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "../boot/boot.h"
+#include "p2p.h"
+
+/* Wire (native byte order, as the tcp transport's: every rank of a job runs one build). A connection
+ * carries one direction's messages: the dialer's to the acceptor. After the token's challenge/response
+ * (auth.c, role "p2p") the dialer names itself (hello), the acceptor answers one byte (welcome: bit 0,
+ * it reads our large payloads in place), then the dialer sends frames: a header, then `bytes` of payload
+ * (none when CMA: the acceptor reads them from the sender's memory and answers with an ack). */
+#define TALLY__PO_MAGIC_HELLO 0x48504154u /* "TAPH" */
+#define TALLY__PO_MAGIC_MSG   0x4d504154u /* "TAPM" */
+#define TALLY__PO_MAGIC_ACK   0x41504154u /* "TAPA" */
+#define TALLY__PO_ROLE        "p2p"
+#define TALLY__PO_CMA         1u /* header flag: the payload stays at the sender until acked */
+
+typedef struct tally__po_hello {
+    uint32_t magic, rank, size, pid;
+    uint64_t pidns;             /* the dialer's pid namespace (its pid means something only in the same one) */
+    uint64_t probe_addr, probe; /* a word of the dialer's memory and its value: can the acceptor read it? */
+} tally__po_hello;
+_Static_assert(sizeof(tally__po_hello) == 40, "the hello is sent as is");
+
+typedef struct tally__po_hdr {
+    uint32_t magic, flags;
+    int32_t src, tag;
+    uint32_t dtype, reserved;
+    uint64_t count, bytes;
+    uint64_t addr, id; /* CMA: the payload's address in the sender, and the id its ack names */
+} tally__po_hdr;
+_Static_assert(sizeof(tally__po_hdr) == 56, "the header is sent as is");
+
+typedef struct tally__po_ack {
+    uint32_t magic;
+    int32_t rc; /* 0: read; else why the reader could not */
+    uint64_t id;
+} tally__po_ack;
+_Static_assert(sizeof(tally__po_ack) == 16, "the ack is sent as is");
+
+/* Payloads from this long on go CMA where the peer reads in place: below it one more copy through the
+ * socket costs less than the ack's round trip. */
+#define TALLY__PO_CMA_MIN ((size_t)256 << 10)
+/* Payloads past this are refused as malformed (the collectives' limit on counts, in bytes). */
+#define TALLY__PO_MAX_BYTES ((uint64_t)1 << 50)
+
+/* What a receiver makes of a header from rank src, before any payload (pure). */
+enum {
+    TALLY__PO_HDR_OK,
+    TALLY__PO_HDR_BAD_MAGIC,
+    TALLY__PO_HDR_BAD_SRC,
+    TALLY__PO_HDR_BAD_TAG,
+    TALLY__PO_HDR_BAD_DTYPE,
+    TALLY__PO_HDR_BAD_LEN,
+    TALLY__PO_HDR_BAD_CMA
+};
+int tally__po_hdr_judge(const tally__po_hdr *h, int src, int cma_ok);
+const char *tally__po_hdr_why(int verdict);
+/* Moves the rest of buf (*off of len done) over a non-blocking socket, out or in: 1 when all has, 0 when
+ * the socket would block, TALLY_E_PEER_LOST at its end or a reset, TALLY_E_SYSTEM otherwise (errno kept). */
+int tally__po_io(int fd, void *buf, size_t len, size_t *off, int out);
+
+/* ---- requests and messages ---- */
+
+typedef struct tally__po_msg tally__po_msg;
+
+typedef struct tally__po_op {
+    struct tally__po_op *next; /* in its queue */
+    int is_recv;
+    int peer; /* a send's destination; a receive's source, or TALLY_ANY_SOURCE */
+    int tag;
+    tally_dtype dtype;
+    size_t count, bytes;
+    const unsigned char *sbuf;
+    unsigned char *rbuf;
+    uint64_t deadline, id;
+    tally__po_done_fn done;
+    void *arg;
+    tally__po_msg *msg; /* a receive's message, arriving into rbuf */
+    tally__po_hdr hdr;  /* a send's header */
+    size_t off;         /* a send's bytes of header and payload written */
+    int acking;         /* a CMA send: written, its payload read by the peer until the ack */
+    int rc, source;
+    char why[768];
+} tally__po_op;
+
+struct tally__po_msg {
+    tally__po_msg *next; /* in the queue of messages no receive has taken */
+    int src, tag;
+    tally_dtype dtype;
+    size_t count, bytes, got;
+    unsigned char *data; /* staging while no receive has it; grows as the payload arrives */
+    size_t cap;
+    tally__po_op *to; /* the receive it arrives into */
+    int discard;      /* nobody wants the rest (a mismatch, or its receive timed out) */
+    int complete;
+    uint64_t addr, id; /* CMA: where the payload lies in the sender, and the ack's id */
+    int cma;
+};
+
+/* ---- connections ---- */
+
+enum { PO_IN_NONCE, PO_IN_REPLY, PO_IN_PROOF, PO_IN_VERDICT, PO_IN_HELLO, PO_IN_WELCOME, PO_IN_READY };
+
+/* An accepted connection: a peer's messages to this rank. */
+typedef struct tally__po_in {
+    struct tally__po_in *next;
+    int fd, state, rank; /* rank -1 until its hello */
+    uint64_t auth_deadline;
+    tally__auth_acc acc;
+    unsigned char hs[64]; /* a handshake's bytes being read (hs_off of hs_len) or written */
+    size_t hs_len, hs_off;
+    tally__po_hdr hdr;
+    size_t hdr_got;
+    tally__po_msg *cur; /* the message whose payload comes next */
+    int proved;         /* its proof of the token matched */
+    int cma;            /* we read its large payloads in place */
+    pid_t pid;
+    tally__po_ack *acks; /* acks owed to the sender, sent in order */
+    size_t n_acks, cap_acks, ack_off;
+} tally__po_in;
+
+enum {
+    PO_OUT_IDLE,
+    PO_OUT_CONNECTING,
+    PO_OUT_NONCE,
+    PO_OUT_REPLY,
+    PO_OUT_PROOF,
+    PO_OUT_VERDICT,
+    PO_OUT_HELLO,
+    PO_OUT_WELCOME,
+    PO_OUT_READY,
+    PO_OUT_BROKEN
+};
+
+/* This rank's connection to a peer: its messages to that peer. */
+typedef struct tally__po_out {
+    int fd, state;
+    int dead_fd; /* a broken connection's socket, closed by the thread (a poster never closes one it polls) */
+    tally__auth_con con;
+    int proved;
+    unsigned char hs[64];
+    size_t hs_len, hs_off;
+    tally__po_op *head, *tail; /* sends in order; the head is being written */
+    tally__po_op *acking;      /* CMA sends written, waiting for their acks (in order) */
+    tally__po_ack ack;         /* an ack being read */
+    size_t ack_got;
+    int cma;   /* the peer reads our large payloads in place */
+    int err;   /* broken: the code later sends fail with, */
+    char *why; /* and its message */
+} tally__po_out;
+
+/* ---- the post office ---- */
+
+struct tally__po {
+    int rank, size;
+    struct tally__boot *boot;
+    tally__fault *fault;
+    double timeout_s;
+    int cma_wanted; /* the config lets large payloads be read in place (shm_cma) */
+    int lfd, port;
+    int32_t *ports; /* [size]: where each rank's post office listens */
+    uint64_t pidns;
+    uint64_t probe;     /* the word a peer reads to prove it can read our memory */
+    pthread_mutex_t mu; /* everything below */
+    pthread_t th;
+    int started, stopping, draining, shut;
+    int closed; /* no new posts: the code they fail with, and why */
+    char closed_why[768];
+    int wake_fd;
+    int fault_seen;
+    uint64_t poll_until;                /* when the thread's poll ends at the latest */
+    tally__po_op *posted, *posted_tail; /* receives waiting for a message, in posting order */
+    tally__po_msg *unx, *unx_tail;      /* messages no receive has taken, in order of arrival */
+    tally__po_op *done, *done_tail;     /* finished: their callbacks run once mu is released */
+    tally__po_in *ins;                  /* accepted connections */
+    int n_ins;
+    tally__po_in **in_of; /* [size]: where rank r's messages arrive */
+    int *lost;            /* [size]: rank r's messages stopped (its connection ended): the code */
+    tally__po_out *out;   /* [size] */
+    uint64_t next_id;
+    uint64_t accept_pause_until; /* accept() found no descriptor: the listener rests a moment */
+    struct pollfd *pfd;          /* the thread's poll set, */
+    struct tally__po_slot *slot; /* what each entry is */
+    size_t pfd_cap;
+    unsigned char scratch[65536]; /* where discarded payloads are read */
+};
+
+/* Wakes the thread from its poll (its poll set, or its next deadline, changed). */
+static inline void tally__po_wake(tally__po *po) {
+    if (po->wake_fd < 0) return;
+    uint64_t one = 1;
+    ssize_t w = write(po->wake_fd, &one, sizeof one);
+    (void)w; /* a full eventfd is already awake */
+}
+
+/* po_match.c: a request ends (its callback is queued for when mu is released); the why is formatted,
+ * named in world ranks for a split. */
+void tally__po_finish(tally__po *po, tally__po_op *op, int rc, int source, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+tally__po_op *tally__po_take_done(tally__po *po);
+void tally__po_run_done(tally__po_op *list);
+void tally__po_post_recv(tally__po *po, tally__po_op *op);
+void tally__po_self_send(tally__po *po, tally__po_op *op);
+/* A header from in's rank passed the judge: the message it starts, matched or kept (NULL: no memory,
+ * the connection is failed). */
+tally__po_msg *tally__po_arrive(tally__po *po, tally__po_in *in);
+/* n more payload bytes of m arrived (written where tally__po_msg_dst said); 1 when that was the last
+ * (m is then the receive's, the queue's, or freed: the connection forgets it). */
+int tally__po_msg_grew(tally__po *po, tally__po_msg *m, size_t n);
+/* Where the next payload bytes of m go and how many fit there now (growing its staging). NULL: no
+ * memory. Discarded messages read into scratch. */
+unsigned char *tally__po_msg_dst(tally__po_msg *m, size_t *room, unsigned char *scratch, size_t scratch_len);
+void tally__po_msg_lost(tally__po *po, tally__po_msg *m, int rc, const char *why);
+/* Ends op with rc: "<rank: tally_recv from ... with tag ...>: why". */
+void tally__po_fail(tally__po *po, tally__po_op *op, int rc, const char *why);
+/* The waiting receives from rank (not any-source ones), or all of them, fail so. */
+void tally__po_fail_from(tally__po *po, int rank, int rc, const char *why);
+void tally__po_fail_recvs(tally__po *po, int rc, const char *why);
+/* Receives past their deadline fail (TALLY_E_TIMEOUT); *next becomes the earliest deadline left if sooner. */
+void tally__po_expire(tally__po *po, uint64_t now, uint64_t *next);
+void tally__po_free_msgs(tally__po *po);
+/* po_in.c */
+void tally__po_accept(tally__po *po);
+void tally__po_in_event(tally__po *po, tally__po_in *in, short revents);
+short tally__po_in_events(const tally__po_in *in);
+void tally__po_in_close(tally__po *po, tally__po_in *in, int rc, const char *why);
+void tally__po_in_expire(tally__po *po, uint64_t now, uint64_t *next);
+/* po_out.c: a send is queued (a connection dialed for its first), and written at once where it can be */
+void tally__po_out_post(tally__po *po, tally__po_op *op);
+void tally__po_out_event(tally__po *po, int peer, short revents);
+short tally__po_out_events(const tally__po_out *o);
+void tally__po_out_break(tally__po *po, int peer, int rc, const char *why);
+void tally__po_out_expire(tally__po *po, uint64_t now, uint64_t *next);
+void tally__po_fail_sends(tally__po *po, int rc, const char *why);
+int tally__po_sends_pending(const tally__po *po);
+void tally__po_out_reap(tally__po *po); /* closes the broken connections' sockets (the thread, between polls) */
+/* po_cma.c: large payloads of a peer on this host read from its memory (process_vm_readv) */
+int tally__po_cma_probe(tally__po *po, const tally__po_hello *h); /* 1: in->cma, the peer's memory is readable */
+int tally__po_cma_read(tally__po *po, tally__po_in *in, tally__po_msg *m); /* 1 when in was closed */
+int tally__po_cma_flush(tally__po *po, tally__po_in *in);                  /* the acks owed; 1 when closed */
+/* po_loop.c */
+typedef struct tally__po_slot {
+    int kind; /* PO_SLOT_* */
+    int peer;
+    tally__po_in *in;
+} tally__po_slot;
+void *tally__po_main(void *arg);
+
+#endif

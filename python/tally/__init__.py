@@ -2,8 +2,8 @@
 subclass per code), and `import tally.torch` for PyTorch's "tally" distributed backend."""
 from .errors import (Error, InvalidArgument, OutOfMemory, SystemCallError, Timeout, PeerLost, Mismatch, AuthFailed,
                      ProtocolError, BootError, Aborted, Unsupported, Corrupt, NonFinite)
-from .comm import Comm, Request, DTYPES, OPS
+from .comm import Comm, Request, DTYPES, OPS, ANY_SOURCE
 
 __all__ = ["Comm", "Request", "Error", "InvalidArgument", "OutOfMemory", "SystemCallError", "Timeout", "PeerLost",
            "Mismatch", "AuthFailed", "ProtocolError", "BootError", "Aborted", "Unsupported", "Corrupt", "NonFinite",
-           "DTYPES", "OPS"]
+           "DTYPES", "OPS", "ANY_SOURCE"]

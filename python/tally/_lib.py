@@ -38,6 +38,7 @@ def _load():
 lib = _load()
 c_comm_p = ctypes.c_void_p
 c_req_p = ctypes.c_void_p
+c_sizes_p = ctypes.POINTER(ctypes.c_size_t)
 DONE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 CONFIG_VERSION = 1  # TALLY_CONFIG_VERSION of the struct below
@@ -96,6 +97,28 @@ _sigs = {
     "tally_barrier": (ctypes.c_int, [c_comm_p]),
     "tally_iallreduce": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                         ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_reduce": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                    ctypes.c_int, ctypes.c_int]),
+    "tally_gather": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                    ctypes.c_int]),
+    "tally_scatter": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_int]),
+    "tally_alltoall": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
+    "tally_alltoallv": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, c_sizes_p, c_sizes_p, ctypes.c_void_p, c_sizes_p,
+                                       c_sizes_p, ctypes.c_int]),
+    "tally_isend": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_irecv": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_ireduce": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_int, ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_igather": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_iscatter": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                      ctypes.c_int, ctypes.POINTER(c_req_p)]),
+    "tally_ialltoall": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.POINTER(c_req_p)]),
+    "tally_request_source": (ctypes.c_int, [c_req_p]),
     "tally_wait": (ctypes.c_int, [c_req_p]),
     "tally_test": (ctypes.c_int, [c_req_p, ctypes.POINTER(ctypes.c_int)]),
     "tally_request_free": (ctypes.c_int, [c_req_p]),

@@ -1,5 +1,5 @@
-"""comm.py - tally.Comm: the communicator over NumPy arrays (allreduce, reduce_scatter, allgather,
-broadcast, barrier, abort, memory peers read in place), every check and error in Python's terms."""
+"""comm.py - tally.Comm: the communicator over NumPy arrays (the collectives, point-to-point messages,
+abort, memory peers read in place), every check and error in Python's terms."""
 import ctypes
 import weakref
 
@@ -9,8 +9,10 @@ from . import config, errors
 from ._lib import lib, c_comm_p, c_req_p
 
 # tally_dtype and tally_op, in include/tally.h's order.
-DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5, "uint8": 6}
-OPS = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4}
+DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 4, "int64": 5, "uint8": 6, "int8": 7,
+          "int16": 8, "bool": 9}
+OPS = {"sum": 0, "avg": 1, "prod": 2, "min": 3, "max": 4, "band": 5, "bor": 6, "bxor": 7}
+ANY_SOURCE = -1  # TALLY_ANY_SOURCE: recv from whichever rank sends first
 
 def _raise(rc):
     if rc:
@@ -50,10 +52,12 @@ def _same_kind(a, out, what):
 
 
 class Request:
-    """A non-blocking collective in flight: wait() returns its result array (or raises tally's error)."""
+    """A non-blocking call in flight: wait() returns its result array (or raises tally's error); a receive's
+    source is the rank its message came from, once done."""
 
     def __init__(self, handle, result, keep):
         self._h, self._result, self._keep = handle, result, keep
+        self.source = None
 
     def test(self):
         """True once done (raising its error if it failed)."""
@@ -62,7 +66,11 @@ class Request:
         return bool(done.value)
 
     def wait(self):
+        if not self._h:
+            raise errors.InvalidArgument("tally: this request was waited for already", -1)
         rc = lib.tally_wait(self._h)
+        src = lib.tally_request_source(self._h)
+        self.source = src if src >= 0 else None
         self._free()
         _raise(rc)
         return self._result
@@ -210,6 +218,144 @@ class Comm:
 
     def barrier(self):
         _raise(lib.tally_barrier(self._handle()))
+
+    def _root(self, root):
+        if not 0 <= int(root) < self.size:
+            raise ValueError(f"tally: root {root} is out of range [0, {self.size})")
+        return int(root)
+
+    def _peer(self, peer, what):
+        if not 0 <= int(peer) < self.size:
+            raise ValueError(f"tally: {what} rank {peer} is out of range [0, {self.size})")
+        return int(peer)
+
+    def _out(self, out, like, n, what):
+        """out checked to hold n elements of like's dtype, or a new array of shape n (an int or a shape)."""
+        if out is None:
+            return np.empty(n, dtype=like.dtype)
+        _check_array(out, "out", writable=True)
+        _same_kind(like, out, "out")
+        want = int(np.prod(n))
+        if out.size != want:
+            raise ValueError(f"tally: out has {out.size} elements; {what} needs {want}")
+        return out
+
+    def _go(self, name, args, result, keep, nonblocking):
+        """The blocking call tally_<name>, or its non-blocking form returning a Request."""
+        if not nonblocking:
+            _raise(getattr(lib, "tally_" + name)(self._handle(), *args))
+            return result
+        req = c_req_p()
+        _raise(getattr(lib, "tally_i" + name)(self._handle(), *args, ctypes.byref(req)))
+        return Request(req, result, keep)
+
+    def reduce(self, a, out=None, op="sum", root=0, nonblocking=False):
+        """Root gets the reduction of every rank's a in out (or in a itself when out is None) and it is
+        returned there; the other ranks get None (a is only read there)."""
+        root = self._root(root)
+        if self.rank == root:
+            t, o, out = self._allreduce_args(a, out, op)
+        else:
+            t, o, out = _check_array(a, "the array"), _op_code(op), None
+        dst = out.ctypes.data if out is not None else None
+        return self._go("reduce", (a.ctypes.data, dst, a.size, t, o, root), out, (a, out), nonblocking)
+
+    def gather(self, a, out=None, root=0, nonblocking=False):
+        """Root gets every rank's a, rank-major, in out (shape (size,) + a.shape when None); others None."""
+        root = self._root(root)
+        t = _check_array(a, "the array")
+        if self.rank == root:
+            out = self._out(out, a, (self.size,) + a.shape, f"gather of {a.size} from {self.size} ranks")
+        else:
+            out = None
+        dst = out.ctypes.data if out is not None else None
+        return self._go("gather", (a.ctypes.data, dst, a.size, t, root), out, (a, out), nonblocking)
+
+    def scatter(self, a, out, root=0, nonblocking=False):
+        """Rank r gets block r of root's a (size * out.size elements) in out; a is read on root only (pass
+        None elsewhere). Returns out."""
+        root = self._root(root)
+        t = _check_array(out, "out", writable=True)
+        src = None
+        if self.rank == root:
+            _check_array(a, "the array")
+            _same_kind(out, a, "the array")
+            if a.size != out.size * self.size:
+                raise ValueError(f"tally: scatter's array has {a.size} elements; {self.size} ranks of {out.size} "
+                                 f"need {out.size * self.size}")
+            src = a.ctypes.data
+        return self._go("scatter", (src, out.ctypes.data, out.size, t, root), out, (a, out), nonblocking)
+
+    def alltoall(self, a, out=None, nonblocking=False):
+        """Block j of a (a.size / size elements) goes to rank j, landing as block `rank` of its out."""
+        t = _check_array(a, "the array")
+        if a.size % self.size:
+            raise ValueError(f"tally: alltoall of {a.size} elements: not a multiple of the size {self.size}")
+        out = self._out(out, a, a.shape, f"alltoall of {a.size}")
+        return self._go("alltoall", (a.ctypes.data, out.ctypes.data, a.size // self.size, t), out, (a, out),
+                        nonblocking)
+
+    def alltoallv(self, a, sendcounts, out, recvcounts, sdispls=None, rdispls=None):
+        """sendcounts[j] elements of a (from sdispls[j], by default packed in order) go to rank j; recvcounts[i]
+        elements from rank i land in out at rdispls[i]. Returns out."""
+        t = _check_array(a, "the array")
+        _check_array(out, "out", writable=True)
+        _same_kind(a, out, "out")
+        sc, rc = self._sizes("sendcounts", sendcounts), self._sizes("recvcounts", recvcounts)
+        sd = self._sizes("sdispls", sdispls) if sdispls is not None else self._packed(sc)
+        rd = self._sizes("rdispls", rdispls) if rdispls is not None else self._packed(rc)
+        for name, counts, displs, arr in (("send", sc, sd, a), ("recv", rc, rd, out)):
+            if any(d + c > arr.size for c, d in zip(counts, displs)):
+                raise ValueError(f"tally: alltoallv's {name} counts and displacements reach past the "
+                                 f"{arr.size} elements of its array")
+        _raise(lib.tally_alltoallv(self._handle(), a.ctypes.data, sc, sd, out.ctypes.data, rc, rd, t))
+        return out
+
+    def _sizes(self, name, v):
+        vals = [int(x) for x in v]
+        if len(vals) != self.size or any(x < 0 for x in vals):
+            raise ValueError(f"tally: {name} must hold {self.size} non-negative counts, got {list(v)!r}")
+        return (ctypes.c_size_t * self.size)(*vals)
+
+    def _packed(self, counts):
+        displs, at = [], 0
+        for c in counts:
+            displs.append(at)
+            at += c
+        return (ctypes.c_size_t * self.size)(*displs)
+
+    # ---- point-to-point ----
+
+    def send(self, a, dst, tag=0):
+        """Sends a to rank dst with tag; returns once a may be reused (the receiver need not have asked)."""
+        self.isend(a, dst, tag).wait()
+
+    def recv(self, out, src=ANY_SOURCE, tag=0):
+        """Receives into out the first message with tag from src (ANY_SOURCE: any rank); returns the rank
+        it came from. out's size and dtype must be the message's."""
+        req = self.irecv(out, src, tag)
+        req.wait()
+        return req.source
+
+    def isend(self, a, dst, tag=0):
+        t = _check_array(a, "the array")
+        req = c_req_p()
+        _raise(lib.tally_isend(self._handle(), a.ctypes.data, a.size, t, self._peer(dst, "send's destination"),
+                               self._tag(tag), ctypes.byref(req)))
+        return Request(req, None, a)
+
+    def irecv(self, out, src=ANY_SOURCE, tag=0):
+        t = _check_array(out, "out", writable=True)
+        src = ANY_SOURCE if src is None or src == ANY_SOURCE else self._peer(src, "recv's source")
+        req = c_req_p()
+        _raise(lib.tally_irecv(self._handle(), out.ctypes.data, out.size, t, src, self._tag(tag), ctypes.byref(req)))
+        return Request(req, out, out)
+
+    @staticmethod
+    def _tag(tag):
+        if not 0 <= int(tag) <= 0x7FFFFFFF:
+            raise ValueError(f"tally: tag {tag} is out of range [0, 2**31)")
+        return int(tag)
 
     # ---- memory peers on this host read in place ----
 

@@ -1,7 +1,7 @@
 """numpy_ranks.py - one rank of the NumPy tests, started by `tally run -n N python3 numpy_ranks.py CASE`
 (test_numpy.py runs each case). Prints one line "result RANK passed FAILED [what failed]" at the end.
 Cases: collectives (every collective, dtype and op against NumPy, sizes 0, 1, odd, not divisible by N,
-large), checks (ValueError for what tally would refuse), death (the last rank dies: the others raise
+large), more (reduce, gather, scatter, all-to-all, point-to-point, int8/int16/bool and the bitwise ops), checks (ValueError for what tally would refuse), death (the last rank dies: the others raise
 tally.PeerLost naming it), mismatch (the last rank passes another count: tally.Mismatch everywhere),
 config (a Comm from keyword arguments with no TALLY_* left in the environment, which it never changes; its
 log callback; bad fields refused by name)."""
@@ -78,6 +78,75 @@ def case_collectives(c):
     c.allreduce(m)
     check(m.shape == (3, 1000) and np.all(m == c.size * (c.size + 1) / 2), "mem_alloc array allreduce")
     del m
+
+
+def case_more(c):
+    """The rooted collectives, all-to-all, point-to-point, and the one-byte, two-byte and bool elements with
+    the bitwise ops, against NumPy."""
+    size, rank = c.size, c.rank
+    for n in (0, 1, 7, 3 * size + 1, 1 << 18):
+        for root in range(size):
+            a = data(rank, n, np.float64)
+            got = c.reduce(a.copy(), op="max", root=root)
+            check(got is None if rank != root else np.array_equal(got, reference(size, n, np.float64, "max")),
+                  f"reduce n={n} root={root}")
+            g = c.gather(data(rank, n, np.int32), root=root)
+            check(g is None if rank != root else
+                  all(np.array_equal(g[r], data(r, n, np.int32)) for r in range(size)), f"gather n={n} root={root}")
+            whole = np.arange(size * n, dtype=np.float32) + 100 * root
+            out = c.scatter(whole if rank == root else None, np.empty(n, np.float32), root=root)
+            check(np.array_equal(out, whole[rank * n:(rank + 1) * n]), f"scatter n={n} root={root}")
+        a = np.array([[1000 * rank + 10 * j + k for k in range(n)] for j in range(size)], np.int64)
+        got = c.alltoall(a)
+        want = np.array([[1000 * i + 10 * rank + k for k in range(n)] for i in range(size)], np.int64)
+        check(np.array_equal(got.reshape(size, n), want.reshape(size, n)), f"alltoall n={n}")
+    # alltoallv: rank i sends i + j + (n % 3) elements to rank j, some of them zero.
+    counts = lambda i, j: (i + j) % 3  # noqa: E731
+    sc = [counts(rank, j) for j in range(size)]
+    rc = [counts(i, rank) for i in range(size)]
+    a = np.concatenate([np.full(sc[j], 10 * rank + j, np.int16) for j in range(size)] or [np.empty(0, np.int16)])
+    out = c.alltoallv(a, sc, np.empty(sum(rc), np.int16), rc)
+    want = np.concatenate([np.full(rc[i], 10 * i + rank, np.int16) for i in range(size)])
+    check(np.array_equal(out, want), f"alltoallv {sc} {rc}")
+    # The new elements and the bitwise ops.
+    for dt in (np.int8, np.int16, np.uint8, np.int32, np.int64):
+        a = (np.arange(37) * (rank + 3)).astype(dt)
+        vs = [(np.arange(37) * (r + 3)).astype(dt) for r in range(size)]
+        for op, f in (("band", np.bitwise_and), ("bor", np.bitwise_or), ("bxor", np.bitwise_xor)):
+            want = vs[0]
+            for v in vs[1:]:
+                want = f(want, v)
+            check(np.array_equal(c.allreduce(a.copy(), op=op), want), f"allreduce {np.dtype(dt).name} {op}")
+    b = np.array([rank == 0, True, False, rank % 2 == 1])
+    check(np.array_equal(c.allreduce(b.copy(), op="bor"), np.array([True, True, False, size > 1])), "bool bor")
+    check(np.array_equal(c.allreduce(b.copy(), op="band"), np.array([size == 1, True, False, False])), "bool band")
+    i8 = np.full(5, rank - 2, np.int8)
+    c.broadcast(i8, root=size - 1)
+    check(np.all(i8 == size - 3), "broadcast int8")
+    raises(tally.InvalidArgument, lambda: c.allreduce(np.ones(3, np.float32), op="bxor"), ["bxor", "f32"],
+           "bxor on float32")
+    # Point-to-point: a ring of tagged messages, two tags received in the other order, any source at rank 0.
+    if size > 1:
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        r5 = c.isend(np.full(1001, rank, np.float32), nxt, tag=5)
+        r3 = c.isend(np.full(3, rank, np.int8), nxt, tag=3)
+        got3 = np.empty(3, np.int8)
+        check(c.recv(got3, prv, tag=3) == prv and np.all(got3 == prv), "recv tag 3 before tag 5")
+        got5 = np.empty(1001, np.float32)
+        check(c.recv(got5, prv, tag=5) == prv and np.all(got5 == prv), "recv tag 5")
+        r5.wait()
+        r3.wait()
+        if rank == 0:
+            seen = set()
+            for _ in range(size - 1):
+                v = np.empty(1, np.int64)
+                src = c.recv(v, tally.ANY_SOURCE, tag=9)
+                check(v[0] == src, f"any-source message from {src} holds {v[0]}")
+                seen.add(src)
+            check(seen == set(range(1, size)), f"any-source senders {seen}")
+        else:
+            c.send(np.array([rank], np.int64), 0, tag=9)
+    c.barrier()
 
 
 def raises(exc, fn, words, what):
@@ -178,7 +247,7 @@ def main():
     c = tally.Comm()
     globals()["case_" + case](c)
     rank = c.rank
-    if case in ("collectives", "checks"):
+    if case in ("collectives", "checks", "more"):
         c.free()
     report(rank)
 

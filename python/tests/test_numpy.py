@@ -51,7 +51,8 @@ def main():
     # The quick tier: every collective on 2 ranks, the argument checks, a mismatch; the long one the rest.
     for n, case, tp, tier in [(1, "collectives", None, "long"), (2, "collectives", None, "quick"),
                               (3, "collectives", None, "long"), (2, "collectives", "tcp", "long"),
-                              (2, "checks", None, "quick"), (3, "death", None, "long"), (3, "mismatch", None, "quick"),
+                              (2, "checks", None, "quick"), (2, "more", None, "quick"), (3, "more", None, "long"),
+                              (4, "more", "tcp", "long"), (3, "death", None, "long"), (3, "mismatch", None, "quick"),
                               (2, "config", None, "quick"), (3, "config", None, "long")]:
         if not wants(tier):
             continue

@@ -59,10 +59,15 @@ def main():
     if wants("quick"):
         f, p, _ = launch(tally_run(tally_bin, 2, "collectives"), "collectives", 2, "collectives, tally run -n 2")
         note(f, p, "collectives, tally run -n 2")
+        f, p, _ = launch(tally_run(tally_bin, 2, "more"), "more", 2, "more operations, tally run -n 2")
+        note(f, p, "more operations, tally run -n 2")
     if not wants("external"):
         finish(fails, passed)
     f, p, _ = launch(tally_run(tally_bin, 3, "collectives"), "collectives", 3, "collectives, tally run -n 3")
     note(f, p, "collectives, tally run -n 3")
+    for n in (3, 4):
+        f, p, _ = launch(tally_run(tally_bin, n, "more"), "more", n, f"more operations, tally run -n {n}")
+        note(f, p, f"more operations, tally run -n {n}")
     # --redirects 1 --tee 1: Debian's torchrun 1.13 under Python 3.11 cannot parse its own defaults (0) for
     # them (the enum no longer lists a zero flag), and fails before it starts a worker.
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

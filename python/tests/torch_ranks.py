@@ -1,7 +1,8 @@
 """torch_ranks.py - one rank of the PyTorch backend's tests (test_torch.py runs each case): started by
 `tally run`, torchrun, or mp.spawn. Prints "result RANK passed FAILED [what]" at the end.
 Cases: collectives (every collective through torch.distributed, each dtype and op, sizes 0, 1, odd, large,
-blocking and async, against references), ddp BACKEND OUT (the MLP under DistributedDataParallel; rank 0
+blocking and async, against references), more (point-to-point, reduce, gather, scatter, all-to-all,
+coalesced and object collectives, int8/int16/bool, bitwise ops), ddp BACKEND OUT (the MLP under DistributedDataParallel; rank 0
 saves its parameters), death (the last rank dies: a RuntimeError naming it), mismatch (counts 7 and 8)."""
 import os
 import sys
@@ -71,10 +72,107 @@ def case_collectives():
     check(torch.all(m[:, 1] == size * (size + 1) / 2) and torch.all(m[:, 0] == rank + 1), "strided all_reduce")
     dist.barrier()
     try:
-        dist.all_reduce(torch.ones(3, dtype=torch.int8))
-        check(False, "int8 refused")
+        dist.all_reduce(torch.ones(3).to_sparse())
+        check(False, "sparse all_reduce refused")
     except RuntimeError as e:
-        check("tally" in str(e) and "Char" in str(e), f"int8's message: {e}")
+        check("sparse" in str(e) and "gloo" in str(e) and "all" in str(e), f"sparse's message: {e}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def case_more():
+    """What PyTorch users reach for beyond the DDP collectives: point-to-point, reduce, gather, scatter, all-to-all,
+    the coalesced forms, the object collectives, int8/int16/bool and the bitwise ops."""
+    dist.init_process_group("tally")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    for n in (0, 1, 7, 1001):
+        for root in range(size):
+            t = data(rank, n, torch.float32)
+            dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
+            if rank == root:
+                check(torch.equal(t.double(), reference(size, n, torch.float32, dist.ReduceOp.MAX)), f"reduce {n}")
+            outs = [torch.empty(n, dtype=torch.int16) for _ in range(size)] if rank == root else None
+            dist.gather(data(rank, n, torch.int16), outs, dst=root)
+            if rank == root:
+                check(all(torch.equal(outs[r], data(r, n, torch.int16)) for r in range(size)), f"gather {n}")
+            parts = [data(r + 10, n, torch.int8) for r in range(size)] if rank == root else None
+            got = torch.empty(n, dtype=torch.int8)
+            dist.scatter(got, parts, src=root)
+            check(torch.equal(got, data(rank + 10, n, torch.int8)), f"scatter {n}")
+        inp = torch.arange(size * n, dtype=torch.float64) + 1000 * rank
+        out = torch.empty(size * n, dtype=torch.float64)
+        dist.all_to_all_single(out, inp)
+        want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float64) + 1000 * i for i in range(size)])
+        check(torch.equal(out, want), f"all_to_all_single {n}")
+    # Uneven splits: rank i sends (i + j) % 3 rows of 2 to rank j.
+    ins = [(rank + j) % 3 for j in range(size)]
+    outs = [(i + rank) % 3 for i in range(size)]
+    inp = torch.cat([torch.full(((rank + j) % 3, 2), 10 * rank + j) for j in range(size)])
+    out = torch.empty(sum(outs), 2, dtype=inp.dtype)
+    dist.all_to_all_single(out, inp, outs, ins)
+    want = torch.cat([torch.full(((i + rank) % 3, 2), 10 * i + rank) for i in range(size)])
+    check(torch.equal(out, want), "all_to_all_single with split sizes")
+    lists_out = [torch.empty(j + 1, dtype=torch.bool) for j in range(size)]
+    dist.all_to_all(lists_out, [torch.full((rank + 1,), j % 2 == 1) for j in range(size)])
+    check(all(torch.equal(lists_out[i], torch.full((i + 1,), rank % 2 == 1)) for i in range(size)), "all_to_all")
+    # Point-to-point: tags out of order, any source, isend/irecv, batch_isend_irecv.
+    if size > 1:
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        w5 = dist.isend(torch.full((1001,), float(rank)), nxt, tag=5)
+        w3 = dist.isend(torch.full((3,), rank, dtype=torch.int8), nxt, tag=3)
+        g3, g5 = torch.empty(3, dtype=torch.int8), torch.empty(1001)
+        dist.recv(g3, prv, tag=3)
+        dist.recv(g5, prv, tag=5)
+        check(torch.all(g3 == prv) and torch.all(g5 == prv), "send/recv with tags")
+        w5.wait()
+        w3.wait()
+        if rank == 0:
+            seen = set()
+            for _ in range(size - 1):
+                v = torch.empty(1, dtype=torch.int64)
+                src = dist.recv(v)
+                check(int(v) == src, f"recv from any source: {src} sent {int(v)}")
+                seen.add(src)
+            check(seen == set(range(1, size)), f"any-source senders {seen}")
+        else:
+            dist.send(torch.tensor([rank]), 0)
+        got = torch.empty(4)
+        ops = [dist.P2POp(dist.isend, torch.full((4,), float(rank)), nxt, tag=7),
+               dist.P2POp(dist.irecv, got, prv, tag=7)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check(torch.all(got == prv), "batch_isend_irecv")
+    # int8, int16, bool and the bitwise ops.
+    for dt in (torch.int8, torch.int16, torch.uint8, torch.int32, torch.int64):
+        vs = [(torch.arange(37) * (r + 3)).to(dt) for r in range(size)]
+        for op, f in ((dist.ReduceOp.BAND, torch.bitwise_and), (dist.ReduceOp.BOR, torch.bitwise_or),
+                      (dist.ReduceOp.BXOR, torch.bitwise_xor)):
+            want = vs[0]
+            for v in vs[1:]:
+                want = f(want, v)
+            t = vs[rank].clone()
+            dist.all_reduce(t, op=op)
+            check(torch.equal(t, want), f"all_reduce {dt} {op}")
+    b = torch.tensor([rank == 0, True, False])
+    dist.all_reduce(b)  # SUM on bool: or
+    check(torch.equal(b, torch.tensor([True, True, False])), "bool all_reduce")
+    i8 = torch.full((5,), rank - 2, dtype=torch.int8)
+    dist.broadcast(i8, src=size - 1)
+    check(torch.all(i8 == size - 3), "broadcast int8")
+    # Coalesced and object forms.
+    ts = [torch.ones(3) * (rank + 1), torch.ones(2, 2, dtype=torch.float32) * rank]
+    dist.all_reduce_coalesced(ts)
+    check(torch.all(ts[0] == size * (size + 1) / 2) and torch.all(ts[1] == size * (size - 1) / 2),
+          "all_reduce_coalesced")
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank, "name": "r" * rank})
+    check(objs == [{"rank": r, "name": "r" * r} for r in range(size)], "all_gather_object")
+    got = [None] * size if rank == 0 else None
+    dist.gather_object(("x", rank), got, dst=0)
+    check(rank != 0 or got == [("x", r) for r in range(size)], "gather_object")
+    mine = [None]
+    dist.scatter_object_list(mine, [[r] * r for r in range(size)] if rank == 0 else None, src=0)
+    check(mine[0] == [rank] * rank, "scatter_object_list")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -24,9 +24,12 @@ tally_dtype tally_dtype_of(const at::Tensor &t) {
     case at::kInt: return TALLY_I32;
     case at::kLong: return TALLY_I64;
     case at::kByte: return TALLY_U8;
+    case at::kChar: return TALLY_I8;
+    case at::kShort: return TALLY_I16;
+    case at::kBool: return TALLY_BOOL;
     default:
         TORCH_CHECK(false, "tally: no collective for tensors of ", t.scalar_type(),
-                    "; it takes float32/64, float16, bfloat16, int32/64 and uint8");
+                    "; it takes float32/64, float16, bfloat16, int8/16/32/64, uint8 and bool");
     }
 }
 
@@ -37,23 +40,53 @@ tally_op tally_op_of(const c10d::ReduceOp &op) {
     case c10d::ReduceOp::PRODUCT: return TALLY_PROD;
     case c10d::ReduceOp::MIN: return TALLY_MIN;
     case c10d::ReduceOp::MAX: return TALLY_MAX;
-    default: TORCH_CHECK(false, "tally: reduce op ", (int)op.op_, " is not one of SUM, AVG, PRODUCT, MIN, MAX");
+    case c10d::ReduceOp::BAND: return TALLY_BAND;
+    case c10d::ReduceOp::BOR: return TALLY_BOR;
+    case c10d::ReduceOp::BXOR: return TALLY_BXOR;
+    default:
+        TORCH_CHECK(false, "tally: reduce op ", (int)op.op_,
+                    " is not one of SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR (PREMUL_SUM is NCCL's alone)");
     }
+}
+
+// What tally cannot do at all (sparse tensors, other devices): one error naming the operation, and where to go.
+void check_supported(const at::Tensor &t, const char *what) {
+    TORCH_CHECK(!t.is_sparse(), "tally: ", what,
+                " of a sparse tensor is not supported: tally reduces dense tensors; use the gloo backend for "
+                "sparse ones (a process group of its own: dist.new_group(backend=\"gloo\"))");
+    TORCH_CHECK(t.device().is_cpu(), "tally: ", what, " takes CPU tensors, got one on ", t.device(),
+                "; use the nccl backend for GPU tensors");
+    tally_dtype_of(t);
 }
 
 at::Tensor single_cpu(const std::vector<at::Tensor> &ts, const char *what) {
     TORCH_CHECK(ts.size() == 1, "tally: ", what, " takes one tensor per rank, got ", ts.size());
-    TORCH_CHECK(ts[0].device().is_cpu(), "tally: ", what, " takes CPU tensors, got one on ", ts[0].device());
-    tally_dtype_of(ts[0]);
+    check_supported(ts[0], what);
     return ts[0];
+}
+
+// Every tensor of a list supported, of one dtype (the list's first).
+void check_list(const std::vector<at::Tensor> &ts, const char *what) {
+    for (const auto &t : ts) {
+        check_supported(t, what);
+        TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), "tally: ", what, "'s tensors must share one dtype, got ",
+                    ts[0].scalar_type(), " and ", t.scalar_type());
+    }
+}
+
+// The message of a failed request as torch's tests and users look for it: a timeout says "Timed out".
+std::string failure(int rc, const char *msg) {
+    std::string m = std::string("tally: ") + msg;
+    if (rc == TALLY_E_TIMEOUT) m = "tally: Timed out waiting for a peer (TALLY_E_TIMEOUT): " + std::string(msg);
+    return m;
 }
 
 // What a request's completion needs; the callback holds it, so the Work may be dropped first (DDP keeps
 // only the future).
 struct Pending {
     std::vector<at::Tensor> outputs;
-    std::vector<at::Tensor> keep;  // inputs and staging, alive until the request is done
-    std::function<void()> after;   // copies out of staging, on success
+    std::vector<at::Tensor> keep; // inputs and staging, alive until the request is done
+    std::function<void()> after;  // copies out of staging, on success
     c10::intrusive_ptr<c10::ivalue::Future> future;
 };
 
@@ -61,7 +94,7 @@ void on_done(void *arg, int rc, const char *msg) {
     auto *held = static_cast<std::shared_ptr<Pending> *>(arg);
     const auto &p = *held;
     try {
-        if (rc) throw std::runtime_error(std::string("tally: ") + msg);
+        if (rc) throw std::runtime_error(failure(rc, msg));
         if (p->after) p->after();
         p->future->markCompleted(c10::IValue(p->outputs));
     } catch (...) {
@@ -74,7 +107,7 @@ class WorkTally : public c10d::Work {
   public:
     WorkTally(int rank, c10d::OpType type, tally_request *req, std::shared_ptr<Pending> p)
         : c10d::Work(rank, type), req_(req), p_(std::move(p)) {}
-    ~WorkTally() override { tally_request_free(req_); }  // a pending one is freed once it completes
+    ~WorkTally() override { tally_request_free(req_); } // a pending one is freed once it completes
 
     bool isCompleted() override {
         int done = 0;
@@ -89,12 +122,18 @@ class WorkTally : public c10d::Work {
     bool wait(std::chrono::milliseconds) override {
         // tally's own TALLY_TIMEOUT bounds every wait (set from init_process_group's timeout).
         int rc = tally_wait(req_);
-        TORCH_CHECK(rc == 0, "tally: ", tally_last_error());
+        TORCH_CHECK(rc == 0, failure(rc, tally_last_error()));
         p_->future->wait();
         if (p_->future->hasError()) std::rethrow_exception(p_->future->exception_ptr());
         return true;
     }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return p_->future; }
+    // A receive from any source: the rank its message came from (torch's Work::_source_rank).
+    int sourceRank() const override {
+        int src = tally_request_source(req_);
+        TORCH_CHECK(src >= 0, "tally: sourceRank() is known only for a completed receive");
+        return src;
+    }
 
   private:
     tally_request *req_;
@@ -106,8 +145,7 @@ class ProcessGroupTally : public c10d::ProcessGroup {
     // The communicator comes from the config the Python side made (tally/torch.py: rank, size, address and
     // token agreed through the store, the environment's TALLY_* for the rest), as the struct's bytes; or,
     // without one, from the environment alone.
-    ProcessGroupTally(int rank, int size, const std::string &config = std::string())
-        : c10d::ProcessGroup(rank, size) {
+    ProcessGroupTally(int rank, int size, const std::string &config = std::string()) : c10d::ProcessGroup(rank, size) {
         int rc;
         if (config.empty()) {
             rc = tally_comm_init(&comm_);
@@ -119,9 +157,9 @@ class ProcessGroupTally : public c10d::ProcessGroup {
             rc = tally_comm_init_config(&comm_, &cfg);
         }
         TORCH_CHECK(rc == 0, "tally: init_process_group failed: ", tally_last_error());
-        TORCH_CHECK(tally_comm_rank(comm_) == rank && tally_comm_size(comm_) == size, "tally: the communicator is rank ",
-                    tally_comm_rank(comm_), " of ", tally_comm_size(comm_), ", torch asked for rank ", rank, " of ",
-                    size);
+        TORCH_CHECK(tally_comm_rank(comm_) == rank && tally_comm_size(comm_) == size,
+                    "tally: the communicator is rank ", tally_comm_rank(comm_), " of ", tally_comm_size(comm_),
+                    ", torch asked for rank ", rank, " of ", size);
     }
     ~ProcessGroupTally() override { tally_comm_free(comm_); }
 
@@ -151,8 +189,7 @@ class ProcessGroupTally : public c10d::ProcessGroup {
     }
 
     c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>> &outputs,
-                                             std::vector<at::Tensor> &inputs,
-                                             const c10d::AllgatherOptions &) override {
+                                             std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &) override {
         at::Tensor in = single_cpu(inputs, "allgather").contiguous();
         TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == getSize(), "tally: allgather needs ", getSize(),
                     " output tensors");
@@ -190,8 +227,8 @@ class ProcessGroupTally : public c10d::ProcessGroup {
                                                   std::vector<std::vector<at::Tensor>> &inputs,
                                                   const c10d::ReduceScatterOptions &opts) override {
         at::Tensor out = single_cpu(outputs, "reduce_scatter");
-        TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == getSize(), "tally: reduce_scatter needs ",
-                    getSize(), " input tensors");
+        TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == getSize(), "tally: reduce_scatter needs ", getSize(),
+                    " input tensors");
         std::vector<at::Tensor> flat_parts;
         for (auto &i : inputs[0]) {
             TORCH_CHECK(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
@@ -230,6 +267,193 @@ class ProcessGroupTally : public c10d::ProcessGroup {
         return post(c10d::OpType::BARRIER, p, [&](tally_request **r) { return tally_ibarrier(comm_, r); });
     }
 
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
+                                                       const c10d::AllreduceCoalescedOptions &opts) override {
+        TORCH_CHECK(!tensors.empty(), "tally: allreduce_coalesced needs at least one tensor");
+        check_list(tensors, "allreduce_coalesced");
+        tally_op op = tally_op_of(opts.reduceOp);
+        at::Tensor flat = flatten(tensors);
+        auto p = pending(tensors);
+        p->keep = {flat};
+        p->after = unflatten_into(flat, tensors);
+        return post(c10d::OpType::ALLREDUCE_COALESCED, p, [&](tally_request **r) {
+            return tally_iallreduce(comm_, flat.data_ptr(), flat.data_ptr(), flat.numel(), tally_dtype_of(flat), op, r);
+        });
+    }
+
+    // Each rank's inputs, flattened into one vector, all-gathered; rank r's land in outputs[r], in order.
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
+                                                       std::vector<at::Tensor> &inputs,
+                                                       const c10d::AllgatherOptions &) override {
+        TORCH_CHECK(!inputs.empty(), "tally: allgather_coalesced needs at least one input tensor");
+        check_list(inputs, "allgather_coalesced");
+        TORCH_CHECK((int)outputs.size() == getSize(), "tally: allgather_coalesced needs ", getSize(),
+                    " output lists, got ", outputs.size());
+        at::Tensor in = flatten(inputs);
+        for (auto &list : outputs) {
+            TORCH_CHECK(list.size() == inputs.size(), "tally: allgather_coalesced's output lists must each hold ",
+                        inputs.size(), " tensors, as the inputs");
+            for (size_t i = 0; i < list.size(); i++)
+                TORCH_CHECK(list[i].numel() == inputs[i].numel() && list[i].scalar_type() == in.scalar_type(),
+                            "tally: allgather_coalesced's outputs must match the inputs' sizes and dtype");
+        }
+        at::Tensor flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
+        std::vector<at::Tensor> every;
+        for (auto &list : outputs) every.insert(every.end(), list.begin(), list.end());
+        auto p = pending(every);
+        p->keep = {in, flat};
+        p->after = unflatten_into(flat, every);
+        return post(c10d::OpType::ALLGATHER_COALESCED, p, [&](tally_request **r) {
+            return tally_iallgather(comm_, in.data_ptr(), flat.data_ptr(), in.numel(), tally_dtype_of(in), r);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor> &tensors, const c10d::ReduceOptions &opts) override {
+        at::Tensor t = single_cpu(tensors, "reduce");
+        tally_op op = tally_op_of(opts.reduceOp);
+        int root = checked_root(opts.rootRank, "reduce");
+        auto p = pending({t});
+        at::Tensor buf = staged(t, p);
+        return post(c10d::OpType::REDUCE, p, [&](tally_request **r) {
+            return tally_ireduce(comm_, buf.data_ptr(), buf.data_ptr(), buf.numel(), tally_dtype_of(buf), op, root, r);
+        });
+    }
+
+    // Root receives every rank's input in outputs[0][r]; the others pass no outputs.
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>> &outputs,
+                                          std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts) override {
+        at::Tensor in = single_cpu(inputs, "gather").contiguous();
+        int root = checked_root(opts.rootRank, "gather");
+        std::vector<at::Tensor> outs;
+        at::Tensor flat;
+        if (getRank() == root) {
+            TORCH_CHECK(outputs.size() == 1 && (int)outputs[0].size() == getSize(),
+                        "tally: gather's root needs one list of ", getSize(), " output tensors");
+            outs = outputs[0];
+            for (auto &o : outs)
+                TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                            "tally: gather's outputs must each match the input's size and dtype");
+            flat = at::empty({(int64_t)getSize() * in.numel()}, in.options());
+        } else {
+            TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "tally: gather takes output tensors on the root (rank ", root, ") only");
+        }
+        auto p = pending(outs);
+        p->keep = {in};
+        if (flat.defined()) {
+            p->keep.push_back(flat);
+            p->after = unflatten_into(flat, outs);
+        }
+        void *dst = flat.defined() ? flat.data_ptr() : nullptr;
+        return post(c10d::OpType::GATHER, p, [&](tally_request **r) {
+            return tally_igather(comm_, in.data_ptr(), dst, in.numel(), tally_dtype_of(in), root, r);
+        });
+    }
+
+    // Rank r receives root's inputs[0][r] in outputs[0]; the others pass no inputs.
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor> &outputs,
+                                           std::vector<std::vector<at::Tensor>> &inputs,
+                                           const c10d::ScatterOptions &opts) override {
+        at::Tensor out = single_cpu(outputs, "scatter");
+        int root = checked_root(opts.rootRank, "scatter");
+        at::Tensor flat;
+        if (getRank() == root) {
+            TORCH_CHECK(inputs.size() == 1 && (int)inputs[0].size() == getSize(),
+                        "tally: scatter's root needs one list of ", getSize(), " input tensors");
+            for (auto &i : inputs[0])
+                TORCH_CHECK(i.numel() == out.numel() && i.scalar_type() == out.scalar_type(),
+                            "tally: scatter's inputs must each match the output's size and dtype");
+            flat = flatten(inputs[0]);
+        } else {
+            TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "tally: scatter takes input tensors on the root (rank ", root, ") only");
+        }
+        auto p = pending({out});
+        at::Tensor buf = staged(out, p);
+        if (flat.defined()) p->keep.push_back(flat);
+        const void *src = flat.defined() ? flat.data_ptr() : nullptr;
+        return post(c10d::OpType::SCATTER, p, [&](tally_request **r) {
+            return tally_iscatter(comm_, src, buf.data_ptr(), buf.numel(), tally_dtype_of(buf), root, r);
+        });
+    }
+
+    // all_to_all_single: equal blocks without split sizes, else rows of dim 0 per rank.
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &output, at::Tensor &input,
+                                                 std::vector<int64_t> &outputSplits, std::vector<int64_t> &inputSplits,
+                                                 const c10d::AllToAllOptions &) override {
+        check_supported(input, "all_to_all_single");
+        check_supported(output, "all_to_all_single");
+        TORCH_CHECK(input.scalar_type() == output.scalar_type(), "tally: all_to_all_single's input is ",
+                    input.scalar_type(), ", its output ", output.scalar_type());
+        at::Tensor in = input.contiguous();
+        auto p = pending({output});
+        at::Tensor out = staged(output, p);
+        p->keep.push_back(in);
+        if (outputSplits.empty() && inputSplits.empty()) {
+            TORCH_CHECK(in.numel() == out.numel() && in.numel() % getSize() == 0,
+                        "tally: all_to_all_single without split sizes needs input and output of one size, "
+                        "divisible by the ",
+                        getSize(), " ranks");
+            size_t n = (size_t)in.numel() / (size_t)getSize();
+            return post(c10d::OpType::ALLTOALL_BASE, p, [&](tally_request **r) {
+                return tally_ialltoall(comm_, in.data_ptr(), out.data_ptr(), n, tally_dtype_of(in), r);
+            });
+        }
+        std::vector<size_t> sc = split_counts(inputSplits, in, "input"), rc = split_counts(outputSplits, out, "output");
+        std::vector<size_t> sd = displacements(sc), rd = displacements(rc);
+        return post(c10d::OpType::ALLTOALL_BASE, p, [&](tally_request **r) {
+            return tally_ialltoallv(comm_, in.data_ptr(), sc.data(), sd.data(), out.data_ptr(), rc.data(), rd.data(),
+                                    tally_dtype_of(in), r);
+        });
+    }
+
+    // all_to_all of lists: inputs[j] goes to rank j, which receives it in its outputs[rank].
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+                                            const c10d::AllToAllOptions &) override {
+        TORCH_CHECK((int)inputs.size() == getSize() && (int)outputs.size() == getSize(), "tally: all_to_all needs ",
+                    getSize(), " input and ", getSize(), " output tensors");
+        check_list(inputs, "all_to_all");
+        check_list(outputs, "all_to_all");
+        TORCH_CHECK(inputs[0].scalar_type() == outputs[0].scalar_type(),
+                    "tally: all_to_all's inputs and outputs must share one dtype");
+        at::Tensor in = flatten(inputs);
+        std::vector<size_t> sc, rc;
+        int64_t total = 0;
+        for (auto &t : inputs) sc.push_back((size_t)t.numel());
+        for (auto &t : outputs) {
+            rc.push_back((size_t)t.numel());
+            total += t.numel();
+        }
+        at::Tensor flat = at::empty({total}, in.options());
+        std::vector<size_t> sd = displacements(sc), rd = displacements(rc);
+        auto p = pending(outputs);
+        p->keep = {in, flat};
+        p->after = unflatten_into(flat, outputs);
+        return post(c10d::OpType::ALLTOALL, p, [&](tally_request **r) {
+            return tally_ialltoallv(comm_, in.data_ptr(), sc.data(), sd.data(), flat.data_ptr(), rc.data(), rd.data(),
+                                    tally_dtype_of(in), r);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors, int dst, int tag) override {
+        at::Tensor t = single_cpu(tensors, "send").contiguous();
+        checked_peer(dst, "send");
+        auto p = pending({t});
+        p->keep = {t};
+        return post(c10d::OpType::SEND, p, [&](tally_request **r) {
+            return tally_isend(comm_, t.data_ptr(), t.numel(), tally_dtype_of(t), dst, tag, r);
+        });
+    }
+
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors, int src, int tag) override {
+        checked_peer(src, "recv");
+        return receive(tensors, src, tag);
+    }
+
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor> &tensors, int tag) override {
+        return receive(tensors, TALLY_ANY_SOURCE, tag);
+    }
+
   private:
     static std::shared_ptr<Pending> pending(std::vector<at::Tensor> outputs) {
         auto p = std::make_shared<Pending>();
@@ -252,11 +476,83 @@ class ProcessGroupTally : public c10d::ProcessGroup {
         return c;
     }
 
+    c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor> &tensors, int src, int tag) {
+        at::Tensor t = single_cpu(tensors, "recv");
+        auto p = pending({t});
+        at::Tensor buf = staged(t, p);
+        return post(src == TALLY_ANY_SOURCE ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, p,
+                    [&](tally_request **r) {
+                        return tally_irecv(comm_, buf.data_ptr(), buf.numel(), tally_dtype_of(buf), src, tag, r);
+                    });
+    }
+
+    int checked_root(int64_t root, const char *what) const {
+        TORCH_CHECK(root >= 0 && root < getSize(), "tally: ", what, "'s root ", root, " is out of range [0, ",
+                    getSize(), ")");
+        return (int)root;
+    }
+
+    void checked_peer(int peer, const char *what) const {
+        TORCH_CHECK(peer >= 0 && peer < getSize(), "tally: ", what, "'s peer rank ", peer, " is out of range [0, ",
+                    getSize(), ")");
+    }
+
+    // One contiguous 1-D tensor holding ts one after another (ts share a dtype).
+    static at::Tensor flatten(const std::vector<at::Tensor> &ts) {
+        std::vector<at::Tensor> parts;
+        for (auto &t : ts) parts.push_back(t.reshape({-1}));
+        return at::cat(parts).contiguous();
+    }
+
+    // Copies flat's consecutive pieces back into ts, on success.
+    static std::function<void()> unflatten_into(at::Tensor flat, std::vector<at::Tensor> ts) {
+        return [flat, ts]() mutable {
+            int64_t at = 0;
+            for (auto &t : ts) {
+                t.copy_(flat.narrow(0, at, t.numel()).view_as(t));
+                at += t.numel();
+            }
+        };
+    }
+
+    // all_to_all_single's split sizes (rows of dim 0) as element counts per rank.
+    std::vector<size_t> split_counts(const std::vector<int64_t> &splits, const at::Tensor &t, const char *which) const {
+        int64_t rows = t.dim() ? t.size(0) : 1, per_row = rows ? t.numel() / rows : 0;
+        std::vector<size_t> counts;
+        if (splits.empty()) {
+            TORCH_CHECK(rows % getSize() == 0, "tally: all_to_all_single's ", which, " has ", rows,
+                        " rows, not divisible by the ", getSize(), " ranks, and no split sizes");
+            counts.assign((size_t)getSize(), (size_t)(rows / getSize() * per_row));
+            return counts;
+        }
+        TORCH_CHECK((int)splits.size() == getSize(), "tally: all_to_all_single's ", which, " split sizes name ",
+                    splits.size(), " ranks, not ", getSize());
+        int64_t sum = 0;
+        for (int64_t s : splits) {
+            TORCH_CHECK(s >= 0, "tally: all_to_all_single's ", which, " split sizes must not be negative");
+            sum += s;
+            counts.push_back((size_t)(s * per_row));
+        }
+        TORCH_CHECK(sum == rows, "tally: all_to_all_single's ", which, " split sizes add up to ", sum, ", not its ",
+                    rows, " rows");
+        return counts;
+    }
+
+    static std::vector<size_t> displacements(const std::vector<size_t> &counts) {
+        std::vector<size_t> d(counts.size());
+        size_t at = 0;
+        for (size_t i = 0; i < counts.size(); i++) {
+            d[i] = at;
+            at += counts[i];
+        }
+        return d;
+    }
+
     template <typename Start>
     c10::intrusive_ptr<c10d::Work> post(c10d::OpType type, const std::shared_ptr<Pending> &p, Start start) {
         tally_request *req = nullptr;
         int rc = start(&req);
-        TORCH_CHECK(rc == 0, "tally: ", tally_last_error());
+        TORCH_CHECK(rc == 0, failure(rc, tally_last_error()));
         tally_request_on_done(req, on_done, new std::shared_ptr<Pending>(p));
         return c10::make_intrusive<WorkTally>(getRank(), type, req, p);
     }
@@ -264,11 +560,11 @@ class ProcessGroupTally : public c10d::ProcessGroup {
     tally_comm *comm_ = nullptr;
 };
 
-}  // namespace
+} // namespace
 
 PYBIND11_MODULE(_torch_backend, m) {
     m.doc() = "tally's ProcessGroup for torch.distributed (import tally.torch to register it)";
-    py::module::import("torch.distributed");  // ProcessGroup's Python type must exist first
+    py::module::import("torch.distributed"); // ProcessGroup's Python type must exist first
     py::class_<ProcessGroupTally, c10d::ProcessGroup, c10::intrusive_ptr<ProcessGroupTally>>(m, "ProcessGroupTally")
         .def(py::init([](int rank, int size, py::bytes config) {
                  std::string bytes = config; // copied while the GIL is held

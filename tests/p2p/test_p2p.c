@@ -57,7 +57,8 @@ static int holds(const uint32_t *v, size_t n, int src, int tag) {
 
 /* ---- the size classes, around a ring: each rank sends to the next and receives from the previous ---- */
 
-static const size_t quick_sizes[] = {0, 1, 7, 1001, 65537};
+/* 262147 i32 are past 1 MiB: on one host they are read in place (process_vm_readv). */
+static const size_t quick_sizes[] = {0, 1, 7, 1001, 262147};
 static const size_t long_sizes[] = {0, 1, 7, 1001, 65537, (3u << 20) + 5};
 
 typedef struct sizes_arg {
@@ -236,8 +237,13 @@ static void bad_arguments(tally_comm *c, int rank, int n) {
 
 typedef struct suite_arg {
     sizes_arg sizes;
-    int rules; /* the matching rules too (their ranks 0 and 1 at least) */
+    int rules;  /* the matching rules too (their ranks 0 and 1 at least) */
+    int no_cma; /* TALLY_SHM_CMA=0: large payloads through the socket too */
 } suite_arg;
+
+static void no_cma_env(int rank, void *arg) {
+    if (((const suite_arg *)arg)->no_cma) setenv("TALLY_SHM_CMA", "0", 1);
+}
 
 static int fn_suite(int rank, int n, void *arg) {
     const suite_arg *a = arg;
@@ -259,12 +265,12 @@ static int fn_suite(int rank, int n, void *arg) {
     return 0;
 }
 
-static void test_suite(const char *transport, int n, const size_t *sizes, int ns, int rules) {
+static void test_suite(const char *transport, int n, const size_t *sizes, int ns, int rules, int no_cma) {
     reset();
-    suite_arg a = {{sizes, ns}, rules};
-    th_opts o = {.transport = transport, .timeout_s = 30};
+    suite_arg a = {{sizes, ns}, rules, no_cma};
+    th_opts o = {.transport = transport, .timeout_s = 30, .child_env = no_cma_env};
     char what[96];
-    snprintf(what, sizeof what, "point-to-point over %s on %d ranks", transport, n);
+    snprintf(what, sizeof what, "point-to-point over %s on %d ranks%s", transport, n, no_cma ? ", no CMA" : "");
     verdict(n, th_run(n, &o, fn_suite, &a), what);
 }
 
@@ -428,8 +434,8 @@ int main(void) {
     R = th_shared_alloc(sizeof *R * TH_MAX_RANKS);
     int nq = sizeof quick_sizes / sizeof quick_sizes[0], nl = sizeof long_sizes / sizeof long_sizes[0];
     if (th_quick()) {
-        test_suite("tcp", 2, quick_sizes, nq, 1);
-        test_suite("shm", 3, quick_sizes, nq, 1);
+        test_suite("tcp", 2, quick_sizes, nq, 1, 0);
+        test_suite("shm", 3, quick_sizes, nq, 1, 0);
         test_one("a receiver that asks late", 2, "tcp", fn_late);
         test_one("beside collectives", 2, "shm", fn_beside);
         test_one("free with requests pending", 2, "tcp", fn_free);
@@ -438,7 +444,8 @@ int main(void) {
     if (th_long()) {
         static const char *tps[] = {"tcp", "shm"};
         for (int t = 0; t < 2; t++)
-            for (int n = 2; n <= 4; n++) test_suite(tps[t], n, long_sizes, th_light() ? nl - 1 : nl, 1);
+            for (int n = 2; n <= 4; n++) test_suite(tps[t], n, long_sizes, th_light() ? nl - 1 : nl, 1, 0);
+        test_suite("tcp", 2, long_sizes, nl, 0, 1);
         test_one("a receiver that asks late", 2, "shm", fn_late);
         test_one("beside collectives", 2, "tcp", fn_beside);
         test_one("beside collectives", 4, "tcp", fn_beside);

@@ -3,6 +3,7 @@
  * order per (source, tag), many in flight, a receiver that asks late, a send to self, beside blocking and
  * non-blocking collectives (and on another thread), count and dtype mismatches, bad arguments, a split. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,52 @@ static void mismatch(tally_comm *c, int rank) {
     }
 }
 
+/* The requests' calls: a callback, a request freed while pending (its callback still runs), tally_test. */
+typedef struct calls {
+    _Atomic int n, rc; /* written on the post office's thread */
+} calls;
+
+static void counted(void *arg, int rc, const char *msg) {
+    calls *k = arg;
+    k->n++;
+    k->rc = rc;
+}
+
+static void request_calls(tally_comm *c, int rank) {
+    uint32_t a[3], b[3];
+    if (rank == 1) {
+        fill(a, 3, 1, 40);
+        fill(b, 3, 1, 41);
+        OK(rank, tally_recv(c, NULL, 0, TALLY_I32, 0, 39, NULL)); /* rank 0 has posted both */
+        OK(rank, tally_send(c, a, 3, TALLY_I32, 0, 40));
+        OK(rank, tally_send(c, b, 3, TALLY_I32, 0, 41));
+        return;
+    }
+    if (rank != 0) return;
+    calls k1, k2;
+    atomic_init(&k1.n, 0), atomic_init(&k1.rc, -1), atomic_init(&k2.n, 0), atomic_init(&k2.rc, -1);
+    tally_request *r1, *r2;
+    OK(rank, tally_irecv(c, a, 3, TALLY_I32, 1, 40, &r1));
+    OK(rank, tally_irecv(c, b, 3, TALLY_I32, TALLY_ANY_SOURCE, 41, &r2));
+    OK(rank, tally_request_on_done(r1, counted, &k1));
+    OK(rank, tally_request_on_done(r2, counted, &k2));
+    int done = 1;
+    OK(rank, tally_test(r2, &done));
+    EXPECT(rank, done == 0 && tally_request_source(r2) == -1, "pending: not done, no source yet");
+    OK(rank, tally_request_free(r1)); /* freed pending: it completes, calls back, and goes */
+    OK(rank, tally_send(c, NULL, 0, TALLY_I32, 1, 39));
+    for (int i = 0; i < 10000 && !done; i++) {
+        OK(rank, tally_test(r2, &done));
+        if (!done) usleep(500);
+    }
+    EXPECT(rank, done && tally_request_source(r2) == 1 && holds(b, 3, 1, 41), "tally_test sees it done");
+    OK(rank, tally_wait(r2));
+    EXPECT(rank, k2.n == 1 && k2.rc == 0, "its callback ran once");
+    for (int i = 0; i < 10000 && !k1.n; i++) usleep(500);
+    EXPECT(rank, k1.n == 1 && k1.rc == 0 && holds(a, 3, 1, 40), "the freed request still completed");
+    tally_request_free(r2);
+}
+
 static void bad_arguments(tally_comm *c, int rank, int n) {
     uint32_t v[1];
     tally_request *req = (tally_request *)&req;
@@ -257,6 +304,7 @@ static int fn_suite(int rank, int n, void *arg) {
         order_per_tag(c, rank);
         many_in_flight(c, rank, n);
         to_self(c, rank);
+        request_calls(c, rank);
         mismatch(c, rank);
         bad_arguments(c, rank, n);
     }

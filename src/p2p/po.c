@@ -202,7 +202,11 @@ void tally__po_shutdown(tally__po *po, int abandon) {
         pthread_join(po->th, NULL);
         po->started = 0;
     }
+    pthread_mutex_lock(&po->mu);
     po_close_all(po);
+    done = tally__po_take_done(po); /* none is left by now; were one, its caller still hears */
+    pthread_mutex_unlock(&po->mu);
+    tally__po_run_done(done);
 }
 
 void tally__po_free(tally__po *po) {

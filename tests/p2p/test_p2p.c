@@ -464,6 +464,13 @@ static int fn_split(int rank, int n, void *arg) {
         OK(rank, tally_recv(w, u + 1, 1, TALLY_I32, (rank + n - 1) % n, 0, NULL));
         EXPECT(rank, u[1] == (uint32_t)((rank + n - 1) % n), "the world's message");
         EXPECT(rank, tally_send(c, v, 5, TALLY_I32, 2, 0) == TALLY_E_INVALID, "a rank outside the split");
+        /* its messages name world ranks too */
+        if (me == 0) OK(rank, tally_send(c, v, 2, TALLY_I32, other, 5));
+        if (me == 1) {
+            int rc = tally_recv(c, v, 3, TALLY_I32, other, 5, NULL);
+            EXPECT(rank, rc == TALLY_E_MISMATCH && strstr(tally_last_error(), "(world rank"),
+                   "a split's mismatch names world ranks");
+        }
     }
     OK(rank, tally_comm_free(c));
     OK(rank, tally_comm_free(w));

@@ -101,9 +101,11 @@ static void po_recv_now(tally__po *po, tally__po_op *op) {
     tally__po_msg *m = tally__po_post_recv(po, op);
     if (!m) return;
     /* A failed read fails the receive itself; an ack with no memory to queue it leaves its sender to
-     * its timeout. */
-    tally__po_cma_read(po, m->from, m, 0);
-    tally__po_wake(po);
+     * its timeout. The ack goes from here when the socket takes it (the sender waits for it); a failure
+     * of the connection is left to the thread, which closes what it polls. */
+    tally__po_in *in = m->from;
+    tally__po_cma_read(po, in, m, 0);
+    if (tally__po_cma_flush(po, in) || in->n_acks) tally__po_wake(po);
 }
 
 static int po_post(tally__po *po, tally__po_op *op) {

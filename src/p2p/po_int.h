@@ -46,9 +46,10 @@ typedef struct tally__po_ack {
 } tally__po_ack;
 _Static_assert(sizeof(tally__po_ack) == 16, "the ack is sent as is");
 
-/* Payloads from this long on go CMA where the peer reads in place: below it one more copy through the
- * socket costs less than the ack's round trip. */
-#define TALLY__PO_CMA_MIN ((size_t)1 << 20)
+/* Payloads from this long on go CMA where the peer reads in place: below it the socket's two copies stay
+ * in cache and cost less than the ack's round trip (1 MiB: 4.5-5.6 GB/s one-way through loopback against
+ * 2.8-5.0 in place; 4 MiB: 4.8-5.4 against 4.9-7.4, bench/p2p_pingpong.c on the 2-core EPYC VM). */
+#define TALLY__PO_CMA_MIN ((size_t)4 << 20)
 /* How long an in-place message may wait at its sender for its receive before it is copied here: a
  * receive posted a moment after its message (a ping-pong's reply outrunning the ack of the ping) then
  * costs one copy, not two into fresh memory. */

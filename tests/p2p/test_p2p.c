@@ -58,8 +58,8 @@ static int holds(const uint32_t *v, size_t n, int src, int tag) {
 
 /* ---- the size classes, around a ring: each rank sends to the next and receives from the previous ---- */
 
-/* 262147 i32 are past 1 MiB: on one host they are read in place (process_vm_readv). */
-static const size_t quick_sizes[] = {0, 1, 7, 1001, 262147};
+/* 1048579 i32 are past 4 MiB: on one host they are read in place (process_vm_readv). */
+static const size_t quick_sizes[] = {0, 1, 7, 1001, 1048579};
 static const size_t long_sizes[] = {0, 1, 7, 1001, 65537, (3u << 20) + 5};
 
 typedef struct sizes_arg {

@@ -95,6 +95,19 @@ static int po_start(tally__po *po) {
     return 0;
 }
 
+/* A receive posted; one that took an in-place message still at its sender reads it here, on its own
+ * thread, and the thread sends the ack. */
+static void po_recv_now(tally__po *po, tally__po_op *op) {
+    tally__po_msg *m = tally__po_post_recv(po, op);
+    if (!m) return;
+    /* A failed read fails the receive itself; an ack with no memory to queue it leaves its sender to
+     * its timeout. The ack goes from here when the socket takes it (the sender waits for it); a failure
+     * of the connection is left to the thread, which closes what it polls. */
+    tally__po_in *in = m->from;
+    tally__po_cma_read(po, in, m, 0);
+    if (tally__po_cma_flush(po, in) || in->n_acks) tally__po_wake(po);
+}
+
 static int po_post(tally__po *po, tally__po_op *op) {
     pthread_mutex_lock(&po->mu);
     int rc = po->closed ? tally__seterr(po->closed, "%s", po->closed_why) : tally__fault_check(po->fault);
@@ -102,7 +115,7 @@ static int po_post(tally__po *po, tally__po_op *op) {
     if (!rc) {
         op->deadline = tally__deadline(po->timeout_s);
         if (op->is_recv)
-            tally__po_post_recv(po, op);
+            po_recv_now(po, op);
         else if (op->peer == po->rank)
             tally__po_self_send(po, op);
         else
@@ -191,7 +204,11 @@ void tally__po_shutdown(tally__po *po, int abandon) {
         pthread_join(po->th, NULL);
         po->started = 0;
     }
+    pthread_mutex_lock(&po->mu);
     po_close_all(po);
+    done = tally__po_take_done(po); /* none is left by now; were one, its caller still hears */
+    pthread_mutex_unlock(&po->mu);
+    tally__po_run_done(done);
 }
 
 void tally__po_free(tally__po *po) {

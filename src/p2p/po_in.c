@@ -53,6 +53,7 @@ void tally__po_accept(tally__po *po) {
 void tally__po_in_close(tally__po *po, tally__po_in *in, int rc, const char *why) {
     if (in->cur) tally__po_msg_lost(po, in->cur, rc, why);
     in->cur = NULL;
+    tally__po_forget_from(po, in);
     if (in->rank >= 0 && po->in_of[in->rank] == in) {
         po->in_of[in->rank] = NULL;
         po->lost[in->rank] = rc;
@@ -144,16 +145,17 @@ static int po_in_step(tally__po *po, tally__po_in *in) {
     }
 }
 
-/* The peer's stream ended (or failed): its messages stop here. */
-static void po_in_ended(tally__po *po, tally__po_in *in, int rc, int err) {
+void tally__po_in_ended(tally__po *po, tally__po_in *in, int rc, int err) {
     char why[384];
     int mid = in->cur || in->hdr_got;
     if (rc == TALLY_E_PEER_LOST)
         snprintf(why, sizeof why, "rank %d closed its point-to-point connection%s (it %s)", in->rank,
                  mid ? " in the middle of a message" : "",
                  mid ? "died, or aborted the communicator" : "exited, or freed or aborted the communicator");
+    else if (rc == TALLY_E_NOMEM)
+        snprintf(why, sizeof why, "no memory for the connection from rank %d", in->rank);
     else
-        snprintf(why, sizeof why, "reading from rank %d failed: %s", in->rank, strerror(err));
+        snprintf(why, sizeof why, "the connection from rank %d failed: %s", in->rank, strerror(err));
     tally__po_in_close(po, in, rc, why);
 }
 
@@ -176,7 +178,17 @@ static int po_in_header(tally__po *po, tally__po_in *in) {
         tally__po_in_close(po, in, TALLY_E_NOMEM, why);
         return 1;
     }
-    if (m->cma) return tally__po_cma_read(po, in, m);
+    if (m->cma && !m->to && !m->discard) { /* its receive may come in a moment: it reads in place then */
+        m->unread = 1;
+        m->from = in;
+        m->grace = tally__now_ns() + TALLY__PO_CMA_GRACE_NS;
+        return 0;
+    }
+    if (m->cma) { /* read now (m is gone after) */
+        int rc = tally__po_cma_read(po, in, m, 1);
+        if (rc) tally__po_in_ended(po, in, rc, errno);
+        return rc != 0;
+    }
     if (!m->bytes)
         tally__po_msg_grew(po, m, 0);
     else
@@ -190,7 +202,7 @@ static void po_in_read(tally__po *po, tally__po_in *in) {
     while (budget > 0) {
         if (!in->cur) {
             int r = tally__po_io(in->fd, &in->hdr, sizeof in->hdr, &in->hdr_got, 0);
-            if (r < 0) po_in_ended(po, in, r, errno);
+            if (r < 0) tally__po_in_ended(po, in, r, errno);
             if (r <= 0) return;
             in->hdr_got = 0;
             if (po_in_header(po, in)) return;
@@ -210,7 +222,7 @@ static void po_in_read(tally__po *po, tally__po_in *in) {
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
         if (k <= 0) {
             int lost = k == 0 || errno == ECONNRESET || errno == EPIPE || errno == ENOTCONN;
-            po_in_ended(po, in, lost ? TALLY_E_PEER_LOST : TALLY_E_SYSTEM, errno);
+            tally__po_in_ended(po, in, lost ? TALLY_E_PEER_LOST : TALLY_E_SYSTEM, errno);
             return;
         }
         budget -= (size_t)k;
@@ -222,7 +234,11 @@ void tally__po_in_event(tally__po *po, tally__po_in *in, short revents) {
     (void)revents; /* each state knows what it waits for; a read that finds nothing costs one call */
     while (in->state != PO_IN_READY)
         if (po_in_step(po, in) <= 0) return;
-    if (in->n_acks && tally__po_cma_flush(po, in)) return;
+    int rc = in->n_acks ? tally__po_cma_flush(po, in) : 0;
+    if (rc) {
+        tally__po_in_ended(po, in, rc, errno);
+        return;
+    }
     po_in_read(po, in);
 }
 

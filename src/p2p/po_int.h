@@ -46,9 +46,14 @@ typedef struct tally__po_ack {
 } tally__po_ack;
 _Static_assert(sizeof(tally__po_ack) == 16, "the ack is sent as is");
 
-/* Payloads from this long on go CMA where the peer reads in place: below it one more copy through the
- * socket costs less than the ack's round trip. */
-#define TALLY__PO_CMA_MIN ((size_t)256 << 10)
+/* Payloads from this long on go CMA where the peer reads in place: below it the socket's two copies stay
+ * in cache and cost less than the ack's round trip (1 MiB: 4.5-5.6 GB/s one-way through loopback against
+ * 2.8-5.0 in place; 4 MiB: 4.8-5.4 against 4.9-7.4, bench/p2p_pingpong.c on the 2-core EPYC VM). */
+#define TALLY__PO_CMA_MIN ((size_t)4 << 20)
+/* How long an in-place message may wait at its sender for its receive before it is copied here: a
+ * receive posted a moment after its message (a ping-pong's reply outrunning the ack of the ping) then
+ * costs one copy, not two into fresh memory. */
+#define TALLY__PO_CMA_GRACE_NS 2000000u
 /* Payloads past this are refused as malformed (the collectives' limit on counts, in bytes). */
 #define TALLY__PO_MAX_BYTES ((uint64_t)1 << 50)
 
@@ -104,6 +109,12 @@ struct tally__po_msg {
     int complete;
     uint64_t addr, id; /* CMA: where the payload lies in the sender, and the ack's id */
     int cma;
+    /* CMA, no receive yet: the payload is still at the sender, on connection `from`, until a receive
+     * reads it straight into its buffer or, past `grace`, the thread keeps it (a sender never waits on
+     * a receiver that has not asked) */
+    int unread;
+    struct tally__po_in *from;
+    uint64_t grace;
 };
 
 /* ---- connections ---- */
@@ -208,7 +219,9 @@ void tally__po_finish(tally__po *po, tally__po_op *op, int rc, int source, const
     __attribute__((format(printf, 5, 6)));
 tally__po_op *tally__po_take_done(tally__po *po);
 void tally__po_run_done(tally__po_op *list);
-void tally__po_post_recv(tally__po *po, tally__po_op *op);
+/* Posts a receive: matched at once, or waiting. Returns an in-place message it took that is still at its
+ * sender (the caller reads it), else NULL. */
+tally__po_msg *tally__po_post_recv(tally__po *po, tally__po_op *op);
 void tally__po_self_send(tally__po *po, tally__po_op *op);
 /* A header from in's rank passed the judge: the message it starts, matched or kept (NULL: no memory,
  * the connection is failed). */
@@ -228,11 +241,15 @@ void tally__po_fail_recvs(tally__po *po, int rc, const char *why);
 /* Receives past their deadline fail (TALLY_E_TIMEOUT); *next becomes the earliest deadline left if sooner. */
 void tally__po_expire(tally__po *po, uint64_t now, uint64_t *next);
 void tally__po_free_msgs(tally__po *po);
+/* The in-place messages still unread on in (which is closing) cannot be read any more: dropped. */
+void tally__po_forget_from(tally__po *po, tally__po_in *in);
 /* po_in.c */
 void tally__po_accept(tally__po *po);
 void tally__po_in_event(tally__po *po, tally__po_in *in, short revents);
 short tally__po_in_events(const tally__po_in *in);
 void tally__po_in_close(tally__po *po, tally__po_in *in, int rc, const char *why);
+/* in's connection ended or failed (rc, errno err): closed, with words for the requests it fails. */
+void tally__po_in_ended(tally__po *po, tally__po_in *in, int rc, int err);
 void tally__po_in_expire(tally__po *po, uint64_t now, uint64_t *next);
 /* po_out.c: a send is queued (a connection dialed for its first), and written at once where it can be */
 void tally__po_out_post(tally__po *po, tally__po_op *op);
@@ -245,8 +262,13 @@ int tally__po_sends_pending(const tally__po *po);
 void tally__po_out_reap(tally__po *po); /* closes the broken connections' sockets (the thread, between polls) */
 /* po_cma.c: large payloads of a peer on this host read from its memory (process_vm_readv) */
 int tally__po_cma_probe(tally__po *po, const tally__po_hello *h); /* 1: in->cma, the peer's memory is readable */
-int tally__po_cma_read(tally__po *po, tally__po_in *in, tally__po_msg *m); /* 1 when in was closed */
-int tally__po_cma_flush(tally__po *po, tally__po_in *in);                  /* the acks owed; 1 when closed */
+/* Reads m (into its receive's buffer, or kept; nothing when discarded) and owes its sender the ack,
+ * sent at once when flush. 0, or the code of a failure of in's connection (its caller closes it). */
+int tally__po_cma_read(tally__po *po, tally__po_in *in, tally__po_msg *m, int flush);
+int tally__po_cma_flush(tally__po *po, tally__po_in *in); /* the acks owed: 0, or the connection's failure */
+/* The unread messages past their grace are kept: their connection, when one failed (*rc its code), else
+ * NULL; *next becomes the earliest grace left if sooner. */
+tally__po_in *tally__po_cma_due(tally__po *po, uint64_t now, uint64_t *next, int *rc);
 /* po_loop.c */
 typedef struct tally__po_slot {
     int kind; /* PO_SLOT_* */

@@ -1,5 +1,6 @@
 /* po_loop.c - the post office's thread: one poll() over its wake-up, the communicator's fault, the listener
  * and every connection; the deadlines kept; the requests' callbacks run with no lock held. */
+#include <errno.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -95,6 +96,9 @@ void *tally__po_main(void *arg) {
         tally__po_expire(po, now, &next);
         tally__po_out_expire(po, now, &next);
         tally__po_in_expire(po, now, &next);
+        int rc;
+        tally__po_in *failed;
+        while ((failed = tally__po_cma_due(po, now, &next, &rc))) tally__po_in_ended(po, failed, rc, errno);
         if (po->accept_pause_until > now && po->accept_pause_until < next) next = po->accept_pause_until;
         tally__po_out_reap(po);
         size_t n = po_fill(po, now);

@@ -122,9 +122,14 @@ static tally__po_op *po_find_posted(const tally__po *po, int src, int tag) {
     return NULL;
 }
 
-/* op (not queued) takes m (out of the queue): what arrived is copied, the rest comes straight in. */
-static void po_take(tally__po *po, tally__po_op *op, tally__po_msg *m) {
+/* op (not queued) takes m (out of the queue): what arrived is copied, the rest comes straight in. Returns
+ * m when it is still at its sender (the caller reads it), else NULL. */
+static tally__po_msg *po_take(tally__po *po, tally__po_op *op, tally__po_msg *m) {
     if (po_mismatch(po, op, m->src, m->count, m->dtype)) {
+        if (m->unread) { /* read as nothing, so its sender hears */
+            m->discard = 1;
+            return m;
+        }
         if (m->complete) {
             po_msg_free(m);
         } else {
@@ -132,13 +137,13 @@ static void po_take(tally__po *po, tally__po_op *op, tally__po_msg *m) {
             free(m->data);
             m->data = NULL;
         }
-        return;
+        return NULL;
     }
     if (m->got) memcpy(op->rbuf, m->data, m->got);
     if (m->complete) {
         tally__po_finish(po, op, 0, m->src, NULL);
         po_msg_free(m);
-        return;
+        return NULL;
     }
     free(m->data);
     m->data = NULL;
@@ -150,15 +155,15 @@ static void po_take(tally__po *po, tally__po_op *op, tally__po_msg *m) {
     else
         po->posted = op;
     po->posted_tail = op;
+    return m->unread ? m : NULL;
 }
 
-void tally__po_post_recv(tally__po *po, tally__po_op *op) {
+tally__po_msg *tally__po_post_recv(tally__po *po, tally__po_op *op) {
     tally__po_msg *m = po->unx;
     while (m && !po_matches(op->peer, op->tag, m->src, m->tag)) m = m->next;
     if (m) {
         po_unlink_unx(po, m);
-        po_take(po, op, m);
-        return;
+        return po_take(po, op, m);
     }
     if (op->peer != TALLY_ANY_SOURCE && po->lost[op->peer]) {
         char why[256];
@@ -171,7 +176,7 @@ void tally__po_post_recv(tally__po *po, tally__po_op *op) {
             snprintf(why, sizeof why, "rank %d's point-to-point connection was closed after an error (%s)", op->peer,
                      tally_strerror(po->lost[op->peer]));
         tally__po_fail(po, op, po->lost[op->peer], why);
-        return;
+        return NULL;
     }
     op->next = NULL;
     if (po->posted_tail)
@@ -180,6 +185,7 @@ void tally__po_post_recv(tally__po *po, tally__po_op *op) {
         po->posted = op;
     po->posted_tail = op;
     if (op->deadline < po->poll_until) tally__po_wake(po);
+    return NULL;
 }
 
 void tally__po_self_send(tally__po *po, tally__po_op *op) {
@@ -365,4 +371,14 @@ void tally__po_free_msgs(tally__po *po) {
         po_msg_free(m);
     }
     po->unx_tail = NULL;
+}
+
+void tally__po_forget_from(tally__po *po, tally__po_in *in) {
+    tally__po_msg *m = po->unx, *next;
+    for (; m; m = next) {
+        next = m->next;
+        if (!m->unread || m->from != in) continue;
+        po_unlink_unx(po, m);
+        po_msg_free(m);
+    }
 }

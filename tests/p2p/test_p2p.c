@@ -3,6 +3,7 @@
  * order per (source, tag), many in flight, a receiver that asks late, a send to self, beside blocking and
  * non-blocking collectives (and on another thread), count and dtype mismatches, bad arguments, a split. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +58,8 @@ static int holds(const uint32_t *v, size_t n, int src, int tag) {
 
 /* ---- the size classes, around a ring: each rank sends to the next and receives from the previous ---- */
 
-static const size_t quick_sizes[] = {0, 1, 7, 1001, 65537};
+/* 1048579 i32 are past 4 MiB: on one host they are read in place (process_vm_readv). */
+static const size_t quick_sizes[] = {0, 1, 7, 1001, 1048579};
 static const size_t long_sizes[] = {0, 1, 7, 1001, 65537, (3u << 20) + 5};
 
 typedef struct sizes_arg {
@@ -217,6 +219,52 @@ static void mismatch(tally_comm *c, int rank) {
     }
 }
 
+/* The requests' calls: a callback, a request freed while pending (its callback still runs), tally_test. */
+typedef struct calls {
+    _Atomic int n, rc; /* written on the post office's thread */
+} calls;
+
+static void counted(void *arg, int rc, const char *msg) {
+    calls *k = arg;
+    k->n++;
+    k->rc = rc;
+}
+
+static void request_calls(tally_comm *c, int rank) {
+    uint32_t a[3], b[3];
+    if (rank == 1) {
+        fill(a, 3, 1, 40);
+        fill(b, 3, 1, 41);
+        OK(rank, tally_recv(c, NULL, 0, TALLY_I32, 0, 39, NULL)); /* rank 0 has posted both */
+        OK(rank, tally_send(c, a, 3, TALLY_I32, 0, 40));
+        OK(rank, tally_send(c, b, 3, TALLY_I32, 0, 41));
+        return;
+    }
+    if (rank != 0) return;
+    calls k1, k2;
+    atomic_init(&k1.n, 0), atomic_init(&k1.rc, -1), atomic_init(&k2.n, 0), atomic_init(&k2.rc, -1);
+    tally_request *r1, *r2;
+    OK(rank, tally_irecv(c, a, 3, TALLY_I32, 1, 40, &r1));
+    OK(rank, tally_irecv(c, b, 3, TALLY_I32, TALLY_ANY_SOURCE, 41, &r2));
+    OK(rank, tally_request_on_done(r1, counted, &k1));
+    OK(rank, tally_request_on_done(r2, counted, &k2));
+    int done = 1;
+    OK(rank, tally_test(r2, &done));
+    EXPECT(rank, done == 0 && tally_request_source(r2) == -1, "pending: not done, no source yet");
+    OK(rank, tally_request_free(r1)); /* freed pending: it completes, calls back, and goes */
+    OK(rank, tally_send(c, NULL, 0, TALLY_I32, 1, 39));
+    for (int i = 0; i < 10000 && !done; i++) {
+        OK(rank, tally_test(r2, &done));
+        if (!done) usleep(500);
+    }
+    EXPECT(rank, done && tally_request_source(r2) == 1 && holds(b, 3, 1, 41), "tally_test sees it done");
+    OK(rank, tally_wait(r2));
+    EXPECT(rank, k2.n == 1 && k2.rc == 0, "its callback ran once");
+    for (int i = 0; i < 10000 && !k1.n; i++) usleep(500);
+    EXPECT(rank, k1.n == 1 && k1.rc == 0 && holds(a, 3, 1, 40), "the freed request still completed");
+    tally_request_free(r2);
+}
+
 static void bad_arguments(tally_comm *c, int rank, int n) {
     uint32_t v[1];
     tally_request *req = (tally_request *)&req;
@@ -236,8 +284,13 @@ static void bad_arguments(tally_comm *c, int rank, int n) {
 
 typedef struct suite_arg {
     sizes_arg sizes;
-    int rules; /* the matching rules too (their ranks 0 and 1 at least) */
+    int rules;  /* the matching rules too (their ranks 0 and 1 at least) */
+    int no_cma; /* TALLY_SHM_CMA=0: large payloads through the socket too */
 } suite_arg;
+
+static void no_cma_env(int rank, void *arg) {
+    if (((const suite_arg *)arg)->no_cma) setenv("TALLY_SHM_CMA", "0", 1);
+}
 
 static int fn_suite(int rank, int n, void *arg) {
     const suite_arg *a = arg;
@@ -251,6 +304,7 @@ static int fn_suite(int rank, int n, void *arg) {
         order_per_tag(c, rank);
         many_in_flight(c, rank, n);
         to_self(c, rank);
+        request_calls(c, rank);
         mismatch(c, rank);
         bad_arguments(c, rank, n);
     }
@@ -259,12 +313,12 @@ static int fn_suite(int rank, int n, void *arg) {
     return 0;
 }
 
-static void test_suite(const char *transport, int n, const size_t *sizes, int ns, int rules) {
+static void test_suite(const char *transport, int n, const size_t *sizes, int ns, int rules, int no_cma) {
     reset();
-    suite_arg a = {{sizes, ns}, rules};
-    th_opts o = {.transport = transport, .timeout_s = 30};
+    suite_arg a = {{sizes, ns}, rules, no_cma};
+    th_opts o = {.transport = transport, .timeout_s = 30, .child_env = no_cma_env};
     char what[96];
-    snprintf(what, sizeof what, "point-to-point over %s on %d ranks", transport, n);
+    snprintf(what, sizeof what, "point-to-point over %s on %d ranks%s", transport, n, no_cma ? ", no CMA" : "");
     verdict(n, th_run(n, &o, fn_suite, &a), what);
 }
 
@@ -410,6 +464,13 @@ static int fn_split(int rank, int n, void *arg) {
         OK(rank, tally_recv(w, u + 1, 1, TALLY_I32, (rank + n - 1) % n, 0, NULL));
         EXPECT(rank, u[1] == (uint32_t)((rank + n - 1) % n), "the world's message");
         EXPECT(rank, tally_send(c, v, 5, TALLY_I32, 2, 0) == TALLY_E_INVALID, "a rank outside the split");
+        /* its messages name world ranks too */
+        if (me == 0) OK(rank, tally_send(c, v, 2, TALLY_I32, other, 5));
+        if (me == 1) {
+            int rc = tally_recv(c, v, 3, TALLY_I32, other, 5, NULL);
+            EXPECT(rank, rc == TALLY_E_MISMATCH && strstr(tally_last_error(), "(world rank"),
+                   "a split's mismatch names world ranks");
+        }
     }
     OK(rank, tally_comm_free(c));
     OK(rank, tally_comm_free(w));
@@ -428,8 +489,8 @@ int main(void) {
     R = th_shared_alloc(sizeof *R * TH_MAX_RANKS);
     int nq = sizeof quick_sizes / sizeof quick_sizes[0], nl = sizeof long_sizes / sizeof long_sizes[0];
     if (th_quick()) {
-        test_suite("tcp", 2, quick_sizes, nq, 1);
-        test_suite("shm", 3, quick_sizes, nq, 1);
+        test_suite("tcp", 2, quick_sizes, nq, 1, 0);
+        test_suite("shm", 3, quick_sizes, nq, 1, 0);
         test_one("a receiver that asks late", 2, "tcp", fn_late);
         test_one("beside collectives", 2, "shm", fn_beside);
         test_one("free with requests pending", 2, "tcp", fn_free);
@@ -438,7 +499,8 @@ int main(void) {
     if (th_long()) {
         static const char *tps[] = {"tcp", "shm"};
         for (int t = 0; t < 2; t++)
-            for (int n = 2; n <= 4; n++) test_suite(tps[t], n, long_sizes, th_light() ? nl - 1 : nl, 1);
+            for (int n = 2; n <= 4; n++) test_suite(tps[t], n, long_sizes, th_light() ? nl - 1 : nl, 1, 0);
+        test_suite("tcp", 2, long_sizes, nl, 0, 1);
         test_one("a receiver that asks late", 2, "shm", fn_late);
         test_one("beside collectives", 2, "tcp", fn_beside);
         test_one("beside collectives", 4, "tcp", fn_beside);

@@ -1,5 +1,6 @@
 """setup.py - pip's build of the Python package: runs the project's CMake build (libtally, and PyTorch's
 backend where the installing Python has torch) and puts libtally and the backend inside the package."""
+import glob
 import importlib.util
 import os
 import re
@@ -48,6 +49,10 @@ def cmake_configure(build_dir):
 def cmake_build_into(build_dir, package_root):
     """Builds the wheel's target (libtally, the backend when configured) and installs its component, the
     package's binaries and the _where.py that names libtally beside it, under package_root/tally."""
+    # setuptools keeps package_root between builds: a backend left from a build with torch must not ride
+    # along in one made with TALLY_TORCH=OFF.
+    for old in glob.glob(os.path.join(package_root, "tally", "*.so*")):
+        os.remove(old)
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
     subprocess.run(["cmake", "--build", build_dir, "--target", "tally_wheel", "-j", jobs], check=True)
     subprocess.run(["cmake", "--install", build_dir, "--component", "tally_wheel", "--prefix",

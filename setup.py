@@ -31,6 +31,8 @@ def torch_choice():
     if word not in TORCH_WORDS:
         sys.exit(f"setup.py: TALLY_TORCH={os.environ['TALLY_TORCH']!r} is not one of {', '.join(TORCH_WORDS)}")
     if word == "AUTO" and importlib.util.find_spec("torch") is None:
+        print(f"setup.py: {sys.executable} has no torch: building tally without the PyTorch backend (under pip's "
+              "build isolation the environment's torch is hidden: pip install --no-build-isolation)", file=sys.stderr)
         return "OFF"
     return word
 

@@ -30,7 +30,11 @@ def torch_choice():
     word = os.environ.get("TALLY_TORCH", "AUTO").upper()
     if word not in TORCH_WORDS:
         sys.exit(f"setup.py: TALLY_TORCH={os.environ['TALLY_TORCH']!r} is not one of {', '.join(TORCH_WORDS)}")
-    if word == "AUTO" and importlib.util.find_spec("torch") is None:
+    has_torch = importlib.util.find_spec("torch") is not None
+    if word == "ON" and not has_torch:
+        sys.exit(f"setup.py: TALLY_TORCH=ON but {sys.executable} has no torch to build the backend against "
+                 "(install torch first; under pip's build isolation it is hidden: pip install --no-build-isolation)")
+    if word == "AUTO" and not has_torch:
         print(f"setup.py: {sys.executable} has no torch: building tally without the PyTorch backend (under pip's "
               "build isolation the environment's torch is hidden: pip install --no-build-isolation)", file=sys.stderr)
         return "OFF"

@@ -78,7 +78,9 @@ $py -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2]
 baked=$(grep -rlaF "$tmp" "$tmp/unzipped" || true)
 [ -z "$baked" ] || fail "the wheel names the build's folder $tmp in: $baked"
 rm -rf "$tmp/src" # as on another machine: nothing of the build is left to lean on
-say "2. pip wheel: $(basename "$whl"), with libtally$([ $with_torch = 1 ] && echo " and the backend"), no build path in it"
+with=libtally
+[ $with_torch = 1 ] && with="libtally and the backend"
+say "2. pip wheel: $(basename "$whl"), with $with, no build path in it"
 
 # 3. The wheel in a second venv: it imports and runs there.
 step 60 $py -m venv --system-site-packages "$tmp/b" || fail "the second venv could not be made"
@@ -93,7 +95,8 @@ step 60 $py -m venv "$tmp/c" || fail "the bare venv could not be made"
 out=$(step 300 "$tmp/c/bin/pip" install --no-index --no-cache-dir "$whl_off" 2>&1) &&
   fail "pip installed the package where numpy cannot be had"
 echo "$out" | grep -q numpy || fail "pip's refusal does not name numpy: $out"
-step 300 "$tmp/c/bin/pip" install -q --no-index --no-cache-dir --no-deps "$whl_off" || fail "pip install --no-deps failed"
+step 300 "$tmp/c/bin/pip" install -q --no-index --no-cache-dir --no-deps "$whl_off" ||
+  fail "pip install --no-deps failed"
 out=$(step 120 "$tmp/c/bin/python" -c 'import tally' 2>&1) && fail "import tally worked without NumPy"
 echo "$out" | tail -1 | grep -q '^ImportError: tally needs NumPy' ||
   fail "import tally without NumPy does not end saying so: $out"

@@ -84,7 +84,9 @@ say "2. pip wheel: $(basename "$whl"), with $with, no build path in it"
 
 # 3. The wheel in a second venv: it imports and runs there.
 step 60 $py -m venv --system-site-packages "$tmp/b" || fail "the second venv could not be made"
-step 300 "$tmp/b/bin/pip" install -q --no-index --no-cache-dir "$whl" || fail "pip install of the wheel failed"
+# --force-reinstall --no-deps: a tally installed system-wide, which this venv sees, must not satisfy it.
+step 300 "$tmp/b/bin/pip" install -q --no-index --no-cache-dir --force-reinstall --no-deps "$whl" ||
+  fail "pip install of the wheel failed"
 step 120 "$tmp/b/bin/python" -c "$imports" || fail "'$imports' failed in the venv the wheel went into"
 ranks "$tmp/b" numpy
 say "3. the wheel in a second venv: imports and allreduces"

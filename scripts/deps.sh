@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deps.sh - installs the Debian packages tally's build, main job and tests need that are not installed,
-# in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide.
+# in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide;
+# with them, pip install of the Python package works offline (the backend's build needs --torch's too).
 # Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs;
 # --torch adds PyTorch's C++ and Python packages for the tally backend (test.sh); --tests adds those and
 # chromium, which renders the SVG charts the CLI writes (test.sh --full and --external; tests/cli/test_charts.c).
@@ -20,6 +21,10 @@ tally_deps=(
   "openmpi-bin|mpirun: the test that starts the installed library under Open MPI, and the benchmark peer"
   "libopenmpi-dev|Open MPI's headers: the benchmark peer"
   "python3-numpy|the Python package's tests and examples (tally.Comm over NumPy arrays)"
+  "python3-venv|pip install of the Python package into a virtual environment (docs/python.md)"
+  "python3-pip|pip, which installs the Python package (pyproject.toml)"
+  "python3-setuptools|the Python package's build backend (setup.py runs CMake)"
+  "python3-wheel|pip install --no-build-isolation and pip wheel build the package as a wheel"
 )
 case "${1:-}" in
   "") ;;

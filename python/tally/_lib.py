@@ -1,11 +1,11 @@
-"""_lib.py - finds and loads libtally (the shared library the build or `cmake --install` made) and
-declares the C signatures the package calls; no compiler is needed at import."""
+"""_lib.py - finds and loads libtally (the shared library the build, `cmake --install` or pip's wheel put
+where _where.py says) and declares the C signatures the package calls; no compiler is needed at import."""
 import ctypes
 import ctypes.util
 import os
 
 try:
-    from . import _where  # written by the build (and by cmake --install): where libtally lies
+    from . import _where  # written by the build, cmake --install and pip's wheel: where libtally lies
 except ImportError:  # the source tree itself, not a build of it
     _where = None
 
@@ -16,7 +16,7 @@ def _candidates():
         yield env, "TALLY_LIBRARY"
         return
     if _where is not None:
-        yield _where.LIBRARY, "the build's libtally"
+        yield _where.LIBRARY, "the package's libtally (_where.py)"
     found = ctypes.util.find_library("tally")
     if found:
         yield found, "the system's libtally"
@@ -31,8 +31,9 @@ def _load():
             tried.append(f"{what} {path}: {e}")
     raise ImportError("tally: cannot load libtally.so ("
                       + ("; ".join(tried) if tried else "none found")
-                      + "). Build tally (cmake --build build) and import the package from build/python, "
-                        "or cmake --install it, or set TALLY_LIBRARY to the library's path.")
+                      + "). Install the package with pip (pip install --no-build-isolation . in tally's source "
+                        "tree), or build tally (cmake --build build) and import it from build/python, or "
+                        "cmake --install it, or set TALLY_LIBRARY to the library's path.")
 
 
 lib = _load()

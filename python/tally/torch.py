@@ -13,8 +13,11 @@ from . import config
 try:
     from . import _torch_backend
 except ImportError as e:
-    raise ImportError("tally.torch: the PyTorch backend was not built (it needs Debian's libtorch-dev and "
-                      "python3-torch at build time: scripts/deps.sh --torch, then rebuild): " + str(e)) from e
+    raise ImportError("tally.torch: cannot load the PyTorch backend (" + str(e) + "). It is built only where "
+                      "torch 1.13 and its C++ headers are there at build time, and loads only with the torch it "
+                      "was built against: with pip, install torch first, then reinstall tally (TALLY_TORCH=ON "
+                      "makes that build fail where the backend cannot be built); with CMake, "
+                      "scripts/deps.sh --torch, then rebuild (docs/python.md)") from e
 
 ProcessGroupTally = _torch_backend.ProcessGroupTally
 

@@ -127,6 +127,13 @@ def case_more(c):
            "bxor on float32")
     # Point-to-point: a ring of tagged messages, two tags received in the other order, any source at rank 0.
     if size > 1:
+        # A send made before a collective, received after it by a rank that made no point-to-point call yet.
+        if rank == 0:
+            c.send(np.arange(5, dtype=np.int32), 1, tag=11)
+        c.barrier()
+        if rank == 1:
+            first = np.empty(5, np.int32)
+            check(c.recv(first, 0, tag=11) == 0 and np.array_equal(first, np.arange(5)), "send before a barrier")
         nxt, prv = (rank + 1) % size, (rank - 1) % size
         r5 = c.isend(np.full(1001, rank, np.float32), nxt, tag=5)
         r3 = c.isend(np.full(3, rank, np.int8), nxt, tag=3)

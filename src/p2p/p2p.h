@@ -26,8 +26,9 @@ typedef struct tally__po_cfg {
 typedef void (*tally__po_done_fn)(void *arg, int rc, const char *msg, int source);
 
 /* Opens the post office: listens on this rank's address and publishes the port (a bootstrap allgather:
- * collective, before the monitor starts). No thread and no connection yet: they come with the first
- * point-to-point call, and until then the listener's backlog holds the peers' connections. */
+ * collective, before the monitor starts) and starts its thread, which accepts and authenticates the
+ * peers' connections from then on (so a rank's send never waits for its peer's first point-to-point
+ * call); this rank's own connections are made at its first message to each peer. */
 int tally__po_open(const tally__po_cfg *cfg, tally__po **out);
 
 /* Posts a send of count elements of t at buf (bytes handed off before done is called) to dst, or a

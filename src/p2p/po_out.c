@@ -327,8 +327,7 @@ static void po_out_late(tally__po *po, int peer, const tally__po_op *op, char *w
     if (o->state < PO_OUT_READY)
         snprintf(why, n,
                  "could not hand off its %zu bytes within %g s (TALLY_TIMEOUT): rank %d has not taken the "
-                 "connection: it has made no point-to-point call on this communicator yet (its post office "
-                 "starts with the first), or it is hung",
+                 "connection: its post office's thread did not answer (the process is hung or stopped)",
                  op->bytes, po->timeout_s, peer);
     else if (op->acking)
         snprintf(why, n, "rank %d did not read its %zu bytes within %g s (TALLY_TIMEOUT): it is hung or stopped", peer,

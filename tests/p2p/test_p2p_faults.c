@@ -52,7 +52,8 @@ static void no_fails(int n, const char *what) {
         TH_CHECK(R[r].fails == 0, "%s: rank %d: %d failures, first: %s", what, r, R[r].fails, R[r].first);
 }
 
-/* ---- timeouts: a receive nobody sends to, a send to a rank that never makes a point-to-point call ---- */
+/* ---- timeouts: a receive nobody sends to; a send to a rank that never makes a point-to-point call is
+ * no timeout (its post office runs from creation and keeps the message) ---- */
 
 #define SHORT_S 1.0
 
@@ -62,7 +63,7 @@ static int fn_timeouts(int rank, int n, void *arg) {
     uint32_t v[4] = {0};
     double t0 = th_now();
     if (rank == 0) {
-        note(rank, tally_send(c, v, 4, TALLY_I32, 2, 11), t0); /* rank 2 never calls */
+        note(rank, tally_send(c, v, 4, TALLY_I32, 2, 11), t0); /* rank 2 never receives it: still sent */
     } else if (rank == 1) {
         tally_request *any;
         EXPECT(rank, tally_irecv(c, v, 4, TALLY_I32, TALLY_ANY_SOURCE, 6, &any) == 0);
@@ -89,10 +90,9 @@ static void test_timeouts(void) {
                  R[1].secs < SHORT_S + 3,
              "a receive nobody sends to: TIMEOUT naming rank 0 and tag 5 after %.1f s: %s (%s)", R[1].secs, R[1].msg,
              tally_strerror(R[1].rc));
-    TH_CHECK(R[0].rc == TALLY_E_TIMEOUT && strstr(R[0].msg, "to rank 2 with tag 11") &&
-                 strstr(R[0].msg, "no point-to-point call") && R[0].secs < SHORT_S + 3,
-             "a send nobody takes: TIMEOUT naming rank 2 after %.1f s: %s (%s)", R[0].secs, R[0].msg,
-             tally_strerror(R[0].rc));
+    TH_CHECK(R[0].rc == 0 && R[0].secs < SHORT_S,
+             "a send to a rank that never receives it is handed off at once, not after %.1f s: %s (%s)", R[0].secs,
+             R[0].msg, tally_strerror(R[0].rc));
 }
 
 /* ---- a peer killed: mid-message, or with nothing sent; another rank's death ---- */

@@ -194,6 +194,7 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     tally__po_cfg po = {c->ctx.rank, c->ctx.size, c->boot, &c->fault, c->timeout_s, c->cfg.shm_cma};
     if ((rc = tally__po_open(&po, &c->po))) return rc; /* its port is published before the monitor starts */
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
+    if ((rc = tally__po_start(c->po))) return rc;
     c->ctx.sent = &c->bytes_sent;
     char cpus[128];
     tally__cpus_list(cpus, sizeof cpus);

@@ -26,10 +26,14 @@ typedef struct tally__po_cfg {
 typedef void (*tally__po_done_fn)(void *arg, int rc, const char *msg, int source);
 
 /* Opens the post office: listens on this rank's address and publishes the port (a bootstrap allgather:
- * collective, before the monitor starts) and starts its thread, which accepts and authenticates the
- * peers' connections from then on (so a rank's send never waits for its peer's first point-to-point
- * call); this rank's own connections are made at its first message to each peer. */
+ * collective, before the monitor starts). No thread yet: tally__po_start, once the monitor runs (the
+ * thread polls the fault's wake-up, which the monitor makes). */
 int tally__po_open(const tally__po_cfg *cfg, tally__po **out);
+/* Starts the thread, which accepts and authenticates the peers' connections from then on: at creation,
+ * not at the first point-to-point call, so a rank's send never waits for its peer's first call (rank 0
+ * sends then meets rank 1 in a collective, before rank 1's receive). This rank's own connections are
+ * made at its first message to each peer. 0, or TALLY_E_SYSTEM. */
+int tally__po_start(tally__po *po);
 
 /* Posts a send of count elements of t at buf (bytes handed off before done is called) to dst, or a
  * receive into buf from src (TALLY_ANY_SOURCE: any rank). Arguments are the caller's to check (ranks in

@@ -43,8 +43,6 @@ static int po_publish(tally__po *po) {
     return rc;
 }
 
-static int po_start(tally__po *po);
-
 int tally__po_open(const tally__po_cfg *cfg, tally__po **out) {
     *out = NULL;
     tally__po *po = calloc(1, sizeof *po);
@@ -69,12 +67,6 @@ int tally__po_open(const tally__po_cfg *cfg, tally__po **out) {
     }
     for (int r = 0; r < po->size; r++) po->out[r].fd = po->out[r].dead_fd = -1;
     int rc = po->size > 1 ? po_publish(po) : 0;
-    if (!rc) { /* at once, not at the first call: a rank that sends, then meets a peer in a collective
-                  before that peer's first receive, must not wait on the peer's thread for the handshake */
-        pthread_mutex_lock(&po->mu);
-        rc = po_start(po);
-        pthread_mutex_unlock(&po->mu);
-    }
     if (rc) {
         tally__po_free(po);
         return rc;
@@ -83,7 +75,7 @@ int tally__po_open(const tally__po_cfg *cfg, tally__po **out) {
     return 0;
 }
 
-/* The thread, started as the post office opens (mu held). */
+/* The thread (mu held). */
 static int po_start(tally__po *po) {
     if (po->started) return 0;
     po->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -101,6 +93,13 @@ static int po_start(tally__po *po) {
     }
     po->started = 1;
     return 0;
+}
+
+int tally__po_start(tally__po *po) {
+    pthread_mutex_lock(&po->mu);
+    int rc = po_start(po);
+    pthread_mutex_unlock(&po->mu);
+    return rc;
 }
 
 /* A receive posted; one that took an in-place message still at its sender reads it here, on its own

@@ -117,11 +117,9 @@ class Run:
             while self.todo and time.monotonic() < self.deadline:
                 attempt += 1
                 self._worker(env, os.path.join(tmp, f"results.{attempt}.jsonl"))
-        for name in self.todo:
+        for name in list(self.todo):  # _done takes each out of todo
             self._done(name, status="notrun", seconds=0, error="the whole-run limit "
                        f"({self.opts.run_limit} s) passed before this test started")
-        self.todo = []
-        self._save()
         return self.summary()
 
     def _worker(self, env, results_path):

@@ -104,7 +104,8 @@ class Run:
         self.started = time.monotonic()
         self.deadline = self.started + opts.run_limit
         self.meta = dict(meta, backend=backend, world_size=world_size, features=opts.features,
-                         init_method=opts.init_method, py311_fix=opts.py311_fix, test_limit_s=opts.test_limit, run_limit_s=opts.run_limit,
+                         init_method=opts.init_method, py311_fix=opts.py311_fix, test_limit_s=opts.test_limit,
+                         run_limit_s=opts.run_limit,
                          started=datetime.datetime.now().isoformat(timespec="seconds"))
 
     def run(self):

@@ -29,6 +29,8 @@ def parse(argv):
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-k", dest="patterns", action="append", default=[],
                         help="run the tests whose name matches (a substring or a glob, as unittest -k); repeatable")
+    common.add_argument("--tests", metavar="FILE",
+                        help="run only the tests named in FILE, one a line ('#' starts a comment); -k narrows further")
     common.add_argument("--build", default=os.environ.get("TALLY_BUILD_DIR", os.path.join(SOURCE, "build")),
                         help="the tally build whose python/ holds the package and its backend (default: ./build)")
     common.add_argument("--python", default=os.environ.get("TALLY_PYTHON", "/usr/bin/python3"),
@@ -43,7 +45,7 @@ def parse(argv):
     common.add_argument("--init-method", choices=("file", "env"), default="file",
                         help="INIT_METHOD as PyTorch's run_test.py sets it (file runs the barrier-timeout tests)")
     common.add_argument("--no-py311-fix", dest="py311_fix", action="store_false",
-                        help="run PyTorch 1.13 as installed: under Python 3.11 no DDP test can pass then (torch_py311.py)")
+                        help="run PyTorch 1.13 as installed: under Python 3.11 no DDP test passes then (torch_py311.py)")
     common.add_argument("--keep-logs", action="store_true", help="keep the logs of passing tests too")
     common.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="no line per test")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -58,7 +60,7 @@ def parse(argv):
     c.add_argument("--allow", default=os.path.join(HERE, "allow.txt"),
                    help="the allow-list: gaps tolerated, each with its reason (default: allow.txt beside this)")
     c.add_argument("--reuse", action="store_true",
-                   help="take a backend's results from an existing JSON that holds every selected test")
+                   help="take a backend's results from its JSON when made with the same options, with none unrun")
     c.add_argument("--table-only", action="store_true", help="run nothing: the table from the JSON files there")
     sub.add_parser("check", parents=[common], help="exit 77 where the suite cannot run here")
     opts = p.parse_args(argv)
@@ -83,7 +85,14 @@ def check(opts):
             "(scripts/deps.sh --torch installs PyTorch and libtorch-dev; then rebuild with TALLY_TORCH=AUTO)")
 
 
-def select(names, patterns):
+def read_names(path):
+    with open(path) as f:
+        return {line.split("#", 1)[0].strip() for line in f} - {""}
+
+
+def select(names, patterns, listed=None):
+    if listed is not None:
+        names = [n for n in names if n in listed]
     if not patterns:
         return names
     globs = [p if any(ch in p for ch in "*?[") else f"*{p}*" for p in patterns]
@@ -96,11 +105,16 @@ def run_one(opts, backend, world_size, out):
     if backend == "gloo":
         run_opts.features = []  # gloo is in every set already; "plugin" is for backends outside torch
     listing = runner.list_tests(run_opts, backend, world_size)
-    names = select(listing["tests"], opts.patterns)
+    listed = read_names(opts.tests) if opts.tests else None
+    unknown = sorted((listed or set()) - set(listing["tests"]))
+    if unknown:
+        raise SystemExit(f"{opts.tests} names tests the suite does not have: {', '.join(unknown)}")
+    names = select(listing["tests"], opts.patterns, listed)
     if not names:
-        raise SystemExit(f"-k {' -k '.join(opts.patterns)}: no test of the {len(listing['tests'])} matches")
+        raise SystemExit(f"no test of the {len(listing['tests'])} is selected (-k, --tests)")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    meta = {"torch": listing["torch"], "source": listing["source"], "patterns": opts.patterns}
+    meta = {"torch": listing["torch"], "source": listing["source"], "patterns": opts.patterns,
+            "tests_file": opts.tests}
     result = runner.Run(run_opts, backend, world_size, names, out, meta).run()
     c = result["counts"]
     print(f"{backend} x{world_size}: {len(names)} tests in {result['seconds']} s: "
@@ -121,8 +135,11 @@ def reusable(path, opts, backend):
         print(f"torch_suite: not reusing {path}: made with other options than "
               + ", ".join(f"{k}={v}" for k, v in asked.items()), file=sys.stderr)
         return None
-    wanted = select(list(old["tests"]), opts.patterns)
-    if opts.patterns and not wanted:
+    listed = read_names(opts.tests) if opts.tests else None
+    if listed and listed - set(old["tests"]):
+        return None
+    wanted = select(list(old["tests"]), opts.patterns, listed)
+    if (opts.patterns or opts.tests) and not wanted:
         return None
     if any(old["tests"][n]["status"] == "notrun" for n in wanted):
         return None

@@ -14,7 +14,7 @@ import unittest
 
 # Rank-level skips exit with code 86 and say why only in the rank's log (common_distributed.run_test).
 RANK_SKIP = re.compile(r"skipping test (\S+) for following reason: (.*)")
-CHILD_ERROR = re.compile(r"Process \d+ exited with error code \d+ and exception:")
+CHILD_ERROR = re.compile(r"Process (\d+) exited with error code \d+ and exception:")
 
 
 class Outcome(unittest.TestResult):
@@ -53,22 +53,34 @@ def exception_line(text):
     return None
 
 
-def error_line(err):
-    """One line for the table: a rank's own exception when the parent reports one (that is where the
-    backend's message is), else the parent's exception and its message's first line."""
+def rank_errors(text):
+    """Each failed rank's exception line, in rank order, from the parent's report of them."""
+    marks = list(CHILD_ERROR.finditer(text))
+    found = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        line = exception_line(text[m.end():end])
+        if line:
+            found.append([int(m.group(1)), line])
+    return found
+
+
+def error_lines(err):
+    """For the table: the first failed rank's exception (that is where the backend's message is) and every
+    failed rank's; without a rank's, the parent's exception and its message's first line."""
     etype, value, _ = err
     text = str(value)
-    m = CHILD_ERROR.search(text)
-    if m:
-        line = exception_line(text[m.end():])
-        if line:
-            return line
+    ranks = rank_errors(text)
+    if ranks:
+        return ranks[0][1], ranks
     first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{etype.__name__}: {first}" if first else etype.__name__
+    return (f"{etype.__name__}: {first}" if first else etype.__name__), []
 
 
 def detail(err, limit=4000):
+    """The error's text without c10's C++ frame lists (the rank's log keeps them), cut at `limit`."""
     text = "".join(traceback.format_exception(*err))
+    text = "".join(line for line in text.splitlines(True) if not line.startswith("frame #"))
     return text if len(text) <= limit else text[:limit] + f"\n... ({len(text) - limit} more characters)"
 
 
@@ -114,7 +126,9 @@ def run_one(cls, name, results, logdir):
             reason = rank_skip_reason(log, name) or reason
         rec["reason"] = reason
     elif outcome.err is not None:
-        rec["error"] = error_line(outcome.err)
+        rec["error"], ranks = error_lines(outcome.err)
+        if ranks:
+            rec["rank_errors"] = ranks
         rec["detail"] = detail(outcome.err)
     record(results, **rec)
 

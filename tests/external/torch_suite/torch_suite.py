@@ -45,7 +45,7 @@ def parse(argv):
     common.add_argument("--init-method", choices=("file", "env"), default="file",
                         help="INIT_METHOD as PyTorch's run_test.py sets it (file runs the barrier-timeout tests)")
     common.add_argument("--no-py311-fix", dest="py311_fix", action="store_false",
-                        help="run PyTorch 1.13 as installed: under Python 3.11 no DDP test passes then (torch_py311.py)")
+                        help="PyTorch 1.13 as installed: under Python 3.11 no DDP test passes then (torch_py311.py)")
     common.add_argument("--keep-logs", action="store_true", help="keep the logs of passing tests too")
     common.add_argument("-q", "--quiet", dest="verbose", action="store_false", help="no line per test")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)

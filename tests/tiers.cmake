@@ -1,14 +1,15 @@
 # tiers.cmake - tally_test(): one ctest test per tier of a test program, with its label, its time limit
 # (about 3x what it takes) and its cost (ctest -j starts the costly ones first until it has its own times).
 #
-#   tally_test(NAME [QUICK s] [LONG s] [EXTERNAL s] [THREADS] [SERIAL tier...] [ENV VAR=value...]
+#   tally_test(NAME [QUICK s] [LONG s] [EXTERNAL s] [THREADS] [SERIAL label...] [ENV VAR=value...]
 #              [COMMAND cmd...])
 #
 # s: the whole seconds (rounded up) the tier takes in a Release build on the slower 2-core machine kind,
 # the larger of its time alone and under ./test.sh (ctest -j2, beside another test). A program with cases
 # in several tiers runs once per tier, TALLY_TEST_TIER telling it which (tests/harness/harness.h); the
 # first tier keeps NAME, the others are NAME_long and NAME_external.
-# SERIAL names the tiers that measure time or need both cores: ctest runs them alone (RUN_SERIAL).
+# SERIAL names, by label (quick, long, external: in lower case, or cmake_parse_arguments would read QUICK as
+# the next keyword), the tiers that measure time or need both cores: ctest runs them alone (RUN_SERIAL).
 # THREADS: the test is one of ThreadSanitizer's; a TALLY_TSAN build registers (and builds) those alone.
 # COMMAND defaults to the executable NAME.
 
@@ -71,7 +72,7 @@ function(tally_test name)
     set(env TALLY_TEST_TIER=${label} TALLY_BIN=$<TARGET_FILE:tally> TALLY_SOURCE_DIR=${CMAKE_SOURCE_DIR} ${T_ENV})
     set_tests_properties(${test} PROPERTIES LABELS ${label} TIMEOUT ${timeout} COST ${secs} SKIP_RETURN_CODE 77
       ENVIRONMENT "${env}")
-    if(tier IN_LIST T_SERIAL)
+    if(label IN_LIST T_SERIAL)
       set_tests_properties(${test} PROPERTIES RUN_SERIAL ON)
     endif()
   endforeach()

@@ -31,6 +31,8 @@ struct tally_request {
     void *arg;
     int ext;    /* completed from outside the queue (point-to-point): its state is under ext_mu */
     int source; /* a receive's sender once done, else -1 */
+    int (*progress)(void *arg, _Atomic int *done); /* external: what a waiter runs before it sleeps */
+    void *progress_arg;
 };
 
 struct tally__async {
@@ -332,7 +334,13 @@ void tally__request_complete(tally_request *r, int rc, const char *msg, int sour
     pthread_mutex_unlock(&ext_mu);
 }
 
+void tally__request_progress(tally_request *r, int (*fn)(void *, _Atomic int *), void *arg) {
+    r->progress = fn;
+    r->progress_arg = arg;
+}
+
 static int ext_wait(tally_request *r) {
+    if (r->progress && !atomic_load_explicit(&r->done, memory_order_acquire)) r->progress(r->progress_arg, &r->done);
     pthread_mutex_lock(&ext_mu);
     while (!atomic_load_explicit(&r->done, memory_order_acquire)) pthread_cond_wait(&ext_cv, &ext_mu);
     pthread_mutex_unlock(&ext_mu);

@@ -58,6 +58,9 @@ void tally__request_cost(const tally_request *r, double *secs, unsigned long lon
  * _on_done, _free and tally_request_source take it as any other. */
 int tally__request_external(tally_request **req);
 void tally__request_complete(tally_request *req, int rc, const char *msg, int source);
+/* What a waiter on an external request runs before it sleeps: fn(arg, &done) may progress the request on
+ * the waiter's thread (a receive's messages read there); 0 from it, or its return, and the wait goes on. */
+void tally__request_progress(tally_request *req, int (*fn)(void *arg, _Atomic int *done), void *arg);
 
 /* comm.c: runs the call on this thread, as the blocking entry point does (its message names world ranks
  * in a split); the blocking entry point itself (behind pending requests, as tally_allreduce ...); and

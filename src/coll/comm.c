@@ -191,7 +191,8 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cfg, &c->cost))) return rc;
     if (!given && c->cfg.trace_file[0] && (rc = tally__comm_trace_begin(c))) return rc;
-    tally__po_cfg po = {c->ctx.rank, c->ctx.size, c->boot, &c->fault, c->timeout_s, c->cfg.shm_cma};
+    tally__po_cfg po = {c->ctx.rank,    c->ctx.size,           c->boot, &c->fault, c->timeout_s,
+                        c->cfg.shm_cma, tally__comm_crowded(c)};
     if ((rc = tally__po_open(&po, &c->po))) return rc; /* its port is published before the monitor starts */
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     if ((rc = tally__po_start(c->po))) return rc;

@@ -30,6 +30,8 @@ static int p2p_check(const tally_comm *c, const char *fn, const void *buf, size_
 
 static void p2p_done(void *arg, int rc, const char *msg, int source) { tally__request_complete(arg, rc, msg, source); }
 
+static int p2p_drive(void *po, _Atomic int *done) { return tally__po_drive(po, done); }
+
 /* A request for the post office to end; none when the post is refused. */
 static int p2p_post(tally_comm *c, int is_recv, const void *buf, size_t count, tally_dtype t, int peer, int tag,
                     tally_request **req) {
@@ -37,6 +39,7 @@ static int p2p_post(tally_comm *c, int is_recv, const void *buf, size_t count, t
     int rc = tally__request_external(&r);
     if (rc) return rc;
     tally__po *po = tally__comm_po(c);
+    if (is_recv) tally__request_progress(r, p2p_drive, po); /* its waiter reads the message itself */
     rc = is_recv ? tally__po_recv(po, (void *)buf, count, t, peer, tag, p2p_done, r)
                  : tally__po_send(po, buf, count, t, peer, tag, p2p_done, r);
     if (rc) {

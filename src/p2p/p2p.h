@@ -18,6 +18,7 @@ typedef struct tally__po_cfg {
     tally__fault *fault;      /* the communicator's: a fault fails every pending request */
     double timeout_s;         /* what a receive waits, and a send may take to hand its bytes off */
     int cma;                  /* large payloads to a peer on this host are read in place (process_vm_readv) */
+    int crowded;              /* more ranks than CPUs here: a waiter sleeps at once rather than spin */
 } tally__po_cfg;
 
 /* A request's end: rc 0 or a TALLY_E_* code, msg its message ("" on success), source the sender's rank
@@ -43,6 +44,11 @@ int tally__po_send(tally__po *po, const void *buf, size_t count, tally_dtype t, 
                    tally__po_done_fn done, void *arg);
 int tally__po_recv(tally__po *po, void *buf, size_t count, tally_dtype t, int src, int tag, tally__po_done_fn done,
                    void *arg);
+
+/* The calling thread, which waits for a receive to set *done, reads the peers' messages itself until it
+ * does (the thread's switch saved; one such driver at a time). 1 when *done was set or the post office is
+ * shutting down, 0 when another thread drives or nothing runs: wait as usual then. */
+int tally__po_drive(tally__po *po, _Atomic int *done);
 
 /* Ends the traffic: abandon 0 (free) lets the pending sends finish, each within its timeout, and fails
  * the receives; abandon 1 (abort) fails them all at once. Then stops the thread and closes every

@@ -66,6 +66,7 @@ void tally__po_in_close(tally__po *po, tally__po_in *in, int rc, const char *why
             break;
         }
     po->n_ins--;
+    tally__po_changed(po);
     free(in->acks);
     free(in);
 }
@@ -141,6 +142,7 @@ static int po_in_step(tally__po *po, tally__po_in *in) {
         in->state = PO_IN_READY;
         po->in_of[in->rank] = in;
         po->lost[in->rank] = 0;
+        tally__po_changed(po);
         return 1;
     }
 }

@@ -4,6 +4,7 @@
 #define TALLY_P2P_PO_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -176,7 +177,8 @@ struct tally__po {
     struct tally__boot *boot;
     tally__fault *fault;
     double timeout_s;
-    int cma_wanted; /* the config lets large payloads be read in place (shm_cma) */
+    int cma_wanted;   /* the config lets large payloads be read in place (shm_cma) */
+    uint64_t spin_ns; /* how long a driver polls without sleeping before it sleeps (0 when crowded) */
     int lfd, port;
     int32_t *ports; /* [size]: where each rank's post office listens */
     uint64_t pidns;
@@ -203,6 +205,16 @@ struct tally__po {
     struct tally__po_slot *slot; /* what each entry is */
     size_t pfd_cap;
     unsigned char scratch[65536]; /* where discarded payloads are read */
+    /* A thread waiting for a receive reads the peers' messages itself (po_drive.c), one such driver at a
+     * time, beside the post office's thread: a message then wakes its waiter alone, not the thread that
+     * would then wake the waiter. */
+    _Atomic int driving;
+    _Atomic int ins_masked; /* the thread's poll leaves the ready connections to the driver */
+    int drive_fd;           /* eventfd the driver polls: poked when what it cannot see changes */
+    uint64_t epoch;         /* bumped when a connection is freed or becomes ready: poll sets filled before are stale */
+    pthread_cond_t drove;   /* the driver left (free waits for that) */
+    struct pollfd *dpfd;    /* the driver's poll set: drive_fd, then the ready connections, */
+    struct tally__po_in **din; /* which connection each entry is */
 };
 
 /* Wakes the thread from its poll (its poll set, or its next deadline, changed). */
@@ -213,12 +225,30 @@ static inline void tally__po_wake(tally__po *po) {
     (void)w; /* a full eventfd is already awake */
 }
 
+/* This thread is a post office's driver (po_drive.c): it needs no poke of its own. */
+extern _Thread_local int tally__po_driver_here;
+
+/* Wakes the driver's poll: a request finished on another thread, or a connection came or went. */
+static inline void tally__po_poke_driver(tally__po *po) {
+    if (tally__po_driver_here || !atomic_load_explicit(&po->driving, memory_order_acquire) || po->drive_fd < 0) return;
+    uint64_t one = 1;
+    ssize_t w = write(po->drive_fd, &one, sizeof one);
+    (void)w; /* a full eventfd is already awake */
+}
+
+/* A connection was freed or became ready (mu held): the poll sets filled before name stale ones. */
+static inline void tally__po_changed(tally__po *po) {
+    po->epoch++;
+    tally__po_poke_driver(po);
+}
+
 /* po_match.c: a request ends (its callback is queued for when mu is released); the why is formatted,
  * named in world ranks for a split. */
 void tally__po_finish(tally__po *po, tally__po_op *op, int rc, int source, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 tally__po_op *tally__po_take_done(tally__po *po);
-void tally__po_run_done(tally__po_op *list);
+/* Runs the callbacks of list (mu not held), then pokes a driver, whose request may be among them. */
+void tally__po_run_done(tally__po *po, tally__po_op *list);
 /* Posts a receive: matched at once, or waiting. Returns an in-place message it took that is still at its
  * sender (the caller reads it), else NULL. */
 tally__po_msg *tally__po_post_recv(tally__po *po, tally__po_op *op);
@@ -274,6 +304,7 @@ typedef struct tally__po_slot {
     int kind; /* PO_SLOT_* */
     int peer;
     tally__po_in *in;
+    int driven; /* a ready connection only read from: a driver reads it too */
 } tally__po_slot;
 void *tally__po_main(void *arg);
 

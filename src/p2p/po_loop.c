@@ -16,6 +16,9 @@ enum { PO_SLOT_WAKE, PO_SLOT_FAULT, PO_SLOT_LISTEN, PO_SLOT_IN, PO_SLOT_OUT };
 
 /* The thread looks round this often even when nothing happens (every event wakes it anyway). */
 #define PO_IDLE_NS 1000000000ull
+/* While a driver reads the ready connections the thread polls without them, and looks round this often:
+ * the driver leaves without waking it, and what arrives after is read within this. */
+#define PO_MASKED_NS 1000000ull
 
 static int po_add(tally__po *po, size_t *n, int fd, short events, tally__po_slot slot) {
     if (*n == po->pfd_cap) {
@@ -40,8 +43,13 @@ static size_t po_fill(tally__po *po, uint64_t now) {
         po_add(po, &n, po->fault->wake_fd, POLLIN, (tally__po_slot){.kind = PO_SLOT_FAULT});
     if (po->lfd >= 0 && now >= po->accept_pause_until)
         po_add(po, &n, po->lfd, POLLIN, (tally__po_slot){.kind = PO_SLOT_LISTEN});
-    for (tally__po_in *in = po->ins; in; in = in->next)
-        if (po_add(po, &n, in->fd, tally__po_in_events(in), (tally__po_slot){.kind = PO_SLOT_IN, .in = in})) break;
+    int driving = atomic_load(&po->driving);
+    atomic_store(&po->ins_masked, driving);
+    for (tally__po_in *in = po->ins; in; in = in->next) {
+        short ev = tally__po_in_events(in);
+        tally__po_slot s = {.kind = PO_SLOT_IN, .in = in, .driven = in->state == PO_IN_READY && ev == POLLIN};
+        if (po_add(po, &n, s.driven && driving ? -1 : in->fd, ev, s)) break; /* -1: poll skips it */
+    }
     for (int r = 0; r < po->size; r++) {
         short ev = tally__po_out_events(&po->out[r]);
         if (po->out[r].fd >= 0 && ev &&
@@ -66,7 +74,9 @@ static void po_check_fault(tally__po *po) {
     tally__po_fail_sends(po, code, why);
 }
 
-static void po_dispatch(tally__po *po, size_t n) {
+/* epoch: the post office's when the set was filled; a connection freed since (by a driver, or by an
+ * earlier entry's event) may be another's memory now, so the connections wait for the next turn. */
+static void po_dispatch(tally__po *po, size_t n, uint64_t epoch) {
     for (size_t i = 0; i < n; i++) {
         short re = po->pfd[i].revents;
         tally__po_slot s = po->slot[i];
@@ -77,11 +87,37 @@ static void po_dispatch(tally__po *po, size_t n) {
             (void)k; /* a spurious wake costs one turn */
         } else if (s.kind == PO_SLOT_LISTEN) {
             tally__po_accept(po);
-        } else if (s.kind == PO_SLOT_IN) {
+        } else if (s.kind == PO_SLOT_IN && po->epoch == epoch) {
             tally__po_in_event(po, s.in, re); /* only its own event closes a connection */
         } else if (s.kind == PO_SLOT_OUT && po->out[s.peer].fd == po->pfd[i].fd) {
             tally__po_out_event(po, s.peer, re);
         }
+    }
+}
+
+/* Only connections a driver reads fired: the thread leaves them to it, unlocked, so the driver's reads
+ * never wait on the thread's turn. 1 when it did (their entries now out of the set, ins_masked said). */
+static int po_leave_to_driver(tally__po *po, size_t n) {
+    if (!atomic_load(&po->driving)) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (po->pfd[i].revents && !(po->slot[i].kind == PO_SLOT_IN && po->slot[i].driven)) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (po->slot[i].kind == PO_SLOT_IN && po->slot[i].driven) po->pfd[i].fd = -1; /* poll skips it */
+    atomic_store(&po->ins_masked, 1);
+    return 1;
+}
+
+/* Polls until something but the driver's connections fires, or the deadline; while they are left to a
+ * driver, for PO_MASKED_NS at most. */
+static int po_poll(tally__po *po, size_t n, uint64_t next) {
+    for (;;) {
+        uint64_t until = next;
+        if (atomic_load(&po->ins_masked)) {
+            uint64_t soon = tally__now_ns() + PO_MASKED_NS;
+            if (soon < until) until = soon;
+        }
+        int k = poll(po->pfd, (nfds_t)n, tally__net_poll_ms(until));
+        if (k <= 0 || !po_leave_to_driver(po, n)) return k;
     }
 }
 
@@ -102,16 +138,17 @@ void *tally__po_main(void *arg) {
         if (po->accept_pause_until > now && po->accept_pause_until < next) next = po->accept_pause_until;
         tally__po_out_reap(po);
         size_t n = po_fill(po, now);
+        uint64_t epoch = po->epoch;
         po->poll_until = next;
         tally__po_op *done = tally__po_take_done(po);
         pthread_mutex_unlock(&po->mu);
-        tally__po_run_done(done);
-        int k = poll(po->pfd, (nfds_t)n, tally__net_poll_ms(next));
+        tally__po_run_done(po, done);
+        int k = po_poll(po, n, next);
         pthread_mutex_lock(&po->mu);
-        if (k > 0) po_dispatch(po, n);
+        if (k > 0) po_dispatch(po, n, epoch);
     }
     tally__po_op *done = tally__po_take_done(po);
     pthread_mutex_unlock(&po->mu);
-    tally__po_run_done(done);
+    tally__po_run_done(po, done);
     return NULL;
 }

@@ -34,19 +34,23 @@ void tally__po_finish(tally__po *po, tally__po_op *op, int rc, int source, const
     po->done_tail = op;
 }
 
+_Thread_local int tally__po_driver_here;
+
 tally__po_op *tally__po_take_done(tally__po *po) {
     tally__po_op *list = po->done;
     po->done = po->done_tail = NULL;
     return list;
 }
 
-void tally__po_run_done(tally__po_op *list) {
+void tally__po_run_done(tally__po *po, tally__po_op *list) {
+    if (!list) return;
     while (list) {
         tally__po_op *op = list;
         list = op->next;
         op->done(op->arg, op->rc, op->why, op->source);
         free(op);
     }
+    tally__po_poke_driver(po);
 }
 
 /* "rank 1: tally_recv from any rank with tag 3": how a request's messages begin. */

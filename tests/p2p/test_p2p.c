@@ -349,7 +349,7 @@ static int fn_late(int rank, int n, void *arg) {
 
 typedef struct side {
     tally_comm *c;
-    int rank, peer, rounds;
+    int rank, peer, rounds, base; /* tags base.. */
 } side;
 
 static void *pingpong_thread(void *arg) {
@@ -358,13 +358,13 @@ static void *pingpong_thread(void *arg) {
     for (int i = 0; i < s->rounds; i++) {
         if (s->rank % 2 == 0) {
             fill(v, 33, s->rank, i);
-            OK(s->rank, tally_send(s->c, v, 33, TALLY_I32, s->peer, 500 + i));
-            OK(s->rank, tally_recv(s->c, v, 33, TALLY_I32, s->peer, 500 + i, NULL));
+            OK(s->rank, tally_send(s->c, v, 33, TALLY_I32, s->peer, s->base + i));
+            OK(s->rank, tally_recv(s->c, v, 33, TALLY_I32, s->peer, s->base + i, NULL));
             EXPECT(s->rank, holds(v, 33, s->peer, i), "pingpong on a thread");
         } else {
-            OK(s->rank, tally_recv(s->c, v, 33, TALLY_I32, s->peer, 500 + i, NULL));
+            OK(s->rank, tally_recv(s->c, v, 33, TALLY_I32, s->peer, s->base + i, NULL));
             fill(v, 33, s->rank, i);
-            OK(s->rank, tally_send(s->c, v, 33, TALLY_I32, s->peer, 500 + i));
+            OK(s->rank, tally_send(s->c, v, 33, TALLY_I32, s->peer, s->base + i));
         }
     }
     return NULL;
@@ -405,11 +405,38 @@ static int fn_beside(int rank, int n, void *arg) {
     OK(rank, tally_wait(coll));
     tally_request_free(coll);
     /* a thread ping-pongs while this one runs collectives */
-    side sd = {c, rank, peer, 50};
+    side sd = {c, rank, peer, 50, 500};
     pthread_t th;
     pthread_create(&th, NULL, pingpong_thread, &sd);
     for (int i = 0; i < 20; i++) OK(rank, tally_allreduce(c, x, y, 1000, TALLY_F32, TALLY_SUM));
     pthread_join(th, NULL);
+    OK(rank, tally_comm_free(c));
+    return 0;
+}
+
+/* ---- waiters on several threads: one reads its messages itself, the others are woken ---- */
+
+static int fn_waiters(int rank, int n, void *arg) {
+    enum { THREADS = 4 };
+    tally_comm *c;
+    int rc = tally_comm_init(&c);
+    if (rc) return bad(rank, "init", "failed", rc), 0;
+    side sd[THREADS];
+    pthread_t th[THREADS];
+    for (int t = 0; t < THREADS; t++) {
+        sd[t] = (side){c, rank, rank ^ 1, 200, 1000 * (t + 1)};
+        pthread_create(&th[t], NULL, pingpong_thread, &sd[t]);
+    }
+    /* and a receive no thread's message matches until the pingpongs are over */
+    uint32_t v[9], u[9];
+    tally_request *late;
+    OK(rank, tally_irecv(c, v, 9, TALLY_I32, TALLY_ANY_SOURCE, 7, &late));
+    for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+    fill(u, 9, rank, 7);
+    OK(rank, tally_send(c, u, 9, TALLY_I32, rank ^ 1, 7));
+    OK(rank, tally_wait(late));
+    EXPECT(rank, holds(v, 9, rank ^ 1, 7) && tally_request_source(late) == (rank ^ 1), "the late receive");
+    tally_request_free(late);
     OK(rank, tally_comm_free(c));
     return 0;
 }
@@ -495,6 +522,7 @@ int main(void) {
         test_one("beside collectives", 2, "shm", fn_beside);
         test_one("free with requests pending", 2, "tcp", fn_free);
         test_one("a split", 4, "shm", fn_split);
+        test_one("waiters on four threads", 2, "shm", fn_waiters);
     }
     if (th_long()) {
         static const char *tps[] = {"tcp", "shm"};
@@ -506,6 +534,7 @@ int main(void) {
         test_one("beside collectives", 4, "tcp", fn_beside);
         test_one("free with requests pending", 2, "shm", fn_free);
         test_one("a split", 4, "tcp", fn_split);
+        test_one("waiters on four threads", 4, "tcp", fn_waiters);
     }
     th_shared_free(R, sizeof *R * TH_MAX_RANKS);
     return th_verdict("test_p2p");

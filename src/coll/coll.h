@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <tally.h>
 #include "../transport/transport.h"
+#include "../core/alloc.h"
 
 /* Algorithm ids, as fingerprints carry them (sig.algo; every rank runs one build, so ids agree) and
  * TALLY_ALGO names them. The flat algorithms are algos.c's table (algo.h): id k is its k-th line, so the
@@ -24,7 +25,8 @@ enum {
 typedef struct tally__ctx {
     int rank, size;
     tally__tp *tp;
-    uint64_t *sent; /* payload bytes this rank has sent, or NULL: what tally_comm_bytes_sent reports */
+    uint64_t *sent;          /* payload bytes this rank has sent, or NULL: what tally_comm_bytes_sent reports */
+    tally__scratch *scratch; /* the communicator's, kept between calls (NULL: malloc's each time) */
 } tally__ctx;
 
 /* One exchange on the context's transport (see transport.h for the rules). */

@@ -28,7 +28,8 @@
 
 struct tally_comm {
     tally__ctx ctx;
-    tally_config cfg; /* what it was made with (a split: its parent's), checked */
+    tally__scratch scratch; /* the ctx's */
+    tally_config cfg;       /* what it was made with (a split: its parent's), checked */
     tally__fault fault;
     tally__boot *boot;
     tally__sig sig; /* the collective in flight; the transport stamps it on every message */
@@ -124,6 +125,7 @@ static void tally__comm_destroy(tally_comm *c) {
         free(m);
     }
     if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
+    tally__scratch_fini(&c->scratch);
     tally__po_free(c->po); /* before the boot layer, whose fault wake-up its thread polled */
     if (c->boot) tally__boot_free(c->boot);
     /* After the monitor stopped: nothing records a fault into the levels' records any more. */
@@ -197,6 +199,7 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     if ((rc = tally__po_start(c->po))) return rc;
     c->ctx.sent = &c->bytes_sent;
+    c->ctx.scratch = &c->scratch;
     char cpus[128];
     tally__cpus_list(cpus, sizeof cpus);
     tally__log_debug(1,

@@ -1,5 +1,5 @@
 /* alloc.c - large, aligned allocations with huge-page advice, shared by the data sets, the model,
- * the optimizers and ZeRO's shards. */
+ * the optimizers and ZeRO's shards; and the scratch block a communicator's algorithms borrow. */
 #include "alloc.h"
 
 #include <stdlib.h>
@@ -27,4 +27,36 @@ void *tally__alloc_zeroed(size_t bytes) {
     void *p = tally__alloc_big(bytes);
     if (p) memset(p, 0, alloc_rounded(bytes));
     return p;
+}
+
+/* A collective's scratch is kept, not freed: a 64 MiB ring reduce that mapped and faulted in its 64 MiB
+ * afresh took 100 ms a call on the 2-core EPYC VM, 7 ms with the block kept. */
+
+/* Blocks below this come from malloc's own free lists, already mapped: keeping them saves nothing. */
+#define SCRATCH_KEEP_MIN ((size_t)64 << 10)
+
+void *tally__scratch_take(tally__scratch *s, size_t bytes) {
+    if (!s || bytes < SCRATCH_KEEP_MIN || atomic_exchange(&s->lent, 1)) return tally__alloc_big(bytes);
+    if (s->cap < bytes) {
+        free(s->buf);
+        s->buf = tally__alloc_big(bytes);
+        s->cap = s->buf ? bytes : 0;
+    }
+    if (!s->buf) atomic_store(&s->lent, 0);
+    return s->buf;
+}
+
+void tally__scratch_give(tally__scratch *s, void *p) {
+    if (!p) return;
+    if (s && p == s->buf)
+        atomic_store(&s->lent, 0);
+    else
+        free(p);
+}
+
+void tally__scratch_fini(tally__scratch *s) {
+    if (!s) return;
+    free(s->buf);
+    s->buf = NULL;
+    s->cap = 0;
 }

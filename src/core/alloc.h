@@ -1,8 +1,10 @@
 /* alloc.h - the trainer's allocations of large arrays (data sets, parameters, gradients, optimizer
- * state, shards): 64-byte aligned, and asking for huge pages once they span one. */
+ * state, shards): 64-byte aligned, and asking for huge pages once they span one; and scratch kept from
+ * one use to the next (a fresh large block is a fresh mmap, whose first touch faults every page in). */
 #ifndef TALLY_CORE_ALLOC_H
 #define TALLY_CORE_ALLOC_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 
 /* Uninitialised; 64-byte aligned; from 2 MiB up, 2 MiB aligned and advised to use huge pages (sweeps
@@ -19,5 +21,20 @@ typedef struct tally__mem_source {
     void (*release)(void *ctx, void *p);
     void *ctx;
 } tally__mem_source;
+
+/* One block, grown to the largest asked for; lent to one taker at a time (a second taker meanwhile, or a
+ * context without one, gets malloc's). */
+typedef struct tally__scratch {
+    void *buf;
+    size_t cap;
+    _Atomic int lent;
+} tally__scratch;
+
+/* bytes of scratch (NULL: no memory). s may be NULL. */
+void *tally__scratch_take(tally__scratch *s, size_t bytes);
+/* Gives back what take returned (p may be NULL). */
+void tally__scratch_give(tally__scratch *s, void *p);
+/* Frees the kept block (s may be NULL). */
+void tally__scratch_fini(tally__scratch *s);
 
 #endif

@@ -14,7 +14,8 @@
 static int bruck_alltoall(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     int n = c->size, me = c->rank, rc = 0;
     size_t bytes = count * tally_dtype_size(t), half = (size_t)(n + 1) / 2 * bytes;
-    char *work = malloc((size_t)n * bytes + 2 * half), *out = work + (size_t)n * bytes, *in = out + half;
+    char *work = tally__scratch_take(c->scratch, (size_t)n * bytes + 2 * half), *out = work + (size_t)n * bytes,
+         *in = out + half;
     if (!work)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: bruck alltoall: no memory for %zu bytes", me,
                              (size_t)n * bytes + 2 * half);
@@ -33,7 +34,7 @@ static int bruck_alltoall(const tally__ctx *c, const void *send, void *recv, siz
     }
     for (int i = 0; i < n && !rc; i++)
         memcpy((char *)recv + (size_t)((me - i + n) % n) * bytes, work + (size_t)i * bytes, bytes);
-    free(work);
+    tally__scratch_give(c->scratch, work);
     return rc;
 }
 

@@ -54,12 +54,12 @@ static int direct_reduce_scatter(const tally__ctx *c, const void *send, void *re
         if ((rc = tally__send_one(c, 0, send, total))) return rc;
         return tally__recv_one(c, 0, recv, NULL, bytes, t, op);
     }
-    char *work = malloc(total);
+    char *work = tally__scratch_take(c->scratch, total);
     if (!work) return tally__seterr(TALLY_E_NOMEM, "rank 0: direct reduce_scatter: no memory for %zu bytes", total);
     rc = root_reduce(c, send, work, total, t, op);
     if (!rc) rc = root_scatter(c, work, bytes, bytes);
     if (!rc) memcpy(recv, work, bytes);
-    free(work);
+    tally__scratch_give(c->scratch, work);
     return rc;
 }
 

@@ -22,7 +22,7 @@ static int pair_round(const tally__ctx *c, int to, const void *sbuf, size_t slen
 static int pairwise_alltoall(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t) {
     int n = c->size, me = c->rank, rc = 0;
     size_t bytes = count * tally_dtype_size(t);
-    char *copy = send == recv ? malloc((size_t)n * bytes) : NULL;
+    char *copy = send == recv ? tally__scratch_take(c->scratch, (size_t)n * bytes) : NULL;
     if (send == recv && !copy)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: pairwise alltoall: no memory for %zu bytes", me,
                              (size_t)n * bytes);
@@ -32,7 +32,7 @@ static int pairwise_alltoall(const tally__ctx *c, const void *send, void *recv, 
         int to = mod(me + k, n), from = mod(me - k, n);
         rc = pair_round(c, to, src + (size_t)to * bytes, bytes, from, (char *)recv + (size_t)from * bytes, bytes, 0);
     }
-    free(copy);
+    tally__scratch_give(c->scratch, copy);
     return rc;
 }
 

@@ -51,7 +51,7 @@ static void *step_dst(int steps, int k, void *recv, void *tmp) { return (steps -
 static int rhd_allreduce_small(const tally__ctx *c, const rhd_fold *f, const void *send, void *recv, size_t count,
                                tally_dtype t, tally_op op) {
     size_t bytes = count * tally_dtype_size(t);
-    char *tmp = malloc(bytes);
+    char *tmp = tally__scratch_take(c->scratch, bytes);
     if (!tmp) return tally__seterr(TALLY_E_NOMEM, "rank %d: rhd allreduce: no memory for %zu bytes", c->rank, bytes);
     int rounds = tally__log2_ceil(f->p) + (f->partner >= 0), rc = 0, k = 0;
     const void *cur = send;
@@ -67,7 +67,7 @@ static int rhd_allreduce_small(const tally__ctx *c, const rhd_fold *f, const voi
         cur = dst;
     }
     if (!rc && cur != recv) memcpy(recv, cur, bytes);
-    free(tmp);
+    tally__scratch_give(c->scratch, tmp);
     return rc;
 }
 
@@ -136,7 +136,7 @@ static int rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv,
         if ((rc = tally__send_one(c, f.partner, send, total * es))) return rc;
         return tally__recv_one(c, f.partner, recv, NULL, count * es, t, op);
     }
-    char *work = malloc(total * es);
+    char *work = tally__scratch_take(c->scratch, total * es);
     if (!work) return tally__seterr(TALLY_E_NOMEM, "rank %d: rhd reduce_scatter: no memory", c->rank);
     const void *cur = send;
     rc = 0;
@@ -162,7 +162,7 @@ static int rhd_reduce_scatter(const tally__ctx *c, const void *send, void *recv,
         memcpy(recv, work + (size_t)c->rank * count * es, count * es);
         rc = tally__send_one(c, f.partner, work + (size_t)f.partner * count * es, count * es);
     }
-    free(work);
+    tally__scratch_give(c->scratch, work);
     return rc;
 }
 

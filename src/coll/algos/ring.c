@@ -62,7 +62,7 @@ static int ring_reduce_scatter(const tally__ctx *c, const void *send, void *recv
                                tally_op op) {
     int n = c->size, r = c->rank, rc = 0;
     size_t es = tally_dtype_size(t), bytes = count * es;
-    char *tmp = n > 2 ? malloc(2 * bytes) : NULL;
+    char *tmp = n > 2 ? tally__scratch_take(c->scratch, 2 * bytes) : NULL;
     if (n > 2 && !tmp)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: ring reduce_scatter: no memory for %zu bytes", r, 2 * bytes);
     const void *sbuf = tally__at(send, (size_t)mod(r - 1, n) * count, es);
@@ -72,7 +72,7 @@ static int ring_reduce_scatter(const tally__ctx *c, const void *send, void *recv
         rc = ring_step(c, sbuf, bytes, dst, tally__at(send, (size_t)rb * count, es), bytes, t, op);
         sbuf = dst;
     }
-    free(tmp);
+    tally__scratch_give(c->scratch, tmp);
     return rc;
 }
 
@@ -127,7 +127,7 @@ static int ring_reduce(const tally__ctx *c, const void *send, void *recv, size_t
                        int root) {
     int n = c->size, r = c->rank, rc = 0;
     size_t es = tally_dtype_size(t), most = tally__blk_count(count, n, 0) * es;
-    char *tmp = malloc(2 * most);
+    char *tmp = tally__scratch_take(c->scratch, 2 * most);
     if (!tmp) return tally__seterr(TALLY_E_NOMEM, "rank %d: ring reduce: no memory for %zu bytes", r, 2 * most);
     const void *sbuf = tally__at(send, tally__blk_start(count, n, r), es);
     for (int s = 0; s < n - 1 && !rc; s++) {
@@ -151,7 +151,7 @@ static int ring_reduce(const tally__ctx *c, const void *send, void *recv, size_t
     }
     if (rv) rc = tally__xchg(c, NULL, 0, rv, n - 1);
     free(rv);
-    free(tmp);
+    tally__scratch_give(c->scratch, tmp);
     return rc;
 }
 

@@ -168,7 +168,7 @@ static int tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv
     int n = c->size, r = c->rank, rc;
     size_t es = tally_dtype_size(t), bytes = count * es, total = (size_t)n * count;
     int inner = 2 * r + 1 < n; /* rank 0 is the root: virtual ranks are real ranks */
-    char *work = inner ? malloc(total * es) : NULL;
+    char *work = inner ? tally__scratch_take(c->scratch, total * es) : NULL;
     if (inner && !work)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: tree reduce_scatter: no memory for %zu bytes", r, total * es);
     tree_pass x = {.send = send, .buf = work, .count = total, .es = es, .t = t, .op = op, .up = 1};
@@ -185,7 +185,7 @@ static int tree_reduce_scatter(const tally__ctx *c, const void *send, void *recv
         tally__recv rv = {.peer = 0, .dst = recv, .len = bytes, .dtype = t};
         rc = tally__xchg(c, NULL, 0, &rv, 1);
     }
-    free(work);
+    tally__scratch_give(c->scratch, work);
     return rc;
 }
 
@@ -244,7 +244,7 @@ static int tree_reduce(const tally__ctx *c, const void *send, void *recv, size_t
     int n = c->size, v = (c->rank - root + n) % n, kids[32], nk = bin_kids(v, root, n, kids);
     size_t bytes = count * tally_dtype_size(t);
     int rc = tally__agree(c, NULL, 0, t, root), inner = v && nk;
-    void *acc = inner ? malloc(bytes) : recv;
+    void *acc = inner ? tally__scratch_take(c->scratch, bytes) : recv;
     if (inner && !acc)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: tree reduce: no memory for %zu bytes", c->rank, bytes);
     const void *cur = send;
@@ -253,7 +253,7 @@ static int tree_reduce(const tally__ctx *c, const void *send, void *recv, size_t
         cur = acc;
     }
     if (!rc && v) rc = tally__send_one(c, bin_parent(v, root, n), cur, bytes);
-    if (inner) free(acc);
+    if (inner) tally__scratch_give(c->scratch, acc);
     return rc;
 }
 
@@ -264,7 +264,7 @@ static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t
     int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
     int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
     size_t es = tally_dtype_size(t), bytes = count * es;
-    char *buf = v == 0 && root == 0 ? recv : sub > 1 ? malloc((size_t)sub * bytes) : NULL;
+    char *buf = v == 0 && root == 0 ? recv : sub > 1 ? tally__scratch_take(c->scratch, (size_t)sub * bytes) : NULL;
     if (sub > 1 && !buf)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: tree gather: no memory for %d blocks", c->rank, sub);
     if (buf) memmove(buf, send, bytes);
@@ -278,7 +278,7 @@ static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t
         memcpy(tally__at(recv, (size_t)root * count, es), buf, (size_t)(n - root) * bytes);
         memcpy(recv, buf + (size_t)(n - root) * bytes, (size_t)root * bytes);
     }
-    if (buf != recv) free(buf);
+    if (buf != recv) tally__scratch_give(c->scratch, buf);
     return rc;
 }
 
@@ -289,7 +289,9 @@ static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_
     int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
     int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
     size_t es = tally_dtype_size(t), bytes = count * es;
-    char *buf = v == 0 && root == 0 ? (char *)send : sub > 1 ? malloc((size_t)sub * bytes) : recv;
+    char *buf = v == 0 && root == 0 ? (char *)send
+                : sub > 1           ? tally__scratch_take(c->scratch, (size_t)sub * bytes)
+                                    : recv;
     if (sub > 1 && !buf)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: tree scatter: no memory for %d blocks", c->rank, sub);
     if (v == 0 && root != 0) {
@@ -302,7 +304,7 @@ static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_
         s[k] = (tally__send){.peer = kids[k], .buf = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes};
     if (!rc && nk) rc = tally__xchg(c, s, nk, NULL, 0);
     if (!rc && buf != recv) memmove(recv, buf, bytes);
-    if (buf != recv && buf != send) free(buf);
+    if (buf != recv && buf != send) tally__scratch_give(c->scratch, buf);
     return rc;
 }
 

@@ -164,6 +164,7 @@ def case_more():
     dist.all_reduce_coalesced(ts)
     check(torch.all(ts[0] == size * (size + 1) / 2) and torch.all(ts[1] == size * (size - 1) / 2),
           "all_reduce_coalesced")
+    staging_cases(rank, size)
     objs = [None] * size
     dist.all_gather_object(objs, {"rank": rank, "name": "r" * rank})
     check(objs == [{"rank": r, "name": "r" * r} for r in range(size)], "all_gather_object")
@@ -175,6 +176,58 @@ def case_more():
     check(mine[0] == [rank] * rank, "scatter_object_list")
     dist.barrier()
     dist.destroy_process_group()
+
+
+def staging_cases(rank, size):
+    """Lists of tensors the backend uses where they lie (views back to back, as chunk() leaves them) or through
+    its kept staging block (apart, or overlapping the other side: in place), at a size past the block's floor
+    (64 KiB), twice over, and two operations in flight at once (the second cannot have the block)."""
+    n = 20000  # 80 KB of float32 a part
+    for apart in (False, True):
+        for _ in range(2):
+            whole = torch.empty(size * n)
+            outs = [torch.empty(n) for _ in range(size)] if apart else list(whole.chunk(size))
+            dist.all_gather(outs, torch.full((n,), float(rank)))
+            check(all(torch.all(outs[r] == r) for r in range(size)), f"all_gather apart={apart}")
+            src = [torch.full((n,), 100.0 * r + rank) for r in range(size)]
+            ins = src if apart else list(torch.cat(src).chunk(size))
+            got = torch.empty(n)
+            dist.reduce_scatter(got, ins)
+            check(torch.all(got == sum(100.0 * rank + r for r in range(size))), f"reduce_scatter apart={apart}")
+            parts = [torch.full((n,), r + 0.5) for r in range(size)]
+            if not apart:
+                parts = list(torch.cat(parts).chunk(size))
+            got = torch.empty(n)
+            dist.scatter(got, parts if rank == 0 else None, src=0)
+            check(torch.all(got == rank + 0.5), f"scatter apart={apart}")
+            outs = ([torch.empty(n) for _ in range(size)] if apart else list(torch.empty(size * n).chunk(size)))
+            dist.gather(torch.full((n,), 7.0 * rank), outs if rank == 0 else None, dst=0)
+            check(rank != 0 or all(torch.all(outs[r] == 7.0 * r) for r in range(size)), f"gather apart={apart}")
+            ts = list(torch.ones(3 * n).split([n, 2 * n])) if not apart else [torch.ones(n), torch.ones(2 * n)]
+            dist.all_reduce_coalesced(ts)
+            check(all(torch.all(t == size) for t in ts), f"all_reduce_coalesced apart={apart}")
+            lo = [torch.empty(n) for _ in range(size)] if apart else list(torch.empty(size * n).chunk(size))
+            li = [torch.full((n,), 10.0 * rank + j) for j in range(size)]
+            dist.all_to_all(lo, li if apart else list(torch.cat(li).chunk(size)))
+            check(all(torch.all(lo[i] == 10.0 * i + rank) for i in range(size)), f"all_to_all apart={apart}")
+    # in place: all_gather's input is its own slot of the outputs; reduce_scatter's output one of its inputs
+    whole = torch.arange(size * n, dtype=torch.float32)
+    outs = list(whole.chunk(size))
+    mine = outs[rank]
+    mine.fill_(float(rank))
+    dist.all_gather(outs, mine)
+    check(all(torch.all(outs[r] == r) for r in range(size)), "all_gather in place")
+    ins = list(torch.full((size * n,), float(rank + 1)).chunk(size))
+    dist.reduce_scatter(ins[rank], ins)
+    check(torch.all(ins[rank] == size * (size + 1) / 2), "reduce_scatter in place")
+    # two in flight: the first holds the staging block while the second is posted
+    a = [torch.empty(n) for _ in range(size)]
+    b = [torch.empty(n) for _ in range(size)]
+    wa = dist.all_gather(a, torch.full((n,), 1.0 + rank), async_op=True)
+    wb = dist.all_gather(b, torch.full((n,), 2.0 + rank), async_op=True)
+    wa.wait()
+    wb.wait()
+    check(all(torch.all(a[r] == 1.0 + r) and torch.all(b[r] == 2.0 + r) for r in range(size)), "two in flight")
 
 
 def mlp_data(steps, batch, size):

@@ -183,7 +183,8 @@ static int po_in_header(tally__po *po, tally__po_in *in) {
     if (m->cma && !m->to && !m->discard) { /* its receive may come in a moment: it reads in place then */
         m->unread = 1;
         m->from = in;
-        m->grace = tally__now_ns() + TALLY__PO_CMA_GRACE_NS;
+        uint64_t keep_ns = m->bytes * TALLY__PO_CMA_GRACE_NS_PER_BYTE;
+        m->grace = tally__now_ns() + (keep_ns > TALLY__PO_CMA_GRACE_NS ? keep_ns : TALLY__PO_CMA_GRACE_NS);
         return 0;
     }
     if (m->cma) { /* read now (m is gone after) */

@@ -55,6 +55,11 @@ _Static_assert(sizeof(tally__po_ack) == 16, "the ack is sent as is");
  * receive posted a moment after its message (a ping-pong's reply outrunning the ack of the ping) then
  * costs one copy, not two into fresh memory. */
 #define TALLY__PO_CMA_GRACE_NS 2000000u
+/* ... and longer for a larger one: 4 ns a byte (a 64 MiB message waits up to a quarter of a second).
+ * Kept, it is read into fresh memory whose pages fault in: through PyTorch on the 2-core EPYC VM, a 64 MiB
+ * ping-pong whose receiver was still making its tensor took 24 ms a message, against 8 ms read in place.
+ * Two ranks that both send before they receive still finish, each message a grace later. */
+#define TALLY__PO_CMA_GRACE_NS_PER_BYTE 4u
 /* Payloads past this are refused as malformed (the collectives' limit on counts, in bytes). */
 #define TALLY__PO_MAX_BYTES ((uint64_t)1 << 50)
 

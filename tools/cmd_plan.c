@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <tally.h>
 #include <tally/optim.h>
 #include <unistd.h>
@@ -390,8 +391,14 @@ static int plan_calibrate_rank(const char *file, double bytes, tally_op op) {
     int rc = 0;
     if (tally_comm_rank(comm) == 0) {
         const tally__cost *m = tally__comm_cost(comm);
-        /* The parent made the file with mkstemp: open that one, never a link put in its place. */
-        int fd = open(file, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        /* The parent made the file with mkstemp: open that one, never a link, FIFO or device put in its place
+         * (O_NONBLOCK: a FIFO cannot hold the open; the fstat refuses it). */
+        int fd = open(file, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+            close(fd);
+            fd = -1;
+        }
         FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
         if (fd >= 0 && !f) close(fd);
         rc = !f || fprintf(f, "%.9e %.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma, ar) < 0;

@@ -8,6 +8,7 @@
 #include <tally.h>
 #include <unistd.h>
 
+#include "../src/core/file.h"
 #include "../src/core/parse.h"
 #include "../src/core/sig.h"
 #include "../src/core/units.h"
@@ -324,11 +325,14 @@ static int sim_calibrate(sim_opts *o) {
     return 0;
 }
 
-/* The cluster as a file --config reads back: every setting, times in seconds, rates in bytes/s. */
+/* The cluster as a file --config reads back: every setting, times in seconds, rates in bytes/s. Written as
+ * every output is (tally__file_out: a file replaced whole, a device or FIFO in place, no one else's link). */
 static int save_cluster(const sim_opts *o) {
     const tally__sim_cluster *c = &o->c;
-    FILE *f = fopen(o->save, "w");
-    if (!f) return fprintf(stderr, "tally sim: --save: cannot write %s\n", o->save), -1;
+    tally__file_out out;
+    if (tally__file_out_open(&out, o->save))
+        return fprintf(stderr, "tally sim: --save %s: %s\n", o->save, tally_last_error()), -1;
+    FILE *f = out.f;
     fprintf(f, "# tally sim's cluster%s\n", o->calibrate ? ", its links measured on this machine (--calibrate)" : "");
     fprintf(f, "hosts = %d\nranks-per-host = %d\ncores = %d\nshared-cores = %s\n", c->hosts, c->per_host, c->cores,
             c->shared_cores ? "yes" : "no");
@@ -342,7 +346,8 @@ static int save_cluster(const sim_opts *o) {
     if (c->tcp_cpu > 0) fprintf(f, "tcp-bandwidth = %.9gB/s\n", 1 / c->tcp_cpu);
     fprintf(f, "fabric = %s\nhosts-per-leaf = %d\noversub = %.9g\n",
             c->fabric == TALLY__SIM_FAT_TREE ? "fat-tree" : "full", c->hosts_per_leaf, c->oversub);
-    if (fclose(f)) return fprintf(stderr, "tally sim: --save: cannot write %s\n", o->save), -1;
+    if (tally__file_out_commit(&out))
+        return fprintf(stderr, "tally sim: --save %s: %s\n", o->save, tally_last_error()), -1;
     return 0;
 }
 

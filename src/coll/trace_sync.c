@@ -126,13 +126,10 @@ static int write_own(const tally__ctx *c, const tally__trace_clock *clk, const c
         return rc;
     }
     tally__trace_clock none = {.offsets = NULL};
-    int bad = write_head(o.f, c, c->rank == 0 ? clk : &none, 0) || write_all(o.f, json, len) || write_tail(o.f);
+    /* a failed write leaves o.f in error: the commit says why (ENOSPC, EPIPE...) and drops the file */
+    (void)(write_head(o.f, c, c->rank == 0 ? clk : &none, 0) || write_all(o.f, json, len) || write_tail(o.f));
     free(json);
-    if (bad) {
-        tally__file_out_abort(&o);
-        return tally__seterr(TALLY_E_SYSTEM, "rank %d: writing the timeline to %s: %s", c->rank, own, strerror(errno));
-    }
-    return tally__file_out_commit(&o) ? TALLY_E_SYSTEM : 0;
+    return tally__file_out_commit(&o) ? tally__err_wrap(TALLY_E_SYSTEM, "", " (TALLY_TRACE)") : 0;
 }
 
 /* Rank r's spans to rank 0: their length, then the bytes. */
@@ -161,7 +158,9 @@ static int recv_spans(const tally__ctx *c, int r, char **json, size_t *len) {
 static int write_merged(const tally__ctx *c, const tally__trace_clock *clk, const char *path, const char *mine,
                         size_t mine_len) {
     tally__file_out o = {0};
+    char open_why[1024] = "";
     int wrc = open_out(&o, path), rc = 0;
+    if (wrc) snprintf(open_why, sizeof open_why, "%s", tally_last_error());
     if (!wrc) wrc = write_head(o.f, c, clk, 1) || write_all(o.f, mine, mine_len) ? TALLY_E_SYSTEM : 0;
     for (int r = 1; r < c->size && !rc; r++) {
         char *json = NULL;
@@ -170,12 +169,14 @@ static int write_merged(const tally__ctx *c, const tally__trace_clock *clk, cons
         if (!rc && !wrc && len && (write_all(o.f, ",\n", 2) || write_all(o.f, json, len))) wrc = TALLY_E_SYSTEM;
         free(json);
     }
-    if (!wrc && (rc || write_tail(o.f))) wrc = TALLY_E_SYSTEM;
-    if (wrc || rc) {
-        if (o.f) tally__file_out_abort(&o);
-        return rc ? rc : tally__seterr(TALLY_E_SYSTEM, "rank 0: writing the timeline to %s: %s", path, strerror(errno));
+    if (!wrc && !rc) write_tail(o.f);
+    if (rc) { /* a rank's spans did not come: no file; the message is the exchange's */
+        tally__file_out_abort(&o);
+        return rc;
     }
-    return tally__file_out_commit(&o) ? TALLY_E_SYSTEM : 0;
+    if (!o.f) return tally__seterr(TALLY_E_SYSTEM, "%s", open_why); /* the spans received meanwhile set none */
+    /* a failed write leaves o.f in error: the commit says why (ENOSPC, EPIPE...) and drops the file */
+    return tally__file_out_commit(&o) ? tally__err_wrap(TALLY_E_SYSTEM, "", " (TALLY_TRACE)") : 0;
 }
 
 int tally__trace_write(const tally__ctx *c, const tally__trace_clock *clk, const char *path, int healthy) {

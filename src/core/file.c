@@ -1,5 +1,5 @@
 /* file.c - regular files only on the read side (opened so a FIFO cannot block), new files only on the
- * write side (O_EXCL | O_NOFOLLOW, a leftover unlinked first), whole-file replacement by rename. */
+ * write side (O_EXCL | O_NOFOLLOW, a leftover unlinked first); the outputs a user names are file_out.c. */
 #include "file.h"
 
 #include <errno.h>
@@ -26,13 +26,14 @@ const char *tally__errno_hint(int e) {
     }
 }
 
-static const char *kind_of(mode_t m) {
+const char *tally__file_kind(mode_t m) {
     if (S_ISDIR(m)) return "a directory";
     if (S_ISFIFO(m)) return "a FIFO";
     if (S_ISSOCK(m)) return "a socket";
     if (S_ISCHR(m)) return "a character device";
     if (S_ISBLK(m)) return "a block device";
     if (S_ISLNK(m)) return "a symbolic link";
+    if (S_ISREG(m)) return "a regular file";
     return "not a regular file";
 }
 
@@ -42,7 +43,7 @@ static int check_regular(int fd, const char *label, uint64_t *size) {
     if (fstat(fd, &st) != 0) return tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
     if (!S_ISREG(st.st_mode))
         return tally__seterr(TALLY_E_INVALID, "%s: is %s, not a regular file; tally reads only regular files", label,
-                             kind_of(st.st_mode));
+                             tally__file_kind(st.st_mode));
     if (size) *size = (uint64_t)st.st_size;
     return 0;
 }
@@ -86,7 +87,7 @@ static int remove_leftover(int dirfd, const char *name, const char *label) {
         return tally__seterr(TALLY_E_INVALID,
                              "%s: %s is in the way; tally never writes through a link or into a file it did not "
                              "create: remove it, or use a directory only you can write",
-                             label, kind_of(st.st_mode));
+                             label, tally__file_kind(st.st_mode));
     if (unlinkat(dirfd, name, 0) != 0 && errno != ENOENT)
         return tally__seterr(TALLY_E_SYSTEM, "%s: a file of that name is in the way and cannot be removed: %s%s", label,
                              strerror(errno), tally__errno_hint(errno));
@@ -98,80 +99,13 @@ int tally__file_create(int dirfd, const char *name, const char *label, int *fd) 
         *fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (*fd >= 0) return 0;
         int e = errno;
+        /* ENOENT for a plain name in a directory that is open: it takes no new files (procfs) or is gone */
+        const char *hint = e == ENOENT && !strchr(name, '/') && dirfd != AT_FDCWD
+                               ? "; its directory takes no new files (a kernel file system, or removed meanwhile)"
+                               : tally__errno_hint(e);
         if (e != EEXIST || attempt == 1)
-            return tally__seterr(TALLY_E_SYSTEM, "%s: cannot create it: %s%s", label, strerror(e),
-                                 tally__errno_hint(e));
+            return tally__seterr(TALLY_E_SYSTEM, "%s: cannot create it: %s%s", label, strerror(e), hint);
         int rc = remove_leftover(dirfd, name, label);
         if (rc) return rc;
     }
-}
-
-/* ---- whole-file replacement ---- */
-
-int tally__file_out_open(tally__file_out *o, const char *path) {
-    memset(o, 0, sizeof *o);
-    o->dirfd = -1;
-    const char *slash = strrchr(path, '/');
-    size_t dl = slash ? (size_t)(slash - path) : 0;
-    char *dir = slash ? strndup(path, dl ? dl : 1) : strdup(".");
-    o->path = strdup(path);
-    size_t tl = strlen(path) + 32;
-    o->tmp = malloc(tl);
-    if (!dir || !o->path || !o->tmp) {
-        free(dir);
-        tally__file_out_abort(o);
-        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", path);
-    }
-    snprintf(o->tmp, tl, ".%s.tmp.%d", slash ? slash + 1 : path, (int)getpid());
-    int rc = tally__file_open_dir(dir, dir, &o->dirfd);
-    free(dir);
-    int fd = -1;
-    if (!rc) rc = tally__file_create(o->dirfd, o->tmp, path, &fd);
-    if (!rc && !(o->f = fdopen(fd, "w"))) {
-        close(fd);
-        unlinkat(o->dirfd, o->tmp, 0);
-        rc = tally__seterr(TALLY_E_NOMEM, "%s: out of memory", path);
-    }
-    if (rc) {
-        if (o->dirfd >= 0) close(o->dirfd);
-        o->dirfd = -1;
-        free(o->path);
-        free(o->tmp);
-        o->path = o->tmp = NULL;
-    }
-    return rc;
-}
-
-static void out_release(tally__file_out *o) {
-    if (o->dirfd >= 0) close(o->dirfd);
-    free(o->path);
-    free(o->tmp);
-    memset(o, 0, sizeof *o);
-    o->dirfd = -1;
-}
-
-int tally__file_out_commit(tally__file_out *o) {
-    int bad = ferror(o->f), e = bad ? EIO : 0;
-    if (fflush(o->f) != 0 && !e) bad = 1, e = errno;
-    if (!bad && fsync(fileno(o->f)) != 0) bad = 1, e = errno;
-    if (fclose(o->f) != 0 && !bad) bad = 1, e = errno;
-    o->f = NULL;
-    if (!bad && renameat(o->dirfd, o->tmp, o->dirfd, strrchr(o->path, '/') ? strrchr(o->path, '/') + 1 : o->path))
-        bad = 1, e = errno;
-    int rc = 0;
-    if (bad) {
-        unlinkat(o->dirfd, o->tmp, 0);
-        rc = tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s%s", o->path, strerror(e), tally__errno_hint(e));
-    }
-    out_release(o);
-    return rc;
-}
-
-void tally__file_out_abort(tally__file_out *o) {
-    if (o->f) {
-        fclose(o->f);
-        o->f = NULL;
-        if (o->dirfd >= 0 && o->tmp) unlinkat(o->dirfd, o->tmp, 0);
-    }
-    out_release(o);
 }

@@ -1,10 +1,12 @@
 /* file.h - how the library opens files: a file it reads must be a regular file (a FIFO or a device can
- * neither block the open nor be read), a file it creates is new (never a planted link or an existing file). */
+ * neither block the open nor be read), a file it creates is new (never a planted link or an existing file),
+ * an output a user names is replaced whole or written in place by what it is (file_out.c). */
 #ifndef TALLY_CORE_FILE_H
 #define TALLY_CORE_FILE_H
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 /* What a user can do about errno `e` after a failed create or write ("free space there or choose another
  * directory"); "" when there is nothing better to say than strerror. */
@@ -26,20 +28,43 @@ int tally__file_open_dir(const char *path, const char *label, int *fd);
  * there is refused, naming it. TALLY_E_SYSTEM or TALLY_E_INVALID with label, the error and the hint. */
 int tally__file_create(int dirfd, const char *name, const char *label, int *fd);
 
-/* A file that replaces `path` whole, as a user expects of an output such as --json FILE: written to a new
- * temporary file beside it (tally__file_create), then renamed over path, so a link at path is replaced,
- * not followed, and a reader sees the old file or the new one. */
+/* What st_mode is, in words: "a FIFO", "a character device", "a symbolic link", ... */
+const char *tally__file_kind(mode_t m);
+
+/* An output a user names (--json, --svg, --plot, --trace, sim --save). What path is decides how it is
+ * written; nothing there is ever turned into something else:
+ * - a new name, or a regular file: replaced whole, as a user expects of an output. The bytes go to a new
+ *   temporary file beside it (tally__file_create), renamed over it at commit, so a reader sees the old
+ *   file or the new one. Not in /proc or /sys, which take no new files: refused, saying so.
+ * - /dev/fd/N, /proc/self/fd/N (and /dev/stdout, /dev/stderr, links to those): descriptor N itself,
+ *   duplicated, never reopened, so `--json /dev/stdout > f` writes into f at its offset. Every stdio
+ *   stream is flushed first, so what was printed before stays before.
+ * - a character device or a FIFO: written in place (no O_CREAT, no O_TRUNC, O_NOCTTY). A FIFO no one
+ *   reads is refused at once (the open is O_NONBLOCK), never waited on. A write error (ENOSPC from
+ *   /dev/full, EPIPE) fails the commit with its reason.
+ * - a symbolic link: never replaced. It is followed only when it is this user's or root's (every link on
+ *   the way), to a regular file of this user's (then that file is replaced whole, in its own directory),
+ *   to a device or FIFO (written in place) or to a descriptor as above; else refused, naming the link and
+ *   where it leads: another user's link, a dangling link (nothing is created through it), a loop.
+ * - a directory, a socket, a block device: refused, naming what it is.
+ * Every refusal and failure is TALLY_E_INVALID or TALLY_E_SYSTEM naming path, with the error and the hint. */
+struct tally__out_sink;
 typedef struct tally__file_out {
     FILE *f;
-    char *path, *tmp;
-    int dirfd;
+    int fd;                       /* f's descriptor: bytes written through it follow what f has flushed */
+    char *path;                   /* as given: every message names it */
+    char *name;                   /* the name under dirfd that tmp replaces; NULL when written in place */
+    char *tmp;                    /* the temporary file under dirfd; NULL when written in place */
+    int dirfd;                    /* -1 when written in place */
+    char how[48];                 /* written in place: what it is ("a FIFO", "descriptor 1") */
+    struct tally__out_sink *sink; /* f's cookie: keeps the first write error's errno */
 } tally__file_out;
 
 int tally__file_out_open(tally__file_out *o, const char *path);
-/* Flushes, checks every write, fsyncs and renames; on any failure removes the temporary file and says
- * why (ENOSPC, EROFS, ... with the hint). Always releases o. */
+/* Flushes, checks every write, then (replacing) fsyncs and renames; on any failure removes the temporary
+ * file and says why (ENOSPC, EROFS, EPIPE... with the hint). Always releases o. */
 int tally__file_out_commit(tally__file_out *o);
-/* Drops the temporary file (NULL-safe on a zeroed o). */
+/* Drops the temporary file; safe on a zeroed o and on one already released. */
 void tally__file_out_abort(tally__file_out *o);
 
 #endif

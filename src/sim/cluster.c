@@ -1,12 +1,15 @@
 /* cluster.c - the simulated cluster's description: defaults, one setting by name (flags and config files
  * share the names), config files of "key = value" lines, the checks, and the links' capacities. */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../core/err.h"
+#include "../core/file.h"
 #include "../core/parse.h"
 #include "../core/units.h"
 #include "sim_int.h"
@@ -160,13 +163,44 @@ static char *trim(char *s) {
     return s;
 }
 
+#define CLUSTER_FILE_MAX (1 << 20) /* a cluster file is a screenful of settings: far more is not one */
+
+/* Why line no (len bytes) cannot be a line of text, or NULL: a NUL byte or a control character. */
+static int binary_line(const char *path, int no, const char *line, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        unsigned char b = (unsigned char)line[i];
+        if (b >= 0x20 && b != 0x7f) continue;
+        if (b == '\t' || b == '\r' || (b == '\n' && i == len - 1)) continue;
+        return tally__seterr(TALLY_E_INVALID,
+                             "sim: %s line %d: byte %zu is %s (0x%02x); a cluster file is text, 'key = value' lines",
+                             path, no, i + 1, b ? "a control character" : "a NUL", b);
+    }
+    return 0;
+}
+
 int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return tally__seterr(TALLY_E_INVALID, "sim: cannot read the cluster file %s: %s", path, strerror(errno));
-    char line[512];
+    char label[4200];
+    snprintf(label, sizeof label, "sim: the cluster file %s", path);
+    int fd;
+    uint64_t size = 0;
+    if (tally__file_open_read(AT_FDCWD, path, label, &fd, &size)) return TALLY_E_INVALID; /* a FIFO, a device... */
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", label);
+    }
+    char *line = NULL;
+    size_t cap = 0, total = 0;
+    ssize_t len;
     int rc = 0, no = 0;
-    while (!rc && fgets(line, sizeof line, f)) {
+    if (size > CLUSTER_FILE_MAX) rc = TALLY_E_INVALID; /* also a file that grows as it is read, below */
+    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         no++;
+        if ((total += (size_t)len) > CLUSTER_FILE_MAX) {
+            rc = TALLY_E_INVALID;
+            break;
+        }
+        if ((rc = binary_line(path, no, line, (size_t)len))) break;
         char *hash = strchr(line, '#');
         if (hash) *hash = '\0';
         char *s = trim(line);
@@ -182,9 +216,18 @@ int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
         if (r == 1)
             rc = tally__seterr(TALLY_E_INVALID, "sim: %s line %d: no setting '%s' (see tally sim --help)", path, no,
                                key);
-        else if (r)
-            rc = tally__seterr(r, "sim: %s line %d: %s", path, no, tally_last_error());
+        else if (r) { /* the setting's own message, after where it is (never formatted from itself) */
+            char where[4200];
+            snprintf(where, sizeof where, "sim: %s line %d: ", path, no);
+            rc = tally__err_wrap(r, where, "");
+        }
     }
+    if (rc == TALLY_E_INVALID && (size > CLUSTER_FILE_MAX || total > CLUSTER_FILE_MAX))
+        tally__seterr(rc, "sim: %s: more than %d bytes; a cluster file is a few 'key = value' lines", path,
+                      CLUSTER_FILE_MAX);
+    else if (!rc && ferror(f))
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot read it: %s", label, strerror(errno));
+    free(line);
     fclose(f);
     return rc;
 }

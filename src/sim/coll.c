@@ -292,7 +292,7 @@ static int run(const tally__sim_cluster *c, const tally__sim_coll *q, int algo, 
         if (q->method == TALLY__SIM_EVENT || (q->method == TALLY__SIM_AUTO && m <= TALLY__SIM_EVENT_MAX)) {
             r->method = TALLY__SIM_EVENT;
             int rc = hier_event(c, q, &hp, r);
-            return rc ? tally__seterr(rc, "sim: %s", tally_last_error()) : 0;
+            return rc ? tally__err_wrap(rc, "sim: ", "") : 0; /* never formatted from its own buffer */
         }
         r->method = TALLY__SIM_FAST;
         return hier_fast(c, q, &hp, r);

@@ -85,12 +85,10 @@ static int default_corpus(const char *cache, char *path, size_t n, int rank) {
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) return 0;
     tally__file_out o;
     if ((rc = tally__file_out_open(&o, path))) return rc;
-    fflush(o.f);
-    if ((rc = run_bible(fileno(o.f), rank))) {
+    if ((rc = run_bible(o.fd, rank))) { /* nothing written through o.f yet: the child's bytes come first */
         tally__file_out_abort(&o);
         return rc;
     }
-    fseek(o.f, 0, SEEK_END); /* the child wrote through the descriptor, past what stdio knows */
     return tally__file_out_commit(&o);
 }
 

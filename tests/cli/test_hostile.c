@@ -82,14 +82,18 @@ static void test_planted_links(void) {
     train_ckpt(at("leftover"), NULL, NULL, 60);
     expect(R.rc == 0, "a leftover regular file at the temporary name is replaced");
     TH_CHECK(file_is(at("victim"), "victim\n"), "the leftover's other name was truncated or written");
-    /* --json FILE replaces a link at FILE with the summary; the link's target keeps its bytes. */
-    TH_CHECK(symlink(at("victim"), at("summary.json")) == 0, "symlink: %s", strerror(errno));
+    /* --json FILE at this user's own link replaces the file it leads to, whole, and leaves the link; another
+     * user's link, a dangling one, a device or a FIFO there: tests/cli/test_hostile_out.c. */
+    put_file(at("mine.json"), "mine\n");
+    TH_CHECK(symlink(at("mine.json"), at("summary.json")) == 0, "symlink: %s", strerror(errno));
     const char *json[] = {
         "train", "-n", "1", "--data", "synthetic:256", "--steps", "1", "--quiet", "--json", at("summary.json"), NULL};
     th_tool_run(json, NULL, &R);
     struct stat st;
-    expect(R.rc == 0 && lstat(at("summary.json"), &st) == 0 && S_ISREG(st.st_mode), "--json replaces a link");
-    TH_CHECK(file_is(at("victim"), "victim\n"), "--json wrote through a link");
+    expect(R.rc == 0 && lstat(at("summary.json"), &st) == 0 && S_ISLNK(st.st_mode), "--json keeps the user's link");
+    TH_CHECK(!file_is(at("mine.json"), "mine\n") && !file_is(at("mine.json"), ""), "--json did not replace the "
+                                                                                   "file the link leads to");
+    TH_CHECK(file_is(at("victim"), "victim\n"), "--json wrote another file");
 }
 
 /* ---- 2: a FIFO (or anything not a regular file) where a file is read: refused, never waited on ---- */

@@ -1,0 +1,303 @@
+/* file_out.c - the outputs a user names (--json, --svg, --plot, --trace, sim --save): a regular file or a
+ * new name replaced whole by rename, a device, FIFO or descriptor written in place, a link never replaced. */
+#include "file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/magic.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "err.h"
+
+#define OUT_MAX_HOPS 40 /* the kernel's own limit on links in one lookup */
+
+/* ---- the stream: stdio over the descriptor, keeping the first write error's errno ---- */
+
+struct tally__out_sink {
+    int fd, err;
+};
+
+static ssize_t sink_write(void *cookie, const char *buf, size_t n) {
+    struct tally__out_sink *s = cookie;
+    for (size_t done = 0; done < n;) {
+        ssize_t k = write(s->fd, buf + done, n - done);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* a shared descriptor left non-blocking */
+            struct pollfd p = {.fd = s->fd, .events = POLLOUT};
+            if (poll(&p, 1, -1) >= 0 || errno == EINTR) continue;
+        }
+        if (!s->err) s->err = k < 0 ? errno : EIO;
+        return 0; /* fopencookie's "error" */
+    }
+    return (ssize_t)n;
+}
+
+static int sink_close(void *cookie) {
+    struct tally__out_sink *s = cookie;
+    int rc = s->fd >= 0 ? close(s->fd) : 0;
+    if (rc && !s->err) s->err = errno;
+    s->fd = -1;
+    return rc ? -1 : 0;
+}
+
+/* Takes fd: on failure it is closed. */
+static int out_stream(tally__file_out *o, int fd) {
+    o->sink = malloc(sizeof *o->sink);
+    if (o->sink) {
+        *o->sink = (struct tally__out_sink){.fd = fd, .err = 0};
+        cookie_io_functions_t io = {.write = sink_write, .close = sink_close};
+        o->f = fopencookie(o->sink, "w", io);
+    }
+    if (!o->f) {
+        close(fd);
+        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
+    }
+    o->fd = fd;
+    return 0;
+}
+
+/* ---- where the path leads ---- */
+
+/* N for /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N: names of a descriptor, not of a file; else -1. */
+static int fd_path(const char *p) {
+    static const char *const dirs[] = {"/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        size_t l = strlen(dirs[i]);
+        if (strncmp(p, dirs[i], l) || !p[l]) continue;
+        long n = 0;
+        for (p += l; *p; p++) {
+            if (*p < '0' || *p > '9' || n > INT_MAX / 10) return -1;
+            n = n * 10 + (*p - '0');
+        }
+        return (int)n;
+    }
+    return -1;
+}
+
+static int out_descriptor(tally__file_out *o, int n) {
+    int fl = fcntl(n, F_GETFL);
+    if (fl < 0)
+        return tally__seterr(TALLY_E_INVALID, "%s: names descriptor %d, which is not open in this process", o->path, n);
+    if ((fl & O_ACCMODE) == O_RDONLY)
+        return tally__seterr(TALLY_E_INVALID, "%s: names descriptor %d, which is open for reading only", o->path, n);
+    fflush(NULL); /* what stdio holds for that descriptor goes first */
+    int fd = fcntl(n, F_DUPFD_CLOEXEC, 3);
+    if (fd < 0)
+        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot duplicate descriptor %d: %s%s", o->path, n, strerror(errno),
+                             tally__errno_hint(errno));
+    snprintf(o->how, sizeof o->how, "descriptor %d", n);
+    return out_stream(o, fd);
+}
+
+/* A device or FIFO at p (seen as *seen), opened as it is: never created, truncated or waited on. */
+static int out_in_place(tally__file_out *o, const char *p, const struct stat *seen) {
+    int fd = open(p, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENXIO && S_ISFIFO(seen->st_mode))
+            return tally__seterr(TALLY_E_INVALID,
+                                 "%s: is a FIFO no one is reading; tally never waits for a reader: start the "
+                                 "reader first",
+                                 o->path);
+        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot open %s (%s) to write to it: %s%s", o->path, p,
+                             tally__file_kind(seen->st_mode), strerror(e), tally__errno_hint(e));
+    }
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) != 0)
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", o->path, strerror(errno));
+    else if (st.st_dev != seen->st_dev || st.st_ino != seen->st_ino ||
+             (st.st_mode & S_IFMT) != (seen->st_mode & S_IFMT))
+        rc = tally__seterr(TALLY_E_INVALID, "%s: was replaced by %s while tally opened it; nothing was written",
+                           o->path, tally__file_kind(st.st_mode));
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", o->path, strerror(errno));
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    snprintf(o->how, sizeof o->how, "%s", tally__file_kind(st.st_mode));
+    return out_stream(o, fd);
+}
+
+/* p (a new name, or a regular file seen as *seen) replaced whole: a temporary file in p's directory. */
+static int out_replace(tally__file_out *o, const char *p) {
+    const char *slash = strrchr(p, '/'), *base = slash ? slash + 1 : p;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return tally__seterr(TALLY_E_INVALID, "%s: names a directory; name a file in it", o->path);
+    size_t dl = slash ? (size_t)(slash - p) : 0;
+    char *dir = slash ? strndup(p, dl ? dl : 1) : strdup(".");
+    o->name = strdup(base);
+    size_t tl = strlen(base) + 40;
+    o->tmp = malloc(tl);
+    if (!dir || !o->name || !o->tmp) {
+        free(dir);
+        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
+    }
+    snprintf(o->tmp, tl, ".%.200s.tmp.%d", base, (int)getpid()); /* within NAME_MAX whatever base is */
+    int rc = tally__file_open_dir(dir, dir, &o->dirfd);
+    struct statfs fs;
+    if (!rc && fstatfs(o->dirfd, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
+        rc = tally__seterr(TALLY_E_INVALID,
+                           "%s: its directory %s is %s, a kernel file system that takes no new files; tally "
+                           "writes an output as a new file: name one elsewhere",
+                           o->path, dir, fs.f_type == PROC_SUPER_MAGIC ? "procfs (/proc)" : "sysfs (/sys)");
+    free(dir);
+    int fd = -1;
+    if (!rc) rc = tally__file_create(o->dirfd, o->tmp, o->path, &fd);
+    if (!rc && (rc = out_stream(o, fd))) unlinkat(o->dirfd, o->tmp, 0);
+    if (rc) {
+        free(o->tmp); /* nothing of ours to remove any more */
+        o->tmp = NULL;
+    }
+    return rc;
+}
+
+/* Where the link at p points, as a path from here (a relative target is relative to p's directory). */
+static char *link_target(const char *p) {
+    char t[PATH_MAX];
+    ssize_t n = readlink(p, t, sizeof t - 1);
+    if (n < 0) return NULL;
+    t[n] = '\0';
+    const char *slash = strrchr(p, '/');
+    if (t[0] == '/' || !slash) return strdup(t);
+    size_t dl = (size_t)(slash - p) + 1, l = dl + (size_t)n + 1;
+    char *r = malloc(l);
+    if (r) snprintf(r, l, "%.*s%s", (int)dl, p, t);
+    return r;
+}
+
+static int out_route(tally__file_out *o) {
+    uid_t me = geteuid();
+    char *cur = strdup(o->path), *next = NULL;
+    int rc = 1; /* 1: follow cur on */
+    for (int hops = 0; rc == 1 && cur; hops++) {
+        int n = fd_path(cur);
+        struct stat st;
+        if (n >= 0) {
+            rc = out_descriptor(o, n);
+        } else if (lstat(cur, &st) != 0) {
+            int e = errno;
+            if (e == ENOENT && hops == 0)
+                rc = out_replace(o, cur); /* a new name (a missing directory is named by the open of it) */
+            else if (e == ENOENT)
+                rc = tally__seterr(TALLY_E_INVALID,
+                                   "%s: is a symbolic link to %s, which does not exist; tally creates nothing "
+                                   "through a link: name %s itself, or remove the link",
+                                   o->path, cur, cur);
+            else
+                rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot look at %s: %s%s", o->path, cur, strerror(e),
+                                   e == ENOTDIR ? "; a part of the path is not a directory" : tally__errno_hint(e));
+        } else if (S_ISLNK(st.st_mode)) {
+            if (!(next = link_target(cur)))
+                rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot read the link %s: %s", o->path, cur, strerror(errno));
+            else if (st.st_uid != me && st.st_uid != 0)
+                rc = tally__seterr(TALLY_E_INVALID,
+                                   "%s: the symbolic link %s -> %s belongs to uid %u, not to this user (uid %u) nor "
+                                   "root; tally follows no other user's link: remove it or name another file",
+                                   o->path, cur, next, (unsigned)st.st_uid, (unsigned)me);
+            else if (hops == OUT_MAX_HOPS)
+                rc = tally__seterr(TALLY_E_INVALID, "%s: more than %d symbolic links in a row (a loop?) at %s", o->path,
+                                   OUT_MAX_HOPS, cur);
+            else {
+                free(cur);
+                cur = next;
+                next = NULL;
+            }
+        } else if (S_ISREG(st.st_mode)) {
+            if (hops && st.st_uid != me)
+                rc = tally__seterr(TALLY_E_INVALID,
+                                   "%s: is a symbolic link to %s, a file of uid %u's, not this user's (uid %u); "
+                                   "tally replaces no other user's file through a link: name another file",
+                                   o->path, cur, (unsigned)st.st_uid, (unsigned)me);
+            else
+                rc = out_replace(o, cur);
+        } else if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+            rc = out_in_place(o, cur, &st);
+        } else {
+            rc = tally__seterr(TALLY_E_INVALID,
+                               "%s: %s%s%s %s; tally writes an output to a regular file (or a new name), a "
+                               "character device, a FIFO or a descriptor (/dev/fd/N)",
+                               o->path, hops ? "is a symbolic link to " : "", hops ? cur : "",
+                               hops ? ", which is" : "is", tally__file_kind(st.st_mode));
+        }
+    }
+    if (rc == 1) rc = tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
+    free(cur);
+    free(next);
+    return rc;
+}
+
+/* ---- open, commit, abort ---- */
+
+static void out_release(tally__file_out *o) {
+    if (o->dirfd >= 0) close(o->dirfd);
+    free(o->path);
+    free(o->name);
+    free(o->tmp);
+    free(o->sink);
+    memset(o, 0, sizeof *o);
+    o->dirfd = o->fd = -1;
+}
+
+int tally__file_out_open(tally__file_out *o, const char *path) {
+    memset(o, 0, sizeof *o);
+    o->dirfd = o->fd = -1;
+    if (!*path) return tally__seterr(TALLY_E_INVALID, "an output's file name is empty");
+    if (!(o->path = strdup(path))) return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", path);
+    int rc = out_route(o);
+    if (rc) out_release(o);
+    return rc;
+}
+
+static const char *in_place_hint(int e) {
+    switch (e) {
+    case ENOSPC: return "; the device takes no more";
+    case EPIPE: return "; its reader has gone";
+    default: return tally__errno_hint(e);
+    }
+}
+
+int tally__file_out_commit(tally__file_out *o) {
+    int e = 0;
+    if (fflush(o->f) != 0 || ferror(o->f)) e = o->sink->err ? o->sink->err : EIO;
+    if (!e && o->tmp && fsync(o->fd) != 0) e = errno;
+    if (fclose(o->f) != 0 && !e) e = o->sink->err ? o->sink->err : EIO;
+    o->f = NULL;
+    o->fd = -1;
+    int rc = 0;
+    if (!e && o->tmp) {
+        struct stat st; /* a link or anything but a regular file put there meanwhile is not replaced either */
+        if (fstatat(o->dirfd, o->name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+            rc = tally__seterr(TALLY_E_INVALID,
+                               "cannot write %s: %s took its place while tally wrote it; it is left as it is", o->path,
+                               tally__file_kind(st.st_mode));
+        else if (renameat(o->dirfd, o->tmp, o->dirfd, o->name) != 0)
+            e = errno;
+    }
+    if (e && o->tmp)
+        rc = tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s%s", o->path, strerror(e), tally__errno_hint(e));
+    else if (e)
+        rc = tally__seterr(TALLY_E_SYSTEM, "cannot write %s (%s, written in place): %s%s", o->path, o->how, strerror(e),
+                           in_place_hint(e));
+    if (rc && o->tmp) unlinkat(o->dirfd, o->tmp, 0);
+    out_release(o);
+    return rc;
+}
+
+void tally__file_out_abort(tally__file_out *o) {
+    if (!o->path) return; /* never opened, or released */
+    if (o->f) fclose(o->f);
+    if (o->tmp) unlinkat(o->dirfd, o->tmp, 0);
+    out_release(o);
+}

@@ -102,21 +102,23 @@ TALLY_API size_t tally_sampler_len(const tally_sampler *s);
 TALLY_API size_t tally_sampler_index(const tally_sampler *s, size_t i);
 TALLY_API void tally_sampler_free(tally_sampler *s);
 
-/* Text as byte tokens (a GPT's data): a file mapped read-only, never read whole, so a multi-GB file
- * costs only the pages its windows touch. Bytes [0, train_n) are the training part, [train_n, n) the
- * validation part. The file must not shrink while it is open (a read past its new end is SIGBUS). */
+/* Text as byte tokens (a GPT's data): a file of at most TALLY_TEXT_MAX_BYTES read whole into memory at
+ * open, so what another program does to the file afterwards (truncating it, rewriting it) does not reach
+ * the windows. Bytes [0, train_n) are the training part, [train_n, n) the validation part. */
 typedef struct tally_text {
-    const uint8_t *bytes; /* the mapping */
+    const uint8_t *bytes; /* the file's bytes, as read at open */
     size_t n;             /* bytes in the file */
     size_t train_n;       /* bytes of the training part */
     const char *path;     /* as given to tally_text_open (not copied) */
 } tally_text;
 
-#define TALLY_TEXT_VOCAB 256
+#define TALLY_TEXT_VOCAB     256
+#define TALLY_TEXT_MAX_BYTES (1ull << 31) /* 2 GiB: enwik9's 10^9 bytes twice over */
 
-/* Maps path; the last val_frac of it (0 <= val_frac < 1; rounded down to whole bytes) is held out for
+/* Reads path whole; the last val_frac of it (0 <= val_frac < 1; rounded down to whole bytes) is held out for
  * validation. Refused with a message naming the file (tally_last_error()): a missing or unreadable file
  * (TALLY_E_SYSTEM), a directory, FIFO or device (TALLY_E_INVALID, without blocking), an empty file
+ * (TALLY_E_INVALID), one larger than TALLY_TEXT_MAX_BYTES or one that shrinks while it is read
  * (TALLY_E_INVALID), val_frac outside [0, 1) (TALLY_E_INVALID). On failure *out is zeroed. */
 TALLY_API int tally_text_open(const char *path, double val_frac, tally_text *out);
 /* Whether windows of T+1 bytes fit: the training part must hold at least T+1 bytes, and the validation
@@ -136,7 +138,7 @@ TALLY_API void tally_text_train_starts(const tally_text *t, uint64_t seed, long 
  * first byte, the last ending at its last byte; one window: the first). Requires a validation part that
  * holds T+1 bytes and 0 <= i < windows. */
 TALLY_API size_t tally_text_val_start(const tally_text *t, int T, int i, int windows);
-/* Unmaps; NULL-safe, and safe on a zeroed or already closed t. */
+/* Frees the bytes; NULL-safe, and safe on a zeroed or already closed t. */
 TALLY_API void tally_text_close(tally_text *t);
 
 #ifdef __cplusplus

@@ -33,5 +33,12 @@ typedef struct tally__state {
 int tally__state_string_is(const tally__ckpt *ck, const char *name, const char *want, int rank, const char *what);
 /* A one-element I64 entry. */
 int tally__state_i64(const tally__ckpt *ck, const char *name, int64_t *v);
+/* The F32 entry `name` of exactly this shape (as tally__ckpt_get), with elements [first, first + count)
+ * of it (the part a rank loads) finite: *data points at its first element. A NaN or an infinity there is
+ * TALLY_E_NONFINITE naming the checkpoint, the tensor, the first such element (its index in each
+ * dimension and in the whole) and its value: parameters or optimizer state that are no longer numbers
+ * would be trained on, or sampled from, without a word. */
+int tally__state_f32(const tally__ckpt *ck, const char *name, int ndim, const uint64_t *shape, size_t first,
+                     size_t count, const float **data);
 
 #endif

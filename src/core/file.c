@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -64,6 +65,38 @@ int tally__file_open_read(int dirfd, const char *name, const char *label, int *f
         *fd = -1;
     }
     return rc;
+}
+
+int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char **out) {
+    *out = NULL;
+    if (size >= SIZE_MAX)
+        return tally__seterr(TALLY_E_NOMEM, "%s: %llu bytes do not fit in memory", label, (unsigned long long)size);
+    unsigned char *buf = malloc((size_t)size + 1);
+    if (!buf)
+        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory for its %llu bytes", label, (unsigned long long)size);
+    size_t have = 0;
+    while (have < size) {
+        size_t want = size - have < ((size_t)1 << 30) ? (size_t)(size - have) : (size_t)1 << 30;
+        ssize_t k = pread(fd, buf + have, want, (off_t)have);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            int e = errno;
+            free(buf);
+            return tally__seterr(TALLY_E_SYSTEM, "%s: read error after %zu of its %llu bytes: %s", label, have,
+                                 (unsigned long long)size, strerror(e));
+        }
+        if (k == 0) {
+            free(buf);
+            return tally__seterr(TALLY_E_INVALID,
+                                 "%s: the file shrank while it was read: it had %llu bytes, and it ends after %zu; "
+                                 "something else is writing it: give tally a file nothing changes",
+                                 label, (unsigned long long)size, have);
+        }
+        have += (size_t)k;
+    }
+    buf[have] = 0;
+    *out = buf;
+    return 0;
 }
 
 int tally__file_open_dir(const char *path, const char *label, int *fd) {

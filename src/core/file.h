@@ -18,6 +18,12 @@ const char *tally__errno_hint(int e);
  * the open set it, so a caller can tell a missing file (ENOENT) apart. *size (when not NULL) is the
  * file's size as the check saw it. */
 int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd, uint64_t *size);
+/* Reads the `size` bytes of the file open at fd (the size tally__file_open_read saw) into *out, a new
+ * buffer of size + 1 bytes (the last a NUL) the caller frees: a file read whole is the program's own,
+ * whatever happens to the file after. One that ends before `size` bytes shrank while it was read:
+ * TALLY_E_INVALID naming label and both sizes (never a short buffer); bytes appended past `size` are not
+ * read. TALLY_E_NOMEM, or TALLY_E_SYSTEM naming label and the error. */
+int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char **out);
 /* The same for a directory (O_DIRECTORY). */
 int tally__file_open_dir(const char *path, const char *label, int *fd);
 

@@ -1,13 +1,14 @@
-/* text.c - byte-level text data for a GPT: a file mapped read-only and split into training and validation
- * parts, its windows of T+1 bytes, and the training windows' random starts drawn per (seed, step, window). */
+/* text.c - byte-level text data for a GPT: a file read whole into memory and split into training and
+ * validation parts, its windows of T+1 bytes, and the training windows' random starts drawn per (seed,
+ * step, window). */
 #include <tally/data.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../core/err.h"
@@ -24,16 +25,19 @@ static size_t val_bytes(size_t n, double val_frac) {
     return v >= (double)n ? n : (size_t)v;
 }
 
-static int map_file(int fd, const char *path, uint64_t size, tally_text *out) {
-    if (size > SIZE_MAX) /* only where size_t is 32 bits */
-        return tally__seterr(TALLY_E_INVALID, "%s: %llu bytes do not fit in this process's address space", path,
-                             (unsigned long long)size);
-    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED)
-        return tally__seterr(errno == ENOMEM ? TALLY_E_NOMEM : TALLY_E_SYSTEM, "%s: cannot map its %llu bytes: %s",
-                             path, (unsigned long long)size, strerror(errno));
-    (void)madvise(p, (size_t)size, MADV_RANDOM); /* windows are scattered: read-ahead would fetch unused pages */
-    out->bytes = p;
+/* Read whole at open: a file that another program truncates or rewrites later cannot reach the run (a
+ * mapping of it would fault with SIGBUS past its new end), and one that shrinks while it is read is an
+ * error naming it. Each rank holds its own copy, so the size is bounded. */
+static int read_file(int fd, const char *path, uint64_t size, tally_text *out) {
+    if (size > TALLY_TEXT_MAX_BYTES)
+        return tally__seterr(TALLY_E_INVALID,
+                             "%s: %llu bytes, more than the %llu a text data set may hold (each rank reads it whole "
+                             "into memory): train on a part of it",
+                             path, (unsigned long long)size, (unsigned long long)TALLY_TEXT_MAX_BYTES);
+    unsigned char *bytes;
+    int rc = tally__file_read_all(fd, path, size, &bytes);
+    if (rc) return rc;
+    out->bytes = bytes;
     out->n = (size_t)size;
     return 0;
 }
@@ -53,8 +57,8 @@ TALLY_API int tally_text_open(const char *path, double val_frac, tally_text *out
     if (size == 0)
         rc = tally__seterr(TALLY_E_INVALID, "%s: the file is empty; a text data set needs bytes to train on", path);
     else
-        rc = map_file(fd, path, size, out);
-    close(fd); /* the mapping keeps the file */
+        rc = read_file(fd, path, size, out);
+    close(fd);
     if (rc) return rc;
     out->train_n = out->n - val_bytes(out->n, val_frac);
     out->path = path;
@@ -117,6 +121,6 @@ TALLY_API size_t tally_text_val_start(const tally_text *t, int T, int i, int win
 
 TALLY_API void tally_text_close(tally_text *t) {
     if (!t) return;
-    if (t->bytes) munmap((void *)t->bytes, t->n);
+    free((void *)t->bytes);
     memset(t, 0, sizeof *t);
 }

@@ -8,6 +8,10 @@
 #include "../core/err.h"
 #include "sync_int.h"
 
+/* The most optimizer updates a checkpoint may record: far past any run, and step + 1 (AdamW's bias
+ * correction) neither overflows nor loses its last digit in a double. */
+#define TALLY__SYNC_MAX_OPT_STEP (1ll << 52)
+
 /* The optimizer's per-parameter state, named as torch.optim's state_dict names it. */
 typedef struct state_kind {
     const char *suffix;
@@ -186,12 +190,12 @@ static int read_range(void *arg, size_t begin, size_t count, float *dst) {
         if (lo >= hi) continue;
         char name[128];
         snprintf(name, sizeof name, "%s%s%s%s", q->prefix, T->name, q->suffix[0] ? "." : "", q->suffix);
-        const void *data;
+        const float *data;
         uint64_t shape[TALLY__CKPT_MAX_DIMS];
         for (int d = 0; d < T->ndim; d++) shape[d] = (uint64_t)T->shape[d];
-        int rc = tally__ckpt_get(q->ck, name, TALLY_F32, T->ndim, shape, &data);
+        int rc = tally__state_f32(q->ck, name, T->ndim, shape, lo - T->offset, hi - lo, &data); /* finite */
         if (rc) return rc;
-        memcpy(dst + (lo - begin), (const float *)data + (lo - T->offset), (hi - lo) * sizeof(float));
+        memcpy(dst + (lo - begin), data + (lo - T->offset), (hi - lo) * sizeof(float));
     }
     return 0;
 }
@@ -223,20 +227,19 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
                            tally__ckpt_label(ck));
     for (int k = 0; !rc && res && k < saved; k++) {
         if (saved == size && k != rank) continue;
-        const void *p;
+        const float *v;
         snprintf(name, sizeof name, "codec.residual.%d", k);
         const uint64_t flat[1] = {n};
-        if ((rc = tally__ckpt_get(ck, name, TALLY_F32, 1, flat, &p))) break;
-        const float *v = p;
+        if ((rc = tally__state_f32(ck, name, 1, flat, 0, n, &v))) break;
         for (size_t i = 0; i < n; i++) res[i] = saved == size ? v[i] : (k ? res[i] : 0.0f) + v[i] / (float)saved;
     }
     for (int i = 0; i < s->m->ntensors && !rc; i++) {
         int rows, cols;
         float *q = tally__codec_q(s->codec, i, &rows, &cols);
-        const void *p;
+        const float *p;
         snprintf(name, sizeof name, "codec.q.%s", s->m->tensor[i].name);
         const uint64_t qshape[2] = {(uint64_t)rows, (uint64_t)cols};
-        if (q && !(rc = tally__ckpt_get(ck, name, TALLY_F32, 2, qshape, &p)))
+        if (q && !(rc = tally__state_f32(ck, name, 2, qshape, 0, (size_t)rows * cols, &p)))
             memcpy(q, p, (size_t)rows * cols * sizeof(float));
     }
     return rc;
@@ -252,6 +255,11 @@ static int st_load(void *arg, const tally__ckpt *ck) {
     int nk = kinds_of(&s->optim_cfg, kinds);
     int64_t step = 0;
     if (!rc) rc = tally__state_i64(ck, "optim.step", &step);
+    if (!rc && (step < 0 || step > TALLY__SYNC_MAX_OPT_STEP))
+        rc = tally__seterr(TALLY_E_CORRUPT,
+                           "rank %d: checkpoint %s: optim.step is %lld, outside 0..%lld (the optimizer's updates so "
+                           "far): the file is malformed",
+                           rank, tally__ckpt_label(ck), (long long)step, (long long)TALLY__SYNC_MAX_OPT_STEP);
     for (int k = 0; k < nk && !rc; k++) {
         q = (st_read){.ck = ck, .m = s->m, .prefix = "optim.", .suffix = kinds[k].suffix};
         rc = tally__sync_load_part(s, 1 + kinds[k].second, read_range, &q);

@@ -75,6 +75,42 @@ static size_t model_activation_bytes(const tally__model *m, int B) {
            (model_scratch_floats(m, B) + (size_t)B * model_dtmp_floats(m)) * sizeof(float);
 }
 
+/* An upper bound, in double so it cannot overflow whatever the layout, of model_activation_bytes(m, B):
+ * each op's values and saved state per sample (at most 2^58 bytes an op within the fields' bounds) times
+ * B, and the shared scratch. */
+static double model_activation_bound(const tally__model *m, int B) {
+    double bytes = (double)tally__model_tied_floats(m) * sizeof(float), scratch = 0;
+    for (int i = 0; i < m->nops; i++) {
+        const tally__op *op = &m->op[i];
+        bytes += (double)B * (2.0 * (double)m->value_n[op->dst] * sizeof(float) + (double)op_saved_bytes(m, op, 1));
+        double sc = op->kind == TALLY__OP_CONV        ? (double)B * (double)tally_conv2d_scratch_floats(&op->conv, 1)
+                    : op->kind == TALLY__OP_ATTENTION ? (double)op->seq * op->seq
+                                                      : 0;
+        if (sc > scratch) scratch = sc;
+    }
+    return bytes + (double)B * (double)(m->value_n[m->nvalues - 1] + model_dtmp_floats(m)) * sizeof(float) +
+           scratch * sizeof(float);
+}
+
+/* The sizes a laid-out model comes to at batch B, against what may be allocated (alloc) or, for a model
+ * only described, what a size_t holds. */
+static int model_check_sizes(const tally__model *m, int B, int alloc) {
+    const char *name = m->cfg.build ? "of its own" : tally__model_name(m->cfg.kind);
+    if (alloc && m->nparams > TALLY__MODEL_MAX_PARAMS)
+        return tally__seterr(TALLY_E_INVALID,
+                             "model %s: %zu parameters, more than the %llu a model trained here may have; give it "
+                             "fewer layers or smaller widths",
+                             name, m->nparams, (unsigned long long)TALLY__MODEL_MAX_PARAMS);
+    double act = model_activation_bound(m, B),
+           most = alloc ? (double)TALLY__MODEL_MAX_ACTIVATION_BYTES : (double)(SIZE_MAX / 4);
+    if (act > most)
+        return tally__seterr(TALLY_E_INVALID,
+                             "model %s: its activations at batch %d come to %.3g bytes, more than the %.3g %s; give "
+                             "it a smaller batch, context or width",
+                             name, B, act, most, alloc ? "a model trained here may take" : "that can be counted");
+    return 0;
+}
+
 /* The tied op's own gradient of the shared weight, and with parameters in shards (ZeRO-3, whose gathered
  * layers are reused), a copy of the weight the owner's forward saw. */
 static int model_alloc_tied(tally__model *m, int flags) {
@@ -179,6 +215,7 @@ int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_d
                  ? tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive", batch,
                                  cfg->in_dim, cfg->outputs)
                  : tally__model_layout(m, cfg);
+    if (!rc) rc = model_check_sizes(m, batch, 0);
     if (!rc) {
         memset(out, 0, sizeof *out);
         out->nparams = m->nparams;
@@ -203,6 +240,7 @@ int tally__model_init(tally__model *m, const tally__model_cfg *cfg, int max_batc
         return tally__seterr(TALLY_E_INVALID, "model: batch %d, inputs %d, outputs %d must all be positive", max_batch,
                              cfg->in_dim, cfg->outputs);
     int rc = tally__model_layout(m, cfg);
+    if (!rc) rc = model_check_sizes(m, max_batch, 1);
     if (!rc) rc = model_alloc_flat(m, grads_src, flags);
     if (!rc) rc = model_alloc_tied(m, flags);
     if (!rc) rc = model_alloc_buffers(m, max_batch);

@@ -33,6 +33,26 @@ typedef enum {
 #define TALLY__MODEL_MAX_VALUES (TALLY__MODEL_MAX_OPS + 1)
 #define TALLY__MODEL_MAX_HIDDEN 16
 
+/* The bounds of a model's description (tally__model_check; docs/cli.md, "Model bounds"), checked in 64-bit
+ * before anything is laid out, cast or allocated, whether the description came from flags, a checkpoint's
+ * model.config or a program. Each is far past any model a CPU trains and small enough that no size the
+ * layout computes from them overflows. */
+#define TALLY__MODEL_MAX_FEATURES   (1 << 24) /* in_dim of a model on feature vectors: floats per sample */
+#define TALLY__MODEL_MAX_OUTPUTS    (1 << 20) /* classes, regression width or vocabulary */
+#define TALLY__MODEL_MAX_WIDTH      (1 << 20) /* a hidden layer's width, GPT's width C */
+#define TALLY__MODEL_MAX_HEADS      (1 << 16) /* GPT's heads (and at most its width, which they divide) */
+#define TALLY__MODEL_MAX_CONTEXT    (1 << 20) /* GPT's context T */
+#define TALLY__MODEL_MAX_CHANNELS   4096      /* a CNN's input channels; its height and width are 12..2^14 */
+#define TALLY__MODEL_MAX_SIDE       (1 << 14)
+#define TALLY__MODEL_MAX_GPT_LAYERS ((TALLY__MODEL_MAX_OPS - 4) / 10) /* 102: 10 nodes a block, 4 around them */
+/* The largest of the bounds above: what any integer of a stored description may be before it is cast. */
+#define TALLY__MODEL_MAX_FIELD (1 << 24)
+/* What a model that is allocated (tally__model_init, not tally__model_describe, which costs models on
+ * paper) may take: parameters (8 GiB of f32, as many of gradients, twice that of AdamW's state) and the
+ * activations at its largest batch. */
+#define TALLY__MODEL_MAX_PARAMS           (1ull << 31)
+#define TALLY__MODEL_MAX_ACTIVATION_BYTES (1ull << 36) /* 64 GiB */
+
 /* One node of the model's graph: an op reading one or two values and writing a new one. Value 0 is the
  * input batch; each node's output is a value of its own, so a value is written once per pass, and read
  * by any later nodes (a value read twice gets the sum of both gradients in backward). */
@@ -172,6 +192,13 @@ typedef struct tally__model_hooks {
     int (*after_backward)(void *arg, int layer); /* its gradients for this micro-batch are complete */
 } tally__model_hooks;
 void tally__model_free(tally__model *m);
+
+/* Every field of cfg that its kind reads against its bound above (and against each other: GPT's heads
+ * dividing its width, a CNN's geometry its inputs), in 64-bit, before anything is built: 0, or
+ * TALLY_E_INVALID naming the field, its value and its bound. tally__model_init and
+ * tally__model_describe call it first; a graph of one's own (cfg->build) has its inputs and outputs
+ * checked. */
+int tally__model_check(const tally__model_cfg *cfg);
 
 /* What a model of cfg costs, computed from its layout without allocating it (for tally plan): */
 typedef struct tally__model_desc {

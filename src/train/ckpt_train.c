@@ -56,6 +56,34 @@ void tally__ckpt_model_config(const tally__model_cfg *mc, int64_t *v) {
     for (int k = 0; k < mc->nhidden && k < TALLY__MODEL_MAX_HIDDEN; k++) v[6 + k] = mc->hidden[k];
 }
 
+int tally__ckpt_model_config_read(const int64_t *v, tally__model_kind kind, const char *label, tally__model_cfg *mc) {
+    int gpt = kind == TALLY__MODEL_GPT;
+    const char *fields[6] = {
+        gpt ? "context" : "inputs", gpt ? "vocabulary" : "outputs", "layers", "width", "heads", "hidden layers"};
+    for (int i = 0; i < TALLY__CKPT_MODEL_CONFIG; i++) {
+        char field[48];
+        if (i < 6)
+            snprintf(field, sizeof field, "%s", fields[i]);
+        else
+            snprintf(field, sizeof field, "hidden layer %d's width", i - 6);
+        int64_t hi = i == 5 ? TALLY__MODEL_MAX_HIDDEN : i >= 6 + v[5] ? 0 : TALLY__MODEL_MAX_FIELD;
+        if (v[i] < 0 || v[i] > hi)
+            return tally__seterr(TALLY_E_CORRUPT,
+                                 "checkpoint %s: model.config[%d], the %s model's %s, is %lld, outside 0..%lld: the "
+                                 "file is malformed",
+                                 label, i, tally__model_name(kind), field, (long long)v[i], (long long)hi);
+    }
+    *mc = (tally__model_cfg){.kind = kind,
+                             .in_dim = (int)v[0],
+                             .outputs = (int)v[1],
+                             .layers = (int)v[2],
+                             .embd = (int)v[3],
+                             .heads = (int)v[4],
+                             .nhidden = (int)v[5]};
+    for (int k = 0; k < mc->nhidden; k++) mc->hidden[k] = (int)v[6 + k];
+    return 0;
+}
+
 static int run_save(void *arg, int first, const tally__state_sink *out) {
     train_run *r = arg;
     const tally__train_cfg *c = r->cfg;

@@ -11,6 +11,11 @@
  * nhidden, hidden[16] }. Checkpoints written before these entries lack them. */
 #define TALLY__CKPT_MODEL_CONFIG (6 + TALLY__MODEL_MAX_HIDDEN)
 void tally__ckpt_model_config(const tally__model_cfg *mc, int64_t *v);
+/* The inverse for a model of `kind`, from the values a checkpoint (label) holds: each in 0..
+ * TALLY__MODEL_MAX_FIELD before it is cast to int (its own bound is tally__model_check's, when the model is
+ * laid out), nhidden at most TALLY__MODEL_MAX_HIDDEN and the widths past it 0. TALLY_E_CORRUPT naming the
+ * checkpoint, the field and its value. */
+int tally__ckpt_model_config_read(const int64_t *v, tally__model_kind kind, const char *label, tally__model_cfg *mc);
 
 /* Refuses, before the first step, a run whose entries' names do not fit a checkpoint (at most
  * TALLY__CKPT_NAME_MAX characters), naming the first; the same on every rank, not collective. */

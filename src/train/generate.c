@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../ckpt/ckpt.h"
+#include "../ckpt/state.h"
 #include "../core/err.h"
 #include "../core/rng.h"
 #include "ckpt_train.h"
@@ -31,19 +32,11 @@ static int load_cfg(const tally__ckpt *ck, tally__model_cfg *mc) {
     if (k < 0)
         return tally__seterr(TALLY_E_INVALID, "checkpoint %s holds a model '%s' this tally does not know",
                              tally__ckpt_label(ck), kind);
-    const int64_t *v = data;
-    *mc = (tally__model_cfg){.kind = (tally__model_kind)k,
-                             .in_dim = (int)v[0],
-                             .outputs = (int)v[1],
-                             .layers = (int)v[2],
-                             .embd = (int)v[3],
-                             .heads = (int)v[4],
-                             .nhidden = (int)v[5]};
-    for (int i = 0; i < mc->nhidden && i < TALLY__MODEL_MAX_HIDDEN; i++) mc->hidden[i] = (int)v[6 + i];
-    return 0;
+    return tally__ckpt_model_config_read(data, (tally__model_kind)k, tally__ckpt_label(ck), mc);
 }
 
-/* Every tensor from "param.<name>", in the model's own shape. */
+/* Every tensor from "param.<name>", in the model's own shape and finite; and no "param." tensor that the
+ * model its config describes lacks (a config that disagrees with the tensors stored beside it). */
 static int load_params(const tally__ckpt *ck, tally__model *m) {
     for (int t = 0; t < m->ntensors; t++) {
         const tally__tensor *T = &m->tensor[t];
@@ -51,12 +44,36 @@ static int load_params(const tally__ckpt *ck, tally__model *m) {
         uint64_t shape[4];
         for (int d = 0; d < T->ndim; d++) shape[d] = (uint64_t)T->shape[d];
         snprintf(name, sizeof name, "param.%s", T->name);
-        const void *data;
-        int rc = tally__ckpt_get(ck, name, TALLY_F32, T->ndim, shape, &data);
+        const float *data;
+        int rc = tally__state_f32(ck, name, T->ndim, shape, 0, T->count, &data);
         if (rc) return rc;
         memcpy(T->param, data, T->count * sizeof(float));
     }
+    int stored = 0;
+    const tally__ckpt_tensor *extra = NULL;
+    for (int i = 0; i < tally__ckpt_count(ck); i++) {
+        const tally__ckpt_tensor *t = tally__ckpt_at(ck, i);
+        if (strncmp(t->name, "param.", 6)) continue;
+        stored++;
+        int known = 0;
+        for (int k = 0; k < m->ntensors && !known; k++) known = !strcmp(t->name + 6, m->tensor[k].name);
+        if (!known && !extra) extra = t;
+    }
+    if (extra)
+        return tally__seterr(TALLY_E_CORRUPT,
+                             "checkpoint %s holds %d parameter tensors, among them '%s', which the model its "
+                             "model.config describes (%d tensors) does not have: the file is malformed",
+                             tally__ckpt_label(ck), stored, extra->name, m->ntensors);
     return 0;
+}
+
+/* A model of text is one of bytes: a vocabulary of TALLY_TEXT_VOCAB, every token it emits a byte. */
+static int check_vocab(const tally__ckpt *ck, const tally__model *m) {
+    if (m->cfg.outputs == TALLY_TEXT_VOCAB) return 0;
+    return tally__seterr(TALLY_E_CORRUPT,
+                         "checkpoint %s: its %s model has a vocabulary of %d, and a model of text, whose tokens are "
+                         "bytes, has %d: the file is malformed",
+                         tally__ckpt_label(ck), tally__model_name(m->cfg.kind), m->cfg.outputs, TALLY_TEXT_VOCAB);
 }
 
 int tally__generate_load(const char *dir, tally__model *m) {
@@ -67,9 +84,15 @@ int tally__generate_load(const char *dir, tally__model *m) {
         return tally__seterr(TALLY_E_INVALID, "no checkpoint in %s: train with --ckpt %s first", dir, dir);
     if (rc) return rc;
     tally__model_cfg mc;
-    if (!(rc = load_cfg(ck, &mc)) && !(rc = tally__model_init(m, &mc, 1, 0, NULL, 0)) && !m->token_input)
+    if (!(rc = load_cfg(ck, &mc)) && (rc = tally__model_init(m, &mc, 1, 0, NULL, 0))) { /* the bounds first */
+        char where[256];
+        snprintf(where, sizeof where, "checkpoint %.200s: model.config: ", tally__ckpt_label(ck));
+        rc = tally__err_wrap(rc, where, "");
+    } else if (!rc && !m->token_input) {
         rc = tally__seterr(TALLY_E_INVALID, "checkpoint %s holds the %s model, which does not read text",
                            tally__ckpt_label(ck), tally__model_name(mc.kind));
+    }
+    if (!rc) rc = check_vocab(ck, m);
     if (!rc) rc = load_params(ck, m);
     tally__ckpt_close(ck);
     if (rc) tally__model_free(m);
@@ -105,9 +128,31 @@ static int sample_row(const float *logits, int V, const tally__sample_cfg *cfg, 
     return best;
 }
 
+/* Logits that are not numbers would draw byte 0 for ever: parameters that load (every one finite) can
+ * still overflow float on the way (a weight of 3e38 squared in a LayerNorm), and nothing sampled from
+ * that is the model's. */
+static int check_logits(const float *logits, int V, int n, size_t pos) {
+    for (int j = 0; j < V; j++)
+        if (!isfinite(logits[j]))
+            return tally__seterr(TALLY_E_NONFINITE,
+                                 "generate: the model's logit for byte %d is %s at byte %d drawn (position %zu of "
+                                 "the window): its forward pass overflows; the checkpoint's parameters are "
+                                 "too large to be a trained model's",
+                                 j,
+                                 isnan(logits[j]) ? "NaN"
+                                 : logits[j] > 0  ? "+Inf"
+                                                  : "-Inf",
+                                 n + 1, pos);
+    return 0;
+}
+
 int tally__generate(tally__model *m, const uint8_t *prompt, size_t len, const tally__sample_cfg *cfg,
                     void (*emit)(void *arg, int byte), void *arg) {
     int T = m->cfg.in_dim, V = m->cfg.outputs;
+    if (V != TALLY_TEXT_VOCAB || !m->token_input)
+        return tally__seterr(TALLY_E_INVALID,
+                             "generate: the model has a vocabulary of %d%s, and what it emits is bytes, %d of them", V,
+                             m->token_input ? "" : " and reads floats", TALLY_TEXT_VOCAB);
     int32_t *win = calloc((size_t)T, sizeof *win), *tgt = calloc((size_t)T, sizeof *tgt);
     double *p = malloc((size_t)V * sizeof *p);
     float *sorted = malloc((size_t)V * sizeof *sorted);
@@ -120,7 +165,9 @@ int tally__generate(tally__model *m, const uint8_t *prompt, size_t len, const ta
     for (int n = 0; n < cfg->tokens && !rc; n++) {
         float loss; /* causal: the positions past the window's last byte change nothing before it */
         if ((rc = tally__model_forward(m, win, tgt, NULL, 1, NULL, &loss))) break;
-        int next = sample_row(m->act[m->nvalues - 1] + (have - 1) * (size_t)V, V, cfg, &r, p, sorted);
+        const float *logits = m->act[m->nvalues - 1] + (have - 1) * (size_t)V;
+        if ((rc = check_logits(logits, V, n, have - 1))) break;
+        int next = sample_row(logits, V, cfg, &r, p, sorted);
         emit(arg, next);
         if (have == (size_t)T) memmove(win, win + 1, (size_t)(T - 1) * sizeof *win), have--;
         win[have++] = next;

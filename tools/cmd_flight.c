@@ -18,6 +18,9 @@ static void flight_usage(FILE *out) {
                  "DIR, by default /tmp/tally-flight-<host>-<pid of rank 0>, named in the error message).\n"
                  "For each communicator it prints the first collective the ranks did not complete alike, the\n"
                  "rank that holds the job up and how that was found, and each rank's last collective.\n"
+                 "Only the records of one job are read (the job most are of): a file of another job, a second\n"
+                 "record of a rank, a link, or a file of a user who is neither you nor DIR's owner is ignored,\n"
+                 "and named with the reason.\n"
                  "Exit status: 0 with a verdict, 1 when the records name no rank (or DIR holds none).\n");
 }
 
@@ -111,10 +114,21 @@ int tally_cmd_flight(int argc, char **argv) {
         fprintf(stderr, "tally flight: %s\n", tally_last_error());
         return 1;
     }
+    /* Files set aside first: the verdict below is of the other records alone. */
+    for (size_t i = 0; i < s.n_skip; i++) printf("ignored %s/%s: %s\n", argv[1], s.skip[i].file, s.skip[i].why);
     if (s.n == 0) {
-        fprintf(stderr, "tally flight: %s holds no flight records (*.flight)\n", argv[1]);
+        fflush(stdout);
+        if (s.n_skip)
+            fprintf(stderr,
+                    "tally flight: %s holds no flight records it can read: each *.flight file there was "
+                    "ignored (above)\n",
+                    argv[1]);
+        else
+            fprintf(stderr, "tally flight: %s holds no flight records (*.flight)\n", argv[1]);
+        tally__flight_set_free(&s);
         return 1;
     }
+    if (s.job[0]) printf("job %s: %zu record(s)\n", s.job, s.n);
     int rc = 1;
     for (size_t i = 0; i < s.n;) {
         size_t j = i;

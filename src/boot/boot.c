@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,6 +59,14 @@ static void boot_self(tally__peer *p, const char *named) {
     ssize_t k = readlink("/proc/self/ns/net", netns, sizeof netns - 1); /* "net:[4026531840]" */
     netns[k > 0 ? k : 0] = '\0';
     p->hostid = fnv1a(fnv1a(fnv1a(FNV_OFFSET, p->hostname), boot_id), netns);
+}
+
+/* Rank 0's draw for this rendezvous (never 0, which an entry of another rank holds). */
+static uint32_t boot_job_nonce(void) {
+    uint32_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) /* early boot: time and pid will do */
+        v = (uint32_t)(tally__now_ns() ^ ((uint64_t)getpid() << 16));
+    return v ? v : 1;
 }
 
 static void boot_hello_put(unsigned char *o, const tally__boot *b) {
@@ -351,6 +360,7 @@ static tally__boot *boot_alloc(const tally__boot_env *env, tally__fault *fault, 
     memcpy(b->token, env->token, env->token_len);
     b->token_len = env->token_len;
     boot_self(&b->peers[env->rank], env->named_host);
+    if (env->rank == 0) b->peers[0].job = boot_job_nonce();
     b->transport = env->transport;
     return b;
 }

@@ -57,6 +57,8 @@ typedef struct tally__peer {
     uint64_t hostid; /* equal for processes on the same host (hostname, boot id, network namespace; or TALLY_HOST) */
     char ip[64];     /* numeric address this rank reaches rank 0 from (where its listeners bind) */
     char hostname[64];
+    uint32_t job; /* rank 0's entry: a number it drew at random for this rendezvous, which tells this job
+                   * from an earlier one of the same host and pid (the flight records carry it); 0 in others */
 } tally__peer;
 
 typedef struct tally__boot tally__boot;

@@ -32,7 +32,7 @@ enum {
 #define CTL_MSG_MAX     767 /* fault/refusal text, as tally__fault.msg without the NUL */
 #define CTL_FAULT_MAX   (8 + CTL_MSG_MAX)
 #define CTL_FAULT_SETUP 1u  /* FAULT aux: raised while its rank built its transport; ends the others' setup too */
-#define PEER_LEN        144 /* a peer table entry: pid, 0, hostid u64, ip[64], hostname[64] */
+#define PEER_LEN        144 /* a peer table entry: pid, job u32, hostid u64, ip[64], hostname[64] */
 #define TABLE_GRACE_S   5.0 /* connectors wait this much past rank 0's limit so its verdict arrives first */
 
 typedef struct ctl_frame {

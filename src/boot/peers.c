@@ -26,6 +26,7 @@ int tally__boot_str_ok(const unsigned char *s, size_t n) {
 void tally__boot_peer_put(unsigned char *o, const tally__peer *p) {
     memset(o, 0, PEER_LEN);
     tally__put_be32(o, (uint32_t)p->pid);
+    tally__put_be32(o + 4, p->job);
     tally__put_be64(o + 8, p->hostid);
     memcpy(o + 16, p->ip, strnlen(p->ip, 63));
     memcpy(o + 80, p->hostname, strnlen(p->hostname, 63));
@@ -34,6 +35,7 @@ void tally__boot_peer_put(unsigned char *o, const tally__peer *p) {
 int tally__boot_peer_get(const unsigned char *in, tally__peer *p) {
     if (!tally__boot_str_ok(in + 16, 64) || !tally__boot_str_ok(in + 80, 64)) return TALLY_E_PROTOCOL;
     p->pid = (int32_t)tally__get_be32(in);
+    p->job = tally__get_be32(in + 4);
     p->hostid = tally__get_be64(in + 8);
     memcpy(p->ip, in + 16, 64);
     memcpy(p->hostname, in + 80, 64);

@@ -186,8 +186,8 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     if ((rc = tally__boot_init(&c->boot, &env, &c->fault, c->timeout_s))) return rc;
     const tally__peer *first = tally__boot_peers(c->boot);
     tally__flight_init(&c->flight, c->ctx.rank, c->ctx.size, tally__comm_world_rank(c, c->ctx.rank),
-                       tally__comm_world_rank(c, 0), !given, first[0].hostname, first[0].pid, c->cfg.flight_depth,
-                       c->cfg.flight_dir);
+                       tally__comm_world_rank(c, 0), !given, first[0].hostname, first[0].pid, first[0].job,
+                       c->cfg.flight_depth, c->cfg.flight_dir);
     if ((rc = tally__pick_transport(c, c->timeout_s, env.crowded, &c->ctx.tp))) return rc;
     tally__flight_set_transport(&c->flight, c->ctx.tp->ops->name);
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
@@ -319,6 +319,15 @@ static void tally__comm_stop_async(tally_comm *c, int abandon) {
     c->async.e = NULL;
 }
 
+/* Writes the flight records (once); a directory refused as another user's is said in the log as well as
+ * in the message of the call that failed, if any: the records the user will look for are not there. */
+static void tally__comm_flight_dump(tally_comm *c, const char *reason, int culprit, const char *msg) {
+    if (!tally__flight_dump(&c->flight, reason, culprit, msg) || c->flight.why == TALLY__FL_WHY_ERRNO) return;
+    char why[2 * TALLY__FLIGHT_PATH];
+    tally__flight_why(&c->flight, why, sizeof why);
+    tally__log_warn("flight records not written: %s", why);
+}
+
 /* Teardown leaves the thread's message alone (as free() leaves errno): a caller tearing down after a
  * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
@@ -329,7 +338,7 @@ TALLY_API int tally_comm_free(tally_comm *c) {
      * records. */
     int code = c ? atomic_load(&c->fault.code) : 0;
     if (tally__flight_wants(code))
-        tally__flight_dump(&c->flight, tally__flight_reason(code), c->fault.culprit, c->fault.msg);
+        tally__comm_flight_dump(c, tally__flight_reason(code), c->fault.culprit, c->fault.msg);
     return tally__leave(c, trc);
 }
 
@@ -354,7 +363,7 @@ TALLY_API int tally_comm_abort(tally_comm *c) {
     /* A call still in flight writes the records itself when it fails (one writer at a time), and may
      * still add spans: the timeline is written (each rank its own file) only once no call is left. */
     if (atomic_load_explicit(&c->refs, memory_order_acquire) == 1) {
-        tally__flight_dump(&c->flight, "ABORTED", c->ctx.rank, "tally_comm_abort on this rank");
+        tally__comm_flight_dump(c, "ABORTED", c->ctx.rank, "tally_comm_abort on this rank");
         tally__comm_trace_end(c);
     }
     tally__clearerr(); /* the abort itself succeeded */
@@ -612,16 +621,17 @@ static int tally__dispatch(tally_comm *c, const tally__call *a) {
 static void tally__flight_record_fault(tally_comm *c, int rc) {
     if (!c->flight.on) return;
     int code = atomic_load(&c->fault.code);
-    tally__flight_dump(&c->flight, tally__flight_reason(rc), code ? c->fault.culprit : -1, tally_last_error());
+    tally__comm_flight_dump(c, tally__flight_reason(rc), code ? c->fault.culprit : -1, tally_last_error());
     char where[3 * TALLY__FLIGHT_PATH];
     int err = atomic_load(&c->flight.written);
     if (err == 1)
         snprintf(where, sizeof where, "; this rank's last collectives are in %s (`tally flight %s` merges the ranks')",
                  c->flight.path, c->flight.dir);
-    else if (err > 1)
-        snprintf(where, sizeof where, "; its flight records could not be written to %s (%s)", c->flight.dir,
-                 strerror(err - 1));
-    else
+    else if (err > 1) {
+        char why[2 * TALLY__FLIGHT_PATH];
+        tally__flight_why(&c->flight, why, sizeof why);
+        snprintf(where, sizeof where, "; its flight records were not written: %s", why);
+    } else
         return; /* another thread is writing them */
     tally__err_wrap(rc, "", where);
 }

@@ -16,6 +16,7 @@
 #include <tally.h>
 
 #include "coll.h"
+#include "../core/file.h"
 #include "config.h"
 
 /* ---- the fatal-signal dump -------------------------------------------------------------------- */
@@ -75,27 +76,44 @@ static void fl_unregister(tally__flight *f) {
 
 /* ---- set-up ----------------------------------------------------------------------------------- */
 
-/* The directory of the newest world: splits and levels made after it write beside it. */
+/* The directory and job of the newest world: splits and levels made after it write beside it. */
 static char fl_world_dir[TALLY__FLIGHT_PATH];
-static int fl_comms; /* communicators made since that world: numbers them alike on every rank */
+static char fl_world_job[TALLY__FLIGHT_JOB];
+static int fl_world_user; /* its directory was the user's choice */
+static int fl_comms;      /* communicators made since that world: numbers them alike on every rank */
 
-/* The config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or /tmp, tally-flight-<host>-<pid of rank 0>. */
-static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid, const char *d) {
+/* The config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or /tmp, tally-flight-<host>-<pid of rank 0>;
+ * the job, "<host of rank 0>-<its pid>-<its draw>" (a split's is its world's). */
+static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid, uint32_t job_draw,
+                        const char *d) {
+    const char *host = job_host && job_host[0] ? job_host : "host";
+    int inherit = !world && fl_world_dir[0];
+    f->user_dir = d[0] ? 1 : inherit ? fl_world_user : 0;
     if (d[0])
         snprintf(f->dir, sizeof f->dir, "%s", d);
-    else if (!world && fl_world_dir[0])
+    else if (inherit)
         snprintf(f->dir, sizeof f->dir, "%s", fl_world_dir);
     else
-        snprintf(f->dir, sizeof f->dir, "%.380s/tally-flight-%.64s-%d", tally__tmpdir(),
-                 job_host && job_host[0] ? job_host : "host", job_pid);
+        snprintf(f->dir, sizeof f->dir, "%.380s/tally-flight-%.64s-%d", tally__tmpdir(), host, job_pid);
+    if (inherit)
+        snprintf(f->job, sizeof f->job, "%s", fl_world_job);
+    else
+        snprintf(f->job, sizeof f->job, "%.64s-%d-%08x", host, job_pid, (unsigned)job_draw);
+    /* "a/b//" is a/b; "/" stays itself (its last component is then "." below) */
+    size_t n = strlen(f->dir);
+    while (n > 1 && f->dir[n - 1] == '/') f->dir[--n] = '\0';
+    const char *slash = strrchr(f->dir, '/');
+    f->base = slash ? (size_t)(slash - f->dir) + 1 : 0;
     if (world) {
         snprintf(fl_world_dir, sizeof fl_world_dir, "%s", f->dir);
+        snprintf(fl_world_job, sizeof fl_world_job, "%s", f->job);
+        fl_world_user = f->user_dir;
         fl_comms = 0;
     }
 }
 
 void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid, int depth, const char *dir) {
+                        const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir) {
     memset(f, 0, sizeof *f);
     atomic_init(&f->awaited, -1);
     f->rank = rank;
@@ -104,13 +122,14 @@ void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, in
     f->transport = "none";
     if (depth <= 0 || !(f->ring = calloc((size_t)depth, sizeof *f->ring))) return;
     f->cap = (size_t)depth;
-    fl_pick_dir(f, world, job_host, job_pid, dir);
+    fl_pick_dir(f, world, job_host, job_pid, job_draw, dir);
     if (world)
         snprintf(f->label, sizeof f->label, "world");
     else
         snprintf(f->label, sizeof f->label, "comm%d-%d", ++fl_comms, first_world);
     if (gethostname(f->host, sizeof f->host - 1)) snprintf(f->host, sizeof f->host, "unknown");
     snprintf(f->path, sizeof f->path, "%s/rank%d.%s.flight", f->dir, world_rank, f->label);
+    f->name = strlen(f->dir) + 1;
     f->on = 1;
     fl_register(f);
 }
@@ -258,6 +277,7 @@ static void fl_entry(fl_buf *w, const tally__flight_entry *e) {
 
 static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int culprit, const char *msg) {
     fl_s(w, "tally-flight 1\n");
+    fl_kv_s(w, "job", f->job);
     fl_kv_s(w, "label", f->label);
     fl_kv_i(w, "rank", f->rank);
     fl_kv_i(w, "world_rank", f->world_rank);
@@ -273,30 +293,114 @@ static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int
     fl_s(w, "\n");
 }
 
-/* Creates each missing directory of the path (0700: records name hosts and pids). */
-static void fl_mkdirs(const char *dir) {
+/* Creates each missing directory above the last component of the path (0700: records name hosts and
+ * pids); that one is made or checked by fl_open_dir. */
+static void fl_mkdirs(const char *dir, size_t upto) {
     char p[TALLY__FLIGHT_PATH];
-    size_t n = strlen(dir);
-    if (n >= sizeof p) return;
-    memcpy(p, dir, n + 1);
-    for (size_t i = 1; i <= n; i++)
-        if (p[i] == '/' || p[i] == '\0') {
-            char c = p[i];
+    if (upto >= sizeof p) return;
+    memcpy(p, dir, upto);
+    p[upto] = '\0';
+    for (size_t i = 1; i < upto; i++)
+        if (p[i] == '/') {
             p[i] = '\0';
             mkdir(p, 0700);
-            p[i] = c;
+            p[i] = '/';
         }
 }
 
+static int fl_refuse(tally__flight *f, int why, const struct stat *st) {
+    f->why = why;
+    f->why_uid = (unsigned)st->st_uid;
+    f->why_mode = (unsigned)(st->st_mode & 07777);
+    errno = EPERM;
+    return -1;
+}
+
+/* The directory to write in, opened, or -1 (f->why says why). Its last component is made 0700 when
+ * missing; what is there is taken only when it is a directory of this user's (the default one: mode
+ * 0700 or less, as tally makes it), or, for TALLY_FLIGHT_DIR, a sticky one (such as /tmp) or a link to
+ * either that this user or root made. Another user who made the default name first (it is predictable:
+ * host and pid) could otherwise read, forge or, as a link, redirect the records. The checks are of what
+ * was opened (fstat), and the files are then made relative to it, so a rename meanwhile redirects
+ * nothing. Only system calls a signal handler may make. */
+static int fl_open_dir(tally__flight *f) {
+    char parent[TALLY__FLIGHT_PATH];
+    const char *base = f->dir[f->base] ? f->dir + f->base : ".";
+    if (f->base == 0)
+        memcpy(parent, ".", 2);
+    else if (f->base == 1)
+        memcpy(parent, "/", 2);
+    else {
+        memcpy(parent, f->dir, f->base - 1);
+        parent[f->base - 1] = '\0';
+        fl_mkdirs(parent, f->base - 1);
+        mkdir(parent, 0700);
+    }
+    f->why = TALLY__FL_WHY_ERRNO;
+    int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0) return -1;
+    if (mkdirat(pfd, base, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        close(pfd);
+        errno = e;
+        return -1;
+    }
+    uid_t me = geteuid();
+    struct stat st;
+    int follow = 0;
+    if (fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) {
+        if (!f->user_dir || (st.st_uid != me && st.st_uid != 0)) {
+            close(pfd);
+            return fl_refuse(f, TALLY__FL_WHY_LINK, &st);
+        }
+        follow = 1; /* the user's own link to where they keep records */
+    }
+    int fd = openat(pfd, base, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+    int e = errno;
+    close(pfd);
+    if (fd < 0) {
+        errno = e == ELOOP ? EPERM : e; /* a link put there since */
+        if (e == ELOOP) f->why = TALLY__FL_WHY_LINK, f->why_uid = (unsigned)-1;
+        return -1;
+    }
+    if (fstat(fd, &st) != 0) {
+        e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    int why = TALLY__FL_WHY_NONE;
+    if (!f->user_dir && st.st_uid != me)
+        why = TALLY__FL_WHY_OWNER;
+    else if (!f->user_dir && (st.st_mode & 077))
+        why = TALLY__FL_WHY_MODE;
+    else if (f->user_dir && st.st_uid != me && !(st.st_mode & S_ISVTX))
+        why = TALLY__FL_WHY_OWNER;
+    if (why) {
+        close(fd);
+        return fl_refuse(f, why, &st);
+    }
+    f->why = TALLY__FL_WHY_NONE;
+    return fd;
+}
+
 static int fl_write(tally__flight *f, const char *reason, int culprit, const char *msg, fl_buf *w) {
+    const char *name = f->path + f->name;
     char tmp[sizeof f->path + 8];
-    size_t n = strlen(f->path);
-    memcpy(tmp, f->path, n);
+    size_t n = strlen(name);
+    memcpy(tmp, name, n);
     memcpy(tmp + n, ".tmp", 5);
-    fl_mkdirs(f->dir);
-    unlink(tmp); /* a leftover of an interrupted dump of ours */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) return -1;
+    int dfd = fl_open_dir(f);
+    if (dfd < 0) return -1;
+    f->why = TALLY__FL_WHY_ERRNO;
+    unlinkat(dfd, tmp, 0); /* a leftover of an interrupted dump of ours (a link there: the link goes) */
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        close(dfd);
+        errno = e;
+        return -1;
+    }
     w->fd = fd;
     w->bad = 0;
     w->n = 0;
@@ -306,12 +410,13 @@ static int fl_write(tally__flight *f, const char *reason, int culprit, const cha
     for (uint64_t i = first; i < f->n; i++) fl_entry(w, &f->ring[i % f->cap]);
     fl_flush(w);
     int bad = w->bad || close(fd);
-    if (!bad && rename(tmp, f->path)) bad = 1;
-    if (bad) {
-        int e = errno;
-        unlink(tmp);
-        errno = e;
-    }
+    /* a link at the record's name is replaced, never followed */
+    if (!bad && renameat(dfd, tmp, dfd, name)) bad = 1;
+    int e = errno;
+    if (bad) unlinkat(dfd, tmp, 0);
+    close(dfd);
+    errno = e;
+    if (!bad) f->why = TALLY__FL_WHY_NONE;
     return bad ? -1 : 0;
 }
 
@@ -321,4 +426,50 @@ int tally__flight_dump(tally__flight *f, const char *reason, int culprit, const 
     int rc = fl_write(f, reason, culprit, msg, &w);
     atomic_store(&f->written, rc ? 1 + (errno ? errno : EIO) : 1);
     return rc;
+}
+
+void tally__flight_why(const tally__flight *f, char *out, size_t n) {
+    int err = atomic_load(&f->written) - 1;
+    unsigned me = (unsigned)geteuid();
+    const char *redo = f->user_dir ? "remove it, or choose another TALLY_FLIGHT_DIR"
+                                   : "remove it (after a look at what is in it), or set TALLY_FLIGHT_DIR to a "
+                                     "directory of yours";
+    switch (f->why) {
+    case TALLY__FL_WHY_LINK:
+        if (f->why_uid == (unsigned)-1)
+            snprintf(out, n, "%s became a symbolic link as it was opened, and tally follows none there; %s", f->dir,
+                     redo);
+        else
+            snprintf(out, n,
+                     "%s is a symbolic link made by uid %u, not this user (uid %u), and tally follows no link "
+                     "there%s; %s",
+                     f->dir, f->why_uid, me,
+                     f->user_dir ? " but one of yours or root's"
+                                 : ": another user may have put it there first to "
+                                   "redirect the records",
+                     redo);
+        break;
+    case TALLY__FL_WHY_OWNER:
+        if (f->user_dir)
+            snprintf(out, n,
+                     "%s belongs to uid %u, not this user (uid %u), and is not sticky: tally writes its records only "
+                     "to a directory of yours or a sticky shared one (such as /tmp), where no other user can "
+                     "replace them; choose another TALLY_FLIGHT_DIR",
+                     f->dir, f->why_uid, me);
+        else
+            snprintf(out, n,
+                     "%s belongs to uid %u, not this user (uid %u): another user may have made it first to read, "
+                     "forge or redirect the records; %s",
+                     f->dir, f->why_uid, me, redo);
+        break;
+    case TALLY__FL_WHY_MODE:
+        snprintf(out, n,
+                 "%s has mode %04o: group or others may use it, and tally makes it 0700, so it is not one tally "
+                 "made; %s",
+                 f->dir, f->why_mode, redo);
+        break;
+    default:
+        snprintf(out, n, "cannot write to %s: %s%s", f->dir, strerror(err > 0 ? err : EIO),
+                 tally__errno_hint(err > 0 ? err : EIO));
+    }
 }

@@ -14,6 +14,7 @@
 
 #define TALLY__FLIGHT_MAX  65536 /* tally_config.flight_depth's upper bound (TALLY_FLIGHT) */
 #define TALLY__FLIGHT_PATH 512
+#define TALLY__FLIGHT_JOB  96
 
 enum { TALLY__FL_RUNNING, TALLY__FL_DONE, TALLY__FL_FAILED };
 
@@ -39,17 +40,32 @@ typedef struct tally__flight {
     char label[48];             /* "world", or "comm<K>-<world rank of its rank 0>" for a split */
     char host[64];
     const char *transport;
+    char job[TALLY__FLIGHT_JOB];        /* "<host of rank 0>-<its pid>-<its draw>": the same on all the job's ranks */
     char path[TALLY__FLIGHT_PATH + 96]; /* the file it writes */
     char dir[TALLY__FLIGHT_PATH];
+    size_t base;  /* dir + base: its last component (the directory made or checked; the rest must exist) */
+    size_t name;  /* path + name: the file's name in dir */
+    int user_dir; /* dir was TALLY_FLIGHT_DIR (the user's choice), not the default under $TMPDIR */
+    int why;      /* why the last write failed: TALLY__FL_WHY_* */
+    unsigned why_uid, why_mode; /* the owner and mode of what was refused */
 } tally__flight;
 
+/* Why records were not written (tally__flight_why says it in words). */
+enum {
+    TALLY__FL_WHY_NONE,
+    TALLY__FL_WHY_ERRNO, /* a system call failed: written holds 1 + errno */
+    TALLY__FL_WHY_LINK,  /* the directory's name is a symbolic link another user made */
+    TALLY__FL_WHY_OWNER, /* the directory belongs to another user (and, a chosen one, is not sticky) */
+    TALLY__FL_WHY_MODE,  /* the default directory is open to group or others: not one tally made */
+};
+
 /* Sets f up for a communicator (rank of size; world_rank, first_world: this rank's and rank 0's rank in
- * the world; job: rank 0's host name and pid, the same on every rank, for the default directory; world:
- * 1 for a world communicator, whose default directory the process's later communicators share; depth:
- * entries kept, 0 none; dir: where to write, "" for the default). Out of memory leaves it off. Registers
- * it for the fatal-signal dump. */
+ * the world; job: rank 0's host name, pid and random draw (tally__peer.job), the same on every rank, for
+ * the default directory and the records' job line; world: 1 for a world communicator, whose directory
+ * and job the process's later communicators share; depth: entries kept, 0 none; dir: where to write, ""
+ * for the default). Out of memory leaves it off. Registers it for the fatal-signal dump. */
 void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid, int depth, const char *dir);
+                        const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir);
 void tally__flight_set_transport(tally__flight *f, const char *name);
 void tally__flight_fini(tally__flight *f);
 /* A collective starts (its fingerprint stamped) and ends (rc 0, or its failure and the rank named). */
@@ -62,12 +78,17 @@ const char *tally__flight_reason(int rc);
 /* Writes f's records (once: later calls do nothing) with why (a tally__flight_reason), the rank the
  * failure named and its message. 0, or -1 when the file could not be written (errno says why). */
 int tally__flight_dump(tally__flight *f, const char *reason, int culprit, const char *msg);
+/* Why the last dump wrote nothing, in words naming the path ("/tmp/tally-flight-h-12 belongs to uid
+ * 65534, not this user (uid 0): ..."), with what to do. Not for a signal handler. */
+void tally__flight_why(const tally__flight *f, char *out, size_t n);
 
 /* ---- reading (tally flight) ---- */
 
 typedef struct tally__flight_rank {
     int rank, world_rank, size;
     char label[48], host[64], transport[16], reason[32];
+    char job[TALLY__FLIGHT_JOB]; /* "" in a record of a tally before job lines */
+    char file[256];              /* its name in the directory */
     int pid, culprit;
     char msg[768];
     uint64_t dumped_ns;
@@ -75,13 +96,27 @@ typedef struct tally__flight_rank {
     size_t n;
 } tally__flight_rank;
 
+/* A file of the directory that was not read, and why ("is a symbolic link ...", "from another job ..."). */
+typedef struct tally__flight_skip {
+    char file[256];
+    char why[512];
+} tally__flight_skip;
+
 typedef struct tally__flight_set {
-    tally__flight_rank *r; /* [n], by label then rank */
+    tally__flight_rank *r; /* [n], by label then rank: the records of one job */
     size_t n;
+    char job[TALLY__FLIGHT_JOB]; /* that job ("" for records that name none) */
+    tally__flight_skip *skip;    /* [n_skip], by name: every *.flight file set aside */
+    size_t n_skip;
 } tally__flight_set;
 
-/* Loads every *.flight file in dir. TALLY_E_INVALID naming a malformed file, TALLY_E_SYSTEM naming
- * the directory when it cannot be read; a directory with no records is an empty set. */
+/* Loads the records of one job from the *.flight files in dir. A file is set aside (skip, with why)
+ * when it is a symbolic link or not a regular file, belongs to a user who is neither the reader nor the
+ * directory's owner (the job's ranks are one user, who owns the directory or writes into a shared one:
+ * a stranger's file there is a forgery), is not a flight record, is of another job than the one most of
+ * the records are of (ties: the one with rank 0's world record, then the newest), or repeats a
+ * communicator's rank (the file named for it is kept). TALLY_E_SYSTEM naming the directory when it
+ * cannot be read, TALLY_E_NOMEM; a directory with no records is an empty set. */
 int tally__flight_load(const char *dir, tally__flight_set *s);
 void tally__flight_set_free(tally__flight_set *s);
 

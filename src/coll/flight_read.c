@@ -1,11 +1,14 @@
 /* flight_read.c - the flight recorder's reading side (tally flight): every rank's records of a directory
  * loaded, and per communicator the first collective the ranks did not complete alike and who holds it up. */
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tally.h>
@@ -53,6 +56,7 @@ static int fl_parse_entry(const char *line, tally__flight_entry *e) {
 
 /* A header line "key value": fills the field it names; unknown keys are skipped (newer writers). */
 static void fl_parse_key(tally__flight_rank *r, const char *k, const char *v) {
+    if (!strcmp(k, "job")) snprintf(r->job, sizeof r->job, "%s", v);
     if (!strcmp(k, "label")) snprintf(r->label, sizeof r->label, "%s", v);
     if (!strcmp(k, "host")) snprintf(r->host, sizeof r->host, "%s", v);
     if (!strcmp(k, "transport")) snprintf(r->transport, sizeof r->transport, "%s", v);
@@ -71,15 +75,18 @@ static int fl_by_seq(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static int fl_bad(const char *dir, const char *name, const char *what) {
-    return tally__seterr(TALLY_E_INVALID, "%s/%s is not a flight record: %s", dir, name, what);
+/* A record that does not parse: the reason goes to the caller's list of files set aside. */
+static int fl_bad(char *why, size_t n, const char *what) {
+    snprintf(why, n, "not a flight record: %.200s", what);
+    return TALLY_E_INVALID;
 }
 
-static int fl_parse_file(FILE *in, const char *dir, const char *name, tally__flight_rank *r) {
+static int fl_parse_file(FILE *in, const char *name, tally__flight_rank *r, char *why, size_t wn) {
     char line[2048];
     memset(r, 0, sizeof *r);
     r->culprit = -1;
-    if (!fgets(line, sizeof line, in) || strncmp(line, "tally-flight 1", 14)) return fl_bad(dir, name, "no header");
+    snprintf(r->file, sizeof r->file, "%s", name);
+    if (!fgets(line, sizeof line, in) || strncmp(line, "tally-flight 1", 14)) return fl_bad(why, wn, "no header");
     size_t want = 0, cap = 0;
     int have_entries = 0;
     while (fgets(line, sizeof line, in)) {
@@ -91,7 +98,7 @@ static int fl_parse_file(FILE *in, const char *dir, const char *name, tally__fli
                 if (!e) return tally__seterr(TALLY_E_NOMEM, "out of memory reading %s", name);
                 r->e = e;
             }
-            if (fl_parse_entry(line, &r->e[r->n])) return fl_bad(dir, name, line);
+            if (fl_parse_entry(line, &r->e[r->n])) return fl_bad(why, wn, line);
             r->n++;
             continue;
         }
@@ -104,8 +111,8 @@ static int fl_parse_file(FILE *in, const char *dir, const char *name, tally__fli
         }
         fl_parse_key(r, line, sp + 1);
     }
-    if (!have_entries || r->n != want) return fl_bad(dir, name, "entries missing (a write cut short?)");
-    if (!r->label[0] || r->size <= 0 || r->rank < 0 || r->rank >= r->size) return fl_bad(dir, name, "no rank");
+    if (!have_entries || r->n != want) return fl_bad(why, wn, "entries missing (a write cut short?)");
+    if (!r->label[0] || r->size <= 0 || r->rank < 0 || r->rank >= r->size) return fl_bad(why, wn, "no rank");
     if (r->n) qsort(r->e, r->n, sizeof *r->e, fl_by_seq); /* none: e is NULL, which qsort may not take */
     return 0;
 }
@@ -122,10 +129,37 @@ static int fl_is_record(const char *name) {
     return n > 7 && !strcmp(name + n - 7, ".flight");
 }
 
-static int fl_load_one(int dfd, const char *dir, const char *name, tally__flight_set *s) {
+static int fl_skip(tally__flight_set *s, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fl_skip(tally__flight_set *s, const char *name, const char *fmt, ...) {
+    tally__flight_skip *grown = realloc(s->skip, (s->n_skip + 1) * sizeof *s->skip);
+    if (!grown) return tally__seterr(TALLY_E_NOMEM, "out of memory");
+    s->skip = grown;
+    tally__flight_skip *k = &s->skip[s->n_skip++];
+    snprintf(k->file, sizeof k->file, "%s", name);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->why, sizeof k->why, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+/* Reads one file into s->r, or sets it aside with why; an error only for want of memory. */
+static int fl_load_one(int dfd, const char *dir, const char *name, uid_t dir_uid, tally__flight_set *s) {
     int fd;
-    int rc = tally__file_open_read(dfd, name, name, &fd, NULL);
-    if (rc) return rc;
+    struct stat st;
+    if (tally__file_open_read_nofollow(dfd, name, name, &fd, &st)) {
+        const char *msg = tally_last_error(); /* "<name>: is a symbolic link; ..." */
+        size_t k = strlen(name);
+        return fl_skip(s, name, "%s", !strncmp(msg, name, k) && !strncmp(msg + k, ": ", 2) ? msg + k + 2 : msg);
+    }
+    uid_t me = geteuid();
+    if (st.st_uid != me && st.st_uid != dir_uid) {
+        close(fd);
+        return fl_skip(s, name,
+                       "belongs to uid %u, neither this user (uid %u) nor the directory's owner (uid %u): the job's "
+                       "ranks did not write it",
+                       (unsigned)st.st_uid, (unsigned)me, (unsigned)dir_uid);
+    }
     FILE *in = fdopen(fd, "r");
     if (!in) {
         close(fd);
@@ -137,14 +171,98 @@ static int fl_load_one(int dfd, const char *dir, const char *name, tally__flight
         return tally__seterr(TALLY_E_NOMEM, "out of memory");
     }
     s->r = grown;
-    rc = fl_parse_file(in, dir, name, &s->r[s->n]);
+    char why[256];
+    int rc = fl_parse_file(in, name, &s->r[s->n], why, sizeof why);
     fclose(in);
     if (rc) {
         free(s->r[s->n].e);
-        return rc;
+        return rc == TALLY_E_INVALID ? fl_skip(s, name, "%s", why) : rc;
     }
     s->n++;
     return 0;
+}
+
+/* Records of job j, those of it with rank 0's world record, and the newest of them. */
+static void fl_job_votes(const tally__flight_set *s, const char *j, size_t *count, int *has_root, uint64_t *newest) {
+    *count = 0;
+    *has_root = 0;
+    *newest = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (strcmp(s->r[i].job, j)) continue;
+        ++*count;
+        *has_root |= s->r[i].rank == 0 && !strcmp(s->r[i].label, "world");
+        if (s->r[i].dumped_ns > *newest) *newest = s->r[i].dumped_ns;
+    }
+}
+
+/* The job most records are of (ties: the one with rank 0's world record, then the newest). */
+static void fl_pick_job(tally__flight_set *s) {
+    size_t best_n = 0;
+    int best_root = 0;
+    uint64_t best_t = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        size_t n;
+        int root;
+        uint64_t t;
+        fl_job_votes(s, s->r[i].job, &n, &root, &t);
+        if (n > best_n || (n == best_n && (root > best_root || (root == best_root && t > best_t)))) {
+            best_n = n, best_root = root, best_t = t;
+            snprintf(s->job, sizeof s->job, "%s", s->r[i].job);
+        }
+    }
+}
+
+static void fl_drop(tally__flight_set *s, size_t i) {
+    free(s->r[i].e);
+    s->r[i] = s->r[--s->n];
+}
+
+/* 1 when r's file is the one the writer names for it: rank<world rank>.<label>.flight. */
+static int fl_named_for(const tally__flight_rank *r) {
+    char want[128];
+    snprintf(want, sizeof want, "rank%d.%s.flight", r->world_rank, r->label);
+    return !strcmp(r->file, want);
+}
+
+/* Keeps the records of the job picked; sets aside the others and the second record of a rank. */
+static int fl_keep_job(tally__flight_set *s) {
+    fl_pick_job(s);
+    size_t total = s->n, mine;
+    int root;
+    uint64_t t;
+    fl_job_votes(s, s->job, &mine, &root, &t);
+    for (size_t i = s->n; i-- > 0;) {
+        const tally__flight_rank *r = &s->r[i];
+        if (!strcmp(r->job, s->job)) continue;
+        char theirs[TALLY__FLIGHT_JOB + 16], ours[TALLY__FLIGHT_JOB + 16];
+        snprintf(theirs, sizeof theirs, "%s", r->job[0] ? r->job : "none named: an older tally's");
+        snprintf(ours, sizeof ours, "%s", s->job[0] ? s->job : "none named");
+        int rc = fl_skip(s, r->file, "of another job (%s), not of job %s, which %zu of the %zu files read are of",
+                         theirs, ours, mine, total);
+        if (rc) return rc;
+        fl_drop(s, i);
+    }
+    for (size_t i = 0; i < s->n; i++)
+        for (size_t j = i + 1; j < s->n; j++) {
+            tally__flight_rank *a = &s->r[i], *b = &s->r[j];
+            if (a->rank != b->rank || strcmp(a->label, b->label)) continue;
+            /* the one named for its rank stays; else the first by name */
+            int na = fl_named_for(a), nb = fl_named_for(b);
+            if (nb > na || (nb == na && strcmp(b->file, a->file) < 0)) {
+                tally__flight_rank x = *a;
+                *a = *b;
+                *b = x;
+            }
+            int rc = fl_skip(s, b->file, "a second record of rank %d of communicator %s (%s is the one read)", b->rank,
+                             b->label, a->file);
+            if (rc) return rc;
+            fl_drop(s, j--);
+        }
+    return 0;
+}
+
+static int fl_by_file(const void *a, const void *b) {
+    return strcmp(((const tally__flight_skip *)a)->file, ((const tally__flight_skip *)b)->file);
 }
 
 int tally__flight_load(const char *dir, tally__flight_set *s) {
@@ -152,6 +270,12 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
     tally__sig_name_algos(tally__algo_name); /* the records' fingerprints are shown with their names */
     int dfd, rc = tally__file_open_dir(dir, dir, &dfd);
     if (rc) return rc;
+    struct stat dst;
+    if (fstat(dfd, &dst) != 0) {
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat the directory: %s", dir, strerror(errno));
+        close(dfd);
+        return rc;
+    }
     DIR *d = fdopendir(dfd);
     if (!d) {
         close(dfd);
@@ -159,19 +283,22 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
     }
     struct dirent *de;
     while (!rc && (de = readdir(d)))
-        if (fl_is_record(de->d_name)) rc = fl_load_one(dirfd(d), dir, de->d_name, s);
+        if (fl_is_record(de->d_name)) rc = fl_load_one(dirfd(d), dir, de->d_name, dst.st_uid, s);
     closedir(d);
+    if (!rc) rc = fl_keep_job(s);
     if (rc) {
         tally__flight_set_free(s);
         return rc;
     }
     if (s->n) qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank);
+    if (s->n_skip) qsort(s->skip, s->n_skip, sizeof *s->skip, fl_by_file);
     return 0;
 }
 
 void tally__flight_set_free(tally__flight_set *s) {
     for (size_t i = 0; i < s->n; i++) free(s->r[i].e);
     free(s->r);
+    free(s->skip);
     memset(s, 0, sizeof *s);
 }
 

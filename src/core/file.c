@@ -99,6 +99,29 @@ int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char
     return 0;
 }
 
+int tally__file_open_read_nofollow(int dirfd, const char *name, const char *label, int *fd, struct stat *st) {
+    *fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW);
+    if (*fd < 0) {
+        int e = errno;
+        if (e == ELOOP)
+            tally__seterr(TALLY_E_INVALID, "%s: is a symbolic link; tally follows none here", label);
+        else
+            tally__seterr(TALLY_E_SYSTEM, "%s: cannot open it: %s", label, strerror(e));
+        errno = e;
+        return e == ELOOP ? TALLY_E_INVALID : TALLY_E_SYSTEM;
+    }
+    int rc = check_regular(*fd, label, NULL);
+    if (!rc && fstat(*fd, st) != 0)
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
+    if (!rc && fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", label, strerror(errno));
+    if (rc) {
+        close(*fd);
+        *fd = -1;
+    }
+    return rc;
+}
+
 int tally__file_open_dir(const char *path, const char *label, int *fd) {
     *fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
     if (*fd < 0) {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
+#include <sys/stat.h>
 
 /* What a user can do about errno `e` after a failed create or write ("free space there or choose another
  * directory"); "" when there is nothing better to say than strerror. */
@@ -26,6 +27,10 @@ int tally__file_open_read(int dirfd, const char *name, const char *label, int *f
 int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char **out);
 /* The same for a directory (O_DIRECTORY). */
 int tally__file_open_dir(const char *path, const char *label, int *fd);
+/* As tally__file_open_read, but never through a symbolic link at `name` (O_NOFOLLOW: TALLY_E_INVALID, "<label>: is a
+ * symbolic link ...", errno ELOOP), with the file's stat in *st (its owner, for a caller that reads only
+ * some users' files). For a directory others can write into. */
+int tally__file_open_read_nofollow(int dirfd, const char *name, const char *label, int *fd, struct stat *st);
 
 /* Creates `name` under dirfd to write it, new (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0644 less the umask):
  * nothing that was there is ever opened, followed or truncated. A regular file already there is taken

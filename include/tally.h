@@ -164,6 +164,13 @@ TALLY_API int tally_config_from_env(tally_config *cfg);
  * ranks. */
 TALLY_API int tally_comm_init_config(tally_comm **comm, const tally_config *cfg);
 TALLY_API int tally_comm_init(tally_comm **comm);
+/* A communicator, its requests and its buffers belong to the process that made them. After fork() the
+ * child inherits them, but not the threads that run them, and their connections and shared memory are
+ * the parent's: every call the child makes on them (collectives, point-to-point, requests, tally_mem_*,
+ * split, even tally_comm_free and _abort) returns TALLY_E_INVALID at once, "communicator made in process
+ * P, used in process Q: a forked child must make its own communicator", and touches nothing the parent
+ * uses, so the parent's communicator goes on as before. The child may simply drop them (and exit, or
+ * exec); it may make a communicator of its own. tally_comm_rank, _size and _transport still answer. */
 TALLY_API int tally_comm_rank(const tally_comm *comm);
 TALLY_API int tally_comm_size(const tally_comm *comm);
 TALLY_API int tally_comm_free(tally_comm *comm);
@@ -199,7 +206,8 @@ TALLY_API int tally_comm_split_host(tally_comm *comm, tally_comm **newcomm);
  *   not free it.
  * - tally_comm_init may be called again at once (the peers too, after freeing theirs) for a new
  *   communicator; the environment may name a new TALLY_ADDR.
- * Returns 0; comm NULL is a no-op. Call it once per communicator. */
+ * Returns 0 (TALLY_E_INVALID, and nothing done, in a forked child); comm NULL is a no-op. Call it once per
+ * communicator. */
 TALLY_API int tally_comm_abort(tally_comm *comm);
 
 /* Collectives. send == recv means in place; count 0 is valid; counts need not divide by the size.
@@ -311,6 +319,11 @@ TALLY_API int tally_irecv(tally_comm *c, void *buf, size_t count, tally_dtype t,
 TALLY_API int tally_wait(tally_request *req);
 /* *done = 1 and req's result once it is done; *done = 0 and 0 before. */
 TALLY_API int tally_test(tally_request *req, int *done);
+/* tally_wait bounded: waits at most timeout_s seconds (>= 0; 0 is tally_test) for req, then answers as
+ * tally_test does. It never runs req on this thread as tally_wait may (the communication thread runs it),
+ * so it returns on time whatever the peers do: for a caller that needs its thread back now and then, as
+ * Python's blocking calls do to run its signal handlers (Ctrl-C) while a peer keeps them waiting. */
+TALLY_API int tally_wait_for(tally_request *req, double timeout_s, int *done);
 /* Calls fn(arg, rc, msg) once req is done: on the thread that completed it (the communication thread, or
  * a waiter), before tally_wait returns; or at once on this thread when it already is done. One
  * callback per request. fn must not block on, free or abort the communicator. */
@@ -329,6 +342,14 @@ TALLY_API int tally_request_free(tally_request *req);
  * on this communicator; tally_comm_free releases whatever is still allocated. */
 TALLY_API void *tally_mem_alloc(tally_comm *comm, size_t bytes);
 TALLY_API int tally_mem_free(tally_comm *comm, void *ptr);
+/* Keeps ptr (from tally_mem_alloc on comm) past the communicator: tally_comm_free and tally_comm_abort
+ * leave it allocated, plain memory from then on, and tally_mem_release(ptr) releases it once comm is gone
+ * (tally_mem_free while comm lives). For bindings whose arrays may outlive their communicator (Python's).
+ * TALLY_E_INVALID for a pointer tally_mem_alloc did not return on comm. */
+TALLY_API int tally_mem_keep(tally_comm *comm, void *ptr);
+/* Releases a buffer tally_mem_keep kept past its freed communicator; NULL is a no-op, any other pointer
+ * (one whose communicator still lives included) TALLY_E_INVALID. */
+TALLY_API int tally_mem_release(void *ptr);
 
 /* Short description of an error code. */
 TALLY_API const char *tally_strerror(int err);

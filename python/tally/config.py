@@ -2,6 +2,7 @@
 environment's TALLY_* values (tally_config_from_env) for what the caller does not give, the caller's for
 the rest; checked by the library when the communicator is made, which names the field."""
 import ctypes
+import numbers
 
 from . import errors
 from ._lib import lib, Config, LOG_FN, CONFIG_VERSION
@@ -50,6 +51,9 @@ def make(log=None, **given):
         elif field == "isa":
             value = _word(field, value, ISAS)
         kind = dict(Config._fields_)[field]
+        if kind in (ctypes.c_int, ctypes.c_longlong) and (isinstance(value, bool)
+                                                          or not isinstance(value, numbers.Integral)):
+            raise TypeError(f"tally: {field} must be an int, not {type(value).__name__} {value!r}")
         if issubclass(kind, ctypes.Array):
             raw = str(value).encode()
             if len(raw) >= ctypes.sizeof(kind):

@@ -4,10 +4,18 @@ Cases: collectives (every collective, dtype and op against NumPy, sizes 0, 1, od
 large), more (reduce, gather, scatter, all-to-all, point-to-point, int8/int16/bool and the bitwise ops), checks (ValueError for what tally would refuse), death (the last rank dies: the others raise
 tally.PeerLost naming it), mismatch (the last rank passes another count: tally.Mismatch everywhere),
 config (a Comm from keyword arguments with no TALLY_* left in the environment, which it never changes; its
-log callback; bad fields refused by name)."""
+log callback; bad fields refused by name), lifetime (2 ranks: arrays a dropped pending request uses stay
+alive, mem_alloc arrays outlive their views' communicator, shapes and non-integer ranks refused, a forked
+child refused at once while the parents go on, a signal handler run while a call is blocked, Ctrl-C ending
+a blocked call within a second with the communicator aborted)."""
+import atexit
+import gc
 import os
+import signal
 import sys
+import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -211,6 +219,8 @@ def case_config():
     raises(tally.InvalidArgument, lambda: tally.Comm(0, 1, algo="fast"), ["tally_config.algo='fast'"], "algo fast")
     raises(ValueError, lambda: tally.Comm(0, 1, transport="ib"), ["transport", "ib"], "transport ib")
     raises(TypeError, lambda: tally.Comm(0, 1, timeout_s=5), ["timeout_s"], "an unknown field")
+    raises(TypeError, lambda: tally.Comm(0.5, 1), ["rank", "float"], "rank=0.5")
+    raises(TypeError, lambda: tally.Comm(0, 1, tcp_streams=2.0), ["tcp_streams"], "tcp_streams=2.0")
     os.environ["TALLY_TCP_STREAMS"] = "17"  # the environment's defaults are read, and named when bad
     raises(tally.InvalidArgument, lambda: tally.Comm(0, 1), ["TALLY_TCP_STREAMS='17'"], "TALLY_TCP_STREAMS=17")
     del os.environ["TALLY_TCP_STREAMS"]
@@ -234,6 +244,182 @@ def case_death(c):
     except tally.Error as e:
         check(False, f"not PeerLost: {type(e).__name__} {e}")
     c.abort()
+
+
+def case_lifetime(c):
+    size, rank, peer = c.size, c.rank, 1 - c.rank
+    # Ranks, roots, tags and counts are ints: a float is a TypeError naming the argument, never rounded.
+    a = np.ones(4, np.float32)
+    for what, fn, words in (
+            ("broadcast root=0.9", lambda: c.broadcast(a, root=0.9), ["root", "float"]),
+            ("reduce root=1.0", lambda: c.reduce(a, root=1.0), ["root"]),
+            ("gather root=True", lambda: c.gather(a, root=True), ["root", "bool"]),
+            ("scatter root='0'", lambda: c.scatter(a, a, root="0"), ["root", "str"]),
+            ("send dst=0.5", lambda: c.send(a, 0.5), ["destination"]),
+            ("isend tag=1.5", lambda: c.isend(a, peer, tag=1.5), ["tag"]),
+            ("irecv src=1.0", lambda: c.irecv(a, 1.0), ["source"]),
+            ("alltoallv counts", lambda: c.alltoallv(a, [2.0, 2.0], a, [2, 2]), ["sendcounts[0]"]),
+            ("algo_for(1.5)", lambda: c.algo_for(1.5), ["nbytes"]),
+            ("mem_alloc((2.5,))", lambda: c.mem_alloc((2.5,)), ["dimension 0"])):
+        raises(TypeError, fn, words, what)
+    b = np.full(3, rank + 1.0)
+    c.broadcast(b, root=np.int64(1))
+    check(np.all(b == 2), "broadcast with a NumPy integer root")
+    # Shapes: checked in Python's integers, before any call.
+    raises(ValueError, lambda: c.mem_alloc((-5,)), ["dimension 0", "-5"], "mem_alloc((-5,))")
+    raises(ValueError, lambda: c.mem_alloc((3, -1)), ["dimension 1"], "mem_alloc((3, -1))")
+    raises(ValueError, lambda: c.mem_alloc((1 << 62,)), ["2**50"], "mem_alloc((1 << 62,))")
+    raises(ValueError, lambda: c.mem_alloc((1 << 40, 1 << 40), np.float64), ["2**50"], "mem_alloc of 2**83 bytes")
+    check(c.mem_alloc(3).shape == (3,) and c.mem_alloc((0, 4)).size == 0, "mem_alloc of an int and of 0 elements")
+
+    # A request dropped while pending keeps its arrays until it is done (it used to crash: SIGSEGV).
+    for _ in range(4):
+        big = np.ones(1 << 22, np.float32)
+        gone = weakref.ref(big)
+        c.iallreduce(big)
+        del big
+        gc.collect()
+        x = np.full(2, rank + 1.0, np.float32)
+        c.allreduce(x)
+        check(np.all(x == 3), "allreduce after a dropped iallreduce")
+    c.barrier()  # a call frees the dropped requests that are done (all: the allreduce ran after them)
+    check(gone() is None, "a dropped iallreduce's array outlived its request")
+    for name, post in (("reduce", lambda v: c.reduce(v, root=0, nonblocking=True)),
+                       ("gather", lambda v: c.gather(v, root=1, nonblocking=True)),
+                       ("alltoall", lambda v: c.alltoall(v, nonblocking=True))):
+        v = np.ones(1 << 20, np.float32)
+        post(v)
+        del v
+        gc.collect()
+    c.barrier()
+    # A kept array outlives its wait only as long as the request does.
+    big = np.ones(1 << 20, np.float32)
+    alive = weakref.ref(big)
+    r = c.iallreduce(big)
+    del big
+    gc.collect()
+    check(alive() is not None, "a pending request's array was let go")
+    r.wait()
+    del r
+    gc.collect()
+    check(alive() is None, "the array outlived its done request")
+    # A receive dropped before its message comes: the message still lands in its (kept) array.
+    got = np.zeros(1 << 16, np.float32)
+    seen = weakref.ref(got)
+    c.irecv(got, peer, tag=4)
+    del got
+    gc.collect()
+    c.barrier()
+    c.send(np.full(1 << 16, 7, np.float32), peer, tag=4)
+    c.barrier()
+    for _ in range(200):
+        c.barrier()  # each call frees the dropped requests that are done
+        if seen() is None:
+            break
+    check(seen() is None, "a dropped receive's array never let go")
+
+    # mem_alloc: the memory lives while a view does, past free() too.
+    m = c.mem_alloc((4, 1000), np.float32)
+    row = m[2]
+    del m
+    gc.collect()
+    row[:] = rank + 1
+    c.allreduce(row)
+    check(np.all(row == 3), "a view of a mem_alloc array whose array is gone")
+    whole = c.mem_alloc(1 << 18, np.float64)
+    whole[:] = rank
+    c.free()
+    whole[:] += 1  # crashed: the memory went with the communicator
+    row[:] = 9
+    check(np.all(whole == rank + 1) and np.all(row == 9), "mem_alloc arrays written after free()")
+    raises(tally.InvalidArgument, lambda: c.allreduce(row), ["freed"], "a call after free()")
+    del whole, row
+    gc.collect()
+
+    # The same past abort().
+    c2 = tally.Comm()
+    m2 = c2.mem_alloc(1000, np.int32)
+    m2[:] = 5
+    c2.barrier()
+    c2.abort()
+    m2[:] += 1
+    check(np.all(m2 == 6), "a mem_alloc array written after abort()")
+    raises(tally.Aborted, lambda: c2.barrier(), ["aborted"], "a call after abort()")
+    del m2
+
+    c3 = tally.Comm()
+    # A forked child: every call refused at once, naming both processes; the parents go on.
+    pending = c3.irecv(np.zeros(3, np.float32), peer, tag=6)
+    held = c3.mem_alloc(100, np.float32)
+    parent = os.getpid()
+    kid = os.fork()
+    if kid == 0:
+        ok = True
+        want = f"made in process {parent}, used in process {os.getpid()}"
+        for call in (lambda: c3.allreduce(np.ones(2, np.float32)), c3.barrier, lambda: c3.iallreduce(held),
+                     lambda: c3.send(held, peer), lambda: c3.mem_alloc(10), pending.wait):
+            t0 = time.monotonic()
+            try:
+                call()
+                ok = False
+                print("child: a call on the parent's communicator succeeded", flush=True)
+            except tally.InvalidArgument as e:
+                if want not in str(e) or "forked child" not in str(e) or time.monotonic() - t0 > 1:
+                    ok = False
+                    print(f"child: '{e}'", flush=True)
+        del pending, held
+        c3.free()  # only dropped
+        gc.collect()
+        atexit._run_exitfuncs()  # the finalizers a normal exit runs: none may touch the parent's state
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(kid, 0)
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the forked child's checks (status {status})")
+    c3.send(np.full(3, rank, np.float32), peer, tag=6)
+    check(np.all(pending.wait() == peer), "the parent's pending receive, after the fork")
+    v = np.full(1000, rank + 1.0)
+    held[:] = rank + 1
+    c3.allreduce(v)
+    c3.allreduce(held)
+    check(np.all(v == 3) and np.all(held == 3), "the parents' collectives after the fork")
+    del held
+
+    # A signal whose handler returns runs while the call is blocked (the peer sleeps), which goes on.
+    ran = []
+    signal.signal(signal.SIGUSR1, lambda *_: ran.append(time.monotonic()))
+    if rank == 0:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    else:
+        time.sleep(1.0)
+    t0 = time.monotonic()
+    v = np.full(8, rank + 1.0)
+    c3.allreduce(v)
+    done = time.monotonic()
+    if rank == 0:
+        check(len(ran) == 1 and ran[0] - t0 < 0.6 and done - ran[0] > 0.2,
+              f"SIGUSR1's handler ran {[round(r - t0, 3) for r in ran]} s into a call that took {done - t0:.2f} s")
+    check(np.all(v == 3), "the allreduce the handler ran in")
+
+    # Ctrl-C: rank 0 blocked (rank 1 sleeps) gets KeyboardInterrupt within a second, its communicator
+    # aborted; rank 1 then fails at once, naming it.
+    if rank == 0:
+        sent = []
+        threading.Timer(0.3, lambda: (sent.append(time.monotonic()), os.kill(os.getpid(), signal.SIGINT))).start()
+        try:
+            c3.allreduce(np.ones(8, np.float32))
+            check(False, "no KeyboardInterrupt")
+        except KeyboardInterrupt:
+            late = time.monotonic() - sent[0]
+            check(late < 1.0, f"KeyboardInterrupt {late:.2f} s after SIGINT")
+        raises(tally.Aborted, lambda: c3.barrier(), ["KeyboardInterrupt", "allreduce"], "a call after Ctrl-C")
+    else:
+        time.sleep(2.0)
+        t0 = time.monotonic()
+        try:
+            c3.allreduce(np.ones(8, np.float32))
+            check(False, "rank 1: no error after rank 0 was interrupted")
+        except (tally.Aborted, tally.PeerLost) as e:
+            check("rank 0" in str(e) and time.monotonic() - t0 < 5, f"rank 1 got '{e}'")
+        c3.free()
 
 
 def case_mismatch(c):

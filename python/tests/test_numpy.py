@@ -48,12 +48,14 @@ def main():
         sys.exit(77)
     tally_bin = sys.argv[1]
     fails, passed = [], 0
-    # The quick tier: every collective on 2 ranks, the argument checks, a mismatch; the long one the rest.
+    # The quick tier: every collective on 2 ranks, the argument checks, a mismatch, the lifetimes; the long
+    # one the rest.
     for n, case, tp, tier in [(1, "collectives", None, "long"), (2, "collectives", None, "quick"),
                               (3, "collectives", None, "long"), (2, "collectives", "tcp", "long"),
                               (2, "checks", None, "quick"), (2, "more", None, "quick"), (3, "more", None, "long"),
                               (4, "more", "tcp", "long"), (3, "death", None, "long"), (3, "mismatch", None, "quick"),
-                              (2, "config", None, "quick"), (3, "config", None, "long")]:
+                              (2, "config", None, "quick"), (3, "config", None, "long"),
+                              (2, "lifetime", None, "quick"), (2, "lifetime", "tcp", "long")]:
         if not wants(tier):
             continue
         f, p = run(tally_bin, n, case, tp)

@@ -81,6 +81,22 @@ struct tally__po *tally__comm_po(const tally_comm *c);
 void tally__comm_hold(tally_comm *c);
 int tally__comm_release(tally_comm *c, int rc);
 
+/* The process a communicator or request was made in: a forked child inherits both, but their threads,
+ * connections and shared segments are the parent's, and a child that used them would take the parent's
+ * place in its collectives. Every public call on one checks it first (one load, no system call) and a
+ * child gets TALLY_E_INVALID at once, the parent's state left untouched. */
+typedef struct tally__proc {
+    unsigned gen; /* the process's fork generation, bumped in each child (pthread_atfork) */
+    int pid;      /* for the message */
+} tally__proc;
+/* Stamps p with this process (the first stamp installs the fork handler). */
+void tally__proc_stamp(tally__proc *p);
+/* 0 in the process p was stamped in; else TALLY_E_INVALID, its message naming fn, what ("communicator",
+ * "request") and both processes. */
+int tally__proc_foreign(const tally__proc *p, const char *fn, const char *what);
+/* tally__proc_foreign for c (0 when c is NULL). */
+int tally__comm_foreign(const tally_comm *c, const char *fn);
+
 /* A communicator from a rendezvous described by env rather than by a config (tally_comm_split), with
  * parent's config; world (malloc'd, taken over, freed with it even on failure) holds each rank's rank in
  * the world, which its error messages name beside its own. Collective over env's ranks. */

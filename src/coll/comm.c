@@ -2,6 +2,7 @@
  * transport, measured cost model, monitor) and the public collective entry points that validate,
  * fingerprint and dispatch (to a flat algorithm, or to the world's levels). */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,7 @@ struct tally_comm {
     int traced;              /* this world started the timeline (TALLY_TRACE) and writes it when freed */
     tally__trace_clock clk;  /* its clock against rank 0's */
     tally__po *po;           /* point-to-point: its post office (src/p2p), apart from the collectives' order */
+    tally__proc proc;        /* the process that made it: another one (a forked child) may not use it */
 };
 
 /* How long tally_comm_abort waits for calls in flight to see the fault and leave (they do within
@@ -64,10 +66,51 @@ struct tally_comm {
 typedef struct tally__plain_mem {
     struct tally__plain_mem *next;
     void *p;
+    int kept; /* tally_mem_keep: the communicator's destroy hands it to tally__kept rather than free it */
 } tally__plain_mem;
+
+/* Plain blocks kept past their communicator, until tally_mem_release (shm's are the transport's). */
+static pthread_mutex_t tally__kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static tally__plain_mem *tally__kept;
 
 /* Communicators alive in this process: the first one made while none is sets what is process-wide. */
 static _Atomic int tally__live;
+
+/* ---- the process a communicator belongs to ----------------------------------------------------- */
+
+/* Bumped in the child of every fork() once a communicator was made (pthread_atfork): what was stamped
+ * with another value belongs to an ancestor process. The check is one relaxed load, no system call. */
+static _Atomic unsigned tally__fork_gen;
+static _Atomic int tally__fork_pid; /* this process's id, kept with the generation (no getpid per stamp) */
+static pthread_once_t tally__fork_once = PTHREAD_ONCE_INIT;
+
+static void tally__forked(void) {
+    atomic_store_explicit(&tally__fork_pid, (int)getpid(), memory_order_relaxed);
+    atomic_fetch_add_explicit(&tally__fork_gen, 1, memory_order_relaxed);
+}
+
+static void tally__fork_watch(void) {
+    atomic_store_explicit(&tally__fork_pid, (int)getpid(), memory_order_relaxed);
+    pthread_atfork(NULL, NULL, tally__forked);
+}
+
+void tally__proc_stamp(tally__proc *p) {
+    pthread_once(&tally__fork_once, tally__fork_watch);
+    p->gen = atomic_load_explicit(&tally__fork_gen, memory_order_relaxed);
+    p->pid = atomic_load_explicit(&tally__fork_pid, memory_order_relaxed);
+}
+
+int tally__proc_foreign(const tally__proc *p, const char *fn, const char *what) {
+    if (p->gen == atomic_load_explicit(&tally__fork_gen, memory_order_relaxed)) return 0;
+    return tally__seterr(TALLY_E_INVALID,
+                         "%s: %s made in process %d, used in process %d: a forked child must make its own "
+                         "communicator (tally_comm_init); the parent's is left to the parent, untouched",
+                         fn, what, p->pid, (int)getpid());
+}
+
+int tally__comm_foreign(const tally_comm *c, const char *fn) {
+    return c ? tally__proc_foreign(&c->proc, fn, "communicator") : 0;
+}
 
 static const char *tally__isa_name(int isa) {
     static const char *const names[] = {"auto", "scalar", "avx2", "avx512"};
@@ -121,6 +164,13 @@ static void tally__comm_destroy(tally_comm *c) {
     while (c->plain) {
         tally__plain_mem *m = c->plain;
         c->plain = m->next;
+        if (m->kept) {
+            pthread_mutex_lock(&tally__kept_mu);
+            m->next = tally__kept;
+            tally__kept = m;
+            pthread_mutex_unlock(&tally__kept_mu);
+            continue;
+        }
         free(m->p);
         free(m);
     }
@@ -221,6 +271,7 @@ static int tally__comm_make(const tally_config *cfg, const tally__boot_env *env,
         return tally__seterr(TALLY_E_NOMEM, "tally_comm_init: out of memory");
     }
     tally__comm_alive(env ? NULL : cfg);
+    tally__proc_stamp(&c->proc);
     c->cfg = *cfg;
     tally__fault_init(&c->fault);
     atomic_init(&c->refs, 1);
@@ -331,6 +382,8 @@ static void tally__comm_flight_dump(tally_comm *c, const char *reason, int culpr
 /* Teardown leaves the thread's message alone (as free() leaves errno): a caller tearing down after a
  * failure still reads why it failed. */
 TALLY_API int tally_comm_free(tally_comm *c) {
+    if (c && c->proc.gen != atomic_load_explicit(&tally__fork_gen, memory_order_relaxed))
+        return tally__comm_foreign(c, "tally_comm_free"); /* the parent's to free: nothing here is touched */
     if (c) tally__comm_stop_async(c, 0); /* its requests complete first, as a blocking call would have */
     if (c) tally__po_shutdown(c->po, 0); /* the sends too; receives still pending fail */
     int trc = c ? tally__comm_trace_end(c) : 0;
@@ -345,6 +398,8 @@ TALLY_API int tally_comm_free(tally_comm *c) {
 TALLY_API int tally_comm_abort(tally_comm *c) {
     tally__clearerr();
     if (!c) return 0;
+    int foreign = tally__comm_foreign(c, "tally_comm_abort"); /* no fault told to the parent's peers */
+    if (foreign) return foreign;
     atomic_store(&c->aborted, 1);
     /* Raised like any fault: the calls in flight here return it, and the peers are told (through rank 0,
      * or the shared segment) rather than left to wait for TALLY_TIMEOUT. */
@@ -691,6 +746,11 @@ tally__async_slot *tally__comm_async(tally_comm *c) { return &c->async; }
 
 /* A blocking call runs here, unless non-blocking ones are pending: then it waits its turn behind them. */
 int tally__comm_call(tally_comm *c, const tally__call *a) {
+    if (c && c->proc.gen != atomic_load_explicit(&tally__fork_gen, memory_order_relaxed)) {
+        char fn[48];
+        snprintf(fn, sizeof fn, "tally_%s", tally__coll_name(a->coll));
+        return tally__comm_foreign(c, fn);
+    }
     tally__enter(c);
     int rc =
         c && c->async.e && c->async.ops->pending(c->async.e) ? c->async.ops->through(c->async.e, a) : tally__body(c, a);
@@ -739,7 +799,7 @@ static void *tally__plain_alloc(tally_comm *c, size_t bytes) {
         tally__seterr(TALLY_E_NOMEM, "tally_mem_alloc on rank %d: out of memory for %zu bytes", c->ctx.rank, bytes);
         return NULL;
     }
-    *m = (tally__plain_mem){c->plain, p};
+    *m = (tally__plain_mem){c->plain, p, 0};
     c->plain = m;
     return p;
 }
@@ -765,6 +825,7 @@ TALLY_API void *tally_mem_alloc(tally_comm *c, size_t bytes) {
         tally__seterr(TALLY_E_INVALID, "tally_mem_alloc: communicator is NULL");
         return NULL;
     }
+    if (tally__comm_foreign(c, "tally_mem_alloc")) return NULL;
     tally__enter(c);
     const tally__tp_ops *ops = c->ctx.tp->ops;
     void *p = ops->mem_alloc ? ops->mem_alloc(c->ctx.tp, bytes) : tally__plain_alloc(c, bytes);
@@ -775,7 +836,57 @@ TALLY_API void *tally_mem_alloc(tally_comm *c, size_t bytes) {
 TALLY_API int tally_mem_free(tally_comm *c, void *ptr) {
     if (!c || !c->ctx.tp) return tally__seterr(TALLY_E_INVALID, "tally_mem_free: communicator is NULL");
     if (!ptr) return 0;
+    int foreign = tally__comm_foreign(c, "tally_mem_free");
+    if (foreign) return foreign;
     tally__enter(c);
     const tally__tp_ops *ops = c->ctx.tp->ops;
     return tally__leave(c, ops->mem_free ? ops->mem_free(c->ctx.tp, ptr) : tally__plain_free(c, ptr));
+}
+
+TALLY_API int tally_mem_keep(tally_comm *c, void *ptr) {
+    tally__clearerr();
+    if (!c || !c->ctx.tp) return tally__seterr(TALLY_E_INVALID, "tally_mem_keep: communicator is NULL");
+    int rc = tally__comm_foreign(c, "tally_mem_keep");
+    if (rc) return rc;
+    tally__enter(c);
+    const tally__tp_ops *ops = c->ctx.tp->ops;
+    if (ops->mem_alloc) {
+        rc = ops->mem_keep
+                 ? ops->mem_keep(c->ctx.tp, ptr)
+                 : tally__seterr(TALLY_E_UNSUPPORTED, "tally_mem_keep: transport %s cannot keep buffers", ops->name);
+        return tally__leave(c, rc);
+    }
+    tally__plain_mem *m = c->plain;
+    while (m && m->p != ptr) m = m->next;
+    if (m)
+        m->kept = 1;
+    else
+        rc = tally__seterr(TALLY_E_INVALID,
+                           "tally_mem_keep on rank %d: %p did not come from tally_mem_alloc on this communicator (or "
+                           "was freed already)",
+                           c->ctx.rank, ptr);
+    return tally__leave(c, rc);
+}
+
+TALLY_API int tally_mem_release(void *ptr) {
+    if (!ptr) return 0;
+    pthread_mutex_lock(&tally__kept_mu);
+    tally__plain_mem *m = NULL;
+    for (tally__plain_mem **at = &tally__kept; *at; at = &(*at)->next)
+        if ((*at)->p == ptr) {
+            m = *at;
+            *at = m->next;
+            break;
+        }
+    pthread_mutex_unlock(&tally__kept_mu);
+    if (m) {
+        free(m->p);
+        free(m);
+        return 0;
+    }
+    if (!tally__shm_mem_release_kept(ptr)) return 0;
+    return tally__seterr(TALLY_E_INVALID,
+                         "tally_mem_release: %p is no buffer tally_mem_keep kept past its communicator (one whose "
+                         "communicator lives is released with tally_mem_free)",
+                         ptr);
 }

@@ -12,6 +12,8 @@
 static int p2p_check(const tally_comm *c, const char *fn, const void *buf, size_t count, tally_dtype t, int peer,
                      int is_recv, int tag) {
     if (!c) return tally__seterr(TALLY_E_INVALID, "%s: communicator is NULL", fn);
+    int foreign = tally__comm_foreign(c, fn);
+    if (foreign) return foreign;
     int rank = tally_comm_rank(c), size = tally_comm_size(c);
     if (!tally__dtype_valid((int)t) || !tally_dtype_size(t)) /* a size 0: a dtype this build cannot move */
         return tally__seterr(TALLY_E_INVALID, "%s on rank %d: invalid dtype %d", fn, rank, (int)t);

@@ -133,7 +133,8 @@ TALLY_API int tally_comm_split(tally_comm *comm, int color, int key, tally_comm 
     if (!newcomm) return tally__seterr(TALLY_E_INVALID, "tally_comm_split: newcomm pointer is NULL");
     *newcomm = NULL;
     if (!comm) return tally__seterr(TALLY_E_INVALID, "tally_comm_split: comm is NULL");
-    return split(comm, color, key, newcomm);
+    int foreign = tally__comm_foreign(comm, "tally_comm_split");
+    return foreign ? foreign : split(comm, color, key, newcomm);
 }
 
 TALLY_API int tally_comm_split_host(tally_comm *comm, tally_comm **newcomm) {
@@ -141,6 +142,8 @@ TALLY_API int tally_comm_split_host(tally_comm *comm, tally_comm **newcomm) {
     if (!newcomm) return tally__seterr(TALLY_E_INVALID, "tally_comm_split_host: newcomm pointer is NULL");
     *newcomm = NULL;
     if (!comm) return tally__seterr(TALLY_E_INVALID, "tally_comm_split_host: comm is NULL");
+    int foreign = tally__comm_foreign(comm, "tally_comm_split_host");
+    if (foreign) return foreign;
     const tally__peer *p = tally__boot_peers(tally__comm_boot(comm));
     int rank = tally_comm_rank(comm), size = tally_comm_size(comm);
     int *host = malloc((size_t)size * sizeof *host), *local = malloc((size_t)size * sizeof *local);

@@ -14,7 +14,7 @@ static int tally__self_exchange(tally__tp *tp, const tally__send *s, int ns, con
 
 static void tally__self_destroy(tally__tp *tp) { free(tp); }
 
-static const tally__tp_ops tally__self_ops = {"self", tally__self_exchange, tally__self_destroy, NULL, NULL};
+static const tally__tp_ops tally__self_ops = {"self", tally__self_exchange, tally__self_destroy, NULL, NULL, NULL};
 
 int tally__self_create(const tally__tp_ctx *ctx, tally__tp **out) {
     *out = NULL;

@@ -184,6 +184,7 @@ int tally__shm_mem_init(shm_tp *t);
 void tally__shm_mem_fini(shm_tp *t);
 void *tally__shm_mem_alloc(tally__tp *tp, size_t bytes);
 int tally__shm_mem_free(tally__tp *tp, void *ptr);
+int tally__shm_mem_keep(tally__tp *tp, void *ptr);
 /* The region of ours that holds [buf, buf+len): 1 and its id, fd and offset, or 0 when none does. */
 int tally__shm_mem_find(shm_tp *t, const void *buf, size_t len, uint64_t *id, int *fd, uint64_t *off);
 /* Our read-only mapping of rank p's region `id` (fd is its number in p), mapped on first use and

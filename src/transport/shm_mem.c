@@ -2,6 +2,7 @@
  * read-only once, so a large message from one is read in place with a single copy and no syscall. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,46 @@ typedef struct shm_region {
     int fd;
     unsigned char *base;
     size_t len;
+    int kept; /* tally_mem_keep: destroy leaves it mapped */
 } shm_region;
+
+/* Regions a destroyed transport left mapped (kept), until tally_mem_release: process-wide, as they
+ * outlive their communicator. */
+typedef struct shm_kept {
+    struct shm_kept *next;
+    void *base;
+    size_t len;
+} shm_kept;
+static pthread_mutex_t shm_kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static shm_kept *shm_kept_list;
+
+/* Hands a kept region over to the process-wide list (left mapped for good when no memory is left for
+ * that: a leak, never a buffer unmapped under its owner). */
+static void shm_keep_past(const shm_region *r) {
+    shm_kept *k = malloc(sizeof *k);
+    if (!k) return;
+    *k = (shm_kept){.base = r->base, .len = r->len};
+    pthread_mutex_lock(&shm_kept_mu);
+    k->next = shm_kept_list;
+    shm_kept_list = k;
+    pthread_mutex_unlock(&shm_kept_mu);
+}
+
+int tally__shm_mem_release_kept(void *ptr) {
+    pthread_mutex_lock(&shm_kept_mu);
+    shm_kept *k = NULL;
+    for (shm_kept **at = &shm_kept_list; *at; at = &(*at)->next)
+        if ((*at)->base == ptr) {
+            k = *at;
+            *at = k->next;
+            break;
+        }
+    pthread_mutex_unlock(&shm_kept_mu);
+    if (!k) return -1;
+    munmap(k->base, k->len);
+    free(k);
+    return 0;
+}
 
 /* One peer region this rank mapped. */
 typedef struct shm_peer_map {
@@ -58,7 +98,10 @@ void tally__shm_mem_fini(shm_tp *t) {
     shm_mem_state *m = t->ms;
     if (!m) return;
     for (size_t i = 0; i < m->nreg; i++) {
-        munmap(m->reg[i].base, m->reg[i].len);
+        if (m->reg[i].kept)
+            shm_keep_past(&m->reg[i]); /* the mapping holds the memfd: its descriptor can go */
+        else
+            munmap(m->reg[i].base, m->reg[i].len);
         close(m->reg[i].fd);
     }
     for (size_t i = 0; i < m->nmap; i++) munmap((void *)m->map[i].base, m->map[i].len);
@@ -124,7 +167,7 @@ void *tally__shm_mem_alloc(tally__tp *tp, size_t bytes) {
     int fd;
     void *p = shm_region_make(t, len, &fd);
     if (!p) return NULL;
-    t->ms->reg[t->ms->nreg++] = (shm_region){t->ms->next_id++, fd, p, len};
+    t->ms->reg[t->ms->nreg++] = (shm_region){t->ms->next_id++, fd, p, len, 0};
     return p; /* page aligned, so 64-byte aligned */
 }
 
@@ -142,6 +185,19 @@ int tally__shm_mem_free(tally__tp *tp, void *ptr) {
     return tally__seterr(TALLY_E_INVALID,
                          "rank %d: tally_mem_free: %p did not come from tally_mem_alloc on this "
                          "communicator (or was freed already)",
+                         t->me, ptr);
+}
+
+int tally__shm_mem_keep(tally__tp *tp, void *ptr) {
+    shm_tp *t = (shm_tp *)tp;
+    for (size_t i = 0; i < t->ms->nreg; i++)
+        if (t->ms->reg[i].base == ptr) {
+            t->ms->reg[i].kept = 1;
+            return 0;
+        }
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: tally_mem_keep: %p did not come from tally_mem_alloc on this communicator (or "
+                         "was freed already)",
                          t->me, ptr);
 }
 

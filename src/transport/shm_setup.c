@@ -53,8 +53,8 @@ typedef struct shm_where {
     int32_t err, pad;
 } shm_where;
 
-static const tally__tp_ops shm_ops = {"shm", tally__shm_exchange, tally__shm_destroy, tally__shm_mem_alloc,
-                                      tally__shm_mem_free};
+static const tally__tp_ops shm_ops = {
+    "shm", tally__shm_exchange, tally__shm_destroy, tally__shm_mem_alloc, tally__shm_mem_free, tally__shm_mem_keep};
 
 static size_t shm_round(size_t v, size_t to) { return (v + to - 1) / to * to; }
 

@@ -67,10 +67,11 @@ int tally__po_open(const tally__po_cfg *cfg, tally__po **out) {
     pthread_cond_init(&po->drove, NULL);
     po->in_of = calloc((size_t)po->size, sizeof *po->in_of);
     po->lost = calloc((size_t)po->size, sizeof *po->lost);
+    po->lost_why = calloc((size_t)po->size, sizeof *po->lost_why);
     po->out = calloc((size_t)po->size, sizeof *po->out);
     po->dpfd = calloc((size_t)po->size + 1, sizeof *po->dpfd);
     po->din = calloc((size_t)po->size + 1, sizeof *po->din);
-    if (!po->in_of || !po->lost || !po->out || !po->dpfd || !po->din) {
+    if (!po->in_of || !po->lost || !po->lost_why || !po->out || !po->dpfd || !po->din) {
         tally__po_free(po);
         return tally__seterr(TALLY_E_NOMEM, "rank %d: point-to-point: out of memory for %d ranks", cfg->rank,
                              cfg->size);
@@ -241,9 +242,11 @@ void tally__po_free(tally__po *po) {
     if (po->drive_fd >= 0) close(po->drive_fd);
     tally__po_free_msgs(po);
     for (int r = 0; po->out && r < po->size; r++) free(po->out[r].why);
+    for (int r = 0; po->lost_why && r < po->size; r++) free(po->lost_why[r]);
     free(po->ports);
     free(po->in_of);
     free(po->lost);
+    free(po->lost_why);
     free(po->out);
     free(po->pfd);
     free(po->slot);

@@ -57,6 +57,8 @@ void tally__po_in_close(tally__po *po, tally__po_in *in, int rc, const char *why
     if (in->rank >= 0 && po->in_of[in->rank] == in) {
         po->in_of[in->rank] = NULL;
         po->lost[in->rank] = rc;
+        free(po->lost_why[in->rank]);
+        po->lost_why[in->rank] = why ? strdup(why) : NULL;
         tally__po_fail_from(po, in->rank, rc, why);
     }
     close(in->fd);

@@ -203,6 +203,7 @@ struct tally__po {
     int n_ins;
     tally__po_in **in_of; /* [size]: where rank r's messages arrive */
     int *lost;            /* [size]: rank r's messages stopped (its connection ended): the code */
+    char **lost_why;      /* [size]: and what the failure said, for receives posted after it (or NULL) */
     tally__po_out *out;   /* [size] */
     uint64_t next_id;
     uint64_t accept_pause_until; /* accept() found no descriptor: the listener rests a moment */

@@ -170,15 +170,15 @@ tally__po_msg *tally__po_post_recv(tally__po *po, tally__po_op *op) {
         return po_take(po, op, m);
     }
     if (op->peer != TALLY_ANY_SOURCE && po->lost[op->peer]) {
-        char why[256];
+        char why[512];
         if (po->lost[op->peer] == TALLY_E_PEER_LOST)
             snprintf(why, sizeof why,
                      "rank %d closed its point-to-point connection (it exited, or freed or aborted the communicator) "
                      "and no message of it with that tag is left",
                      op->peer);
         else
-            snprintf(why, sizeof why, "rank %d's point-to-point connection was closed after an error (%s)", op->peer,
-                     tally_strerror(po->lost[op->peer]));
+            snprintf(why, sizeof why, "rank %d's point-to-point connection was closed after an error: %s", op->peer,
+                     po->lost_why[op->peer] ? po->lost_why[op->peer] : tally_strerror(po->lost[op->peer]));
         tally__po_fail(po, op, po->lost[op->peer], why);
         return NULL;
     }

@@ -278,6 +278,7 @@ static void hostile_peer(int rank, int port, const char *token) {
     int fd = impostor(port, token, h, 0); /* a length that does not add up */
     EXPECT(rank, fd >= 0 && closed_by_peer(fd, 10));
     close(fd);
+    R[1].flag2 = th_now(); /* rank 0 posts its receive only now: the reason must outlive the connection */
     th_wait_set(&R[0].flag, 10);              /* rank 0's receive failed */
     h.bytes = 0, h.count = (uint64_t)1 << 62; /* absurd */
     fd = impostor(port, token, h, 0);
@@ -312,6 +313,7 @@ static int fn_hostile(int rank, int n, void *arg) {
         EXPECT(rank, tally_send(c, v, 1, TALLY_I32, 0, 9) == 0); /* after every impostor */
     } else {
         tally_request *r;
+        th_wait_set(&R[1].flag2, 20);
         EXPECT(rank, tally_irecv(c, v, 10, TALLY_I32, 1, 0, &r) == 0);
         int rc = tally_wait(r);
         snprintf(R[0].msg, sizeof R[0].msg, "%s", tally_last_error());

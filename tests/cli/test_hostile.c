@@ -14,27 +14,11 @@
 
 #include "core/cpus.h"
 #include "harness.h"
+#include "scratch_dir.h"
 #include "tool_runner.h"
 #include "ckpt/ckpt.h"
 
 static th_tool R;
-static char base[64];
-
-static const char *at(const char *name) {
-    static char paths[8][320];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, sizeof paths[0], "%s/%s", base, name);
-    return p;
-}
-
-static void put_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-}
 
 static int file_is(const char *path, const char *text) {
     char buf[256] = "";
@@ -54,82 +38,80 @@ static void train_ckpt(const char *dir, const char *extra1, const char *extra2, 
     th_tool_run(args, &o, &R);
 }
 
-static void expect(int cond, const char *what) {
-    TH_CHECK(cond, "%s: exit %d%s after %.1f s:\n%.3000s", what, R.rc, R.timed_out ? " (killed at the limit)" : "",
-             R.secs, R.out);
-}
+#define expect(cond, what) th_tool_expect(&R, (cond), (what))
 
 /* ---- 1: never write through a planted link, never truncate what is there ---- */
 
 static void test_planted_links(void) {
-    put_file(at("victim"), "victim\n");
+    th_put_file(th_at("victim"), "victim\n");
     const char *names[] = {"step-0000000002.tck.tmp", "LATEST.tmp"};
     for (int i = 0; i < 2; i++) {
         char dir[64];
         snprintf(dir, sizeof dir, "links%d", i);
-        mkdir(at(dir), 0700);
+        mkdir(th_at(dir), 0700);
         char link[96];
         snprintf(link, sizeof link, "%s/%s", dir, names[i]);
-        TH_CHECK(symlink(at("victim"), at(link)) == 0, "symlink %s: %s", link, strerror(errno));
-        train_ckpt(at(dir), NULL, NULL, 60);
+        TH_CHECK(symlink(th_at("victim"), th_at(link)) == 0, "symlink %s: %s", link, strerror(errno));
+        train_ckpt(th_at(dir), NULL, NULL, 60);
         expect(R.rc == 1 && strstr(R.out, names[i]) && strstr(R.out, "symbolic link"), "a link planted at the "
                                                                                        "temporary name is refused");
-        TH_CHECK(file_is(at("victim"), "victim\n"), "the link's target was written through %s", names[i]);
+        TH_CHECK(file_is(th_at("victim"), "victim\n"), "the link's target was written through %s", names[i]);
     }
     /* A regular file at the temporary name, here a second name of the victim: the name goes, the file stays. */
-    mkdir(at("leftover"), 0700);
-    TH_CHECK(link(at("victim"), at("leftover/step-0000000002.tck.tmp")) == 0, "link: %s", strerror(errno));
-    train_ckpt(at("leftover"), NULL, NULL, 60);
+    mkdir(th_at("leftover"), 0700);
+    TH_CHECK(link(th_at("victim"), th_at("leftover/step-0000000002.tck.tmp")) == 0, "link: %s", strerror(errno));
+    train_ckpt(th_at("leftover"), NULL, NULL, 60);
     expect(R.rc == 0, "a leftover regular file at the temporary name is replaced");
-    TH_CHECK(file_is(at("victim"), "victim\n"), "the leftover's other name was truncated or written");
+    TH_CHECK(file_is(th_at("victim"), "victim\n"), "the leftover's other name was truncated or written");
     /* --json FILE at this user's own link replaces the file it leads to, whole, and leaves the link; another
      * user's link, a dangling one, a device or a FIFO there: tests/cli/test_hostile_out.c. */
-    put_file(at("mine.json"), "mine\n");
-    TH_CHECK(symlink(at("mine.json"), at("summary.json")) == 0, "symlink: %s", strerror(errno));
-    const char *json[] = {
-        "train", "-n", "1", "--data", "synthetic:256", "--steps", "1", "--quiet", "--json", at("summary.json"), NULL};
+    th_put_file(th_at("mine.json"), "mine\n");
+    TH_CHECK(symlink(th_at("mine.json"), th_at("summary.json")) == 0, "symlink: %s", strerror(errno));
+    const char *json[] = {"train",   "-n", "1",       "--data", "synthetic:256",
+                          "--steps", "1",  "--quiet", "--json", th_at("summary.json"),
+                          NULL};
     th_tool_run(json, NULL, &R);
     struct stat st;
-    expect(R.rc == 0 && lstat(at("summary.json"), &st) == 0 && S_ISLNK(st.st_mode), "--json keeps the user's link");
-    TH_CHECK(!file_is(at("mine.json"), "mine\n") && !file_is(at("mine.json"), ""), "--json did not replace the "
-                                                                                   "file the link leads to");
-    TH_CHECK(file_is(at("victim"), "victim\n"), "--json wrote another file");
+    expect(R.rc == 0 && lstat(th_at("summary.json"), &st) == 0 && S_ISLNK(st.st_mode), "--json keeps the user's link");
+    TH_CHECK(!file_is(th_at("mine.json"), "mine\n") && !file_is(th_at("mine.json"), ""), "--json did not replace the "
+                                                                                         "file the link leads to");
+    TH_CHECK(file_is(th_at("victim"), "victim\n"), "--json wrote another file");
 }
 
 /* ---- 2: a FIFO (or anything not a regular file) where a file is read: refused, never waited on ---- */
 
 static void test_fifos(void) {
-    mkdir(at("fifo-latest"), 0700);
-    TH_CHECK(mkfifo(at("fifo-latest/LATEST"), 0600) == 0, "mkfifo: %s", strerror(errno));
-    train_ckpt(at("fifo-latest"), "--resume", NULL, 30);
+    mkdir(th_at("fifo-latest"), 0700);
+    TH_CHECK(mkfifo(th_at("fifo-latest/LATEST"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    train_ckpt(th_at("fifo-latest"), "--resume", NULL, 30);
     expect(R.rc == 1 && strstr(R.out, "LATEST: is a FIFO, not a regular file"), "LATEST as a FIFO");
 
-    train_ckpt(at("fifo-ckpt"), NULL, NULL, 60); /* a real checkpoint, then its file swapped for a FIFO */
+    train_ckpt(th_at("fifo-ckpt"), NULL, NULL, 60); /* a real checkpoint, then its file swapped for a FIFO */
     expect(R.rc == 0, "a checkpoint to swap");
-    unlink(at("fifo-ckpt/step-0000000002.tck"));
-    TH_CHECK(mkfifo(at("fifo-ckpt/step-0000000002.tck"), 0600) == 0, "mkfifo: %s", strerror(errno));
-    train_ckpt(at("fifo-ckpt"), "--resume", NULL, 30);
+    unlink(th_at("fifo-ckpt/step-0000000002.tck"));
+    TH_CHECK(mkfifo(th_at("fifo-ckpt/step-0000000002.tck"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    train_ckpt(th_at("fifo-ckpt"), "--resume", NULL, 30);
     expect(R.rc == 1 && strstr(R.out, "step-0000000002.tck: is a FIFO"), "the checkpoint LATEST names as a FIFO");
 
-    mkdir(at("fifo-data"), 0700);
+    mkdir(th_at("fifo-data"), 0700);
     const char *files[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                            "t10k-labels-idx1-ubyte"};
     char p[96];
     for (int i = 0; i < 4; i++) {
         snprintf(p, sizeof p, "fifo-data/%s", files[i]);
-        mkfifo(at(p), 0600);
+        mkfifo(th_at(p), 0600);
     }
-    const char *data[] = {"train", "--data", at("fifo-data"), "--steps", "1", "--quiet", NULL};
+    const char *data[] = {"train", "--data", th_at("fifo-data"), "--steps", "1", "--quiet", NULL};
     th_tool_opts o = {.wall_s = 30};
     th_tool_run(data, &o, &R);
     expect(R.rc == 1 && strstr(R.out, "train-images-idx3-ubyte: is a FIFO"), "a data file as a FIFO");
-    mkdir(at("dir-data"), 0700);
-    mkdir(at("dir-data/train-images-idx3-ubyte"), 0700); /* and a directory where a file is read */
+    mkdir(th_at("dir-data"), 0700);
+    mkdir(th_at("dir-data/train-images-idx3-ubyte"), 0700); /* and a directory where a file is read */
     for (int i = 1; i < 4; i++) {
         snprintf(p, sizeof p, "dir-data/%s", files[i]);
-        mkfifo(at(p), 0600);
+        mkfifo(th_at(p), 0600);
     }
-    const char *dirdata[] = {"train", "--data", at("dir-data"), "--steps", "1", "--quiet", NULL};
+    const char *dirdata[] = {"train", "--data", th_at("dir-data"), "--steps", "1", "--quiet", NULL};
     th_tool_run(dirdata, &o, &R);
     expect(R.rc == 1 && strstr(R.out, "train-images-idx3-ubyte: is a directory"), "a data file as a directory");
 }
@@ -142,7 +124,7 @@ static int mount_small(const char *dir, const char *opts) {
 }
 
 static void test_full_and_readonly(void) {
-    const char *mnt = at("small");
+    const char *mnt = th_at("small");
     if (mount_small(mnt, "size=300k") != 0) {
         printf("test_hostile: a full disk and a read-only one not tried: mounting a tmpfs needs root (%s)\n",
                strerror(errno));
@@ -200,12 +182,12 @@ static int copy_transposed(const char *from, const char *to, char *swapped, size
 }
 
 static void test_shape(void) {
-    train_ckpt(at("shape-from"), NULL, NULL, 60);
+    train_ckpt(th_at("shape-from"), NULL, NULL, 60);
     expect(R.rc == 0, "a checkpoint to transpose");
     char swapped[160] = "";
-    TH_CHECK(copy_transposed(at("shape-from"), at("shape-to"), swapped, sizeof swapped) == 0, "rewriting it: %s",
+    TH_CHECK(copy_transposed(th_at("shape-from"), th_at("shape-to"), swapped, sizeof swapped) == 0, "rewriting it: %s",
              tally_last_error());
-    train_ckpt(at("shape-to"), "--resume", NULL, 60);
+    train_ckpt(th_at("shape-to"), "--resume", NULL, 60);
     expect(R.rc == 1 && strstr(R.out, swapped) && strstr(R.out, "but the model has f32"),
            "a tensor of the same elements in another shape is refused, naming both shapes");
 }
@@ -262,18 +244,18 @@ static int write_bomb(const char *path, uint32_t n) {
 }
 
 static void test_gzip_bomb(void) {
-    mkdir(at("bomb"), 0700);
+    mkdir(th_at("bomb"), 0700);
     const uint32_t n = 400000; /* 314 MB of images in a few hundred KB */
-    TH_CHECK(write_bomb(at("bomb/train-images-idx3-ubyte.gz"), n) == 0, "writing the bomb");
-    gzFile g = gzopen(at("bomb/train-labels-idx1-ubyte.gz"), "wb");
+    TH_CHECK(write_bomb(th_at("bomb/train-images-idx3-ubyte.gz"), n) == 0, "writing the bomb");
+    gzFile g = gzopen(th_at("bomb/train-labels-idx1-ubyte.gz"), "wb");
     unsigned char lhdr[8] = {0, 0, 8, 1, 0, 0, 0x03, 0xe8}; /* 1000 labels */
     static unsigned char labels[1000];
     gzwrite(g, lhdr, sizeof lhdr);
     gzwrite(g, labels, sizeof labels);
     gzclose(g);
     struct stat st;
-    stat(at("bomb/train-images-idx3-ubyte.gz"), &st);
-    const char *args[] = {"train", "-n", "1", "--data", at("bomb"), "--steps", "1", "--quiet", NULL};
+    stat(th_at("bomb/train-images-idx3-ubyte.gz"), &st);
+    const char *args[] = {"train", "-n", "1", "--data", th_at("bomb"), "--steps", "1", "--quiet", NULL};
     th_tool_opts o = {.wall_s = 60};
     th_tool_run(args, &o, &R);
     expect(R.rc == 1 && strstr(R.out, "1000 labels but") && strstr(R.out, "400000 images"),
@@ -283,8 +265,7 @@ static void test_gzip_bomb(void) {
 }
 
 int main(void) {
-    snprintf(base, sizeof base, "/tmp/tally-hostile-XXXXXX");
-    if (!mkdtemp(base)) return fprintf(stderr, "mkdtemp: %s\n", strerror(errno)), 1;
+    if (!th_scratch_make("tally-hostile", 0700)) return 1;
     if (th_quick()) {
         test_planted_links();
         test_fifos();
@@ -293,8 +274,6 @@ int main(void) {
     }
     test_limits();
     if (th_quick()) test_gzip_bomb();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
-    if (system(cmd) != 0) fprintf(stderr, "test_hostile: could not remove %s\n", base);
+    th_scratch_remove();
     return th_verdict("test_hostile");
 }

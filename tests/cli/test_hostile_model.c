@@ -18,23 +18,12 @@
 #include "core/file.h"
 #include "harness.h"
 #include "nn/model.h"
+#include "scratch_dir.h"
 #include "tool_runner.h"
 
 static th_tool R;
-static char base[64];
 
-static const char *at(const char *name) {
-    static char paths[8][320];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, sizeof paths[0], "%s/%s", base, name);
-    return p;
-}
-
-static void expect(int cond, const char *what) {
-    TH_CHECK(cond, "%s: exit %d%s after %.1f s:\n%.3000s", what, R.rc, R.timed_out ? " (killed at the limit)" : "",
-             R.secs, R.out);
-}
+#define expect(cond, what) th_tool_expect(&R, (cond), (what))
 
 /* A text file of n bytes of words, as a corpus. */
 static void write_text(const char *path, size_t n) {
@@ -56,7 +45,7 @@ static void write_text(const char *path, size_t n) {
 
 static void train_gpt(const char *dir, const char *layers, const char *resume, const char *steps) {
     char data[360];
-    snprintf(data, sizeof data, "text:%s", at("corpus.txt"));
+    snprintf(data, sizeof data, "text:%s", th_at("corpus.txt"));
     const char *args[] = {"train",   "-n",  "1",       GPT_FLAGS, "--layers", layers, "--data", data,
                           "--steps", steps, "--quiet", "--ckpt",  dir,        resume, NULL};
     th_tool_opts o = {.wall_s = 60};
@@ -128,14 +117,15 @@ static int copy_edited(const char *from, const char *to, const edit *e) {
 
 /* Copies the checkpoint of "gpt" into dir with edit e and runs generate on it. */
 static void generate_edited(const char *dir, edit e) {
-    TH_CHECK(copy_edited(at("gpt"), at(dir), &e) == 0, "rewriting the checkpoint into %s: %s", dir, tally_last_error());
-    generate(at(dir));
+    TH_CHECK(copy_edited(th_at("gpt"), th_at(dir), &e) == 0, "rewriting the checkpoint into %s: %s", dir,
+             tally_last_error());
+    generate(th_at(dir));
 }
 
 /* ---- 6: a model.config out of bounds, or at odds with the tensors stored beside it ---- */
 
 static void test_config(void) {
-    generate(at("gpt"));
+    generate(th_at("gpt"));
     expect(R.rc == 0 && !strncmp(R.out, "the ", 4), "the untouched checkpoint generates");
 
     /* 10^9 layers: the 14-minute spin through the node limit, now refused before anything is laid out. */
@@ -167,9 +157,9 @@ static void test_config(void) {
     expect(R.rc == 1 && strstr(R.out, "vocabulary of 300") && strstr(R.out, "has 256"),
            "a byte-level model whose vocabulary is not 256 is refused");
     /* Fewer layers than the tensors stored: the extra block is not silently ignored. */
-    TH_CHECK(copy_edited(at("gpt2"), at("fewer"), &(edit){.config = {CFG(2, 1)}}) == 0, "rewriting: %s",
+    TH_CHECK(copy_edited(th_at("gpt2"), th_at("fewer"), &(edit){.config = {CFG(2, 1)}}) == 0, "rewriting: %s",
              tally_last_error());
-    generate(at("fewer"));
+    generate(th_at("fewer"));
     expect(R.rc == 1 && strstr(R.out, "'param.h.1.") && strstr(R.out, "does not have"),
            "a model.config of fewer layers than the tensors stored is refused");
     /* Widths past nhidden, which nothing reads, must be 0. */
@@ -242,23 +232,23 @@ static void test_nonfinite(void) {
            "parameters of 3e38 end in an error, not NUL bytes");
 
     /* --resume refuses it too: the parameters, and the optimizer's state (AdamW's exp_avg_sq). */
-    TH_CHECK(copy_edited(at("gpt"), at("resume-nan"),
+    TH_CHECK(copy_edited(th_at("gpt"), th_at("resume-nan"),
                          &(edit){.name = "param.ln_f.bias", .value = NAN, .first = 3, .count = 1}) == 0,
              "rewriting: %s", tally_last_error());
-    train_gpt(at("resume-nan"), "1", "--resume", "4");
+    train_gpt(th_at("resume-nan"), "1", "--resume", "4");
     expect(R.rc == 1 && strstr(R.out, "'param.ln_f.bias' holds NaN at [3]"), "--resume refuses a NaN parameter");
     TH_CHECK(copy_edited(
-                 at("gpt"), at("resume-inf"),
+                 th_at("gpt"), th_at("resume-inf"),
                  &(edit){.name = "optim.h.0.c_attn.weight.exp_avg_sq", .value = INFINITY, .first = 100, .count = 1}) ==
                  0,
              "rewriting: %s", tally_last_error());
-    train_gpt(at("resume-inf"), "1", "--resume", "4");
+    train_gpt(th_at("resume-inf"), "1", "--resume", "4");
     expect(R.rc == 1 && strstr(R.out, "'optim.h.0.c_attn.weight.exp_avg_sq' holds +Inf"),
            "--resume refuses infinite optimizer state");
     /* And a count of the optimizer's updates that no run reaches (AdamW's bias correction divides by it). */
-    TH_CHECK(copy_edited(at("gpt"), at("resume-step"), &(edit){.name = "optim.step", .i64 = -5}) == 0, "rewriting: %s",
-             tally_last_error());
-    train_gpt(at("resume-step"), "1", "--resume", "4");
+    TH_CHECK(copy_edited(th_at("gpt"), th_at("resume-step"), &(edit){.name = "optim.step", .i64 = -5}) == 0,
+             "rewriting: %s", tally_last_error());
+    train_gpt(th_at("resume-step"), "1", "--resume", "4");
     expect(R.rc == 1 && strstr(R.out, "optim.step is -5, outside 0..4503599627370496"),
            "--resume refuses a negative optimizer step");
 }
@@ -279,14 +269,14 @@ static void *truncate_later(void *arg) {
 
 static void test_text_shrinks(void) {
     /* While it runs: a mapped file faulted with SIGBUS (exit 135) at the first window past its new end. */
-    write_text(at("shrinking.txt"), 1 << 20);
+    write_text(th_at("shrinking.txt"), 1 << 20);
     char data[360];
-    snprintf(data, sizeof data, "text:%s", at("shrinking.txt"));
+    snprintf(data, sizeof data, "text:%s", th_at("shrinking.txt"));
     /* About 2 s here (a sanitized build is slower: fewer steps); the file is read within 0.2 s of the start. */
     const char *args[] = {"train",   "-n",     "1",  GPT_FLAGS, "--layers",
                           "1",       "--data", data, "--steps", th_light() ? "300" : "800",
                           "--quiet", NULL};
-    shrink s = {at("shrinking.txt"), 0.3};
+    shrink s = {th_at("shrinking.txt"), 0.3};
     pthread_t th;
     pthread_create(&th, NULL, truncate_later, &s);
     th_tool_opts o = {.wall_s = 60};
@@ -304,13 +294,13 @@ static void test_text_shrinks(void) {
     expect(R.rc == 1 && strstr(R.out, "shrinking.txt: the file is empty"), "an empty text file is refused by name");
 
     /* While it is read: the file is shorter than the size it had when opened. */
-    write_text(at("short.txt"), 1000);
+    write_text(th_at("short.txt"), 1000);
     int fd;
     uint64_t size;
-    TH_CHECK(tally__file_open_read(AT_FDCWD, at("short.txt"), "short.txt", &fd, &size) == 0 && size == 1000, "open: %s",
-             tally_last_error());
+    TH_CHECK(tally__file_open_read(AT_FDCWD, th_at("short.txt"), "short.txt", &fd, &size) == 0 && size == 1000,
+             "open: %s", tally_last_error());
     unsigned char *buf = NULL;
-    TH_CHECK(truncate(at("short.txt"), 400) == 0, "truncate: %s", strerror(errno));
+    TH_CHECK(truncate(th_at("short.txt"), 400) == 0, "truncate: %s", strerror(errno));
     int rc = tally__file_read_all(fd, "short.txt", size, &buf);
     TH_CHECK(rc == TALLY_E_INVALID && !buf &&
                  strstr(tally_last_error(), "short.txt: the file shrank while it was read") &&
@@ -320,19 +310,16 @@ static void test_text_shrinks(void) {
 }
 
 int main(void) {
-    snprintf(base, sizeof base, "/tmp/tally-hostile-model-XXXXXX");
-    if (!mkdtemp(base)) return fprintf(stderr, "mkdtemp: %s\n", strerror(errno)), 1;
-    write_text(at("corpus.txt"), 20000);
-    train_gpt(at("gpt"), "1", NULL, "2");
+    if (!th_scratch_make("tally-hostile-model", 0700)) return 1;
+    write_text(th_at("corpus.txt"), 20000);
+    train_gpt(th_at("gpt"), "1", NULL, "2");
     expect(R.rc == 0, "a checkpoint to rewrite");
-    train_gpt(at("gpt2"), "2", NULL, "1");
+    train_gpt(th_at("gpt2"), "2", NULL, "1");
     expect(R.rc == 0, "a checkpoint of two layers");
     test_config();
     test_flags();
     test_nonfinite();
     test_text_shrinks();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
-    if (system(cmd) != 0) fprintf(stderr, "test_hostile_model: could not remove %s\n", base);
+    th_scratch_remove();
     return th_verdict("test_hostile_model");
 }

@@ -11,27 +11,11 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "scratch_dir.h"
 #include "tool_runner.h"
 #include "core/file.h"
 
 static th_tool R;
-static char base[64];
-
-static const char *at(const char *name) {
-    static char paths[8][320];
-    static int next;
-    char *p = paths[next++ % 8];
-    snprintf(p, sizeof paths[0], "%s/%s", base, name);
-    return p;
-}
-
-static void put_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-}
 
 /* The file's first bytes (up to cap - 1), "" when it cannot be read. */
 static const char *read_head(const char *path) {
@@ -45,10 +29,7 @@ static const char *read_head(const char *path) {
     return buf;
 }
 
-static void expect(int cond, const char *what) {
-    TH_CHECK(cond, "%s: exit %d%s after %.1f s:\n%.3000s", what, R.rc, R.timed_out ? " (killed at the limit)" : "",
-             R.secs, R.out);
-}
+#define expect(cond, what) th_tool_expect(&R, (cond), (what))
 
 static void run(const char *const *args, double wall_s) {
     th_tool_opts o = {.wall_s = wall_s};
@@ -64,6 +45,13 @@ static const char *const out_names[NOUTS] = {"train --json",  "train --plot", "t
  * other rules are tried on a few: the train run, the trace, and the two cheapest. */
 static const int some_outs[] = {OUT_JSON, BENCH_TRACE, PLAN_SVG, SIM_SAVE};
 #define NSOME ((int)(sizeof some_outs / sizeof *some_outs))
+
+/* A check's description: the output's name, then what of it. */
+static const char *named(int out, const char *what) {
+    static char buf[160];
+    snprintf(buf, sizeof buf, "%s %s", out_names[out], what);
+    return buf;
+}
 
 static void run_out(int which, const char *path) {
     const char *train[] = {"train",   "-n",     "1",  "--data", "synthetic:256", "--steps", "1",
@@ -109,41 +97,38 @@ static int is_link_to(const char *path, const char *to) {
 /* ---- 1: a null and a full device (our own nodes: /dev/null itself is never risked) ---- */
 
 static void test_devices(void) {
-    if (mknod(at("null"), S_IFCHR | 0666, makedev(1, 3)) != 0 || mknod(at("full"), S_IFCHR | 0666, makedev(1, 7))) {
+    if (mknod(th_at("null"), S_IFCHR | 0666, makedev(1, 3)) != 0 ||
+        mknod(th_at("full"), S_IFCHR | 0666, makedev(1, 7))) {
         printf("test_hostile_out: device nodes not tried: mknod needs root (%s)\n", strerror(errno));
         return;
     }
     for (int i = 0; i < NOUTS; i++) {
-        run_out(i, at("null"));
-        char what[96];
-        snprintf(what, sizeof what, "%s to a null device is written in place", out_names[i]);
-        expect(R.rc == 0 && !R.timed_out, what);
-        TH_CHECK(is_char_dev(at("null"), 1, 3), "%s replaced the null device", out_names[i]);
-        run_out(i, at("full"));
-        snprintf(what, sizeof what, "%s to a full device fails with ENOSPC's text", out_names[i]);
-        expect(R.rc != 0 && !R.timed_out && strstr(R.out, "No space left on device") && strstr(R.out, at("full")),
-               what);
-        TH_CHECK(is_char_dev(at("full"), 1, 7), "%s replaced the full device", out_names[i]);
+        run_out(i, th_at("null"));
+        expect(R.rc == 0 && !R.timed_out, named(i, "to a null device is written in place"));
+        TH_CHECK(is_char_dev(th_at("null"), 1, 3), "%s replaced the null device", out_names[i]);
+        run_out(i, th_at("full"));
+        expect(R.rc != 0 && !R.timed_out && strstr(R.out, "No space left on device") && strstr(R.out, th_at("full")),
+               named(i, "to a full device fails with ENOSPC's text"));
+        TH_CHECK(is_char_dev(th_at("full"), 1, 7), "%s replaced the full device", out_names[i]);
     }
 }
 
 /* ---- 2: a FIFO: refused at once with no reader, written in place with one ---- */
 
 static void test_fifo(void) {
-    TH_CHECK(mkfifo(at("fifo"), 0600) == 0, "mkfifo: %s", strerror(errno));
+    TH_CHECK(mkfifo(th_at("fifo"), 0600) == 0, "mkfifo: %s", strerror(errno));
     for (int i = 0; i < NOUTS; i++) {
-        run_out(i, at("fifo"));
-        char what[96];
-        snprintf(what, sizeof what, "%s to a FIFO no one reads is refused at once", out_names[i]);
-        expect(R.rc != 0 && !R.timed_out && R.secs < 20 && strstr(R.out, "FIFO no one is reading"), what);
-        TH_CHECK(is_fifo(at("fifo")), "%s replaced the FIFO", out_names[i]);
+        run_out(i, th_at("fifo"));
+        expect(R.rc != 0 && !R.timed_out && R.secs < 20 && strstr(R.out, "FIFO no one is reading"),
+               named(i, "to a FIFO no one reads is refused at once"));
+        TH_CHECK(is_fifo(th_at("fifo")), "%s replaced the FIFO", out_names[i]);
     }
     /* A reader (ours, opened without waiting for a writer): what tally writes arrives through the FIFO. */
-    int rfd = open(at("fifo"), O_RDONLY | O_NONBLOCK);
+    int rfd = open(th_at("fifo"), O_RDONLY | O_NONBLOCK);
     TH_CHECK(rfd >= 0, "open the FIFO to read: %s", strerror(errno));
     const int small[] = {SIM_SAVE, OUT_JSON}; /* outputs within the pipe's 64 KiB, so nothing waits for us */
     for (int k = 0; k < 2 && rfd >= 0; k++) {
-        run_out(small[k], at("fifo"));
+        run_out(small[k], th_at("fifo"));
         char buf[8192];
         ssize_t n = read(rfd, buf, sizeof buf - 1);
         buf[n > 0 ? n : 0] = '\0';
@@ -152,7 +137,7 @@ static void test_fifo(void) {
         expect(R.rc == 0, what);
         TH_CHECK(strstr(buf, small[k] == SIM_SAVE ? "# tally sim's cluster\nhosts = " : "\"model\": \"mlp\""),
                  "%s: the reader got %zd bytes: %.200s", what, n, buf);
-        TH_CHECK(is_fifo(at("fifo")), "%s replaced the FIFO", what);
+        TH_CHECK(is_fifo(th_at("fifo")), "%s replaced the FIFO", what);
     }
     if (rfd >= 0) close(rfd);
 }
@@ -174,11 +159,11 @@ static void test_stdout(void) {
         expect(R.rc == 0 && strstr(R.out, "# tally sim's cluster\nhosts = 1\n"), what);
     }
     /* `--json /dev/stdout >> f`: after what f held, not over it, and f stays a regular file */
-    put_file(at("stdout.txt"), "kept\n");
+    th_put_file(th_at("stdout.txt"), "kept\n");
     const char *args[] = {"sim", "--size", "1K", "--save", "/dev/stdout", NULL};
-    th_tool_opts o = {.wall_s = 30, .child = stdout_to, .arg = (void *)at("stdout.txt")};
+    th_tool_opts o = {.wall_s = 30, .child = stdout_to, .arg = (void *)th_at("stdout.txt")};
     th_tool_run(args, &o, &R);
-    const char *got = read_head(at("stdout.txt"));
+    const char *got = read_head(th_at("stdout.txt"));
     expect(R.rc == 0 && !strncmp(got, "kept\n", 5) && strstr(got, "# tally sim's cluster\nhosts = 1\n"),
            "--save /dev/stdout with stdout a file appends to it");
     const char *err[] = {"sim", "--size", "1K", "--save", "/dev/stderr", NULL};
@@ -194,53 +179,49 @@ static void test_stdout(void) {
 
 static void test_links(void) {
     /* another user's link (in a shared directory, say) to this user's file: refused, the file untouched */
-    put_file(at("mine"), "mine\n");
-    TH_CHECK(symlink(at("mine"), at("their-link")) == 0, "symlink: %s", strerror(errno));
+    th_put_file(th_at("mine"), "mine\n");
+    TH_CHECK(symlink(th_at("mine"), th_at("their-link")) == 0, "symlink: %s", strerror(errno));
     /* as root (bypassing every permission check, so ownership is all that stops it), uid 65534 is the other */
-    int other = geteuid() == 0 && lchown(at("their-link"), 65534, 65534) == 0;
+    int other = geteuid() == 0 && lchown(th_at("their-link"), 65534, 65534) == 0;
     if (!other) printf("test_hostile_out: links of another user not tried: giving a file away needs root\n");
     for (int i = 0; other && i < NOUTS; i++) {
-        run_out(i, at("their-link"));
-        char what[96];
-        snprintf(what, sizeof what, "%s through another user's link is refused", out_names[i]);
-        expect(R.rc != 0 && strstr(R.out, "belongs to uid 65534") && strstr(R.out, at("mine")), what);
-        TH_CHECK(!strcmp(read_head(at("mine")), "mine\n"), "%s wrote through another user's link", out_names[i]);
-        TH_CHECK(is_link_to(at("their-link"), at("mine")), "%s replaced another user's link", out_names[i]);
+        run_out(i, th_at("their-link"));
+        expect(R.rc != 0 && strstr(R.out, "belongs to uid 65534") && strstr(R.out, th_at("mine")),
+               named(i, "through another user's link is refused"));
+        TH_CHECK(!strcmp(read_head(th_at("mine")), "mine\n"), "%s wrote through another user's link", out_names[i]);
+        TH_CHECK(is_link_to(th_at("their-link"), th_at("mine")), "%s replaced another user's link", out_names[i]);
     }
     /* this user's link to another user's file: refused, the file untouched */
-    put_file(at("theirs"), "theirs\n");
-    TH_CHECK(symlink(at("theirs"), at("to-theirs")) == 0, "symlink: %s", strerror(errno));
-    if (other && chown(at("theirs"), 65534, 65534) == 0) {
-        const char *args[] = {"sim", "--size", "1K", "--save", at("to-theirs"), NULL};
+    th_put_file(th_at("theirs"), "theirs\n");
+    TH_CHECK(symlink(th_at("theirs"), th_at("to-theirs")) == 0, "symlink: %s", strerror(errno));
+    if (other && chown(th_at("theirs"), 65534, 65534) == 0) {
+        const char *args[] = {"sim", "--size", "1K", "--save", th_at("to-theirs"), NULL};
         run(args, 30);
         expect(R.rc == 1 && strstr(R.out, "a file of uid 65534's"), "a link to another user's file is refused");
-        TH_CHECK(!strcmp(read_head(at("theirs")), "theirs\n"), "another user's file was replaced through a link");
-        TH_CHECK(is_link_to(at("to-theirs"), at("theirs")), "the link was replaced");
+        TH_CHECK(!strcmp(read_head(th_at("theirs")), "theirs\n"), "another user's file was replaced through a link");
+        TH_CHECK(is_link_to(th_at("to-theirs"), th_at("theirs")), "the link was replaced");
     }
     /* this user's link to this user's file: the file is replaced whole, the link stays */
-    TH_CHECK(symlink("mine", at("my-link")) == 0, "symlink: %s", strerror(errno));
+    TH_CHECK(symlink("mine", th_at("my-link")) == 0, "symlink: %s", strerror(errno));
     for (int k = 0; k < NSOME; k++) {
         int i = some_outs[k];
-        put_file(at("mine"), "mine\n");
-        run_out(i, at("my-link"));
-        char what[96];
-        snprintf(what, sizeof what, "%s through this user's link replaces its file", out_names[i]);
-        expect(R.rc == 0 && strcmp(read_head(at("mine")), "mine\n") && is_link_to(at("my-link"), "mine"), what);
+        th_put_file(th_at("mine"), "mine\n");
+        run_out(i, th_at("my-link"));
+        expect(R.rc == 0 && strcmp(read_head(th_at("mine")), "mine\n") && is_link_to(th_at("my-link"), "mine"),
+               named(i, "through this user's link replaces its file"));
     }
     /* a dangling link: refused, nothing created through it */
-    TH_CHECK(symlink(at("nothing"), at("dangling")) == 0, "symlink: %s", strerror(errno));
+    TH_CHECK(symlink(th_at("nothing"), th_at("dangling")) == 0, "symlink: %s", strerror(errno));
     for (int k = 0; k < NSOME; k++) {
         int i = some_outs[k];
-        run_out(i, at("dangling"));
-        char what[96];
-        snprintf(what, sizeof what, "%s through a dangling link is refused", out_names[i]);
-        expect(R.rc != 0 && strstr(R.out, "which does not exist"), what);
-        TH_CHECK(access(at("nothing"), F_OK) != 0, "%s created a file through a dangling link", out_names[i]);
+        run_out(i, th_at("dangling"));
+        expect(R.rc != 0 && strstr(R.out, "which does not exist"), named(i, "through a dangling link is refused"));
+        TH_CHECK(access(th_at("nothing"), F_OK) != 0, "%s created a file through a dangling link", out_names[i]);
     }
     /* a loop of links */
-    symlink("loop-b", at("loop-a"));
-    symlink("loop-a", at("loop-b"));
-    const char *loop[] = {"sim", "--size", "1K", "--save", at("loop-a"), NULL};
+    symlink("loop-b", th_at("loop-a"));
+    symlink("loop-a", th_at("loop-b"));
+    const char *loop[] = {"sim", "--size", "1K", "--save", th_at("loop-a"), NULL};
     run(loop, 30);
     expect(R.rc == 1 && strstr(R.out, "symbolic links in a row"), "a loop of links is refused");
 }
@@ -248,32 +229,30 @@ static void test_links(void) {
 /* ---- 5: a directory, /proc, a missing directory: refused with the real reason ---- */
 
 static void test_refused(void) {
-    mkdir(at("dir"), 0700);
+    mkdir(th_at("dir"), 0700);
     for (int k = 0; k < NSOME; k++) {
         int i = some_outs[k];
-        run_out(i, at("dir"));
-        char what[96];
-        snprintf(what, sizeof what, "%s to a directory is refused", out_names[i]);
-        expect(R.rc != 0 && strstr(R.out, "is a directory"), what);
+        run_out(i, th_at("dir"));
+        expect(R.rc != 0 && strstr(R.out, "is a directory"), named(i, "to a directory is refused"));
     }
     const char *proc[] = {"sim", "--size", "1K", "--svg", "/proc/version", NULL};
     run(proc, 30);
     expect(R.rc == 1 && strstr(R.out, "/proc/version") && strstr(R.out, "procfs") &&
                !strstr(R.out, "a directory on the path does not exist"),
            "--svg /proc/version names the real reason");
-    const char *missing[] = {"sim", "--size", "1K", "--save", at("no-dir/t"), NULL};
+    const char *missing[] = {"sim", "--size", "1K", "--save", th_at("no-dir/t"), NULL};
     run(missing, 30);
     expect(R.rc == 1 && strstr(R.out, "no-dir") && strstr(R.out, "No such file or directory"),
            "sim --save into a missing directory says why");
-    const char *save_dir[] = {"sim", "--size", "1K", "--save", at("dir"), NULL};
+    const char *save_dir[] = {"sim", "--size", "1K", "--save", th_at("dir"), NULL};
     run(save_dir, 30);
     expect(R.rc == 1 && strstr(R.out, "--save") && strstr(R.out, "is a directory"),
            "sim --save to a directory says why");
     /* a regular file and a new name: replaced whole, as ever */
-    put_file(at("plain"), "old\n");
-    const char *plain[] = {"sim", "--size", "1K", "--save", at("plain"), NULL};
+    th_put_file(th_at("plain"), "old\n");
+    const char *plain[] = {"sim", "--size", "1K", "--save", th_at("plain"), NULL};
     run(plain, 30);
-    expect(R.rc == 0 && !strncmp(read_head(at("plain")), "# tally sim's cluster", 21), "sim --save over a file");
+    expect(R.rc == 0 && !strncmp(read_head(th_at("plain")), "# tally sim's cluster", 21), "sim --save over a file");
 }
 
 /* ---- 6: sim --config: a regular text file only, its errors said once ---- */
@@ -284,10 +263,10 @@ static void test_config(void) {
         {"/dev/zero", "is a character device, not a regular file"},
         {"dir", "is a directory, not a regular file"},
     };
-    if (access(at("fifo"), F_OK) != 0) mkfifo(at("fifo"), 0600);
-    mkdir(at("dir"), 0700);
+    if (access(th_at("fifo"), F_OK) != 0) mkfifo(th_at("fifo"), 0600);
+    mkdir(th_at("dir"), 0700);
     for (int i = 0; i < 3; i++) {
-        const char *path = cases[i][0][0] == '/' ? cases[i][0] : at(cases[i][0]);
+        const char *path = cases[i][0][0] == '/' ? cases[i][0] : th_at(cases[i][0]);
         const char *args[] = {"sim", "--config", path, "--size", "1K", NULL};
         run(args, 30);
         char what[96];
@@ -296,13 +275,13 @@ static void test_config(void) {
     }
     /* NUL bytes and control characters: refused, the line named */
     static const char nul[] = "hosts = 2\n\0ranks-per-host = 2\n";
-    FILE *f = fopen(at("nul.conf"), "w");
+    FILE *f = fopen(th_at("nul.conf"), "w");
     if (f) fwrite(nul, 1, sizeof nul - 1, f), fclose(f);
-    const char *nul_args[] = {"sim", "--config", at("nul.conf"), "--size", "1K", NULL};
+    const char *nul_args[] = {"sim", "--config", th_at("nul.conf"), "--size", "1K", NULL};
     run(nul_args, 30);
     expect(R.rc == 2 && strstr(R.out, "nul.conf line 2: byte 1 is a NUL"), "a NUL byte in a config is refused");
-    put_file(at("ctl.conf"), "hosts = 2\x1b[0m\n");
-    const char *ctl_args[] = {"sim", "--config", at("ctl.conf"), "--size", "1K", NULL};
+    th_put_file(th_at("ctl.conf"), "hosts = 2\x1b[0m\n");
+    const char *ctl_args[] = {"sim", "--config", th_at("ctl.conf"), "--size", "1K", NULL};
     run(ctl_args, 30);
     expect(R.rc == 2 && strstr(R.out, "ctl.conf line 1: byte 10 is a control character (0x1b)"),
            "a control character in a config is refused");
@@ -311,8 +290,8 @@ static void test_config(void) {
                             {"hosts = 2\nshm-latency = nan\n", "--shm-latency 'nan'"},
                             {"hosts = 2\nshm-latency = -5us\n", "--shm-latency '-5us'"}};
     for (int i = 0; i < 3; i++) {
-        put_file(at("dup.conf"), bad[i][0]);
-        const char *args[] = {"sim", "--config", at("dup.conf"), "--size", "1K", NULL};
+        th_put_file(th_at("dup.conf"), bad[i][0]);
+        const char *args[] = {"sim", "--config", th_at("dup.conf"), "--size", "1K", NULL};
         run(args, 30);
         char want[160];
         snprintf(want, sizeof want, "dup.conf line %d: %s", i ? 2 : 1, bad[i][1]);
@@ -325,9 +304,9 @@ static void test_config(void) {
 /* ---- 7: the writer itself: the errno of a write that failed early, a zeroed writer dropped ---- */
 
 static void test_writer(void) {
-    if (!is_char_dev(at("full"), 1, 7)) return; /* made by test_devices, as root */
+    if (!is_char_dev(th_at("full"), 1, 7)) return; /* made by test_devices, as root */
     tally__file_out o;
-    TH_CHECK(tally__file_out_open(&o, at("full")) == 0, "open the full device: %s", tally_last_error());
+    TH_CHECK(tally__file_out_open(&o, th_at("full")) == 0, "open the full device: %s", tally_last_error());
     if (o.f) {
         static char big[256 << 10]; /* past stdio's buffer: the first write fails long before the commit */
         memset(big, 'x', sizeof big);
@@ -344,9 +323,7 @@ static void test_writer(void) {
 }
 
 int main(void) {
-    snprintf(base, sizeof base, "/tmp/tally-hostile-out-XXXXXX");
-    if (!mkdtemp(base)) return fprintf(stderr, "mkdtemp: %s\n", strerror(errno)), 1;
-    chmod(base, 0755); /* uid 65534's files in it, as another user's in a shared directory */
+    if (!th_scratch_make("tally-hostile-out", 0755)) return 1; /* uid 65534's files in it, as in a shared directory */
     if (th_quick()) {
         test_devices();
         test_fifo();
@@ -356,8 +333,6 @@ int main(void) {
         test_config();
         test_writer();
     }
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", base);
-    if (system(cmd) != 0) fprintf(stderr, "test_hostile_out: could not remove %s\n", base);
+    th_scratch_remove();
     return th_verdict("test_hostile_out");
 }

@@ -70,14 +70,21 @@ static int child_calls(tally_comm *c, tally_request *pending, void *buf, int par
     return res->bad ? 1 : 0;
 }
 
+/* The world communicator, or NULL with the failure noted in res. */
+static tally_comm *init_comm(result *res) {
+    tally_comm *c = NULL;
+    int ok = tally_comm_init(&c) == 0;
+    EXPECT(res, ok, "init: %s", tally_last_error());
+    return ok ? c : NULL;
+}
+
 /* Each rank forks a child while a receive is pending; the children use what they inherited (and exit
  * through exit(), its handlers run); the parents then go on as if nothing happened. */
 static int fn_fork(int rank, int n, void *arg) {
     (void)arg;
     result *res = &R[rank];
-    tally_comm *c;
-    int rc = tally_comm_init(&c);
-    if (rc) return snprintf(res->msg, sizeof res->msg, "init: %s", tally_last_error()), res->bad++, 0;
+    tally_comm *c = init_comm(res);
+    if (!c) return 0;
     float v = (float)rank + 1, got = -1;
     EXPECT(res, !tally_allreduce(c, &v, &v, 1, TALLY_F32, TALLY_SUM) && v == 3.0f, "first allreduce");
     tally_request *pending = NULL;
@@ -120,9 +127,8 @@ static int fn_fork(int rank, int n, void *arg) {
 static int fn_keep(int rank, int n, void *arg) {
     int abort_it = *(int *)arg;
     result *res = &R[rank];
-    tally_comm *c;
-    int rc = tally_comm_init(&c);
-    if (rc) return snprintf(res->msg, sizeof res->msg, "init: %s", tally_last_error()), res->bad++, 0;
+    tally_comm *c = init_comm(res);
+    if (!c) return 0;
     size_t m = 1 << 16;
     float *kept = tally_mem_alloc(c, m * sizeof(float)), *gone = tally_mem_alloc(c, 64);
     EXPECT(res, kept && gone, "mem_alloc: %s", tally_last_error());
@@ -154,9 +160,8 @@ static int fn_keep(int rank, int n, void *arg) {
 static int fn_wait_for(int rank, int n, void *arg) {
     (void)arg;
     result *res = &R[rank];
-    tally_comm *c;
-    int rc = tally_comm_init(&c);
-    if (rc) return snprintf(res->msg, sizeof res->msg, "init: %s", tally_last_error()), res->bad++, 0;
+    tally_comm *c = init_comm(res);
+    if (!c) return 0;
     if (rank == 1) usleep(400 * 1000); /* rank 0 waits for it */
     float v = (float)rank + 1;
     tally_request *r;

@@ -92,3 +92,8 @@ void th_tool_run(const char *const *args, const th_tool_opts *o, th_tool *r) {
     r->maxrss_kb = ru.ru_maxrss;
     r->rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+void th_tool_expect(const th_tool *r, int cond, const char *what) {
+    TH_CHECK(cond, "%s: exit %d%s after %.1f s:\n%.3000s", what, r->rc, r->timed_out ? " (killed at the limit)" : "",
+             r->secs, r->out);
+}

@@ -26,4 +26,8 @@ typedef struct th_tool_opts {
 /* `tally ARGS...` (args without the program name, NULL-terminated). */
 void th_tool_run(const char *const *args, const th_tool_opts *o, th_tool *r);
 
+/* A check on a run: on failure it says what, the exit status, whether the limit killed it, and the
+ * first of its output. */
+void th_tool_expect(const th_tool *r, int cond, const char *what);
+
 #endif

@@ -278,8 +278,8 @@ static void hostile_peer(int rank, int port, const char *token) {
     int fd = impostor(port, token, h, 0); /* a length that does not add up */
     EXPECT(rank, fd >= 0 && closed_by_peer(fd, 10));
     close(fd);
-    R[1].flag2 = th_now(); /* rank 0 posts its receive only now: the reason must outlive the connection */
-    th_wait_set(&R[0].flag, 10);              /* rank 0's receive failed */
+    R[1].flag2 = th_now();       /* rank 0 posts its receive only now: the reason must outlive the connection */
+    th_wait_set(&R[0].flag, 10); /* rank 0's receive failed */
     h.bytes = 0, h.count = (uint64_t)1 << 62; /* absurd */
     fd = impostor(port, token, h, 0);
     EXPECT(rank, fd >= 0 && closed_by_peer(fd, 10));

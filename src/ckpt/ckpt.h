@@ -1,5 +1,5 @@
 /* ckpt.h - tally's checkpoint files: the format (below), a streaming writer with an atomic commit
- * protocol, and a loader that maps a file and verifies every byte before anything is used. */
+ * protocol, and a loader that reads a file whole and verifies every byte before anything is used. */
 #ifndef TALLY_CKPT_CKPT_H
 #define TALLY_CKPT_CKPT_H
 
@@ -102,7 +102,7 @@ enum {
 };
 
 /* One tensor. Read side: every field is filled, name and data point into the image, and data is 64-byte
- * aligned when the image is (a mapped file is). Write side (tally__ckpt_write_begin): name, dtype, ndim
+ * aligned when the image is (a file read by tally__ckpt_open is). Write side (tally__ckpt_write_begin): name, dtype, ndim
  * and shape are read; data and bytes are ignored. */
 typedef struct tally__ckpt_tensor {
     const char *name;
@@ -124,10 +124,11 @@ typedef struct tally__ckpt tally__ckpt; /* a verified checkpoint image (opaque) 
  * corrupt table entry as "tensor #3 (name as read 'fc1.weight')"); TALLY_E_INVALID for NULL arguments;
  * TALLY_E_NOMEM. Memory allocated is proportional to the table, which must fit in len first. */
 int tally__ckpt_parse(const void *buf, size_t len, const char *label, tally__ckpt **out);
-void tally__ckpt_close(tally__ckpt *c); /* also unmaps when it was opened from a file; NULL is fine */
+void tally__ckpt_close(tally__ckpt *c); /* also frees the image read from a file; NULL is fine */
 
-/* Maps the file at path (read-only) and verifies it as tally__ckpt_parse does. TALLY_E_SYSTEM when it
- * cannot be opened or mapped. The file must not be truncated while open (that would raise SIGBUS). */
+/* Reads the file at path whole (memory of its size, freed by tally__ckpt_close) and verifies it as
+ * tally__ckpt_parse does. TALLY_E_SYSTEM when it cannot be opened or read; a file that shrinks while it
+ * is read is TALLY_E_INVALID naming it. What happens to the file afterwards cannot reach the image. */
 int tally__ckpt_open(const char *path, tally__ckpt **out);
 
 /* Returned by tally__ckpt_open_latest (a positive value, not an error) when DIR or DIR/LATEST does not
@@ -135,7 +136,7 @@ int tally__ckpt_open(const char *path, tally__ckpt **out);
  * so --resume can start fresh or refuse, as its caller chooses. */
 #define TALLY__CKPT_NONE 1
 
-/* Reads DIR/LATEST, checks it, maps the file it names and verifies all of it, and that its size, step and
+/* Reads DIR/LATEST, checks it, reads the file it names and verifies all of it, and that its size, step and
  * header CRC are the manifest's. 0 with *out set, TALLY__CKPT_NONE, or a negative error: a corrupt
  * manifest or a missing or corrupt file is TALLY_E_CORRUPT (never skipped for an older checkpoint), a
  * failing system call TALLY_E_SYSTEM. */
@@ -174,7 +175,7 @@ int tally__ckpt_write(tally__ckpt_writer *w, int index, const void *data, size_t
 /* Finishes the file (flush, header and table, fsync, rename) and commits it through LATEST. Then removes
  * stale .tmp files, checkpoint files of later steps (renamed but never committed before a crash) and
  * all but the newest `keep` of the others, this one included (keep <= 0: keeps them all). With keep >= 2
- * a reader that read LATEST just before this commit still finds its file; a mapped one is never affected.
+ * a reader that read LATEST just before this commit still finds its file; one that read it is never affected.
  * Always frees w. On an error before the commit its files are removed and LATEST names the previous
  * checkpoint. A failure to remove an old file after the commit is logged, not returned. */
 int tally__ckpt_write_commit(tally__ckpt_writer *w, int keep);

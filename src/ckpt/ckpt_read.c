@@ -1,5 +1,5 @@
 /* ckpt_read.c - the checkpoint loader: verifies an image (header, every table entry, layout, names, data
- * CRCs, padding) before anything is used; maps files; follows LATEST; looks tensors up by name. */
+ * CRCs, padding) before anything is used; reads files whole; follows LATEST; looks tensors up by name. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,7 +18,7 @@
 struct tally__ckpt {
     const unsigned char *base;
     size_t len;
-    void *map; /* our own mapping of base, or NULL when the caller owns the memory */
+    void *owned; /* base, read from a file and ours to free, or NULL when the caller owns the memory */
     int count;
     int64_t step;
     uint32_t head_crc;
@@ -258,7 +257,7 @@ int tally__ckpt_parse(const void *buf, size_t len, const char *label, tally__ckp
 
 void tally__ckpt_close(tally__ckpt *c) {
     if (!c) return;
-    if (c->map) munmap(c->map, c->len);
+    free(c->owned);
     tally__ckpt_index_free(&c->index);
     free(c->t);
     free(c);
@@ -266,26 +265,28 @@ void tally__ckpt_close(tally__ckpt *c) {
 
 /* ---- files ---- */
 
-/* Maps fd (size bytes, already known) and verifies it under label; closes nothing. */
-static int map_and_parse(int fd, size_t size, const char *label, tally__ckpt **out) {
+/* Reads fd (size bytes, already known) whole and verifies it under label; closes nothing. Read, not
+ * mapped: a file truncated while mapped kills the process with SIGBUS at the first page past its end,
+ * where a read names the file (tally__file_read_all); verification touches every byte anyway. */
+static int read_and_parse(int fd, size_t size, const char *label, tally__ckpt **out) {
     if (size == 0) return tally__ckpt_parse(NULL, 0, label, out);
-    /* Populated at once: verification reads every page, and one call maps them faster than faults do. */
-    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    if (m == MAP_FAILED)
-        return tally__seterr(TALLY_E_SYSTEM, "checkpoint %s: cannot map its %zu bytes: %s", label, size,
-                             strerror(errno));
-    int rc = tally__ckpt_parse(m, size, label, out);
+    char what[4200];
+    snprintf(what, sizeof what, "checkpoint %s", label);
+    unsigned char *m = NULL;
+    int rc = tally__file_read_all(fd, what, size, &m);
+    if (rc) return rc;
+    rc = tally__ckpt_parse(m, size, label, out);
     if (rc) {
-        munmap(m, size);
+        free(m);
         return rc;
     }
-    (*out)->map = m;
+    (*out)->owned = m;
     return 0;
 }
 
-/* The size tally__file_open_read saw, as a length this process can map. */
-static int map_size(uint64_t bytes, const char *label, size_t *size) {
-    if (bytes > SIZE_MAX) return tally__seterr(TALLY_E_UNSUPPORTED, "checkpoint %s: too large to map here", label);
+/* The size tally__file_open_read saw, as a length this process can hold. */
+static int whole_size(uint64_t bytes, const char *label, size_t *size) {
+    if (bytes >= SIZE_MAX) return tally__seterr(TALLY_E_UNSUPPORTED, "checkpoint %s: too large to read here", label);
     *size = (size_t)bytes;
     return 0;
 }
@@ -299,8 +300,8 @@ int tally__ckpt_open(const char *path, tally__ckpt **out) {
     int fd, rc = tally__file_open_read(AT_FDCWD, path, label, &fd, &bytes);
     if (rc) return rc;
     size_t size = 0;
-    rc = map_size(bytes, path, &size);
-    if (!rc) rc = map_and_parse(fd, size, path, out);
+    rc = whole_size(bytes, path, &size);
+    if (!rc) rc = read_and_parse(fd, size, path, out);
     close(fd);
     return rc;
 }
@@ -322,11 +323,11 @@ static int open_named(int dirfd, const char *dir, const ckpt_manifest *m, tally_
                    (int)dl, dir);
     if (rc) return rc;
     size_t size = 0;
-    rc = map_size(bytes, label, &size);
+    rc = whole_size(bytes, label, &size);
     if (!rc && size != m->bytes)
         rc = bad(label, "the file is %zu bytes but LATEST says %" PRIu64 ": it was truncated or replaced", size,
                  m->bytes);
-    if (!rc) rc = map_and_parse(fd, size, label, out);
+    if (!rc) rc = read_and_parse(fd, size, label, out);
     close(fd);
     if (rc) return rc;
     if ((*out)->step != m->step || (*out)->head_crc != m->head_crc) {

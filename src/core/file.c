@@ -71,7 +71,8 @@ int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char
     *out = NULL;
     if (size >= SIZE_MAX)
         return tally__seterr(TALLY_E_NOMEM, "%s: %llu bytes do not fit in memory", label, (unsigned long long)size);
-    unsigned char *buf = malloc((size_t)size + 1);
+    void *mem = NULL; /* aligned for any vector load of what is read (a checkpoint's tensors) */
+    unsigned char *buf = posix_memalign(&mem, 64, (size_t)size + 1) == 0 ? mem : NULL;
     if (!buf)
         return tally__seterr(TALLY_E_NOMEM, "%s: out of memory for its %llu bytes", label, (unsigned long long)size);
     size_t have = 0;

@@ -20,7 +20,7 @@ const char *tally__errno_hint(int e);
  * file's size as the check saw it. */
 int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd, uint64_t *size);
 /* Reads the `size` bytes of the file open at fd (the size tally__file_open_read saw) into *out, a new
- * buffer of size + 1 bytes (the last a NUL) the caller frees: a file read whole is the program's own,
+ * 64-byte aligned buffer of size + 1 bytes (the last a NUL) the caller frees: a file read whole is the program's own,
  * whatever happens to the file after. One that ends before `size` bytes shrank while it was read:
  * TALLY_E_INVALID naming label and both sizes (never a short buffer); bytes appended past `size` are not
  * read. TALLY_E_NOMEM, or TALLY_E_SYSTEM naming label and the error. */

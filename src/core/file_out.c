@@ -7,10 +7,13 @@
 #include <limits.h>
 #include <linux/magic.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -23,10 +26,32 @@ struct tally__out_sink {
     int fd, err;
 };
 
+/* write() with SIGPIPE held back: a FIFO or pipe whose reader left is EPIPE for the commit to report,
+ * not a signal that kills the process (the library never exits). A SIGPIPE this write raised is taken
+ * while still blocked; one pending from elsewhere is left as it was. */
+static ssize_t write_nosig(int fd, const void *buf, size_t n) {
+    sigset_t sp, old;
+    sigemptyset(&sp);
+    sigaddset(&sp, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &sp, &old);
+    sigset_t pending;
+    sigpending(&pending);
+    int was_pending = sigismember(&pending, SIGPIPE) == 1;
+    ssize_t k = write(fd, buf, n);
+    int e = errno;
+    if (k < 0 && e == EPIPE && !was_pending) {
+        static const struct timespec now = {0, 0};
+        while (sigtimedwait(&sp, NULL, &now) < 0 && errno == EINTR) {}
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    errno = e;
+    return k;
+}
+
 static ssize_t sink_write(void *cookie, const char *buf, size_t n) {
     struct tally__out_sink *s = cookie;
     for (size_t done = 0; done < n;) {
-        ssize_t k = write(s->fd, buf + done, n - done);
+        ssize_t k = write_nosig(s->fd, buf + done, n - done);
         if (k > 0) {
             done += (size_t)k;
             continue;
@@ -76,7 +101,7 @@ static int fd_path(const char *p) {
         if (strncmp(p, dirs[i], l) || !p[l]) continue;
         long n = 0;
         for (p += l; *p; p++) {
-            if (*p < '0' || *p > '9' || n > INT_MAX / 10) return -1;
+            if (*p < '0' || *p > '9' || n > (INT_MAX - (*p - '0')) / 10) return -1;
             n = n * 10 + (*p - '0');
         }
         return (int)n;

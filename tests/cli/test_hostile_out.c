@@ -2,6 +2,7 @@
  * --config, end to end through the CLI: devices, FIFOs, /dev/stdout, links, directories, /proc; none replaced. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,7 +304,28 @@ static void test_config(void) {
 
 /* ---- 7: the writer itself: the errno of a write that failed early, a zeroed writer dropped ---- */
 
+/* A pipe whose reader left: EPIPE for the commit to report, never a SIGPIPE that kills the process. */
+static void test_reader_gone(void) {
+    int p[2];
+    TH_CHECK(pipe(p) == 0, "pipe: %s", strerror(errno));
+    close(p[0]);
+    char name[32];
+    snprintf(name, sizeof name, "/dev/fd/%d", p[1]);
+    tally__file_out o;
+    TH_CHECK(tally__file_out_open(&o, name) == 0, "open a pipe by its descriptor: %s", tally_last_error());
+    if (o.f) {
+        fputs("{}\n", o.f);
+        TH_CHECK(tally__file_out_commit(&o) != 0 && strstr(tally_last_error(), "reader has gone"),
+                 "a pipe whose reader left: %s", tally_last_error());
+    }
+    sigset_t pending;
+    sigpending(&pending);
+    TH_CHECK(!sigismember(&pending, SIGPIPE), "a SIGPIPE was left pending");
+    close(p[1]);
+}
+
 static void test_writer(void) {
+    test_reader_gone();
     if (!is_char_dev(th_at("full"), 1, 7)) return; /* made by test_devices, as root */
     tally__file_out o;
     TH_CHECK(tally__file_out_open(&o, th_at("full")) == 0, "open the full device: %s", tally_last_error());

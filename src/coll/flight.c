@@ -409,7 +409,8 @@ static int fl_write(tally__flight *f, const char *reason, int culprit, const cha
     fl_kv_i(w, "entries", (int64_t)(f->n - first));
     for (uint64_t i = first; i < f->n; i++) fl_entry(w, &f->ring[i % f->cap]);
     fl_flush(w);
-    int bad = w->bad || close(fd);
+    int bad = w->bad;
+    if (close(fd) != 0) bad = 1; /* closed whatever the writes did: a full disk must not leak it */
     /* a link at the record's name is replaced, never followed */
     if (!bad && renameat(dfd, tmp, dfd, name)) bad = 1;
     int e = errno;

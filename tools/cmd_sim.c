@@ -330,8 +330,7 @@ static int sim_calibrate(sim_opts *o) {
 static int save_cluster(const sim_opts *o) {
     const tally__sim_cluster *c = &o->c;
     tally__file_out out;
-    if (tally__file_out_open(&out, o->save))
-        return fprintf(stderr, "tally sim: --save %s: %s\n", o->save, tally_last_error()), -1;
+    if (tally__file_out_open(&out, o->save)) return fprintf(stderr, "tally sim: --save: %s\n", tally_last_error()), -1;
     FILE *f = out.f;
     fprintf(f, "# tally sim's cluster%s\n", o->calibrate ? ", its links measured on this machine (--calibrate)" : "");
     fprintf(f, "hosts = %d\nranks-per-host = %d\ncores = %d\nshared-cores = %s\n", c->hosts, c->per_host, c->cores,
@@ -346,8 +345,7 @@ static int save_cluster(const sim_opts *o) {
     if (c->tcp_cpu > 0) fprintf(f, "tcp-bandwidth = %.9gB/s\n", 1 / c->tcp_cpu);
     fprintf(f, "fabric = %s\nhosts-per-leaf = %d\noversub = %.9g\n",
             c->fabric == TALLY__SIM_FAT_TREE ? "fat-tree" : "full", c->hosts_per_leaf, c->oversub);
-    if (tally__file_out_commit(&out))
-        return fprintf(stderr, "tally sim: --save %s: %s\n", o->save, tally_last_error()), -1;
+    if (tally__file_out_commit(&out)) return fprintf(stderr, "tally sim: --save: %s\n", tally_last_error()), -1;
     return 0;
 }
 

@@ -317,34 +317,40 @@ class Comm:
         uses, alive here until it is done."""
         h = self._handle()
         req = c_req_p()
-        rc = fn(h, *args, ctypes.byref(req))
-        r = req.value  # no Python call between the post and the try: a signal's exception lands inside
-        try:
+        done = ctypes.c_int(0)
+        try:  # the post inside: a signal's exception can land as the ctypes call returns, req already set
+            rc = fn(h, *args, ctypes.byref(req))
             if rc:
                 _raise(rc)
-            _raise(_await(self._st, r, what))
+            _raise(_await(self._st, req.value, what))
         except BaseException as e:
-            if r and not isinstance(e, errors.Error):
-                self._st.interrupted(r, what, e)  # raised before _await's own wait began
+            if req.value and not isinstance(e, errors.Error):
+                self._st.interrupted(req.value, what, e)  # raised before _await's own wait began
             raise
         finally:
-            if r:
-                lib.tally_request_free(r)
+            r = req.value
+            if r:  # freed only when done; still in flight (an abort that did not happen), kept with its arrays
+                lib.tally_test(r, ctypes.byref(done))
+                if done.value:
+                    lib.tally_request_free(r)
+                else:
+                    self._st.orphan(r, keep)
         return keep
 
     def _post(self, fn, what, args, result, keep):
         """The non-blocking form: a Request keeping `keep` alive until done."""
         h = self._handle()
         req = c_req_p()
-        rc = fn(h, *args, ctypes.byref(req))
-        r = req.value
+        owner = Request(self._st, None, result, keep, what)  # one owner at every step, before the post
         try:
+            rc = fn(h, *args, ctypes.byref(req))
+            owner._h = req.value
             if rc:
                 _raise(rc)
-            return Request(self._st, r, result, keep, what)
+            return owner
         except BaseException:
-            if r:  # posted, but no Request holds it (a signal's exception): kept until done all the same
-                self._st.orphan(r, keep)
+            if req.value and owner._h is None:  # posted, not yet owned (a signal's exception): kept until done
+                self._st.orphan(req.value, keep)
             raise
 
     # ---- collectives ----

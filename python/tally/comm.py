@@ -182,6 +182,7 @@ class Request:
     def __init__(self, st, handle, result, keep, what):
         self._st, self._h, self._result, self._keep, self._what = st, handle, result, keep, what
         self.source = None
+        self._finished, self._error = False, None  # set once done: wait() then returns or raises the same
 
     def test(self):
         """True once done (raising its error if it failed)."""
@@ -195,7 +196,11 @@ class Request:
 
     def wait(self):
         if not self._h:
-            raise errors.InvalidArgument("tally: this request was waited for already", -1)
+            if self._error is not None:
+                raise self._error
+            if self._finished:
+                return self._result  # a test() that said done, or an earlier wait()
+            raise errors.InvalidArgument("tally: this request was never posted", -1)
         try:
             rc = _await(self._st, self._h, self._what)
         except BaseException as e:
@@ -208,8 +213,12 @@ class Request:
     def _finish(self, rc):
         """Done: its source, its error raised, the library's request freed and the arrays let go."""
         h, self._h = self._h, None
+        self._finished = True
         try:
             _raise(rc)
+        except errors.Error as e:
+            self._error = e
+            raise
         finally:
             src = lib.tally_request_source(h)
             self.source = src if src >= 0 else None

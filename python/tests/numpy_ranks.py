@@ -265,6 +265,13 @@ def case_lifetime(c):
     b = np.full(3, rank + 1.0)
     c.broadcast(b, root=np.int64(1))
     check(np.all(b == 2), "broadcast with a NumPy integer root")
+    # test() that says done, then wait(): the result, as torch's Work gives it (it raised "waited for").
+    r = c.iallreduce(np.ones(5, np.float32))
+    deadline = time.monotonic() + 30
+    while not r.test() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    out = r.wait()
+    check(out is not None and np.all(out == size) and np.all(r.wait() == size), "wait() after test() said done")
     # Shapes: checked in Python's integers, before any call.
     raises(ValueError, lambda: c.mem_alloc((-5,)), ["dimension 0", "-5"], "mem_alloc((-5,))")
     raises(ValueError, lambda: c.mem_alloc((3, -1)), ["dimension 1"], "mem_alloc((3, -1))")

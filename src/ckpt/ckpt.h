@@ -102,8 +102,8 @@ enum {
 };
 
 /* One tensor. Read side: every field is filled, name and data point into the image, and data is 64-byte
- * aligned when the image is (a file read by tally__ckpt_open is). Write side (tally__ckpt_write_begin): name, dtype, ndim
- * and shape are read; data and bytes are ignored. */
+ * aligned when the image is (a file read by tally__ckpt_open is). Write side (tally__ckpt_write_begin):
+ * name, dtype, ndim and shape are read; data and bytes are ignored. */
 typedef struct tally__ckpt_tensor {
     const char *name;
     tally_dtype dtype;

@@ -174,6 +174,20 @@ def _await(st, req, what):
         raise
 
 
+def _settle(st, r, waited, keep):
+    """After a blocking call: its request freed once waited for (the common path: no extra call); else
+    (an exception before or during the wait) freed only when done, or kept with its arrays until it is."""
+    if not r:
+        return
+    done = ctypes.c_int(1 if waited else 0)
+    if not waited:
+        lib.tally_test(r, ctypes.byref(done))
+    if done.value:
+        lib.tally_request_free(r)
+    else:
+        st.orphan(r, keep)
+
+
 class Request:
     """A non-blocking call in flight: wait() returns its result array (or raises tally's error); a receive's
     source is the rank its message came from, once done. Until it is done it keeps every array the call
@@ -326,24 +340,19 @@ class Comm:
         uses, alive here until it is done."""
         h = self._handle()
         req = c_req_p()
-        done = ctypes.c_int(0)
+        rc, waited = 0, False
         try:  # the post inside: a signal's exception can land as the ctypes call returns, req already set
             rc = fn(h, *args, ctypes.byref(req))
             if rc:
                 _raise(rc)
-            _raise(_await(self._st, req.value, what))
+            rc, waited = _await(self._st, req.value, what), True
         except BaseException as e:
             if req.value and not isinstance(e, errors.Error):
                 self._st.interrupted(req.value, what, e)  # raised before _await's own wait began
             raise
         finally:
-            r = req.value
-            if r:  # freed only when done; still in flight (an abort that did not happen), kept with its arrays
-                lib.tally_test(r, ctypes.byref(done))
-                if done.value:
-                    lib.tally_request_free(r)
-                else:
-                    self._st.orphan(r, keep)
+            _settle(self._st, req.value, waited, keep)
+        _raise(rc)
         return keep
 
     def _post(self, fn, what, args, result, keep):

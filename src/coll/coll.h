@@ -56,6 +56,12 @@ int tally__gather_to_root(const tally__ctx *c, const void *send, void *recv, siz
  * 0 while another called something else. With bytes > 0 the root's `bytes` at buf reach every rank in the
  * same rounds (a binomial broadcast); bytes 0 moves no data (buf may be NULL). */
 int tally__agree(const tally__ctx *c, void *buf, size_t bytes, tally_dtype t, int root);
+/* The same rounds with data of the caller's riding in them: before the exchange of the round of distance
+ * m, ride may point s at what this rank sends to rank + m (give: it is a binomial parent of that rank,
+ * virtual rank a multiple of 2m) and r at where it takes what rank - m sends (take: virtual rank is m
+ * modulo 2m, the round its subtree [v, v + m) of virtual ranks arrives). Both start as empty messages. */
+typedef void (*tally__ride_fn)(void *arg, int m, int give, int take, tally__send *s, tally__recv *r);
+int tally__agree_ride(const tally__ctx *c, tally__ride_fn ride, void *arg, tally_dtype t, int root);
 
 /* The alpha-beta-gamma model of DESIGN.md, with parameters measured on the links in use. */
 typedef struct tally__cost {

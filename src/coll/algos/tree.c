@@ -282,12 +282,31 @@ static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t
     return rc;
 }
 
-/* Binomial scatter: this rank's subtree's blocks from the parent, then each child's in one exchange,
- * keeping the first. The root lays its blocks out in virtual order unless it is rank 0; a leaf receives
- * straight into recv. */
+/* Binomial scatter, in the fingerprint rounds themselves (tally__agree_ride): each rank takes its
+ * subtree's blocks from its parent in the round of its lowest bit and hands each child its subtree's in
+ * the later, shorter rounds. buf holds the blocks of virtual ranks [v, v + sub(v)): the root lays them out
+ * in virtual order unless it is rank 0; a leaf receives straight into recv. lg rounds in all, where the
+ * rounds and then the tree took twice as many. */
+typedef struct {
+    char *buf;
+    size_t bytes;
+    int v, n;
+} scatter_ride;
+
+static void scatter_step(void *arg, int m, int give, int take, tally__send *s, tally__recv *r) {
+    const scatter_ride *x = arg;
+    if (give) {
+        s->buf = x->buf + (size_t)m * x->bytes;
+        s->len = (size_t)bin_sub(x->v + m, x->n) * x->bytes;
+    }
+    if (take) {
+        r->dst = x->buf;
+        r->len = (size_t)bin_sub(x->v, x->n) * x->bytes;
+    }
+}
+
 static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_t count, tally_dtype t, int root) {
-    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n), kids[32];
-    int nk = bin_kids(v, root, n, kids), rc = tally__agree(c, NULL, 0, t, root);
+    int n = c->size, v = (c->rank - root + n) % n, sub = bin_sub(v, n);
     size_t es = tally_dtype_size(t), bytes = count * es;
     char *buf = v == 0 && root == 0 ? (char *)send
                 : sub > 1           ? tally__scratch_take(c->scratch, (size_t)sub * bytes)
@@ -298,11 +317,8 @@ static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_
         memcpy(buf, tally__at(send, (size_t)root * count, es), (size_t)(n - root) * bytes);
         memcpy(buf + (size_t)(n - root) * bytes, send, (size_t)root * bytes);
     }
-    if (!rc && v) rc = tally__recv_one(c, bin_parent(v, root, n), buf, NULL, (size_t)sub * bytes, t, TALLY_SUM);
-    tally__send s[32];
-    for (int k = 0, m = 1; k < nk; k++, m *= 2)
-        s[k] = (tally__send){.peer = kids[k], .buf = buf + (size_t)m * bytes, .len = (size_t)bin_sub(v + m, n) * bytes};
-    if (!rc && nk) rc = tally__xchg(c, s, nk, NULL, 0);
+    scatter_ride x = {buf, bytes, v, n};
+    int rc = tally__agree_ride(c, scatter_step, &x, t, root);
     if (!rc && buf != recv) memmove(recv, buf, bytes);
     if (buf != recv && buf != send) tally__scratch_give(c->scratch, buf);
     return rc;
@@ -330,8 +346,8 @@ static double tree_cost(const tally__algo_shape *x, int coll) {
     /* Binomial, after the lg fingerprint rounds: lg rounds of the vector, each rank reducing what its
      * children send; or lg rounds in which the root's link carries every block. */
     case TALLY__REDUCE: return x->lg * x->a + x->lg * (x->a + S * (x->bs + x->g));
-    case TALLY__GATHER:
-    case TALLY__SCATTER: return 2 * x->lg * x->a + S * f * x->bs;
+    case TALLY__GATHER: return 2 * x->lg * x->a + S * f * x->bs;
+    case TALLY__SCATTER: return x->lg * x->a + S * f * x->bs; /* the blocks ride the fingerprint rounds */
     default: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
     }
 }

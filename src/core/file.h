@@ -45,8 +45,10 @@ const char *tally__file_kind(mode_t m);
 /* An output a user names (--json, --svg, --plot, --trace, sim --save). What path is decides how it is
  * written; nothing there is ever turned into something else:
  * - a new name, or a regular file: replaced whole, as a user expects of an output. The bytes go to a new
- *   temporary file beside it (tally__file_create), renamed over it at commit, so a reader sees the old
- *   file or the new one. Not in /proc or /sys, which take no new files: refused, saying so.
+ *   temporary file beside it (.NAME.tmp.<random>, O_EXCL: another writer's is never touched), renamed
+ *   over it at commit (the replaced file's mode kept, the directory fsynced), so a reader sees the old
+ *   file or the new one. A directory on the way that is another user's symbolic link is refused, as the
+ *   output's own link would be. Not in /proc or /sys, which take no new files: refused, saying so.
  * - /dev/fd/N, /proc/self/fd/N (and /dev/stdout, /dev/stderr, links to those): descriptor N itself,
  *   duplicated, never reopened, so `--json /dev/stdout > f` writes into f at its offset. Every stdio
  *   stream is flushed first, so what was printed before stays before.

@@ -11,11 +11,13 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "err.h"
 
 #define OUT_MAX_HOPS 40 /* the kernel's own limit on links in one lookup */
@@ -155,6 +157,54 @@ static int out_in_place(tally__file_out *o, const char *p, const struct stat *se
     return out_stream(o, fd);
 }
 
+/* A new temporary file under o->dirfd, named .BASE.tmp.<random>: O_EXCL with a name no other writer
+ * picks (the pid alone repeats across containers sharing a directory, and a clash would have removed the
+ * other writer's file), so nothing there is ever opened, unlinked or followed. Mode 0666 less the umask,
+ * as a new output would have; the replaced file's own mode is put back at commit. */
+static int out_temp(tally__file_out *o, const char *base, int *fd) {
+    size_t tl = strlen(base) + 40;
+    if (!(o->tmp = malloc(tl))) return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
+    for (int attempt = 0; attempt < 8; attempt++) {
+        unsigned long long draw;
+        if (getrandom(&draw, sizeof draw, 0) != (ssize_t)sizeof draw) draw = tally__now_ns() ^ (unsigned)getpid();
+        snprintf(o->tmp, tl, ".%.200s.tmp.%016llx", base, draw); /* within NAME_MAX whatever base is */
+        *fd = openat(o->dirfd, o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (*fd >= 0) return 0;
+        if (errno != EEXIST) break;
+    }
+    int e = errno;
+    const char *hint = e == ENOENT ? "; its directory takes no new files (removed meanwhile?)" : tally__errno_hint(e);
+    free(o->tmp);
+    o->tmp = NULL;
+    return tally__seterr(TALLY_E_SYSTEM, "%s: cannot create a temporary file beside it: %s%s", o->path, strerror(e),
+                         hint);
+}
+
+/* Every directory on the way to dir that is a symbolic link must be this user's or root's, as the output's
+ * own link must: another user's link in a shared directory (/tmp/x -> their directory) would have the
+ * output made, and a file of that name replaced, where they chose. */
+static int out_dir_links(tally__file_out *o, const char *dir) {
+    uid_t me = geteuid();
+    size_t l = strlen(dir);
+    char *cut = malloc(l + 1);
+    if (!cut) return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
+    int rc = 0;
+    for (size_t i = 1; i <= l && !rc; i++) {
+        if (i < l && dir[i] != '/') continue;
+        memcpy(cut, dir, i);
+        cut[i] = '\0';
+        struct stat st;
+        if (lstat(cut, &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != me && st.st_uid != 0)
+            rc = tally__seterr(TALLY_E_INVALID,
+                               "%s: the directory %s on its way is a symbolic link of uid %u's, not this user's "
+                               "(uid %u) nor root's; tally writes through no other user's link: name the real "
+                               "directory",
+                               o->path, cut, (unsigned)st.st_uid, (unsigned)me);
+    }
+    free(cut);
+    return rc;
+}
+
 /* p (a new name, or a regular file seen as *seen) replaced whole: a temporary file in p's directory. */
 static int out_replace(tally__file_out *o, const char *p) {
     const char *slash = strrchr(p, '/'), *base = slash ? slash + 1 : p;
@@ -163,14 +213,12 @@ static int out_replace(tally__file_out *o, const char *p) {
     size_t dl = slash ? (size_t)(slash - p) : 0;
     char *dir = slash ? strndup(p, dl ? dl : 1) : strdup(".");
     o->name = strdup(base);
-    size_t tl = strlen(base) + 40;
-    o->tmp = malloc(tl);
-    if (!dir || !o->name || !o->tmp) {
+    if (!dir || !o->name) {
         free(dir);
         return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
     }
-    snprintf(o->tmp, tl, ".%.200s.tmp.%d", base, (int)getpid()); /* within NAME_MAX whatever base is */
-    int rc = tally__file_open_dir(dir, dir, &o->dirfd);
+    int rc = out_dir_links(o, dir);
+    if (!rc) rc = tally__file_open_dir(dir, dir, &o->dirfd);
     struct statfs fs;
     if (!rc && fstatfs(o->dirfd, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
         rc = tally__seterr(TALLY_E_INVALID,
@@ -179,9 +227,9 @@ static int out_replace(tally__file_out *o, const char *p) {
                            o->path, dir, fs.f_type == PROC_SUPER_MAGIC ? "procfs (/proc)" : "sysfs (/sys)");
     free(dir);
     int fd = -1;
-    if (!rc) rc = tally__file_create(o->dirfd, o->tmp, o->path, &fd);
+    if (!rc) rc = out_temp(o, base, &fd);
     if (!rc && (rc = out_stream(o, fd))) unlinkat(o->dirfd, o->tmp, 0);
-    if (rc) {
+    if (rc && o->tmp) {
         free(o->tmp); /* nothing of ours to remove any more */
         o->tmp = NULL;
     }
@@ -303,11 +351,16 @@ int tally__file_out_commit(tally__file_out *o) {
     int rc = 0;
     if (!e && o->tmp) {
         struct stat st; /* a link or anything but a regular file put there meanwhile is not replaced either */
-        if (fstatat(o->dirfd, o->name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+        int there = fstatat(o->dirfd, o->name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+        if (there && !S_ISREG(st.st_mode))
             rc = tally__seterr(TALLY_E_INVALID,
                                "cannot write %s: %s took its place while tally wrote it; it is left as it is", o->path,
                                tally__file_kind(st.st_mode));
+        else if (there && fchmodat(o->dirfd, o->tmp, st.st_mode & 07777, 0) != 0) /* its mode, as an edit keeps */
+            e = errno;
         else if (renameat(o->dirfd, o->tmp, o->dirfd, o->name) != 0)
+            e = errno;
+        else if (fsync(o->dirfd) != 0 && errno != EINVAL) /* the new name itself survives a crash */
             e = errno;
     }
     if (e && o->tmp)

@@ -1,5 +1,6 @@
 /* test_hostile_out.c - what a user names as an output (--json, --plot, --trace, --svg, sim --save) or as sim's
  * --config, end to end through the CLI: devices, FIFOs, /dev/stdout, links, directories, /proc; none replaced. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -192,6 +193,16 @@ static void test_links(void) {
         TH_CHECK(!strcmp(read_head(th_at("mine")), "mine\n"), "%s wrote through another user's link", out_names[i]);
         TH_CHECK(is_link_to(th_at("their-link"), th_at("mine")), "%s replaced another user's link", out_names[i]);
     }
+    /* another user's link as a directory on the way: refused, nothing made where it leads */
+    TH_CHECK(mkdir(th_at("real-dir"), 0755) == 0, "mkdir: %s", strerror(errno));
+    TH_CHECK(symlink(th_at("real-dir"), th_at("their-dir")) == 0, "symlink: %s", strerror(errno));
+    if (other && lchown(th_at("their-dir"), 65534, 65534) == 0) {
+        const char *args[] = {"sim", "--size", "1K", "--save", th_at("their-dir/out.json"), NULL};
+        run(args, 30);
+        expect(R.rc == 1 && strstr(R.out, "is a symbolic link of uid 65534's"),
+               "another user's link on the way to an output is refused");
+        TH_CHECK(access(th_at("real-dir/out.json"), F_OK) != 0, "an output was made through another user's link");
+    }
     /* this user's link to another user's file: refused, the file untouched */
     th_put_file(th_at("theirs"), "theirs\n");
     TH_CHECK(symlink(th_at("theirs"), th_at("to-theirs")) == 0, "symlink: %s", strerror(errno));
@@ -324,8 +335,42 @@ static void test_reader_gone(void) {
     close(p[1]);
 }
 
+/* Replacing a file: another writer's temporary file of the old naming (".NAME.tmp.<pid>", a pid that
+ * repeats across containers sharing the directory) is left alone; the replaced file keeps its mode; a
+ * new one has 0666 less the umask; nothing of ours is left behind. */
+static void test_replace(void) {
+    char theirs[64];
+    snprintf(theirs, sizeof theirs, ".kept.json.tmp.%d", (int)getpid());
+    th_put_file(th_at(theirs), "another writer's\n");
+    th_put_file(th_at("kept.json"), "old\n");
+    TH_CHECK(chmod(th_at("kept.json"), 0600) == 0, "chmod: %s", strerror(errno));
+    tally__file_out o;
+    TH_CHECK(tally__file_out_open(&o, th_at("kept.json")) == 0, "open: %s", tally_last_error());
+    if (o.f) {
+        fputs("{}\n", o.f);
+        TH_CHECK(tally__file_out_commit(&o) == 0, "commit: %s", tally_last_error());
+    }
+    struct stat st;
+    TH_CHECK(!strcmp(read_head(th_at(theirs)), "another writer's\n"), "another writer's temporary file was touched");
+    TH_CHECK(!strcmp(read_head(th_at("kept.json")), "{}\n"), "the file was not replaced");
+    TH_CHECK(stat(th_at("kept.json"), &st) == 0 && (st.st_mode & 07777) == 0600, "a replaced 0600 file came back as %o",
+             (unsigned)(st.st_mode & 07777));
+    mode_t old = umask(022);
+    TH_CHECK(tally__file_out_open(&o, th_at("fresh.json")) == 0, "open a new name: %s", tally_last_error());
+    if (o.f) TH_CHECK(tally__file_out_commit(&o) == 0, "commit a new name: %s", tally_last_error());
+    umask(old);
+    TH_CHECK(stat(th_at("fresh.json"), &st) == 0 && (st.st_mode & 07777) == 0644,
+             "a new output under umask 022 has mode %o, not 644", (unsigned)(st.st_mode & 07777));
+    DIR *d = opendir(th_at("."));
+    for (struct dirent *e; d && (e = readdir(d));)
+        TH_CHECK(!strncmp(e->d_name, theirs, strlen(theirs)) || !strstr(e->d_name, ".tmp."),
+                 "a temporary file was left behind: %s", e->d_name);
+    if (d) closedir(d);
+}
+
 static void test_writer(void) {
     test_reader_gone();
+    test_replace();
     if (!is_char_dev(th_at("full"), 1, 7)) return; /* made by test_devices, as root */
     tally__file_out o;
     TH_CHECK(tally__file_out_open(&o, th_at("full")) == 0, "open the full device: %s", tally_last_error());

@@ -204,6 +204,21 @@ static void async_enter(tally__async *e) {
     e->users++;
 }
 
+/* Entering the engine of a request that is not done yet: a request's engine goes once its queue is run
+ * (async_stop), which publishes every request done first, so a caller that saw "not done" might find the
+ * engine freed by the time it locks it. The gate closes that gap: under it, "not done" means the engine
+ * is still there, and async_stop passes the gate before it waits for the users to leave. Returns the
+ * entered engine (mu held), or NULL when the request is done. */
+static pthread_mutex_t async_gate = PTHREAD_MUTEX_INITIALIZER;
+
+static tally__async *async_enter_pending(tally_request *r) {
+    tally__async *e = NULL;
+    pthread_mutex_lock(&async_gate);
+    if (!atomic_load_explicit(&r->done, memory_order_acquire)) async_enter(e = r->eng);
+    pthread_mutex_unlock(&async_gate);
+    return e;
+}
+
 static void async_leave(tally__async *e) {
     if (--e->users == 0) pthread_cond_broadcast(&e->finished);
     pthread_mutex_unlock(&e->mu);
@@ -216,6 +231,8 @@ static void async_stop(tally__async *e, int abandon) {
     pthread_cond_broadcast(&e->posted);
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->th, NULL);
+    pthread_mutex_lock(&async_gate); /* whoever saw a request of ours not done has entered by now */
+    pthread_mutex_unlock(&async_gate);
     pthread_mutex_lock(&e->mu);
     while (e->users) pthread_cond_wait(&e->finished, &e->mu);
     pthread_mutex_unlock(&e->mu);
@@ -407,8 +424,8 @@ TALLY_API int tally_wait(tally_request *r) {
     if (foreign) return foreign;
     if (atomic_load_explicit(&r->done, memory_order_acquire)) return async_result(r);
     if (r->ext) return ext_wait(r);
-    tally__async *e = r->eng;
-    async_enter(e);
+    tally__async *e = async_enter_pending(r);
+    if (!e) return async_result(r);
     /* What the thread has not started, the waiter runs: handing it over would only add two thread
      * switches (on a busy core a scheduling delay each) to a wait that has nothing else to do. */
     while (!atomic_load_explicit(&r->done, memory_order_acquire)) {
@@ -465,18 +482,19 @@ TALLY_API int tally_wait_for(tally_request *r, double timeout_s, int *done) {
         struct timespec until = wait_for_until(timeout_s < WAIT_FOR_MAX_S ? timeout_s : WAIT_FOR_MAX_S);
         /* Never the request's run on this thread, as tally_wait may do: that would last as long as the
          * peers make it. The communication thread (or the post office's) runs it; this one only sleeps. */
-        pthread_mutex_t *mu = r->ext ? &ext_mu : &r->eng->mu;
-        pthread_cond_t *cv = r->ext ? &ext_cv : &r->eng->finished;
-        tally__async *e = r->ext ? NULL : r->eng;
-        if (e)
-            async_enter(e);
+        tally__async *e = NULL;
+        if (r->ext)
+            pthread_mutex_lock(&ext_mu);
         else
-            pthread_mutex_lock(mu);
-        while (!atomic_load_explicit(&r->done, memory_order_acquire))
-            if (pthread_cond_timedwait(cv, mu, &until) == ETIMEDOUT) break;
+            e = async_enter_pending(r);
+        pthread_mutex_t *mu = e ? &e->mu : &ext_mu;
+        pthread_cond_t *cv = e ? &e->finished : &ext_cv;
+        if (r->ext || e)
+            while (!atomic_load_explicit(&r->done, memory_order_acquire))
+                if (pthread_cond_timedwait(cv, mu, &until) == ETIMEDOUT) break;
         if (e)
             async_leave(e);
-        else
+        else if (r->ext)
             pthread_mutex_unlock(mu);
     }
     *done = atomic_load_explicit(&r->done, memory_order_acquire);
@@ -489,9 +507,8 @@ TALLY_API int tally_request_on_done(tally_request *r, void (*fn)(void *arg, int 
     int foreign = tally__proc_foreign(&r->proc, "tally_request_on_done", "request");
     if (foreign) return foreign;
     if (r->ext && !ext_on_done(r, fn, arg)) return 0;
-    if (!r->ext && !atomic_load_explicit(&r->done, memory_order_acquire)) {
-        tally__async *e = r->eng;
-        async_enter(e);
+    tally__async *e = r->ext ? NULL : async_enter_pending(r);
+    if (e) {
         int later = r->state < REQ_FINISHING;
         if (later) {
             r->fn = fn;
@@ -509,9 +526,8 @@ TALLY_API int tally_request_free(tally_request *r) {
     int foreign = tally__proc_foreign(&r->proc, "tally_request_free", "request");
     if (foreign) return foreign; /* the parent's engine may hold its lock forever here: left alone */
     if (r->ext && ext_detach(r)) return 0;
-    if (!r->ext && !atomic_load_explicit(&r->done, memory_order_acquire)) {
-        tally__async *e = r->eng;
-        async_enter(e);
+    tally__async *e = r->ext ? NULL : async_enter_pending(r);
+    if (e) {
         int pending = r->state != REQ_DONE;
         if (pending) r->detached = 1; /* as MPI_Request_free: it completes, then goes */
         async_leave(e);

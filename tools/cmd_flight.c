@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <tally.h>
 
@@ -26,15 +27,29 @@ static void flight_usage(FILE *out) {
 
 static void flight_sig(const tally__flight_entry *e, char *out, size_t n) { tally__sig_format(&e->sig, out, n); }
 
+/* s as it is where printable, else \xNN: a file name in DIR is anyone's choice, and a newline or an
+ * escape sequence in it must not forge a line of the report or drive the terminal. */
+static void print_escaped(const char *s) {
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        if (*c >= 0x20 && *c < 0x7f && *c != '\\')
+            putchar(*c);
+        else
+            printf("\\x%02x", *c);
+}
+
 /* "rank 2: allreduce #4 (...) failed after 2.00 s (TIMEOUT), waiting for rank 3; blamed rank 2" */
 static void flight_rank_line(const tally__flight_rank *r, uint64_t seq) {
     const tally__flight_entry *e = seq ? tally__flight_find(r, seq) : NULL, *last = r->n ? &r->e[r->n - 1] : NULL;
     printf("  rank %d", r->rank);
     if (r->world_rank != r->rank) printf(" (world rank %d)", r->world_rank);
-    printf(" [%s pid %d]: ", r->host, r->pid);
+    printf(" [");
+    print_escaped(r->host); /* what a record says is text from a file: escaped as the names are */
+    printf(" pid %d]: ", r->pid);
     if (!e) e = last;
     if (!e) {
-        printf("no collective recorded (%s)\n", r->reason);
+        printf("no collective recorded (");
+        print_escaped(r->reason);
+        printf(")\n");
         return;
     }
     char what[200];
@@ -75,7 +90,11 @@ static void flight_holder(const tally__flight_verdict *v) {
 static int flight_report(const tally__flight_rank *r, size_t n) {
     tally__flight_verdict v;
     tally__flight_analyze(r, n, &v);
-    printf("communicator %s: %d ranks, records from %zu (%s)\n", r[0].label, v.size, n, r[0].transport);
+    printf("communicator ");
+    print_escaped(r[0].label);
+    printf(": %d ranks, records from %zu (", v.size, n);
+    print_escaped(r[0].transport);
+    printf(")\n");
     if (v.missing > 0) {
         printf("  no record from rank(s):");
         for (int k = 0; k < v.size; k++) {
@@ -115,7 +134,21 @@ int tally_cmd_flight(int argc, char **argv) {
         return 1;
     }
     /* Files set aside first: the verdict below is of the other records alone. */
-    for (size_t i = 0; i < s.n_skip; i++) printf("ignored %s/%s: %s\n", argv[1], s.skip[i].file, s.skip[i].why);
+    if (s.dir_uid != (unsigned)geteuid()) {
+        printf("note: ");
+        print_escaped(argv[1]);
+        printf(" belongs to uid %u, not you (uid %u): its records are what that user's processes wrote\n", s.dir_uid,
+               (unsigned)geteuid());
+    }
+    for (size_t i = 0; i < s.n_skip; i++) {
+        printf("ignored ");
+        print_escaped(argv[1]);
+        putchar('/');
+        print_escaped(s.skip[i].file);
+        printf(": ");
+        print_escaped(s.skip[i].why);
+        putchar('\n');
+    }
     if (s.n == 0) {
         fflush(stdout);
         if (s.n_skip)
@@ -128,7 +161,11 @@ int tally_cmd_flight(int argc, char **argv) {
         tally__flight_set_free(&s);
         return 1;
     }
-    if (s.job[0]) printf("job %s: %zu record(s)\n", s.job, s.n);
+    if (s.job[0]) {
+        printf("job ");
+        print_escaped(s.job);
+        printf(": %zu record(s)\n", s.n);
+    }
     int rc = 1;
     for (size_t i = 0; i < s.n;) {
         size_t j = i;

@@ -318,8 +318,9 @@ static int fl_refuse(tally__flight *f, int why, const struct stat *st) {
 
 /* The directory to write in, opened, or -1 (f->why says why). Its last component is made 0700 when
  * missing; what is there is taken only when it is a directory of this user's (the default one: mode
- * 0700 or less, as tally makes it), or, for TALLY_FLIGHT_DIR, a sticky one (such as /tmp) or a link to
- * either that this user or root made. Another user who made the default name first (it is predictable:
+ * 0700 or less, as tally makes it; TALLY_FLIGHT_DIR: not writable by group or others unless sticky), or,
+ * for TALLY_FLIGHT_DIR, a sticky one of root's (such as /tmp), or a link to either that this user or root
+ * made. Another user who made the default name first (it is predictable:
  * host and pid) could otherwise read, forge or, as a link, redirect the records. The checks are of what
  * was opened (fstat), and the files are then made relative to it, so a rename meanwhile redirects
  * nothing. Only system calls a signal handler may make. */
@@ -369,13 +370,18 @@ static int fl_open_dir(tally__flight *f) {
         errno = e;
         return -1;
     }
-    int why = TALLY__FL_WHY_NONE;
+    /* A chosen directory: this user's, closed to writers other than them unless sticky; or root's and
+     * sticky (/tmp). Another user's sticky directory is not enough: its owner may still remove or replace
+     * the records, and the reader takes the owner's files for the job's. */
+    int why = TALLY__FL_WHY_NONE, sticky = (st.st_mode & S_ISVTX) != 0;
     if (!f->user_dir && st.st_uid != me)
         why = TALLY__FL_WHY_OWNER;
     else if (!f->user_dir && (st.st_mode & 077))
         why = TALLY__FL_WHY_MODE;
-    else if (f->user_dir && st.st_uid != me && !(st.st_mode & S_ISVTX))
+    else if (f->user_dir && st.st_uid != me && !(st.st_uid == 0 && sticky))
         why = TALLY__FL_WHY_OWNER;
+    else if (f->user_dir && st.st_uid == me && (st.st_mode & 022) && !sticky)
+        why = TALLY__FL_WHY_MODE;
     if (why) {
         close(fd);
         return fl_refuse(f, why, &st);
@@ -394,7 +400,7 @@ static int fl_write(tally__flight *f, const char *reason, int culprit, const cha
     if (dfd < 0) return -1;
     f->why = TALLY__FL_WHY_ERRNO;
     unlinkat(dfd, tmp, 0); /* a leftover of an interrupted dump of ours (a link there: the link goes) */
-    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600); /* hosts, pids */
     if (fd < 0) {
         int e = errno;
         close(dfd);
@@ -453,10 +459,10 @@ void tally__flight_why(const tally__flight *f, char *out, size_t n) {
     case TALLY__FL_WHY_OWNER:
         if (f->user_dir)
             snprintf(out, n,
-                     "%s belongs to uid %u, not this user (uid %u), and is not sticky: tally writes its records only "
-                     "to a directory of yours or a sticky shared one (such as /tmp), where no other user can "
+                     "%s belongs to uid %u, not this user (uid %u)%s: tally writes its records only to a "
+                     "directory of yours or a sticky one of root's (such as /tmp), where no other user can "
                      "replace them; choose another TALLY_FLIGHT_DIR",
-                     f->dir, f->why_uid, me);
+                     f->dir, f->why_uid, me, f->why_mode & S_ISVTX ? " nor root, though sticky" : " and is not sticky");
         else
             snprintf(out, n,
                      "%s belongs to uid %u, not this user (uid %u): another user may have made it first to read, "
@@ -464,6 +470,14 @@ void tally__flight_why(const tally__flight *f, char *out, size_t n) {
                      f->dir, f->why_uid, me, redo);
         break;
     case TALLY__FL_WHY_MODE:
+        if (f->user_dir) {
+            snprintf(out, n,
+                     "%s has mode %04o: group or others may write in it and it is not sticky, so they could "
+                     "remove or replace the records; make it chmod go-w (or +t), or choose another "
+                     "TALLY_FLIGHT_DIR",
+                     f->dir, f->why_mode);
+            break;
+        }
         snprintf(out, n,
                  "%s has mode %04o: group or others may use it, and tally makes it 0700, so it is not one tally "
                  "made; %s",

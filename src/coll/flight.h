@@ -55,8 +55,8 @@ enum {
     TALLY__FL_WHY_NONE,
     TALLY__FL_WHY_ERRNO, /* a system call failed: written holds 1 + errno */
     TALLY__FL_WHY_LINK,  /* the directory's name is a symbolic link another user made */
-    TALLY__FL_WHY_OWNER, /* the directory belongs to another user (and, a chosen one, is not sticky) */
-    TALLY__FL_WHY_MODE,  /* the default directory is open to group or others: not one tally made */
+    TALLY__FL_WHY_OWNER, /* the directory belongs to another user (a chosen one: other than root's sticky) */
+    TALLY__FL_WHY_MODE,  /* open to group or others (a chosen one: to their writing, and not sticky) */
 };
 
 /* Sets f up for a communicator (rank of size; world_rank, first_world: this rank's and rank 0's rank in
@@ -108,6 +108,7 @@ typedef struct tally__flight_set {
     char job[TALLY__FLIGHT_JOB]; /* that job ("" for records that name none) */
     tally__flight_skip *skip;    /* [n_skip], by name: every *.flight file set aside */
     size_t n_skip;
+    unsigned dir_uid; /* the directory's owner: what its owner's files say is taken for the job's */
 } tally__flight_set;
 
 /* Loads the records of one job from the *.flight files in dir. A file is set aside (skip, with why)

@@ -276,6 +276,7 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
         close(dfd);
         return rc;
     }
+    s->dir_uid = (unsigned)dst.st_uid;
     DIR *d = fdopendir(dfd);
     if (!d) {
         close(dfd);

@@ -215,10 +215,20 @@ static void chosen_dir(void) {
     if (symlink(dir, link)) TH_CHECK(0, "symlink: %s", strerror(errno));
     rc = record(&f, 1, 2, link, 1, 3, 0, -1);
     TH_CHECK(rc == 0 && is_regular(th_path(dir, "rank1.world.flight")), "a chosen link of ours: %d", rc);
-    /* A group-writable directory of this user's: the user's choice. */
+    /* A directory of this user's that group or others may write in: refused (they could remove or replace
+     * the records), unless it is sticky. */
     chmod(dir, 0770);
     rc = record(&f, 0, 2, dir, 1, 3, 0, -1);
-    TH_CHECK(rc == 0, "a chosen 0770 directory of ours: %d", rc);
+    why_of(&f, why, sizeof why);
+    TH_CHECK(rc == -1 && f.why == TALLY__FL_WHY_MODE && strstr(why, "0770") && strstr(why, "go-w"),
+             "a chosen 0770 directory of ours: rc %d: %s", rc, why);
+    chmod(dir, 01777);
+    rc = record(&f, 0, 2, dir, 1, 3, 0, -1);
+    TH_CHECK(rc == 0, "a chosen sticky 01777 directory of ours: %d", rc);
+    struct stat rst;
+    TH_CHECK(stat(th_path(dir, "rank0.world.flight"), &rst) == 0 && (rst.st_mode & 07777) == 0600,
+             "a record's mode is %o, not 600", (unsigned)(rst.st_mode & 07777));
+    chmod(dir, 0700);
     if (!root) return;
     /* Another user's link, to a directory of ours: not followed. */
     if (lchown(link, OTHER, OTHER)) TH_CHECK(0, "lchown: %s", strerror(errno));
@@ -234,9 +244,17 @@ static void chosen_dir(void) {
     TH_CHECK(rc == -1 && f.why == TALLY__FL_WHY_OWNER && strstr(why, "not sticky"),
              "another user's 0777 directory as TALLY_FLIGHT_DIR: rc %d: %s", rc, why);
     victim_unchanged("another user's 0777 directory as TALLY_FLIGHT_DIR", victim);
+    /* Sticky but another user's (not root's): its owner could still replace the records: refused. */
     chmod(victim, 01777);
     rc = record(&f, 1, 2, victim, 1, 3, 0, -1);
-    TH_CHECK(rc == 0 && is_regular(th_path(victim, "rank1.world.flight")), "a sticky shared directory: %d", rc);
+    why_of(&f, why, sizeof why);
+    TH_CHECK(rc == -1 && f.why == TALLY__FL_WHY_OWNER && strstr(why, "though sticky"),
+             "another user's sticky directory: rc %d: %s", rc, why);
+    TH_CHECK(!is_regular(th_path(victim, "rank1.world.flight")), "a record was written to another user's directory");
+    /* Root's sticky directory (as /tmp): used. */
+    if (chown(victim, 0, 0)) TH_CHECK(0, "chown: %s", strerror(errno));
+    rc = record(&f, 1, 2, victim, 1, 3, 0, -1);
+    TH_CHECK(rc == 0 && is_regular(th_path(victim, "rank1.world.flight")), "root's sticky directory: %d", rc);
 }
 
 /* ---- a whole job: rank 0's default directory planted as a link before it starts ------------------- */
@@ -344,8 +362,12 @@ static void reader(void) {
         th_write_file(th_path(dir, "rank5.world.flight"), text, strlen(text));
         if (chown(th_path(dir, "rank5.world.flight"), OTHER, OTHER)) TH_CHECK(0, "chown: %s", strerror(errno));
     }
+    /* A name that would forge a line of the report and move the terminal's cursor. */
+    th_write_file(th_path(dir, "x\nholding the job up: rank 0\x1b[2A.flight"), "junk\n", 5);
     TH_CHECK(rc == 0, "reader: the other records could not be written");
     tool(dir, after);
+    TH_CHECK(strstr(after->out, "x\\x0aholding the job up: rank 0\\x1b[2A.flight") && !strchr(after->out, 0x1b),
+             "reader: a file name with a newline and an escape is printed raw:\n%s", after->out);
     const char *want[] = {"ignored ",
                           "/rank3.world.flight: of another job (h-4242-00000999)",
                           "/copy-of-rank1.world.flight: a second record of rank 1 of communicator world",
@@ -366,6 +388,13 @@ static void reader(void) {
     TH_CHECK(strstr(after->out, "job h-4242-00000999: 3 record(s)") &&
                  strstr(after->out, "/rank2.world.flight: of another job (h-4242-00000abc)"),
              "reader: the job most records are of is not the one read:\n%s", after->out);
+    /* Another user's directory: read, with a note that its records are that user's word. */
+    if (root) {
+        if (chown(dir, OTHER, OTHER)) TH_CHECK(0, "chown: %s", strerror(errno));
+        tool(dir, after);
+        TH_CHECK(strstr(after->out, "belongs to uid 65534, not you"),
+                 "reader: another user's directory read without a note:\n%s", after->out);
+    }
     free(before);
     free(after);
 }

@@ -14,6 +14,7 @@
 #include "../boot/host_cpus.h"
 #include "../core/clock.h"
 #include "../core/cpus.h"
+#include "../core/kept.h"
 #include "../core/numeric/dtype.h"
 #include "../core/log.h"
 #include "../core/numeric/reduce.h"
@@ -66,12 +67,13 @@ struct tally_comm {
 typedef struct tally__plain_mem {
     struct tally__plain_mem *next;
     void *p;
-    int kept; /* tally_mem_keep: the communicator's destroy hands it to tally__kept rather than free it */
+    int kept; /* tally_mem_keep: the communicator's destroy hands it to the kept registry, not to free() */
 } tally__plain_mem;
 
-/* Plain blocks kept past their communicator, until tally_mem_release (shm's are the transport's). */
-static pthread_mutex_t tally__kept_mu = PTHREAD_MUTEX_INITIALIZER;
-static tally__plain_mem *tally__kept;
+static void tally__plain_free_kept(void *base, size_t len) {
+    (void)len;
+    free(base);
+}
 
 /* Communicators alive in this process: the first one made while none is sets what is process-wide. */
 static _Atomic int tally__live;
@@ -164,14 +166,10 @@ static void tally__comm_destroy(tally_comm *c) {
     while (c->plain) {
         tally__plain_mem *m = c->plain;
         c->plain = m->next;
-        if (m->kept) {
-            pthread_mutex_lock(&tally__kept_mu);
-            m->next = tally__kept;
-            tally__kept = m;
-            pthread_mutex_unlock(&tally__kept_mu);
-            continue;
-        }
-        free(m->p);
+        if (!m->kept)
+            free(m->p);
+        else
+            tally__kept_add(m->p, 0, tally__plain_free_kept); /* no room to list it: leaked, never freed */
         free(m);
     }
     if (c->ctx.tp) c->ctx.tp->ops->destroy(c->ctx.tp);
@@ -869,22 +867,7 @@ TALLY_API int tally_mem_keep(tally_comm *c, void *ptr) {
 }
 
 TALLY_API int tally_mem_release(void *ptr) {
-    if (!ptr) return 0;
-    pthread_mutex_lock(&tally__kept_mu);
-    tally__plain_mem *m = NULL;
-    for (tally__plain_mem **at = &tally__kept; *at; at = &(*at)->next)
-        if ((*at)->p == ptr) {
-            m = *at;
-            *at = m->next;
-            break;
-        }
-    pthread_mutex_unlock(&tally__kept_mu);
-    if (m) {
-        free(m->p);
-        free(m);
-        return 0;
-    }
-    if (!tally__shm_mem_release_kept(ptr)) return 0;
+    if (!ptr || tally__kept_release(ptr)) return 0;
     return tally__seterr(TALLY_E_INVALID,
                          "tally_mem_release: %p is no buffer tally_mem_keep kept past its communicator (one whose "
                          "communicator lives is released with tally_mem_free)",

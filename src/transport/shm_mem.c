@@ -2,7 +2,6 @@
  * read-only once, so a large message from one is read in place with a single copy and no syscall. */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include "../boot/fdlimit.h"
+#include "../core/kept.h"
 #include "../core/log.h"
 #include "shm.h"
 
@@ -29,43 +29,11 @@ typedef struct shm_region {
     int kept; /* tally_mem_keep: destroy leaves it mapped */
 } shm_region;
 
-/* Regions a destroyed transport left mapped (kept), until tally_mem_release: process-wide, as they
- * outlive their communicator. */
-typedef struct shm_kept {
-    struct shm_kept *next;
-    void *base;
-    size_t len;
-} shm_kept;
-static pthread_mutex_t shm_kept_mu = PTHREAD_MUTEX_INITIALIZER;
-static shm_kept *shm_kept_list;
+static void shm_unmap_kept(void *base, size_t len) { munmap(base, len); }
 
-/* Hands a kept region over to the process-wide list (left mapped for good when no memory is left for
+/* Hands a kept region to the process-wide registry (left mapped for good when no memory is left for
  * that: a leak, never a buffer unmapped under its owner). */
-static void shm_keep_past(const shm_region *r) {
-    shm_kept *k = malloc(sizeof *k);
-    if (!k) return;
-    *k = (shm_kept){.base = r->base, .len = r->len};
-    pthread_mutex_lock(&shm_kept_mu);
-    k->next = shm_kept_list;
-    shm_kept_list = k;
-    pthread_mutex_unlock(&shm_kept_mu);
-}
-
-int tally__shm_mem_release_kept(void *ptr) {
-    pthread_mutex_lock(&shm_kept_mu);
-    shm_kept *k = NULL;
-    for (shm_kept **at = &shm_kept_list; *at; at = &(*at)->next)
-        if ((*at)->base == ptr) {
-            k = *at;
-            *at = k->next;
-            break;
-        }
-    pthread_mutex_unlock(&shm_kept_mu);
-    if (!k) return -1;
-    munmap(k->base, k->len);
-    free(k);
-    return 0;
-}
+static void shm_keep_past(const shm_region *r) { tally__kept_add(r->base, r->len, shm_unmap_kept); }
 
 /* One peer region this rank mapped. */
 typedef struct shm_peer_map {

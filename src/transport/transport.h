@@ -68,8 +68,8 @@ typedef struct tally__tp_ops {
      * pointer mem_alloc did not return. */
     void *(*mem_alloc)(tally__tp *tp, size_t bytes);
     int (*mem_free)(tally__tp *tp, void *ptr);
-    /* With mem_alloc: marks ptr kept, so destroy leaves it mapped (tally_mem_keep; released then by
-     * tally__shm_mem_release_kept). TALLY_E_INVALID for a pointer mem_alloc did not return. */
+    /* With mem_alloc: marks ptr kept, so destroy leaves it mapped (tally_mem_keep; released then through
+     * the registry of core/kept.h). TALLY_E_INVALID for a pointer mem_alloc did not return. */
     int (*mem_keep)(tally__tp *tp, void *ptr);
 } tally__tp_ops;
 
@@ -114,8 +114,6 @@ int tally__stall_raise(tally__fault *f, const tally__stall *s);
 
 /* Backends. Each is collective over all ranks (uses the boot layer's bootstrap collectives). */
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out);
-/* Unmaps a shm buffer its transport's destroy left mapped (mem_keep): 0, or -1 when ptr is none of them. */
-int tally__shm_mem_release_kept(void *ptr);
 int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out);
 /* The world across hosts (mixed.c): peers with local_of[peer] >= 0 share this host and are reached
  * through shm (rank = that local index; borrowed, its owner destroys it after this transport), the

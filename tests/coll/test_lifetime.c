@@ -4,6 +4,8 @@
  * buffers kept past their communicator (tally_mem_keep, tally_mem_release); a bounded wait
  * (tally_wait_for) that returns on time while a peer keeps the request waiting. Over shm and tcp. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +164,49 @@ static int fn_keep(int rank, int n, void *arg) {
     return 0;
 }
 
+/* The kept registry across fork(): a thread of the parent takes its lock over and over (releases of an
+ * address never kept) while the parent forks; each child releases its copy of a kept buffer. A child
+ * that inherited the lock held would wait for good: its alarm then fails it. */
+static _Atomic int hammer_stop;
+
+static void *hammer_registry(void *arg) {
+    (void)arg;
+    int nothing;
+    while (!atomic_load(&hammer_stop)) tally_mem_release(&nothing);
+    return NULL;
+}
+
+static int fn_keep_fork(int rank, int n, void *arg) {
+    (void)n, (void)arg;
+    result *res = &R[rank];
+    tally_comm *c = init_comm(res);
+    if (!c) return 0;
+    float *kept = tally_mem_alloc(c, 4096);
+    EXPECT(res, kept && !tally_mem_keep(c, kept), "mem_alloc and keep: %s", tally_last_error());
+    EXPECT(res, !tally_comm_free(c), "free: %s", tally_last_error());
+    if (!kept) return 0;
+    atomic_store(&hammer_stop, 0);
+    pthread_t th;
+    pthread_create(&th, NULL, hammer_registry, NULL);
+    for (int k = 0; k < 1000 && !res->bad; k++) {
+        fflush(NULL);
+        pid_t kid = fork();
+        if (kid == 0) {
+            alarm(5);
+            _exit(tally_mem_release(kept) == 0 ? 0 : 3);
+        }
+        int st = 0;
+        waitpid(kid, &st, 0);
+        EXPECT(res, WIFEXITED(st) && WEXITSTATUS(st) == 0,
+               "fork %d: the child's release of a kept buffer %s (status %d)", k,
+               WIFSIGNALED(st) ? "hung on the registry's lock" : "failed", st);
+    }
+    atomic_store(&hammer_stop, 1);
+    pthread_join(th, NULL);
+    EXPECT(res, !tally_mem_release(kept), "the parent's release: %s", tally_last_error());
+    return 0;
+}
+
 /* tally_wait_for returns on time while the peer sleeps, then gives the result; bad timeouts refused. */
 static int fn_wait_for(int rank, int n, void *arg) {
     (void)arg;
@@ -236,5 +281,8 @@ int main(void) {
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
     TH_CHECK(th_run(1, &one, fn_keep, &zero) == 0, "keep on one rank: failed");
     report("a buffer kept past free, one rank", "self", 1);
+    memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    TH_CHECK(th_run(1, &one, fn_keep_fork, NULL) == 0, "keep across forks: failed");
+    report("the kept registry across fork()", "self", 1);
     return th_verdict("test_lifetime");
 }

@@ -456,7 +456,7 @@ TALLY_API int tally_test(tally_request *r, int *done) {
 
 static struct timespec wait_for_until(double timeout_s) {
     struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now); /* the conditions' clock (made with default attributes) */
+    clock_gettime(CLOCK_MONOTONIC, &now); /* pthread_cond_clockwait's: a wall-clock step moves no wait */
     double whole = (double)(long long)timeout_s;
     long ns = now.tv_nsec + (long)((timeout_s - whole) * 1e9);
     now.tv_sec += (time_t)whole + ns / 1000000000L;
@@ -491,7 +491,7 @@ TALLY_API int tally_wait_for(tally_request *r, double timeout_s, int *done) {
         pthread_cond_t *cv = e ? &e->finished : &ext_cv;
         if (r->ext || e)
             while (!atomic_load_explicit(&r->done, memory_order_acquire))
-                if (pthread_cond_timedwait(cv, mu, &until) == ETIMEDOUT) break;
+                if (pthread_cond_clockwait(cv, mu, CLOCK_MONOTONIC, &until) == ETIMEDOUT) break;
         if (e)
             async_leave(e);
         else if (r->ext)

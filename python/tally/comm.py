@@ -111,6 +111,8 @@ class _State:
         return self.gen != _fork_gen
 
     def orphan(self, h, arrays):
+        if self.foreign():  # the parent's request: its lock may have been held at the fork
+            return
         with self.lock:
             self.orphans.append((h, arrays))
 
@@ -131,14 +133,16 @@ class _State:
 
     def close(self, abort, why):
         """Frees (or aborts) the communicator; its pending requests are done once this returns (the
-        library completes or fails them), so the orphans go too. In a forked child: only dropped."""
+        library completes or fails them), so the orphans go too. In a forked child: only dropped, without
+        the lock (another thread of the parent may have held it at the fork: it stays held here)."""
+        if self.foreign():
+            if self.h:
+                self.h, self.orphans = None, []
+                self.gone = "made in another process (before a fork): this one must make its own"
+            return
         with self.lock:
             h, self.h = self.h, None
             if not h:
-                return
-            if self.foreign():
-                self.gone = "made in another process (before a fork): this one must make its own"
-                self.orphans = []
                 return
             self.gone = why
             (lib.tally_comm_abort if abort else lib.tally_comm_free)(h)
@@ -614,5 +618,7 @@ class Comm:
             lib.tally_mem_free(h, ptr)
             raise err
         buf = (ctypes.c_char * max(nbytes, 1)).from_address(ptr)
-        weakref.finalize(buf, _release_mem, self._st, ptr)  # buf is every view's base: the last one frees it
+        # buf is every view's base: the last one frees it. Not at exit: a request still in flight may use
+        # the memory then, and the process's end returns it anyway.
+        weakref.finalize(buf, _release_mem, self._st, ptr).atexit = False
         return np.frombuffer(buf, dtype=dt, count=count).reshape(dims)

@@ -18,11 +18,17 @@ FIELDS = ("rank", "size", "address", "token", "bind", "host", "timeout", "boot_t
 _log_callbacks = []
 
 
+# Fields that are a switch: True and False stand for 1 and 0 (no other field takes a bool).
+SWITCHES = ("shm_cma",)
+
+
 def _word(field, value, words):
     if isinstance(value, str):
         if value.lower() not in words:
             raise ValueError(f"tally: {field}={value!r} is not one of " + ", ".join(words))
         return words[value.lower()]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):  # 1.7 is no transport
+        raise TypeError(f"tally: {field} must be one of " + ", ".join(words) + f" or its number, not {value!r}")
     return int(value)
 
 
@@ -51,9 +57,14 @@ def make(log=None, **given):
         elif field == "isa":
             value = _word(field, value, ISAS)
         kind = dict(Config._fields_)[field]
+        if field in SWITCHES and isinstance(value, bool):
+            value = int(value)
         if kind in (ctypes.c_int, ctypes.c_longlong) and (isinstance(value, bool)
                                                           or not isinstance(value, numbers.Integral)):
             raise TypeError(f"tally: {field} must be an int, not {type(value).__name__} {value!r}")
+        if kind is ctypes.c_double and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"tally: {field} must be a number of seconds or units, not {type(value).__name__} "
+                            f"{value!r}")
         if issubclass(kind, ctypes.Array):
             raw = str(value).encode()
             if len(raw) >= ctypes.sizeof(kind):

@@ -221,6 +221,12 @@ def case_config():
     raises(TypeError, lambda: tally.Comm(0, 1, timeout_s=5), ["timeout_s"], "an unknown field")
     raises(TypeError, lambda: tally.Comm(0.5, 1), ["rank", "float"], "rank=0.5")
     raises(TypeError, lambda: tally.Comm(0, 1, tcp_streams=2.0), ["tcp_streams"], "tcp_streams=2.0")
+    raises(TypeError, lambda: tally.Comm(0, 1, transport=1.7), ["transport", "1.7"], "transport=1.7")
+    raises(TypeError, lambda: tally.Comm(0, 1, isa=True), ["isa", "True"], "isa=True")
+    raises(TypeError, lambda: tally.Comm(0, 1, timeout=True), ["timeout", "bool"], "timeout=True")
+    raises(TypeError, lambda: tally.Comm(0, 1, timeout="5"), ["timeout", "str"], "timeout='5'")
+    one = tally.Comm(0, 1, shm_cma=False, transport=1)  # a switch takes a bool; a word's number is an int
+    one.free()
     os.environ["TALLY_TCP_STREAMS"] = "17"  # the environment's defaults are read, and named when bad
     raises(tally.InvalidArgument, lambda: tally.Comm(0, 1), ["TALLY_TCP_STREAMS='17'"], "TALLY_TCP_STREAMS=17")
     del os.environ["TALLY_TCP_STREAMS"]
@@ -381,6 +387,30 @@ def case_lifetime(c):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(kid, 0)
     check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"the forked child's checks (status {status})")
+    # Forked while another thread holds the communicator's lock (as a free or a finalizer does): the
+    # child's free and finalizers drop the parent's communicator without waiting on that lock.
+    locked, go_on = threading.Event(), threading.Event()
+
+    def hold_lock():
+        with c3._st.lock:
+            locked.set()
+            go_on.wait(30)
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    locked.wait(30)
+    kid = os.fork()
+    if kid == 0:
+        signal.alarm(5)  # a child that waits on the inherited lock is killed, and fails the check
+        c3.free()  # only dropped, without the lock another thread of the parent held at the fork
+        gc.collect()
+        atexit._run_exitfuncs()
+        os._exit(0)
+    _, status = os.waitpid(kid, 0)
+    go_on.set()
+    holder.join()
+    check(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0,
+          f"a child forked while the lock was held: its free waited on it (status {status})")
     c3.send(np.full(3, rank, np.float32), peer, tag=6)
     check(np.all(pending.wait() == peer), "the parent's pending receive, after the fork")
     v = np.full(1000, rank + 1.0)

@@ -70,6 +70,10 @@ typedef struct tally__plain_mem {
     int kept; /* tally_mem_keep: the communicator's destroy hands it to the kept registry, not to free() */
 } tally__plain_mem;
 
+/* Guards every communicator's plain list: tally_mem_alloc, _free and _keep may come from several threads
+ * at once (a Python finalizer frees on whichever thread collects). Not on any data path. */
+static pthread_mutex_t tally__plain_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void tally__plain_free_kept(void *base, size_t len) {
     (void)len;
     free(base);
@@ -797,16 +801,23 @@ static void *tally__plain_alloc(tally_comm *c, size_t bytes) {
         tally__seterr(TALLY_E_NOMEM, "tally_mem_alloc on rank %d: out of memory for %zu bytes", c->ctx.rank, bytes);
         return NULL;
     }
+    pthread_mutex_lock(&tally__plain_mu);
     *m = (tally__plain_mem){c->plain, p, 0};
     c->plain = m;
+    pthread_mutex_unlock(&tally__plain_mu);
     return p;
 }
 
 static int tally__plain_free(tally_comm *c, void *ptr) {
-    for (tally__plain_mem **at = &c->plain; *at; at = &(*at)->next) {
-        if ((*at)->p != ptr) continue;
-        tally__plain_mem *m = *at;
-        *at = m->next;
+    tally__plain_mem *m = NULL;
+    pthread_mutex_lock(&tally__plain_mu);
+    for (tally__plain_mem **at = &c->plain; *at && !m; at = &(*at)->next)
+        if ((*at)->p == ptr) {
+            m = *at;
+            *at = m->next;
+        }
+    pthread_mutex_unlock(&tally__plain_mu);
+    if (m) {
         free(m->p);
         free(m);
         return 0;
@@ -854,11 +865,12 @@ TALLY_API int tally_mem_keep(tally_comm *c, void *ptr) {
                  : tally__seterr(TALLY_E_UNSUPPORTED, "tally_mem_keep: transport %s cannot keep buffers", ops->name);
         return tally__leave(c, rc);
     }
+    pthread_mutex_lock(&tally__plain_mu);
     tally__plain_mem *m = c->plain;
     while (m && m->p != ptr) m = m->next;
-    if (m)
-        m->kept = 1;
-    else
+    if (m) m->kept = 1;
+    pthread_mutex_unlock(&tally__plain_mu);
+    if (!m)
         rc = tally__seterr(TALLY_E_INVALID,
                            "tally_mem_keep on rank %d: %p did not come from tally_mem_alloc on this communicator (or "
                            "was freed already)",

@@ -2,6 +2,7 @@
  * read-only once, so a large message from one is read in place with a single copy and no syscall. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,9 @@ typedef struct shm_peer_map {
 } shm_peer_map;
 
 typedef struct shm_mem_state {
+    /* reg, nreg, capreg, next_id: tally_mem_alloc/_free/_keep change them on the user's threads while a
+     * collective on the communication thread looks a buffer up (tally__shm_mem_find) */
+    pthread_mutex_t mu;
     shm_region *reg;
     size_t nreg, capreg;
     uint64_t next_id;
@@ -56,6 +60,7 @@ int tally__shm_mem_init(shm_tp *t) {
     t->ms = calloc(1, sizeof *t->ms);
     if (!t->ms) return -1;
     t->ms->next_id = 1; /* 0 means "no region" on the wire */
+    pthread_mutex_init(&t->ms->mu, NULL);
     /* Larger than the receives one exchange can have in flight (n - 1), so LRU never evicts one. */
     t->ms->capmap = (size_t)(t->n * 2 > 64 ? t->n * 2 : 64);
     t->ms->map = calloc(t->ms->capmap, sizeof *t->ms->map);
@@ -75,6 +80,7 @@ void tally__shm_mem_fini(shm_tp *t) {
     for (size_t i = 0; i < m->nmap; i++) munmap((void *)m->map[i].base, m->map[i].len);
     free(m->reg);
     free(m->map);
+    pthread_mutex_destroy(&m->mu);
     free(m);
     t->ms = NULL;
 }
@@ -92,9 +98,7 @@ static int shm_reg_grow(shm_mem_state *m) {
 /* A memfd of `len` bytes mapped shared; the pages are reserved now so a full tmpfs fails here rather
  * than with SIGBUS inside a collective. */
 static void *shm_region_make(shm_tp *t, size_t len, int *fd_out) {
-    char name[48];
-    snprintf(name, sizeof name, "tally-mem-%llu", (unsigned long long)t->ms->next_id);
-    int fd = memfd_create(name, MFD_CLOEXEC);
+    int fd = memfd_create("tally-mem", MFD_CLOEXEC); /* the name is for /proc only: the id is given later */
     if (fd < 0) {
         char why[600];
         if (tally__fd_exhausted(errno))
@@ -128,26 +132,35 @@ void *tally__shm_mem_alloc(tally__tp *tp, size_t bytes) {
         return NULL;
     }
     len -= len % page;
-    if (shm_reg_grow(t->ms)) {
-        tally__seterr(TALLY_E_NOMEM, "rank %d: tally_mem_alloc: out of memory", t->me);
-        return NULL;
-    }
     int fd;
     void *p = shm_region_make(t, len, &fd);
     if (!p) return NULL;
-    t->ms->reg[t->ms->nreg++] = (shm_region){t->ms->next_id++, fd, p, len, 0};
-    return p; /* page aligned, so 64-byte aligned */
+    shm_mem_state *m = t->ms;
+    pthread_mutex_lock(&m->mu);
+    int grown = shm_reg_grow(m) == 0;
+    if (grown) m->reg[m->nreg++] = (shm_region){m->next_id++, fd, p, len, 0};
+    pthread_mutex_unlock(&m->mu);
+    if (grown) return p; /* page aligned, so 64-byte aligned */
+    munmap(p, len);
+    close(fd);
+    tally__seterr(TALLY_E_NOMEM, "rank %d: tally_mem_alloc: out of memory", t->me);
+    return NULL;
 }
 
 int tally__shm_mem_free(tally__tp *tp, void *ptr) {
     shm_tp *t = (shm_tp *)tp;
     shm_mem_state *m = t->ms;
-    for (size_t i = 0; i < m->nreg; i++) {
-        if (m->reg[i].base != ptr) continue;
-        /* Peers that mapped it keep their own reference to the memfd: unmapping ours is safe. */
-        munmap(m->reg[i].base, m->reg[i].len);
-        close(m->reg[i].fd);
-        m->reg[i] = m->reg[--m->nreg];
+    shm_region gone = {0};
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->nreg && !gone.base; i++)
+        if (m->reg[i].base == ptr) {
+            gone = m->reg[i];
+            m->reg[i] = m->reg[--m->nreg];
+        }
+    pthread_mutex_unlock(&m->mu);
+    if (gone.base) { /* peers that mapped it keep their own reference to the memfd: unmapping ours is safe */
+        munmap(gone.base, gone.len);
+        close(gone.fd);
         return 0;
     }
     return tally__seterr(TALLY_E_INVALID,
@@ -158,11 +171,12 @@ int tally__shm_mem_free(tally__tp *tp, void *ptr) {
 
 int tally__shm_mem_keep(tally__tp *tp, void *ptr) {
     shm_tp *t = (shm_tp *)tp;
-    for (size_t i = 0; i < t->ms->nreg; i++)
-        if (t->ms->reg[i].base == ptr) {
-            t->ms->reg[i].kept = 1;
-            return 0;
-        }
+    int found = 0;
+    pthread_mutex_lock(&t->ms->mu);
+    for (size_t i = 0; i < t->ms->nreg && !found; i++)
+        if (t->ms->reg[i].base == ptr) t->ms->reg[i].kept = found = 1;
+    pthread_mutex_unlock(&t->ms->mu);
+    if (found) return 0;
     return tally__seterr(TALLY_E_INVALID,
                          "rank %d: tally_mem_keep: %p did not come from tally_mem_alloc on this communicator (or "
                          "was freed already)",
@@ -170,17 +184,20 @@ int tally__shm_mem_keep(tally__tp *tp, void *ptr) {
 }
 
 int tally__shm_mem_find(shm_tp *t, const void *buf, size_t len, uint64_t *id, int *fd, uint64_t *off) {
-    const shm_mem_state *m = t->ms;
+    shm_mem_state *m = t->ms;
     uintptr_t b = (uintptr_t)buf;
-    for (size_t i = 0; i < m->nreg; i++) {
+    int found = 0;
+    pthread_mutex_lock(&m->mu);
+    for (size_t i = 0; i < m->nreg && !found; i++) {
         uintptr_t lo = (uintptr_t)m->reg[i].base;
         if (b < lo || b - lo > m->reg[i].len || len > m->reg[i].len - (b - lo)) continue;
         *id = m->reg[i].id;
         *fd = m->reg[i].fd;
         *off = b - lo;
-        return 1;
+        found = 1;
     }
-    return 0;
+    pthread_mutex_unlock(&m->mu);
+    return found;
 }
 
 /* Out of descriptors fetching a peer's region. With process_vm_readv to fall back on the message still

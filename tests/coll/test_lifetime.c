@@ -207,6 +207,56 @@ static int fn_keep_fork(int rank, int n, void *arg) {
     return 0;
 }
 
+/* tally_mem_alloc and tally_mem_free on two threads while collectives on another read the same table of
+ * buffers (shm looks a large send's buffer up there to hand it over in place): the table grows, shrinks
+ * and is searched at once; TSan sees a race unless it is kept under a lock. */
+typedef struct mem_churn {
+    tally_comm *c;
+    _Atomic int stop;
+    int bad;
+} mem_churn;
+
+static void *churn_mem(void *arg) {
+    mem_churn *m = arg;
+    void *held[16] = {0};
+    for (int k = 0; !atomic_load(&m->stop); k++) {
+        int i = k % 16;
+        if (held[i] && tally_mem_free(m->c, held[i])) m->bad++;
+        held[i] = tally_mem_alloc(m->c, 4096 + (size_t)i * 64);
+        if (!held[i]) m->bad++;
+    }
+    for (int i = 0; i < 16; i++)
+        if (held[i]) tally_mem_free(m->c, held[i]);
+    return NULL;
+}
+
+static int fn_mem_threads(int rank, int n, void *arg) {
+    (void)arg;
+    result *res = &R[rank];
+    tally_comm *c = init_comm(res);
+    if (!c) return 0;
+    size_t count = 1 << 18; /* 1 MiB: past the size a send is handed over in place */
+    float *buf = tally_mem_alloc(c, count * sizeof(float));
+    EXPECT(res, buf != NULL, "mem_alloc: %s", tally_last_error());
+    mem_churn m[2] = {{.c = c}, {.c = c}}; /* two threads: the table is also changed from two at once */
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, churn_mem, &m[k]);
+    for (int k = 0; buf && k < 40 && !res->bad; k++) {
+        for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + 1);
+        EXPECT(res, !tally_allreduce(c, buf, buf, count, TALLY_F32, TALLY_SUM), "allreduce %d: %s", k,
+               tally_last_error());
+        EXPECT(res, buf[0] == (float)(n * (n + 1) / 2) && buf[count - 1] == buf[0], "allreduce %d: %g", k, buf[0]);
+    }
+    for (int k = 0; k < 2; k++) {
+        atomic_store(&m[k].stop, 1);
+        pthread_join(th[k], NULL);
+        EXPECT(res, m[k].bad == 0, "%d allocations or frees failed beside the collectives", m[k].bad);
+    }
+    EXPECT(res, !tally_mem_free(c, buf), "mem_free");
+    EXPECT(res, !tally_comm_free(c), "free: %s", tally_last_error());
+    return 0;
+}
+
 /* tally_wait_for returns on time while the peer sleeps, then gives the result; bad timeouts refused. */
 static int fn_wait_for(int rank, int n, void *arg) {
     (void)arg;
@@ -272,6 +322,9 @@ int main(void) {
             TH_CHECK(th_run(2, &o, fn_keep, &abort_it) == 0, "keep over %s: a rank failed", tps[k]);
             report(abort_it ? "a buffer kept past abort" : "a buffer kept past free", tps[k], 2);
         }
+        memset(R, 0, sizeof *R * TH_MAX_RANKS);
+        TH_CHECK(th_run(2, &o, fn_mem_threads, NULL) == 0, "mem threads over %s: a rank failed", tps[k]);
+        report("tally_mem_alloc beside collectives", tps[k], 2);
         memset(R, 0, sizeof *R * TH_MAX_RANKS);
         TH_CHECK(th_run(2, &o, fn_wait_for, NULL) == 0, "wait_for over %s: a rank failed", tps[k]);
         report("tally_wait_for", tps[k], 2);

@@ -111,10 +111,15 @@ class _State:
         return self.gen != _fork_gen
 
     def orphan(self, h, arrays):
+        """Keeps a dropped pending request (and its arrays) until it is done; freed at once when the
+        communicator went meanwhile (its free or abort completed every request it had)."""
         if self.foreign():  # the parent's request: its lock may have been held at the fork
             return
         with self.lock:
-            self.orphans.append((h, arrays))
+            if self.h:
+                self.orphans.append((h, arrays))
+                return
+        lib.tally_request_free(h)
 
     def reap(self):
         """Frees the orphaned requests that are done, and lets their arrays go."""

@@ -349,6 +349,15 @@ def case_lifetime(c):
     del whole, row
     gc.collect()
 
+    # A request dropped pending just as another thread freed the communicator: its drop comes after the
+    # free, which completed it; it is freed then, not kept (with its arrays) by a communicator gone.
+    cz = tally.Comm()
+    late = cz.iallreduce(np.ones(8, np.float32))
+    handle, late._h = late._h, None  # as the dropped Request's finalizer holds it, past its test()
+    cz.free()
+    cz._st.orphan(handle, (np.ones(8),))
+    check(cz._st.orphans == [], "a request dropped after its communicator's free is kept for good")
+
     # The same past abort().
     c2 = tally.Comm()
     m2 = c2.mem_alloc(1000, np.int32)

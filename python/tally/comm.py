@@ -105,7 +105,11 @@ class _State:
         self.gen = _fork_gen
         self.gone = None
         self.orphans = []  # (request handle, what it keeps alive)
-        self.lock = threading.RLock()  # reentrant: a finalizer may run inside a free on the same thread
+        # Never held across the library's free or abort: those wait for the communication thread, which
+        # may run Python (a log callback) that drops an array, whose finalizer takes this lock.
+        self.lock = threading.RLock()  # reentrant: a finalizer may run inside a call on the same thread
+        self.closing = False  # the free or abort runs: releases and orphans wait for its end (deferred)
+        self.deferred = []  # mem_alloc pointers whose last view went while closing
 
     def foreign(self):
         return self.gen != _fork_gen
@@ -116,7 +120,7 @@ class _State:
         if self.foreign():  # the parent's request: its lock may have been held at the fork
             return
         with self.lock:
-            if self.h:
+            if self.h or self.closing:
                 self.orphans.append((h, arrays))
                 return
         lib.tally_request_free(h)
@@ -149,11 +153,16 @@ class _State:
             h, self.h = self.h, None
             if not h:
                 return
-            self.gone = why
-            (lib.tally_comm_abort if abort else lib.tally_comm_free)(h)
+            self.gone, self.closing = why, True
+        (lib.tally_comm_abort if abort else lib.tally_comm_free)(h)
+        with self.lock:
+            self.closing = False
             orphans, self.orphans = self.orphans, []
+            deferred, self.deferred = self.deferred, []
         for h, _ in orphans:  # done: the free completed them, the abort failed them
             lib.tally_request_free(h)
+        for ptr in deferred:  # kept past the communicator (tally_mem_keep): released by themselves now
+            lib.tally_mem_release(ptr)
 
     def interrupted(self, req, what, exc):
         """A signal handler raised (Ctrl-C) while req was in flight: unless it is done, the communicator
@@ -269,8 +278,11 @@ def _release_mem(st, ptr):
     with st.lock:
         if st.h:
             lib.tally_mem_free(st.h, ptr)
-        else:
-            lib.tally_mem_release(ptr)
+            return
+        if st.closing:  # the communicator hands its kept buffers over as its free ends: released after
+            st.deferred.append(ptr)
+            return
+    lib.tally_mem_release(ptr)
 
 
 class Comm:

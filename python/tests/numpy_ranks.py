@@ -9,6 +9,7 @@ alive, mem_alloc arrays outlive their views' communicator, shapes and non-intege
 child refused at once while the parents go on, a signal handler run while a call is blocked, Ctrl-C ending
 a blocked call within a second with the communicator aborted)."""
 import atexit
+import faulthandler
 import gc
 import os
 import signal
@@ -468,6 +469,34 @@ def case_lifetime(c):
         c3.free()
 
 
+def case_logfree():
+    """Comm.free() while the communication thread runs Python: the log callback, on that thread, drops
+    the last view of a mem_alloc array, whose finalizer takes the communicator's lock. A free that held
+    that lock while waiting for the thread deadlocked here."""
+    holder, fired = [], []
+
+    def log(level, line):
+        if holder and "allreduce of 4096 bytes" in line:
+            fired.append(threading.current_thread() is not threading.main_thread())
+            holder.clear()  # the array's last view: its finalizer runs now, on this thread
+
+    c = tally.Comm(log=log, log_level=1)
+    rank = c.rank
+    holder.append(c.mem_alloc(1000, np.float32))
+    faulthandler.dump_traceback_later(30, exit=True)  # a deadlock fails the case instead of hanging it
+    if rank == 1:
+        time.sleep(0.3)  # rank 0 is in free() by then, its request waiting for this one
+    pending = c.iallreduce(np.ones(1024, np.float32))  # a size not used before: its choice is logged
+    if rank == 1:
+        pending.wait()
+    c.free()
+    faulthandler.cancel_dump_traceback_later()
+    check(fired == [True], f"the log callback dropped the array on the communication thread: {fired}")
+    check(not holder and not c._st.deferred and not c._st.orphans, "an array or request left behind by free()")
+    del pending
+    return rank
+
+
 def case_mismatch(c):
     n = 8 if c.rank == c.size - 1 else 7
     try:
@@ -480,8 +509,8 @@ def case_mismatch(c):
 
 def main():
     case = sys.argv[1]
-    if case == "config":  # its Comm is the first of the process: its log callback is taken
-        report(case_config())
+    if case in ("config", "logfree"):  # its Comm is the first of the process: its log callback is taken
+        report(globals()["case_" + case]())
         return
     c = tally.Comm()
     globals()["case_" + case](c)

@@ -54,7 +54,7 @@ def main():
                               (3, "collectives", None, "long"), (2, "collectives", "tcp", "long"),
                               (2, "checks", None, "quick"), (2, "more", None, "quick"), (3, "more", None, "long"),
                               (4, "more", "tcp", "long"), (3, "death", None, "long"), (3, "mismatch", None, "quick"),
-                              (2, "config", None, "quick"), (3, "config", None, "long"),
+                              (2, "config", None, "quick"), (3, "config", None, "long"), (2, "logfree", None, "quick"),
                               (2, "lifetime", None, "quick"), (2, "lifetime", "tcp", "long")]:
         if not wants(tier):
             continue

@@ -31,6 +31,9 @@ int tally__file_open_dir(const char *path, const char *label, int *fd);
  * symbolic link ...", errno ELOOP), with the file's stat in *st (its owner, for a caller that reads only
  * some users' files). For a directory others can write into. */
 int tally__file_open_read_nofollow(int dirfd, const char *name, const char *label, int *fd, struct stat *st);
+/* Clears O_NONBLOCK on fd: what was opened so that the open could not block (a FIFO, a device) is then
+ * read or written as any file is. TALLY_E_SYSTEM naming label. */
+int tally__file_blocking(int fd, const char *label);
 
 /* Creates `name` under dirfd to write it, new (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0644 less the umask):
  * nothing that was there is ever opened, followed or truncated. A regular file already there is taken

@@ -147,8 +147,8 @@ static int out_in_place(tally__file_out *o, const char *p, const struct stat *se
              (st.st_mode & S_IFMT) != (seen->st_mode & S_IFMT))
         rc = tally__seterr(TALLY_E_INVALID, "%s: was replaced by %s while tally opened it; nothing was written",
                            o->path, tally__file_kind(st.st_mode));
-    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", o->path, strerror(errno));
+    else
+        rc = tally__file_blocking(fd, o->path);
     if (rc) {
         close(fd);
         return rc;

@@ -16,6 +16,7 @@
 #include "scratch_dir.h"
 #include "tool_runner.h"
 #include "core/file.h"
+#include "sim/sim.h"
 
 static th_tool R;
 
@@ -313,6 +314,29 @@ static void test_config(void) {
     }
 }
 
+/* The reader itself: the open's own error, and a file read whole within what its size said at the open
+ * (one that says less than it holds, a kernel file or one growing as it is read, is refused, not read on). */
+static void test_config_read(void) {
+    tally__sim_cluster c;
+    tally__sim_cluster_default(&c);
+    int rc = tally__sim_cluster_read(&c, th_at("no-such.conf"));
+    TH_CHECK(rc == TALLY_E_SYSTEM && strstr(tally_last_error(), "No such file or directory"),
+             "a missing config: rc %d, want the open's TALLY_E_SYSTEM: %s", rc, tally_last_error());
+    rc = tally__sim_cluster_read(&c, "/proc/self/status"); /* size 0 at the open, a page of text to read */
+    TH_CHECK(rc == TALLY_E_INVALID && strstr(tally_last_error(), "more than the 0 bytes"),
+             "a file holding more than its size: rc %d: %s", rc, tally_last_error());
+    static char line[(1 << 20) + 64]; /* one line past the bound: refused by its size before any of it is read */
+    memset(line, 'x', sizeof line - 1);
+    th_put_file(th_at("huge.conf"), line);
+    rc = tally__sim_cluster_read(&c, th_at("huge.conf"));
+    TH_CHECK(rc == TALLY_E_INVALID && strstr(tally_last_error(), "more than 1048576 bytes"), "a 1 MiB line: rc %d: %s",
+             rc, tally_last_error());
+    th_put_file(th_at("ok.conf"), "hosts = 3\n# a comment\nranks-per-host = 2 # two a host\r\n\nnic = 10Gbps");
+    rc = tally__sim_cluster_read(&c, th_at("ok.conf"));
+    TH_CHECK(rc == 0 && c.hosts == 3 && c.per_host == 2, "a config with CR LF and no last newline: rc %d: %s", rc,
+             tally_last_error());
+}
+
 /* ---- 7: the writer itself: the errno of a write that failed early, a zeroed writer dropped ---- */
 
 /* A pipe whose reader left: EPIPE for the commit to report, never a SIGPIPE that kills the process. */
@@ -398,6 +422,7 @@ int main(void) {
         test_links();
         test_refused();
         test_config();
+        test_config_read();
         test_writer();
     }
     th_scratch_remove();

@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -44,6 +46,18 @@ int tally__file_blocking(int fd, const char *label) {
         return tally__seterr(TALLY_E_SYSTEM, "%s: cannot make its descriptor blocking (fcntl): %s", label,
                              strerror(errno));
     return 0;
+}
+
+const char *tally__file_kind_fd(int fd) {
+    struct stat st;
+    struct statfs fs;
+    if (fstat(fd, &st) != 0) return "something that cannot be looked at";
+    long type = fstatfs(fd, &fs) == 0 ? (long)fs.f_type : 0;
+    if (S_ISFIFO(st.st_mode) && type == PIPEFS_MAGIC) return "a pipe";
+    if ((st.st_mode & S_IFMT) == 0 || type == ANON_INODE_FS_MAGIC)
+        return "a kernel object that is no file (an eventfd, an epoll, a timer)";
+    if (S_ISREG(st.st_mode) && st.st_nlink == 0) return "a deleted file";
+    return tally__file_kind(st.st_mode);
 }
 
 /* The one open behind tally__file_open_read and _nofollow. The descriptor is what was opened, so the check

@@ -3,12 +3,17 @@
  * limits (--threads past the CPUs, ulimit -v): each refused at once, named, with nothing overwritten. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -76,6 +81,51 @@ static void test_planted_links(void) {
     TH_CHECK(!file_is(th_at("mine.json"), "mine\n") && !file_is(th_at("mine.json"), ""), "--json did not replace the "
                                                                                          "file the link leads to");
     TH_CHECK(file_is(th_at("victim"), "victim\n"), "--json wrote another file");
+}
+
+/* A watcher of dir: once ready (a byte on ready), it renames `swap` over the first file made in dir, as
+ * another user sharing TMPDIR could, and exits 3; it waits at most 60 s. */
+static void swap_first_new(const char *dir, const char *swap, int ready) {
+    int in = inotify_init1(IN_CLOEXEC);
+    if (in < 0 || inotify_add_watch(in, dir, IN_CREATE | IN_MOVED_TO) < 0) _exit(2);
+    if (write(ready, "r", 1) != 1) _exit(2);
+    char ev[sizeof(struct inotify_event) + NAME_MAX + 1] __attribute__((aligned(8)));
+    struct pollfd p = {.fd = in, .events = POLLIN};
+    if (poll(&p, 1, 60000) != 1 || read(in, ev, sizeof ev) <= 0) _exit(0);
+    char to[512];
+    snprintf(to, sizeof to, "%s/%s", dir, ((struct inotify_event *)ev)->name);
+    rename(swap, to);
+    _exit(3);
+}
+
+/* plan --calibrate (and sim's) hands the ranks' results over in a file no one else can reach: nothing made
+ * in TMPDIR, where a file of another's swapped in (a second name of a file of theirs) would be written. */
+static void test_calibrate_tmpdir(void) {
+    mkdir(th_at("tmpdir"), 0700);
+    th_put_file(th_at("precious"), "precious\n");
+    int ready[2];
+    TH_CHECK(pipe(ready) == 0, "pipe: %s", strerror(errno));
+    pid_t w = fork();
+    if (w == 0) swap_first_new(th_at("tmpdir"), th_at("precious"), ready[1]);
+    char b = 0;
+    struct pollfd p = {.fd = ready[0], .events = POLLIN};
+    TH_CHECK(w > 0 && poll(&p, 1, 10000) == 1 && read(ready[0], &b, 1) == 1, "the watcher did not start");
+    char env_tmp[512];
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", th_at("tmpdir"));
+    const char *env[] = {env_tmp, NULL};
+    const char *args[] = {"plan", "--params", "1M", "--workers", "2", "--calibrate", NULL};
+    th_tool_opts o = {.env = env, .wall_s = 60};
+    th_tool_run(args, &o, &R);
+    expect(R.rc == 0 && strstr(R.out, "calibrated"), "plan --calibrate");
+    int st = 0;
+    if (w > 0) {
+        kill(w, SIGKILL);
+        waitpid(w, &st, 0);
+    }
+    TH_CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 3), "plan --calibrate made a file in TMPDIR");
+    TH_CHECK(file_is(th_at("precious"), "precious\n"), "plan --calibrate wrote into (or removed) a file swapped in");
+    close(ready[0]);
+    close(ready[1]);
 }
 
 /* ---- 2: a FIFO (or anything not a regular file) where a file is read: refused, never waited on ---- */
@@ -268,6 +318,7 @@ int main(void) {
     if (!th_scratch_make("tally-hostile", 0700)) return 1;
     if (th_quick()) {
         test_planted_links();
+        test_calibrate_tmpdir();
         test_fifos();
         test_shape();
         test_full_and_readonly();

@@ -1,12 +1,15 @@
 /* cmd_plan.c - `tally plan`: parses the flags (or measures this machine with --calibrate), asks the
  * planner (src/plan/plan.c) for memory, communication, step time and scaling, prints text or JSON. */
 #include <cblas.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <tally.h>
 #include <tally/optim.h>
@@ -20,7 +23,6 @@
 #include "../src/core/units.h"
 #include "../src/plan/plan.h"
 #include "../src/train/trainer.h"
-#include "../src/core/file.h"
 #include "../src/core/parse.h"
 #include "cmd.h"
 #include "flags.h"
@@ -380,8 +382,17 @@ static int plan_fill(plan_opts *o) {
 /* ---- --calibrate ---- */
 
 /* Hidden mode: one of the 2 ranks tally_launch started; the communicator measures its links at init,
- * then the ranks time one allreduce of the plan's gradients; rank 0 writes what it found. */
-static int plan_calibrate_rank(const char *file, double bytes, tally_op op) {
+ * then the ranks time one allreduce of the plan's gradients; rank 0 writes what it found into descriptor
+ * `fd_arg`, the memory file its parent made and it inherited (no name anyone else could swap). */
+static int plan_calibrate_rank(const char *fd_arg, double bytes, tally_op op) {
+    char *end;
+    long fd = strtol(fd_arg, &end, 10);
+    struct stat st;
+    if (*end || fd < 3 || fd > INT_MAX || fstat((int)fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "tally plan: calibrate: --calibrate-rank %s is not the memory file tally plan opened\n",
+                fd_arg);
+        return 1;
+    }
     tally_comm *comm;
     if (tally_comm_init(&comm)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
@@ -391,47 +402,41 @@ static int plan_calibrate_rank(const char *file, double bytes, tally_op op) {
     int rc = 0;
     if (tally_comm_rank(comm) == 0) {
         const tally__cost *m = tally__comm_cost(comm);
-        /* The parent made the file with mkstemp: open that one, never a link, FIFO or device put in its place
-         * (O_NONBLOCK: a FIFO cannot hold the open; the fstat refuses it). */
-        int fd = open(file, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        struct stat st;
-        if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
-            close(fd);
-            fd = -1;
-        }
-        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-        if (fd >= 0 && !f) close(fd);
-        rc = !f || fprintf(f, "%.9e %.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma, ar) < 0;
-        if (f && fclose(f)) rc = 1;
-        if (rc) fprintf(stderr, "tally plan: calibrate: cannot write %s\n", file);
+        char line[128];
+        int n = snprintf(line, sizeof line, "%.9e %.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma, ar);
+        rc = pwrite((int)fd, line, (size_t)n, 0) != n;
+        if (rc) fprintf(stderr, "tally plan: calibrate: cannot hand the results over: %s\n", strerror(errno));
     }
     tally_comm_free(comm);
     return rc;
 }
 
+/* The ranks' results come back through a memory file (memfd) their parent made and they inherit: opened
+ * once, used by its descriptor, named nowhere, so nothing in TMPDIR can be swapped for it. */
 int tally_plan_calibrate_link(const char *transport, double bytes, tally_op op, tally__cost *out, double *allreduce_s) {
     *out = (tally__cost){0}; /* the file has alpha, beta and gamma: the rest (share) must not be stack garbage */
-    const char *dir = getenv("TMPDIR");
-    char path[512], size[32];
-    snprintf(path, sizeof path, "%s/tally-plan-XXXXXX", dir && *dir ? dir : "/tmp");
+    int fd = memfd_create("tally-plan-calibrate", 0); /* no MFD_CLOEXEC: the ranks inherit it */
+    if (fd < 0)
+        return fprintf(stderr, "tally plan: calibrate: cannot make a memory file for the ranks' results: %s\n",
+                       strerror(errno)),
+               -1;
+    char fd_arg[16], size[32];
+    snprintf(fd_arg, sizeof fd_arg, "%d", fd);
     snprintf(size, sizeof size, "%.0f", bytes);
-    int fd = mkstemp(path);
-    if (fd < 0) return fprintf(stderr, "tally plan: calibrate: cannot create %s\n", path), -1;
-    close(fd);
     char *argv[] = {
-        "/proc/self/exe",          "plan", "--calibrate-rank", path, "--calibrate-bytes", size, "--calibrate-op",
+        "/proc/self/exe",          "plan", "--calibrate-rank", fd_arg, "--calibrate-bytes", size, "--calibrate-op",
         (char *)tally_op_name(op), NULL};
     tally_launch_opts lo = {.n = 2, .transport = transport, .timeout_s = 60, .name = "tally plan"};
     int rc = tally_launch(&lo, argv);
-    int rfd = -1;
-    if (!rc && tally__file_open_read(AT_FDCWD, path, path, &rfd, NULL)) rc = -1;
-    FILE *f = rc ? NULL : fdopen(rfd, "r");
-    if (!f && rfd >= 0) close(rfd);
-    if (f && fscanf(f, "%lf %lf %lf %lf", &out->alpha, &out->beta, &out->gamma, allreduce_s) != 4) rc = -1;
-    if (f) fclose(f);
-    unlink(path);
-    if (rc || !f) fprintf(stderr, "tally plan: calibrate: measuring the %s link failed\n", transport);
-    return rc || !f ? -1 : 0;
+    char got[256];
+    ssize_t n = rc ? -1 : pread(fd, got, sizeof got - 1, 0);
+    got[n > 0 ? n : 0] = '\0';
+    close(fd);
+    if (rc || sscanf(got, "%lf %lf %lf %lf", &out->alpha, &out->beta, &out->gamma, allreduce_s) != 4) {
+        fprintf(stderr, "tally plan: calibrate: measuring the %s link failed\n", transport);
+        return -1;
+    }
+    return 0;
 }
 
 /* Links first (two ranks of this binary each): tally_launch wants a process without threads, and BLAS

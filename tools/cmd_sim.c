@@ -300,11 +300,13 @@ static int sim_calibrate(sim_opts *o) {
     if (ar > 0) t.beta = tally__plan_fit_beta(&t, 2, S, ar);
     o->c.nic_alpha = t.alpha;
     o->c.tcp_cpu = t.beta;
-    for (int i = 0; i < o->nafter; i++) /* checked once already: they take */
+    for (int i = 0; i < o->nafter; i++) /* a flag was checked at the parse; a file may have changed since */
         if (o->after[i][0])
             tally__sim_cluster_set(&o->c, o->after[i][0], o->after[i][1]);
-        else
-            tally__sim_cluster_read(&o->c, o->after[i][1]);
+        else if (tally__sim_cluster_read(&o->c, o->after[i][1]))
+            return fprintf(stderr, "tally sim: --config %s, read again after --calibrate: %s\n", o->after[i][1],
+                           tally_last_error()),
+                   -1;
     cpu_set_t all, one;
     if (sched_getaffinity(0, sizeof all, &all)) return fprintf(stderr, "tally sim: calibrate: no CPU set\n"), -1;
     o->c.cores = CPU_COUNT(&all);

@@ -308,7 +308,7 @@ static void json_ranks(FILE *f, const tally__train_result *r) {
 }
 
 int tally__summary_json(const char *path, const tally__run_info *in, const tally__train_result *r) {
-    tally__file_out out; /* written beside path, then renamed over it: a link at path is replaced, not followed */
+    tally__file_out out; /* no rename over a link, device or FIFO at path: the writer decides by what it is */
     int rc = tally__file_out_open(&out, path);
     if (rc) return rc;
     FILE *f = out.f;

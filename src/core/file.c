@@ -7,7 +7,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "err.h"
@@ -38,33 +40,62 @@ const char *tally__file_kind(mode_t m) {
     return "not a regular file";
 }
 
-/* The descriptor is what was opened, so the check cannot be raced by a rename between stat and open. */
-static int check_regular(int fd, const char *label, uint64_t *size) {
-    struct stat st;
-    if (fstat(fd, &st) != 0) return tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return tally__seterr(TALLY_E_INVALID, "%s: is %s, not a regular file; tally reads only regular files", label,
-                             tally__file_kind(st.st_mode));
-    if (size) *size = (uint64_t)st.st_size;
+int tally__file_blocking(int fd, const char *label) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot make its descriptor blocking (fcntl): %s", label,
+                             strerror(errno));
     return 0;
 }
 
-int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd, uint64_t *size) {
-    *fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+const char *tally__file_kind_fd(int fd) {
+    struct stat st;
+    struct statfs fs;
+    if (fstat(fd, &st) != 0) return "something that cannot be looked at";
+    long type = fstatfs(fd, &fs) == 0 ? (long)fs.f_type : 0;
+    if (S_ISFIFO(st.st_mode) && type == PIPEFS_MAGIC) return "a pipe";
+    if ((st.st_mode & S_IFMT) == 0 || type == ANON_INODE_FS_MAGIC)
+        return "a kernel object that is no file (an eventfd, an epoll, a timer)";
+    if (S_ISREG(st.st_mode) && st.st_nlink == 0) return "a deleted file";
+    return tally__file_kind(st.st_mode);
+}
+
+/* The one open behind tally__file_open_read and _nofollow. The descriptor is what was opened, so the check
+ * cannot be raced by a rename between stat and open. */
+static int open_read(int dirfd, const char *name, const char *label, int nofollow, int *fd, struct stat *st) {
+    *fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | (nofollow ? O_NOFOLLOW : 0));
     if (*fd < 0) {
         int e = errno;
-        tally__seterr(TALLY_E_SYSTEM, "%s: cannot open it: %s", label, strerror(e));
+        if (nofollow && e == ELOOP)
+            tally__seterr(TALLY_E_INVALID, "%s: is a symbolic link; tally follows none here", label);
+        else
+            tally__seterr(TALLY_E_SYSTEM, "%s: cannot open it: %s", label, strerror(e));
         errno = e;
-        return TALLY_E_SYSTEM;
+        return nofollow && e == ELOOP ? TALLY_E_INVALID : TALLY_E_SYSTEM;
     }
-    int rc = check_regular(*fd, label, size);
-    if (!rc && fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_NONBLOCK) != 0)
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", label, strerror(errno));
+    int rc = 0;
+    if (fstat(*fd, st) != 0)
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
+    else if (!S_ISREG(st->st_mode))
+        rc = tally__seterr(TALLY_E_INVALID, "%s: is %s, not a regular file; tally reads only regular files", label,
+                           tally__file_kind(st->st_mode));
+    if (!rc) rc = tally__file_blocking(*fd, label);
     if (rc) {
         close(*fd);
         *fd = -1;
     }
     return rc;
+}
+
+int tally__file_open_read(int dirfd, const char *name, const char *label, int *fd, uint64_t *size) {
+    struct stat st;
+    int rc = open_read(dirfd, name, label, 0, fd, &st);
+    if (!rc && size) *size = (uint64_t)st.st_size;
+    return rc;
+}
+
+int tally__file_open_read_nofollow(int dirfd, const char *name, const char *label, int *fd, struct stat *st) {
+    return open_read(dirfd, name, label, 1, fd, st);
 }
 
 int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char **out) {
@@ -98,29 +129,6 @@ int tally__file_read_all(int fd, const char *label, uint64_t size, unsigned char
     buf[have] = 0;
     *out = buf;
     return 0;
-}
-
-int tally__file_open_read_nofollow(int dirfd, const char *name, const char *label, int *fd, struct stat *st) {
-    *fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW);
-    if (*fd < 0) {
-        int e = errno;
-        if (e == ELOOP)
-            tally__seterr(TALLY_E_INVALID, "%s: is a symbolic link; tally follows none here", label);
-        else
-            tally__seterr(TALLY_E_SYSTEM, "%s: cannot open it: %s", label, strerror(e));
-        errno = e;
-        return e == ELOOP ? TALLY_E_INVALID : TALLY_E_SYSTEM;
-    }
-    int rc = check_regular(*fd, label, NULL);
-    if (!rc && fstat(*fd, st) != 0)
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", label, strerror(errno));
-    if (!rc && fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_NONBLOCK) != 0)
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", label, strerror(errno));
-    if (rc) {
-        close(*fd);
-        *fd = -1;
-    }
-    return rc;
 }
 
 int tally__file_open_dir(const char *path, const char *label, int *fd) {

@@ -31,6 +31,9 @@ int tally__file_open_dir(const char *path, const char *label, int *fd);
  * symbolic link ...", errno ELOOP), with the file's stat in *st (its owner, for a caller that reads only
  * some users' files). For a directory others can write into. */
 int tally__file_open_read_nofollow(int dirfd, const char *name, const char *label, int *fd, struct stat *st);
+/* Clears O_NONBLOCK on fd: what was opened so that the open could not block (a FIFO, a device) is then
+ * read or written as any file is. TALLY_E_SYSTEM naming label. */
+int tally__file_blocking(int fd, const char *label);
 
 /* Creates `name` under dirfd to write it, new (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0644 less the umask):
  * nothing that was there is ever opened, followed or truncated. A regular file already there is taken
@@ -41,6 +44,10 @@ int tally__file_create(int dirfd, const char *name, const char *label, int *fd);
 
 /* What st_mode is, in words: "a FIFO", "a character device", "a symbolic link", ... */
 const char *tally__file_kind(mode_t m);
+/* What the object open at fd is, in words: as tally__file_kind, and beyond what a mode tells, "a pipe"
+ * (not "a FIFO": it has no name), "a deleted file", a kernel object that is no file (an eventfd). For a
+ * message about a descriptor, whose link in /proc/PID/fd reads "pipe:[1234]", not a path. */
+const char *tally__file_kind_fd(int fd);
 
 /* An output a user names (--json, --svg, --plot, --trace, sim --save). What path is decides how it is
  * written; nothing there is ever turned into something else:
@@ -49,9 +56,13 @@ const char *tally__file_kind(mode_t m);
  *   over it at commit (the replaced file's mode kept, the directory fsynced), so a reader sees the old
  *   file or the new one. A directory on the way that is another user's symbolic link is refused, as the
  *   output's own link would be. Not in /proc or /sys, which take no new files: refused, saying so.
- * - /dev/fd/N, /proc/self/fd/N (and /dev/stdout, /dev/stderr, links to those): descriptor N itself,
+ * - /dev/fd/N, /proc/self/fd/N (and /dev/stdout, /dev/stderr, links to those, and every other spelling
+ *   of this process's descriptor in procfs: /dev//fd/N, /proc/PID/fd/N): descriptor N itself,
  *   duplicated, never reopened, so `--json /dev/stdout > f` writes into f at its offset. Every stdio
- *   stream is flushed first, so what was printed before stays before.
+ *   stream is flushed first, so what was printed before stays before. Messages say what it is in words
+ *   ("descriptor 1, a pipe"), never its link's text ("pipe:[1234]"). Another process's descriptor
+ *   (/proc/PID/fd/N) is followed as a link only where it leads to a path naming the same file; its
+ *   pipe, socket or deleted file is refused, said in words.
  * - a character device or a FIFO: written in place (no O_CREAT, no O_TRUNC, O_NOCTTY). A FIFO no one
  *   reads is refused at once (the open is O_NONBLOCK), never waited on. A write error (ENOSPC from
  *   /dev/full, EPIPE) fails the commit with its reason.
@@ -69,7 +80,7 @@ typedef struct tally__file_out {
     char *name;                   /* the name under dirfd that tmp replaces; NULL when written in place */
     char *tmp;                    /* the temporary file under dirfd; NULL when written in place */
     int dirfd;                    /* -1 when written in place */
-    char how[48];                 /* written in place: what it is ("a FIFO", "descriptor 1") */
+    char how[112];                /* written in place: what it is ("a FIFO", "descriptor 1, a pipe") */
     struct tally__out_sink *sink; /* f's cookie: keeps the first write error's errno */
 } tally__file_out;
 

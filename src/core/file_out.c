@@ -95,20 +95,53 @@ static int out_stream(tally__file_out *o, int fd) {
 
 /* ---- where the path leads ---- */
 
+/* N for the digits of a descriptor's number (within an int), else -1. */
+static int fd_path_digits(const char *p) {
+    long n = 0;
+    if (!*p) return -1;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || n > (INT_MAX - (*p - '0')) / 10) return -1;
+        n = n * 10 + (*p - '0');
+    }
+    return (int)n;
+}
+
 /* N for /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N: names of a descriptor, not of a file; else -1. */
 static int fd_path(const char *p) {
     static const char *const dirs[] = {"/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"};
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
         size_t l = strlen(dirs[i]);
-        if (strncmp(p, dirs[i], l) || !p[l]) continue;
-        long n = 0;
-        for (p += l; *p; p++) {
-            if (*p < '0' || *p > '9' || n > (INT_MAX - (*p - '0')) / 10) return -1;
-            n = n * 10 + (*p - '0');
-        }
-        return (int)n;
+        if (!strncmp(p, dirs[i], l)) return fd_path_digits(p + l);
     }
     return -1;
+}
+
+/* The pid procfs gives this process (in procfs's own pid namespace, which getpid()'s may not be). */
+static long proc_self(void) {
+    char t[32];
+    ssize_t n = readlink("/proc/self", t, sizeof t - 1);
+    if (n <= 0) return (long)getpid();
+    t[n] = '\0';
+    return strtol(t, NULL, 10);
+}
+
+/* N when p names a descriptor through procfs however it is spelled (/dev//fd/N, /proc/PID/fd/N,
+ * /proc/self/task/TID/fd/N, /proc/self/task/../fd/N), with *pid the process whose it is; else -1. Its
+ * link reads "pipe:[1234]" for a pipe: no path to follow, and not one to print as if it were. */
+static int proc_fd_path(const char *p, long *pid) {
+    const char *slash = strrchr(p, '/');
+    int n = slash && slash > p ? fd_path_digits(slash + 1) : -1;
+    char *dir = n >= 0 ? strndup(p, (size_t)(slash - p)) : NULL;
+    char real[PATH_MAX];
+    struct statfs fs;
+    long tid;
+    int at = 0;
+    if (!dir || statfs(dir, &fs) != 0 || fs.f_type != PROC_SUPER_MAGIC || !realpath(dir, real) ||
+        !((sscanf(real, "/proc/%ld/fd%n", pid, &at) == 1 && !real[at]) ||
+          (sscanf(real, "/proc/%ld/task/%ld/fd%n", pid, &tid, &at) == 2 && !real[at])))
+        n = -1;
+    free(dir);
+    return n;
 }
 
 static int out_descriptor(tally__file_out *o, int n) {
@@ -116,14 +149,37 @@ static int out_descriptor(tally__file_out *o, int n) {
     if (fl < 0)
         return tally__seterr(TALLY_E_INVALID, "%s: names descriptor %d, which is not open in this process", o->path, n);
     if ((fl & O_ACCMODE) == O_RDONLY)
-        return tally__seterr(TALLY_E_INVALID, "%s: names descriptor %d, which is open for reading only", o->path, n);
+        return tally__seterr(TALLY_E_INVALID, "%s: names descriptor %d (%s), which is open for reading only", o->path,
+                             n, tally__file_kind_fd(n));
     fflush(NULL); /* what stdio holds for that descriptor goes first */
     int fd = fcntl(n, F_DUPFD_CLOEXEC, 3);
     if (fd < 0)
         return tally__seterr(TALLY_E_SYSTEM, "%s: cannot duplicate descriptor %d: %s%s", o->path, n, strerror(errno),
                              tally__errno_hint(errno));
-    snprintf(o->how, sizeof o->how, "descriptor %d", n);
+    snprintf(o->how, sizeof o->how, "descriptor %d, %s", n, tally__file_kind_fd(fd));
     return out_stream(o, fd);
+}
+
+/* Descriptor n of another process, named through procfs at p: 1 when its link leads to a path naming the
+ * same file (then it is followed as any link is), else refused, saying what the descriptor is in words. */
+static int out_foreign_fd(tally__file_out *o, const char *p, long pid, int n) {
+    struct stat obj, named;
+    if (stat(p, &obj) != 0)
+        return tally__seterr(TALLY_E_INVALID, "%s: names descriptor %d of process %ld, which is not open there: %s",
+                             o->path, n, pid, strerror(errno));
+    char t[PATH_MAX];
+    ssize_t k = readlink(p, t, sizeof t - 1);
+    t[k > 0 ? k : 0] = '\0';
+    if (t[0] == '/' && stat(t, &named) == 0 && named.st_dev == obj.st_dev && named.st_ino == obj.st_ino) return 1;
+    int fd = open(p, O_PATH | O_CLOEXEC); /* the object itself, to say what it is */
+    const char *kind = fd >= 0 ? tally__file_kind_fd(fd) : tally__file_kind(obj.st_mode);
+    int rc = tally__seterr(TALLY_E_INVALID,
+                           "%s: names descriptor %d of process %ld, %s; tally writes into its own descriptors "
+                           "(/dev/fd/N) and into files by their names, not into another process's descriptor: "
+                           "name a file, or give the descriptor to tally",
+                           o->path, n, pid, kind);
+    if (fd >= 0) close(fd);
+    return rc;
 }
 
 /* A device or FIFO at p (seen as *seen), opened as it is: never created, truncated or waited on. */
@@ -147,8 +203,8 @@ static int out_in_place(tally__file_out *o, const char *p, const struct stat *se
              (st.st_mode & S_IFMT) != (seen->st_mode & S_IFMT))
         rc = tally__seterr(TALLY_E_INVALID, "%s: was replaced by %s while tally opened it; nothing was written",
                            o->path, tally__file_kind(st.st_mode));
-    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: fcntl: %s", o->path, strerror(errno));
+    else
+        rc = tally__file_blocking(fd, o->path);
     if (rc) {
         close(fd);
         return rc;
@@ -254,11 +310,16 @@ static int out_route(tally__file_out *o) {
     uid_t me = geteuid();
     char *cur = strdup(o->path), *next = NULL;
     int rc = 1; /* 1: follow cur on */
+    long self = proc_self();
     for (int hops = 0; rc == 1 && cur; hops++) {
+        long pid = self;
         int n = fd_path(cur);
+        if (n < 0) n = proc_fd_path(cur, &pid);
         struct stat st;
-        if (n >= 0) {
+        if (n >= 0 && pid == self) {
             rc = out_descriptor(o, n);
+        } else if (n >= 0 && (rc = out_foreign_fd(o, cur, pid, n)) != 1) {
+            /* refused: another process's pipe, socket, deleted file... (1: a link to a path, as below) */
         } else if (lstat(cur, &st) != 0) {
             int e = errno;
             if (e == ENOENT && hops == 0)

@@ -165,12 +165,13 @@ static char *trim(char *s) {
 
 #define CLUSTER_FILE_MAX (1 << 20) /* a cluster file is a screenful of settings: far more is not one */
 
-/* Why line no (len bytes) cannot be a line of text, or NULL: a NUL byte or a control character. */
+/* Why line no (len bytes, its newline not among them) cannot be a line of text, or NULL: a NUL byte or a
+ * control character. */
 static int binary_line(const char *path, int no, const char *line, size_t len) {
     for (size_t i = 0; i < len; i++) {
         unsigned char b = (unsigned char)line[i];
         if (b >= 0x20 && b != 0x7f) continue;
-        if (b == '\t' || b == '\r' || (b == '\n' && i == len - 1)) continue;
+        if (b == '\t' || b == '\r') continue;
         return tally__seterr(TALLY_E_INVALID,
                              "sim: %s line %d: byte %zu is %s (0x%02x); a cluster file is text, 'key = value' lines",
                              path, no, i + 1, b ? "a control character" : "a NUL", b);
@@ -178,57 +179,71 @@ static int binary_line(const char *path, int no, const char *line, size_t len) {
     return 0;
 }
 
+/* One line, NUL-terminated in place of its newline: its setting, or nothing for a blank or a comment. */
+static int cluster_line(tally__sim_cluster *c, const char *path, int no, char *line) {
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char *s = trim(line);
+    if (!*s) return 0;
+    char *eq = strchr(s, '=');
+    if (!eq) return tally__seterr(TALLY_E_INVALID, "sim: %s line %d: '%s' is not 'key = value'", path, no, s);
+    *eq = '\0';
+    char *key = trim(s), *val = trim(eq + 1);
+    int r = tally__sim_cluster_set(c, key, val);
+    if (r == 1)
+        return tally__seterr(TALLY_E_INVALID, "sim: %s line %d: no setting '%s' (see tally sim --help)", path, no, key);
+    if (r) { /* the setting's own message, after where it is (never formatted from itself) */
+        char where[4200];
+        snprintf(where, sizeof where, "sim: %s line %d: ", path, no);
+        return tally__err_wrap(r, where, "");
+    }
+    return 0;
+}
+
+/* The file at fd, read whole: its size checked against the bound before anything is allocated, and a
+ * file holding more than that size said (a kernel file that says 0, one still being written) refused
+ * rather than read on. */
+static int cluster_bytes(int fd, const char *path, const char *label, uint64_t size, unsigned char **out) {
+    *out = NULL;
+    if (size > CLUSTER_FILE_MAX)
+        return tally__seterr(TALLY_E_INVALID,
+                             "sim: %s: more than %d bytes; a cluster file is a few 'key = value' lines", path,
+                             CLUSTER_FILE_MAX);
+    int rc = tally__file_read_all(fd, label, size, out);
+    char more;
+    ssize_t k = rc ? 0 : pread(fd, &more, 1, (off_t)size);
+    if (!rc && k != 0)
+        rc = k < 0 ? tally__seterr(TALLY_E_SYSTEM, "%s: cannot read it: %s", label, strerror(errno))
+                   : tally__seterr(TALLY_E_INVALID,
+                                   "%s: holds more than the %llu bytes its size said when it was opened (a kernel "
+                                   "file, or one still being written); give tally a file nothing changes",
+                                   label, (unsigned long long)size);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
     char label[4200];
     snprintf(label, sizeof label, "sim: the cluster file %s", path);
     int fd;
     uint64_t size = 0;
-    if (tally__file_open_read(AT_FDCWD, path, label, &fd, &size)) return TALLY_E_INVALID; /* a FIFO, a device... */
-    FILE *f = fdopen(fd, "r");
-    if (!f) {
-        close(fd);
-        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", label);
+    int rc = tally__file_open_read(AT_FDCWD, path, label, &fd, &size); /* a FIFO, a device... refused */
+    if (rc) return rc;
+    unsigned char *bytes;
+    rc = cluster_bytes(fd, path, label, size, &bytes);
+    close(fd);
+    char *line = (char *)bytes, *end = line + (rc ? 0 : size);
+    for (int no = 1; !rc && line < end; no++) {
+        char *nl = memchr(line, '\n', (size_t)(end - line));
+        size_t len = nl ? (size_t)(nl - line) : (size_t)(end - line);
+        line[len] = '\0'; /* the newline, or the NUL past the last byte */
+        if (!(rc = binary_line(path, no, line, len))) rc = cluster_line(c, path, no, line);
+        line += len + 1;
     }
-    char *line = NULL;
-    size_t cap = 0, total = 0;
-    ssize_t len;
-    int rc = 0, no = 0;
-    if (size > CLUSTER_FILE_MAX) rc = TALLY_E_INVALID; /* also a file that grows as it is read, below */
-    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
-        no++;
-        if ((total += (size_t)len) > CLUSTER_FILE_MAX) {
-            rc = TALLY_E_INVALID;
-            break;
-        }
-        if ((rc = binary_line(path, no, line, (size_t)len))) break;
-        char *hash = strchr(line, '#');
-        if (hash) *hash = '\0';
-        char *s = trim(line);
-        if (!*s) continue;
-        char *eq = strchr(s, '=');
-        if (!eq) {
-            rc = tally__seterr(TALLY_E_INVALID, "sim: %s line %d: '%s' is not 'key = value'", path, no, s);
-            break;
-        }
-        *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
-        int r = tally__sim_cluster_set(c, key, val);
-        if (r == 1)
-            rc = tally__seterr(TALLY_E_INVALID, "sim: %s line %d: no setting '%s' (see tally sim --help)", path, no,
-                               key);
-        else if (r) { /* the setting's own message, after where it is (never formatted from itself) */
-            char where[4200];
-            snprintf(where, sizeof where, "sim: %s line %d: ", path, no);
-            rc = tally__err_wrap(r, where, "");
-        }
-    }
-    if (rc == TALLY_E_INVALID && (size > CLUSTER_FILE_MAX || total > CLUSTER_FILE_MAX))
-        tally__seterr(rc, "sim: %s: more than %d bytes; a cluster file is a few 'key = value' lines", path,
-                      CLUSTER_FILE_MAX);
-    else if (!rc && ferror(f))
-        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot read it: %s", label, strerror(errno));
-    free(line);
-    fclose(f);
+    free(bytes);
     return rc;
 }
 

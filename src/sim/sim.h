@@ -60,8 +60,9 @@ void tally__sim_cluster_default(tally__sim_cluster *c);
  * compute-sd, slow (RANK:FACTOR, once per slow rank), seed. 0, 1 when the key is not a cluster's, or
  * TALLY_E_INVALID naming key and value. */
 int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *value);
-/* A file of "key = value" lines (# starts a comment) through tally__sim_cluster_set; TALLY_E_INVALID
- * naming the file, the line and the key for a line it cannot take. */
+/* A file of "key = value" lines (# starts a comment) through tally__sim_cluster_set, read whole (at most
+ * 1 MiB, checked before it is read); TALLY_E_INVALID naming the file, the line and the key for a line it
+ * cannot take; the open's own error (tally__file_open_read) when it cannot be opened. */
 int tally__sim_cluster_read(tally__sim_cluster *c, const char *path);
 /* 0, or TALLY_E_INVALID naming the setting out of range (the layout, a slow rank past the world). */
 int tally__sim_cluster_check(const tally__sim_cluster *c);

@@ -36,7 +36,7 @@ static void test_latest(void) {
     TH_CHECK(rc == TALLY__CKPT_NONE && c == NULL && has(tally_last_error(), "LATEST does not exist"),
              "missing LATEST: %d %s", rc, tally_last_error());
     subdir(path, sizeof path, "none/plain");
-    write_file(path, "x", 1);
+    th_write_file(path, "x", 1);
     rc = tally__ckpt_open_latest(path, &c);
     TH_CHECK(rc == TALLY_E_SYSTEM && has(tally_last_error(), "plain"), "a file as DIR: %d %s", rc, tally_last_error());
 
@@ -50,24 +50,24 @@ static void test_latest(void) {
     for (size_t k = 0; k < n; k++) { /* every byte of the manifest matters */
         memcpy(m, man, n);
         m[k] ^= (unsigned char)(k % 3 == 0 ? 0x01 : k % 3 == 1 ? 0x20 : 0xFF);
-        write_file(path, m, n);
+        th_write_file(path, m, n);
         rc = tally__ckpt_open_latest(dir, &c);
         if ((rc != TALLY_E_CORRUPT || c || !has(tally_last_error(), "LATEST")) && wrong++ < 3)
             fprintf(stderr, "LATEST flip at %zu: %d %s\n", k, rc, tally_last_error());
         tally__ckpt_close(c);
     }
     TH_CHECK(wrong == 0, "LATEST: %d of %zu byte flips not reported as a corrupt manifest", wrong, n);
-    write_file(path, man, n - 1);
+    th_write_file(path, man, n - 1);
     rc = tally__ckpt_open_latest(dir, &c);
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "truncated"), "LATEST cut: %s", tally_last_error());
     char longer[600];
     memset(longer, 'x', sizeof longer);
     memcpy(longer, man, n);
-    write_file(path, longer, sizeof longer);
+    th_write_file(path, longer, sizeof longer);
     rc = tally__ckpt_open_latest(dir, &c);
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "longer than 512 bytes"), "LATEST long: %s",
              tally_last_error());
-    write_file(path, man, n);
+    th_write_file(path, man, n);
     TH_CHECK(tally__ckpt_open_latest(dir, &c) == 0 && step_check(c, 6, 256, 64, "latest") == 0, "latest: restored");
     tally__ckpt_close(c);
 
@@ -79,7 +79,7 @@ static void test_latest(void) {
     unsigned char *img = read_all(file, &fl);
     rename(file, keep);
     img[fl - 300] ^= 0x10; /* inside optim.m's data */
-    write_file(file, img, fl);
+    th_write_file(file, img, fl);
     rc = tally__ckpt_open_latest(dir, &c);
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "step-0000000006.tck: tensor 'optim.m' (#1): data "
                                                               "CRC32C mismatch"),
@@ -99,7 +99,7 @@ static void test_latest(void) {
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "step-0000000006.tck: LATEST names this file but it "
                                                               "does not exist"),
              "missing file: %s", tally_last_error());
-    write_file(file, img, fl - 64);
+    th_write_file(file, img, fl - 64);
     rc = tally__ckpt_open_latest(dir, &c);
     TH_CHECK(rc == TALLY_E_CORRUPT && has(tally_last_error(), "bytes but LATEST says"), "short file: %s",
              tally_last_error());
@@ -153,11 +153,11 @@ static void test_kills(void) {
     mkdir(dir, 0755);
     char p[256]; /* stale files of an earlier crash: ignored by readers, removed by the next commit */
     snprintf(p, sizeof p, "%s/step-0000000077.tck.tmp", dir);
-    write_file(p, "partial", 7);
+    th_write_file(p, "partial", 7);
     snprintf(p, sizeof p, "%s/LATEST.tmp", dir);
-    write_file(p, "partial", 7);
+    th_write_file(p, "partial", 7);
     snprintf(p, sizeof p, "%s/step-9999999999.tck", dir); /* renamed, never committed */
-    write_file(p, "uncommitted", 11);
+    th_write_file(p, "uncommitted", 11);
     int64_t last = 0;
     int none = 0, loaded = 0, stale = 0, failed = 0;
     for (int k = 0; k < kills; k++) {

@@ -3,12 +3,17 @@
  * limits (--threads past the CPUs, ulimit -v): each refused at once, named, with nothing overwritten. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -76,6 +81,80 @@ static void test_planted_links(void) {
     TH_CHECK(!file_is(th_at("mine.json"), "mine\n") && !file_is(th_at("mine.json"), ""), "--json did not replace the "
                                                                                          "file the link leads to");
     TH_CHECK(file_is(th_at("victim"), "victim\n"), "--json wrote another file");
+}
+
+/* A process watching `path` for `mask` (inotify), as another user sharing a directory could: at the first
+ * event it calls act(path, the event's name) and exits 3; it waits at most 60 s. watch_start returns once
+ * the watch is in place (its pid, or -1); watch_end kills and reaps it: 1 when it acted. */
+static pid_t watch_start(const char *path, uint32_t mask, void (*act)(const char *path, const char *name)) {
+    int ready[2];
+    if (pipe(ready) != 0) return -1;
+    pid_t w = fork();
+    if (w == 0) {
+        int in = inotify_init1(IN_CLOEXEC);
+        if (in < 0 || inotify_add_watch(in, path, mask) < 0 || write(ready[1], "r", 1) != 1) _exit(2);
+        char ev[sizeof(struct inotify_event) + NAME_MAX + 1] __attribute__((aligned(8)));
+        struct pollfd p = {.fd = in, .events = POLLIN};
+        if (poll(&p, 1, 60000) != 1 || read(in, ev, sizeof ev) <= 0) _exit(0);
+        const struct inotify_event *e = (const struct inotify_event *)ev;
+        act(path, e->len ? e->name : "");
+        _exit(3);
+    }
+    char b = 0;
+    struct pollfd p = {.fd = ready[0], .events = POLLIN};
+    int ok = w > 0 && poll(&p, 1, 10000) == 1 && read(ready[0], &b, 1) == 1 && b == 'r';
+    close(ready[0]);
+    close(ready[1]);
+    if (!ok && w > 0) kill(w, SIGKILL), waitpid(w, NULL, 0);
+    TH_CHECK(ok, "the watcher of %s did not start", path);
+    return ok ? w : -1;
+}
+
+static int watch_end(pid_t w) {
+    int st = 0;
+    if (w <= 0) return 0;
+    kill(w, SIGKILL);
+    waitpid(w, &st, 0);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 3;
+}
+
+/* Renames "precious" over the file just made in dir: a second name of another's file put in its place. */
+static void swap_in_precious(const char *dir, const char *name) {
+    char to[512];
+    snprintf(to, sizeof to, "%s/%s", dir, name);
+    rename(th_at("precious"), to);
+}
+
+/* plan --calibrate (and sim's) hands the ranks' results over in a file no one else can reach: nothing made
+ * in TMPDIR, where a file of another's swapped in (a second name of a file of theirs) would be written. */
+static void test_calibrate_tmpdir(void) {
+    mkdir(th_at("tmpdir"), 0700);
+    th_put_file(th_at("precious"), "precious\n");
+    pid_t w = watch_start(th_at("tmpdir"), IN_CREATE | IN_MOVED_TO, swap_in_precious);
+    char env_tmp[512];
+    snprintf(env_tmp, sizeof env_tmp, "TMPDIR=%s", th_at("tmpdir"));
+    const char *env[] = {env_tmp, NULL};
+    const char *args[] = {"plan", "--params", "1M", "--workers", "2", "--calibrate", NULL};
+    th_tool_opts o = {.env = env, .wall_s = 60};
+    th_tool_run(args, &o, &R);
+    expect(R.rc == 0 && strstr(R.out, "calibrated"), "plan --calibrate");
+    TH_CHECK(!watch_end(w), "plan --calibrate made a file in TMPDIR");
+    TH_CHECK(file_is(th_at("precious"), "precious\n"), "plan --calibrate wrote into (or removed) a file swapped in");
+}
+
+static void spoil_config(const char *path, const char *name) { th_put_file(path, "bogus = 1\n"); }
+
+/* sim --calibrate --config F reads F again after measuring (its settings override the measured ones): a
+ * file changed meanwhile is an error naming it, never a config taken in part. */
+static void test_config_changed(void) {
+    th_put_file(th_at("cluster.conf"), "hosts = 2\n");
+    pid_t w = watch_start(th_at("cluster.conf"), IN_CLOSE_NOWRITE, spoil_config); /* once read at the parse */
+    const char *args[] = {"sim", "--calibrate", "--config", th_at("cluster.conf"), "--size", "1K", NULL};
+    th_tool_opts o = {.wall_s = 60};
+    th_tool_run(args, &o, &R);
+    int acted = watch_end(w);
+    expect(acted && R.rc == 1 && strstr(R.out, "cluster.conf line 1: no setting 'bogus'"),
+           "a config changed while sim --calibrate measured is refused, named");
 }
 
 /* ---- 2: a FIFO (or anything not a regular file) where a file is read: refused, never waited on ---- */
@@ -268,6 +347,8 @@ int main(void) {
     if (!th_scratch_make("tally-hostile", 0700)) return 1;
     if (th_quick()) {
         test_planted_links();
+        test_calibrate_tmpdir();
+        test_config_changed();
         test_fifos();
         test_shape();
         test_full_and_readonly();

@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <tally.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include "scratch_dir.h"
 #include "tool_runner.h"
 #include "core/file.h"
+#include "sim/sim.h"
 
 static th_tool R;
 
@@ -152,8 +155,8 @@ static void stdout_to(void *arg) {
 }
 
 static void test_stdout(void) {
-    const char *names[] = {"/dev/stdout", "/proc/self/fd/1", "/dev/fd/1"};
-    for (int i = 0; i < 3; i++) {
+    const char *names[] = {"/dev/stdout", "/proc/self/fd/1", "/dev/fd/1", "/dev//fd/1", "/proc/self/task/../fd/1"};
+    for (int i = 0; i < 5; i++) {
         const char *args[] = {"sim", "--size", "1K", "--save", names[i], NULL};
         run(args, 30);
         char what[96];
@@ -313,6 +316,29 @@ static void test_config(void) {
     }
 }
 
+/* The reader itself: the open's own error, and a file read whole within what its size said at the open
+ * (one that says less than it holds, a kernel file or one growing as it is read, is refused, not read on). */
+static void test_config_read(void) {
+    tally__sim_cluster c;
+    tally__sim_cluster_default(&c);
+    int rc = tally__sim_cluster_read(&c, th_at("no-such.conf"));
+    TH_CHECK(rc == TALLY_E_SYSTEM && strstr(tally_last_error(), "No such file or directory"),
+             "a missing config: rc %d, want the open's TALLY_E_SYSTEM: %s", rc, tally_last_error());
+    rc = tally__sim_cluster_read(&c, "/proc/self/status"); /* size 0 at the open, a page of text to read */
+    TH_CHECK(rc == TALLY_E_INVALID && strstr(tally_last_error(), "more than the 0 bytes"),
+             "a file holding more than its size: rc %d: %s", rc, tally_last_error());
+    static char line[(1 << 20) + 64]; /* one line past the bound: refused by its size before any of it is read */
+    memset(line, 'x', sizeof line - 1);
+    th_put_file(th_at("huge.conf"), line);
+    rc = tally__sim_cluster_read(&c, th_at("huge.conf"));
+    TH_CHECK(rc == TALLY_E_INVALID && strstr(tally_last_error(), "more than 1048576 bytes"), "a 1 MiB line: rc %d: %s",
+             rc, tally_last_error());
+    th_put_file(th_at("ok.conf"), "hosts = 3\n# a comment\nranks-per-host = 2 # two a host\r\n\nnic = 10Gbps");
+    rc = tally__sim_cluster_read(&c, th_at("ok.conf"));
+    TH_CHECK(rc == 0 && c.hosts == 3 && c.per_host == 2, "a config with CR LF and no last newline: rc %d: %s", rc,
+             tally_last_error());
+}
+
 /* ---- 7: the writer itself: the errno of a write that failed early, a zeroed writer dropped ---- */
 
 /* A pipe whose reader left: EPIPE for the commit to report, never a SIGPIPE that kills the process. */
@@ -332,6 +358,73 @@ static void test_reader_gone(void) {
     sigset_t pending;
     sigpending(&pending);
     TH_CHECK(!sigismember(&pending, SIGPIPE), "a SIGPIPE was left pending");
+    close(p[1]);
+}
+
+/* Writes "{}\n" to path; 0, or the commit's (or the open's) code with tally_last_error() saying why. */
+static int write_to(const char *path) {
+    tally__file_out o;
+    int rc = tally__file_out_open(&o, path);
+    if (rc) return rc;
+    fputs("{}\n", o.f);
+    return tally__file_out_commit(&o);
+}
+
+/* A message about a descriptor says what it is in words, never its link's text ("pipe:[1234]"). */
+static int in_words(const char *kind) {
+    const char *e = tally_last_error();
+    return strstr(e, kind) && !strstr(e, ":[");
+}
+
+/* Descriptors however they are named: this process's own (/dev//fd/N, /proc/PID/fd/N) are written as
+ * /dev/fd/N is; another process's pipe, socket or deleted file is refused, said in words. */
+static void test_descriptors(void) {
+    int p[2], sv[2];
+    TH_CHECK(pipe(p) == 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "pipe: %s", strerror(errno));
+    char name[64];
+    const char *own[] = {"/dev//fd/%d", "/proc/%d/fd/%d", "/proc/self/task/%d/fd/%d"};
+    for (int i = 0; i < 3; i++) {
+        if (i == 0)
+            snprintf(name, sizeof name, own[i], p[1]);
+        else
+            snprintf(name, sizeof name, own[i], i == 1 ? (int)getpid() : (int)gettid(), p[1]);
+        int rc = write_to(name);
+        char got[8] = {0};
+        ssize_t k = rc ? 0 : read(p[0], got, sizeof got - 1);
+        TH_CHECK(rc == 0 && k == 3 && !strcmp(got, "{}\n"), "%s, this process's pipe: rc %d, read %zd: %s", name, rc, k,
+                 tally_last_error());
+    }
+    snprintf(name, sizeof name, "/dev/fd/%d", p[0]);
+    TH_CHECK(write_to(name) != 0 && in_words("a pipe") && strstr(tally_last_error(), "reading only"),
+             "the read end of a pipe: %s", tally_last_error());
+    close(sv[1]);
+    snprintf(name, sizeof name, "/dev/fd/%d", sv[0]);
+    TH_CHECK(write_to(name) != 0 && in_words("descriptor ") && in_words("a socket"), "a socket whose peer left: %s",
+             tally_last_error());
+    int del = open(th_at("deleted"), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    unlink(th_at("deleted"));
+    pid_t kid = fork(); /* holds the same descriptors, as another process of this user's */
+    if (kid == 0) {
+        pause();
+        _exit(0);
+    }
+    const int theirs[] = {p[1], sv[0], del};
+    const char *kinds[] = {"a pipe", "a socket", "a deleted file"};
+    for (int i = 0; i < 3 && kid > 0; i++) {
+        snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)kid, theirs[i]);
+        int rc = write_to(name);
+        char want[64];
+        snprintf(want, sizeof want, "descriptor %d of process %d", theirs[i], (int)kid);
+        TH_CHECK(rc != 0 && in_words(kinds[i]) && strstr(tally_last_error(), want), "another process's %s: rc %d: %s",
+                 kinds[i] + 2, rc, tally_last_error());
+    }
+    if (kid > 0) {
+        kill(kid, SIGKILL);
+        waitpid(kid, NULL, 0);
+    }
+    close(del);
+    close(sv[0]);
+    close(p[0]);
     close(p[1]);
 }
 
@@ -370,6 +463,7 @@ static void test_replace(void) {
 
 static void test_writer(void) {
     test_reader_gone();
+    test_descriptors();
     test_replace();
     if (!is_char_dev(th_at("full"), 1, 7)) return; /* made by test_devices, as root */
     tally__file_out o;
@@ -398,6 +492,7 @@ int main(void) {
         test_links();
         test_refused();
         test_config();
+        test_config_read();
         test_writer();
     }
     th_scratch_remove();

@@ -2,7 +2,6 @@
  * and checkpoints whose every byte is a function of (step, tensor, offset), written and checked back. */
 #include "ckpt_fixture.h"
 
-#include <ftw.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,15 +12,16 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "scratch_dir.h"
 
-char ck_root[64];
-
+/* The scratch directory is scratch_dir.c's: made and removed as the CLI tests' are. */
 int ck_root_make(const char *test_name) {
-    snprintf(ck_root, sizeof ck_root, "/tmp/tally_%s.XXXXXX", test_name);
-    if (mkdtemp(ck_root)) return 0;
-    perror("mkdtemp");
-    return -1;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "tally_%s", test_name);
+    return th_scratch_make(prefix, 0700) ? 0 : -1;
 }
+
+void ck_root_remove(void) { th_scratch_remove(); }
 
 uint64_t mix(uint64_t z) { /* splitmix64's finaliser */
     z += 0x9e3779b97f4a7c15ull;
@@ -30,7 +30,7 @@ uint64_t mix(uint64_t z) { /* splitmix64's finaliser */
     return z ^ (z >> 31);
 }
 
-void subdir(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", ck_root, name); }
+void subdir(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s", th_at(name)); }
 
 int has(const char *msg, const char *needle) { return msg && strstr(msg, needle) != NULL; }
 
@@ -62,15 +62,6 @@ unsigned char *read_all(const char *path, size_t *len) {
     fclose(f);
     return b;
 }
-
-void write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, 1, n, f) != n) perror(path);
-    if (f) fclose(f);
-}
-
-static int rm_one(const char *p, const struct stat *s, int flag, struct FTW *f) { return remove(p); }
-void rm_tree(const char *p) { nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* Waits for pid at most limit_s; kills it past that. Returns its status, or -1 if it had to be killed. */
 int reap(pid_t pid, double limit_s) {
@@ -175,5 +166,3 @@ int step_check(const tally__ckpt *c, int64_t s, size_t nw, size_t nm, const char
     content_desc(d, nw, nm);
     return content_check(c, s, d, NT, what);
 }
-
-void ck_root_remove(void) { rm_tree(ck_root); }

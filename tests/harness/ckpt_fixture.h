@@ -11,20 +11,19 @@
 
 enum { NT = 5 }; /* tensors in content_desc */
 
-/* The scratch directory ck_root_make made; ck_root_remove deletes it and all in it. */
-extern char ck_root[64];
+/* The test's scratch directory (scratch_dir.h's, /tmp/tally_NAME-XXXXXX, 0700); ck_root_remove deletes it
+ * and all in it. */
 int ck_root_make(const char *test_name);
 void ck_root_remove(void);
 
-/* Helpers: splitmix64's finaliser, paths under ck_root, files, and a reap that kills after limit_s. */
+/* Helpers: splitmix64's finaliser, paths in the scratch directory (th_at, copied into out), files (written
+ * with harness.h's th_write_file), and a reap that kills after limit_s. */
 uint64_t mix(uint64_t z);
 void subdir(char *out, size_t cap, const char *name);
 int has(const char *msg, const char *needle);
 int exists(const char *dir, const char *name);
 int count_suffix(const char *dir, const char *suffix);
 unsigned char *read_all(const char *path, size_t *len); /* the whole file, malloc()ed; NULL if unreadable */
-void write_file(const char *path, const void *p, size_t n);
-void rm_tree(const char *p);
 int reap(pid_t pid, double limit_s);
 /* Checkpoints of NT tensors whose bytes are a function of (step, tensor, offset): written in uneven
  * chunks, and checked back byte for byte (content_check, step_check return the bad bytes' count). */

@@ -322,7 +322,7 @@ void tally_svg_print(FILE *f, const tally_svg_chart *c) {
 }
 
 int tally_svg_write(const char *path, const tally_svg_chart *c) {
-    tally__file_out out; /* written beside path, then renamed over it: a link at path is replaced, not followed */
+    tally__file_out out; /* no rename over a link, device or FIFO at path: the writer decides by what it is */
     int rc = tally__file_out_open(&out, path);
     if (rc) return rc;
     tally_svg_print(out.f, c);

@@ -65,8 +65,9 @@ void tally_svg_add_ref(tally_svg_panel *p, const char *label, double y);
 
 /* The chart as SVG on f. A panel without a finite point still has its frame and says "no data". */
 void tally_svg_print(FILE *f, const tally_svg_chart *c);
-/* The chart into the file `path`, created as --json's is (a new file renamed over path). 0, or a TALLY_E_*
- * code with tally_last_error() naming the file. */
+/* The chart into the file `path`, written as every output is (tally__file_out_open: a file replaced whole,
+ * a device, FIFO or descriptor in place, a link never replaced). 0, or a TALLY_E_* code with
+ * tally_last_error() naming the file. */
 int tally_svg_write(const char *path, const tally_svg_chart *c);
 
 /* A tick label: 1K, 1.5M (units BYTES: powers of 1024), 12K, 0.25, 3 (NUMBER). For tests and titles. */

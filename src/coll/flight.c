@@ -206,9 +206,10 @@ static void fl_flush(fl_buf *w) {
     w->n = 0;
 }
 
-/* Appends s; text (a message) has its line breaks turned to spaces, so it stays one line. */
-static void fl_put(fl_buf *w, const char *s, int text) {
-    for (; s && *s; s++) {
+/* Appends s; text (a message) has its line breaks turned to spaces, so it stays one line, and is cut
+ * after `text` bytes, so the line keeps within TALLY__FLIGHT_LINE. */
+static void fl_put(fl_buf *w, const char *s, size_t text) {
+    for (size_t k = 0; s && *s && (!text || k < text); s++, k++) {
         if (w->n == sizeof w->b) fl_flush(w);
         w->b[w->n++] = text && (*s == '\n' || *s == '\r') ? ' ' : *s;
     }
@@ -289,7 +290,7 @@ static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int
     fl_kv_i(w, "culprit", culprit);
     fl_kv_i(w, "dumped_ns", (int64_t)fl_wall_ns());
     fl_s(w, "message ");
-    fl_put(w, msg && msg[0] ? msg : "-", 1);
+    fl_put(w, msg && msg[0] ? msg : "-", TALLY__FLIGHT_LINE - sizeof "message \n");
     fl_s(w, "\n");
 }
 

@@ -15,6 +15,16 @@
 #define TALLY__FLIGHT_MAX  65536 /* tally_config.flight_depth's upper bound (TALLY_FLIGHT) */
 #define TALLY__FLIGHT_PATH 512
 #define TALLY__FLIGHT_JOB  96
+/* A record's bounds, which the writer keeps and the reader holds every file to (a record comes from a
+ * directory others may write in): a line of at most TALLY__FLIGHT_LINE bytes, its end included (an
+ * entry's at most TALLY__FLIGHT_ENTRY_LINE: 13 numbers and names of at most 20 characters), at most
+ * TALLY__FLIGHT_HEAD header lines, and so a file of at most TALLY__FLIGHT_FILE_MAX bytes. */
+#define TALLY__FLIGHT_FORMAT     1 /* the record format's version, its first line: "tally-flight 1" */
+#define TALLY__FLIGHT_LINE       1024
+#define TALLY__FLIGHT_ENTRY_LINE 256
+#define TALLY__FLIGHT_HEAD       64
+#define TALLY__FLIGHT_FILE_MAX                                                                                         \
+    ((uint64_t)TALLY__FLIGHT_HEAD * TALLY__FLIGHT_LINE + (uint64_t)TALLY__FLIGHT_MAX * TALLY__FLIGHT_ENTRY_LINE)
 
 enum { TALLY__FL_RUNNING, TALLY__FL_DONE, TALLY__FL_FAILED };
 
@@ -102,12 +112,20 @@ typedef struct tally__flight_skip {
     char why[512];
 } tally__flight_skip;
 
+/* What `tally flight` reads of one directory at most: files (the rest are counted, not read) and
+ * entries kept in memory (a file that would pass it is set aside): a world of TALLY__BOOT_MAX_SIZE ranks
+ * with the default depth and a few communicators fits. */
+#define TALLY__FLIGHT_FILES 16384
+#define TALLY__FLIGHT_KEPT  (1 << 22)
+
 typedef struct tally__flight_set {
     tally__flight_rank *r; /* [n], by label then rank: the records of one job */
     size_t n;
     char job[TALLY__FLIGHT_JOB]; /* that job ("" for records that name none) */
     tally__flight_skip *skip;    /* [n_skip], by name: every *.flight file set aside */
     size_t n_skip;
+    size_t n_unread;  /* *.flight names past TALLY__FLIGHT_FILES, not looked at */
+    size_t n_entries; /* entries of the records read, at most TALLY__FLIGHT_KEPT */
     unsigned dir_uid; /* the directory's owner: what its owner's files say is taken for the job's */
 } tally__flight_set;
 

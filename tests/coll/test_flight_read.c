@@ -1,0 +1,250 @@
+/* test_flight_read.c - `tally flight`'s reader against records anyone could have written: every field
+ * out of range, overflowing, with junk after it or repeated, lines and files past their bounds, a NUL,
+ * too many entries, and a directory of more files than it reads; each is set aside, named with why. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <tally.h>
+#include <unistd.h>
+
+#include "boot/boot.h"
+#include "coll/flight.h"
+#include "harness.h"
+
+#define X40 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+
+static char dir[256];
+
+/* A record every check takes: one entry, rank 0 of 2, of job h-1-00000001. */
+static const char good[] = "tally-flight 1\n"
+                           "job h-1-00000001\n"
+                           "label world\n"
+                           "rank 0\n"
+                           "world_rank 0\n"
+                           "size 2\n"
+                           "host h\n"
+                           "pid 1\n"
+                           "transport shm\n"
+                           "reason TIMEOUT\n"
+                           "culprit -1\n"
+                           "dumped_ns 5\n"
+                           "message m\n"
+                           "entries 1\n"
+                           "e 1 allreduce 8 f32 sum -1 ring done 0 -1 -1 1 2\n";
+
+static void fresh_dir(void) {
+    th_rm_dir(dir);
+    mkdir(dir, 0700);
+}
+
+/* good, with its first `find` replaced by `put`. */
+static void edited(const char *find, const char *put, char *out, size_t n) {
+    const char *at = strstr(good, find);
+    if (!at) {
+        snprintf(out, n, "%s", good);
+        TH_CHECK(0, "the probe's \"%s\" is not in the good record", find);
+        return;
+    }
+    snprintf(out, n, "%.*s%s%s", (int)(at - good), good, put, at + strlen(find));
+}
+
+/* Loads dir, which holds the file `name`: it must be set aside, its reason holding each of want[]. */
+static void set_aside(const char *what, const char *name, const char *const *want) {
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0, "%s: the load failed: %s", what, tally_last_error());
+    if (rc) return;
+    const tally__flight_skip *k = NULL;
+    for (size_t i = 0; i < s.n_skip; i++)
+        if (!strcmp(s.skip[i].file, name)) k = &s.skip[i];
+    TH_CHECK(s.n == 0 && k, "%s: the record was read (%zu read, %zu set aside)", what, s.n, s.n_skip);
+    for (int i = 0; k && want[i]; i++)
+        TH_CHECK(strstr(k->why, want[i]) != NULL, "%s: the reason does not say \"%s\": %s", what, want[i], k->why);
+    if (k) printf("  %s: %s\n", what, k->why);
+    tally__flight_set_free(&s);
+}
+
+static void good_reads(void) {
+    fresh_dir();
+    th_write_file(th_path(dir, "rank0.world.flight"), good, strlen(good));
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 1 && s.n_skip == 0 && s.r[0].n == 1 && s.r[0].size == 2,
+             "the good record does not read: rc %d, %zu read, %zu set aside: %s", rc, s.n, s.n_skip,
+             s.n_skip ? s.skip[0].why : tally_last_error());
+    if (!rc) tally__flight_set_free(&s);
+}
+
+/* Each field with a value no writer makes: set aside, naming the line and the field. */
+static void bad_fields(void) {
+    static const struct {
+        const char *find, *put, *line, *word;
+    } probe[] = {
+        {"rank 0\n", "rank 99999999999999999999\n", "line 4", "rank"},
+        {"rank 0\n", "rank 0x\n", "line 4", "rank"},
+        {"rank 0\n", "rank  0\n", "line 4", "rank"},
+        {"rank 0\n", "rank -1\n", "line 4", "rank"},
+        {"world_rank 0\n", "world_rank -1\n", "line 5", "world_rank"},
+        {"size 2\n", "size 2000000000\n", "line 6", "size"},
+        {"size 2\n", "size 0\n", "line 6", "size"},
+        {"pid 1\n", "pid -5\n", "line 8", "pid"},
+        {"culprit -1\n", "culprit -7\n", "line 11", "culprit"},
+        {"dumped_ns 5\n", "dumped_ns -1\n", "line 12", "dumped_ns"},
+        {"dumped_ns 5\n", "dumped_ns 18446744073709551616\n", "line 12", "dumped_ns"},
+        {"entries 1\n", "entries -1\n", "line 14", "entries"},
+        {"entries 1\n", "entries 65537\n", "line 14", "entries"},
+        {"entries 1\n", "entries 4294967297\n", "line 14", "entries"},
+        {"rank 0\n", "rank 0\nrank 1\n", "line 5", "rank"},
+        {"host h\n", "hosth\n", "line 7", "hosth"},
+        {"label world\n", "label \n", "line 3", "label"},
+        {"job h-1-00000001\n", "job h-1-00000001" X40 X40 X40 "\n", "line 2", "job"},
+        {" 1 2\n", " 1 2 junk\n", "line 15", "entry"},
+        {"e 1 ", "e -1 ", "line 15", "seq"},
+        {"e 1 ", "e 0 ", "line 15", "seq"},
+        {"e 1 ", "e 1x ", "line 15", "seq"},
+        {"allreduce 8 ", "allreduce 99999999999999999999999 ", "line 15", "count"},
+        {"sum -1 ring", "sum 2147483648 ring", "line 15", "root"},
+        {"sum -1 ring", "sum 2 ring", "line 15", "root"},
+        {"done 0 -1 -1", "done 5 -1 -1", "line 15", "rc"},
+        {"done 0 -1 -1", "done 0 -2 -1", "line 15", "peer"},
+        {"done 0 -1 -1", "done 0 7 -1", "line 15", "peer"},
+        {"done 0 -1 -1", "done 0 -1 99999999999", "line 15", "culprit"},
+        {" 1 2\n", " 1 -2\n", "line 15", "end"},
+        {"e 1 allreduce", "e 1  allreduce", "line 15", "entry"},
+        {"allreduce 8 f32", "allreduce 8 f33", "line 15", "f33"},
+        {"entries 1\ne", "entries 1\ne 1 allreduce 8 f32 sum -1 ring done 0 -1 -1 1 2\ne", "line 16", "entries 1"},
+        {"entries 1\n", "", "line 14", "entries"},
+        {"message m\n", "message m\ne 1 allreduce 8 f32 sum -1 ring done 0 -1 -1 1 2\n", "line 14", "entries"},
+    };
+    for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
+        char text[4096], what[160];
+        edited(probe[i].find, probe[i].put, text, sizeof text);
+        snprintf(what, sizeof what, "'%.*s' for '%.*s'", (int)strcspn(probe[i].put, "\n"), probe[i].put,
+                 (int)strcspn(probe[i].find, "\n"), probe[i].find);
+        fresh_dir();
+        th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+        const char *want[] = {probe[i].line, probe[i].word, NULL};
+        set_aside(what, "rank0.world.flight", want);
+    }
+}
+
+/* A line past the bound (the writer's lines are shorter), a NUL, a last line without its end, a file
+ * larger than any record: set aside, saying so, and the large one is not read at all. */
+static void bad_shape(void) {
+    char text[8192];
+    fresh_dir();
+    char longmsg[TALLY__FLIGHT_LINE + 64];
+    memset(longmsg, 'x', sizeof longmsg - 1);
+    longmsg[sizeof longmsg - 1] = '\0';
+    char put[sizeof longmsg + 16];
+    snprintf(put, sizeof put, "message %s\n", longmsg);
+    edited("message m\n", put, text, sizeof text);
+    th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+    const char *too_long[] = {"line 13", "longer than", NULL};
+    set_aside("a line too long", "rank0.world.flight", too_long);
+
+    fresh_dir();
+    size_t n = strlen(good);
+    memcpy(text, good, n);
+    text[strstr(good, "host h") - good + 5] = '\0';
+    th_write_file(th_path(dir, "rank0.world.flight"), text, n);
+    const char *nul[] = {"line 7", "NUL", NULL};
+    set_aside("a NUL byte", "rank0.world.flight", nul);
+
+    fresh_dir();
+    th_write_file(th_path(dir, "rank0.world.flight"), good, n - 1);
+    const char *cut[] = {"line 15", "cut short", NULL};
+    set_aside("no end to the last line", "rank0.world.flight", cut);
+
+    /* A sparse file past the bound: its size alone sets it aside. */
+    fresh_dir();
+    const char *big = th_path(dir, "rank0.world.flight");
+    th_write_file(big, good, n);
+    int fd = open(big, O_WRONLY);
+    TH_CHECK(fd >= 0 && ftruncate(fd, (off_t)TALLY__FLIGHT_FILE_MAX + 1) == 0, "ftruncate: %s", strerror(errno));
+    if (fd >= 0) close(fd);
+    const char *huge[] = {"bytes", "larger than", NULL};
+    set_aside("a file larger than a record can be", "rank0.world.flight", huge);
+
+    /* No header, and a header of some other program. */
+    fresh_dir();
+    th_write_file(th_path(dir, "rank0.world.flight"), "junk\n", 5);
+    const char *junk[] = {"line 1", NULL};
+    set_aside("no header", "rank0.world.flight", junk);
+}
+
+/* What the writer writes, at the largest of every field and with a message longer than a line may be,
+ * reads back: the writer keeps within the bounds the reader holds it to. */
+static void writer_within_bounds(void) {
+    fresh_dir();
+    tally__flight f;
+    char host[64];
+    memset(host, 'h', sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    tally__flight_init(&f, TALLY__BOOT_MAX_SIZE - 1, TALLY__BOOT_MAX_SIZE, TALLY__BOOT_MAX_SIZE - 1, 0, 1, host,
+                       2147483647, 0xffffffffu, 3, dir);
+    tally__flight_set_transport(&f, "shm+tcp");
+    for (int i = 0; i < 3; i++) {
+        tally__sig sig = {.seq = UINT64_MAX - 2 + (uint64_t)i,
+                          .count = UINT64_MAX,
+                          .root = TALLY__BOOT_MAX_SIZE - 1,
+                          .coll = TALLY__ALLREDUCE,
+                          .dtype = TALLY_BF16,
+                          .op = TALLY_BXOR};
+        tally__flight_begin(&f, &sig);
+        atomic_store(&f.awaited, TALLY__BOOT_MAX_SIZE - 1);
+        tally__flight_end(&f, -2147483647 - 1, TALLY__BOOT_MAX_SIZE - 1);
+    }
+    char msg[3000];
+    memset(msg, 'm', sizeof msg - 1);
+    msg[sizeof msg - 1] = '\0';
+    TH_CHECK(tally__flight_dump(&f, "TIMEOUT", TALLY__BOOT_MAX_SIZE - 1, msg) == 0, "the dump failed: %s",
+             strerror(errno));
+    tally__flight_fini(&f);
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 1 && s.r[0].n == 3 && s.r[0].e[2].sig.seq == UINT64_MAX,
+             "the writer's largest record does not read back: %zu read: %s", s.n,
+             s.n_skip ? s.skip[0].why : tally_last_error());
+    if (!rc) tally__flight_set_free(&s);
+}
+
+/* More *.flight names than the reader looks at: the rest are counted, not read or listed. */
+static void many_files(void) {
+    fresh_dir();
+    char name[64];
+    for (int i = 0; i < TALLY__FLIGHT_FILES + 3; i++) {
+        snprintf(name, sizeof name, "f%d.flight", i);
+        int fd = open(th_path(dir, name), O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) {
+            TH_CHECK(0, "create %s: %s", name, strerror(errno));
+            return;
+        }
+        close(fd);
+    }
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 0 && s.n_skip == TALLY__FLIGHT_FILES && s.n_unread == 3 &&
+                 strstr(s.skip[0].why, "the file is empty"),
+             "%d empty files: rc %d, %zu read, %zu set aside, %zu not looked at, want 0, %d, 3: %s",
+             TALLY__FLIGHT_FILES + 3, rc, s.n, s.n_skip, s.n_unread, TALLY__FLIGHT_FILES,
+             s.n_skip ? s.skip[0].why : tally_last_error());
+    if (!rc) tally__flight_set_free(&s);
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/tally-test-flight-read-%d", (int)getpid());
+    if (th_quick()) {
+        good_reads();
+        bad_fields();
+        bad_shape();
+        writer_within_bounds();
+        many_files();
+    }
+    th_rm_dir(dir);
+    return th_verdict("test_flight_read");
+}

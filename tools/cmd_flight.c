@@ -19,9 +19,9 @@ static void flight_usage(FILE *out) {
                  "DIR, by default /tmp/tally-flight-<host>-<pid of rank 0>, named in the error message).\n"
                  "For each communicator it prints the first collective the ranks did not complete alike, the\n"
                  "rank that holds the job up and how that was found, and each rank's last collective.\n"
-                 "Only the records of one job are read (the job most are of): a file of another job, a second\n"
-                 "record of a rank, a link, or a file of a user who is neither you nor DIR's owner is ignored,\n"
-                 "and named with the reason.\n"
+                 "Only the records of one job are read (the one with records of the most ranks): a file of\n"
+                 "another job, a second record of a rank, a link, a file that is not a well-formed record, or\n"
+                 "a file of a user who is neither you nor DIR's owner is ignored, and named with the reason.\n"
                  "Exit status: 0 with a verdict, 1 when the records name no rank (or DIR holds none).\n");
 }
 

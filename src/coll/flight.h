@@ -132,8 +132,9 @@ typedef struct tally__flight_set {
 /* Loads the records of one job from the *.flight files in dir. A file is set aside (skip, with why)
  * when it is a symbolic link or not a regular file, belongs to a user who is neither the reader nor the
  * directory's owner (the job's ranks are one user, who owns the directory or writes into a shared one:
- * a stranger's file there is a forgery), is not a flight record, is of another job than the one most of
- * the records are of (ties: the one with rank 0's world record, then the newest), or repeats a
+ * a stranger's file there is a forgery), is not a flight record, is of another job than the one with
+ * records of the most ranks (distinct world ranks: one rank's records under several names count once;
+ * ties: the one with rank 0's world record, then the newest), or repeats a
  * communicator's rank (the file named for it is kept). TALLY_E_SYSTEM naming the directory when it
  * cannot be read, TALLY_E_NOMEM; a directory with no records is an empty set. */
 int tally__flight_load(const char *dir, tally__flight_set *s);

@@ -400,39 +400,85 @@ static int fl_load_one(int dfd, const char *name, uid_t dir_uid, tally__flight_s
     return fl_read_one(fd, &st, name, s);
 }
 
-/* Records of job j, those of it with rank 0's world record, and the newest of them. */
-static void fl_job_votes(const tally__flight_set *s, const char *j, size_t *count, int *has_root, uint64_t *newest) {
-    *count = 0;
-    *has_root = 0;
-    *newest = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        if (strcmp(s->r[i].job, j)) continue;
-        ++*count;
-        *has_root |= s->r[i].rank == 0 && !strcmp(s->r[i].label, "world");
-        if (s->r[i].dumped_ns > *newest) *newest = s->r[i].dumped_ns;
-    }
+/* What speaks for a job: the ranks it has records of (distinct world ranks: one rank's records under
+ * several names or of several communicators count once), whether rank 0's world record is among them,
+ * and its newest. */
+typedef struct fl_vote {
+    size_t ranks;
+    int root;
+    uint64_t newest;
+} fl_vote;
+
+static int fl_by_job_rank(const void *a, const void *b) {
+    const tally__flight_rank *x = a, *y = b;
+    int c = strcmp(x->job, y->job);
+    return c ? c : (x->world_rank > y->world_rank) - (x->world_rank < y->world_rank);
 }
 
-/* The job most records are of (ties: the one with rank 0's world record, then the newest). */
-static void fl_pick_job(tally__flight_set *s) {
-    size_t best_n = 0;
-    int best_root = 0;
-    uint64_t best_t = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        size_t n;
-        int root;
-        uint64_t t;
-        fl_job_votes(s, s->r[i].job, &n, &root, &t);
-        if (n > best_n || (n == best_n && (root > best_root || (root == best_root && t > best_t)))) {
-            best_n = n, best_root = root, best_t = t;
+/* The run of s->r (sorted by job, then world rank) from i that is one job: its end, and its vote. */
+static size_t fl_job_run(const tally__flight_set *s, size_t i, fl_vote *v) {
+    *v = (fl_vote){0};
+    size_t j = i;
+    for (; j < s->n && !strcmp(s->r[j].job, s->r[i].job); j++) {
+        const tally__flight_rank *r = &s->r[j];
+        v->ranks += j == i || r->world_rank != s->r[j - 1].world_rank;
+        v->root |= r->rank == 0 && !strcmp(r->label, "world");
+        if (r->dumped_ns > v->newest) v->newest = r->dumped_ns;
+    }
+    return j;
+}
+
+static int fl_vote_beats(const fl_vote *a, const fl_vote *b) {
+    if (a->ranks != b->ranks) return a->ranks > b->ranks;
+    if (a->root != b->root) return a->root > b->root;
+    return a->newest > b->newest;
+}
+
+/* The job whose records come from the most ranks (ties: the one with rank 0's world record, then the
+ * newest); s->r is left sorted by job. */
+static void fl_pick_job(tally__flight_set *s, fl_vote *best) {
+    qsort(s->r, s->n, sizeof *s->r, fl_by_job_rank);
+    for (size_t i = 0, j; i < s->n; i = j) {
+        fl_vote v;
+        j = fl_job_run(s, i, &v);
+        if (i == 0 || fl_vote_beats(&v, best)) {
+            *best = v;
             snprintf(s->job, sizeof s->job, "%s", s->r[i].job);
         }
     }
 }
 
-static void fl_drop(tally__flight_set *s, size_t i) {
-    free(s->r[i].e);
-    s->r[i] = s->r[--s->n];
+/* Drops the records drop[] marks (freeing their entries), the others kept in order. */
+static void fl_compact(tally__flight_set *s, const unsigned char *drop) {
+    size_t kept = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (drop[i])
+            free(s->r[i].e);
+        else
+            s->r[kept++] = s->r[i];
+    s->n = kept;
+}
+
+/* Sets aside the records of every job but the one picked. */
+static int fl_other_jobs(tally__flight_set *s, const fl_vote *best, unsigned char *drop) {
+    char ours[TALLY__FLIGHT_JOB + 16];
+    snprintf(ours, sizeof ours, "%s", s->job[0] ? s->job : "none named");
+    for (size_t i = 0, j; i < s->n; i = j) {
+        fl_vote v;
+        j = fl_job_run(s, i, &v);
+        if (!strcmp(s->r[i].job, s->job)) continue;
+        char theirs[TALLY__FLIGHT_JOB + 32];
+        snprintf(theirs, sizeof theirs, "%s", s->r[i].job[0] ? s->r[i].job : "none named: an older tally's");
+        for (size_t k = i; k < j; k++) {
+            drop[k] = 1;
+            int rc = fl_skip(s, s->r[k].file,
+                             "of another job (%s, with records of %zu rank(s)), not of job %s, the one read (records "
+                             "of %zu rank(s))",
+                             theirs, v.ranks, ours, best->ranks);
+            if (rc) return rc;
+        }
+    }
+    return 0;
 }
 
 /* 1 when r's file is the one the writer names for it: rank<world rank>.<label>.flight. */
@@ -442,41 +488,50 @@ static int fl_named_for(const tally__flight_rank *r) {
     return !strcmp(r->file, want);
 }
 
-/* Keeps the records of the job picked; sets aside the others and the second record of a rank. */
-static int fl_keep_job(tally__flight_set *s) {
-    fl_pick_job(s);
-    size_t total = s->n, mine;
-    int root;
-    uint64_t t;
-    fl_job_votes(s, s->job, &mine, &root, &t);
-    for (size_t i = s->n; i-- > 0;) {
-        const tally__flight_rank *r = &s->r[i];
-        if (!strcmp(r->job, s->job)) continue;
-        char theirs[TALLY__FLIGHT_JOB + 16], ours[TALLY__FLIGHT_JOB + 16];
-        snprintf(theirs, sizeof theirs, "%s", r->job[0] ? r->job : "none named: an older tally's");
-        snprintf(ours, sizeof ours, "%s", s->job[0] ? s->job : "none named");
-        int rc = fl_skip(s, r->file, "of another job (%s), not of job %s, which %zu of the %zu files read are of",
-                         theirs, ours, mine, total);
-        if (rc) return rc;
-        fl_drop(s, i);
-    }
-    for (size_t i = 0; i < s->n; i++)
-        for (size_t j = i + 1; j < s->n; j++) {
-            tally__flight_rank *a = &s->r[i], *b = &s->r[j];
-            if (a->rank != b->rank || strcmp(a->label, b->label)) continue;
-            /* the one named for its rank stays; else the first by name */
-            int na = fl_named_for(a), nb = fl_named_for(b);
-            if (nb > na || (nb == na && strcmp(b->file, a->file) < 0)) {
-                tally__flight_rank x = *a;
-                *a = *b;
-                *b = x;
-            }
-            int rc = fl_skip(s, b->file, "a second record of rank %d of communicator %s (%s is the one read)", b->rank,
-                             b->label, a->file);
-            if (rc) return rc;
-            fl_drop(s, j--);
+/* By communicator (the world first) and rank; of one rank's records, the one named for it first, then
+ * by name. */
+static int fl_by_label_rank_name(const void *a, const void *b) {
+    const tally__flight_rank *x = a, *y = b;
+    int c = fl_by_label_rank(a, b);
+    if (c) return c;
+    int nx = fl_named_for(x), ny = fl_named_for(y);
+    return nx != ny ? ny - nx : strcmp(x->file, y->file);
+}
+
+/* Sets aside a second record of a communicator's rank (s->r sorted by fl_by_label_rank_name). */
+static int fl_repeats(tally__flight_set *s, unsigned char *drop) {
+    for (size_t i = 1, first = 0; i < s->n; i++) {
+        const tally__flight_rank *a = &s->r[first], *b = &s->r[i];
+        if (a->rank != b->rank || strcmp(a->label, b->label)) {
+            first = i;
+            continue;
         }
+        drop[i] = 1;
+        int rc = fl_skip(s, b->file, "a second record of rank %d of communicator %s (%s is the one read)", b->rank,
+                         b->label, a->file);
+        if (rc) return rc;
+    }
     return 0;
+}
+
+/* Keeps the records of the job picked, one per communicator's rank, by communicator and rank; sets
+ * aside the others, naming why. */
+static int fl_keep_job(tally__flight_set *s) {
+    if (!s->n) return 0;
+    unsigned char *drop = calloc(s->n, 1);
+    if (!drop) return tally__seterr(TALLY_E_NOMEM, "out of memory");
+    fl_vote best = {0};
+    fl_pick_job(s, &best);
+    int rc = fl_other_jobs(s, &best, drop);
+    if (!rc) {
+        fl_compact(s, drop);
+        memset(drop, 0, s->n);
+        qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank_name);
+        rc = fl_repeats(s, drop);
+    }
+    if (!rc) fl_compact(s, drop);
+    free(drop);
+    return rc;
 }
 
 static int fl_by_file(const void *a, const void *b) {
@@ -509,7 +564,6 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
         tally__flight_set_free(s);
         return rc;
     }
-    if (s->n) qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank);
     if (s->n_skip) qsort(s->skip, s->n_skip, sizeof *s->skip, fl_by_file);
     return 0;
 }

@@ -369,7 +369,7 @@ static void reader(void) {
     TH_CHECK(strstr(after->out, "x\\x0aholding the job up: rank 0\\x1b[2A.flight") && !strchr(after->out, 0x1b),
              "reader: a file name with a newline and an escape is printed raw:\n%s", after->out);
     const char *want[] = {"ignored ",
-                          "/rank3.world.flight: of another job (h-4242-00000999)",
+                          "/rank3.world.flight: of another job (h-4242-00000999, with records of 1 rank(s))",
                           "/copy-of-rank1.world.flight: a second record of rank 1 of communicator world",
                           "/rank7.world.flight: is a symbolic link",
                           root ? "/rank5.world.flight: belongs to uid 65534" : "ignored",
@@ -381,13 +381,13 @@ static void reader(void) {
              "reader: the verdict changed with the others' files:\n--- before\n%s--- after\n%s", before->out,
              after->out);
     printf("  tally flight with planted records says:\n%s", after->out);
-    /* Most records of the other job: that is the job read, and the first is ignored. */
+    /* Records of more ranks of the other job: that is the job read, and the first is ignored. */
     record(&f, 0, 4, dir, 0x999, 3, 4, 0);
     record(&f, 1, 4, dir, 0x999, 3, 4, 0);
     tool(dir, after);
     TH_CHECK(strstr(after->out, "job h-4242-00000999: 3 record(s)") &&
-                 strstr(after->out, "/rank2.world.flight: of another job (h-4242-00000abc)"),
-             "reader: the job most records are of is not the one read:\n%s", after->out);
+                 strstr(after->out, "/rank2.world.flight: of another job (h-4242-00000abc, with records of 2 rank(s))"),
+             "reader: the job of the most ranks is not the one read:\n%s", after->out);
     /* Another user's directory: read, with a note that its records are that user's word. */
     if (root) {
         if (chown(dir, OTHER, OTHER)) TH_CHECK(0, "chown: %s", strerror(errno));

@@ -213,6 +213,63 @@ static void writer_within_bounds(void) {
     if (!rc) tally__flight_set_free(&s);
 }
 
+/* A record of job `job`'s rank `rank` (world rank `world`) of `size` in communicator `label`, dumped at
+ * `t`, written as `name`. */
+static void put_record(const char *name, const char *job, const char *label, int rank, int world, int size,
+                       unsigned t) {
+    char text[1024];
+    snprintf(text, sizeof text,
+             "tally-flight 1\njob %s\nlabel %s\nrank %d\nworld_rank %d\nsize %d\nhost h\npid 1\ndumped_ns %u\n"
+             "entries 1\ne 1 allreduce 8 f32 sum -1 ring done 0 -1 -1 1 2\n",
+             job, label, rank, world, size, t);
+    th_write_file(th_path(dir, name), text, strlen(text));
+}
+
+/* The job read, and whether `name` was set aside with a reason holding `why`. */
+static void job_read(const char *what, const char *want_job, const char *name, const char *why) {
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && !strcmp(s.job, want_job), "%s: job %s read, want %s", what, rc ? "(none)" : s.job, want_job);
+    if (rc) return;
+    const tally__flight_skip *k = NULL;
+    for (size_t i = 0; i < s.n_skip; i++)
+        if (!strcmp(s.skip[i].file, name)) k = &s.skip[i];
+    TH_CHECK(k && strstr(k->why, why), "%s: %s is not set aside saying \"%s\": %s", what, name, why,
+             k ? k->why : "(read)");
+    if (k) printf("  %s: %s: %s\n", what, name, k->why);
+    tally__flight_set_free(&s);
+}
+
+/* The job read is the one whose records come from the most ranks, not the most files: a job that left
+ * one rank's record under many names (or in many communicators) does not outvote two ranks. Ties: rank
+ * 0's world record, then the newest. */
+static void job_by_ranks(void) {
+    fresh_dir();
+    put_record("rank0.world.flight", "h-1-0000000a", "world", 0, 0, 3, 10);
+    put_record("rank1.world.flight", "h-1-0000000a", "world", 1, 1, 3, 10);
+    put_record("rank2.world.flight", "h-1-0000000b", "world", 2, 2, 3, 20);
+    put_record("copy1.flight", "h-1-0000000b", "world", 2, 2, 3, 20);
+    put_record("copy2.flight", "h-1-0000000b", "world", 2, 2, 3, 20);
+    put_record("rank2.comm4-2.flight", "h-1-0000000b", "comm4-2", 0, 2, 1, 20);
+    job_read("one rank under four names against two ranks", "h-1-0000000a", "copy1.flight", "of another job");
+
+    fresh_dir(); /* a tie, 2 ranks each: the job with rank 0's world record, though older */
+    put_record("rank0.world.flight", "h-1-0000000a", "world", 0, 0, 4, 10);
+    put_record("rank3.world.flight", "h-1-0000000a", "world", 3, 3, 4, 10);
+    put_record("rank1.world.flight", "h-1-0000000b", "world", 1, 1, 4, 20);
+    put_record("rank2.world.flight", "h-1-0000000b", "world", 2, 2, 4, 20);
+    put_record("x.flight", "h-1-0000000b", "world", 2, 2, 4, 20);
+    job_read("a tie, rank 0's world record", "h-1-0000000a", "rank1.world.flight", "of another job");
+
+    fresh_dir(); /* a tie, neither has rank 0: the newest */
+    put_record("rank1.world.flight", "h-1-0000000a", "world", 1, 1, 4, 10);
+    put_record("rank3.world.flight", "h-1-0000000a", "world", 3, 3, 4, 10);
+    put_record("rank2.world.flight", "h-1-0000000b", "world", 2, 2, 4, 20);
+    put_record("rank0.comm1-2.flight", "h-1-0000000b", "comm1-2", 0, 2, 2, 20);
+    put_record("rank1.comm1-2.flight", "h-1-0000000b", "comm1-2", 1, 0, 2, 20);
+    job_read("a tie, the newest", "h-1-0000000b", "rank1.world.flight", "of another job");
+}
+
 /* More *.flight names than the reader looks at: the rest are counted, not read or listed. */
 static void many_files(void) {
     fresh_dir();
@@ -244,6 +301,7 @@ int main(void) {
         bad_shape();
         writer_within_bounds();
         many_files();
+        job_by_ranks();
     }
     th_rm_dir(dir);
     return th_verdict("test_flight_read");

@@ -2,6 +2,7 @@
  * as they begin and end, written as text to TALLY_FLIGHT_DIR on a peer's failure or a fatal signal. */
 #include "flight.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -128,10 +129,16 @@ void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, in
     else
         snprintf(f->label, sizeof f->label, "comm%d-%d", ++fl_comms, first_world);
     if (gethostname(f->host, sizeof f->host - 1)) snprintf(f->host, sizeof f->host, "unknown");
-    snprintf(f->path, sizeof f->path, "%s/rank%d.%s.flight", f->dir, world_rank, f->label);
-    f->name = strlen(f->dir) + 1;
+    f->name = (size_t)snprintf(f->path, sizeof f->path, "%s/", f->dir);
+    tally__flight_file_name(f->path + f->name, sizeof f->path - f->name, world_rank, f->label, f->job);
     f->on = 1;
     fl_register(f);
+}
+
+void tally__flight_file_name(char *out, size_t n, int world_rank, const char *label, const char *job) {
+    snprintf(out, n, "rank%d.%s.%s.flight", world_rank, label, job);
+    for (char *c = out; *c; c++)
+        if (!isalnum((unsigned char)*c) && !strchr("._-", *c)) *c = '_';
 }
 
 void tally__flight_set_transport(tally__flight *f, const char *name) { f->transport = name; }

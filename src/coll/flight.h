@@ -50,8 +50,8 @@ typedef struct tally__flight {
     char label[48];             /* "world", or "comm<K>-<world rank of its rank 0>" for a split */
     char host[64];
     const char *transport;
-    char job[TALLY__FLIGHT_JOB];        /* "<host of rank 0>-<its pid>-<its draw>": the same on all the job's ranks */
-    char path[TALLY__FLIGHT_PATH + 96]; /* the file it writes */
+    char job[TALLY__FLIGHT_JOB];         /* "<host of rank 0>-<its pid>-<its draw>": the same on all the job's ranks */
+    char path[TALLY__FLIGHT_PATH + 192]; /* the file it writes: dir, then tally__flight_file_name */
     char dir[TALLY__FLIGHT_PATH];
     size_t base;  /* dir + base: its last component (the directory made or checked; the rest must exist) */
     size_t name;  /* path + name: the file's name in dir */
@@ -77,6 +77,10 @@ enum {
 void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
                         const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir);
 void tally__flight_set_transport(tally__flight *f, const char *name);
+/* The name a record is written under: rank<world rank>.<label>.<job>.flight, each character but
+ * [A-Za-z0-9._-] made '_' (a job names rank 0's host, which TALLY_HOST may spell with a '/'). The job
+ * keeps two jobs that share a directory (TALLY_FLIGHT_DIR=/tmp) from replacing each other's records. */
+void tally__flight_file_name(char *out, size_t n, int world_rank, const char *label, const char *job);
 void tally__flight_fini(tally__flight *f);
 /* A collective starts (its fingerprint stamped) and ends (rc 0, or its failure and the rank named). */
 void tally__flight_begin(tally__flight *f, const tally__sig *sig);

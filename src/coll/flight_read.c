@@ -481,9 +481,12 @@ static int fl_other_jobs(tally__flight_set *s, const fl_vote *best, unsigned cha
     return 0;
 }
 
-/* 1 when r's file is the one the writer names for it: rank<world rank>.<label>.flight. */
+/* 2 when r's file is the name the writer gives it (tally__flight_file_name), 1 when it is the name an
+ * older writer gave it (rank<world rank>.<label>.flight, no job), else 0. */
 static int fl_named_for(const tally__flight_rank *r) {
-    char want[128];
+    char want[256];
+    tally__flight_file_name(want, sizeof want, r->world_rank, r->label, r->job);
+    if (r->job[0] && !strcmp(r->file, want)) return 2;
     snprintf(want, sizeof want, "rank%d.%s.flight", r->world_rank, r->label);
     return !strcmp(r->file, want);
 }

@@ -1,6 +1,7 @@
 /* test_flight.c - the flight recorder: a rank stopped with SIGSTOP (shm and tcp), a mismatched call, a
  * rank that died and one that aborted on a signal each leave records from which `tally flight` names it;
  * the ring keeps the last K; TALLY_FLIGHT=0 keeps none; the verdict on hand-written records. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -79,11 +80,21 @@ static int file_exists(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The path of rank `rank`'s world record in S->dir (rank<R>.world.<job>.flight), or where it would be
+ * when there is none. */
 static const char *record_of(int rank) {
     static char p[4][512];
     static int k;
-    char *out = p[k++ % 4];
-    snprintf(out, 512, "%s/rank%d.world.flight", S->dir, rank);
+    char *out = p[k++ % 4], prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "rank%d.world.", rank);
+    snprintf(out, 512, "%s/%s(none).flight", S->dir, prefix);
+    DIR *d = opendir(S->dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t len = strlen(de->d_name);
+        if (!strncmp(de->d_name, prefix, (size_t)n) && len > 7 && !strcmp(de->d_name + len - 7, ".flight"))
+            snprintf(out, 512, "%s/%s", S->dir, de->d_name);
+    }
+    if (d) closedir(d);
     return out;
 }
 

@@ -270,6 +270,40 @@ static void job_by_ranks(void) {
     job_read("a tie, the newest", "h-1-0000000b", "rank1.world.flight", "of another job");
 }
 
+/* Two jobs dumping the same rank of the same communicator into one shared directory (TALLY_FLIGHT_DIR
+ * as /tmp): each keeps its own record, named for its job, and the reader takes either job's alone. */
+static void shared_dir(void) {
+    fresh_dir();
+    chmod(dir, 01777);
+    tally__flight f;
+    for (uint32_t draw = 1; draw <= 2; draw++)
+        for (int rank = 0; rank < (int)draw + 1; rank++) {
+            tally__flight_init(&f, rank, 3, rank, 0, 1, "h", 77, draw, 4, dir);
+            tally__sig sig = {.seq = 1, .count = 8, .root = -1, .coll = TALLY__ALLREDUCE};
+            tally__flight_begin(&f, &sig);
+            tally__flight_end(&f, TALLY_E_TIMEOUT, -1);
+            TH_CHECK(tally__flight_dump(&f, "TIMEOUT", -1, "a test") == 0, "shared dir: a dump failed");
+            char want[64];
+            snprintf(want, sizeof want, "/rank%d.world.h-77-%08x.flight", rank, (unsigned)draw);
+            TH_CHECK(strstr(f.path, want) != NULL, "shared dir: the record is %s, not named for its job (%s)", f.path,
+                     want);
+            tally__flight_fini(&f);
+        }
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 3 && !strcmp(s.job, "h-77-00000002") && s.n_skip == 2,
+             "shared dir: %zu records of job %s read, %zu set aside; want the 3 of job h-77-00000002 and the 2 of "
+             "the other set aside",
+             s.n, rc ? "-" : s.job, s.n_skip);
+    if (!rc) tally__flight_set_free(&s);
+    /* A job's record and an older copy of it under the old name (rank<R>.<label>.flight): one is read. */
+    fresh_dir();
+    put_record("rank0.world.h-1-0000000a.flight", "h-1-0000000a", "world", 0, 0, 2, 10);
+    put_record("rank0.world.flight", "h-1-0000000a", "world", 0, 0, 2, 10);
+    put_record("zz.flight", "h-1-0000000a", "world", 0, 0, 2, 10);
+    job_read("a rank's record under two names it may have", "h-1-0000000a", "zz.flight", "a second record of rank 0");
+}
+
 /* More *.flight names than the reader looks at: the rest are counted, not read or listed. */
 static void many_files(void) {
     fresh_dir();
@@ -302,6 +336,7 @@ int main(void) {
         writer_within_bounds();
         many_files();
         job_by_ranks();
+        shared_dir();
     }
     th_rm_dir(dir);
     return th_verdict("test_flight_read");

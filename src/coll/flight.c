@@ -77,27 +77,22 @@ static void fl_unregister(tally__flight *f) {
 
 /* ---- set-up ----------------------------------------------------------------------------------- */
 
-/* The directory and job of the newest world: splits and levels made after it write beside it. */
-static char fl_world_dir[TALLY__FLIGHT_PATH];
-static char fl_world_job[TALLY__FLIGHT_JOB];
-static int fl_world_user; /* its directory was the user's choice */
-static int fl_comms;      /* communicators made since that world: numbers them alike on every rank */
-
-/* The config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or /tmp, tally-flight-<host>-<pid of rank 0>;
- * the job, "<host of rank 0>-<its pid>-<its draw>" (a split's is its world's). */
-static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid, uint32_t job_draw,
-                        const char *d) {
+/* Where and as what f writes: a world, the config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or
+ * /tmp, tally-flight-<host>-<pid of rank 0>, and the job "<host of rank 0>-<its pid>-<its draw>"; a
+ * split, its parent's directory and job (each communicator carries its own: two worlds of one process
+ * keep theirs). */
+static void fl_pick_dir(tally__flight *f, const tally__flight *parent, const char *job_host, int job_pid,
+                        uint32_t job_draw, const char *d) {
     const char *host = job_host && job_host[0] ? job_host : "host";
-    int inherit = !world && fl_world_dir[0];
-    f->user_dir = d[0] ? 1 : inherit ? fl_world_user : 0;
-    if (d[0])
+    f->user_dir = parent ? parent->user_dir : d[0] != 0;
+    if (parent)
+        snprintf(f->dir, sizeof f->dir, "%s", parent->dir);
+    else if (d[0])
         snprintf(f->dir, sizeof f->dir, "%s", d);
-    else if (inherit)
-        snprintf(f->dir, sizeof f->dir, "%s", fl_world_dir);
     else
         snprintf(f->dir, sizeof f->dir, "%.380s/tally-flight-%.64s-%d", tally__tmpdir(), host, job_pid);
-    if (inherit)
-        snprintf(f->job, sizeof f->job, "%s", fl_world_job);
+    if (parent)
+        snprintf(f->job, sizeof f->job, "%s", parent->job);
     else
         snprintf(f->job, sizeof f->job, "%.64s-%d-%08x", host, job_pid, (unsigned)job_draw);
     /* "a/b//" is a/b; "/" stays itself (its last component is then "." below) */
@@ -105,32 +100,38 @@ static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int j
     while (n > 1 && f->dir[n - 1] == '/') f->dir[--n] = '\0';
     const char *slash = strrchr(f->dir, '/');
     f->base = slash ? (size_t)(slash - f->dir) + 1 : 0;
-    if (world) {
-        snprintf(fl_world_dir, sizeof fl_world_dir, "%s", f->dir);
-        snprintf(fl_world_job, sizeof fl_world_job, "%s", f->job);
-        fl_world_user = f->user_dir;
-        fl_comms = 0;
-    }
 }
 
-void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir) {
+/* "world"; a split of the world "comm<K>-<world rank of its rank 0>", of a split "<its label>.<K>-<...>",
+ * K being the parent's collectives so far: every rank of the parent has made as many (a split is
+ * collective over it, with collectives of its own, so no two splits share a K), whichever of its
+ * communicators each rank made or stayed out of, and the siblings of one split differ by their rank 0. */
+static void fl_label(tally__flight *f, const tally__flight *parent, uint64_t parent_seq, int first_world) {
+    if (!parent)
+        snprintf(f->label, sizeof f->label, "world");
+    else if (!strcmp(parent->label, "world"))
+        snprintf(f->label, sizeof f->label, "comm%llu-%d", (unsigned long long)parent_seq, first_world);
+    else
+        snprintf(f->label, sizeof f->label, "%.24s.%llu-%d", parent->label, (unsigned long long)parent_seq,
+                 first_world);
+}
+
+void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world,
+                        const tally__flight *parent, uint64_t parent_seq, const char *job_host, int job_pid,
+                        uint32_t job_draw, int depth, const char *dir) {
     memset(f, 0, sizeof *f);
     atomic_init(&f->awaited, -1);
     f->rank = rank;
     f->size = size;
     f->world_rank = world_rank;
     f->transport = "none";
-    if (depth <= 0 || !(f->ring = calloc((size_t)depth, sizeof *f->ring))) return;
-    f->cap = (size_t)depth;
-    fl_pick_dir(f, world, job_host, job_pid, job_draw, dir);
-    if (world)
-        snprintf(f->label, sizeof f->label, "world");
-    else
-        snprintf(f->label, sizeof f->label, "comm%d-%d", ++fl_comms, first_world);
+    fl_pick_dir(f, parent, job_host, job_pid, job_draw, dir);
+    fl_label(f, parent, parent_seq, first_world);
     if (gethostname(f->host, sizeof f->host - 1)) snprintf(f->host, sizeof f->host, "unknown");
     f->name = (size_t)snprintf(f->path, sizeof f->path, "%s/", f->dir);
     tally__flight_file_name(f->path + f->name, sizeof f->path - f->name, world_rank, f->label, f->job);
+    if (depth <= 0 || !(f->ring = calloc((size_t)depth, sizeof *f->ring))) return;
+    f->cap = (size_t)depth;
     f->on = 1;
     fl_register(f);
 }

@@ -47,7 +47,7 @@ typedef struct tally__flight {
     _Atomic int dumped;         /* written once: the first failure's records are the ones that explain it */
     _Atomic int written;        /* 0 not yet, 1 written, 1 + errno when the write failed */
     int rank, world_rank, size; /* world_rank: this rank in the world (a split's files name it so) */
-    char label[48];             /* "world", or "comm<K>-<world rank of its rank 0>" for a split */
+    char label[48];             /* "world", or "comm<K>-<world rank of its rank 0>" for a split (fl_label) */
     char host[64];
     const char *transport;
     char job[TALLY__FLIGHT_JOB];         /* "<host of rank 0>-<its pid>-<its draw>": the same on all the job's ranks */
@@ -70,12 +70,14 @@ enum {
 };
 
 /* Sets f up for a communicator (rank of size; world_rank, first_world: this rank's and rank 0's rank in
- * the world; job: rank 0's host name, pid and random draw (tally__peer.job), the same on every rank, for
- * the default directory and the records' job line; world: 1 for a world communicator, whose directory
- * and job the process's later communicators share; depth: entries kept, 0 none; dir: where to write, ""
- * for the default). Out of memory leaves it off. Registers it for the fatal-signal dump. */
-void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir);
+ * the world; parent: the recorder of the communicator it was split from, whose directory, job and label
+ * it takes its own from, NULL for a world; parent_seq: the parent's collectives so far, the same on all
+ * its ranks; job: rank 0's host name, pid and random draw (tally__peer.job), the same on every rank, for
+ * a world's default directory and its records' job line; depth: entries kept, 0 none; dir: where a world
+ * writes, "" for the default). Out of memory leaves it off. Registers it for the fatal-signal dump. */
+void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world,
+                        const tally__flight *parent, uint64_t parent_seq, const char *job_host, int job_pid,
+                        uint32_t job_draw, int depth, const char *dir);
 void tally__flight_set_transport(tally__flight *f, const char *name);
 /* The name a record is written under: rank<world rank>.<label>.<job>.flight, each character but
  * [A-Za-z0-9._-] made '_' (a job names rank 0's host, which TALLY_HOST may spell with a '/'). The job

@@ -64,7 +64,7 @@ static int count_files(const char *dir) {
  * default), with collectives #1..#last done and, unless it is 0, #fail failed waiting for `peer`; then the
  * dump. Returns the dump's result, with f kept for its why. */
 static int record(tally__flight *f, int rank, int size, const char *dir, uint32_t draw, int last, int fail, int peer) {
-    tally__flight_init(f, rank, size, rank, 0, 1, "h", JOB_PID, draw, 16, dir);
+    tally__flight_init(f, rank, size, rank, 0, NULL, 0, "h", JOB_PID, draw, 16, dir);
     tally__flight_set_transport(f, "shm");
     for (int s = 1; s <= last; s++) {
         tally__sig sig = {.seq = (uint64_t)s, .count = 8, .root = -1, .coll = TALLY__ALLREDUCE};

@@ -185,7 +185,7 @@ static void writer_within_bounds(void) {
     char host[64];
     memset(host, 'h', sizeof host - 1);
     host[sizeof host - 1] = '\0';
-    tally__flight_init(&f, TALLY__BOOT_MAX_SIZE - 1, TALLY__BOOT_MAX_SIZE, TALLY__BOOT_MAX_SIZE - 1, 0, 1, host,
+    tally__flight_init(&f, TALLY__BOOT_MAX_SIZE - 1, TALLY__BOOT_MAX_SIZE, TALLY__BOOT_MAX_SIZE - 1, 0, NULL, 0, host,
                        2147483647, 0xffffffffu, 3, dir);
     tally__flight_set_transport(&f, "shm+tcp");
     for (int i = 0; i < 3; i++) {
@@ -278,7 +278,7 @@ static void shared_dir(void) {
     tally__flight f;
     for (uint32_t draw = 1; draw <= 2; draw++)
         for (int rank = 0; rank < (int)draw + 1; rank++) {
-            tally__flight_init(&f, rank, 3, rank, 0, 1, "h", 77, draw, 4, dir);
+            tally__flight_init(&f, rank, 3, rank, 0, NULL, 0, "h", 77, draw, 4, dir);
             tally__sig sig = {.seq = 1, .count = 8, .root = -1, .coll = TALLY__ALLREDUCE};
             tally__flight_begin(&f, &sig);
             tally__flight_end(&f, TALLY_E_TIMEOUT, -1);

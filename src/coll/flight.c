@@ -285,7 +285,9 @@ static void fl_entry(fl_buf *w, const tally__flight_entry *e) {
 }
 
 static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int culprit, const char *msg) {
-    fl_s(w, "tally-flight 1\n");
+    fl_s(w, "tally-flight ");
+    fl_u(w, TALLY__FLIGHT_FORMAT);
+    fl_s(w, "\n");
     fl_kv_s(w, "job", f->job);
     fl_kv_s(w, "label", f->label);
     fl_kv_i(w, "rank", f->rank);

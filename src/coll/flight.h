@@ -19,7 +19,10 @@
  * directory others may write in): a line of at most TALLY__FLIGHT_LINE bytes, its end included (an
  * entry's at most TALLY__FLIGHT_ENTRY_LINE: 13 numbers and names of at most 20 characters), at most
  * TALLY__FLIGHT_HEAD header lines, and so a file of at most TALLY__FLIGHT_FILE_MAX bytes. */
-#define TALLY__FLIGHT_FORMAT     1 /* the record format's version, its first line: "tally-flight 1" */
+/* The record format's version, its first line ("tally-flight 2"): 1, the first (a job line added later,
+ * optional), 2, a job line in every record, named for its job, within the bounds below. The reader reads
+ * every version up to this one and names a newer one rather than read it as one it knows. */
+#define TALLY__FLIGHT_FORMAT     2
 #define TALLY__FLIGHT_LINE       1024
 #define TALLY__FLIGHT_ENTRY_LINE 256
 #define TALLY__FLIGHT_HEAD       64

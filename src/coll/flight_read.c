@@ -283,6 +283,8 @@ static int fl_parse_check(fl_parse *x) {
                             (unsigned long long)x->want, r->n)
                    : fl_bad(x, "no line \"entries N\" (a write cut short?)");
     if (!(x->seen & (1u << FK_LABEL))) return fl_bad(x, "no label line");
+    if (x->version >= 2 && !(x->seen & (1u << FK_JOB)))
+        return fl_bad(x, "no job line, which every record of format version 2 has");
     if (!(x->seen & (1u << FK_RANK)) || r->rank >= r->size)
         return fl_bad(x, "no rank below its size (rank %d of %d)", r->rank, r->size);
     if (!(x->seen & (1u << FK_WORLD_RANK))) r->world_rank = r->rank; /* records before splits */

@@ -126,7 +126,7 @@ static void fresh(void) {
              (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
     char text[4096];
     read_text(th_path(def_dir, rec(0, 7)), text, sizeof text);
-    TH_CHECK(strstr(text, "tally-flight 1\njob h-4242-00000007\n") != NULL, "fresh: the record has no job line:\n%s",
+    TH_CHECK(strstr(text, "tally-flight 2\njob h-4242-00000007\n") != NULL, "fresh: the record has no job line:\n%s",
              text);
     /* Again into the one made: an earlier dump of this user's left it, and it is taken. */
     rc = record(&f, 1, 2, "", 7, 3, 0, -1);
@@ -202,7 +202,7 @@ static void link_at_record(void) {
     victim_unchanged("link at the record's name", victim);
     char text[4096];
     read_text(th_path(def_dir, rec(0, 1)), text, sizeof text);
-    TH_CHECK(is_regular(th_path(def_dir, rec(0, 1))) && strstr(text, "tally-flight 1\n") &&
+    TH_CHECK(is_regular(th_path(def_dir, rec(0, 1))) && strstr(text, "tally-flight 2\n") &&
                  !exists(th_path(def_dir, tmp)),
              "link at the record's name: the record is not a file of its own in its place");
 }

@@ -41,16 +41,18 @@ static void fresh_dir(void) {
     mkdir(dir, 0700);
 }
 
-/* good, with its first `find` replaced by `put`. */
-static void edited(const char *find, const char *put, char *out, size_t n) {
-    const char *at = strstr(good, find);
+/* text, with its first `find` replaced by `put`. */
+static void edit(const char *text, const char *find, const char *put, char *out, size_t n) {
+    const char *at = strstr(text, find);
     if (!at) {
-        snprintf(out, n, "%s", good);
-        TH_CHECK(0, "the probe's \"%s\" is not in the good record", find);
+        snprintf(out, n, "%s", text);
+        TH_CHECK(0, "the probe's \"%s\" is not in the record", find);
         return;
     }
-    snprintf(out, n, "%.*s%s%s", (int)(at - good), good, put, at + strlen(find));
+    snprintf(out, n, "%.*s%s%s", (int)(at - text), text, put, at + strlen(find));
 }
+
+static void edited(const char *find, const char *put, char *out, size_t n) { edit(good, find, put, out, n); }
 
 /* Loads dir, which holds the file `name`: it must be set aside, its reason holding each of want[]. */
 static void set_aside(const char *what, const char *name, const char *const *want) {
@@ -304,6 +306,57 @@ static void shared_dir(void) {
     job_read("a rank's record under two names it may have", "h-1-0000000a", "zz.flight", "a second record of rank 0");
 }
 
+/* The record format is versioned: the writer writes version 2 (a job line in every record); version 1
+ * (before job lines, or with one) still reads; a version this reader does not know is set aside naming
+ * it, never read as if it were one it knows; a version 2 record without its job line is not one. */
+static void versions(void) {
+    char text[4096];
+    fresh_dir();
+    tally__flight f;
+    tally__flight_init(&f, 0, 2, 0, 0, NULL, 0, "h", 9, 3, 4, dir);
+    TH_CHECK(tally__flight_dump(&f, "TIMEOUT", -1, "m") == 0, "versions: the dump failed");
+    FILE *in = fopen(f.path, "r");
+    size_t got = in ? fread(text, 1, sizeof text - 1, in) : 0;
+    text[got] = '\0';
+    if (in) fclose(in);
+    tally__flight_fini(&f);
+    TH_CHECK(!strncmp(text, "tally-flight 2\njob h-9-00000003\n", 31), "versions: the writer wrote:\n%s", text);
+
+    fresh_dir();
+    edited("tally-flight 1\n", "tally-flight 2\n", text, sizeof text);
+    th_write_file(th_path(dir, "rank0.world.h-1-00000001.flight"), text, strlen(text));
+    char older[4096]; /* version 1 without a job line: an older tally's, of an older job */
+    edited("job h-1-00000001\n", "", older, sizeof older);
+    edit(older, "dumped_ns 5\n", "dumped_ns 4\n", text, sizeof text);
+    th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 1 && s.n_skip == 1 && !strcmp(s.job, "h-1-00000001"),
+             "versions: a version 2 record beside a version 1 one: %zu read, %zu set aside (%s)", s.n, s.n_skip,
+             s.n_skip ? s.skip[0].why : "-");
+    if (!rc) tally__flight_set_free(&s);
+
+    static const struct {
+        const char *find, *put, *want;
+    } probe[] = {
+        {"tally-flight 1\n", "tally-flight 3\n", "format version 3"},
+        {"tally-flight 1\n", "tally-flight 12\n", "format version 12"},
+        {"tally-flight 1\n", "tally-flight 1.5\n", "version"},
+        {"tally-flight 1\n", "tally-flight 0\n", "version"},
+        {"tally-flight 1\n", "tally-flight\n", "tally-flight <version>"},
+        {"tally-flight 1\njob h-1-00000001\n", "tally-flight 2\n", "no job line"},
+    };
+    for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
+        fresh_dir();
+        edited(probe[i].find, probe[i].put, text, sizeof text);
+        th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+        const char *want[] = {"line ", probe[i].want, NULL};
+        char what[64];
+        snprintf(what, sizeof what, "version: %.*s", (int)strcspn(probe[i].put, "\n"), probe[i].put);
+        set_aside(what, "rank0.world.flight", want);
+    }
+}
+
 /* More *.flight names than the reader looks at: the rest are counted, not read or listed. */
 static void many_files(void) {
     fresh_dir();
@@ -337,6 +390,7 @@ int main(void) {
         many_files();
         job_by_ranks();
         shared_dir();
+        versions();
     }
     th_rm_dir(dir);
     return th_verdict("test_flight_read");

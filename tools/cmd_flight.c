@@ -19,9 +19,9 @@ static void flight_usage(FILE *out) {
                  "DIR, by default /tmp/tally-flight-<host>-<pid of rank 0>, named in the error message).\n"
                  "For each communicator it prints the first collective the ranks did not complete alike, the\n"
                  "rank that holds the job up and how that was found, and each rank's last collective.\n"
-                 "Only the records of one job are read (the job most are of): a file of another job, a second\n"
-                 "record of a rank, a link, or a file of a user who is neither you nor DIR's owner is ignored,\n"
-                 "and named with the reason.\n"
+                 "Only the records of one job are read (the one with records of the most ranks): a file of\n"
+                 "another job, a second record of a rank, a link, a file that is not a well-formed record, or\n"
+                 "a file of a user who is neither you nor DIR's owner is ignored, and named with the reason.\n"
                  "Exit status: 0 with a verdict, 1 when the records name no rank (or DIR holds none).\n");
 }
 
@@ -54,7 +54,8 @@ static void flight_rank_line(const tally__flight_rank *r, uint64_t seq) {
     }
     char what[200];
     flight_sig(e, what, sizeof what);
-    double took = ((e->end_ns ? e->end_ns : r->dumped_ns) - e->begin_ns) * 1e-9;
+    uint64_t until = e->end_ns ? e->end_ns : r->dumped_ns; /* the realtime clock may have stepped back */
+    double took = until > e->begin_ns ? (double)(until - e->begin_ns) * 1e-9 : 0.0;
     if (e->state == TALLY__FL_RUNNING)
         printf("in %s for %.3f s", what, took);
     else
@@ -97,10 +98,10 @@ static int flight_report(const tally__flight_rank *r, size_t n) {
     printf(")\n");
     if (v.missing > 0) {
         printf("  no record from rank(s):");
+        size_t i = 0; /* r is in rank order, each rank once */
         for (int k = 0; k < v.size; k++) {
-            int have = 0;
-            for (size_t i = 0; i < n; i++) have |= r[i].rank == k;
-            if (!have) printf(" %d", k);
+            while (i < n && r[i].rank < k) i++;
+            if (i == n || r[i].rank != k) printf(" %d", k);
         }
         printf("\n");
     }
@@ -148,6 +149,11 @@ int tally_cmd_flight(int argc, char **argv) {
         printf(": ");
         print_escaped(s.skip[i].why);
         putchar('\n');
+    }
+    if (s.n_unread) {
+        printf("ignored %zu more *.flight file(s) in ", s.n_unread);
+        print_escaped(argv[1]);
+        printf(": tally flight looks at no more than %d\n", TALLY__FLIGHT_FILES);
     }
     if (s.n == 0) {
         fflush(stdout);

@@ -218,7 +218,7 @@ static int tally__comm_trace_end(tally_comm *c) {
     return rc;
 }
 
-static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
+static int tally__comm_setup(tally_comm *c, const tally__boot_env *given, const tally_comm *parent) {
     tally__boot_env env;
     int rc = 0;
     if (given)
@@ -238,8 +238,8 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     if ((rc = tally__boot_init(&c->boot, &env, &c->fault, c->timeout_s))) return rc;
     const tally__peer *first = tally__boot_peers(c->boot);
     tally__flight_init(&c->flight, c->ctx.rank, c->ctx.size, tally__comm_world_rank(c, c->ctx.rank),
-                       tally__comm_world_rank(c, 0), !given, first[0].hostname, first[0].pid, first[0].job,
-                       c->cfg.flight_depth, c->cfg.flight_dir);
+                       tally__comm_world_rank(c, 0), parent ? &parent->flight : NULL, parent ? parent->seq : 0,
+                       first[0].hostname, first[0].pid, first[0].job, c->cfg.flight_depth, c->cfg.flight_dir);
     if ((rc = tally__pick_transport(c, c->timeout_s, env.crowded, &c->ctx.tp))) return rc;
     tally__flight_set_transport(&c->flight, c->ctx.tp->ops->name);
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
@@ -263,8 +263,9 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given) {
     return 0;
 }
 
-/* cfg was checked (tally__config_take), or is the parent's. */
-static int tally__comm_make(const tally_config *cfg, const tally__boot_env *env, int *world, tally_comm **out) {
+/* cfg was checked (tally__config_take), or is the parent's (a split's: env and parent given). */
+static int tally__comm_make(const tally_comm *parent, const tally_config *cfg, const tally__boot_env *env, int *world,
+                            tally_comm **out) {
     tally__sig_name_algos(tally__algo_name); /* the transports' messages name the algorithms */
     tally_comm *c = calloc(1, sizeof *c);
     if (!c) {
@@ -280,7 +281,7 @@ static int tally__comm_make(const tally_config *cfg, const tally__boot_env *env,
     c->world = world;
     c->fault.world = world;
     c->fault.world_n = env ? env->size : 0;
-    int rc = tally__comm_setup(c, env);
+    int rc = tally__comm_setup(c, env, parent);
     if (rc) {
         tally__comm_destroy(c);
         return rc;
@@ -291,7 +292,7 @@ static int tally__comm_make(const tally_config *cfg, const tally__boot_env *env,
 
 int tally__comm_make_world(const tally_config *cfg, tally_comm **out) {
     *out = NULL;
-    return tally__comm_make(cfg, NULL, NULL, out);
+    return tally__comm_make(NULL, cfg, NULL, NULL, out);
 }
 
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
@@ -325,7 +326,7 @@ int tally__comm_mix_transport(tally_comm *c, const int *local_of) {
 
 int tally__comm_create(const tally_comm *parent, const tally__boot_env *env, int *world, tally_comm **out) {
     *out = NULL;
-    return tally__comm_make(&parent->cfg, env, world, out);
+    return tally__comm_make(parent, &parent->cfg, env, world, out);
 }
 
 const tally_config *tally__comm_config(const tally_comm *c) { return &c->cfg; }

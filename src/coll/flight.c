@@ -2,6 +2,7 @@
  * as they begin and end, written as text to TALLY_FLIGHT_DIR on a peer's failure or a fatal signal. */
 #include "flight.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -76,27 +77,22 @@ static void fl_unregister(tally__flight *f) {
 
 /* ---- set-up ----------------------------------------------------------------------------------- */
 
-/* The directory and job of the newest world: splits and levels made after it write beside it. */
-static char fl_world_dir[TALLY__FLIGHT_PATH];
-static char fl_world_job[TALLY__FLIGHT_JOB];
-static int fl_world_user; /* its directory was the user's choice */
-static int fl_comms;      /* communicators made since that world: numbers them alike on every rank */
-
-/* The config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or /tmp, tally-flight-<host>-<pid of rank 0>;
- * the job, "<host of rank 0>-<its pid>-<its draw>" (a split's is its world's). */
-static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int job_pid, uint32_t job_draw,
-                        const char *d) {
+/* Where and as what f writes: a world, the config's directory (TALLY_FLIGHT_DIR), else $TMPDIR or
+ * /tmp, tally-flight-<host>-<pid of rank 0>, and the job "<host of rank 0>-<its pid>-<its draw>"; a
+ * split, its parent's directory and job (each communicator carries its own: two worlds of one process
+ * keep theirs). */
+static void fl_pick_dir(tally__flight *f, const tally__flight *parent, const char *job_host, int job_pid,
+                        uint32_t job_draw, const char *d) {
     const char *host = job_host && job_host[0] ? job_host : "host";
-    int inherit = !world && fl_world_dir[0];
-    f->user_dir = d[0] ? 1 : inherit ? fl_world_user : 0;
-    if (d[0])
+    f->user_dir = parent ? parent->user_dir : d[0] != 0;
+    if (parent)
+        snprintf(f->dir, sizeof f->dir, "%s", parent->dir);
+    else if (d[0])
         snprintf(f->dir, sizeof f->dir, "%s", d);
-    else if (inherit)
-        snprintf(f->dir, sizeof f->dir, "%s", fl_world_dir);
     else
         snprintf(f->dir, sizeof f->dir, "%.380s/tally-flight-%.64s-%d", tally__tmpdir(), host, job_pid);
-    if (inherit)
-        snprintf(f->job, sizeof f->job, "%s", fl_world_job);
+    if (parent)
+        snprintf(f->job, sizeof f->job, "%s", parent->job);
     else
         snprintf(f->job, sizeof f->job, "%.64s-%d-%08x", host, job_pid, (unsigned)job_draw);
     /* "a/b//" is a/b; "/" stays itself (its last component is then "." below) */
@@ -104,34 +100,46 @@ static void fl_pick_dir(tally__flight *f, int world, const char *job_host, int j
     while (n > 1 && f->dir[n - 1] == '/') f->dir[--n] = '\0';
     const char *slash = strrchr(f->dir, '/');
     f->base = slash ? (size_t)(slash - f->dir) + 1 : 0;
-    if (world) {
-        snprintf(fl_world_dir, sizeof fl_world_dir, "%s", f->dir);
-        snprintf(fl_world_job, sizeof fl_world_job, "%s", f->job);
-        fl_world_user = f->user_dir;
-        fl_comms = 0;
-    }
 }
 
-void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir) {
+/* "world"; a split of the world "comm<K>-<world rank of its rank 0>", of a split "<its label>.<K>-<...>",
+ * K being the parent's collectives so far: every rank of the parent has made as many (a split is
+ * collective over it, with collectives of its own, so no two splits share a K), whichever of its
+ * communicators each rank made or stayed out of, and the siblings of one split differ by their rank 0. */
+static void fl_label(tally__flight *f, const tally__flight *parent, uint64_t parent_seq, int first_world) {
+    if (!parent)
+        snprintf(f->label, sizeof f->label, "world");
+    else if (!strcmp(parent->label, "world"))
+        snprintf(f->label, sizeof f->label, "comm%llu-%d", (unsigned long long)parent_seq, first_world);
+    else
+        snprintf(f->label, sizeof f->label, "%.24s.%llu-%d", parent->label, (unsigned long long)parent_seq,
+                 first_world);
+}
+
+void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world,
+                        const tally__flight *parent, uint64_t parent_seq, const char *job_host, int job_pid,
+                        uint32_t job_draw, int depth, const char *dir) {
     memset(f, 0, sizeof *f);
     atomic_init(&f->awaited, -1);
     f->rank = rank;
     f->size = size;
     f->world_rank = world_rank;
     f->transport = "none";
+    fl_pick_dir(f, parent, job_host, job_pid, job_draw, dir);
+    fl_label(f, parent, parent_seq, first_world);
+    if (gethostname(f->host, sizeof f->host - 1)) snprintf(f->host, sizeof f->host, "unknown");
+    f->name = (size_t)snprintf(f->path, sizeof f->path, "%s/", f->dir);
+    tally__flight_file_name(f->path + f->name, sizeof f->path - f->name, world_rank, f->label, f->job);
     if (depth <= 0 || !(f->ring = calloc((size_t)depth, sizeof *f->ring))) return;
     f->cap = (size_t)depth;
-    fl_pick_dir(f, world, job_host, job_pid, job_draw, dir);
-    if (world)
-        snprintf(f->label, sizeof f->label, "world");
-    else
-        snprintf(f->label, sizeof f->label, "comm%d-%d", ++fl_comms, first_world);
-    if (gethostname(f->host, sizeof f->host - 1)) snprintf(f->host, sizeof f->host, "unknown");
-    snprintf(f->path, sizeof f->path, "%s/rank%d.%s.flight", f->dir, world_rank, f->label);
-    f->name = strlen(f->dir) + 1;
     f->on = 1;
     fl_register(f);
+}
+
+void tally__flight_file_name(char *out, size_t n, int world_rank, const char *label, const char *job) {
+    snprintf(out, n, "rank%d.%s.%s.flight", world_rank, label, job);
+    for (char *c = out; *c; c++)
+        if (!isalnum((unsigned char)*c) && !strchr("._-", *c)) *c = '_';
 }
 
 void tally__flight_set_transport(tally__flight *f, const char *name) { f->transport = name; }
@@ -206,9 +214,10 @@ static void fl_flush(fl_buf *w) {
     w->n = 0;
 }
 
-/* Appends s; text (a message) has its line breaks turned to spaces, so it stays one line. */
-static void fl_put(fl_buf *w, const char *s, int text) {
-    for (; s && *s; s++) {
+/* Appends s; text (a message) has its line breaks turned to spaces, so it stays one line, and is cut
+ * after `text` bytes, so the line keeps within TALLY__FLIGHT_LINE. */
+static void fl_put(fl_buf *w, const char *s, size_t text) {
+    for (size_t k = 0; s && *s && (!text || k < text); s++, k++) {
         if (w->n == sizeof w->b) fl_flush(w);
         w->b[w->n++] = text && (*s == '\n' || *s == '\r') ? ' ' : *s;
     }
@@ -276,7 +285,9 @@ static void fl_entry(fl_buf *w, const tally__flight_entry *e) {
 }
 
 static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int culprit, const char *msg) {
-    fl_s(w, "tally-flight 1\n");
+    fl_s(w, "tally-flight ");
+    fl_u(w, TALLY__FLIGHT_FORMAT);
+    fl_s(w, "\n");
     fl_kv_s(w, "job", f->job);
     fl_kv_s(w, "label", f->label);
     fl_kv_i(w, "rank", f->rank);
@@ -289,7 +300,7 @@ static void fl_header(fl_buf *w, const tally__flight *f, const char *reason, int
     fl_kv_i(w, "culprit", culprit);
     fl_kv_i(w, "dumped_ns", (int64_t)fl_wall_ns());
     fl_s(w, "message ");
-    fl_put(w, msg && msg[0] ? msg : "-", 1);
+    fl_put(w, msg && msg[0] ? msg : "-", TALLY__FLIGHT_LINE - sizeof "message \n");
     fl_s(w, "\n");
 }
 

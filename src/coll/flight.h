@@ -15,6 +15,19 @@
 #define TALLY__FLIGHT_MAX  65536 /* tally_config.flight_depth's upper bound (TALLY_FLIGHT) */
 #define TALLY__FLIGHT_PATH 512
 #define TALLY__FLIGHT_JOB  96
+/* A record's bounds, which the writer keeps and the reader holds every file to (a record comes from a
+ * directory others may write in): a line of at most TALLY__FLIGHT_LINE bytes, its end included (an
+ * entry's at most TALLY__FLIGHT_ENTRY_LINE: 13 numbers and names of at most 20 characters), at most
+ * TALLY__FLIGHT_HEAD header lines, and so a file of at most TALLY__FLIGHT_FILE_MAX bytes. */
+/* The record format's version, its first line ("tally-flight 2"): 1, the first (a job line added later,
+ * optional), 2, a job line in every record, named for its job, within the bounds below. The reader reads
+ * every version up to this one and names a newer one rather than read it as one it knows. */
+#define TALLY__FLIGHT_FORMAT     2
+#define TALLY__FLIGHT_LINE       1024
+#define TALLY__FLIGHT_ENTRY_LINE 256
+#define TALLY__FLIGHT_HEAD       64
+#define TALLY__FLIGHT_FILE_MAX                                                                                         \
+    ((uint64_t)TALLY__FLIGHT_HEAD * TALLY__FLIGHT_LINE + (uint64_t)TALLY__FLIGHT_MAX * TALLY__FLIGHT_ENTRY_LINE)
 
 enum { TALLY__FL_RUNNING, TALLY__FL_DONE, TALLY__FL_FAILED };
 
@@ -37,11 +50,11 @@ typedef struct tally__flight {
     _Atomic int dumped;         /* written once: the first failure's records are the ones that explain it */
     _Atomic int written;        /* 0 not yet, 1 written, 1 + errno when the write failed */
     int rank, world_rank, size; /* world_rank: this rank in the world (a split's files name it so) */
-    char label[48];             /* "world", or "comm<K>-<world rank of its rank 0>" for a split */
+    char label[48];             /* "world", or "comm<K>-<world rank of its rank 0>" for a split (fl_label) */
     char host[64];
     const char *transport;
-    char job[TALLY__FLIGHT_JOB];        /* "<host of rank 0>-<its pid>-<its draw>": the same on all the job's ranks */
-    char path[TALLY__FLIGHT_PATH + 96]; /* the file it writes */
+    char job[TALLY__FLIGHT_JOB];         /* "<host of rank 0>-<its pid>-<its draw>": the same on all the job's ranks */
+    char path[TALLY__FLIGHT_PATH + 192]; /* the file it writes: dir, then tally__flight_file_name */
     char dir[TALLY__FLIGHT_PATH];
     size_t base;  /* dir + base: its last component (the directory made or checked; the rest must exist) */
     size_t name;  /* path + name: the file's name in dir */
@@ -60,13 +73,19 @@ enum {
 };
 
 /* Sets f up for a communicator (rank of size; world_rank, first_world: this rank's and rank 0's rank in
- * the world; job: rank 0's host name, pid and random draw (tally__peer.job), the same on every rank, for
- * the default directory and the records' job line; world: 1 for a world communicator, whose directory
- * and job the process's later communicators share; depth: entries kept, 0 none; dir: where to write, ""
- * for the default). Out of memory leaves it off. Registers it for the fatal-signal dump. */
-void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world, int world,
-                        const char *job_host, int job_pid, uint32_t job_draw, int depth, const char *dir);
+ * the world; parent: the recorder of the communicator it was split from, whose directory, job and label
+ * it takes its own from, NULL for a world; parent_seq: the parent's collectives so far, the same on all
+ * its ranks; job: rank 0's host name, pid and random draw (tally__peer.job), the same on every rank, for
+ * a world's default directory and its records' job line; depth: entries kept, 0 none; dir: where a world
+ * writes, "" for the default). Out of memory leaves it off. Registers it for the fatal-signal dump. */
+void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world,
+                        const tally__flight *parent, uint64_t parent_seq, const char *job_host, int job_pid,
+                        uint32_t job_draw, int depth, const char *dir);
 void tally__flight_set_transport(tally__flight *f, const char *name);
+/* The name a record is written under: rank<world rank>.<label>.<job>.flight, each character but
+ * [A-Za-z0-9._-] made '_' (a job names rank 0's host, which TALLY_HOST may spell with a '/'). The job
+ * keeps two jobs that share a directory (TALLY_FLIGHT_DIR=/tmp) from replacing each other's records. */
+void tally__flight_file_name(char *out, size_t n, int world_rank, const char *label, const char *job);
 void tally__flight_fini(tally__flight *f);
 /* A collective starts (its fingerprint stamped) and ends (rc 0, or its failure and the rank named). */
 void tally__flight_begin(tally__flight *f, const tally__sig *sig);
@@ -102,20 +121,29 @@ typedef struct tally__flight_skip {
     char why[512];
 } tally__flight_skip;
 
+/* What `tally flight` reads of one directory at most: files (the rest are counted, not read) and
+ * entries kept in memory (a file that would pass it is set aside): a world of TALLY__BOOT_MAX_SIZE ranks
+ * with the default depth and a few communicators fits. */
+#define TALLY__FLIGHT_FILES 16384
+#define TALLY__FLIGHT_KEPT  (1 << 22)
+
 typedef struct tally__flight_set {
     tally__flight_rank *r; /* [n], by label then rank: the records of one job */
     size_t n;
     char job[TALLY__FLIGHT_JOB]; /* that job ("" for records that name none) */
     tally__flight_skip *skip;    /* [n_skip], by name: every *.flight file set aside */
     size_t n_skip;
+    size_t n_unread;  /* *.flight names past TALLY__FLIGHT_FILES, not looked at */
+    size_t n_entries; /* entries of the records read, at most TALLY__FLIGHT_KEPT */
     unsigned dir_uid; /* the directory's owner: what its owner's files say is taken for the job's */
 } tally__flight_set;
 
 /* Loads the records of one job from the *.flight files in dir. A file is set aside (skip, with why)
  * when it is a symbolic link or not a regular file, belongs to a user who is neither the reader nor the
  * directory's owner (the job's ranks are one user, who owns the directory or writes into a shared one:
- * a stranger's file there is a forgery), is not a flight record, is of another job than the one most of
- * the records are of (ties: the one with rank 0's world record, then the newest), or repeats a
+ * a stranger's file there is a forgery), is not a flight record, is of another job than the one with
+ * records of the most ranks (distinct world ranks: one rank's records under several names count once;
+ * ties: the one with rank 0's world record, then the newest), or repeats a
  * communicator's rank (the file named for it is kept). TALLY_E_SYSTEM naming the directory when it
  * cannot be read, TALLY_E_NOMEM; a directory with no records is an empty set. */
 int tally__flight_load(const char *dir, tally__flight_set *s);

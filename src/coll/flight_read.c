@@ -13,11 +13,17 @@
 
 #include <tally.h>
 
+#include "../boot/boot.h"
 #include "../core/file.h"
+#include "../core/parse.h"
 #include "coll.h"
 #include "flight.h"
 
-/* ---- parsing ---------------------------------------------------------------------------------- */
+/* ---- parsing ----------------------------------------------------------------------------------- */
+
+/* A record is untrusted input: anyone who may write in the directory may have put it there. Every line
+ * is bounded, every number is parsed whole and in range, every name is one the writer writes, and what
+ * the reader allocates is bounded by TALLY__FLIGHT_MAX, never by what a file claims. */
 
 static int fl_name(const char *s, int lo, int hi, const char *(*name)(int)) {
     for (int k = lo; k <= hi; k++)
@@ -26,21 +32,128 @@ static int fl_name(const char *s, int lo, int hi, const char *(*name)(int)) {
 }
 static const char *fl_dtype(int k) { return tally_dtype_name((tally_dtype)k); }
 static const char *fl_op(int k) { return tally_op_name((tally_op)k); }
+static const char *fl_coll(int k) { return tally__coll_name(k); }
 
-static int fl_parse_entry(const char *line, tally__flight_entry *e) {
-    char coll[32], dtype[16], op[16], algo[16], state[16];
+typedef struct fl_parse {
+    char *p, *end; /* the text not yet read */
+    int line;      /* the number of the line last read */
+    int version;   /* the header's */
+    unsigned seen; /* header keys read (1 << FK_*) */
+    int head;      /* header lines read */
+    uint64_t want; /* entries the record says it holds */
+    size_t room;   /* entries the caller can still keep */
+    tally__flight_rank *r;
+    char *why;
+    size_t wn;
+} fl_parse;
+
+/* A record set aside: why names the line ("line 4: rank='-1' is out of range: ..."). */
+static int fl_bad(fl_parse *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fl_bad(fl_parse *x, const char *fmt, ...) {
+    int k = snprintf(x->why, x->wn, "not a flight record: line %d: ", x->line);
+    va_list ap;
+    va_start(ap, fmt);
+    if (k > 0 && (size_t)k < x->wn) vsnprintf(x->why + k, x->wn - (size_t)k, fmt, ap);
+    va_end(ap);
+    return TALLY_E_INVALID;
+}
+
+/* The strict parser's message (tally_last_error: "rank='x' is not a whole number: ...") as the reason. */
+static int fl_bad_value(fl_parse *x) { return fl_bad(x, "%s", tally_last_error()); }
+
+static int fl_int(fl_parse *x, const char *name, const char *v, long long lo, long long hi, long long *out) {
+    return tally__parse_int(name, v, lo, hi, out) ? fl_bad_value(x) : 0;
+}
+
+static int fl_u64(fl_parse *x, const char *name, const char *v, uint64_t *out) {
+    return tally__parse_u64(name, v, out) ? fl_bad_value(x) : 0;
+}
+
+/* The next line, its end made a NUL, or NULL at the end of the text (*rc 0) or at a line that breaks a
+ * bound (*rc TALLY_E_INVALID, with why). */
+static char *fl_line(fl_parse *x, int *rc) {
+    *rc = 0;
+    if (x->p == x->end) return NULL;
+    x->line++;
+    size_t left = (size_t)(x->end - x->p);
+    char *nl = memchr(x->p, '\n', left < TALLY__FLIGHT_LINE ? left : TALLY__FLIGHT_LINE);
+    if (!nl) {
+        *rc = left < TALLY__FLIGHT_LINE
+                  ? fl_bad(x, "it has no end: the record was cut short (a write interrupted?)")
+                  : fl_bad(x, "it is longer than %d bytes, which no record's line is", TALLY__FLIGHT_LINE - 1);
+        return NULL;
+    }
+    if (memchr(x->p, '\0', (size_t)(nl - x->p))) {
+        *rc = fl_bad(x, "it holds a NUL byte, which no record's line does");
+        return NULL;
+    }
+    char *line = x->p;
+    *nl = '\0';
+    x->p = nl + 1;
+    return line;
+}
+
+/* Lines in the text not yet read, a last one without its end included. */
+static uint64_t fl_lines_left(const fl_parse *x) {
+    uint64_t n = 0;
+    const char *q = x->p;
+    for (const char *nl; q < x->end && (nl = memchr(q, '\n', (size_t)(x->end - q))); q = nl + 1) n++;
+    return n + (q < x->end);
+}
+
+/* "tally-flight <version>": the versions this reader knows (TALLY__FLIGHT_FORMAT and older). */
+static int fl_parse_version(fl_parse *x, const char *line) {
+    static const char magic[] = "tally-flight ";
+    if (strncmp(line, magic, sizeof magic - 1))
+        return fl_bad(x, "it is not \"tally-flight <version>\", the first line of every record");
+    long long v;
+    if (tally__parse_int("version", line + sizeof magic - 1, 1, INT32_MAX, &v)) return fl_bad_value(x);
+    if (v > TALLY__FLIGHT_FORMAT)
+        return fl_bad(x,
+                      "format version %lld, newer than this tally reads (1 to %d): read it with the tally that "
+                      "wrote it",
+                      v, TALLY__FLIGHT_FORMAT);
+    x->version = (int)v;
+    return 0;
+}
+
+/* One entry: e seq coll count dtype op root algo state rc peer culprit begin_ns end_ns, each field
+ * parsed whole and in range (ranks below the record's size). */
+static int fl_parse_entry(fl_parse *x, char *line, tally__flight_entry *e) {
+    char *f[14];
+    int nf = 0;
+    for (char *q = line + 2; nf < 14; nf++) {
+        f[nf] = q;
+        q = strchr(q, ' ');
+        if (!q) {
+            nf++;
+            break;
+        }
+        *q++ = '\0';
+    }
+    if (nf > 13) return fl_bad(x, "an entry of more than 13 fields, where an entry has 13");
+    if (nf < 13) return fl_bad(x, "an entry of %d fields, where an entry has 13", nf);
+    for (int i = 0; i < 13; i++)
+        if (!f[i][0]) return fl_bad(x, "an entry with an empty field (field %d)", i + 1);
+    int size = x->r->size;
     uint64_t seq, count, b, end;
-    int root, rc, peer, culprit;
-    if (sscanf(line, "e %" SCNu64 " %31s %" SCNu64 " %15s %15s %d %15s %15s %d %d %d %" SCNu64 " %" SCNu64, &seq, coll,
-               &count, dtype, op, &root, algo, state, &rc, &peer, &culprit, &b, &end) != 13)
-        return -1;
-    int c = fl_name(coll, 0, TALLY__COLL_COUNT - 1, tally__coll_name),
-        d = fl_name(dtype, 0, TALLY_DTYPE_COUNT - 1, fl_dtype), o = fl_name(op, 0, TALLY_OP_COUNT - 1, fl_op),
-        a = tally__algo_parse(algo), st = fl_name(state, TALLY__FL_RUNNING, TALLY__FL_FAILED, tally__flight_state_name);
-    if (c < 0 || d < 0 || o < 0 || a < 0 || st < 0) return -1;
+    long long root, rc, peer, culprit;
+    int c, d, o, a, st;
+    int bad = fl_u64(x, "seq", f[0], &seq) || fl_u64(x, "count", f[2], &count) ||
+              fl_int(x, "root", f[5], -1, size - 1, &root) || fl_int(x, "rc", f[8], INT32_MIN, 0, &rc) ||
+              fl_int(x, "peer", f[9], -1, size - 1, &peer) || fl_int(x, "culprit", f[10], -1, size - 1, &culprit) ||
+              fl_u64(x, "begin_ns", f[11], &b) || fl_u64(x, "end_ns", f[12], &end);
+    if (bad) return TALLY_E_INVALID;
+    if (seq == 0) return fl_bad(x, "seq 0: a communicator's collectives are numbered from 1");
+    if ((c = fl_name(f[1], 0, TALLY__COLL_COUNT - 1, fl_coll)) < 0) return fl_bad(x, "'%.32s' is no collective", f[1]);
+    if ((d = fl_name(f[3], 0, TALLY_DTYPE_COUNT - 1, fl_dtype)) < 0) return fl_bad(x, "'%.32s' is no dtype", f[3]);
+    if ((o = fl_name(f[4], 0, TALLY_OP_COUNT - 1, fl_op)) < 0) return fl_bad(x, "'%.32s' is no op", f[4]);
+    if ((a = tally__algo_parse(f[6])) < 0) return fl_bad(x, "'%.32s' is no algorithm", f[6]);
+    if ((st = fl_name(f[7], TALLY__FL_RUNNING, TALLY__FL_FAILED, tally__flight_state_name)) < 0)
+        return fl_bad(x, "'%.32s' is no state (running, done or failed)", f[7]);
     *e = (tally__flight_entry){.sig = {.seq = seq,
                                        .count = count,
-                                       .root = root,
+                                       .root = (int32_t)root,
                                        .coll = (uint8_t)c,
                                        .dtype = (uint8_t)d,
                                        .op = (uint8_t)o,
@@ -48,26 +161,110 @@ static int fl_parse_entry(const char *line, tally__flight_entry *e) {
                                .begin_ns = b,
                                .end_ns = end,
                                .state = st,
-                               .rc = rc,
-                               .peer = peer,
-                               .culprit = culprit};
+                               .rc = (int32_t)rc,
+                               .peer = (int32_t)peer,
+                               .culprit = (int32_t)culprit};
     return 0;
 }
 
-/* A header line "key value": fills the field it names; unknown keys are skipped (newer writers). */
-static void fl_parse_key(tally__flight_rank *r, const char *k, const char *v) {
-    if (!strcmp(k, "job")) snprintf(r->job, sizeof r->job, "%s", v);
-    if (!strcmp(k, "label")) snprintf(r->label, sizeof r->label, "%s", v);
-    if (!strcmp(k, "host")) snprintf(r->host, sizeof r->host, "%s", v);
-    if (!strcmp(k, "transport")) snprintf(r->transport, sizeof r->transport, "%s", v);
-    if (!strcmp(k, "reason")) snprintf(r->reason, sizeof r->reason, "%s", v);
-    if (!strcmp(k, "message")) snprintf(r->msg, sizeof r->msg, "%s", v);
-    if (!strcmp(k, "rank")) r->rank = atoi(v);
-    if (!strcmp(k, "world_rank")) r->world_rank = atoi(v);
-    if (!strcmp(k, "size")) r->size = atoi(v);
-    if (!strcmp(k, "pid")) r->pid = atoi(v);
-    if (!strcmp(k, "culprit")) r->culprit = atoi(v);
-    if (!strcmp(k, "dumped_ns")) r->dumped_ns = strtoull(v, NULL, 10);
+enum {
+    FK_JOB,
+    FK_LABEL,
+    FK_HOST,
+    FK_TRANSPORT,
+    FK_REASON,
+    FK_MESSAGE,
+    FK_RANK,
+    FK_WORLD_RANK,
+    FK_SIZE,
+    FK_PID,
+    FK_CULPRIT,
+    FK_DUMPED,
+    FK_ENTRIES,
+    FK_COUNT
+};
+static const char *const fl_keys[FK_COUNT] = {"job",     "label",     "host",       "transport", "reason",
+                                              "message", "rank",      "world_rank", "size",      "pid",
+                                              "culprit", "dumped_ns", "entries"};
+
+/* A text value: not empty, and whole in its field (a message alone may be cut to fit: it is only shown). */
+static int fl_text(fl_parse *x, int k, const char *v, char *to, size_t cap) {
+    if (!v[0]) return fl_bad(x, "its %s is empty", fl_keys[k]);
+    if (k != FK_MESSAGE && strlen(v) >= cap)
+        return fl_bad(x, "its %s is longer than %zu characters, which no writer's is", fl_keys[k], cap - 1);
+    snprintf(to, cap, "%s", v);
+    return 0;
+}
+
+/* "entries N": at most TALLY__FLIGHT_MAX (a ring's largest), after the size the entries' ranks are
+ * checked against, no more than the lines that follow and the room the caller has; the array is then
+ * allocated once. */
+static int fl_parse_entries(fl_parse *x, const char *v) {
+    long long n;
+    if (!(x->seen & (1u << FK_SIZE))) return fl_bad(x, "entries come before the size their ranks are checked against");
+    if (fl_int(x, "entries", v, 0, TALLY__FLIGHT_MAX, &n)) return TALLY_E_INVALID;
+    uint64_t left = fl_lines_left(x);
+    if ((uint64_t)n > left)
+        return fl_bad(x, "entries %lld, but %llu line(s) follow: the record was cut short (a write interrupted?)", n,
+                      (unsigned long long)left);
+    if ((uint64_t)n > x->room)
+        return fl_bad(x,
+                      "entries %lld, more than the %zu the reader has room for after the records before it (it "
+                      "keeps at most %d entries of a directory)",
+                      n, x->room, TALLY__FLIGHT_KEPT);
+    x->want = (uint64_t)n;
+    if (n && !(x->r->e = malloc((size_t)n * sizeof *x->r->e)))
+        return tally__seterr(TALLY_E_NOMEM, "out of memory for %lld entries of %s", n, x->r->file);
+    return 0;
+}
+
+/* A header line "key value". A key no writer repeats is refused the second time; an unknown key is
+ * skipped (a newer writer's, of the same format version). */
+static int fl_parse_key(fl_parse *x, char *line) {
+    tally__flight_rank *r = x->r;
+    char *sp = strchr(line, ' ');
+    if (!sp) return fl_bad(x, "'%.40s' is neither \"key value\" nor an entry", line);
+    *sp = '\0';
+    const char *v = sp + 1;
+    int k = 0;
+    while (k < FK_COUNT && strcmp(line, fl_keys[k])) k++;
+    if (k == FK_COUNT) return 0;
+    if (x->seen & (1u << k)) return fl_bad(x, "a second %s line", fl_keys[k]);
+    x->seen |= 1u << k;
+    long long i = 0;
+    int bad = 0;
+    switch (k) {
+    case FK_JOB: return fl_text(x, k, v, r->job, sizeof r->job);
+    case FK_LABEL: return fl_text(x, k, v, r->label, sizeof r->label);
+    case FK_HOST: return fl_text(x, k, v, r->host, sizeof r->host);
+    case FK_TRANSPORT: return fl_text(x, k, v, r->transport, sizeof r->transport);
+    case FK_REASON: return fl_text(x, k, v, r->reason, sizeof r->reason);
+    case FK_MESSAGE: return fl_text(x, k, v, r->msg, sizeof r->msg);
+    case FK_DUMPED: return fl_u64(x, "dumped_ns", v, &r->dumped_ns);
+    case FK_ENTRIES: return fl_parse_entries(x, v);
+    case FK_RANK: bad = fl_int(x, "rank", v, 0, TALLY__BOOT_MAX_SIZE - 1, &i), r->rank = (int)i; break;
+    case FK_WORLD_RANK:
+        bad = fl_int(x, "world_rank", v, 0, TALLY__BOOT_MAX_SIZE - 1, &i), r->world_rank = (int)i;
+        break;
+    case FK_SIZE: bad = fl_int(x, "size", v, 1, TALLY__BOOT_MAX_SIZE, &i), r->size = (int)i; break;
+    case FK_PID: bad = fl_int(x, "pid", v, 1, INT32_MAX, &i), r->pid = (int)i; break;
+    case FK_CULPRIT: bad = fl_int(x, "culprit", v, -1, TALLY__BOOT_MAX_SIZE - 1, &i), r->culprit = (int)i; break;
+    }
+    return bad ? TALLY_E_INVALID : 0;
+}
+
+/* One line after the first: an entry (after "entries", no more than it said) or a header line. */
+static int fl_parse_line(fl_parse *x, char *line) {
+    if (line[0] == 'e' && line[1] == ' ') {
+        if (!(x->seen & (1u << FK_ENTRIES))) return fl_bad(x, "an entry before the line \"entries N\"");
+        if (x->r->n == x->want)
+            return fl_bad(x, "more entry lines than \"entries %llu\" says", (unsigned long long)x->want);
+        if (strlen(line) >= TALLY__FLIGHT_ENTRY_LINE)
+            return fl_bad(x, "an entry longer than %d bytes, which no entry is", TALLY__FLIGHT_ENTRY_LINE - 1);
+        return fl_parse_entry(x, line, &x->r->e[x->r->n++]) ? TALLY_E_INVALID : 0;
+    }
+    if (++x->head > TALLY__FLIGHT_HEAD) return fl_bad(x, "more than %d header lines", TALLY__FLIGHT_HEAD);
+    return fl_parse_key(x, line);
 }
 
 static int fl_by_seq(const void *a, const void *b) {
@@ -75,46 +272,48 @@ static int fl_by_seq(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* A record that does not parse: the reason goes to the caller's list of files set aside. */
-static int fl_bad(char *why, size_t n, const char *what) {
-    snprintf(why, n, "not a flight record: %.200s", what);
-    return TALLY_E_INVALID;
+/* What the whole record must hold: its label, rank below its size, every entry it said, each
+ * collective once. */
+static int fl_parse_check(fl_parse *x) {
+    tally__flight_rank *r = x->r;
+    x->line++; /* past the last line: "line N" is where the missing thing was due */
+    if (!(x->seen & (1u << FK_ENTRIES)) || r->n != x->want)
+        return x->seen & (1u << FK_ENTRIES)
+                   ? fl_bad(x, "\"entries %llu\", but %zu entry line(s): the record was cut short",
+                            (unsigned long long)x->want, r->n)
+                   : fl_bad(x, "no line \"entries N\" (a write cut short?)");
+    if (!(x->seen & (1u << FK_LABEL))) return fl_bad(x, "no label line");
+    if (x->version >= 2 && !(x->seen & (1u << FK_JOB)))
+        return fl_bad(x, "no job line, which every record of format version 2 has");
+    if (!(x->seen & (1u << FK_RANK)) || r->rank >= r->size)
+        return fl_bad(x, "no rank below its size (rank %d of %d)", r->rank, r->size);
+    if (!(x->seen & (1u << FK_WORLD_RANK))) r->world_rank = r->rank; /* records before splits */
+    if (r->n) qsort(r->e, r->n, sizeof *r->e, fl_by_seq);            /* none: e is NULL, which qsort may not take */
+    for (size_t i = 1; i < r->n; i++)
+        if (r->e[i].sig.seq == r->e[i - 1].sig.seq)
+            return fl_bad(x, "two entries of collective #%llu", (unsigned long long)r->e[i].sig.seq);
+    return 0;
 }
 
-static int fl_parse_file(FILE *in, const char *name, tally__flight_rank *r, char *why, size_t wn) {
-    char line[2048];
+/* Parses text (size bytes, NUL after them) into r; TALLY_E_INVALID with why when it is not a record,
+ * TALLY_E_NOMEM. room: the entries r may hold. */
+static int fl_parse_file(char *text, size_t size, const char *name, size_t room, tally__flight_rank *r, char *why,
+                         size_t wn) {
     memset(r, 0, sizeof *r);
     r->culprit = -1;
     snprintf(r->file, sizeof r->file, "%s", name);
-    if (!fgets(line, sizeof line, in) || strncmp(line, "tally-flight 1", 14)) return fl_bad(why, wn, "no header");
-    size_t want = 0, cap = 0;
-    int have_entries = 0;
-    while (fgets(line, sizeof line, in)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (line[0] == 'e' && line[1] == ' ') {
-            if (r->n == cap) {
-                cap = cap ? 2 * cap : 64;
-                tally__flight_entry *e = realloc(r->e, cap * sizeof *e);
-                if (!e) return tally__seterr(TALLY_E_NOMEM, "out of memory reading %s", name);
-                r->e = e;
-            }
-            if (fl_parse_entry(line, &r->e[r->n])) return fl_bad(why, wn, line);
-            r->n++;
-            continue;
-        }
-        char *sp = strchr(line, ' ');
-        if (!sp) continue;
-        *sp = '\0';
-        if (!strcmp(line, "entries")) {
-            want = strtoull(sp + 1, NULL, 10);
-            have_entries = 1;
-        }
-        fl_parse_key(r, line, sp + 1);
+    fl_parse x = {.p = text, .end = text + size, .room = room, .r = r, .why = why, .wn = wn};
+    int rc;
+    char *line = fl_line(&x, &rc);
+    if (!line && !rc) {
+        snprintf(why, wn, "not a flight record: the file is empty");
+        return TALLY_E_INVALID;
     }
-    if (!have_entries || r->n != want) return fl_bad(why, wn, "entries missing (a write cut short?)");
-    if (!r->label[0] || r->size <= 0 || r->rank < 0 || r->rank >= r->size) return fl_bad(why, wn, "no rank");
-    if (r->n) qsort(r->e, r->n, sizeof *r->e, fl_by_seq); /* none: e is NULL, which qsort may not take */
-    return 0;
+    if (!line) return rc;
+    if ((rc = fl_parse_version(&x, line))) return rc;
+    while ((line = fl_line(&x, &rc)))
+        if ((rc = fl_parse_line(&x, line))) return rc;
+    return rc ? rc : fl_parse_check(&x);
 }
 
 static int fl_by_label_rank(const void *a, const void *b) {
@@ -143,15 +342,55 @@ static int fl_skip(tally__flight_set *s, const char *name, const char *fmt, ...)
     return 0;
 }
 
+/* The file set aside with the library's message about it, less the "<name>: " it starts with. */
+static int fl_skip_err(tally__flight_set *s, const char *name) {
+    const char *msg = tally_last_error(); /* "<name>: is a symbolic link; ..." */
+    size_t k = strlen(name);
+    return fl_skip(s, name, "%s", !strncmp(msg, name, k) && !strncmp(msg + k, ": ", 2) ? msg + k + 2 : msg);
+}
+
+/* The file open at fd, read whole (it is at most TALLY__FLIGHT_FILE_MAX bytes), parsed into s->r, or
+ * set aside with why; an error only for want of memory. */
+static int fl_read_one(int fd, const struct stat *st, const char *name, tally__flight_set *s) {
+    if ((uint64_t)st->st_size > TALLY__FLIGHT_FILE_MAX) {
+        close(fd);
+        return fl_skip(s, name,
+                       "is %llu bytes, larger than any flight record can be (%llu bytes: %d entries): not read",
+                       (unsigned long long)st->st_size, (unsigned long long)TALLY__FLIGHT_FILE_MAX, TALLY__FLIGHT_MAX);
+    }
+    unsigned char *text;
+    int rc = tally__file_read_all(fd, name, (uint64_t)st->st_size, &text);
+    close(fd);
+    if (rc == TALLY_E_NOMEM) return rc;
+    if (rc) return fl_skip_err(s, name);
+    tally__flight_rank *grown = realloc(s->r, (s->n + 1) * sizeof *s->r);
+    if (!grown) {
+        free(text);
+        return tally__seterr(TALLY_E_NOMEM, "out of memory");
+    }
+    s->r = grown;
+    char why[512];
+    size_t room = TALLY__FLIGHT_KEPT - s->n_entries;
+    rc = fl_parse_file((char *)text, (size_t)st->st_size, name, room, &s->r[s->n], why, sizeof why);
+    free(text);
+    if (rc) {
+        free(s->r[s->n].e);
+        return rc == TALLY_E_INVALID ? fl_skip(s, name, "%s", why) : rc;
+    }
+    s->n_entries += s->r[s->n].n;
+    s->n++;
+    return 0;
+}
+
 /* Reads one file into s->r, or sets it aside with why; an error only for want of memory. */
-static int fl_load_one(int dfd, const char *dir, const char *name, uid_t dir_uid, tally__flight_set *s) {
+static int fl_load_one(int dfd, const char *name, uid_t dir_uid, tally__flight_set *s) {
+    if (s->n + s->n_skip >= TALLY__FLIGHT_FILES) {
+        s->n_unread++; /* counted, not listed: a directory of a million names costs no memory */
+        return 0;
+    }
     int fd;
     struct stat st;
-    if (tally__file_open_read_nofollow(dfd, name, name, &fd, &st)) {
-        const char *msg = tally_last_error(); /* "<name>: is a symbolic link; ..." */
-        size_t k = strlen(name);
-        return fl_skip(s, name, "%s", !strncmp(msg, name, k) && !strncmp(msg + k, ": ", 2) ? msg + k + 2 : msg);
-    }
+    if (tally__file_open_read_nofollow(dfd, name, name, &fd, &st)) return fl_skip_err(s, name);
     uid_t me = geteuid();
     if (st.st_uid != me && st.st_uid != dir_uid) {
         close(fd);
@@ -160,105 +399,144 @@ static int fl_load_one(int dfd, const char *dir, const char *name, uid_t dir_uid
                        "ranks did not write it",
                        (unsigned)st.st_uid, (unsigned)me, (unsigned)dir_uid);
     }
-    FILE *in = fdopen(fd, "r");
-    if (!in) {
-        close(fd);
-        return tally__seterr(TALLY_E_NOMEM, "cannot read %s/%s", dir, name);
-    }
-    tally__flight_rank *grown = realloc(s->r, (s->n + 1) * sizeof *s->r);
-    if (!grown) {
-        fclose(in);
-        return tally__seterr(TALLY_E_NOMEM, "out of memory");
-    }
-    s->r = grown;
-    char why[256];
-    int rc = fl_parse_file(in, name, &s->r[s->n], why, sizeof why);
-    fclose(in);
-    if (rc) {
-        free(s->r[s->n].e);
-        return rc == TALLY_E_INVALID ? fl_skip(s, name, "%s", why) : rc;
-    }
-    s->n++;
-    return 0;
+    return fl_read_one(fd, &st, name, s);
 }
 
-/* Records of job j, those of it with rank 0's world record, and the newest of them. */
-static void fl_job_votes(const tally__flight_set *s, const char *j, size_t *count, int *has_root, uint64_t *newest) {
-    *count = 0;
-    *has_root = 0;
-    *newest = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        if (strcmp(s->r[i].job, j)) continue;
-        ++*count;
-        *has_root |= s->r[i].rank == 0 && !strcmp(s->r[i].label, "world");
-        if (s->r[i].dumped_ns > *newest) *newest = s->r[i].dumped_ns;
-    }
+/* What speaks for a job: the ranks it has records of (distinct world ranks: one rank's records under
+ * several names or of several communicators count once), whether rank 0's world record is among them,
+ * and its newest. */
+typedef struct fl_vote {
+    size_t ranks;
+    int root;
+    uint64_t newest;
+} fl_vote;
+
+static int fl_by_job_rank(const void *a, const void *b) {
+    const tally__flight_rank *x = a, *y = b;
+    int c = strcmp(x->job, y->job);
+    return c ? c : (x->world_rank > y->world_rank) - (x->world_rank < y->world_rank);
 }
 
-/* The job most records are of (ties: the one with rank 0's world record, then the newest). */
-static void fl_pick_job(tally__flight_set *s) {
-    size_t best_n = 0;
-    int best_root = 0;
-    uint64_t best_t = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        size_t n;
-        int root;
-        uint64_t t;
-        fl_job_votes(s, s->r[i].job, &n, &root, &t);
-        if (n > best_n || (n == best_n && (root > best_root || (root == best_root && t > best_t)))) {
-            best_n = n, best_root = root, best_t = t;
+/* The run of s->r (sorted by job, then world rank) from i that is one job: its end, and its vote. */
+static size_t fl_job_run(const tally__flight_set *s, size_t i, fl_vote *v) {
+    *v = (fl_vote){0};
+    size_t j = i;
+    for (; j < s->n && !strcmp(s->r[j].job, s->r[i].job); j++) {
+        const tally__flight_rank *r = &s->r[j];
+        v->ranks += j == i || r->world_rank != s->r[j - 1].world_rank;
+        v->root |= r->rank == 0 && !strcmp(r->label, "world");
+        if (r->dumped_ns > v->newest) v->newest = r->dumped_ns;
+    }
+    return j;
+}
+
+static int fl_vote_beats(const fl_vote *a, const fl_vote *b) {
+    if (a->ranks != b->ranks) return a->ranks > b->ranks;
+    if (a->root != b->root) return a->root > b->root;
+    return a->newest > b->newest;
+}
+
+/* The job whose records come from the most ranks (ties: the one with rank 0's world record, then the
+ * newest); s->r is left sorted by job. */
+static void fl_pick_job(tally__flight_set *s, fl_vote *best) {
+    qsort(s->r, s->n, sizeof *s->r, fl_by_job_rank);
+    for (size_t i = 0, j; i < s->n; i = j) {
+        fl_vote v;
+        j = fl_job_run(s, i, &v);
+        if (i == 0 || fl_vote_beats(&v, best)) {
+            *best = v;
             snprintf(s->job, sizeof s->job, "%s", s->r[i].job);
         }
     }
 }
 
-static void fl_drop(tally__flight_set *s, size_t i) {
-    free(s->r[i].e);
-    s->r[i] = s->r[--s->n];
+/* Drops the records drop[] marks (freeing their entries), the others kept in order. */
+static void fl_compact(tally__flight_set *s, const unsigned char *drop) {
+    size_t kept = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (drop[i])
+            free(s->r[i].e);
+        else
+            s->r[kept++] = s->r[i];
+    s->n = kept;
 }
 
-/* 1 when r's file is the one the writer names for it: rank<world rank>.<label>.flight. */
+/* Sets aside the records of every job but the one picked. */
+static int fl_other_jobs(tally__flight_set *s, const fl_vote *best, unsigned char *drop) {
+    char ours[TALLY__FLIGHT_JOB + 16];
+    snprintf(ours, sizeof ours, "%s", s->job[0] ? s->job : "none named");
+    for (size_t i = 0, j; i < s->n; i = j) {
+        fl_vote v;
+        j = fl_job_run(s, i, &v);
+        if (!strcmp(s->r[i].job, s->job)) continue;
+        char theirs[TALLY__FLIGHT_JOB + 32];
+        snprintf(theirs, sizeof theirs, "%s", s->r[i].job[0] ? s->r[i].job : "none named: an older tally's");
+        for (size_t k = i; k < j; k++) {
+            drop[k] = 1;
+            int rc = fl_skip(s, s->r[k].file,
+                             "of another job (%s, with records of %zu rank(s)), not of job %s, the one read (records "
+                             "of %zu rank(s))",
+                             theirs, v.ranks, ours, best->ranks);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+/* 2 when r's file is the name the writer gives it (tally__flight_file_name), 1 when it is the name an
+ * older writer gave it (rank<world rank>.<label>.flight, no job), else 0. */
 static int fl_named_for(const tally__flight_rank *r) {
-    char want[128];
+    char want[256];
+    tally__flight_file_name(want, sizeof want, r->world_rank, r->label, r->job);
+    if (r->job[0] && !strcmp(r->file, want)) return 2;
     snprintf(want, sizeof want, "rank%d.%s.flight", r->world_rank, r->label);
     return !strcmp(r->file, want);
 }
 
-/* Keeps the records of the job picked; sets aside the others and the second record of a rank. */
-static int fl_keep_job(tally__flight_set *s) {
-    fl_pick_job(s);
-    size_t total = s->n, mine;
-    int root;
-    uint64_t t;
-    fl_job_votes(s, s->job, &mine, &root, &t);
-    for (size_t i = s->n; i-- > 0;) {
-        const tally__flight_rank *r = &s->r[i];
-        if (!strcmp(r->job, s->job)) continue;
-        char theirs[TALLY__FLIGHT_JOB + 16], ours[TALLY__FLIGHT_JOB + 16];
-        snprintf(theirs, sizeof theirs, "%s", r->job[0] ? r->job : "none named: an older tally's");
-        snprintf(ours, sizeof ours, "%s", s->job[0] ? s->job : "none named");
-        int rc = fl_skip(s, r->file, "of another job (%s), not of job %s, which %zu of the %zu files read are of",
-                         theirs, ours, mine, total);
-        if (rc) return rc;
-        fl_drop(s, i);
-    }
-    for (size_t i = 0; i < s->n; i++)
-        for (size_t j = i + 1; j < s->n; j++) {
-            tally__flight_rank *a = &s->r[i], *b = &s->r[j];
-            if (a->rank != b->rank || strcmp(a->label, b->label)) continue;
-            /* the one named for its rank stays; else the first by name */
-            int na = fl_named_for(a), nb = fl_named_for(b);
-            if (nb > na || (nb == na && strcmp(b->file, a->file) < 0)) {
-                tally__flight_rank x = *a;
-                *a = *b;
-                *b = x;
-            }
-            int rc = fl_skip(s, b->file, "a second record of rank %d of communicator %s (%s is the one read)", b->rank,
-                             b->label, a->file);
-            if (rc) return rc;
-            fl_drop(s, j--);
+/* By communicator (the world first) and rank; of one rank's records, the one named for it first, then
+ * by name. */
+static int fl_by_label_rank_name(const void *a, const void *b) {
+    const tally__flight_rank *x = a, *y = b;
+    int c = fl_by_label_rank(a, b);
+    if (c) return c;
+    int nx = fl_named_for(x), ny = fl_named_for(y);
+    return nx != ny ? ny - nx : strcmp(x->file, y->file);
+}
+
+/* Sets aside a second record of a communicator's rank (s->r sorted by fl_by_label_rank_name). */
+static int fl_repeats(tally__flight_set *s, unsigned char *drop) {
+    for (size_t i = 1, first = 0; i < s->n; i++) {
+        const tally__flight_rank *a = &s->r[first], *b = &s->r[i];
+        if (a->rank != b->rank || strcmp(a->label, b->label)) {
+            first = i;
+            continue;
         }
+        drop[i] = 1;
+        int rc = fl_skip(s, b->file, "a second record of rank %d of communicator %s (%s is the one read)", b->rank,
+                         b->label, a->file);
+        if (rc) return rc;
+    }
     return 0;
+}
+
+/* Keeps the records of the job picked, one per communicator's rank, by communicator and rank; sets
+ * aside the others, naming why. */
+static int fl_keep_job(tally__flight_set *s) {
+    if (!s->n) return 0;
+    unsigned char *drop = calloc(s->n, 1);
+    if (!drop) return tally__seterr(TALLY_E_NOMEM, "out of memory");
+    fl_vote best = {0};
+    fl_pick_job(s, &best);
+    int rc = fl_other_jobs(s, &best, drop);
+    if (!rc) {
+        fl_compact(s, drop);
+        memset(drop, 0, s->n);
+        qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank_name);
+        rc = fl_repeats(s, drop);
+    }
+    if (!rc) fl_compact(s, drop);
+    free(drop);
+    return rc;
 }
 
 static int fl_by_file(const void *a, const void *b) {
@@ -284,14 +562,13 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
     }
     struct dirent *de;
     while (!rc && (de = readdir(d)))
-        if (fl_is_record(de->d_name)) rc = fl_load_one(dirfd(d), dir, de->d_name, dst.st_uid, s);
+        if (fl_is_record(de->d_name)) rc = fl_load_one(dirfd(d), de->d_name, dst.st_uid, s);
     closedir(d);
     if (!rc) rc = fl_keep_job(s);
     if (rc) {
         tally__flight_set_free(s);
         return rc;
     }
-    if (s->n) qsort(s->r, s->n, sizeof *s->r, fl_by_label_rank);
     if (s->n_skip) qsort(s->skip, s->n_skip, sizeof *s->skip, fl_by_file);
     return 0;
 }

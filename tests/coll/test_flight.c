@@ -1,6 +1,7 @@
 /* test_flight.c - the flight recorder: a rank stopped with SIGSTOP (shm and tcp), a mismatched call, a
  * rank that died and one that aborted on a signal each leave records from which `tally flight` names it;
  * the ring keeps the last K; TALLY_FLIGHT=0 keeps none; the verdict on hand-written records. */
+#include <dirent.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -79,11 +80,21 @@ static int file_exists(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The path of rank `rank`'s world record in S->dir (rank<R>.world.<job>.flight), or where it would be
+ * when there is none. */
 static const char *record_of(int rank) {
     static char p[4][512];
     static int k;
-    char *out = p[k++ % 4];
-    snprintf(out, 512, "%s/rank%d.world.flight", S->dir, rank);
+    char *out = p[k++ % 4], prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "rank%d.world.", rank);
+    snprintf(out, 512, "%s/%s(none).flight", S->dir, prefix);
+    DIR *d = opendir(S->dir);
+    for (struct dirent *de; d && (de = readdir(d));) {
+        size_t len = strlen(de->d_name);
+        if (!strncmp(de->d_name, prefix, (size_t)n) && len > 7 && !strcmp(de->d_name + len - 7, ".flight"))
+            snprintf(out, 512, "%s/%s", S->dir, de->d_name);
+    }
+    if (d) closedir(d);
     return out;
 }
 
@@ -322,6 +333,101 @@ static void every_name_reads_back(void) {
     th_rm_dir(dir);
 }
 
+/* ---- each communicator's own directory, job and name --------------------------------------------- */
+
+/* The records in d: how many, and whether each names job `job` (NULL: any). */
+static int records_in(const char *d, const char *job, char labels[][48], int max) {
+    tally__flight_set set;
+    if (tally__flight_load(d, &set)) return -1;
+    int n = (int)set.n;
+    for (size_t i = 0; i < set.n; i++) {
+        if (job && strcmp(set.r[i].job, job)) n = -100;
+        if ((int)i < max) snprintf(labels[i], 48, "%s", set.r[i].label);
+    }
+    if (set.n_skip) n = -200 - (int)set.n_skip; /* a record set aside: a second one of a rank */
+    tally__flight_set_free(&set);
+    return n;
+}
+
+static int world_of(tally_comm **c, const char *d) {
+    tally_config cfg = TALLY_CONFIG_INIT;
+    cfg.rank = 0;
+    cfg.size = 1;
+    snprintf(cfg.flight_dir, sizeof cfg.flight_dir, "%s", d);
+    return tally_comm_init_config(c, &cfg);
+}
+
+/* Two worlds in one process (a test harness, a library that makes its own): a split of the first made
+ * after the second writes beside the first, with its job, and two splits of it made around the second
+ * world have names of their own. */
+static void two_worlds(void) {
+    char da[128], db[128], job[TALLY__FLIGHT_JOB] = "", labels[8][48];
+    snprintf(da, sizeof da, "/tmp/tally-test-flight-wa-%d", (int)getpid());
+    snprintf(db, sizeof db, "/tmp/tally-test-flight-wb-%d", (int)getpid());
+    th_rm_dir(da);
+    th_rm_dir(db);
+    tally_comm *a = NULL, *b = NULL, *a1 = NULL, *a2 = NULL, *a11 = NULL;
+    int rc = world_of(&a, da);
+    if (!rc) rc = tally_comm_split(a, 0, 0, &a1);
+    if (!rc) rc = world_of(&b, db);
+    if (!rc) rc = tally_comm_split(a, 0, 0, &a2);
+    if (!rc) rc = tally_comm_split(a1, 0, 0, &a11);
+    TH_CHECK(rc == 0, "two worlds: %s", tally_last_error());
+    tally_comm *abort_them[] = {a, a1, a2, a11};
+    for (int i = 3; i >= 0; i--)
+        if (abort_them[i]) tally_comm_abort(abort_them[i]); /* each writes its records, and is freed */
+    tally__flight_set set;
+    if (!tally__flight_load(da, &set)) {
+        for (size_t i = 0; i < set.n; i++)
+            if (!strcmp(set.r[i].label, "world")) snprintf(job, sizeof job, "%s", set.r[i].job);
+        tally__flight_set_free(&set);
+    }
+    int n = records_in(da, job, labels, 8);
+    TH_CHECK(job[0] && n == 4,
+             "two worlds: %d records of the first world's job (%s) in its directory, want 4 "
+             "(the world and its 3 splits, each its own)",
+             n, job);
+    for (int i = 0; i < n && n <= 8; i++) printf("  two worlds: a communicator of the first: %s\n", labels[i]);
+    TH_CHECK(records_in(db, NULL, labels, 8) <= 0, "two worlds: the second world's directory holds records of the "
+                                                   "first's communicators");
+    if (b) tally_comm_free(b);
+    th_rm_dir(da);
+    th_rm_dir(db);
+}
+
+/* Ranks that made different numbers of communicators (rank 1 stays out of a split) give the next
+ * communicator they make together one name: its records read as one communicator. */
+static int labels_rank(int rank, int n, void *arg) {
+    (void)n;
+    (void)arg;
+    tally_comm *w, *some = NULL, *all = NULL;
+    if (tally_comm_init(&w)) return 2;
+    int rc = tally_comm_split(w, rank == 1 ? -1 : 0, 0, &some);
+    if (!rc) rc = tally_comm_split(w, 0, 0, &all);
+    if (rc) {
+        fprintf(stderr, "rank %d: %s\n", rank, tally_last_error());
+        return 3;
+    }
+    tally_comm_abort(all); /* writes its records, and frees it */
+    if (some) tally_comm_free(some);
+    tally_comm_free(w);
+    return 0;
+}
+
+static void split_labels(void) {
+    memset(S, 0, sizeof *S);
+    snprintf(S->dir, sizeof S->dir, "/tmp/tally-test-flight-labels-%d", (int)getpid());
+    th_rm_dir(S->dir);
+    th_opts o = {.transport = "shm", .timeout_s = 5, .wall_s = 60, .child_env = flight_env};
+    int bad = th_run(2, &o, labels_rank, NULL);
+    char labels[8][48];
+    int n = records_in(S->dir, NULL, labels, 8);
+    TH_CHECK(bad == 0 && n == 2 && !strcmp(labels[0], labels[1]),
+             "split labels: %d rank(s) failed, %d records, labels %s and %s: want one communicator's two", bad, n,
+             n > 0 ? labels[0] : "-", n > 1 ? labels[1] : "-");
+    th_rm_dir(S->dir);
+}
+
 int main(void) {
     S = th_shared_alloc(sizeof *S);
     if (th_quick()) {
@@ -333,6 +439,8 @@ int main(void) {
         died(K_EXIT);
         died(K_ABORT);
         ring_and_off();
+        two_worlds();
+        split_labels();
     }
     if (th_long()) stopped("tcp");
     return th_verdict("test_flight");

@@ -64,7 +64,7 @@ static int count_files(const char *dir) {
  * default), with collectives #1..#last done and, unless it is 0, #fail failed waiting for `peer`; then the
  * dump. Returns the dump's result, with f kept for its why. */
 static int record(tally__flight *f, int rank, int size, const char *dir, uint32_t draw, int last, int fail, int peer) {
-    tally__flight_init(f, rank, size, rank, 0, 1, "h", JOB_PID, draw, 16, dir);
+    tally__flight_init(f, rank, size, rank, 0, NULL, 0, "h", JOB_PID, draw, 16, dir);
     tally__flight_set_transport(f, "shm");
     for (int s = 1; s <= last; s++) {
         tally__sig sig = {.seq = (uint64_t)s, .count = 8, .root = -1, .coll = TALLY__ALLREDUCE};
@@ -82,23 +82,31 @@ static int record(tally__flight *f, int rank, int size, const char *dir, uint32_
     return rc;
 }
 
+/* The name rank `rank`'s world record of job h-4242-<draw> is written under. */
+static const char *rec(int rank, uint32_t draw) {
+    static char name[4][96];
+    static int k;
+    char *out = name[k++ & 3];
+    snprintf(out, 96, "rank%d.world.h-%d-%08x.flight", rank, JOB_PID, (unsigned)draw);
+    return out;
+}
+
 static void why_of(const tally__flight *f, char *out, size_t n) { tally__flight_why(f, out, n); }
 
 /* A directory another user owns with files of theirs: it must come out of a refused dump unchanged. */
 static void victim_dir(const char *dir, int owner) {
     mkdir(dir, 0777);
     chmod(dir, 0777);
-    th_write_file(th_path(dir, "rank0.world.flight"), "precious\n", 9);
+    th_write_file(th_path(dir, rec(0, 1)), "precious\n", 9);
     if (owner >= 0) {
-        if (chown(dir, (uid_t)owner, (gid_t)owner) ||
-            chown(th_path(dir, "rank0.world.flight"), (uid_t)owner, (gid_t)owner))
+        if (chown(dir, (uid_t)owner, (gid_t)owner) || chown(th_path(dir, rec(0, 1)), (uid_t)owner, (gid_t)owner))
             TH_CHECK(0, "chown %s: %s", dir, strerror(errno));
     }
 }
 
 static void victim_unchanged(const char *what, const char *dir) {
     char text[64];
-    read_text(th_path(dir, "rank0.world.flight"), text, sizeof text);
+    read_text(th_path(dir, rec(0, 1)), text, sizeof text);
     TH_CHECK(!strcmp(text, "precious\n"), "%s: the file in %s was replaced: \"%s\"", what, dir, text);
     TH_CHECK(count_files(dir) == 1, "%s: %d files in %s, want its one file (nothing written there)", what,
              count_files(dir), dir);
@@ -117,12 +125,12 @@ static void fresh(void) {
              "fresh: rc %d, %s mode %o uid %u, want a 0700 directory of ours", rc, def_dir,
              (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
     char text[4096];
-    read_text(th_path(def_dir, "rank0.world.flight"), text, sizeof text);
-    TH_CHECK(strstr(text, "tally-flight 1\njob h-4242-00000007\n") != NULL, "fresh: the record has no job line:\n%s",
+    read_text(th_path(def_dir, rec(0, 7)), text, sizeof text);
+    TH_CHECK(strstr(text, "tally-flight 2\njob h-4242-00000007\n") != NULL, "fresh: the record has no job line:\n%s",
              text);
     /* Again into the one made: an earlier dump of this user's left it, and it is taken. */
     rc = record(&f, 1, 2, "", 7, 3, 0, -1);
-    TH_CHECK(rc == 0 && is_regular(th_path(def_dir, "rank1.world.flight")), "fresh: a second rank's dump: rc %d", rc);
+    TH_CHECK(rc == 0 && is_regular(th_path(def_dir, rec(1, 7))), "fresh: a second rank's dump: rc %d", rc);
 }
 
 /* (a) A link at the default name, to a directory of another user's (and one to ours, made by the
@@ -183,18 +191,19 @@ static void link_at_record(void) {
     snprintf(victim, sizeof victim, "%s/victim", base);
     victim_dir(victim, root ? OTHER : -1);
     mkdir(def_dir, 0700);
-    const char *target = th_path(victim, "rank0.world.flight");
-    if (symlink(target, th_path(def_dir, "rank0.world.flight")) ||
-        symlink(target, th_path(def_dir, "rank0.world.flight.tmp")))
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s.tmp", rec(0, 1));
+    const char *target = th_path(victim, rec(0, 1));
+    if (symlink(target, th_path(def_dir, rec(0, 1))) || symlink(target, th_path(def_dir, tmp)))
         TH_CHECK(0, "symlink: %s", strerror(errno));
     tally__flight f;
     int rc = record(&f, 0, 2, "", 1, 3, 0, -1);
     TH_CHECK(rc == 0, "link at the record's name: the dump failed (%d)", rc);
     victim_unchanged("link at the record's name", victim);
     char text[4096];
-    read_text(th_path(def_dir, "rank0.world.flight"), text, sizeof text);
-    TH_CHECK(is_regular(th_path(def_dir, "rank0.world.flight")) && strstr(text, "tally-flight 1\n") &&
-                 !exists(th_path(def_dir, "rank0.world.flight.tmp")),
+    read_text(th_path(def_dir, rec(0, 1)), text, sizeof text);
+    TH_CHECK(is_regular(th_path(def_dir, rec(0, 1))) && strstr(text, "tally-flight 2\n") &&
+                 !exists(th_path(def_dir, tmp)),
              "link at the record's name: the record is not a file of its own in its place");
 }
 
@@ -208,13 +217,12 @@ static void chosen_dir(void) {
     /* Missing, parents too: made. */
     snprintf(dir, sizeof dir, "%s/a/b/records/", base);
     rc = record(&f, 0, 2, dir, 1, 3, 0, -1);
-    TH_CHECK(rc == 0 && is_regular(th_path(dir, "rank0.world.flight")), "a chosen directory with parents to make: %d",
-             rc);
+    TH_CHECK(rc == 0 && is_regular(th_path(dir, rec(0, 1))), "a chosen directory with parents to make: %d", rc);
     /* A link of this user's to a directory of theirs: followed. */
     snprintf(link, sizeof link, "%s/mine", base);
     if (symlink(dir, link)) TH_CHECK(0, "symlink: %s", strerror(errno));
     rc = record(&f, 1, 2, link, 1, 3, 0, -1);
-    TH_CHECK(rc == 0 && is_regular(th_path(dir, "rank1.world.flight")), "a chosen link of ours: %d", rc);
+    TH_CHECK(rc == 0 && is_regular(th_path(dir, rec(1, 1))), "a chosen link of ours: %d", rc);
     /* A directory of this user's that group or others may write in: refused (they could remove or replace
      * the records), unless it is sticky. */
     chmod(dir, 0770);
@@ -226,7 +234,7 @@ static void chosen_dir(void) {
     rc = record(&f, 0, 2, dir, 1, 3, 0, -1);
     TH_CHECK(rc == 0, "a chosen sticky 01777 directory of ours: %d", rc);
     struct stat rst;
-    TH_CHECK(stat(th_path(dir, "rank0.world.flight"), &rst) == 0 && (rst.st_mode & 07777) == 0600,
+    TH_CHECK(stat(th_path(dir, rec(0, 1)), &rst) == 0 && (rst.st_mode & 07777) == 0600,
              "a record's mode is %o, not 600", (unsigned)(rst.st_mode & 07777));
     chmod(dir, 0700);
     if (!root) return;
@@ -250,11 +258,11 @@ static void chosen_dir(void) {
     why_of(&f, why, sizeof why);
     TH_CHECK(rc == -1 && f.why == TALLY__FL_WHY_OWNER && strstr(why, "though sticky"),
              "another user's sticky directory: rc %d: %s", rc, why);
-    TH_CHECK(!is_regular(th_path(victim, "rank1.world.flight")), "a record was written to another user's directory");
+    TH_CHECK(!is_regular(th_path(victim, rec(1, 1))), "a record was written to another user's directory");
     /* Root's sticky directory (as /tmp): used. */
     if (chown(victim, 0, 0)) TH_CHECK(0, "chown: %s", strerror(errno));
     rc = record(&f, 1, 2, victim, 1, 3, 0, -1);
-    TH_CHECK(rc == 0 && is_regular(th_path(victim, "rank1.world.flight")), "root's sticky directory: %d", rc);
+    TH_CHECK(rc == 0 && is_regular(th_path(victim, rec(1, 1))), "root's sticky directory: %d", rc);
 }
 
 /* ---- a whole job: rank 0's default directory planted as a link before it starts ------------------- */
@@ -351,14 +359,14 @@ static void reader(void) {
      * job's own line; a link to a record elsewhere. */
     rc = record(&f, 3, 4, dir, 0x999, 3, 4, 0);
     char text[4096], other[320];
-    read_text(th_path(dir, "rank1.world.flight"), text, sizeof text);
+    read_text(th_path(dir, rec(1, 0xabc)), text, sizeof text);
     th_write_file(th_path(dir, "copy-of-rank1.world.flight"), text, strlen(text));
     snprintf(other, sizeof other, "%s/elsewhere", base);
     rc |= record(&f, 0, 3, other, 0xabc, 2, 3, 1);
-    if (symlink(th_path(other, "rank0.world.flight"), th_path(dir, "rank7.world.flight")))
+    if (symlink(th_path(other, rec(0, 0xabc)), th_path(dir, "rank7.world.flight")))
         TH_CHECK(0, "symlink: %s", strerror(errno));
     if (root) {
-        read_text(th_path(dir, "rank2.world.flight"), text, sizeof text);
+        read_text(th_path(dir, rec(2, 0xabc)), text, sizeof text);
         th_write_file(th_path(dir, "rank5.world.flight"), text, strlen(text));
         if (chown(th_path(dir, "rank5.world.flight"), OTHER, OTHER)) TH_CHECK(0, "chown: %s", strerror(errno));
     }
@@ -368,8 +376,10 @@ static void reader(void) {
     tool(dir, after);
     TH_CHECK(strstr(after->out, "x\\x0aholding the job up: rank 0\\x1b[2A.flight") && !strchr(after->out, 0x1b),
              "reader: a file name with a newline and an escape is printed raw:\n%s", after->out);
+    char theirs[160];
+    snprintf(theirs, sizeof theirs, "/%s: of another job (h-4242-00000999, with records of 1 rank(s))", rec(3, 0x999));
     const char *want[] = {"ignored ",
-                          "/rank3.world.flight: of another job (h-4242-00000999)",
+                          theirs,
                           "/copy-of-rank1.world.flight: a second record of rank 1 of communicator world",
                           "/rank7.world.flight: is a symbolic link",
                           root ? "/rank5.world.flight: belongs to uid 65534" : "ignored",
@@ -381,13 +391,16 @@ static void reader(void) {
              "reader: the verdict changed with the others' files:\n--- before\n%s--- after\n%s", before->out,
              after->out);
     printf("  tally flight with planted records says:\n%s", after->out);
-    /* Most records of the other job: that is the job read, and the first is ignored. */
+    /* Records of more ranks of the other job: that is the job read, and the first is ignored. Its records
+     * of ranks 0 and 1 are beside the first job's, not over them. */
     record(&f, 0, 4, dir, 0x999, 3, 4, 0);
     record(&f, 1, 4, dir, 0x999, 3, 4, 0);
+    record(&f, 2, 4, dir, 0x999, 3, 4, 0);
     tool(dir, after);
-    TH_CHECK(strstr(after->out, "job h-4242-00000999: 3 record(s)") &&
-                 strstr(after->out, "/rank2.world.flight: of another job (h-4242-00000abc)"),
-             "reader: the job most records are of is not the one read:\n%s", after->out);
+    snprintf(theirs, sizeof theirs, "/%s: of another job (h-4242-00000abc, with records of 3 rank(s))", rec(2, 0xabc));
+    TH_CHECK(strstr(after->out, "job h-4242-00000999: 4 record(s)") && strstr(after->out, theirs) &&
+                 is_regular(th_path(dir, rec(0, 0xabc))),
+             "reader: the job of the most ranks is not the one read:\n%s", after->out);
     /* Another user's directory: read, with a note that its records are that user's word. */
     if (root) {
         if (chown(dir, OTHER, OTHER)) TH_CHECK(0, "chown: %s", strerror(errno));

@@ -14,7 +14,7 @@
 #include "../boot/host_cpus.h"
 #include "../core/clock.h"
 #include "../core/cpus.h"
-#include "../core/kept.h"
+#include "../core/alloc.h"
 #include "../core/numeric/dtype.h"
 #include "../core/log.h"
 #include "../core/numeric/reduce.h"

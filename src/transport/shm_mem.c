@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "../boot/fdlimit.h"
-#include "../core/kept.h"
+#include "../core/alloc.h"
 #include "../core/log.h"
 #include "shm.h"
 

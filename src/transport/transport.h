@@ -69,7 +69,7 @@ typedef struct tally__tp_ops {
     void *(*mem_alloc)(tally__tp *tp, size_t bytes);
     int (*mem_free)(tally__tp *tp, void *ptr);
     /* With mem_alloc: marks ptr kept, so destroy leaves it mapped (tally_mem_keep; released then through
-     * the registry of core/kept.h). TALLY_E_INVALID for a pointer mem_alloc did not return. */
+     * the registry of core/alloc.h). TALLY_E_INVALID for a pointer mem_alloc did not return. */
     int (*mem_keep)(tally__tp *tp, void *ptr);
 } tally__tp_ops;
 

@@ -812,10 +812,11 @@ static void *tally__plain_alloc(tally_comm *c, size_t bytes) {
 static int tally__plain_free(tally_comm *c, void *ptr) {
     tally__plain_mem *m = NULL;
     pthread_mutex_lock(&tally__plain_mu);
-    for (tally__plain_mem **at = &c->plain; *at && !m; at = &(*at)->next)
+    for (tally__plain_mem **at = &c->plain; *at; at = &(*at)->next)
         if ((*at)->p == ptr) {
             m = *at;
             *at = m->next;
+            break;
         }
     pthread_mutex_unlock(&tally__plain_mu);
     if (m) {

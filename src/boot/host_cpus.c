@@ -18,10 +18,11 @@ typedef struct cpus_of {
 
 /* A rank's own set is no guide: one bound to a single CPU sees one CPU however many its kernel's ranks
  * share between them; and ranks in different cpusets may each see all of theirs. */
-int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded) {
+int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded, int *cpus) {
     cpus_of mine;
     cpu_set_t all_cpus;
     *crowded = 0;
+    *cpus = 0;
     memset(&mine, 0, sizeof mine);
     if (sched_getaffinity(0, sizeof mine.set, &mine.set) != 0) CPU_ZERO(&mine.set);
     tally__boot_kernel_id(mine.kernel, sizeof mine.kernel);
@@ -45,5 +46,6 @@ int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded) {
     }
     free(all);
     if (!unknown) *crowded = local > CPU_COUNT(&all_cpus);
+    if (!unknown) *cpus = CPU_COUNT(&all_cpus);
     return 0;
 }

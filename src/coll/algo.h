@@ -44,6 +44,7 @@ typedef struct tally__algo_shape {
     double p, lp; /* largest power of two <= n, and log2 p */
     double fold;  /* 1 when n is not a power of two */
     double m;     /* pipeline segments */
+    double pull;  /* receivers that copy a root's blocks of S/n bytes at once (>= 1) */
 } tally__algo_shape;
 
 static inline tally__algo_shape tally__algo_shape_of(const tally__cost *c, int n, size_t bytes) {
@@ -60,6 +61,7 @@ static inline tally__algo_shape tally__algo_shape_of(const tally__cost *c, int n
     s.lp = tally__log2_ceil(p);
     s.depth = s.lp; /* a heap of n nodes is floor(log2 n) levels deep */
     s.m = bytes ? ceil(s.S / (double)TALLY__SEG_BYTES) : 1;
+    s.pull = c->pull > 1 && bytes / (size_t)n >= c->pull_min ? c->pull : 1;
     return s;
 }
 

@@ -73,6 +73,10 @@ typedef struct tally__cost {
      * many to the link; the ring, in world order, crosses each host boundary once a step. tally sim
      * found the flat model blind to it: flat rhd picked over hier at 16 x 8 took 7.5x as long. */
     int share;
+    /* Receivers of one rank's blocks of pull_min bytes or more copy them side by side, up to `pull` at
+     * once (the transport's: shm reading in place); 0 or 1: a root's blocks move one after another. */
+    int pull;
+    size_t pull_min;
 } tally__cost;
 
 /* The model's parameters as this communicator measured them at init (for tally plan --calibrate). */

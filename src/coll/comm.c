@@ -147,7 +147,7 @@ static int tally__pick_transport(tally_comm *c, double timeout_s, int crowded, t
                           .awaited = &c->flight.awaited,
                           .cfg = &c->cfg};
     if (c->ctx.size == 1) return tally__self_create(&tctx, tp);
-    int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded);
+    int rc = tally__host_crowded(c->boot, c->ctx.rank, c->ctx.size, &tctx.crowded, &tctx.cpus);
     if (rc) return rc;
     tctx.crowded |= crowded;
     int want = c->cfg.transport, single_host = tally__boot_single_host(c->boot);
@@ -244,6 +244,8 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given, const 
     tally__flight_set_transport(&c->flight, c->ctx.tp->ops->name);
     c->sig = (tally__sig){.coll = TALLY__SETUP, .root = -1};
     if ((rc = tally__measure_cost(&c->ctx, c->boot, &c->cfg, &c->cost))) return rc;
+    c->cost.pull = c->ctx.tp->pull;
+    c->cost.pull_min = c->ctx.tp->pull_min;
     if (!given && c->cfg.trace_file[0] && (rc = tally__comm_trace_begin(c))) return rc;
     tally__po_cfg po = {c->ctx.rank,    c->ctx.size,           c->boot, &c->fault, c->timeout_s,
                         c->cfg.shm_cma, tally__comm_crowded(c)};

@@ -437,6 +437,10 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     shm_adopt_layout(t);
     atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
+    if (t->cma && t->large_min != SHM_LARGE_OFF) { /* each receiver reads its own: they copy side by side */
+        t->base.pull = ctx->cpus > 1 ? (ctx->cpus < t->n - 1 ? ctx->cpus : t->n - 1) : 1;
+        t->base.pull_min = t->large_min;
+    }
     if (t->cma && t->large_min != SHM_LARGE_OFF)
         tally__log_debug(1,
                          "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; messages of %zu "

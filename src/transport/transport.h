@@ -46,6 +46,7 @@ typedef struct tally__tp_ctx {
     double timeout_s;
     const tally__sig *sig;
     int crowded;             /* this host's ranks outnumber the CPUs their sets cover: waiters yield, not spin */
+    int cpus;                /* the CPUs this host's ranks' sets cover together (0: unknown) */
     tally__wait_note *note;  /* NULL, or the communicator's: see tally__wait_note */
     _Atomic int *awaited;    /* NULL, or where the slow wait path leaves the peer it waits for (the flight
                              * recorder's; the communicator resets it at each collective) */
@@ -79,6 +80,11 @@ struct tally__tp {
     /* Set by tally_comm_abort before destroy: close at once, with no goodbye that could wait on a peer
      * (the peers learn of the abort from its fault). */
     int abandon;
+    /* Receivers copy one sender's messages of pull_min bytes or more themselves, up to `pull` of them at
+     * once (shm reading in place: the host's CPUs, the sender idle meanwhile); pull <= 1: a sender's
+     * messages to several peers move one after another. The cost model reads it (tally__cost). */
+    int pull;
+    size_t pull_min;
 };
 
 /* The rules above, checked (rules.c): TALLY_E_INVALID naming the backend and the bad send or receive. */

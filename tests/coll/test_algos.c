@@ -692,6 +692,23 @@ static void test_rooted_model(void) {
         TH_CHECK(tally__algo_choose(&m, TALLY__REDUCE, n, (size_t)1 << 28) == TALLY__ALGO_RING,
                  "reduce of 256 MiB on %d: %s", n, tally__algo_name(tally__algo_choose(&m, TALLY__REDUCE, n, 1 << 28)));
     }
+    /* Receivers that copy a root's blocks side by side (shm in place) make direct the large scatter's:
+     * only from the blocks the transport reads in place, and never where one copies at a time. */
+    tally__cost pulled = m;
+    pulled.pull = 2;
+    pulled.pull_min = (size_t)4 << 20;
+    for (int n = 3; n <= 16; n++) {
+        size_t big = (size_t)n << 24, small = (size_t)n << 10, below = (size_t)n * ((size_t)4 << 20) - (size_t)n;
+        TH_CHECK(tally__algo_choose(&pulled, TALLY__SCATTER, n, big) == TALLY__ALGO_DIRECT, "pulled scatter on %d: %s",
+                 n, tally__algo_name(tally__algo_choose(&pulled, TALLY__SCATTER, n, big)));
+        TH_CHECK(tally__algo_choose(&pulled, TALLY__SCATTER, n, small) == TALLY__ALGO_TREE,
+                 "small pulled scatter on %d: %s", n, tally__algo_name(tally__algo_choose(&pulled, TALLY__SCATTER, n, small)));
+        TH_CHECK(tally__algo_cost(&pulled, TALLY__ALGO_DIRECT, TALLY__SCATTER, n, below) ==
+                     tally__algo_cost(&m, TALLY__ALGO_DIRECT, TALLY__SCATTER, n, below),
+                 "blocks below pull_min on %d are copied one after another", n);
+        TH_CHECK(tally__algo_choose(&m, TALLY__SCATTER, n, big) == TALLY__ALGO_TREE, "scatter on %d, one copy at a time: %s",
+                 n, tally__algo_name(tally__algo_choose(&m, TALLY__SCATTER, n, big)));
+    }
     /* No algorithm without allreduce takes the set-up traffic, allreduce or barrier from the others. */
     for (int n = 2; n <= 64; n++)
         for (size_t bytes = 1; bytes <= ((size_t)1 << 30); bytes *= 8)

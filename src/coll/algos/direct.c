@@ -172,8 +172,10 @@ static double direct_cost(const tally__algo_shape *x, int coll) {
     case TALLY__BROADCAST: return x->lg * x->a + (n - 1) * (x->a + S * x->b);
     case TALLY__BARRIER: return 2 * (n - 1) * x->a;
     case TALLY__REDUCE: return x->lg * x->a + (n - 1) * (x->a + S * (x->b + x->g));
-    case TALLY__GATHER:
-    case TALLY__SCATTER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b;
+    case TALLY__GATHER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b;
+    /* Each rank takes its block itself where the transport lets receivers read in place: pull of them
+     * copy at once, where the tree's rounds follow each other. */
+    case TALLY__SCATTER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b / x->pull;
     default: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
     }
 }

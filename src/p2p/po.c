@@ -65,6 +65,7 @@ int tally__po_open(const tally__po_cfg *cfg, tally__po **out) {
     po->probe = tally__now_ns() ^ ((uint64_t)getpid() << 32);
     pthread_mutex_init(&po->mu, NULL);
     pthread_cond_init(&po->drove, NULL);
+    tally__po_copier_init(&po->copier);
     po->in_of = calloc((size_t)po->size, sizeof *po->in_of);
     po->lost = calloc((size_t)po->size, sizeof *po->lost);
     po->lost_why = calloc((size_t)po->size, sizeof *po->lost_why);
@@ -240,6 +241,7 @@ void tally__po_free(tally__po *po) {
     while (atomic_load(&po->driving)) pthread_cond_wait(&po->drove, &po->mu);
     pthread_mutex_unlock(&po->mu);
     if (po->drive_fd >= 0) close(po->drive_fd);
+    tally__po_copier_end(&po->copier);
     tally__po_free_msgs(po);
     for (int r = 0; po->out && r < po->size; r++) free(po->out[r].why);
     for (int r = 0; po->lost_why && r < po->size; r++) free(po->lost_why[r]);

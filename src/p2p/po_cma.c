@@ -1,6 +1,9 @@
 /* po_cma.c - large payloads of a peer on this host read straight from its memory (process_vm_readv), so
- * they cross no socket buffer: the probe that says whether it can, the read, and the acks that free them. */
+ * they cross no socket buffer: the probe that says whether it can, the read (the largest in two halves,
+ * one by the copier thread), and the acks that free them. */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,87 @@ static int po_cma_copy(pid_t pid, unsigned char *dst, uint64_t addr, size_t n) {
     return 0;
 }
 
+static void *po_copier_main(void *arg) {
+    tally__po_copier *k = arg;
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        while (!k->busy && !k->stop) pthread_cond_wait(&k->go, &k->mu);
+        if (!k->busy) break; /* stopped, and nothing posted */
+        pid_t pid = k->pid;
+        unsigned char *dst = k->dst;
+        uint64_t addr = k->addr;
+        size_t n = k->n;
+        pthread_mutex_unlock(&k->mu);
+        int err = po_cma_copy(pid, dst, addr, n);
+        pthread_mutex_lock(&k->mu);
+        k->err = err;
+        k->busy = 0;
+        pthread_cond_signal(&k->done);
+    }
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+void tally__po_copier_init(tally__po_copier *k) {
+    memset(k, 0, sizeof *k);
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_cond_init(&k->go, NULL);
+    pthread_cond_init(&k->done, NULL);
+}
+
+void tally__po_copier_end(tally__po_copier *k) {
+    if (k->state == PO_COPIER_RUNNING) {
+        pthread_mutex_lock(&k->mu);
+        k->stop = 1;
+        pthread_cond_signal(&k->go);
+        pthread_mutex_unlock(&k->mu);
+        pthread_join(k->th, NULL);
+    }
+    pthread_cond_destroy(&k->go);
+    pthread_cond_destroy(&k->done);
+    pthread_mutex_destroy(&k->mu);
+}
+
+/* The copier's thread, started at the first large read where this process may run on two CPUs (a rank
+ * bound to one would only take turns with it). 1 when it runs. Only a reader under po->mu calls it. */
+static int po_copier_up(tally__po *po) {
+    tally__po_copier *k = &po->copier;
+    if (k->state != PO_COPIER_UNTRIED) return k->state == PO_COPIER_RUNNING;
+    cpu_set_t set;
+    k->state = PO_COPIER_NONE;
+    if (sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) < 2) return 0;
+    int err = pthread_create(&k->th, NULL, po_copier_main, k);
+    if (err) {
+        tally__log_debug(1, "rank %d: point-to-point: no copier thread (%s): large messages are read by one thread",
+                         po->rank, strerror(err));
+        return 0;
+    }
+    k->state = PO_COPIER_RUNNING;
+    return 1;
+}
+
+/* n bytes at the sender's addr into dst, a large read in two halves side by side: 0, or the errno. */
+static int po_cma_copy_split(tally__po *po, pid_t pid, unsigned char *dst, uint64_t addr, size_t n) {
+    if (n < TALLY__PO_CMA_SPLIT_MIN || !po_copier_up(po)) return po_cma_copy(pid, dst, addr, n);
+    tally__po_copier *k = &po->copier;
+    size_t half = (n / 2) & ~(size_t)4095; /* the halves part at a page: no page is pinned by both */
+    pthread_mutex_lock(&k->mu);
+    k->pid = pid;
+    k->dst = dst + half;
+    k->addr = addr + half;
+    k->n = n - half;
+    k->err = 0;
+    k->busy = 1;
+    pthread_cond_signal(&k->go);
+    pthread_mutex_unlock(&k->mu);
+    int err = po_cma_copy(pid, dst, addr, half);
+    pthread_mutex_lock(&k->mu); /* the copier's read ends: a syscall on our own memory and a pid */
+    while (k->busy) pthread_cond_wait(&k->done, &k->mu);
+    int err2 = k->err;
+    pthread_mutex_unlock(&k->mu);
+    return err ? err : err2;
+}
+
 int tally__po_cma_flush(tally__po *po, tally__po_in *in) {
     (void)po;
     while (in->n_acks) {
@@ -81,7 +165,7 @@ int tally__po_cma_read(tally__po *po, tally__po_in *in, tally__po_msg *m, int fl
         size_t room;
         unsigned char *dst = tally__po_msg_dst(m, &room, po->scratch, sizeof po->scratch);
         size_t n = room < PO_CMA_CHUNK ? room : PO_CMA_CHUNK;
-        int err = dst ? po_cma_copy(in->pid, dst, m->addr + m->got, n) : ENOMEM;
+        int err = dst ? po_cma_copy_split(po, in->pid, dst, m->addr + m->got, n) : ENOMEM;
         if (err) {
             rc = err == ENOMEM ? TALLY_E_NOMEM : err == ESRCH ? TALLY_E_PEER_LOST : TALLY_E_SYSTEM;
             snprintf(why, sizeof why, "could not read rank %d's message of %zu bytes in place (process_vm_readv: %s)",

@@ -1,6 +1,7 @@
 /* po_drive.c - a thread waiting for a receive reads the peers' messages itself, beside the post office's
  * thread: the message's arrival then wakes the waiter alone, one thread switch where the hand-over took two. */
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ static int drive_poll(tally__po *po, size_t n, _Atomic int *done) {
         int k = poll(po->dpfd, (nfds_t)n, 0);
         if (k != 0 || atomic_load_explicit(done, memory_order_acquire)) return k;
         if (!until || tally__now_ns() >= until) break;
+        if (po->crowded) sched_yield(); /* the peer that will answer may need this CPU */
     }
     return poll(po->dpfd, (nfds_t)n, PO_DRIVE_SLICE_MS);
 }

@@ -16,7 +16,8 @@
 
 /* How long a driver looks at its connections without sleeping: a peer's reply within this wakes nobody
  * (a sleeping waiter's wake-up costs about 8 us of the 14 us a message takes over loopback on the 2-core
- * EPYC VM; polling, 6 us). Not when the host has more ranks than CPUs: the peer needs the CPU. */
+ * EPYC VM; polling, 6 us). Where the host has more ranks than CPUs the driver yields between looks: the
+ * peer may need its CPU. */
 #define PO_SPIN_NS 50000u
 
 int tally__po_port(const tally__po *po) { return po ? po->port : -1; }

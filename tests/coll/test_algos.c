@@ -702,12 +702,14 @@ static void test_rooted_model(void) {
         TH_CHECK(tally__algo_choose(&pulled, TALLY__SCATTER, n, big) == TALLY__ALGO_DIRECT, "pulled scatter on %d: %s",
                  n, tally__algo_name(tally__algo_choose(&pulled, TALLY__SCATTER, n, big)));
         TH_CHECK(tally__algo_choose(&pulled, TALLY__SCATTER, n, small) == TALLY__ALGO_TREE,
-                 "small pulled scatter on %d: %s", n, tally__algo_name(tally__algo_choose(&pulled, TALLY__SCATTER, n, small)));
+                 "small pulled scatter on %d: %s", n,
+                 tally__algo_name(tally__algo_choose(&pulled, TALLY__SCATTER, n, small)));
         TH_CHECK(tally__algo_cost(&pulled, TALLY__ALGO_DIRECT, TALLY__SCATTER, n, below) ==
                      tally__algo_cost(&m, TALLY__ALGO_DIRECT, TALLY__SCATTER, n, below),
                  "blocks below pull_min on %d are copied one after another", n);
-        TH_CHECK(tally__algo_choose(&m, TALLY__SCATTER, n, big) == TALLY__ALGO_TREE, "scatter on %d, one copy at a time: %s",
-                 n, tally__algo_name(tally__algo_choose(&m, TALLY__SCATTER, n, big)));
+        TH_CHECK(tally__algo_choose(&m, TALLY__SCATTER, n, big) == TALLY__ALGO_TREE,
+                 "scatter on %d, one copy at a time: %s", n,
+                 tally__algo_name(tally__algo_choose(&m, TALLY__SCATTER, n, big)));
     }
     /* No algorithm without allreduce takes the set-up traffic, allreduce or barrier from the others. */
     for (int n = 2; n <= 64; n++)

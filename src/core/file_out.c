@@ -182,9 +182,22 @@ static int out_foreign_fd(tally__file_out *o, const char *p, long pid, int n) {
     return rc;
 }
 
-/* A device or FIFO at p (seen as *seen), opened as it is: never created, truncated or waited on. */
+static int out_open_dir(tally__file_out *o, const char *dir, int *fd);
+static int out_split(tally__file_out *o, const char *p, char **dir, const char **base);
+
+/* A device or FIFO at p (seen as *seen), opened as it is: never created, truncated or waited on; its
+ * directory reached as an output's is (out_open_dir). */
 static int out_in_place(tally__file_out *o, const char *p, const struct stat *seen) {
-    int fd = open(p, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC);
+    char *dir = NULL;
+    const char *base;
+    int dfd = -1, rc = out_split(o, p, &dir, &base);
+    if (!rc) rc = out_open_dir(o, dir, &dfd);
+    free(dir);
+    if (rc) return rc;
+    int fd = openat(dfd, base, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC);
+    int open_errno = errno;
+    close(dfd);
+    errno = open_errno;
     if (fd < 0) {
         int e = errno;
         if (e == ENXIO && S_ISFIFO(seen->st_mode))
@@ -196,7 +209,6 @@ static int out_in_place(tally__file_out *o, const char *p, const struct stat *se
                              tally__file_kind(seen->st_mode), strerror(e), tally__errno_hint(e));
     }
     struct stat st;
-    int rc = 0;
     if (fstat(fd, &st) != 0)
         rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot stat it: %s", o->path, strerror(errno));
     else if (st.st_dev != seen->st_dev || st.st_ino != seen->st_ino ||
@@ -236,45 +248,125 @@ static int out_temp(tally__file_out *o, const char *base, int *fd) {
                          hint);
 }
 
-/* Every directory on the way to dir that is a symbolic link must be this user's or root's, as the output's
- * own link must: another user's link in a shared directory (/tmp/x -> their directory) would have the
+/* The directory dir, opened one name at a time with no link followed by name: a link met on the way (in
+ * dir, or in a link's own target) must be this user's or root's, is read where it lies and its target
+ * walked the same way. What is checked is what is opened, so nothing swapped in between is followed:
+ * another user's link (/tmp/x -> their directory, or one reached through a link of ours) would have the
  * output made, and a file of that name replaced, where they chose. */
-static int out_dir_links(tally__file_out *o, const char *dir) {
-    uid_t me = geteuid();
-    size_t l = strlen(dir);
-    char *cut = malloc(l + 1);
-    if (!cut) return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
-    int rc = 0;
-    for (size_t i = 1; i <= l && !rc; i++) {
-        if (i < l && dir[i] != '/') continue;
-        memcpy(cut, dir, i);
-        cut[i] = '\0';
-        struct stat st;
-        if (lstat(cut, &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != me && st.st_uid != 0)
-            rc = tally__seterr(TALLY_E_INVALID,
-                               "%s: the directory %s on its way is a symbolic link of uid %u's, not this user's "
-                               "(uid %u) nor root's; tally writes through no other user's link: name the real "
-                               "directory",
-                               o->path, cut, (unsigned)st.st_uid, (unsigned)me);
+typedef struct out_walk {
+    char *rest; /* the path being walked (dir, or a link's target and what followed the link) */
+    size_t at;  /* where its next name starts */
+    int fd;     /* O_PATH: the directory reached so far */
+    int hops;
+} out_walk;
+
+static int walk_restart(out_walk *w, const char *target, const char *after) {
+    size_t l = strlen(target) + 1 + strlen(after) + 1;
+    char *r = malloc(l);
+    if (!r) return -1;
+    snprintf(r, l, "%s/%s", target, after);
+    free(w->rest);
+    w->rest = r;
+    w->at = 0;
+    if (target[0] == '/') {
+        int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0) return -1;
+        close(w->fd);
+        w->fd = root;
     }
-    free(cut);
+    return 0;
+}
+
+/* The next name of the walk: 0 and *name set, 1 at the end, or an error set. */
+static int walk_next(tally__file_out *o, out_walk *w, char *name, size_t cap) {
+    while (w->rest[w->at] == '/') w->at++;
+    if (!w->rest[w->at]) return 1;
+    size_t n = strcspn(w->rest + w->at, "/");
+    if (n >= cap)
+        return tally__seterr(TALLY_E_INVALID, "%s: a name on its way is longer than %zu bytes", o->path, cap - 1);
+    memcpy(name, w->rest + w->at, n);
+    name[n] = '\0';
+    w->at += n;
+    return 0;
+}
+
+/* One step from w->fd through name (a directory or a link to walk). */
+static int walk_step(tally__file_out *o, out_walk *w, const char *name, const char *dir) {
+    struct stat st;
+    if (fstatat(w->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot open the directory %s: %.*s: %s", o->path, dir, (int)w->at,
+                             w->rest, strerror(errno));
+    if (S_ISLNK(st.st_mode)) {
+        uid_t me = geteuid();
+        if (st.st_uid != me && st.st_uid != 0)
+            return tally__seterr(TALLY_E_INVALID,
+                                 "%s: the directory %.*s on its way is a symbolic link of uid %u's, not this user's "
+                                 "(uid %u) nor root's; tally writes through no other user's link: name the real "
+                                 "directory",
+                                 o->path, (int)w->at, w->rest, (unsigned)st.st_uid, (unsigned)me);
+        if (++w->hops > OUT_MAX_HOPS)
+            return tally__seterr(TALLY_E_INVALID, "%s: more than %d symbolic links on the way to %s (a loop?)", o->path,
+                                 OUT_MAX_HOPS, dir);
+        char t[PATH_MAX];
+        ssize_t k = readlinkat(w->fd, name, t, sizeof t - 1);
+        if (k <= 0)
+            return tally__seterr(TALLY_E_SYSTEM, "%s: cannot read the link %.*s: %s", o->path, (int)w->at, w->rest,
+                                 k < 0 ? strerror(errno) : "it is empty");
+        t[k] = '\0';
+        char *after = strdup(w->rest + w->at);
+        int bad = !after || walk_restart(w, t, after);
+        free(after);
+        return bad ? tally__seterr(TALLY_E_SYSTEM, "%s: cannot follow the link %s: %s", o->path, t, strerror(errno))
+                   : 0;
+    }
+    if (!S_ISDIR(st.st_mode))
+        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot open the directory %s: %.*s is %s, not a directory", o->path,
+                             dir, (int)w->at, w->rest, tally__file_kind(st.st_mode));
+    int next = openat(w->fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) /* made a link or removed since the look: not followed */
+        return tally__seterr(TALLY_E_SYSTEM, "%s: cannot open the directory %s: %.*s changed while tally looked: %s",
+                             o->path, dir, (int)w->at, w->rest, strerror(errno));
+    close(w->fd);
+    w->fd = next;
+    return 0;
+}
+
+/* *fd: dir opened for reading (fsync and *at calls), reached as out_walk says. */
+static int out_open_dir(tally__file_out *o, const char *dir, int *fd) {
+    out_walk w = {.rest = strdup(dir), .fd = open(dir[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC)};
+    int rc = !w.rest || w.fd < 0 ? tally__seterr(TALLY_E_SYSTEM, "%s: cannot start at %s: %s", o->path,
+                                                 dir[0] == '/' ? "/" : "the current directory", strerror(errno))
+                                 : 0;
+    char name[NAME_MAX + 1];
+    while (!rc && !(rc = walk_next(o, &w, name, sizeof name))) rc = walk_step(o, &w, name, dir);
+    if (rc == 1) rc = 0;
+    *fd = rc ? -1 : openat(w.fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!rc && *fd < 0)
+        rc = tally__seterr(TALLY_E_SYSTEM, "%s: cannot open the directory %s: %s%s", o->path, dir, strerror(errno),
+                           tally__errno_hint(errno));
+    if (w.fd >= 0) close(w.fd);
+    free(w.rest);
     return rc;
+}
+
+/* p split at its last slash: *dir (".", "/" or the part before) and *base (NULL: p names a directory). */
+static int out_split(tally__file_out *o, const char *p, char **dir, const char **base) {
+    const char *slash = strrchr(p, '/');
+    *base = slash ? slash + 1 : p;
+    if (!**base || !strcmp(*base, ".") || !strcmp(*base, ".."))
+        return tally__seterr(TALLY_E_INVALID, "%s: names a directory; name a file in it", o->path);
+    size_t dl = slash ? (size_t)(slash - p) : 0;
+    *dir = slash ? strndup(p, dl ? dl : 1) : strdup(".");
+    return *dir ? 0 : tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
 }
 
 /* p (a new name, or a regular file seen as *seen) replaced whole: a temporary file in p's directory. */
 static int out_replace(tally__file_out *o, const char *p) {
-    const char *slash = strrchr(p, '/'), *base = slash ? slash + 1 : p;
-    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
-        return tally__seterr(TALLY_E_INVALID, "%s: names a directory; name a file in it", o->path);
-    size_t dl = slash ? (size_t)(slash - p) : 0;
-    char *dir = slash ? strndup(p, dl ? dl : 1) : strdup(".");
-    o->name = strdup(base);
-    if (!dir || !o->name) {
-        free(dir);
-        return tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
-    }
-    int rc = out_dir_links(o, dir);
-    if (!rc) rc = tally__file_open_dir(dir, dir, &o->dirfd);
+    char *dir = NULL;
+    const char *base;
+    int rc = out_split(o, p, &dir, &base);
+    if (!rc && !(o->name = strdup(base))) rc = tally__seterr(TALLY_E_NOMEM, "%s: out of memory", o->path);
+    if (!rc) rc = out_open_dir(o, dir, &o->dirfd);
     struct statfs fs;
     if (!rc && fstatfs(o->dirfd, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
         rc = tally__seterr(TALLY_E_INVALID,
@@ -402,34 +494,61 @@ static const char *in_place_hint(int e) {
     }
 }
 
+/* The replaced file's permissions put on the temporary file through its descriptor, never by a name
+ * (a name in a directory others write could have been swapped for a link to anyone's file); set-id bits
+ * are not carried over. */
+static int out_keep_mode(tally__file_out *o) {
+    struct stat st;
+    if (fstatat(o->dirfd, o->name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return 0;
+    return fchmod(o->fd, st.st_mode & 0777) ? errno : 0;
+}
+
+/* After the data is safe: the temporary file goes over the name, if both are still what they were. 0,
+ * an errno (*renamed 0: the temporary file is ours to remove), or an error set. */
+static int out_rename(tally__file_out *o, const struct stat *mine, int *renamed, int *rc) {
+    struct stat st; /* a link or anything but a regular file put there meanwhile is not replaced either */
+    if (fstatat(o->dirfd, o->name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+        *rc = tally__seterr(TALLY_E_INVALID,
+                            "cannot write %s: %s took its place while tally wrote it; it is left as it is", o->path,
+                            tally__file_kind(st.st_mode));
+        return 0;
+    }
+    if (fstatat(o->dirfd, o->tmp, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != mine->st_dev ||
+        st.st_ino != mine->st_ino) {
+        *renamed = 1; /* not ours any more: nothing there is removed */
+        *rc = tally__seterr(TALLY_E_INVALID,
+                            "cannot write %s: its temporary file %s was moved or replaced while tally wrote it; %s is "
+                            "left as it was",
+                            o->path, o->tmp, o->name);
+        return 0;
+    }
+    if (renameat(o->dirfd, o->tmp, o->dirfd, o->name) != 0) return errno;
+    *renamed = 1;
+    if (fsync(o->dirfd) != 0 && errno != EINVAL) /* the new name itself survives a crash */
+        *rc = tally__seterr(TALLY_E_SYSTEM,
+                            "%s: written, but its directory could not be synced (fsync: %s): a crash "
+                            "now may lose the new name",
+                            o->path, strerror(errno));
+    return 0;
+}
+
 int tally__file_out_commit(tally__file_out *o) {
-    int e = 0;
+    int e = 0, rc = 0, renamed = 0;
+    struct stat mine;
     if (fflush(o->f) != 0 || ferror(o->f)) e = o->sink->err ? o->sink->err : EIO;
+    if (!e && o->tmp && fstat(o->fd, &mine) != 0) e = errno;
+    if (!e && o->tmp) e = out_keep_mode(o);
     if (!e && o->tmp && fsync(o->fd) != 0) e = errno;
     if (fclose(o->f) != 0 && !e) e = o->sink->err ? o->sink->err : EIO;
     o->f = NULL;
     o->fd = -1;
-    int rc = 0;
-    if (!e && o->tmp) {
-        struct stat st; /* a link or anything but a regular file put there meanwhile is not replaced either */
-        int there = fstatat(o->dirfd, o->name, &st, AT_SYMLINK_NOFOLLOW) == 0;
-        if (there && !S_ISREG(st.st_mode))
-            rc = tally__seterr(TALLY_E_INVALID,
-                               "cannot write %s: %s took its place while tally wrote it; it is left as it is", o->path,
-                               tally__file_kind(st.st_mode));
-        else if (there && fchmodat(o->dirfd, o->tmp, st.st_mode & 07777, 0) != 0) /* its mode, as an edit keeps */
-            e = errno;
-        else if (renameat(o->dirfd, o->tmp, o->dirfd, o->name) != 0)
-            e = errno;
-        else if (fsync(o->dirfd) != 0 && errno != EINVAL) /* the new name itself survives a crash */
-            e = errno;
-    }
+    if (!e && o->tmp) e = out_rename(o, &mine, &renamed, &rc);
     if (e && o->tmp)
         rc = tally__seterr(TALLY_E_SYSTEM, "cannot write %s: %s%s", o->path, strerror(e), tally__errno_hint(e));
     else if (e)
         rc = tally__seterr(TALLY_E_SYSTEM, "cannot write %s (%s, written in place): %s%s", o->path, o->how, strerror(e),
                            in_place_hint(e));
-    if (rc && o->tmp) unlinkat(o->dirfd, o->tmp, 0);
+    if (rc && o->tmp && !renamed) unlinkat(o->dirfd, o->tmp, 0);
     out_release(o);
     return rc;
 }

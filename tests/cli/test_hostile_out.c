@@ -205,6 +205,21 @@ static void test_links(void) {
         expect(R.rc == 1 && strstr(R.out, "is a symbolic link of uid 65534's"),
                "another user's link on the way to an output is refused");
         TH_CHECK(access(th_at("real-dir/out.json"), F_OK) != 0, "an output was made through another user's link");
+        /* ... also reached through a link of this user's, whose target the walk follows name by name */
+        TH_CHECK(symlink(th_at("their-dir"), th_at("my-dir")) == 0, "symlink: %s", strerror(errno));
+        const char *nested[] = {"sim", "--size", "1K", "--save", th_at("my-dir/out.json"), NULL};
+        run(nested, 30);
+        expect(R.rc == 1 && strstr(R.out, "is a symbolic link of uid 65534's"),
+               "another user's link reached through this user's link is refused");
+        TH_CHECK(access(th_at("real-dir/out.json"), F_OK) != 0, "an output was made through a link in a link");
+    }
+    /* ... and on the way to a device, which is written in place */
+    TH_CHECK(symlink(th_at("."), th_at("their-devs")) == 0, "symlink: %s", strerror(errno));
+    if (other && is_char_dev(th_at("full"), 1, 7) && lchown(th_at("their-devs"), 65534, 65534) == 0) {
+        const char *args[] = {"sim", "--size", "1K", "--save", th_at("their-devs/full"), NULL};
+        run(args, 30);
+        expect(R.rc == 1 && strstr(R.out, "is a symbolic link of uid 65534's"),
+               "another user's link on the way to a device is refused");
     }
     /* this user's link to another user's file: refused, the file untouched */
     th_put_file(th_at("theirs"), "theirs\n");
@@ -461,7 +476,39 @@ static void test_replace(void) {
     if (d) closedir(d);
 }
 
+/* A temporary file swapped for a link while it was written (its directory writable by others): the
+ * replaced file's mode goes on our file through its descriptor, never through the name onto the link's
+ * target, and a name that is no longer ours is neither renamed nor removed. */
+static void test_swapped_temp(void) {
+    th_put_file(th_at("secret"), "secret\n");
+    TH_CHECK(chmod(th_at("secret"), 0600) == 0, "chmod: %s", strerror(errno));
+    th_put_file(th_at("swapped.json"), "old\n");
+    tally__file_out o;
+    TH_CHECK(tally__file_out_open(&o, th_at("swapped.json")) == 0, "open: %s", tally_last_error());
+    if (!o.f) return;
+    fputs("{}\n", o.f);
+    char tmp[512], moved[600];
+    snprintf(tmp, sizeof tmp, "%s", th_at(o.tmp));
+    snprintf(moved, sizeof moved, "%s.moved", tmp);
+    TH_CHECK(rename(tmp, moved) == 0 && symlink(th_at("secret"), tmp) == 0, "swap: %s", strerror(errno));
+    th_put_file(th_at("swapped.json"), "planted\n");
+    TH_CHECK(chmod(th_at("swapped.json"), 06777) == 0, "chmod: %s", strerror(errno));
+    TH_CHECK(tally__file_out_commit(&o) != 0 && strstr(tally_last_error(), "moved or replaced"),
+             "a swapped temporary file is not renamed: %s", tally_last_error());
+    struct stat st;
+    TH_CHECK(stat(th_at("secret"), &st) == 0 && (st.st_mode & 07777) == 0600, "the link's target got mode %o",
+             (unsigned)(st.st_mode & 07777));
+    TH_CHECK(!strcmp(read_head(th_at("secret")), "secret\n"), "the link's target was written");
+    TH_CHECK(is_link_to(tmp, th_at("secret")), "the swapped-in link was removed or renamed");
+    TH_CHECK(lstat(th_at("swapped.json"), &st) == 0 && S_ISREG(st.st_mode), "the output became a link");
+    TH_CHECK(stat(moved, &st) == 0 && !(st.st_mode & 07000), "set-id bits were carried over: %o",
+             (unsigned)(st.st_mode & 07777));
+    unlink(tmp);
+    unlink(moved);
+}
+
 static void test_writer(void) {
+    test_swapped_temp();
     test_reader_gone();
     test_descriptors();
     test_replace();

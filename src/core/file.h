@@ -50,7 +50,8 @@ const char *tally__file_kind(mode_t m);
 const char *tally__file_kind_fd(int fd);
 
 /* An output a user names (--json, --svg, --plot, --trace, sim --save). What path is decides how it is
- * written; nothing there is ever turned into something else:
+ * written; nothing but a regular file is replaced (a link or FIFO put at the name while tally writes
+ * is checked for just before the rename, which never follows it):
  * - a new name, or a regular file: replaced whole, as a user expects of an output. The bytes go to a new
  *   temporary file beside it (.NAME.tmp.<random>, O_EXCL: another writer's is never touched), renamed
  *   over it at commit (the replaced file's mode kept, the directory fsynced), so a reader sees the old

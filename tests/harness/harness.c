@@ -197,7 +197,11 @@ int th_start(th_job *job, int n, const th_opts *o, th_rank_fn fn, void *arg) {
             for (int k = 0; k < r; k++) waitpid(job->pid[k], NULL, 0);
             return -1;
         }
-        if (p == 0) th_child(r, n, port, token, o, fn, arg);
+        if (p == 0) {
+            setpgid(0, 0); /* a group of its own: a hung rank is killed with what it forked */
+            th_child(r, n, port, token, o, fn, arg);
+        }
+        setpgid(p, p); /* (either side may come first) */
         job->pid[r] = p;
         job->status[r] = -1;
     }
@@ -232,6 +236,7 @@ int th_wait(th_job *job, double wall_s) {
             for (int r = 0; r < job->n; r++)
                 if (job->status[r] == -1) {
                     job->killed_by_harness[r] = 1;
+                    kill(-job->pid[r], SIGKILL); /* the rank and any child of its own (test_lifetime's fork) */
                     kill(job->pid[r], SIGKILL);
                 }
             deadline = th_now() + 10; /* SIGKILL cannot be ignored: reaping follows at once */

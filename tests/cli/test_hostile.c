@@ -159,6 +159,17 @@ static void test_config_changed(void) {
                                                         "taken as the parse read it");
 }
 
+static void close_stdin(void *arg) { close(0); }
+
+/* Started with stdin closed (a daemon, nohup ... <&-), plan --calibrate hands its ranks the memory file for
+ * their results on a descriptor of its own, never on 0, where a rank's launcher puts /dev/null. */
+static void test_calibrate_stdin_closed(void) {
+    const char *args[] = {"plan", "--params", "1M", "--workers", "2", "--calibrate", NULL};
+    th_tool_opts o = {.wall_s = 60, .child = close_stdin};
+    th_tool_run(args, &o, &R);
+    expect(R.rc == 0 && strstr(R.out, "calibrated"), "plan --calibrate with stdin closed");
+}
+
 /* ---- 2: a FIFO (or anything not a regular file) where a file is read: refused, never waited on ---- */
 
 static void test_fifos(void) {
@@ -351,6 +362,7 @@ int main(void) {
         test_planted_links();
         test_calibrate_tmpdir();
         test_config_changed();
+        test_calibrate_stdin_closed();
         test_fifos();
         test_shape();
         test_full_and_readonly();

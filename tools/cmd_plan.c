@@ -381,18 +381,32 @@ static int plan_fill(plan_opts *o) {
 
 /* ---- --calibrate ---- */
 
+/* The seals the memory file for the ranks' results carries: a descriptor without them is not that file
+ * (a regular file, another memory file, or the launcher's /dev/null on 0..2). */
+#define CALIB_SEALS (F_SEAL_SHRINK | F_SEAL_SEAL)
+
+/* Descriptor `fd_arg` as the memory file tally plan made for its ranks: the descriptor, or -1 said. */
+static int calibrate_rank_fd(const char *fd_arg) {
+    char *end;
+    errno = 0;
+    long fd = strtol(fd_arg, &end, 10);
+    struct stat st;
+    if (end != fd_arg && !*end && !errno && fd >= 3 && fd <= INT_MAX && fstat((int)fd, &st) == 0 &&
+        S_ISREG(st.st_mode) && fcntl((int)fd, F_GET_SEALS) == CALIB_SEALS)
+        return (int)fd;
+    fprintf(stderr,
+            "tally plan: calibrate: --calibrate-rank %s is not the memory file tally plan --calibrate made for "
+            "its ranks (the flag is for those ranks alone: run tally plan --calibrate)\n",
+            fd_arg);
+    return -1;
+}
+
 /* Hidden mode: one of the 2 ranks tally_launch started; the communicator measures its links at init,
  * then the ranks time one allreduce of the plan's gradients; rank 0 writes what it found into descriptor
  * `fd_arg`, the memory file its parent made and it inherited (no name anyone else could swap). */
 static int plan_calibrate_rank(const char *fd_arg, double bytes, tally_op op) {
-    char *end;
-    long fd = strtol(fd_arg, &end, 10);
-    struct stat st;
-    if (*end || fd < 3 || fd > INT_MAX || fstat((int)fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fprintf(stderr, "tally plan: calibrate: --calibrate-rank %s is not the memory file tally plan opened\n",
-                fd_arg);
-        return 1;
-    }
+    int fd = calibrate_rank_fd(fd_arg);
+    if (fd < 0) return 1;
     tally_comm *comm;
     if (tally_comm_init(&comm)) {
         fprintf(stderr, "tally plan: calibrate: %s\n", tally_last_error());
@@ -404,22 +418,35 @@ static int plan_calibrate_rank(const char *fd_arg, double bytes, tally_op op) {
         const tally__cost *m = tally__comm_cost(comm);
         char line[128];
         int n = snprintf(line, sizeof line, "%.9e %.9e %.9e %.9e\n", m->alpha, m->beta, m->gamma, ar);
-        rc = pwrite((int)fd, line, (size_t)n, 0) != n;
-        if (rc) fprintf(stderr, "tally plan: calibrate: cannot hand the results over: %s\n", strerror(errno));
+        ssize_t w = pwrite(fd, line, (size_t)n, 0);
+        rc = w != n;
+        if (rc)
+            fprintf(stderr, "tally plan: calibrate: cannot hand the results over: %s\n",
+                    w < 0 ? strerror(errno) : "short write");
     }
     tally_comm_free(comm);
     return rc;
+}
+
+/* The memory file for the ranks' results, sealed as they check (CALIB_SEALS), on a descriptor of 3 or more
+ * that they inherit: memfd_create takes the lowest free one, which is 0, 1 or 2 when tally was started
+ * with one closed, and a rank's launcher puts /dev/null and its pipes there. The descriptor, or -1 said. */
+static int calibrate_memfd(void) {
+    int fd = memfd_create("tally-plan-calibrate", MFD_ALLOW_SEALING); /* no MFD_CLOEXEC: the ranks inherit it */
+    int high = fd < 0 || fcntl(fd, F_ADD_SEALS, CALIB_SEALS) ? -1 : fcntl(fd, F_DUPFD, 3); /* F_DUPFD: inherited */
+    int e = errno;
+    if (fd >= 0) close(fd);
+    if (high < 0)
+        fprintf(stderr, "tally plan: calibrate: cannot make a memory file for the ranks' results: %s\n", strerror(e));
+    return high;
 }
 
 /* The ranks' results come back through a memory file (memfd) their parent made and they inherit: opened
  * once, used by its descriptor, named nowhere, so nothing in TMPDIR can be swapped for it. */
 int tally_plan_calibrate_link(const char *transport, double bytes, tally_op op, tally__cost *out, double *allreduce_s) {
     *out = (tally__cost){0}; /* the file has alpha, beta and gamma: the rest (share) must not be stack garbage */
-    int fd = memfd_create("tally-plan-calibrate", 0); /* no MFD_CLOEXEC: the ranks inherit it */
-    if (fd < 0)
-        return fprintf(stderr, "tally plan: calibrate: cannot make a memory file for the ranks' results: %s\n",
-                       strerror(errno)),
-               -1;
+    int fd = calibrate_memfd();
+    if (fd < 0) return -1;
     char fd_arg[16], size[32];
     snprintf(fd_arg, sizeof fd_arg, "%d", fd);
     snprintf(size, sizeof size, "%.0f", bytes);

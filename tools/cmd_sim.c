@@ -21,6 +21,10 @@
 
 #define MAX_SIZES 64
 
+typedef struct sim_setting {
+    char *key, *value;
+} sim_setting;
+
 typedef struct sim_opts {
     tally__sim_cluster c;
     int coll, algo, method, json, calibrate, train;
@@ -30,9 +34,12 @@ typedef struct sim_opts {
     int nsizes;
     tally__sim_train t;
     double params;
-    /* cluster settings given after --calibrate, set again over what it measured */
-    const char *after[64][2];
-    int nafter;
+    /* --calibrate measures over the cluster as given before it, then sets again, in order, what was given
+     * after it: flags, and a --config file's settings as its one read found them (a file read again could
+     * say something else, and its slow ranks would be added twice) */
+    tally__sim_cluster before;
+    sim_setting *after;
+    size_t nafter, cap;
 } sim_opts;
 
 static void sim_usage(FILE *out) {
@@ -68,8 +75,9 @@ static void sim_usage(FILE *out) {
             "  allreduce of the largest --size, and --cache-bandwidth to one of 1 MiB where that is faster;\n"
             "  again with both ranks on one CPU for --crowded-latency; a 4-byte allreduce for --call-overhead,\n"
             "  what a call costs besides its messages), its CPUs, and tcp on loopback (--nic-latency, and\n"
-            "  --tcp-bandwidth: what the stack costs a core); flags after --calibrate override what it\n"
-            "  measured. --save FILE writes the cluster (measured or given) as a file for --config.\n"
+            "  --tcp-bandwidth: what the stack costs a core); flags and --config files after --calibrate\n"
+            "  override what it measured. --save FILE writes the cluster (measured or given) as a file for\n"
+            "  --config.\n"
             "  --cache-bandwidth: the copy rate of vectors of at most --cache-bytes (in cache); sizes up to\n"
             "  --shm-bandwidth-bytes take a rate between, in log size.\n"
             "  --train: steps of a model of P parameters (fp32 gradients) in L equal layers; --compute is one\n"
@@ -182,27 +190,45 @@ static int time_flag(const char *flag, const char *v, double *out) {
     return 0;
 }
 
+/* A setting given after --calibrate, kept to be set again over what it measures: 0, or -1 out of memory. */
+static int keep_after(void *ctx, const char *key, const char *value) {
+    sim_opts *o = ctx;
+    if (o->nafter == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 16;
+        sim_setting *a = realloc(o->after, cap * sizeof *a);
+        if (!a) return -1;
+        o->after = a, o->cap = cap;
+    }
+    char *k = strdup(key), *v = strdup(value);
+    if (!k || !v) return free(k), free(v), -1;
+    o->after[o->nafter++] = (sim_setting){k, v};
+    return 0;
+}
+
+static int config_flag(sim_opts *o, const char *flag, const char *v) {
+    if (!(o->calibrate ? tally__sim_cluster_read_seen(&o->c, v, keep_after, o) : tally__sim_cluster_read(&o->c, v)))
+        return 0;
+    char why[512];
+    snprintf(why, sizeof why, "it takes a readable file of 'key = value' lines (%s)", tally_last_error());
+    return tally__parse_fail(flag, v, "cannot be used", why);
+}
+
+static int cluster_flag(sim_opts *o, const char *flag, const char *v) {
+    int rc = tally__sim_cluster_set(&o->c, flag + 2, v);
+    if (rc) return rc == 1 ? -1 : rc;
+    if (o->calibrate && keep_after(o, flag + 2, v))
+        return tally__parse_fail(flag, v, "cannot be kept for after --calibrate", "out of memory");
+    return 0;
+}
+
 static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     sim_opts *o = ctx;
     static const char *const modes[] = {"sync", "async", NULL};
     int rc;
     double x;
     switch (ch) {
-    case O_CONFIG:
-    case O_CLUSTER:
-        if (o->calibrate) {
-            if (o->nafter == 64) return tally__parse_fail(flag, v, "is one setting too many", "64 after --calibrate");
-            o->after[o->nafter][0] = ch == O_CONFIG ? NULL : flag + 2;
-            o->after[o->nafter++][1] = v;
-        }
-        if (ch == O_CONFIG && tally__sim_cluster_read(&o->c, v)) {
-            char why[512];
-            snprintf(why, sizeof why, "it takes a readable file of 'key = value' lines (%s)", tally_last_error());
-            return tally__parse_fail(flag, v, "cannot be used", why);
-        }
-        if (ch == O_CONFIG) return 0;
-        rc = tally__sim_cluster_set(&o->c, flag + 2, v);
-        return rc == 1 ? -1 : rc;
+    case O_CONFIG: return config_flag(o, flag, v);
+    case O_CLUSTER: return cluster_flag(o, flag, v);
     case O_COLL: return tally__parse_word(flag, v, coll_names, &o->coll);
     case O_ALGO:
         if ((o->algo = tally__algo_parse(v)) < 0) {
@@ -231,7 +257,9 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     case O_MODE: return tally__parse_word(flag, v, modes, &o->t.async);
     case O_STALE: return int_flag(flag, v, 0, 1000000, &o->t.staleness);
     case O_STEPS: return int_flag(flag, v, 1, 100000, &o->t.steps);
-    case O_CALIB: return o->calibrate = 1, 0;
+    case O_CALIB:
+        if (!o->calibrate) o->before = o->c; /* a second --calibrate changes nothing */
+        return o->calibrate = 1, 0;
     case O_SAVE: return *v ? (o->save = v, 0) : tally__parse_fail(flag, v, "is empty", "it takes a file to write");
     case O_JSON: return o->json = 1, 0;
     case O_SVG: return *v ? (o->svg = v, 0) : tally__parse_fail(flag, v, "is empty", "it takes a file to write");
@@ -265,15 +293,14 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
 
 #define SIM_CACHE_BYTES (1 << 20) /* the calibration's vector that stays in cache */
 
-static int sim_calibrate(sim_opts *o) {
-    size_t most = 0;
-    for (int i = 0; i < o->nsizes; i++) most = o->size[i] > most ? o->size[i] : most;
-    double S = most > (1u << 20) ? (double)most : 16.0 * 1048576, ar = 0;
+/* shm's link on c: alpha, beta at the size S, the cache's rate, and the call's own overhead. */
+static int measure_shm(tally__sim_cluster *c, double S) {
+    double ar = 0;
     tally__cost m;
     if (tally_plan_calibrate_link("shm", S, TALLY_SUM, &m, &ar)) return -1;
     if (ar > 0) m.beta = tally__plan_fit_beta(&m, 2, S, ar);
-    o->c.shm = m;
-    o->c.beta_bytes = S;
+    c->shm = m;
+    c->beta_bytes = S;
     /* A vector that stays in the caches: on this VM its rate moves 2.5x with where the hypervisor runs
      * the two CPUs (sharing a cache or not) while the large one's barely does, so it is measured too. It
      * is kept only where faster: slower, it is the in-place path's cost per call, which the slot path
@@ -283,33 +310,36 @@ static int sim_calibrate(sim_opts *o) {
     if (tally_plan_calibrate_link("shm", SIM_CACHE_BYTES, TALLY_SUM, &mid, &at_mid)) return -1;
     double fitted = at_mid > 0 ? tally__plan_fit_beta(&m, 2, SIM_CACHE_BYTES, at_mid) : m.beta;
     int faster = fitted < m.beta;
-    o->c.cache_beta = faster ? fitted : 0;
-    o->c.cache_bytes = faster ? SIM_CACHE_BYTES : 0;
+    c->cache_beta = faster ? fitted : 0;
+    c->cache_bytes = faster ? SIM_CACHE_BYTES : 0;
     /* a 4-byte allreduce: what the model lacks of its time is the call's own overhead */
     tally__cost unused;
     double tiny = 0;
     if (tally_plan_calibrate_link("shm", 4, TALLY_SUM, &unused, &tiny)) return -1;
-    tally__sim_cluster two = o->c;
+    tally__sim_cluster two = *c;
     two.hosts = 1, two.per_host = 2, two.cores = 2, two.call_s = 0;
     tally__sim_coll q = {.coll = TALLY__ALLREDUCE, .bytes = 4, .dtype = TALLY_F32};
     tally__sim_result r;
-    if (!tally__sim_collective(&two, &q, &r) && tiny > r.seconds) o->c.call_s = tiny - r.seconds;
-    /* tcp on loopback: its latency is the stack's, and its fitted beta what each end's CPU spends a byte */
+    if (!tally__sim_collective(&two, &q, &r) && tiny > r.seconds) c->call_s = tiny - r.seconds;
+    return 0;
+}
+
+/* tcp on loopback: its latency is the stack's, and its fitted beta what each end's CPU spends a byte */
+static int measure_tcp(tally__sim_cluster *c, double S) {
+    double ar = 0;
     tally__cost t;
     if (tally_plan_calibrate_link("tcp", S, TALLY_SUM, &t, &ar)) return -1;
     if (ar > 0) t.beta = tally__plan_fit_beta(&t, 2, S, ar);
-    o->c.nic_alpha = t.alpha;
-    o->c.tcp_cpu = t.beta;
-    for (int i = 0; i < o->nafter; i++) /* a flag was checked at the parse; a file may have changed since */
-        if (o->after[i][0])
-            tally__sim_cluster_set(&o->c, o->after[i][0], o->after[i][1]);
-        else if (tally__sim_cluster_read(&o->c, o->after[i][1]))
-            return fprintf(stderr, "tally sim: --config %s, read again after --calibrate: %s\n", o->after[i][1],
-                           tally_last_error()),
-                   -1;
+    c->nic_alpha = t.alpha;
+    c->tcp_cpu = t.beta;
+    return 0;
+}
+
+/* The CPUs we may run on, and shm's latency with both ranks on one of them. */
+static int measure_cpus(tally__sim_cluster *c) {
     cpu_set_t all, one;
     if (sched_getaffinity(0, sizeof all, &all)) return fprintf(stderr, "tally sim: calibrate: no CPU set\n"), -1;
-    o->c.cores = CPU_COUNT(&all);
+    c->cores = CPU_COUNT(&all);
     CPU_ZERO(&one);
     for (int i = 0; i < CPU_SETSIZE; i++)
         if (CPU_ISSET(i, &all)) {
@@ -323,7 +353,24 @@ static int sim_calibrate(sim_opts *o) {
         sched_setaffinity(0, sizeof one, &one) ? -1 : tally_plan_calibrate_link("shm", 0, TALLY_SUM, &crowded, &ar1);
     sched_setaffinity(0, sizeof all, &all);
     if (rc) return -1;
-    o->c.crowded_alpha = crowded.alpha;
+    c->crowded_alpha = crowded.alpha;
+    return 0;
+}
+
+/* Measured first, then what was given after --calibrate, in order, so that it overrides what was measured.
+ * Each setting was taken at the parse, on the same slow ranks as here: none can fail now. */
+static int sim_calibrate(sim_opts *o) {
+    size_t most = 0;
+    for (int i = 0; i < o->nsizes; i++) most = o->size[i] > most ? o->size[i] : most;
+    double S = most > (1u << 20) ? (double)most : 16.0 * 1048576;
+    tally__sim_cluster c = o->before;
+    if (measure_shm(&c, S) || measure_tcp(&c, S) || measure_cpus(&c)) return -1;
+    for (size_t i = 0; i < o->nafter; i++)
+        if (tally__sim_cluster_set(&c, o->after[i].key, o->after[i].value))
+            return fprintf(stderr, "tally sim: --%s %s after --calibrate: %s\n", o->after[i].key, o->after[i].value,
+                           tally_last_error()),
+                   -1;
+    o->c = c;
     return 0;
 }
 
@@ -532,17 +579,23 @@ static int run_train(const sim_opts *o) {
     return run_train_chart(o);
 }
 
+static void sim_free(sim_opts *o) {
+    for (size_t i = 0; i < o->nafter; i++) free(o->after[i].key), free(o->after[i].value);
+    free(o->after);
+    free(o);
+}
+
 int tally_cmd_sim(int argc, char **argv) {
     sim_opts *o = calloc(1, sizeof *o);
     if (!o) return fprintf(stderr, "tally sim: out of memory\n"), 1;
     int rc = sim_parse(argc, argv, o);
     if (rc) {
-        free(o);
+        sim_free(o);
         return rc == 1 ? 0 : 2;
     }
     if (o->calibrate && sim_calibrate(o)) rc = 1;
     if (!rc && o->save && save_cluster(o)) rc = 1;
     if (!rc) rc = o->train ? run_train(o) : run_collectives(o);
-    free(o);
+    sim_free(o);
     return rc;
 }

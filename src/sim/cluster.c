@@ -179,8 +179,9 @@ static int binary_line(const char *path, int no, const char *line, size_t len) {
     return 0;
 }
 
-/* One line, NUL-terminated in place of its newline: its setting, or nothing for a blank or a comment. */
-static int cluster_line(tally__sim_cluster *c, const char *path, int no, char *line) {
+/* One line, NUL-terminated in place of its newline: its setting, or nothing for a blank or a comment;
+ * a setting made is handed to seen (when there is one). */
+static int cluster_line(tally__sim_cluster *c, const char *path, int no, char *line, tally__sim_seen seen, void *ctx) {
     char *hash = strchr(line, '#');
     if (hash) *hash = '\0';
     char *s = trim(line);
@@ -197,6 +198,8 @@ static int cluster_line(tally__sim_cluster *c, const char *path, int no, char *l
         snprintf(where, sizeof where, "sim: %s line %d: ", path, no);
         return tally__err_wrap(r, where, "");
     }
+    if (seen && seen(ctx, key, val))
+        return tally__seterr(TALLY_E_NOMEM, "sim: %s line %d: out of memory keeping the setting '%s'", path, no, key);
     return 0;
 }
 
@@ -225,7 +228,7 @@ static int cluster_bytes(int fd, const char *path, const char *label, uint64_t s
     return rc;
 }
 
-int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
+int tally__sim_cluster_read_seen(tally__sim_cluster *c, const char *path, tally__sim_seen seen, void *ctx) {
     char label[4200];
     snprintf(label, sizeof label, "sim: the cluster file %s", path);
     int fd;
@@ -240,11 +243,15 @@ int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
         char *nl = memchr(line, '\n', (size_t)(end - line));
         size_t len = nl ? (size_t)(nl - line) : (size_t)(end - line);
         line[len] = '\0'; /* the newline, or the NUL past the last byte */
-        if (!(rc = binary_line(path, no, line, len))) rc = cluster_line(c, path, no, line);
+        if (!(rc = binary_line(path, no, line, len))) rc = cluster_line(c, path, no, line, seen, ctx);
         line += len + 1;
     }
     free(bytes);
     return rc;
+}
+
+int tally__sim_cluster_read(tally__sim_cluster *c, const char *path) {
+    return tally__sim_cluster_read_seen(c, path, NULL, NULL);
 }
 
 int tally__sim_cluster_check(const tally__sim_cluster *c) {

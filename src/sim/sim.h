@@ -64,6 +64,12 @@ int tally__sim_cluster_set(tally__sim_cluster *c, const char *key, const char *v
  * 1 MiB, checked before it is read); TALLY_E_INVALID naming the file, the line and the key for a line it
  * cannot take; the open's own error (tally__file_open_read) when it cannot be opened. */
 int tally__sim_cluster_read(tally__sim_cluster *c, const char *path);
+/* Told each setting a cluster file made, in the file's order (key and value last only for the call), so
+ * that a caller can set them again without reading the file again; nonzero when it has no memory for them. */
+typedef int (*tally__sim_seen)(void *ctx, const char *key, const char *value);
+/* tally__sim_cluster_read, handing each setting it made to seen; TALLY_E_NOMEM naming the line where seen
+ * fails. */
+int tally__sim_cluster_read_seen(tally__sim_cluster *c, const char *path, tally__sim_seen seen, void *ctx);
 /* 0, or TALLY_E_INVALID naming the setting out of range (the layout, a slow rank past the world). */
 int tally__sim_cluster_check(const tally__sim_cluster *c);
 /* c as it plays a collective of `bytes`: shm's beta at that size (beta_bytes, cache_bytes). */

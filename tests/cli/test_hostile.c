@@ -142,19 +142,32 @@ static void test_calibrate_tmpdir(void) {
     TH_CHECK(file_is(th_at("precious"), "precious\n"), "plan --calibrate wrote into (or removed) a file swapped in");
 }
 
-static void spoil_config(const char *path, const char *name) { th_put_file(path, "bogus = 1\n"); }
+static void change_config(const char *path, const char *name) { th_put_file(path, "hosts = 3\n"); }
 
-/* sim --calibrate --config F reads F again after measuring (its settings override the measured ones): a
- * file changed meanwhile is an error naming it, never a config taken in part. */
+/* sim --calibrate --config F reads F once, at the parse, and sets what it read again over what it
+ * measured: F rewritten meanwhile (here to other valid settings, as soon as the parse has read it) changes
+ * nothing, rather than being taken unchecked by a second read. */
 static void test_config_changed(void) {
     th_put_file(th_at("cluster.conf"), "hosts = 2\n");
-    pid_t w = watch_start(th_at("cluster.conf"), IN_CLOSE_NOWRITE, spoil_config); /* once read at the parse */
-    const char *args[] = {"sim", "--calibrate", "--config", th_at("cluster.conf"), "--size", "1K", NULL};
+    pid_t w = watch_start(th_at("cluster.conf"), IN_CLOSE_NOWRITE, change_config); /* once read at the parse */
+    const char *args[] = {"sim", "--calibrate", "--config", th_at("cluster.conf"), "--size", "1K", "--json", NULL};
     th_tool_opts o = {.wall_s = 60};
     th_tool_run(args, &o, &R);
     int acted = watch_end(w);
-    expect(acted && R.rc == 1 && strstr(R.out, "cluster.conf line 1: no setting 'bogus'"),
-           "a config changed while sim --calibrate measured is refused, named");
+    TH_CHECK(acted && file_is(th_at("cluster.conf"), "hosts = 3\n"), "the config was not rewritten during the run");
+    expect(R.rc == 0 && strstr(R.out, "\"hosts\": 2,"), "a config rewritten while sim --calibrate measured is "
+                                                        "taken as the parse read it");
+}
+
+static void close_stdin(void *arg) { close(0); }
+
+/* Started with stdin closed (a daemon, nohup ... <&-), plan --calibrate hands its ranks the memory file for
+ * their results on a descriptor of its own, never on 0, where a rank's launcher puts /dev/null. */
+static void test_calibrate_stdin_closed(void) {
+    const char *args[] = {"plan", "--params", "1M", "--workers", "2", "--calibrate", NULL};
+    th_tool_opts o = {.wall_s = 60, .child = close_stdin};
+    th_tool_run(args, &o, &R);
+    expect(R.rc == 0 && strstr(R.out, "calibrated"), "plan --calibrate with stdin closed");
 }
 
 /* ---- 2: a FIFO (or anything not a regular file) where a file is read: refused, never waited on ---- */
@@ -349,6 +362,7 @@ int main(void) {
         test_planted_links();
         test_calibrate_tmpdir();
         test_config_changed();
+        test_calibrate_stdin_closed();
         test_fifos();
         test_shape();
         test_full_and_readonly();

@@ -1,6 +1,6 @@
 /* test_sim.c - the simulator against hand-computed cases: ring, tree and rhd on small layouts against
  * closed forms written here, two flows on one NIC, a slow rank on the critical path, the fast path
- * against the event level, cluster files and their errors, and `tally sim` end to end. */
+ * against the event level, cluster files and their errors, and `tally sim` end to end (--calibrate too). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +296,50 @@ static void test_cli(void) {
     TH_CHECK(st == 0 && strstr(out, "async"), "--mode async: exit %d:\n%s", st, out);
 }
 
+/* `sim BEFORE --config F --cores 7 ... AFTER`, F a 16 x 4 cluster whose rank 3 takes 2x and `more` ranks
+ * after it 1x (4 ranks on 7 CPUs are not crowded), with --train's 10 ms of compute: its compute_s, or -1. */
+static double slow_compute(int more, const char *before, const char *after, char *out, size_t cap) {
+    char conf[] = "/tmp/tally-sim-XXXXXX", args[512];
+    int fd = mkstemp(conf);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    TH_CHECK(f != NULL, "a config file in /tmp");
+    if (!f) return -1;
+    fputs("hosts = 16\nranks-per-host = 4\nslow = 3:2\n", f);
+    for (int r = 4; r < 4 + more; r++) fprintf(f, "slow = %d:1\n", r);
+    fclose(f);
+    snprintf(args, sizeof args, "%s --config %s --cores 7 --train --params 1M --compute 10ms --size 1K --json %s",
+             before, conf, after);
+    int st = sim(args, out, cap);
+    unlink(conf);
+    const char *at = st == 0 ? strstr(out, "\"compute_s\": ") : NULL;
+    return at ? strtod(at + strlen("\"compute_s\": "), NULL) : -1;
+}
+
+/* --calibrate measures, then sets what was given after it, in order: a --config file's settings once (rank
+ * 3's factor 2, not 4; 40 slow lines of the 64 a cluster takes, not 80) and --cores over the CPUs it
+ * counted (7, which this machine is unlikely to have). */
+static void test_cli_calibrate(void) {
+    static char out[1 << 16];
+    char saved[64];
+    snprintf(saved, sizeof saved, "/tmp/tally-sim-saved-%d", (int)getpid());
+    char save[96];
+    snprintf(save, sizeof save, "--save %s", saved);
+    for (int more = 0; more <= 39; more += 39) {
+        double given = slow_compute(more, "", "", out, sizeof out);
+        TH_CHECK(close_to(given, 0.02, 1e-6), "%d slow lines, rank 3 2x: want compute_s 0.02:\n%s", more + 1, out);
+        double calibrated = slow_compute(more, "--calibrate", more ? save : "", out, sizeof out);
+        TH_CHECK(calibrated == given, "--calibrate --config of %d slow lines: want compute_s %g as without it:\n%s",
+                 more + 1, given, out);
+    }
+    FILE *s = fopen(saved, "r");
+    char line[256];
+    int cores = 0;
+    while (s && fgets(line, sizeof line, s)) cores |= !strcmp(line, "cores = 7\n");
+    if (s) fclose(s);
+    TH_CHECK(cores, "--cores 7 after --calibrate: want 'cores = 7' in the saved cluster, not the CPUs counted");
+    unlink(saved);
+}
+
 /* The scale the issue asks for: a ring of 65,536 ranks, and a step on 8,192 hosts x 8 (fast path). */
 static void test_cli_scale(void) {
     static char out[1 << 16];
@@ -338,6 +382,7 @@ int main(void) {
     test_fast_matches_event();
     if (th_quick()) {
         test_cli();
+        test_cli_calibrate();
         test_cli_refused();
     }
     if (th_long()) test_cli_scale();

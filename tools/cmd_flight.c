@@ -29,13 +29,15 @@ static void flight_sig(const tally__flight_entry *e, char *out, size_t n) { tall
 
 /* s as it is where printable, else \xNN: a file name in DIR is anyone's choice, and a newline or an
  * escape sequence in it must not forge a line of the report or drive the terminal. */
-static void print_escaped(const char *s) {
+static void fprint_escaped(FILE *out, const char *s) {
     for (const unsigned char *c = (const unsigned char *)s; *c; c++)
         if (*c >= 0x20 && *c < 0x7f && *c != '\\')
-            putchar(*c);
+            putc(*c, out);
         else
-            printf("\\x%02x", *c);
+            fprintf(out, "\\x%02x", *c);
 }
+
+static void print_escaped(const char *s) { fprint_escaped(stdout, s); }
 
 /* "rank 2: allreduce #4 (...) failed after 2.00 s (TIMEOUT), waiting for rank 3; blamed rank 2" */
 static void flight_rank_line(const tally__flight_rank *r, uint64_t seq) {
@@ -67,7 +69,8 @@ static void flight_rank_line(const tally__flight_rank *r, uint64_t seq) {
     printf("\n");
 }
 
-static void flight_holder(const tally__flight_verdict *v) {
+/* unread: *.flight files not looked at, so a rank without a record read may have left one. */
+static void flight_holder(const tally__flight_verdict *v, size_t unread) {
     if (v->holder < 0) {
         printf("  holding the job up: the records do not tell%s\n",
                v->mismatch ? " (more than one rank called something else)" : "");
@@ -78,7 +81,9 @@ static void flight_holder(const tally__flight_verdict *v) {
         return;
     }
     printf("  holding the job up: rank %d", v->holder);
-    if (!v->holder_recorded)
+    if (!v->holder_recorded && unread)
+        printf(" (no record of it was read, and %zu *.flight file(s) were not looked at", unread);
+    else if (!v->holder_recorded)
         printf(" (it left no record: stopped, hung outside tally, or killed");
     else if (v->holder_late_s < 0)
         printf(" (it never began the collective the others wait in");
@@ -88,7 +93,7 @@ static void flight_holder(const tally__flight_verdict *v) {
     printf(")\n");
 }
 
-static int flight_report(const tally__flight_rank *r, size_t n) {
+static int flight_report(const tally__flight_rank *r, size_t n, size_t unread) {
     tally__flight_verdict v;
     tally__flight_analyze(r, n, &v);
     printf("communicator ");
@@ -97,7 +102,7 @@ static int flight_report(const tally__flight_rank *r, size_t n) {
     print_escaped(r[0].transport);
     printf(")\n");
     if (v.missing > 0) {
-        printf("  no record from rank(s):");
+        printf("  no record %s rank(s):", unread ? "read from" : "from");
         size_t i = 0; /* r is in rank order, each rank once */
         for (int k = 0; k < v.size; k++) {
             while (i < n && r[i].rank < k) i++;
@@ -114,9 +119,29 @@ static int flight_report(const tally__flight_rank *r, size_t n) {
     } else {
         printf("  first divergence: none in the records (every rank completed every collective they hold)\n");
     }
-    flight_holder(&v);
+    flight_holder(&v, unread);
     for (size_t i = 0; i < n; i++) flight_rank_line(&r[i], v.diverge_seq);
     return v.holder >= 0 ? 0 : 1;
+}
+
+/* What the verdict below does not see: records cut to their newest entries for room, and entries whose
+ * ranks were out of range (read as none). */
+static void flight_notes(const char *dir, const tally__flight_set *s) {
+    size_t cut = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        cut += s->r[i].n_old > 0;
+        if (!s->r[i].n_flagged) continue;
+        printf("note: ");
+        print_escaped(dir);
+        putchar('/');
+        print_escaped(s->r[i].file);
+        printf(": %zu entr%s a rank outside the communicator's %d, read as none\n", s->r[i].n_flagged,
+               s->r[i].n_flagged == 1 ? "y names" : "ies name", s->r[i].size);
+    }
+    if (cut)
+        printf("note: %zu record(s) hold more entries than each may keep (%zu: tally flight keeps %d of a directory, "
+               "shared by its *.flight files): their newest are read, the older not judged\n",
+               cut, s->share, TALLY__FLIGHT_KEPT);
 }
 
 int tally_cmd_flight(int argc, char **argv) {
@@ -131,7 +156,9 @@ int tally_cmd_flight(int argc, char **argv) {
     }
     tally__flight_set s;
     if (tally__flight_load(argv[1], &s)) {
-        fprintf(stderr, "tally flight: %s\n", tally_last_error());
+        fputs("tally flight: ", stderr); /* the message may name a file of DIR, anyone's choice */
+        fprint_escaped(stderr, tally_last_error());
+        fputc('\n', stderr);
         return 1;
     }
     /* Files set aside first: the verdict below is of the other records alone. */
@@ -155,6 +182,7 @@ int tally_cmd_flight(int argc, char **argv) {
         print_escaped(argv[1]);
         printf(": tally flight looks at no more than %d\n", TALLY__FLIGHT_FILES);
     }
+    flight_notes(argv[1], &s);
     if (s.n == 0) {
         fflush(stdout);
         if (s.n_skip)
@@ -176,7 +204,7 @@ int tally_cmd_flight(int argc, char **argv) {
     for (size_t i = 0; i < s.n;) {
         size_t j = i;
         while (j < s.n && !strcmp(s.r[j].label, s.r[i].label)) j++;
-        if (flight_report(&s.r[i], j - i) == 0) rc = 0;
+        if (flight_report(&s.r[i], j - i, s.n_unread) == 0) rc = 0;
         i = j;
     }
     tally__flight_set_free(&s);

@@ -706,7 +706,8 @@ static size_t tally__call_bytes(const tally_comm *c, const tally__call *a) {
 }
 
 /* A call the failed communicator refused before it began still goes in the records, with the fingerprint
- * it would have had: without it, a rank told of the failure looks like one that never came. */
+ * it would have had: without it, a rank told of the failure looks like one that never came. Its root was
+ * not checked (the fault is, first): one out of range is recorded as none, which the reader takes. */
 static void tally__flight_refused(tally_comm *c, const tally__call *a) {
     int coll = a->coll, bar = coll == TALLY__BARRIER;
     int reduces = coll == TALLY__ALLREDUCE || coll == TALLY__REDUCE_SCATTER || coll == TALLY__REDUCE;
@@ -714,7 +715,7 @@ static void tally__flight_refused(tally_comm *c, const tally__call *a) {
     size_t bytes = tally__call_bytes(c, a);
     tally__sig s = {.seq = c->seq + 1,
                     .count = bar || coll == TALLY__ALLTOALLV ? 0 : a->count,
-                    .root = rooted ? a->root : -1,
+                    .root = rooted && a->root >= 0 && a->root < c->ctx.size ? a->root : -1,
                     .coll = (uint8_t)coll,
                     .dtype = (uint8_t)(bar ? TALLY_U8 : a->t),
                     .op = (uint8_t)(reduces ? a->op : TALLY_SUM),

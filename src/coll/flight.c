@@ -102,18 +102,33 @@ static void fl_pick_dir(tally__flight *f, const tally__flight *parent, const cha
     f->base = slash ? (size_t)(slash - f->dir) + 1 : 0;
 }
 
+/* FNV-1a of s: a label too long to hold is named by its parent's, which is unique already. */
+static uint64_t fl_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
 /* "world"; a split of the world "comm<K>-<world rank of its rank 0>", of a split "<its label>.<K>-<...>",
  * K being the parent's collectives so far: every rank of the parent has made as many (a split is
  * collective over it, with collectives of its own, so no two splits share a K), whichever of its
- * communicators each rank made or stayed out of, and the siblings of one split differ by their rank 0. */
+ * communicators each rank made or stayed out of, and the siblings of one split differ by their rank 0.
+ * A chain longer than a label holds becomes "h<hash of the parent's label>.<K>-<...>" (at most 46
+ * characters for a world rank below 10^7; "h<hash>" of that past it): never cut, since two chains cut
+ * alike would share a label and a file, and no unhashed label starts with "h". */
 static void fl_label(tally__flight *f, const tally__flight *parent, uint64_t parent_seq, int first_world) {
+    char own[40], chain[96];
+    snprintf(own, sizeof own, "%llu-%d", (unsigned long long)parent_seq, first_world);
     if (!parent)
-        snprintf(f->label, sizeof f->label, "world");
+        snprintf(chain, sizeof chain, "world");
     else if (!strcmp(parent->label, "world"))
-        snprintf(f->label, sizeof f->label, "comm%llu-%d", (unsigned long long)parent_seq, first_world);
+        snprintf(chain, sizeof chain, "comm%s", own);
     else
-        snprintf(f->label, sizeof f->label, "%.24s.%llu-%d", parent->label, (unsigned long long)parent_seq,
-                 first_world);
+        snprintf(chain, sizeof chain, "%s.%s", parent->label, own);
+    if (strlen(chain) >= sizeof f->label)
+        snprintf(chain, sizeof chain, "h%016llx.%s", (unsigned long long)fl_hash(parent->label), own);
+    if (strlen(chain) >= sizeof f->label) snprintf(chain, sizeof chain, "h%016llx", (unsigned long long)fl_hash(chain));
+    memcpy(f->label, chain, strlen(chain) + 1);
 }
 
 void tally__flight_init(tally__flight *f, int rank, int size, int world_rank, int first_world,

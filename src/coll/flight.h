@@ -22,8 +22,10 @@
 /* The record format's version, its first line ("tally-flight 2"): 1, the first (a job line added later,
  * optional), 2, a job line in every record, named for its job, within the bounds below. The reader reads
  * every version up to this one and names a newer one rather than read it as one it knows. */
-#define TALLY__FLIGHT_FORMAT     2
-#define TALLY__FLIGHT_LINE       1024
+#define TALLY__FLIGHT_FORMAT 2
+#define TALLY__FLIGHT_LINE   1024
+/* Version 1 writers did not cut the message: "message ", an error of up to 1023 characters, its end. */
+#define TALLY__FLIGHT_LINE_V1    1032
 #define TALLY__FLIGHT_ENTRY_LINE 256
 #define TALLY__FLIGHT_HEAD       64
 #define TALLY__FLIGHT_FILE_MAX                                                                                         \
@@ -113,6 +115,8 @@ typedef struct tally__flight_rank {
     uint64_t dumped_ns;
     tally__flight_entry *e; /* [n], in sequence order */
     size_t n;
+    size_t n_old;     /* its older entries not kept: the reader's room is shared by the directory's records */
+    size_t n_flagged; /* entries naming a rank outside its size (read as none) */
 } tally__flight_rank;
 
 /* A file of the directory that was not read, and why ("is a symbolic link ...", "from another job ..."). */
@@ -122,8 +126,10 @@ typedef struct tally__flight_skip {
 } tally__flight_skip;
 
 /* What `tally flight` reads of one directory at most: files (the rest are counted, not read) and
- * entries kept in memory (a file that would pass it is set aside): a world of TALLY__BOOT_MAX_SIZE ranks
- * with the default depth and a few communicators fits. */
+ * entries kept in memory, shared alike by the files listed: each record keeps its newest
+ * TALLY__FLIGHT_KEPT / files entries (the rest counted in n_old), so none is set aside for want of room
+ * and the window every rank holds, the one judged, ends where the failure was. A world of
+ * TALLY__BOOT_MAX_SIZE ranks with the default depth and a few communicators fits whole. */
 #define TALLY__FLIGHT_FILES 16384
 #define TALLY__FLIGHT_KEPT  (1 << 22)
 
@@ -135,6 +141,7 @@ typedef struct tally__flight_set {
     size_t n_skip;
     size_t n_unread;  /* *.flight names past TALLY__FLIGHT_FILES, not looked at */
     size_t n_entries; /* entries of the records read, at most TALLY__FLIGHT_KEPT */
+    size_t share;     /* entries each record keeps at most: TALLY__FLIGHT_KEPT / the files listed */
     unsigned dir_uid; /* the directory's owner: what its owner's files say is taken for the job's */
 } tally__flight_set;
 

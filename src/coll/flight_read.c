@@ -37,11 +37,13 @@ static const char *fl_coll(int k) { return tally__coll_name(k); }
 typedef struct fl_parse {
     char *p, *end; /* the text not yet read */
     int line;      /* the number of the line last read */
+    int line_max;  /* a line's bound, its end included: the version's */
     int version;   /* the header's */
     unsigned seen; /* header keys read (1 << FK_*) */
     int head;      /* header lines read */
     uint64_t want; /* entries the record says it holds */
-    size_t room;   /* entries the caller can still keep */
+    int flagged;   /* the entry being read named a rank out of range */
+    size_t room;   /* entries the caller keeps of this record: its newest */
     tally__flight_rank *r;
     char *why;
     size_t wn;
@@ -76,11 +78,12 @@ static char *fl_line(fl_parse *x, int *rc) {
     if (x->p == x->end) return NULL;
     x->line++;
     size_t left = (size_t)(x->end - x->p);
-    char *nl = memchr(x->p, '\n', left < TALLY__FLIGHT_LINE ? left : TALLY__FLIGHT_LINE);
+    size_t max = (size_t)x->line_max;
+    char *nl = memchr(x->p, '\n', left < max ? left : max);
     if (!nl) {
-        *rc = left < TALLY__FLIGHT_LINE
-                  ? fl_bad(x, "it has no end: the record was cut short (a write interrupted?)")
-                  : fl_bad(x, "it is longer than %d bytes, which no record's line is", TALLY__FLIGHT_LINE - 1);
+        *rc = left < max ? fl_bad(x, "it has no end: the record was cut short (a write interrupted?)")
+                         : fl_bad(x, "it is longer than %zu bytes, which no line of a format version %d record is",
+                                  max - 1, x->version ? x->version : 1);
         return NULL;
     }
     if (memchr(x->p, '\0', (size_t)(nl - x->p))) {
@@ -114,11 +117,23 @@ static int fl_parse_version(fl_parse *x, const char *line) {
                       "wrote it",
                       v, TALLY__FLIGHT_FORMAT);
     x->version = (int)v;
+    x->line_max = v == 1 ? TALLY__FLIGHT_LINE_V1 : TALLY__FLIGHT_LINE;
+    return 0;
+}
+
+/* A rank of an entry (root, peer, culprit): a whole number of 32 bits; outside -1..size-1 it is read as
+ * -1, none, and counted: an older writer recorded a refused call's root unchecked, and one such field
+ * is no reason to lose the record (no rank it names is used). */
+static int fl_rank(fl_parse *x, const char *name, const char *v, int32_t *out) {
+    long long k;
+    if (fl_int(x, name, v, INT32_MIN, INT32_MAX, &k)) return TALLY_E_INVALID;
+    *out = k >= -1 && k < x->r->size ? (int32_t)k : -1;
+    x->flagged |= *out != k;
     return 0;
 }
 
 /* One entry: e seq coll count dtype op root algo state rc peer culprit begin_ns end_ns, each field
- * parsed whole and in range (ranks below the record's size). */
+ * parsed whole and in range (ranks as fl_rank reads them). */
 static int fl_parse_entry(fl_parse *x, char *line, tally__flight_entry *e) {
     char *f[14];
     int nf = 0;
@@ -135,15 +150,17 @@ static int fl_parse_entry(fl_parse *x, char *line, tally__flight_entry *e) {
     if (nf < 13) return fl_bad(x, "an entry of %d fields, where an entry has 13", nf);
     for (int i = 0; i < 13; i++)
         if (!f[i][0]) return fl_bad(x, "an entry with an empty field (field %d)", i + 1);
-    int size = x->r->size;
     uint64_t seq, count, b, end;
-    long long root, rc, peer, culprit;
+    long long rc;
+    int32_t root, peer, culprit;
     int c, d, o, a, st;
-    int bad = fl_u64(x, "seq", f[0], &seq) || fl_u64(x, "count", f[2], &count) ||
-              fl_int(x, "root", f[5], -1, size - 1, &root) || fl_int(x, "rc", f[8], INT32_MIN, 0, &rc) ||
-              fl_int(x, "peer", f[9], -1, size - 1, &peer) || fl_int(x, "culprit", f[10], -1, size - 1, &culprit) ||
-              fl_u64(x, "begin_ns", f[11], &b) || fl_u64(x, "end_ns", f[12], &end);
+    x->flagged = 0;
+    int bad = fl_u64(x, "seq", f[0], &seq) || fl_u64(x, "count", f[2], &count) || fl_rank(x, "root", f[5], &root) ||
+              fl_int(x, "rc", f[8], INT32_MIN, 0, &rc) || fl_rank(x, "peer", f[9], &peer) ||
+              fl_rank(x, "culprit", f[10], &culprit) || fl_u64(x, "begin_ns", f[11], &b) ||
+              fl_u64(x, "end_ns", f[12], &end);
     if (bad) return TALLY_E_INVALID;
+    x->r->n_flagged += x->flagged;
     if (seq == 0) return fl_bad(x, "seq 0: a communicator's collectives are numbered from 1");
     if ((c = fl_name(f[1], 0, TALLY__COLL_COUNT - 1, fl_coll)) < 0) return fl_bad(x, "'%.32s' is no collective", f[1]);
     if ((d = fl_name(f[3], 0, TALLY_DTYPE_COUNT - 1, fl_dtype)) < 0) return fl_bad(x, "'%.32s' is no dtype", f[3]);
@@ -153,7 +170,7 @@ static int fl_parse_entry(fl_parse *x, char *line, tally__flight_entry *e) {
         return fl_bad(x, "'%.32s' is no state (running, done or failed)", f[7]);
     *e = (tally__flight_entry){.sig = {.seq = seq,
                                        .count = count,
-                                       .root = (int32_t)root,
+                                       .root = root,
                                        .coll = (uint8_t)c,
                                        .dtype = (uint8_t)d,
                                        .op = (uint8_t)o,
@@ -162,8 +179,8 @@ static int fl_parse_entry(fl_parse *x, char *line, tally__flight_entry *e) {
                                .end_ns = end,
                                .state = st,
                                .rc = (int32_t)rc,
-                               .peer = (int32_t)peer,
-                               .culprit = (int32_t)culprit};
+                               .peer = peer,
+                               .culprit = culprit};
     return 0;
 }
 
@@ -197,21 +214,18 @@ static int fl_text(fl_parse *x, int k, const char *v, char *to, size_t cap) {
 }
 
 /* "entries N": at most TALLY__FLIGHT_MAX (a ring's largest), after the size the entries' ranks are
- * checked against, no more than the lines that follow and the room the caller has; the array is then
- * allocated once. */
+ * checked against, no more than the lines that follow; the array is then allocated once (at most
+ * TALLY__FLIGHT_MAX entries, cut to the caller's room once sorted). */
 static int fl_parse_entries(fl_parse *x, const char *v) {
     long long n;
-    if (!(x->seen & (1u << FK_SIZE))) return fl_bad(x, "entries come before the size their ranks are checked against");
+    if (!(x->seen & (1u << FK_SIZE)))
+        return fl_bad(x, "no size line before \"entries N\": every record has one, and the entries' ranks are "
+                         "checked against it");
     if (fl_int(x, "entries", v, 0, TALLY__FLIGHT_MAX, &n)) return TALLY_E_INVALID;
     uint64_t left = fl_lines_left(x);
     if ((uint64_t)n > left)
         return fl_bad(x, "entries %lld, but %llu line(s) follow: the record was cut short (a write interrupted?)", n,
                       (unsigned long long)left);
-    if ((uint64_t)n > x->room)
-        return fl_bad(x,
-                      "entries %lld, more than the %zu the reader has room for after the records before it (it "
-                      "keeps at most %d entries of a directory)",
-                      n, x->room, TALLY__FLIGHT_KEPT);
     x->want = (uint64_t)n;
     if (n && !(x->r->e = malloc((size_t)n * sizeof *x->r->e)))
         return tally__seterr(TALLY_E_NOMEM, "out of memory for %lld entries of %s", n, x->r->file);
@@ -267,6 +281,16 @@ static int fl_parse_line(fl_parse *x, char *line) {
     return fl_parse_key(x, line);
 }
 
+/* Of r's entries (in sequence order) the newest `room`: the failure is at the end of every record. */
+static void fl_keep_newest(tally__flight_rank *r, size_t room) {
+    if (r->n <= room) return;
+    r->n_old = r->n - room;
+    memmove(r->e, r->e + r->n_old, room * sizeof *r->e);
+    r->n = room;
+    tally__flight_entry *less = realloc(r->e, (room ? room : 1) * sizeof *r->e);
+    if (less) r->e = less; /* else the larger block stays: only memory */
+}
+
 static int fl_by_seq(const void *a, const void *b) {
     uint64_t x = ((const tally__flight_entry *)a)->sig.seq, y = ((const tally__flight_entry *)b)->sig.seq;
     return x < y ? -1 : x > y;
@@ -285,24 +309,26 @@ static int fl_parse_check(fl_parse *x) {
     if (!(x->seen & (1u << FK_LABEL))) return fl_bad(x, "no label line");
     if (x->version >= 2 && !(x->seen & (1u << FK_JOB)))
         return fl_bad(x, "no job line, which every record of format version 2 has");
-    if (!(x->seen & (1u << FK_RANK)) || r->rank >= r->size)
-        return fl_bad(x, "no rank below its size (rank %d of %d)", r->rank, r->size);
+    if (!(x->seen & (1u << FK_RANK))) return fl_bad(x, "no rank line, which every record has");
+    if (r->rank >= r->size) return fl_bad(x, "rank %d is not below its size %d", r->rank, r->size);
     if (!(x->seen & (1u << FK_WORLD_RANK))) r->world_rank = r->rank; /* records before splits */
     if (r->n) qsort(r->e, r->n, sizeof *r->e, fl_by_seq);            /* none: e is NULL, which qsort may not take */
     for (size_t i = 1; i < r->n; i++)
         if (r->e[i].sig.seq == r->e[i - 1].sig.seq)
             return fl_bad(x, "two entries of collective #%llu", (unsigned long long)r->e[i].sig.seq);
+    fl_keep_newest(r, x->room);
     return 0;
 }
 
 /* Parses text (size bytes, NUL after them) into r; TALLY_E_INVALID with why when it is not a record,
- * TALLY_E_NOMEM. room: the entries r may hold. */
+ * TALLY_E_NOMEM. room: the entries of it r keeps, its newest. */
 static int fl_parse_file(char *text, size_t size, const char *name, size_t room, tally__flight_rank *r, char *why,
                          size_t wn) {
     memset(r, 0, sizeof *r);
     r->culprit = -1;
     snprintf(r->file, sizeof r->file, "%s", name);
-    fl_parse x = {.p = text, .end = text + size, .room = room, .r = r, .why = why, .wn = wn};
+    fl_parse x = {
+        .p = text, .end = text + size, .line_max = TALLY__FLIGHT_LINE, .room = room, .r = r, .why = why, .wn = wn};
     int rc;
     char *line = fl_line(&x, &rc);
     if (!line && !rc) {
@@ -370,8 +396,7 @@ static int fl_read_one(int fd, const struct stat *st, const char *name, tally__f
     }
     s->r = grown;
     char why[512];
-    size_t room = TALLY__FLIGHT_KEPT - s->n_entries;
-    rc = fl_parse_file((char *)text, (size_t)st->st_size, name, room, &s->r[s->n], why, sizeof why);
+    rc = fl_parse_file((char *)text, (size_t)st->st_size, name, s->share, &s->r[s->n], why, sizeof why);
     free(text);
     if (rc) {
         free(s->r[s->n].e);
@@ -384,10 +409,6 @@ static int fl_read_one(int fd, const struct stat *st, const char *name, tally__f
 
 /* Reads one file into s->r, or sets it aside with why; an error only for want of memory. */
 static int fl_load_one(int dfd, const char *name, uid_t dir_uid, tally__flight_set *s) {
-    if (s->n + s->n_skip >= TALLY__FLIGHT_FILES) {
-        s->n_unread++; /* counted, not listed: a directory of a million names costs no memory */
-        return 0;
-    }
     int fd;
     struct stat st;
     if (tally__file_open_read_nofollow(dfd, name, name, &fd, &st)) return fl_skip_err(s, name);
@@ -543,6 +564,29 @@ static int fl_by_file(const void *a, const void *b) {
     return strcmp(((const tally__flight_skip *)a)->file, ((const tally__flight_skip *)b)->file);
 }
 
+/* The *.flight names in d, at most TALLY__FLIGHT_FILES (the rest counted in s->n_unread): listed before
+ * any is read, so that the room for entries is shared alike by all of them. */
+static int fl_list(DIR *d, tally__flight_set *s, char ***names, size_t *n) {
+    size_t cap = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (!fl_is_record(de->d_name)) continue;
+        if (*n == TALLY__FLIGHT_FILES) {
+            s->n_unread++; /* counted, not listed: a directory of a million names costs no memory */
+            continue;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **grown = realloc(*names, cap * sizeof *grown);
+            if (!grown) return tally__seterr(TALLY_E_NOMEM, "out of memory listing flight records");
+            *names = grown;
+        }
+        if (!((*names)[*n] = strdup(de->d_name)))
+            return tally__seterr(TALLY_E_NOMEM, "out of memory listing flight records");
+        (*n)++;
+    }
+    return 0;
+}
+
 int tally__flight_load(const char *dir, tally__flight_set *s) {
     memset(s, 0, sizeof *s);
     tally__sig_name_algos(tally__algo_name); /* the records' fingerprints are shown with their names */
@@ -560,9 +604,13 @@ int tally__flight_load(const char *dir, tally__flight_set *s) {
         close(dfd);
         return tally__seterr(TALLY_E_SYSTEM, "cannot list %s", dir);
     }
-    struct dirent *de;
-    while (!rc && (de = readdir(d)))
-        if (fl_is_record(de->d_name)) rc = fl_load_one(dirfd(d), de->d_name, dst.st_uid, s);
+    char **names = NULL;
+    size_t n = 0;
+    rc = fl_list(d, s, &names, &n);
+    s->share = n ? TALLY__FLIGHT_KEPT / n : 0;
+    for (size_t i = 0; i < n && !rc; i++) rc = fl_load_one(dirfd(d), names[i], dst.st_uid, s);
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
     closedir(d);
     if (!rc) rc = fl_keep_job(s);
     if (rc) {
@@ -710,8 +758,10 @@ void tally__flight_analyze(const tally__flight_rank *r, size_t n, tally__flight_
         if (r[i].e[0].sig.seq > lo) lo = r[i].e[0].sig.seq; /* the windows all ranks still hold */
         if (r[i].e[r[i].n - 1].sig.seq > hi) hi = r[i].e[r[i].n - 1].sig.seq;
     }
-    for (uint64_t s = lo ? lo : 1; s <= hi && !v->diverge_seq; s++)
+    for (uint64_t s = lo ? lo : 1; s <= hi && !v->diverge_seq; s++) {
         if (fl_diverges(r, n, s, &v->mismatch)) v->diverge_seq = s;
+        if (s == UINT64_MAX) break; /* a record may hold the last number there is: s++ would wrap to 0 */
+    }
     if (!v->diverge_seq) return;
     if (v->mismatch) {
         v->holder = fl_odd_one(r, n, v->diverge_seq);

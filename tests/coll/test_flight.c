@@ -2,6 +2,8 @@
  * rank that died and one that aborted on a signal each leave records from which `tally flight` names it;
  * the ring keeps the last K; TALLY_FLIGHT=0 keeps none; the verdict on hand-written records. */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -276,6 +278,12 @@ static void verdicts(void) {
     tally__flight_analyze(done, 2, &v);
     TH_CHECK(v.diverge_seq == 0 && v.holder == -1, "all done: diverge %llu holder %d",
              (unsigned long long)v.diverge_seq, v.holder);
+    /* The same at the last sequence number there is: the search stops there, not wrapping to #1. */
+    tally__flight_entry last[] = {ent(UINT64_MAX, 8, D, -1, -1, 60)};
+    done[0].e = done[1].e = last;
+    tally__flight_analyze(done, 2, &v);
+    TH_CHECK(v.diverge_seq == 0 && v.holder == -1, "all done at #%llu: diverge %llu holder %d",
+             (unsigned long long)UINT64_MAX, (unsigned long long)v.diverge_seq, v.holder);
 }
 
 /* `tally flight` misused: no directory, two, one that is not there, one without records, a record cut
@@ -428,6 +436,112 @@ static void split_labels(void) {
     th_rm_dir(S->dir);
 }
 
+/* Splits of splits past the length a label holds stay distinct: two communicators split from two
+ * siblings at the same count get two labels and two files, each at most 47 characters. */
+static void deep_labels(void) {
+    static tally__flight w, a, a1, p1, p2, c1, c2;
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/tally-test-flight-deep-%d", (int)getpid());
+    th_rm_dir(dir);
+    mkdir(dir, 0700);
+    tally__flight_init(&w, 0, 8, 0, 0, NULL, 0, "h", 1, 1, 0, dir);
+    tally__flight_init(&a, 0, 8, 0, 0, &w, 10000000, "h", 1, 1, 0, "");
+    tally__flight_init(&a1, 0, 8, 0, 0, &a, 20000000, "h", 1, 1, 0, "");
+    tally__flight_init(&p1, 0, 4, 0, 0, &a1, 30, "h", 1, 1, 0, "");
+    tally__flight_init(&p2, 0, 4, 0, 0, &a1, 40, "h", 1, 1, 0, "");
+    tally__flight_init(&c1, 0, 2, 0, 0, &p1, 2, "h", 1, 1, 1, "");
+    tally__flight_init(&c2, 0, 2, 0, 0, &p2, 2, "h", 1, 1, 1, "");
+    TH_CHECK(strcmp(p1.label, p2.label) && strcmp(c1.label, c2.label) && strcmp(c1.path, c2.path),
+             "deep splits share a label: %s and %s, %s and %s", p1.label, p2.label, c1.label, c2.label);
+    static tally__flight g1, g2; /* one more level each, past 47 characters: named by a hash, still two */
+    tally__flight_init(&g1, 0, 2, 0, 0, &c1, 99999999999ull, "h", 1, 1, 0, "");
+    tally__flight_init(&g2, 0, 2, 0, 0, &c2, 99999999999ull, "h", 1, 1, 0, "");
+    TH_CHECK(g1.label[0] == 'h' && strcmp(g1.label, g2.label) && strlen(g1.label) < sizeof g1.label - 1,
+             "splits past a label's length: %s and %s", g1.label, g2.label);
+    tally__flight_dump(&c1, "TIMEOUT", -1, "c1");
+    tally__flight_dump(&c2, "TIMEOUT", -1, "c2");
+    tally__flight_fini(&c1);
+    tally__flight_fini(&c2);
+    char labels[4][48];
+    int n = records_in(dir, "h-1-00000001", labels, 4);
+    TH_CHECK(n == 2 && strcmp(labels[0], labels[1]), "deep splits: %d records, want two communicators' (%s, %s)", n,
+             c1.label, c2.label);
+    printf("  deep splits: %s and %s\n", c1.label, c2.label);
+    th_rm_dir(dir);
+}
+
+/* A broken communicator refuses a rooted call whose root is out of range: the record it writes reads
+ * back, the refused call's root as none, and names the rank that left. */
+static int rooted_rank(int rank, int n, void *arg) {
+    (void)n;
+    (void)arg;
+    tally_comm *c;
+    if (tally_comm_init(&c)) return 2;
+    float buf[8] = {0}, all[16] = {0};
+    int rc = tally_allreduce(c, buf, buf, 8, TALLY_F32, TALLY_SUM);
+    if (rank == 1) _exit(0);
+    double t0 = th_now();
+    for (int k = 0; rc == 0 || rc == TALLY_E_INVALID; k++) {
+        if (th_now() - t0 > 30) return 4;
+        usleep(10000);
+        switch (k % 4) { /* root 7 of 2: refused as INVALID until the peer's loss is seen */
+        case 0: rc = tally_broadcast(c, buf, 8, TALLY_F32, 7); break;
+        case 1: rc = tally_reduce(c, buf, buf, 8, TALLY_F32, TALLY_SUM, 7); break;
+        case 2: rc = tally_gather(c, buf, all, 8, TALLY_F32, 7); break;
+        default: rc = tally_scatter(c, all, buf, 8, TALLY_F32, 7); break;
+        }
+    }
+    S->code[0] = rc;
+    tally_comm_free(c);
+    return 0;
+}
+
+static void refused_root(void) {
+    memset(S, 0, sizeof *S);
+    snprintf(S->dir, sizeof S->dir, "/tmp/tally-test-flight-root-%d", (int)getpid());
+    th_rm_dir(S->dir);
+    th_opts o = {.transport = "shm", .timeout_s = TIMEOUT_S, .wall_s = 60, .child_env = flight_env};
+    th_run(2, &o, rooted_rank, NULL);
+    TH_CHECK(S->code[0] == TALLY_E_PEER_LOST, "refused root: rank 0 got %s", tally_strerror(S->code[0]));
+    const char *want[] = {"holding the job up: rank 1", "records from 1", NULL};
+    check_tool("a rooted call refused with root 7 of 2", 0, want);
+    tally__flight_set set; /* the writer wrote no root its reader has to read as none */
+    int rc = tally__flight_load(S->dir, &set);
+    TH_CHECK(!rc && set.n == 1 && set.r[0].n_flagged == 0,
+             "refused root: %zu record(s), %zu entries with a rank out "
+             "of range",
+             rc ? 0 : set.n, rc || !set.n ? 0 : set.r[0].n_flagged);
+    if (!rc) tally__flight_set_free(&set);
+    th_rm_dir(S->dir);
+}
+
+static void small_memory(void *arg) {
+    (void)arg;
+    struct rlimit as = {60 << 20, 60 << 20};
+    setrlimit(RLIMIT_AS, &as);
+}
+
+/* A record too large for the memory there is: the message names the file escaped, as every other. */
+static void no_memory_name(void) {
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/tally-test-flight-nomem-%d", (int)getpid());
+    th_rm_dir(dir);
+    mkdir(dir, 0700);
+    const char *p = th_path(dir, "x\x1b]0;pwned\a\x1b[2Jy.flight");
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    TH_CHECK(fd >= 0 && ftruncate(fd, 16 << 20) == 0, "make %s: %s", p, strerror(errno));
+    if (fd >= 0) close(fd);
+    const char *args[] = {"flight", dir, NULL};
+    th_tool_opts o = {.wall_s = 30, .child = small_memory};
+    th_tool *t = malloc(sizeof *t);
+    th_tool_run(args, &o, t);
+    TH_CHECK(t->rc == 1 && strstr(t->out, "out of memory") && !memchr(t->out, 0x1b, t->len) &&
+                 strstr(t->out, "\\x1b]0;pwned"),
+             "a record's name on the out-of-memory path: exit %d:\n%s", t->rc, t->out);
+    free(t);
+    th_rm_dir(dir);
+}
+
 int main(void) {
     S = th_shared_alloc(sizeof *S);
     if (th_quick()) {
@@ -441,6 +555,9 @@ int main(void) {
         ring_and_off();
         two_worlds();
         split_labels();
+        deep_labels();
+        refused_root();
+        if (!th_light()) no_memory_name(); /* a sanitizer's shadow memory needs more than the limit */
     }
     if (th_long()) stopped("tcp");
     return th_verdict("test_flight");

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "boot/boot.h"
+#include "coll/coll.h"
 #include "coll/flight.h"
+#include "core/sig.h"
 #include "harness.h"
 
 #define X40 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
@@ -110,16 +112,17 @@ static void bad_fields(void) {
         {"e 1 ", "e 1x ", "line 15", "seq"},
         {"allreduce 8 ", "allreduce 99999999999999999999999 ", "line 15", "count"},
         {"sum -1 ring", "sum 2147483648 ring", "line 15", "root"},
-        {"sum -1 ring", "sum 2 ring", "line 15", "root"},
         {"done 0 -1 -1", "done 5 -1 -1", "line 15", "rc"},
-        {"done 0 -1 -1", "done 0 -2 -1", "line 15", "peer"},
-        {"done 0 -1 -1", "done 0 7 -1", "line 15", "peer"},
+        {"done 0 -1 -1", "done 0 -2147483649 -1", "line 15", "peer"},
         {"done 0 -1 -1", "done 0 -1 99999999999", "line 15", "culprit"},
         {" 1 2\n", " 1 -2\n", "line 15", "end"},
         {"e 1 allreduce", "e 1  allreduce", "line 15", "entry"},
         {"allreduce 8 f32", "allreduce 8 f33", "line 15", "f33"},
         {"entries 1\ne", "entries 1\ne 1 allreduce 8 f32 sum -1 ring done 0 -1 -1 1 2\ne", "line 16", "entries 1"},
         {"entries 1\n", "", "line 14", "entries"},
+        {"rank 0\n", "", "line 15", "no rank line"},
+        {"size 2\n", "", "line 13", "no size line"},
+        {"rank 0\n", "rank 2\n", "line 16", "rank 2 is not below its size 2"},
         {"message m\n", "message m\ne 1 allreduce 8 f32 sum -1 ring done 0 -1 -1 1 2\n", "line 14", "entries"},
     };
     for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
@@ -179,40 +182,142 @@ static void bad_shape(void) {
     set_aside("no header", "rank0.world.flight", junk);
 }
 
-/* What the writer writes, at the largest of every field and with a message longer than a line may be,
- * reads back: the writer keeps within the bounds the reader holds it to. */
+/* The longest of names(k) for k in lo..hi, and its k. */
+static int longest(int lo, int hi, const char *(*names)(int)) {
+    int best = lo;
+    for (int k = lo; k <= hi; k++)
+        if (strlen(names(k)) > strlen(names(best))) best = k;
+    return best;
+}
+static const char *coll_name(int k) { return tally__coll_name(k); }
+static const char *dtype_name(int k) { return tally_dtype_name((tally_dtype)k); }
+static const char *op_name(int k) { return tally_op_name((tally_op)k); }
+static const char *algo_name(int k) { return tally__algo_name(k == tally__algo_count() + 1 ? TALLY__ALGO_HIER : k); }
+
+/* What the writer writes, at the largest of every field (the longest label a split's split may have,
+ * host, job, collective, dtype, op, algorithm and reason, every number at its largest) and with a
+ * message longer than a line may be, reads back: the writer keeps within the bounds the reader holds
+ * it to. */
 static void writer_within_bounds(void) {
     fresh_dir();
-    tally__flight f;
+    tally__flight w, a, f;
     char host[64];
     memset(host, 'h', sizeof host - 1);
     host[sizeof host - 1] = '\0';
-    tally__flight_init(&f, TALLY__BOOT_MAX_SIZE - 1, TALLY__BOOT_MAX_SIZE, TALLY__BOOT_MAX_SIZE - 1, 0, NULL, 0, host,
-                       2147483647, 0xffffffffu, 3, dir);
+    int top = TALLY__BOOT_MAX_SIZE - 1;
+    tally__flight_init(&w, top, top + 1, top, 0, NULL, 0, host, 2147483647, 0xffffffffu, 0, dir);
+    tally__flight_init(&a, top, top + 1, top, top, &w, UINT64_MAX, host, 2147483647, 0xffffffffu, 0, dir);
+    /* "comm18446744073709551615-4095.999999999999-4095": 47 characters, the most a label holds */
+    tally__flight_init(&f, top, top + 1, top, top, &a, 999999999999ull, host, 2147483647, 0xffffffffu, 3, dir);
+    TH_CHECK(strlen(f.label) == sizeof f.label - 1, "the label %s is not the longest a label may be (%zu)", f.label,
+             sizeof f.label - 1);
     tally__flight_set_transport(&f, "shm+tcp");
+    int algo = longest(0, tally__algo_count() + 1, algo_name);
     for (int i = 0; i < 3; i++) {
         tally__sig sig = {.seq = UINT64_MAX - 2 + (uint64_t)i,
                           .count = UINT64_MAX,
-                          .root = TALLY__BOOT_MAX_SIZE - 1,
-                          .coll = TALLY__ALLREDUCE,
-                          .dtype = TALLY_BF16,
-                          .op = TALLY_BXOR};
+                          .root = top,
+                          .coll = (uint8_t)longest(0, TALLY__COLL_COUNT - 1, coll_name),
+                          .dtype = (uint8_t)longest(0, TALLY_DTYPE_COUNT - 1, dtype_name),
+                          .op = (uint8_t)longest(0, TALLY_OP_COUNT - 1, op_name),
+                          .algo = (uint8_t)(algo == tally__algo_count() + 1 ? TALLY__ALGO_HIER : algo)};
         tally__flight_begin(&f, &sig);
-        atomic_store(&f.awaited, TALLY__BOOT_MAX_SIZE - 1);
-        tally__flight_end(&f, -2147483647 - 1, TALLY__BOOT_MAX_SIZE - 1);
+        atomic_store(&f.awaited, top);
+        tally__flight_end(&f, -2147483647 - 1, top);
+        f.ring[i].begin_ns = f.ring[i].end_ns = UINT64_MAX;
     }
     char msg[3000];
     memset(msg, 'm', sizeof msg - 1);
     msg[sizeof msg - 1] = '\0';
-    TH_CHECK(tally__flight_dump(&f, "TIMEOUT", TALLY__BOOT_MAX_SIZE - 1, msg) == 0, "the dump failed: %s",
-             strerror(errno));
+    TH_CHECK(tally__flight_dump(&f, "PEER_LOST", top, msg) == 0, "the dump failed: %s", strerror(errno));
     tally__flight_fini(&f);
     tally__flight_set s;
     int rc = tally__flight_load(dir, &s);
-    TH_CHECK(rc == 0 && s.n == 1 && s.r[0].n == 3 && s.r[0].e[2].sig.seq == UINT64_MAX,
-             "the writer's largest record does not read back: %zu read: %s", s.n,
-             s.n_skip ? s.skip[0].why : tally_last_error());
+    TH_CHECK(rc == 0 && s.n == 1 && s.r[0].n == 3 && s.r[0].e[2].sig.seq == UINT64_MAX &&
+                 s.r[0].e[2].begin_ns == UINT64_MAX && !strcmp(s.r[0].label, f.label),
+             "the writer's largest record does not read back: %zu read: %s", rc ? 0 : s.n,
+             rc         ? tally_last_error()
+             : s.n_skip ? s.skip[0].why
+                        : "-");
     if (!rc) tally__flight_set_free(&s);
+}
+
+/* An entry naming a rank outside the record's size (a refused call's root, as an older writer wrote
+ * it) is read with that rank as none and counted, not the whole record set aside. */
+static void ranks_out_of_range(void) {
+    static const struct {
+        const char *find, *put;
+    } probe[] = {{"sum -1 ring", "sum 7 ring"}, {"done 0 -1 -1", "done 0 7 -1"}, {"done 0 -1 -1", "done 0 -2 5"}};
+    for (size_t i = 0; i < sizeof probe / sizeof *probe; i++) {
+        char text[4096];
+        edited(probe[i].find, probe[i].put, text, sizeof text);
+        fresh_dir();
+        th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+        tally__flight_set s;
+        int rc = tally__flight_load(dir, &s);
+        const tally__flight_entry *e = !rc && s.n == 1 && s.r[0].n == 1 ? &s.r[0].e[0] : NULL;
+        TH_CHECK(e && e->sig.root == -1 && e->peer == -1 && e->culprit == -1 && s.r[0].n_flagged == 1,
+                 "'%s': %zu read, root %d peer %d culprit %d, %zu flagged: %s", probe[i].put, rc ? 0 : s.n,
+                 e ? e->sig.root : 0, e ? e->peer : 0, e ? e->culprit : 0, e ? s.r[0].n_flagged : 0,
+                 rc         ? tally_last_error()
+                 : s.n_skip ? s.skip[0].why
+                            : "-");
+        if (!rc) tally__flight_set_free(&s);
+    }
+}
+
+/* A record of `n` entries (rank `rank` of 2, job `job`), seqs 1..n done but the last `last` (a state). */
+static void put_big(const char *name, const char *job, int rank, int n, const char *last) {
+    size_t cap = 1024 + (size_t)n * 64, k = 0;
+    char *text = malloc(cap);
+    k += (size_t)snprintf(text + k, cap - k,
+                          "tally-flight 2\njob %s\nlabel world\nrank %d\nworld_rank %d\nsize 2\nhost h\npid 1\n"
+                          "dumped_ns 5\nentries %d\n",
+                          job, rank, rank, n);
+    for (int i = 1; i <= n; i++)
+        k += (size_t)snprintf(text + k, cap - k, "e %d allreduce 8 f32 sum -1 ring %s 0 -1 -1 1 2\n", i,
+                              i == n ? last : "done");
+    th_write_file(th_path(dir, name), text, k);
+    free(text);
+}
+
+/* Records at the deepest ring, more than the reader keeps whole (64 copies of another job's and the two
+ * of the job read): none is set aside for want of room, each keeps its newest entries (the same share
+ * each), and the verdict is the records' (rank 1 never began #65536). */
+static void room_shared(void) {
+    fresh_dir();
+    put_big("other.flight", "h-2-00000002", 1, TALLY__FLIGHT_MAX, "done");
+    for (int i = 0; i < 64; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "copy%02d.flight", i);
+        TH_CHECK(link(th_path(dir, "other.flight"), th_path(dir, name)) == 0, "link: %s", strerror(errno));
+    }
+    unlink(th_path(dir, "other.flight"));
+    put_big("rank0.world.h-1-00000001.flight", "h-1-00000001", 0, TALLY__FLIGHT_MAX, "running");
+    put_big("rank1.world.h-1-00000001.flight", "h-1-00000001", 1, TALLY__FLIGHT_MAX - 1, "done");
+    tally__flight_set s;
+    int rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0, "66 deep records: %s", tally_last_error());
+    if (rc) return;
+    size_t other = 0, share = TALLY__FLIGHT_KEPT / 66;
+    for (size_t i = 0; i < s.n_skip; i++) other += strstr(s.skip[i].why, "of another job") != NULL;
+    TH_CHECK(s.n == 2 && other == 64 && s.n_skip == 64,
+             "66 deep records: %zu read, %zu set aside (%zu of another "
+             "job), want 2 and 64: %s",
+             s.n, s.n_skip, other, s.n_skip ? s.skip[s.n_skip - 1].why : "-");
+    for (size_t i = 0; i < s.n && s.n == 2; i++)
+        TH_CHECK(s.r[i].n == share && s.r[i].e[s.r[i].n - 1].sig.seq == (uint64_t)TALLY__FLIGHT_MAX - i &&
+                     s.r[i].n + s.r[i].n_old == (size_t)TALLY__FLIGHT_MAX - i,
+                 "rank %zu keeps %zu entries (%zu older dropped), its newest #%llu; want its newest %zu", i, s.r[i].n,
+                 s.r[i].n_old, (unsigned long long)s.r[i].e[s.r[i].n - 1].sig.seq, share);
+    if (s.n == 2) {
+        tally__flight_verdict v;
+        tally__flight_analyze(s.r, 2, &v);
+        TH_CHECK(v.diverge_seq == TALLY__FLIGHT_MAX && v.holder == 1 && v.holder_recorded && !v.missing,
+                 "66 deep records: diverge #%llu holder %d recorded %d missing %d, want #%d, 1, 1, 0",
+                 (unsigned long long)v.diverge_seq, v.holder, v.holder_recorded, v.missing, TALLY__FLIGHT_MAX);
+    }
+    tally__flight_set_free(&s);
 }
 
 /* A record of job `job`'s rank `rank` (world rank `world`) of `size` in communicator `label`, dumped at
@@ -331,10 +436,41 @@ static void versions(void) {
     th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
     tally__flight_set s;
     int rc = tally__flight_load(dir, &s);
-    TH_CHECK(rc == 0 && s.n == 1 && s.n_skip == 1 && !strcmp(s.job, "h-1-00000001"),
+    TH_CHECK(rc == 0 && s.n == 1 && s.n_skip == 1 && !strcmp(s.job, "h-1-00000001") &&
+                 strstr(s.skip[0].why, "of another job"),
              "versions: a version 2 record beside a version 1 one: %zu read, %zu set aside (%s)", s.n, s.n_skip,
              s.n_skip ? s.skip[0].why : "-");
     if (!rc) tally__flight_set_free(&s);
+
+    /* Alone, the version 1 record without a job line reads; so does one whose message line is as long as
+     * a writer before the line bound made it ("message " and the 1023 characters of an error), cut. */
+    fresh_dir();
+    th_write_file(th_path(dir, "rank0.world.flight"), older, strlen(older));
+    rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 1 && s.n_skip == 0 && !s.r[0].job[0],
+             "versions: a version 1 record without a job line, alone: %zu read (%s)", rc ? 0 : s.n,
+             rc         ? tally_last_error()
+             : s.n_skip ? s.skip[0].why
+                        : "-");
+    if (!rc) tally__flight_set_free(&s);
+    char put[1100] = "message ";
+    memset(put + 8, 'x', 1023);
+    snprintf(put + 8 + 1023, sizeof put - 8 - 1023, "\n");
+    edited("message m\n", put, text, sizeof text);
+    fresh_dir();
+    th_write_file(th_path(dir, "rank0.world.flight"), text, strlen(text));
+    rc = tally__flight_load(dir, &s);
+    TH_CHECK(rc == 0 && s.n == 1 && strlen(s.r[0].msg) == sizeof s.r[0].msg - 1,
+             "versions: a version 1 record with a message of 1023 characters: %zu read (%s)", rc ? 0 : s.n,
+             rc         ? tally_last_error()
+             : s.n_skip ? s.skip[0].why
+                        : "-");
+    if (!rc) tally__flight_set_free(&s);
+    edit(text, "tally-flight 1\n", "tally-flight 2\n", older, sizeof older);
+    fresh_dir();
+    th_write_file(th_path(dir, "rank0.world.flight"), older, strlen(older));
+    const char *v2_long[] = {"line 13", "longer than", NULL};
+    set_aside("versions: a version 2 record with a message line past the bound", "rank0.world.flight", v2_long);
 
     static const struct {
         const char *find, *put, *want;
@@ -387,11 +523,13 @@ int main(void) {
         bad_fields();
         bad_shape();
         writer_within_bounds();
+        ranks_out_of_range();
         if (!th_light()) many_files(); /* 16387 files: minutes of system time under the sanitizers */
         job_by_ranks();
         shared_dir();
         versions();
     }
+    if (th_long() && !th_light()) room_shared(); /* 66 records of 65536 entries: 200 MB parsed */
     th_rm_dir(dir);
     return th_verdict("test_flight_read");
 }

@@ -38,13 +38,15 @@ typedef int (*tally__algo_alltoallv_fn)(const tally__ctx *c, const void *send, c
  * (one more exchange of the vector each way). */
 typedef struct tally__algo_shape {
     double n, S, a, b, g;
-    double bs;    /* beta of rhd and the tree: the link shared by `share` ranks of a host */
-    double lg;    /* ceil(log2 n): rounds of binomial and dissemination patterns */
-    double depth; /* floor(log2 n): height of the binary tree */
-    double p, lp; /* largest power of two <= n, and log2 p */
-    double fold;  /* 1 when n is not a power of two */
-    double m;     /* pipeline segments */
-    double pull;  /* receivers that copy a root's blocks of S/n bytes at once (>= 1) */
+    double bs;     /* beta of rhd and the tree: the link shared by `share` ranks of a host */
+    double lg;     /* ceil(log2 n): rounds of binomial and dissemination patterns */
+    double depth;  /* floor(log2 n): height of the binary tree */
+    double p, lp;  /* largest power of two <= n, and log2 p */
+    double fold;   /* 1 when n is not a power of two */
+    double m;      /* pipeline segments */
+    double pull;   /* receivers that copy a root's blocks of S/n bytes at once (>= 1) */
+    double cpus;   /* the CPUs a crowded host's ranks share (0: not crowded) */
+    double copies; /* copies of each byte moved: 1 where the receiver reads blocks of S/n in place, else 2 */
 } tally__algo_shape;
 
 static inline tally__algo_shape tally__algo_shape_of(const tally__cost *c, int n, size_t bytes) {
@@ -61,8 +63,18 @@ static inline tally__algo_shape tally__algo_shape_of(const tally__cost *c, int n
     s.lp = tally__log2_ceil(p);
     s.depth = s.lp; /* a heap of n nodes is floor(log2 n) levels deep */
     s.m = bytes ? ceil(s.S / (double)TALLY__SEG_BYTES) : 1;
-    s.pull = c->pull > 1 && bytes / (size_t)n >= c->pull_min ? c->pull : 1;
+    int in_place = c->pull >= 1 && bytes / (size_t)n >= c->pull_min;
+    s.pull = in_place && c->pull > 1 ? c->pull : 1;
+    s.cpus = c->cpus;
+    s.copies = in_place ? 1 : 2;
     return s;
+}
+
+/* t, or the time `moved` bytes in all take where a crowded host's CPUs copy every one of them (each
+ * copied `copies` times, a copy of a byte costing b), if that is longer. */
+static inline double tally__algo_crowded(const tally__algo_shape *x, double t, double moved) {
+    double cpu = x->cpus > 0 ? moved * x->copies * x->b / x->cpus : 0;
+    return cpu > t ? cpu : t;
 }
 
 typedef struct tally__algo_desc {

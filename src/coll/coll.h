@@ -77,6 +77,10 @@ typedef struct tally__cost {
      * once (the transport's: shm reading in place); 0 or 1: a root's blocks move one after another. */
     int pull;
     size_t pull_min;
+    /* The CPUs every rank shares when they are all on one host and outnumber them (0: not crowded): the
+     * copies of all ranks then take turns on these, so an algorithm that moves more bytes in all takes
+     * longer even where its rounds are fewer. */
+    int cpus;
 } tally__cost;
 
 /* The model's parameters as this communicator measured them at init (for tally plan --calibrate). */

@@ -711,6 +711,23 @@ static void test_rooted_model(void) {
                  "scatter on %d, one copy at a time: %s", n,
                  tally__algo_name(tally__algo_choose(&m, TALLY__SCATTER, n, big)));
     }
+    /* On a crowded host (more ranks than CPUs) every rank's copies take turns on the CPUs: the tree's
+     * scatter forwards half the vector a round (S lg/2 bytes in all), direct moves S(n-1)/n once, so
+     * direct takes the large scatter there, and the tree keeps the small one and the uncrowded host. */
+    tally__cost crowded = m;
+    crowded.cpus = 2;
+    for (int n = 4; n <= 16; n *= 2) {
+        size_t big = (size_t)n << 24, small = (size_t)n << 8;
+        TH_CHECK(tally__algo_choose(&crowded, TALLY__SCATTER, n, big) == TALLY__ALGO_DIRECT,
+                 "crowded scatter on %d: %s", n,
+                 tally__algo_name(tally__algo_choose(&crowded, TALLY__SCATTER, n, big)));
+        TH_CHECK(tally__algo_choose(&crowded, TALLY__SCATTER, n, small) == TALLY__ALGO_TREE,
+                 "small crowded scatter on %d: %s", n,
+                 tally__algo_name(tally__algo_choose(&crowded, TALLY__SCATTER, n, small)));
+        TH_CHECK(tally__algo_cost(&crowded, TALLY__ALGO_TREE, TALLY__SCATTER, n, big) >
+                     tally__algo_cost(&m, TALLY__ALGO_TREE, TALLY__SCATTER, n, big),
+                 "the crowded tree on %d costs more than the uncrowded one", n);
+    }
     /* No algorithm without allreduce takes the set-up traffic, allreduce or barrier from the others. */
     for (int n = 2; n <= 64; n++)
         for (size_t bytes = 1; bytes <= ((size_t)1 << 30); bytes *= 8)

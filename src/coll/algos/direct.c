@@ -175,7 +175,7 @@ static double direct_cost(const tally__algo_shape *x, int coll) {
     case TALLY__GATHER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b;
     /* Each rank takes its block itself where the transport lets receivers read in place: pull of them
      * copy at once, where the tree's rounds follow each other. */
-    case TALLY__SCATTER: return x->lg * x->a + (n - 1) * x->a + S * f * x->b / x->pull;
+    case TALLY__SCATTER: return tally__algo_crowded(x, x->lg * x->a + (n - 1) * x->a + S * f * x->b / x->pull, S * f);
     default: return 2 * (n - 1) * x->a + 2 * (n - 1) * S * x->b + (n - 1) * S * x->g;
     }
 }

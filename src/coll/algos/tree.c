@@ -347,7 +347,8 @@ static double tree_cost(const tally__algo_shape *x, int coll) {
      * children send; or lg rounds in which the root's link carries every block. */
     case TALLY__REDUCE: return x->lg * x->a + x->lg * (x->a + S * (x->bs + x->g));
     case TALLY__GATHER: return 2 * x->lg * x->a + S * f * x->bs;
-    case TALLY__SCATTER: return x->lg * x->a + S * f * x->bs; /* the blocks ride the fingerprint rounds */
+    /* The blocks ride the fingerprint rounds; each round moves half the vector, so S lg/2 bytes in all. */
+    case TALLY__SCATTER: return tally__algo_crowded(x, x->lg * x->a + S * f * x->bs, S * x->lg / 2);
     default: return (2 * x->depth + x->m - 1) * x->a + 2 * S * x->bs + S * x->g;
     }
 }

@@ -45,7 +45,9 @@ int tally__host_crowded(tally__boot *boot, int rank, int size, int *crowded, int
         CPU_OR(&all_cpus, &all_cpus, &all[r].set);
     }
     free(all);
-    if (!unknown) *crowded = local > CPU_COUNT(&all_cpus);
-    if (!unknown) *cpus = CPU_COUNT(&all_cpus);
+    if (!unknown) {
+        *cpus = CPU_COUNT(&all_cpus);
+        *crowded = local > *cpus;
+    }
     return 0;
 }

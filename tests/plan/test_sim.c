@@ -327,6 +327,7 @@ static void test_cli_calibrate(void) {
     for (int more = 0; more <= 39; more += 39) {
         double given = slow_compute(more, "", "", out, sizeof out);
         TH_CHECK(close_to(given, 0.02, 1e-6), "%d slow lines, rank 3 2x: want compute_s 0.02:\n%s", more + 1, out);
+        if (!more && !th_long()) continue; /* quick: the 40 lines alone, which also failed the count before */
         double calibrated = slow_compute(more, "--calibrate", more ? save : "", out, sizeof out);
         TH_CHECK(calibrated == given, "--calibrate --config of %d slow lines: want compute_s %g as without it:\n%s",
                  more + 1, given, out);

@@ -35,17 +35,6 @@ static tally__train_cfg ccfg(const char *codec, int ef, int zero, int accum, int
 
 static float g_ref[TR_MAX_PARAMS], g_got[TR_MAX_PARAMS];
 
-/* ||a - b|| / ||b||: how far a run's parameters moved from the reference's, as a whole (an element-wise
- * bound would judge the many parameters near zero, which 16-bit rounding sends anywhere near zero). */
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double d = 0, s = 0;
-    for (size_t i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        s += (double)b[i] * b[i];
-    }
-    return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
 static void test_against_f32(const char *tp, int n) {
     char what[96];
     tally__train_cfg ref = ccfg("none", 1, 0, 1, 0);
@@ -58,7 +47,7 @@ static void test_against_f32(const char *tp, int n) {
         tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
         snprintf(what, sizeof what, "%s n=%d %s", tp, n, codecs[k]);
         if (tr_train_on(tp, n, &c, g_got, what)) continue;
-        double d = k ? rel_l2(g_got, g_ref, np) : tr_max_rel_diff(g_got, g_ref, np);
+        double d = k ? tr_rel_l2(g_got, g_ref, np) : tr_max_rel_diff(g_got, g_ref, np);
         fprintf(stderr, "%s: %s %g from f32\n", what, k ? "relative L2 distance" : "max rel diff", d);
         TH_CHECK(d <= tol[k], "%s: %s %g from f32 (bound %g)", what, k ? "relative L2 distance" : "max rel diff", d,
                  tol[k]);

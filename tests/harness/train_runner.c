@@ -84,6 +84,15 @@ double tr_max_rel_diff(const float *a, const float *b, size_t n) {
     return worst;
 }
 
+double tr_rel_l2(const float *a, const float *b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
 /* Runs the tally binary with args; returns its exit code and leaves stderr in err. */
 static int run_tally(char *const args[], char *err, size_t errlen, int with_stdout) {
     const char *bin = getenv("TALLY_BIN");

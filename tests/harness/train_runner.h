@@ -31,6 +31,9 @@ int tr_train_faulty(const char *transport, int n, const tally__train_cfg *cfg, c
 /* max_i |a_i - b_i| / max(|b_i|, 1% of max_j |b_j|): a relative difference that judges parameters
  * near zero against 1% of the largest (their own relative error is rounding noise around zero). */
 double tr_max_rel_diff(const float *a, const float *b, size_t n);
+/* ||a - b|| / ||b||: how far a run's parameters moved from the reference's as a whole (an element-wise
+ * bound judges the parameters near zero, where rounding noise or 16-bit codecs send a few anywhere). */
+double tr_rel_l2(const float *a, const float *b, size_t n);
 
 /* The tests' small run: defaults, then an MLP 20-21 on `ntrain` synthetic samples (ntrain / 16 to
  * test, not evaluated), batch 8, quiet, stopping after `steps` steps, drawn from `seed`. */

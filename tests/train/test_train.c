@@ -44,21 +44,29 @@ static float g_ref[TR_MAX_PARAMS], g_got[TR_MAX_PARAMS];
 
 /* Equivalence of a distributed configuration with a single-rank reference. */
 /* Equivalence of a distributed configuration with a single-rank reference, within tol. */
-static void expect_same(const char *what, const char *tp, int n, const tally__train_cfg *cfg,
-                        const tally__train_cfg *ref_cfg, double tol) {
+static void expect_close(const char *what, const char *tp, int n, const tally__train_cfg *cfg,
+                         const tally__train_cfg *ref_cfg, double tol, int l2) {
     if (tr_train_on(tp, 1, ref_cfg, g_ref, what)) return;
     size_t np = tr->res[0].nparams;
     if (tr_train_on(tp, n, cfg, g_got, what)) return;
-    double d = tr_max_rel_diff(g_got, g_ref, np);
-    printf("%-46s max relative difference %.2e (bound %.0e)\n", what, d, tol);
-    TH_CHECK(d <= tol, "%s: max relative difference %.3g > %.0e", what, d, tol);
+    double d = l2 ? tr_rel_l2(g_got, g_ref, np) : tr_max_rel_diff(g_got, g_ref, np);
+    const char *measure = l2 ? "relative L2 distance" : "max relative difference";
+    printf("%-46s %s %.2e (bound %.0e)\n", what, measure, d, tol);
+    TH_CHECK(d <= tol, "%s: %s %.3g > %.0e", what, measure, d, tol);
+}
+
+static void expect_same(const char *what, const char *tp, int n, const tally__train_cfg *cfg,
+                        const tally__train_cfg *ref_cfg, double tol) {
+    expect_close(what, tp, n, cfg, ref_cfg, tol, 0);
 }
 
 /* AdamW divides every coordinate by its own running RMS, so where a gradient is mostly rounding noise
  * the two summation orders (one sgemm over N*b samples, or N over b and an allreduce) take visibly
- * different steps of size ~lr: its trajectories part faster than SGD's by nature, not by a fault of
- * the engine. Its bound is looser and stated here; SGD with momentum carries the 1e-5 bound. */
-#define ADAMW_TOL 1e-2
+ * different steps of size ~lr: a few coordinates part by nature, not by a fault of the engine, and by how
+ * much depends on OpenBLAS's kernel (1.2e-2 element-wise with its SSE ones, 5e-3 with AVX-512's). So
+ * AdamW is judged as a whole, by the relative L2 distance (1e-6 to 4e-6 with every kernel here), where a
+ * wrong shard or a lost bucket moves the parameters by 1e-2 or more; SGD keeps the element-wise 1e-5. */
+#define ADAMW_TOL 1e-4
 
 static void test_equivalence(void) {
     char what[96];
@@ -73,7 +81,7 @@ static void test_equivalence(void) {
         tally_optim_cfg_default(&cfg.opt.optim, TALLY_OPTIM_ADAMW);
         ref.opt.lr = cfg.opt.lr = 1e-3f;
         snprintf(what, sizeof what, "mlp adamw: n=%d batch 4 vs n=1 batch %d", n, 4 * n);
-        expect_same(what, "shm", n, &cfg, &ref, ADAMW_TOL);
+        expect_close(what, "shm", n, &cfg, &ref, ADAMW_TOL, 1);
     }
     tally__train_cfg ref = base_cfg(TALLY__MODEL_MLP, 16), acc = base_cfg(TALLY__MODEL_MLP, 4);
     acc.sync.accum = 4;

@@ -10,6 +10,7 @@ starts=${2:-3}
 steps=${3:-40}
 tally=$here/build/tally
 [ -x "$tally" ] || { echo "build first: ./run.sh, or cmake -S . -B build && cmake --build build" >&2; exit 2; }
+. "$here/bench/same_blas.sh"
 /usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "the peer needs python3-torch (apt-get install python3-torch)" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 

@@ -13,6 +13,8 @@ export PYTHONPATH=$here/build/python
 [ -e "$here/build/python/tally/_where.py" ] || { echo "build first: ./test.sh or cmake --build build" >&2; exit 2; }
 /usr/bin/python3 -c 'import tally.torch' || { echo "the PyTorch backend is not built (scripts/deps.sh --torch)" >&2; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tally=$here/build/tally
+. "$here/bench/same_blas.sh"
 
 stats() { # FILE: "median worst" of its numbers (worst = the smallest for rates, the largest for times)
   /usr/bin/python3 - "$1" "$2" <<'PY'

@@ -9,6 +9,7 @@ peers=${1:-$here/../shared/peers}
 quick=${2:-}
 tally=$here/build/tally
 [ -x "$tally" ] || { echo "build first: ./run.sh, or cmake -S . -B build && cmake --build build" >&2; exit 2; }
+. "$here/bench/same_blas.sh"
 if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   echo "installing the PyTorch peer (python3-torch)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch python3-numpy >/dev/null

@@ -1,12 +1,14 @@
 /* tally.c - main() of the tally tool: picks the subcommand (run, bench, train, ...) and hands it
  * its arguments; --help and --version. Each subcommand lives in its own cmd_*.c. */
 #include <signal.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <tally.h>
 
+#include "../src/nn/blas_core.h"
 #include "cmd.h"
 
 typedef struct {
@@ -59,7 +61,31 @@ static int exit_bounded(int rc) {
     return rc;
 }
 
+/* OpenBLAS picks its kernels when it loads, before main. Where it fell back to SSE kernels on a CPU with
+ * AVX2 or AVX-512 (a CPU newer than the OpenBLAS release), tally starts itself again with OPENBLAS_CORETYPE
+ * naming the better set, which the ranks of tally run inherit; a user's OPENBLAS_CORETYPE is never
+ * changed. TALLY_BLAS_CORE_DETECTED keeps OpenBLAS's own pick for --version. */
+static void blas_core_upgrade(char **argv) {
+    const char *better = tally__blas_core_better();
+    if (!better) return;
+    if (setenv("TALLY_BLAS_CORE_DETECTED", tally__blas_core_name(), 1) != 0) return;
+    if (setenv("OPENBLAS_CORETYPE", better, 1) == 0) execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* no exec: run on with OpenBLAS's own pick */
+    unsetenv("TALLY_BLAS_CORE_DETECTED");
+}
+
+static void print_version(void) {
+    printf("tally %d.%d.%d\n", TALLY_VERSION_MAJOR, TALLY_VERSION_MINOR, TALLY_VERSION_PATCH);
+    const char *detected = getenv("TALLY_BLAS_CORE_DETECTED"), *core = tally__blas_core_name();
+    if (detected && strcmp(detected, core) != 0)
+        printf("OpenBLAS kernels: %s (OPENBLAS_CORETYPE set by tally: OpenBLAS detected %s on this CPU)\n", core,
+               detected);
+    else
+        printf("OpenBLAS kernels: %s%s\n", core, getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
+}
+
 int main(int argc, char **argv) {
+    blas_core_upgrade(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -70,7 +96,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0) {
-        printf("tally %d.%d.%d\n", TALLY_VERSION_MAJOR, TALLY_VERSION_MINOR, TALLY_VERSION_PATCH);
+        print_version();
         return 0;
     }
     const tally_command *c = find_command(cmd);

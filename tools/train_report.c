@@ -9,6 +9,7 @@
 #include "../src/core/clock.h"
 #include "../src/core/err.h"
 #include "../src/core/file.h"
+#include "../src/nn/blas_core.h"
 #include "train_report.h"
 
 #define BAR_WIDTH       24
@@ -256,14 +257,16 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
             r->mem_activations / 1e6, r->peak_rss / 1e6);
     double gf = gflops_per_rank(r, in->world);
     if (r->peak_gflops > 0)
-        fprintf(out, "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread sgemm %.1f GFLOP/s\n", gf,
-                gf / r->peak_gflops, r->peak_gflops);
+        fprintf(out,
+                "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread sgemm %.1f GFLOP/s "
+                "(OpenBLAS %s kernels)\n",
+                gf, gf / r->peak_gflops, r->peak_gflops, tally__blas_core_name());
     if (r->tokens_per_sample)
         fprintf(out,
                 "                   %.2f MFLOP per token: 6 x parameters + attention (12 x layers x context x width)\n",
                 r->flops_per_sample / r->tokens_per_sample * 1e-6);
     else if (!(r->peak_gflops > 0))
-        fprintf(out, "  compute          %.1f GFLOP/s per rank\n", gf);
+        fprintf(out, "  compute          %.1f GFLOP/s per rank (OpenBLAS %s kernels)\n", gf, tally__blas_core_name());
     fprintf(out, "  replicas         %s\n", r->replicas_identical ? "bit-identical on every rank" : "DIFFER");
     if (r->resumed_from >= 0 || r->checkpoints)
         fprintf(out, "  checkpoints      %ld written%s", r->checkpoints, r->resumed_from >= 0 ? "" : "\n");
@@ -341,8 +344,11 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
     json_ranks(f, r);
     fprintf(f, "  \"comm_share\": %.4f, \"comm_exposed_share\": %.4f, \"bytes_sent_per_step\": %.0f,\n",
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
-    fprintf(f, "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f,\n",
-            r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0);
+    fprintf(f,
+            "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f, "
+            "\"blas_core\": \"%s\",\n",
+            r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0,
+            tally__blas_core_name());
     if (r->tokens_per_sample) { /* a model on text */
         char val[64] = "\"val_loss\": null, \"bits_per_byte\": null";
         if (r->evaluated)

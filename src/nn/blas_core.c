@@ -1,0 +1,48 @@
+/* blas_core.c - which OpenBLAS kernels this process runs, and a better set where OpenBLAS's detection
+ * falls back to SSE kernels on a CPU newer than its release (0.3.21 on Emerald Rapids picks Prescott). */
+#include "blas_core.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* OpenBLAS's x86-64 targets without AVX: its fallbacks when a CPU's family or model is unknown to it. */
+static const char *const sse_only_cores[] = {
+    "prescott", "katmai", "coppermine", "northwood",     "banias",    "core2",  "penryn", "dunnington", "nehalem",
+    "atom",     "athlon", "opteron",    "opteron(sse3)", "barcelona", "bobcat", "nano",   "unknown",
+};
+
+const char *tally__blas_core_name(void) {
+    const char *name = openblas_get_corename();
+    return name ? name : "unknown";
+}
+
+static int sse_only(const char *core) {
+    for (size_t i = 0; i < sizeof sse_only_cores / sizeof sse_only_cores[0]; i++)
+        if (strcasecmp(core, sse_only_cores[i]) == 0) return 1;
+    return 0;
+}
+
+/* The best of OpenBLAS's x86-64 kernel sets this CPU (and its OS, which must save the wider registers)
+ * can run; the AVX-512 ones need F, BW, DQ and VL, Cooperlake BF16 besides. */
+static const char *cpu_best_core(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) return "Cooperlake";
+    if (avx512) return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+    if (__builtin_cpu_supports("avx")) return "Sandybridge";
+#endif
+    return NULL;
+}
+
+const char *tally__blas_core_better(void) {
+    if (getenv("OPENBLAS_CORETYPE")) return NULL;
+    const char *config = openblas_get_config();
+    if (!config || !strstr(config, "DYNAMIC_ARCH")) return NULL;
+    if (!sse_only(tally__blas_core_name())) return NULL;
+    return cpu_best_core();
+}

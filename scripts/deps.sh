@@ -16,6 +16,7 @@ tally_deps=(
   "zlib1g-dev|reading .gz IDX files"
   "libssl-dev|HMAC-SHA256 peer authentication and randomness (OpenSSL)"
   "libisal-dev|CRC32C of checkpoint files (ISA-L's crc32_iscsi)"
+  "libdnnl-dev|oneDNN: --precision bf16's products on AMX or AVX512_BF16 (headers at build, the library opened at run time)"
   "bible-kjv|the main job's text: the King James Bible, the default corpus of --model gpt"
   "dataset-fashion-mnist|the MLP's data set (./run.sh --mlp)"
   "openmpi-bin|mpirun: the test that starts the installed library under Open MPI, and the benchmark peer"

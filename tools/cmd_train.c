@@ -48,7 +48,8 @@ static void train_usage(FILE *out) {
         "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
         "                   [--step-gamma G] [--clip NORM] [--weight-decay-on all|matrices]\n"
         "                   [--accum K] [--bucket-mb M] [--no-overlap] [--seed S]\n"
-        "                   [--threads T] [--transport auto|shm|tcp] [--bind core|none] [--no-eval] [--quiet]\n"
+        "                   [--threads T] [--precision fp32|bf16] [--transport auto|shm|tcp] [--bind core|none]\n"
+        "                   [--no-eval] [--quiet]\n"
         "                   [--json FILE] [--plot FILE] [--trace FILE]\n"
         "                   [--zero 0|1|2|3] [--max-mem BYTES] [--nan skip|error|ignore]\n"
         "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
@@ -104,6 +105,8 @@ static void train_usage(FILE *out) {
         "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
         "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
         "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
+        "  --precision bf16: the linear layers' products in bfloat16 with f32 sums (AMX or AVX512_BF16,\n"
+        "  through oneDNN); parameters, gradients, optimizer and the other ops stay f32. fp32: all f32.\n"
         "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
         "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
         "mpirun, srun or torchrun it joins that job.\n",
@@ -209,7 +212,8 @@ enum {
     O_CLIP,
     O_WD_ON,
     O_PLOT,
-    O_TRACE
+    O_TRACE,
+    O_PRECISION
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -267,6 +271,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"weight-decay-on", 1, 0, O_WD_ON},
                                             {"plot", 1, 0, O_PLOT},
                                             {"trace", 1, 0, O_TRACE},
+                                            {"precision", 1, 0, O_PRECISION},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -310,6 +315,7 @@ static int parse_inject(int ch, const char *flag, const char *a, tally__train_fa
 
 static const char *const train_modes[] = {"sync", "async", NULL};
 static const char *const train_quotas[] = {"per-worker", "shared", NULL};
+static const char *const train_precisions[] = {"fp32", "bf16", NULL};
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
 static const char *const train_wd_on[] = {"all", "matrices", NULL};
 
@@ -433,6 +439,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_COMPRESS: return tally__codec_parse(a, &c->sync.codec);
     case O_NO_EF: c->sync.codec.error_feedback = 0; return 0;
     case O_MODE: return tally__parse_word(flag, a, train_modes, &k) ? -1 : (c->async.enabled = k == 1, 0);
+    case O_PRECISION: return tally__parse_word(flag, a, train_precisions, &k) ? -1 : (c->bf16 = k == 1, 0);
     case O_STALE_LR:
         p->has_async_only = 1;
         return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1
@@ -576,6 +583,7 @@ static int train_as_rank(train_opts *o) {
                                 .epochs = o->cfg.epochs,
                                 .overlap = !o->cfg.sync.no_overlap && size > 1 && !o->cfg.sync.zero,
                                 .zero = o->cfg.sync.zero,
+                                .bf16 = o->cfg.bf16,
                                 .lr = res.lr,
                                 .bucket_mb = o->cfg.sync.bucket_mb};
         snprintf(info.arch, sizeof info.arch, "%s", res.arch);

@@ -10,6 +10,7 @@
 #include "../src/core/err.h"
 #include "../src/core/file.h"
 #include "../src/nn/blas_core.h"
+#include "../src/nn/gemm_bf16.h"
 #include "train_report.h"
 
 #define BAR_WIDTH       24
@@ -258,7 +259,7 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     double gf = gflops_per_rank(r, in->world);
     if (r->peak_gflops > 0)
         fprintf(out,
-                "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread sgemm %.1f GFLOP/s "
+                "  compute          %.1f GFLOP/s per rank, MFU %.2f of single-thread f32 sgemm %.1f GFLOP/s "
                 "(OpenBLAS %s kernels)\n",
                 gf, gf / r->peak_gflops, r->peak_gflops, tally__blas_core_name());
     if (r->tokens_per_sample)
@@ -267,6 +268,9 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
                 r->flops_per_sample / r->tokens_per_sample * 1e-6);
     else if (!(r->peak_gflops > 0))
         fprintf(out, "  compute          %.1f GFLOP/s per rank (OpenBLAS %s kernels)\n", gf, tally__blas_core_name());
+    if (in->bf16)
+        fprintf(out, "  precision        bf16 products in the linear layers (oneDNN %s), f32 elsewhere\n",
+                tally__bf16_impl()[0] ? tally__bf16_impl() : "-");
     fprintf(out, "  replicas         %s\n", r->replicas_identical ? "bit-identical on every rank" : "DIFFER");
     if (r->resumed_from >= 0 || r->checkpoints)
         fprintf(out, "  checkpoints      %ld written%s", r->checkpoints, r->resumed_from >= 0 ? "" : "\n");
@@ -346,9 +350,9 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             ms.step > 0 ? ms.comm / ms.step : 0, ms.step > 0 ? ms.wait / ms.step : 0, (double)r->bytes_sent / steps);
     fprintf(f,
             "  \"flops_per_sample\": %.0f, \"gflops_per_rank\": %.3f, \"sgemm_peak_gflops\": %.3f, \"mfu\": %.4f, "
-            "\"blas_core\": \"%s\",\n",
+            "\"blas_core\": \"%s\", \"precision\": \"%s\",\n",
             r->flops_per_sample, gf, r->peak_gflops, r->peak_gflops > 0 ? gf / r->peak_gflops : 0,
-            tally__blas_core_name());
+            tally__blas_core_name(), in->bf16 ? "bf16" : "fp32");
     if (r->tokens_per_sample) { /* a model on text */
         char val[64] = "\"val_loss\": null, \"bits_per_byte\": null";
         if (r->evaluated)

@@ -26,6 +26,7 @@ typedef struct tally__run_info {
     const char *model, *data, *transport, *optimizer;
     char arch[128];
     int world, batch, accum, epochs, overlap, zero;
+    int bf16; /* --precision bf16 */
     double lr, bucket_mb;
 } tally__run_info;
 void tally__summary_print(FILE *out, const tally__run_info *info, const tally__train_result *r);

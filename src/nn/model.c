@@ -272,6 +272,7 @@ void tally__model_free(tally__model *m) {
     free(m->tied_dw);
     free(m->tied_copy);
     free(m->dtmp);
+    tally__model_bf16_free(m);
     memset(m, 0, sizeof *m);
 }
 
@@ -294,6 +295,7 @@ static int model_op_forward(tally__model *m, int i, int B) {
     switch (op->kind) {
     case TALLY__OP_LINEAR:
         if (op->tied_to >= 0) w = m->tied_w, b = NULL;
+        if (m->bf16) return tally__model_bf16_linear_forward(m, i, B * op->rows, x, w, b, y);
         tally_linear_forward(y, x, w, b, B * op->rows, op->fan_in, op->fan_out);
         break;
     case TALLY__OP_RELU: tally_relu_forward(y, x, (size_t)B * op->out); break;
@@ -401,6 +403,11 @@ static void model_op_backward(tally__model *m, int i, int B, int parts) {
     switch (op->kind) {
     case TALLY__OP_LINEAR:
         if (op->tied_to >= 0) w = m->tied_w, dw = m->tied_dw, db = NULL;
+        if (m->bf16) {
+            int rc = tally__model_bf16_linear_backward(m, i, B * op->rows, dy, dx, dw, db);
+            if (rc && !m->bf16_rc) m->bf16_rc = rc;
+            break;
+        }
         tally_linear_backward(dx, dw, db, dy, x, w, B * op->rows, op->fan_in, op->fan_out);
         break;
     case TALLY__OP_EMBED: /* the tokens need no gradient */
@@ -479,6 +486,7 @@ int tally__model_backward(tally__model *m, const int32_t *y, const float *t, int
             model_op_backward(m, i, B, GRAD_BOTH);
         }
         if (tally__trace_on) model_trace_op(m, "backward", i, t0);
+        if (m->bf16_rc) return m->bf16_rc;
         if (op->layer >= 0 && h && h->after_backward && (rc = h->after_backward(h->arg, op->layer))) return rc;
     }
     return 0;

@@ -137,7 +137,21 @@ typedef struct tally__model {
     float *tied_copy;        /* the copy tied_w points at, when one is kept */
     double flops_per_sample; /* forward + backward multiply-adds x 2 */
     size_t activation_bytes;
+    int bf16;                               /* linear layers' products in bf16 (tally__model_use_bf16) */
+    uint16_t *bf16_x[TALLY__MODEL_MAX_OPS]; /* each linear's input in bf16, from its forward for its backward */
+    uint16_t *bf16_w[TALLY__MODEL_MAX_OPS]; /* its weight in bf16, cast at its forward */
+    uint16_t *bf16_dy;                      /* an output gradient in bf16, shared by the linears */
+    int bf16_rc;                            /* the first error of a bf16 product in backward, or 0 */
 } tally__model;
+
+/* --precision bf16 (model_bf16.c): checks the build and the CPU, allocates the bf16 copies at max_batch, and
+ * from then on runs the linear layers' products in bf16. 0, or TALLY_E_UNSUPPORTED saying what is missing. */
+int tally__model_use_bf16(tally__model *m);
+void tally__model_bf16_free(tally__model *m);
+int tally__model_bf16_linear_forward(tally__model *m, int i, int rows, const float *x, const float *w, const float *b,
+                                     float *y);
+int tally__model_bf16_linear_backward(tally__model *m, int i, int rows, const float *dy, float *dx, float *dw,
+                                      float *db);
 
 /* "W1,W2,..." (each 1..2^20, at most TALLY__MODEL_MAX_HIDDEN) into hidden[] and *n; -1 when malformed. */
 int tally__model_parse_hidden(const char *s, int *hidden, int *n);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "../core/err.h"
+#include "../nn/gemm_bf16.h"
 #include "trainer_int.h"
 
 /* --lr, or the optimizer's default for this model. */
@@ -203,7 +204,17 @@ int tally__train_blas_threads(const tally__train_cfg *cfg, int rank) {
                              rank, need >> 20, threads, threads == 1 ? "" : "s", limit);
     }
     openblas_set_num_threads(threads);
+    tally__bf16_threads(threads);
     return 0;
+}
+
+int tally__train_precision(const tally__train_cfg *cfg, tally__model *m, int rank) {
+    if (!cfg->bf16) return 0;
+    int rc = tally__model_use_bf16(m);
+    if (!rc) return 0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", tally_last_error());
+    return tally__seterr(rc, "rank %d: %s", rank, why);
 }
 
 void tally__train_straggle(const tally__train_cfg *cfg, int rank) {

@@ -106,6 +106,7 @@ static int train_setup(train_run *r, tally__train_result *res) {
     if ((rc = tally__codec_check(&cfg->sync.codec, cfg->sync.zero, r->rank))) return rc;
     if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed)))
         return rc;
+    if ((rc = tally__train_precision(cfg, &r->model, r->rank))) return rc;
     if ((rc = tally__train_check_input(r))) return rc;
     r->hooks = tally__sync_hooks(&r->sync);
     tally__codec_spec(&cfg->sync.codec, res->codec, sizeof res->codec);

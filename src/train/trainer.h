@@ -98,6 +98,7 @@ typedef struct tally__train_cfg {
     uint64_t seed;
     int eval;            /* evaluate on the test set after every epoch */
     int threads;         /* BLAS threads per rank; 0 means the default */
+    int bf16;            /* --precision bf16: the linear layers' products in bf16 (tally__model_use_bf16) */
     int measure_peak;    /* time single-thread sgemm after training, for MFU */
     size_t max_mem;      /* > 0: refuse to start when a rank would need more bytes than this */
     int keep_params;     /* the final parameters into res->params (whole, gathered under ZeRO-3): a caller

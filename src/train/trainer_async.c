@@ -91,6 +91,7 @@ static int async_setup(async_run *a, tally__train_result *res) {
     }
     /* Every rank draws the same initial parameters from the seed; the server starts from rank 0's. */
     if ((rc = tally__model_init(&r->model, &mc, cfg->batch, cfg->seed, NULL, 0))) return rc;
+    if ((rc = tally__train_precision(cfg, &r->model, r->rank))) return rc;
     if ((rc = tally__train_check_input(r))) return rc;
     if ((rc = tally__train_prepare_steps(r, res, a->nworkers))) return rc;
     return async_address(a);

@@ -78,6 +78,8 @@ void tally__train_teardown(train_run *r);
 /* Sets the BLAS threads of --threads, once the set-up has allocated all it needs; TALLY_E_NOMEM when
  * the address space their buffers need cannot be had. */
 int tally__train_blas_threads(const tally__train_cfg *cfg, int rank);
+/* --precision bf16 on the rank's model (checked and allocated; the message names the rank); 0 for fp32. */
+int tally__train_precision(const tally__train_cfg *cfg, tally__model *m, int rank);
 
 /* Text for a model that reads tokens (train_text.c): opens --data text:FILE, or the default corpus (the
  * King James Bible of Debian's bible-kjv, extracted once into a cache file), into r->text. */

@@ -95,6 +95,7 @@ static const flag_case train_flags[] = {
     NOVAL("--ps"),
     {"--straggler", {"1", "1:0", "1:3600001", "a:b"}},
     {"--quota", {"all", ""}},
+    {"--precision", {"fp16", "BF16", ""}},
     {"--layers", {"0", "x", "1025"}},
     {"--width", {"0", "x"}},
     {"--heads", {"0", "1.5"}},

@@ -1,0 +1,71 @@
+/* model_bf16.c - --precision bf16: every linear layer's products in bfloat16 with f32 accumulation (AMX or
+ * AVX512_BF16 through oneDNN), the parameters, their gradients and every other op staying f32. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/err.h"
+#include "gemm_bf16.h"
+#include "model.h"
+
+static int is_linear(const tally__op *op) { return op->kind == TALLY__OP_LINEAR; }
+
+int tally__model_use_bf16(tally__model *m) {
+    int rc = tally__bf16_check();
+    if (rc) return rc;
+    size_t dy = 0, bytes = 0;
+    for (int i = 0; i < m->nops; i++) {
+        const tally__op *op = &m->op[i];
+        if (!is_linear(op)) continue;
+        size_t rows = (size_t)m->max_batch * op->rows, x = rows * op->fan_in, w = (size_t)op->fan_out * op->fan_in;
+        m->bf16_x[i] = malloc(x * sizeof(uint16_t));
+        m->bf16_w[i] = malloc(w * sizeof(uint16_t));
+        if (!m->bf16_x[i] || !m->bf16_w[i]) goto nomem;
+        bytes += (x + w) * sizeof(uint16_t);
+        if (rows * op->fan_out > dy) dy = rows * op->fan_out;
+    }
+    if (dy && !(m->bf16_dy = malloc(dy * sizeof(uint16_t)))) goto nomem;
+    m->bf16 = 1;
+    m->activation_bytes += bytes + dy * sizeof(uint16_t);
+    return 0;
+nomem:
+    tally__model_bf16_free(m);
+    return tally__seterr(TALLY_E_NOMEM, "model: out of memory for the bf16 copies of the linear layers' inputs");
+}
+
+void tally__model_bf16_free(tally__model *m) {
+    for (int i = 0; i < m->nops; i++) {
+        free(m->bf16_x[i]);
+        free(m->bf16_w[i]);
+        m->bf16_x[i] = m->bf16_w[i] = NULL;
+    }
+    free(m->bf16_dy);
+    m->bf16_dy = NULL;
+    m->bf16 = 0;
+}
+
+/* y = x w^T + b: x and w cast to bf16 (kept for the backward), the bias seeded into y and summed by the
+ * product, as the f32 layer does. */
+int tally__model_bf16_linear_forward(tally__model *m, int i, int rows, const float *x, const float *w, const float *b,
+                                     float *y) {
+    const tally__op *op = &m->op[i];
+    int in = op->fan_in, out = op->fan_out;
+    tally__bf16_cast(m->bf16_x[i], x, (size_t)rows * in);
+    tally__bf16_cast(m->bf16_w[i], w, (size_t)out * in);
+    if (b)
+        for (int r = 0; r < rows; r++) memcpy(y + (size_t)r * out, b, (size_t)out * sizeof *y);
+    return tally__gemm_bf16(0, 1, rows, out, in, m->bf16_x[i], in, m->bf16_w[i], in, b ? 1.0f : 0.0f, y, out);
+}
+
+/* dw += dy^T x and dx = dy w on the bf16 copies; db from dy in f32. */
+int tally__model_bf16_linear_backward(tally__model *m, int i, int rows, const float *dy, float *dx, float *dw,
+                                      float *db) {
+    const tally__op *op = &m->op[i];
+    int in = op->fan_in, out = op->fan_out, rc = 0;
+    tally__bf16_cast(m->bf16_dy, dy, (size_t)rows * out);
+    if (dw) rc = tally__gemm_bf16(1, 0, out, in, rows, m->bf16_dy, out, m->bf16_x[i], in, 1.0f, dw, in);
+    if (!rc && dw && db)
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < out; j++) db[j] += dy[(size_t)r * out + j];
+    if (!rc && dx) rc = tally__gemm_bf16(0, 0, rows, in, out, m->bf16_dy, out, m->bf16_w[i], in, 0.0f, dx, in);
+    return rc;
+}

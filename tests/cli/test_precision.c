@@ -1,0 +1,57 @@
+/* test_precision.c - tally train --precision: bf16 trains as f32 does within bf16's rounding (same data,
+ * same steps) and keeps the replicas identical, or, where the build or CPU has no bf16, is refused with
+ * a message naming the rank and what to do; a precision it does not know is a usage error. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "nn/gemm_bf16.h"
+#include "tool_runner.h"
+
+static double json_number(const char *path, const char *key) {
+    char cmd[512], out[128];
+    snprintf(cmd, sizeof cmd, "sed -n 's/.*\"%s\": \\([-0-9.e]*\\).*/\\1/p' '%s' | head -1", key, path);
+    th_shell(cmd, 10, out, sizeof out);
+    return out[0] ? atof(out) : NAN;
+}
+
+static void train(const char *precision, const char *json, th_tool *r) {
+    const char *args[] = {"train",          "-n",          "2",       "--model", "mlp", "--data",
+                          "synthetic:1024", "--steps",     "30",      "--batch", "16",  "--no-eval",
+                          "--quiet",        "--precision", precision, "--json",  json,  NULL};
+    th_tool_opts o = {.wall_s = 60};
+    th_tool_run(args, &o, r);
+}
+
+int main(void) {
+    static th_tool r;
+    char dir[] = "/tmp/tally_test_precision.XXXXXX";
+    if (!mkdtemp(dir)) return perror("mkdtemp"), 2;
+    const char *f32 = th_path(dir, "f32.json"), *b16 = th_path(dir, "bf16.json");
+    train("fp32", f32, &r);
+    th_tool_expect(&r, r.rc == 0, "--precision fp32 trains");
+    train("bf16", b16, &r);
+    if (tally__bf16_check() == 0) {
+        th_tool_expect(&r, r.rc == 0, "--precision bf16 trains where the CPU has AVX512_BF16");
+        double lf = json_number(f32, "train_loss"), lb = json_number(b16, "train_loss");
+        printf("  train loss after 30 steps: fp32 %.5f, bf16 %.5f\n", lf, lb);
+        TH_CHECK(fabs(lf - lb) <= 0.02 * fabs(lf), "bf16 ends at loss %g, fp32 at %g", lb, lf);
+        TH_CHECK(lf != lb, "bf16 and fp32 give the same loss %g: is bf16 on?", lf);
+        char cmd[512], out[256];
+        snprintf(cmd, sizeof cmd, "grep -c '\"precision\": \"bf16\"' '%s'; grep -c '\"replicas_identical\": true' '%s'",
+                 b16, b16);
+        th_shell(cmd, 10, out, sizeof out);
+        TH_CHECK(!strcmp(out, "1\n1\n"), "--json says precision bf16 and identical replicas: %s", out);
+    } else {
+        th_tool_expect(&r, r.rc == 1 && strstr(r.out, "rank ") && strstr(r.out, "--precision fp32"),
+                       "--precision bf16 is refused here, naming the rank and the way out");
+    }
+    const char *bad[] = {"train", "--precision", "fp16", NULL};
+    th_tool_opts o = {.wall_s = 20};
+    th_tool_run(bad, &o, &r);
+    th_tool_expect(&r, r.rc == 2 && strstr(r.out, "--precision"), "--precision fp16 is a usage error");
+    th_rm_dir(dir);
+    return th_verdict("test_precision");
+}

@@ -5,4 +5,4 @@ if [ -z "${OPENBLAS_CORETYPE+set}" ]; then
   tally_blas_core=$("$tally" --version | sed -n 's/^OpenBLAS kernels: \([A-Za-z0-9]*\).*/\1/p')
   [ -n "$tally_blas_core" ] && export OPENBLAS_CORETYPE=$tally_blas_core
 fi
-echo "OpenBLAS kernels for tally and the peers: ${OPENBLAS_CORETYPE:-OpenBLAS's own pick}"
+echo "OpenBLAS kernels for tally and the peers: ${OPENBLAS_CORETYPE:-as OpenBLAS picks them}"

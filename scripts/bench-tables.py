@@ -240,6 +240,15 @@ def fuzz(d):
     return table(heads, rows)
 
 
+def precision(d):
+    heads = ["run", "fp32: median (worst)", "bf16: median (worst)", "bf16's speed-up (median, worst against worst)",
+             "validation loss fp32, bf16", "measured"]
+    rows = [[r["run"], mw(r["fp32"], r["unit"], True), mw(r["bf16"], r["unit"], True), speedup(r["bf16"], r["fp32"], True),
+             f"{r['loss'][0]}, {r['loss'][1]} ({signed(100 * (r['loss'][1] - r['loss'][0]) / r['loss'][0], 2)}%)",
+             r["measured"]] for r in d["rows"]]
+    return table(heads, rows)
+
+
 def kernels(d):
     heads = ["GB/s", "scalar", "AVX2", "AVX-512"]
     rows = [[r["case"]] + [num(r[k]) for k in ("scalar", "avx2", "avx512")] for r in d["rows"]]
@@ -247,7 +256,8 @@ def kernels(d):
 
 
 KINDS = {f.__name__: f for f in (starts, in_place, hosts, streams, training, quality, python, sim_error, published,
-                                  trace, compression, slowlink, async_ps, zero, plan, kill, fuzz, kernels, torch_ops)}
+                                  trace, compression, slowlink, async_ps, zero, plan, kill, fuzz, kernels, torch_ops,
+                                  precision)}
 
 
 # ---- the page ----

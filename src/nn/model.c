@@ -226,6 +226,7 @@ int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_d
         out->tied_floats = tally__model_tied_floats(m);
         out->activation_bytes = model_activation_bytes(m, batch);
         out->flops_per_sample = m->flops_per_sample;
+        out->bf16_bytes = tally__model_bf16_bytes(m, batch);
     }
     free(m);
     return rc;

@@ -147,6 +147,8 @@ typedef struct tally__model {
 /* --precision bf16 (model_bf16.c): checks the build and the CPU, allocates the bf16 copies at max_batch, and
  * from then on runs the linear layers' products in bf16. 0, or TALLY_E_UNSUPPORTED saying what is missing. */
 int tally__model_use_bf16(tally__model *m);
+/* The bytes tally__model_use_bf16 allocates for a laid-out model at batch B. */
+size_t tally__model_bf16_bytes(const tally__model *m, int B);
 void tally__model_bf16_free(tally__model *m);
 int tally__model_bf16_linear_forward(tally__model *m, int i, int rows, const float *x, const float *w, const float *b,
                                      float *y);
@@ -222,6 +224,7 @@ typedef struct tally__model_desc {
     size_t tied_floats;      /* a weight two ops share (GPT's embedding and head), which ZeRO-3 copies */
     size_t activation_bytes; /* what tally__model_init allocates for activations at that batch */
     double flops_per_sample; /* forward + backward */
+    size_t bf16_bytes;       /* what tally__model_use_bf16 would add at that batch (its activations) */
 } tally__model_desc;
 int tally__model_describe(const tally__model_cfg *cfg, int batch, tally__model_desc *out);
 

@@ -9,23 +9,34 @@
 
 static int is_linear(const tally__op *op) { return op->kind == TALLY__OP_LINEAR; }
 
-int tally__model_use_bf16(tally__model *m) {
-    int rc = tally__bf16_check();
-    if (rc) return rc;
+size_t tally__model_bf16_bytes(const tally__model *m, int B) {
     size_t dy = 0, bytes = 0;
     for (int i = 0; i < m->nops; i++) {
         const tally__op *op = &m->op[i];
         if (!is_linear(op)) continue;
-        size_t rows = (size_t)m->max_batch * op->rows, x = rows * op->fan_in, w = (size_t)op->fan_out * op->fan_in;
-        m->bf16_x[i] = malloc(x * sizeof(uint16_t));
-        m->bf16_w[i] = malloc(w * sizeof(uint16_t));
+        size_t rows = (size_t)B * op->rows;
+        bytes += (rows * op->fan_in + (size_t)op->fan_out * op->fan_in) * sizeof(uint16_t);
+        if (rows * op->fan_out > dy) dy = rows * op->fan_out;
+    }
+    return bytes + dy * sizeof(uint16_t);
+}
+
+int tally__model_use_bf16(tally__model *m) {
+    int rc = tally__bf16_check();
+    if (rc) return rc;
+    size_t dy = 0;
+    for (int i = 0; i < m->nops; i++) {
+        const tally__op *op = &m->op[i];
+        if (!is_linear(op)) continue;
+        size_t rows = (size_t)m->max_batch * op->rows;
+        m->bf16_x[i] = malloc(rows * op->fan_in * sizeof(uint16_t));
+        m->bf16_w[i] = malloc((size_t)op->fan_out * op->fan_in * sizeof(uint16_t));
         if (!m->bf16_x[i] || !m->bf16_w[i]) goto nomem;
-        bytes += (x + w) * sizeof(uint16_t);
         if (rows * op->fan_out > dy) dy = rows * op->fan_out;
     }
     if (dy && !(m->bf16_dy = malloc(dy * sizeof(uint16_t)))) goto nomem;
     m->bf16 = 1;
-    m->activation_bytes += bytes + dy * sizeof(uint16_t);
+    m->activation_bytes += tally__model_bf16_bytes(m, m->max_batch);
     return 0;
 nomem:
     tally__model_bf16_free(m);

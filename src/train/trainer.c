@@ -69,6 +69,7 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
     tally__model_desc d;
     int rc = tally__model_describe(mc, cfg->batch, &d);
     if (rc) return rc;
+    if (cfg->bf16) d.activation_bytes += d.bf16_bytes; /* the linear layers' bf16 copies */
     tally__mem_need need = tally__mem_predict(&d, cfg->sync.zero, r->size, &cfg->opt.optim, !cfg->sync.no_overlap);
     if (need.total <= cfg->max_mem) return 0;
     return tally__seterr(TALLY_E_NOMEM,

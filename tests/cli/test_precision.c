@@ -25,6 +25,28 @@ static void train(const char *precision, const char *json, th_tool *r) {
     th_tool_run(args, &o, r);
 }
 
+/* --max-mem's prediction under bf16 counts the linear layers' bf16 copies: the activations it names are
+ * the bytes the run then reports. */
+static void check_max_mem_counts_bf16(void) {
+    double act[2];
+    for (int k = 0; k < 2; k++) {
+        const char *args[] = {"train",          "-n",      "1", "--model",   "mlp",         "--data",
+                              "synthetic:1024", "--steps", "2", "--no-eval", "--precision", k ? "bf16" : "fp32",
+                              "--max-mem",      "1K",      NULL};
+        static th_tool t;
+        th_tool_opts o = {.wall_s = 30};
+        th_tool_run(args, &o, &t);
+        const char *at = strstr(t.out, "activations ");
+        act[k] = at ? atof(at + strlen("activations ")) : 0;
+        th_tool_expect(&t, t.rc == 1 && at, "--max-mem 1K is refused with the activations named");
+    }
+    /* MLP 784-512-512-10 at batch 64: inputs 64 x (784 + 512 + 512), weights 784x512 + 512x512 + 512x10,
+     * the largest output gradient 64 x 512, all in 2 bytes */
+    double want = 2.0 * (64 * (784 + 512 + 512) + 784 * 512 + 512 * 512 + 512 * 10 + 64 * 512);
+    TH_CHECK(act[1] - act[0] == want, "--max-mem under bf16 adds %.0f bytes of activations, want %.0f", act[1] - act[0],
+             want);
+}
+
 int main(void) {
     static th_tool r;
     char dir[] = "/tmp/tally_test_precision.XXXXXX";
@@ -44,6 +66,7 @@ int main(void) {
                  b16, b16);
         th_shell(cmd, 10, out, sizeof out);
         TH_CHECK(!strcmp(out, "1\n1\n"), "--json says precision bf16 and identical replicas: %s", out);
+        check_max_mem_counts_bf16();
     } else {
         th_tool_expect(&r, r.rc == 1 && strstr(r.out, "rank ") && strstr(r.out, "--precision fp32"),
                        "--precision bf16 is refused here, naming the rank and the way out");

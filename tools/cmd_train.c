@@ -56,7 +56,7 @@ static void train_usage(FILE *out) {
         "                   [--max-restarts R] [--compress none|fp16|bf16|topk:R|powersgd:r]\n"
         "                   [--no-error-feedback] [--mode sync|async [--staleness S]\n"
         "                   [--stale-lr none|inverse] [--ps] [--quota per-worker|shared]]\n"
-        "                   [--straggler RANK:MS]\n"
+        "                   [--straggler RANK:MS] [--jitter MS]\n"
         "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
         "averaged in buckets while backward runs, every replica takes the same step.\n"
         "  --batch is per rank and per micro-batch (default %d); a step is batch x accum x N samples.\n"
@@ -105,6 +105,8 @@ static void train_usage(FILE *out) {
         "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
         "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
         "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
+        "  --jitter MS: every rank sleeps a random delay in every step, exponential with mean MS ms, drawn\n"
+        "  from (seed, rank, step): slow steps that move from rank to rank, as on a shared cluster.\n"
         "  --precision bf16: the linear layers' products in bfloat16 with f32 sums (AMX or AVX512_BF16,\n"
         "  through oneDNN); parameters, gradients, optimizer and the other ops stay f32. fp32: all f32.\n"
         "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
@@ -213,7 +215,8 @@ enum {
     O_WD_ON,
     O_PLOT,
     O_TRACE,
-    O_PRECISION
+    O_PRECISION,
+    O_JITTER
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -272,6 +275,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"plot", 1, 0, O_PLOT},
                                             {"trace", 1, 0, O_TRACE},
                                             {"precision", 1, 0, O_PRECISION},
+                                            {"jitter", 1, 0, O_JITTER},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -458,6 +462,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
         return 0;
     }
     case O_VAL_FRAC: return tally__parse_real(flag, a, 0, 0, 0.9, &c->data.val_frac);
+    case O_JITTER: return tally__parse_real(flag, a, 0, 1, 3600000, &c->jitter_ms);
     case O_CLIP: p->has_clip = 1; return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.clip = (float)v, 0);
     case O_WD_ON:
         p->has_wd_on = 1;

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "../core/err.h"
+#include "../core/rng.h"
 #include "../nn/gemm_bf16.h"
 #include "trainer_int.h"
 
@@ -217,10 +218,25 @@ int tally__train_precision(const tally__train_cfg *cfg, tally__model *m, int ran
     return tally__seterr(rc, "rank %d: %s", rank, why);
 }
 
-void tally__train_straggle(const tally__train_cfg *cfg, int rank) {
-    if (cfg->straggler_ms <= 0 || rank != cfg->straggler_rank) return;
-    struct timespec ts = {.tv_sec = cfg->straggler_ms / 1000, .tv_nsec = (long)(cfg->straggler_ms % 1000) * 1000000L};
+#define TRAIN_JITTER_STREAM 0x6a6974746572ull /* "jitter": its own stream, apart from the data's and the model's */
+
+double tally__train_jitter_ms(const tally__train_cfg *cfg, int rank, long step) {
+    if (!(cfg->jitter_ms > 0)) return 0;
+    tally__rng g;
+    tally__rng_seed(&g, cfg->seed ^ TRAIN_JITTER_STREAM, ((uint64_t)(uint32_t)rank << 40) ^ (uint64_t)step);
+    double u = (double)(tally__rng_next(&g) >> 11) * 0x1p-53; /* [0, 1) */
+    return -cfg->jitter_ms * log1p(-u);
+}
+
+static void sleep_ms(double ms) {
+    if (!(ms > 0)) return;
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(fmod(ms, 1000.0) * 1e6)};
     while (nanosleep(&ts, &ts) != 0) {}
+}
+
+void tally__train_straggle(const tally__train_cfg *cfg, int rank, long step) {
+    if (cfg->straggler_ms > 0 && rank == cfg->straggler_rank) sleep_ms(cfg->straggler_ms);
+    sleep_ms(tally__train_jitter_ms(cfg, rank, step));
 }
 
 void tally__train_tell(const train_run *r, const tally__train_event *ev) {

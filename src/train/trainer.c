@@ -176,7 +176,7 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
         uint64_t t1 = tally__now_ns();
         if (tally__trace_on) train_trace("data", step, t0);
         if ((rc = tally__sync_micro_begin(&r->sync, k))) return rc;
-        if (k == 0) tally__train_straggle(cfg, r->rank);
+        if (k == 0) tally__train_straggle(cfg, r->rank, step);
         float loss;
         if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, B, &r->hooks, &loss))) return rc;
         st->loss += loss / cfg->sync.accum;

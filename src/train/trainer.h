@@ -106,6 +106,8 @@ typedef struct tally__train_cfg {
     long check_replicas; /* > 0: compare the replicas' parameter hashes every this many steps */
     int straggler_rank;  /* --straggler: this rank sleeps straggler_ms in every step (sync and async) */
     int straggler_ms;    /* 0: no straggler */
+    double jitter_ms;    /* --jitter: every rank sleeps an exponential delay of this mean in every step,
+                          * drawn from (seed, rank, step); 0: none */
 } tally__train_cfg;
 
 /* Defaults for every field (mlp, the TALLY__TRAIN_*_DEFAULT above, sgd momentum 0.9, the sync engine's

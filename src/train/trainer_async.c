@@ -132,7 +132,7 @@ static int async_step(async_run *a, long c) {
         tally__train_gather(r, &r->train, r->idx, cfg->batch);
     }
     uint64_t t1 = tally__now_ns();
-    tally__train_straggle(cfg, r->rank);
+    tally__train_straggle(cfg, r->rank, c);
     memset(r->model.grads, 0, r->model.nparams * sizeof(float));
     float loss;
     if ((rc = tally__model_forward(&r->model, r->xb, r->yb, r->tb, cfg->batch, &r->hooks, &loss)) ||

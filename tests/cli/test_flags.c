@@ -94,6 +94,7 @@ static const flag_case train_flags[] = {
     {"--stale-lr", {"sqrt", ""}},
     NOVAL("--ps"),
     {"--straggler", {"1", "1:0", "1:3600001", "a:b"}},
+    {"--jitter", {"0", "-1", "3600001", "nan", "x"}},
     {"--quota", {"all", ""}},
     {"--precision", {"fp16", "BF16", ""}},
     {"--layers", {"0", "x", "1025"}},

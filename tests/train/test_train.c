@@ -10,6 +10,7 @@
 
 #include "harness.h"
 #include "nn/model_build.h"
+#include "train/trainer_int.h"
 #include "train_runner.h"
 
 /* The bound of the equivalence tests: after STEPS steps, for every parameter,
@@ -271,8 +272,36 @@ static void test_token_model_refused(void) {
     TH_CHECK(th_run(2, &o, token_rank, NULL) == 0, "a token model on feature data was not refused as expected");
 }
 
+/* --jitter's delays: exponential with the mean asked (mean and 95th percentile within 3% over 40,000
+ * draws), the same for a seed, different across ranks and steps, none without the flag. */
+static void test_jitter_draws(void) {
+    tally__train_cfg c;
+    tally__train_cfg_default(&c);
+    TH_CHECK(tally__train_jitter_ms(&c, 0, 1) == 0, "no --jitter, yet a delay");
+    c.jitter_ms = 10;
+    enum { N = 40000 };
+    static double d[N];
+    double sum = 0;
+    int above = 0;
+    for (int i = 0; i < N; i++) {
+        d[i] = tally__train_jitter_ms(&c, i % 4, i / 4);
+        sum += d[i];
+        above += d[i] > 10 * log(20.0); /* exp(-x/10) = 5% past it */
+        TH_CHECK(d[i] >= 0 && isfinite(d[i]), "draw %d: %g ms", i, d[i]);
+    }
+    printf("jitter 10 ms: mean %.3f ms over %d draws, %.2f%% past the 95th percentile\n", sum / N, N,
+           100.0 * above / N);
+    TH_CHECK(fabs(sum / N - 10) < 0.3, "mean %g ms, want 10", sum / N);
+    TH_CHECK(fabs(100.0 * above / N - 5) < 0.15 * 5, "%.2f%% past the 95th percentile, want 5%%", 100.0 * above / N);
+    TH_CHECK(tally__train_jitter_ms(&c, 1, 7) == d[7 * 4 + 1], "the same seed, rank and step draw differently");
+    TH_CHECK(d[4] != d[5] && d[4] != d[8], "ranks or steps share a draw");
+    c.seed++;
+    TH_CHECK(tally__train_jitter_ms(&c, 1, 7) != d[7 * 4 + 1], "another seed draws the same");
+}
+
 int main(void) {
     if (th_quick()) {
+        test_jitter_draws();
         test_tensors();
         test_find_slowest();
         test_token_model_refused();

@@ -312,7 +312,11 @@ def section(d, anchors):
 
 
 def generate():
+    # bench/results/*.json, and one folder down (a machine kind's files: bench/results/intel/).
     names = sorted(n for n in os.listdir(RESULTS) if n.endswith(".json"))
+    for sub in sorted(os.listdir(RESULTS)):
+        if os.path.isdir(os.path.join(RESULTS, sub)):
+            names += sorted(f"{sub}/{n}" for n in os.listdir(os.path.join(RESULTS, sub)) if n.endswith(".json"))
     if not names:
         raise Bad("bench/results/ has no .json file: nothing to lay out")
     areas = sorted((load(n) for n in names), key=lambda d: (d["order"], d["_file"]))

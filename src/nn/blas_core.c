@@ -7,6 +7,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "simd.h"
+
 /* OpenBLAS's x86-64 targets without AVX: its fallbacks when a CPU's family or model is unknown to it. */
 static const char *const sse_only_cores[] = {
     "prescott", "katmai", "coppermine", "northwood",     "banias",    "core2",  "penryn", "dunnington", "nehalem",
@@ -25,15 +27,12 @@ static int sse_only(const char *core) {
 }
 
 /* The best of OpenBLAS's x86-64 kernel sets this CPU (and its OS, which must save the wider registers)
- * can run; the AVX-512 ones need F, BW, DQ and VL, Cooperlake BF16 besides. */
+ * can run, as simd.h asks it (AVX-512 with DQ is Skylake-X's set and later; Cooperlake adds BF16). */
 static const char *cpu_best_core(void) {
+    if (tally__cpu_avx512() && tally__cpu_avx512_bf16()) return "Cooperlake";
+    if (tally__cpu_avx512()) return "SkylakeX";
+    if (tally__cpu_avx2()) return "Haswell";
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-    if (avx512 && __builtin_cpu_supports("avx512bf16")) return "Cooperlake";
-    if (avx512) return "SkylakeX";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
     if (__builtin_cpu_supports("avx")) return "Sandybridge";
 #endif
     return NULL;

@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "../core/err.h"
+#include "../core/numeric/dtype.h"
+#include "simd.h"
 
 #if defined(TALLY_HAVE_DNNL) && defined(__x86_64__) && defined(__GNUC__)
 #include <dlfcn.h>
@@ -82,16 +84,10 @@ static bf16_shape bf16_shapes[BF16_SHAPES];
 static int bf16_nshapes;
 static char bf16_impl_name[96];
 
-static int cpu_has_bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-}
-
 static pthread_mutex_t bf16_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int tally__bf16_check(void) {
-    if (!cpu_has_bf16())
+    if (!tally__cpu_avx512_bf16())
         return tally__seterr(TALLY_E_UNSUPPORTED,
                              "--precision bf16 needs a CPU with AVX512_BF16 (or AMX), and this one has neither: "
                              "train with --precision fp32");
@@ -115,7 +111,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static size_t ca
     }
     return i;
 }
-#define BF16_FAST_CAST(dst, src, n) (cpu_has_bf16() ? cast16(dst, src, n) : 0)
+#define BF16_FAST_CAST(dst, src, n) (tally__cpu_avx512_bf16() ? cast16(dst, src, n) : 0)
 #else
 #define BF16_FAST_CAST(dst, src, n) ((void)(dst), (void)(src), (void)(n), (size_t)0)
 
@@ -127,12 +123,7 @@ int tally__bf16_check(void) {
 #endif
 
 void tally__bf16_cast(uint16_t *dst, const float *src, size_t n) {
-    for (size_t i = BF16_FAST_CAST(dst, src, n); i < n; i++) {
-        uint32_t x;
-        memcpy(&x, &src[i], 4);
-        dst[i] = (x & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((x >> 16) | 0x40u)
-                                                 : (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-    }
+    for (size_t i = BF16_FAST_CAST(dst, src, n); i < n; i++) dst[i] = tally__f32_to_bf16(src[i]);
 }
 
 #if defined(TALLY_HAVE_DNNL) && defined(__x86_64__) && defined(__GNUC__)
@@ -225,13 +216,13 @@ int tally__gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16
         return 0;
     }
     int key[10] = {trans_a != 0, trans_b != 0, M, N, K, lda, ldb, ldc, beta != 0.0f, 0}, rc = 0;
-    if ((rc = tally__bf16_check())) return rc;
     pthread_mutex_lock(&bf16_lock);
-    if (dn.omp_set_num_threads) dn.omp_set_num_threads(bf16_threads); /* the calling thread's OpenMP setting */
-    bf16_shape *s = shape_find(key, &rc);
+    int opened = dnnl_open() == 0;
+    if (opened && dn.omp_set_num_threads) dn.omp_set_num_threads(bf16_threads); /* the calling thread's setting */
+    bf16_shape *s = opened ? shape_find(key, &rc) : NULL;
     if (s) rc = run_shape(s, A, B, C);
     pthread_mutex_unlock(&bf16_lock);
-    return rc;
+    return opened ? rc : tally__bf16_check(); /* never opened: the check says why */
 }
 #else
 void tally__bf16_threads(int threads) { (void)threads; }

@@ -7,32 +7,38 @@
 #include "gemm_bf16.h"
 #include "model.h"
 
-static int is_linear(const tally__op *op) { return op->kind == TALLY__OP_LINEAR; }
+/* A linear op's bf16 copies at batch B, in elements: its input (*x), its weight (*w); returns its output
+ * gradient's, which the linears share. 0 for every other op. */
+static size_t linear_copies(const tally__op *op, int B, size_t *x, size_t *w) {
+    *x = *w = 0;
+    if (op->kind != TALLY__OP_LINEAR) return 0;
+    size_t rows = (size_t)B * op->rows;
+    *x = rows * op->fan_in;
+    *w = (size_t)op->fan_out * op->fan_in;
+    return rows * op->fan_out;
+}
 
 size_t tally__model_bf16_bytes(const tally__model *m, int B) {
-    size_t dy = 0, bytes = 0;
+    size_t dy = 0, elems = 0, x, w;
     for (int i = 0; i < m->nops; i++) {
-        const tally__op *op = &m->op[i];
-        if (!is_linear(op)) continue;
-        size_t rows = (size_t)B * op->rows;
-        bytes += (rows * op->fan_in + (size_t)op->fan_out * op->fan_in) * sizeof(uint16_t);
-        if (rows * op->fan_out > dy) dy = rows * op->fan_out;
+        size_t d = linear_copies(&m->op[i], B, &x, &w);
+        elems += x + w;
+        if (d > dy) dy = d;
     }
-    return bytes + dy * sizeof(uint16_t);
+    return (elems + dy) * sizeof(uint16_t);
 }
 
 int tally__model_use_bf16(tally__model *m) {
     int rc = tally__bf16_check();
     if (rc) return rc;
-    size_t dy = 0;
+    size_t dy = 0, x, w;
     for (int i = 0; i < m->nops; i++) {
-        const tally__op *op = &m->op[i];
-        if (!is_linear(op)) continue;
-        size_t rows = (size_t)m->max_batch * op->rows;
-        m->bf16_x[i] = malloc(rows * op->fan_in * sizeof(uint16_t));
-        m->bf16_w[i] = malloc((size_t)op->fan_out * op->fan_in * sizeof(uint16_t));
+        size_t d = linear_copies(&m->op[i], m->max_batch, &x, &w);
+        if (!x) continue;
+        m->bf16_x[i] = malloc(x * sizeof(uint16_t));
+        m->bf16_w[i] = malloc(w * sizeof(uint16_t));
         if (!m->bf16_x[i] || !m->bf16_w[i]) goto nomem;
-        if (rows * op->fan_out > dy) dy = rows * op->fan_out;
+        if (d > dy) dy = d;
     }
     if (dy && !(m->bf16_dy = malloc(dy * sizeof(uint16_t)))) goto nomem;
     m->bf16 = 1;

@@ -1,6 +1,6 @@
 /* simd.h - what the layers' kernels share below BLAS: four-lane vectors (GCC's vector extension) with
  * their lane masks and loads and stores that need only float alignment, and what this CPU can run,
- * asked once, so the wide kernels (libmvec's AVX2 and AVX-512 entries) run only where they exist. */
+ * asked once, so the wide kernels (libmvec's AVX2 and AVX-512 entries, bf16 casts) run only where they exist. */
 #ifndef TALLY_NN_SIMD_H
 #define TALLY_NN_SIMD_H
 
@@ -30,9 +30,19 @@ static inline int tally__cpu_avx512(void) {
     if (has < 0) has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     return has;
 }
+
+/* AVX512_BF16 (Cooper Lake, Sapphire Rapids and later) with the F, BW and VL its 512-bit forms need. */
+static inline int tally__cpu_avx512_bf16(void) {
+    static int has = -1;
+    if (has < 0)
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    return has;
+}
 #else
 static inline int tally__cpu_avx2(void) { return 0; }
 static inline int tally__cpu_avx512(void) { return 0; }
+static inline int tally__cpu_avx512_bf16(void) { return 0; }
 #endif
 
 #endif

@@ -95,7 +95,6 @@ long tally__train_text_steps_per_epoch(const train_run *r, int T, int workers);
 
 /* --mode async (trainer_async.c): workers and a parameter server instead of allreduce. */
 int tally__train_async(tally_comm *comm, const tally__train_cfg *cfg, tally__train_result *res);
-/* --straggler: the named rank sleeps its milliseconds once per step (sync and async). */
 /* --straggler's and --jitter's sleeps for this rank's step (a worker's clock under --mode async). */
 void tally__train_straggle(const tally__train_cfg *cfg, int rank, long step);
 /* --jitter's delay for (rank, step), in ms: exponential with mean cfg->jitter_ms, the same for a seed on every

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Two ranks of `tally train` in two network namespaces joined by a veth pair whose both ends are held to
 # RATE by a token-bucket filter (tc tbf), over the tcp transport: a slow link on one machine. Runs each
-# codec and prints samples/s, bytes per step and test accuracy. Removes the namespaces when it ends.
+# codec (or local SGD) and prints samples/s, bytes per step, the test figure and the training time.
+# Removes the namespaces when it ends.
 #
 # usage: sudo bench/slowlink.sh [RATE] [CODEC...] [-- TRAIN_FLAGS...]
 #   RATE      tc rate (default 1gbit; e.g. 100mbit)
 #   CODEC     --compress values (default: none fp16 bf16 topk:0.01 powersgd:4); "topk:0.01/noef" runs top-k
-#             with --no-error-feedback
+#             with --no-error-feedback; "local:H" runs --local-steps H, "local:H/int8" (or /fp16) with
+#             --outer-compress
 #   TRAIN_FLAGS  passed to every run (default: --epochs 1)
 # Needs root, iproute2 (ip, tc) and a kernel with network namespaces and sch_tbf (netem is not needed).
 set -eu
@@ -67,7 +69,12 @@ run() {
   token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
   local env=(TALLY_WORLD_SIZE=2 "TALLY_ADDR=$ip0:$port" "TALLY_TOKEN=$token" TALLY_TRANSPORT=tcp)
   local cflag=()
-  [ "$codec" != none ] && cflag=(--compress "$codec")
+  case $codec in
+  none) ;;
+  local:*/*) spec=${codec#local:}; cflag=(--local-steps "${spec%%/*}" --outer-compress "${spec#*/}") ;;
+  local:*) cflag=(--local-steps "${codec#local:}") ;;
+  *) cflag=(--compress "$codec") ;;
+  esac
   ip netns exec "$ns1" env "${env[@]}" TALLY_RANK=1 "$tally" train --quiet "${cflag[@]}" "${extra[@]}" \
     "${flags[@]}" >"$tmp/r1.out" 2>&1 &
   local p1=$!
@@ -81,14 +88,17 @@ run() {
   /usr/bin/python3 - "$1" "$tmp/s.json" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[2]))
-acc = "-" if s.get("test_accuracy") is None else "%.4f" % s["test_accuracy"]
-print("| %s | %.0f | %.0f | %.1f%% | %s |" % (sys.argv[1], s["samples_per_s"], s["bytes_sent_per_step"],
-      100 * s["comm_share"], acc))
+if s.get("val_loss") is not None:
+    score = "val loss %.4f" % s["val_loss"]
+else:
+    score = "-" if s.get("test_accuracy") is None else "%.4f" % s["test_accuracy"]
+print("| %s | %.0f | %.0f | %.1f%% | %s | %.1f |" % (sys.argv[1], s["samples_per_s"], s["bytes_sent_per_step"],
+      100 * s["comm_share"], score, s["train_seconds"]))
 EOF
 }
 
 echo "slow link: $rate each way (tc tbf, burst $burst bytes), 2 ranks over tcp; tally train ${flags[*]}"
 echo
-echo "| codec | samples/s | bytes sent per step per rank | communication share | test accuracy |"
-echo "|---|---|---|---|---|"
+echo "| codec | samples/s | bytes sent per step per rank | communication share | test accuracy or validation loss | training s |"
+echo "|---|---|---|---|---|---|"
 for c in "${codecs[@]}"; do run "$c"; done

@@ -57,6 +57,7 @@ static void train_usage(FILE *out) {
         "                   [--no-error-feedback] [--mode sync|async [--staleness S]\n"
         "                   [--stale-lr none|inverse] [--ps] [--quota per-worker|shared]]\n"
         "                   [--straggler RANK:MS] [--jitter MS]\n"
+        "                   [--local-steps H [--outer-lr X] [--outer-momentum M] [--outer-compress none|fp16|int8]]\n"
         "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
         "averaged in buckets while backward runs, every replica takes the same step.\n"
         "  --batch is per rank and per micro-batch (default %d); a step is batch x accum x N samples.\n"
@@ -107,6 +108,14 @@ static void train_usage(FILE *out) {
         "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
         "  --jitter MS: every rank sleeps a random delay in every step, exponential with mean MS ms, drawn\n"
         "  from (seed, rank, step): slow steps that move from rank to rank, as on a shared cluster.\n"
+        "  --local-steps H: local SGD as DiLoCo runs it: each rank takes H steps of its own (the optimizer\n"
+        "  as configured, its state the rank's own), then the ranks average the change of the parameters\n"
+        "  since the last averaging and take an outer step on it, SGD with Nesterov momentum (--outer-lr,\n"
+        "  default %g; --outer-momentum, default %g; 1 and 0 are plain averaging); a round also ends at\n"
+        "  each epoch's end and the last step. H times fewer bytes than sync, and --outer-compress fp16 or\n"
+        "  int8 (a scale per %d values) cuts them 2x or 4x more. --lr is not scaled by N (--scale-lr\n"
+        "  counts one rank). Checkpoints are taken at a round's end and keep every rank's optimizer\n"
+        "  state. Not with --zero, --compress, --mode async or --check-replicas.\n"
         "  --precision bf16: the linear layers' products in bfloat16 with f32 sums (AMX or AVX512_BF16,\n"
         "  through oneDNN); parameters, gradients, optimizer and the other ops stay f32. fp32: all f32.\n"
         "With -n N (and no rank environment) it starts N local ranks of itself, rank r on its own CPU when\n"
@@ -116,7 +125,8 @@ static void train_usage(FILE *out) {
         TALLY__TRAIN_ADAMW_LR_DEFAULT, tally__model_info_of(TALLY__MODEL_LINEAR)->sgd_lr, TALLY__TRAIN_LINEAR_FEATURES,
         gpt.layers, gpt.embd, gpt.heads, gpt.in_dim, TALLY__TRAIN_VAL_FRAC_DEFAULT, adamw.beta1,
         TALLY__GPT_BETA2_DEFAULT, TALLY__GPT_WEIGHT_DECAY_DEFAULT, TALLY__GPT_CLIP_DEFAULT,
-        100 * TALLY__GPT_WARMUP_FRAC_DEFAULT, TALLY__GPT_MIN_LR_DEFAULT, TALLY__CKPT_KEEP_DEFAULT);
+        100 * TALLY__GPT_WARMUP_FRAC_DEFAULT, TALLY__GPT_MIN_LR_DEFAULT, TALLY__CKPT_KEEP_DEFAULT,
+        TALLY__LOCAL_OUTER_LR_DEFAULT, TALLY__LOCAL_OUTER_MOMENTUM_DEFAULT, TALLY__INT8_BLOCK);
     if (TALLY__TRAIN_SEAMS)
         fprintf(out, "Testing aids (a build with the tests only): --inject-nan RANK:STEP feeds a NaN into that\n"
                      "rank's data at that step; --inject-flip RANK:STEP flips a bit of that rank's parameters after\n"
@@ -216,7 +226,11 @@ enum {
     O_PLOT,
     O_TRACE,
     O_PRECISION,
-    O_JITTER
+    O_JITTER,
+    O_LOCAL_STEPS,
+    O_OUTER_LR,
+    O_OUTER_MOMENTUM,
+    O_OUTER_COMPRESS
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -276,6 +290,10 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"trace", 1, 0, O_TRACE},
                                             {"precision", 1, 0, O_PRECISION},
                                             {"jitter", 1, 0, O_JITTER},
+                                            {"local-steps", 1, 0, O_LOCAL_STEPS},
+                                            {"outer-lr", 1, 0, O_OUTER_LR},
+                                            {"outer-momentum", 1, 0, O_OUTER_MOMENTUM},
+                                            {"outer-compress", 1, 0, O_OUTER_COMPRESS},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -285,6 +303,7 @@ typedef struct pending {
     int has_momentum, has_wd;
     int has_opt, has_clip, has_decay, has_min_lr, has_warmup, has_wd_on; /* what gpt's defaults leave alone */
     int has_async_only; /* --staleness, --stale-lr or --ps: meaningful only with --mode async */
+    int has_outer;      /* --outer-*: meaningful only with --local-steps */
 } pending;
 
 /* "RANK:N": a rank and a count from 1 (a step, or milliseconds), each checked by the shared parser. */
@@ -320,6 +339,7 @@ static int parse_inject(int ch, const char *flag, const char *a, tally__train_fa
 static const char *const train_modes[] = {"sync", "async", NULL};
 static const char *const train_quotas[] = {"per-worker", "shared", NULL};
 static const char *const train_precisions[] = {"fp32", "bf16", NULL};
+static const char *const train_outer_compress[] = {"none", "fp16", "int8", NULL}; /* tally__outer_compress's order */
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
 static const char *const train_wd_on[] = {"all", "matrices", NULL};
 
@@ -351,6 +371,7 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
                   {O_CKPT_KEEP, 1, 1000000},
                   {O_MAX_RESTARTS, 0, 1000},
                   {O_STALENESS, 0, 1000000000},
+                  {O_LOCAL_STEPS, 1, TRAIN_MAX_STEPS},
                   {O_LAYERS, 1, 1024},
                   {O_WIDTH, 1, 1 << 16},
                   {O_HEADS, 1, 1024},
@@ -379,6 +400,7 @@ static int train_parse_int(int ch, const char *flag, const char *a, train_opts *
         case O_WIDTH: c->model.embd = (int)v; break;
         case O_HEADS: c->model.heads = (int)v; break;
         case O_CONTEXT: c->model.in_dim = (int)v; break;
+        case O_LOCAL_STEPS: c->local.steps = (long)v; break;
         default: c->async.staleness = (long)v; break;
         }
         return 0;
@@ -463,6 +485,13 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     }
     case O_VAL_FRAC: return tally__parse_real(flag, a, 0, 0, 0.9, &c->data.val_frac);
     case O_JITTER: return tally__parse_real(flag, a, 0, 1, 3600000, &c->jitter_ms);
+    case O_OUTER_LR: p->has_outer = 1; return tally__parse_real(flag, a, 0, 1, 10, &c->local.outer_lr);
+    case O_OUTER_MOMENTUM:
+        p->has_outer = 1;
+        return tally__parse_real(flag, a, 0, 0, 0.999999, &c->local.outer_momentum);
+    case O_OUTER_COMPRESS:
+        p->has_outer = 1;
+        return tally__parse_word(flag, a, train_outer_compress, &k) ? -1 : (c->local.compress = k, 0);
     case O_CLIP: p->has_clip = 1; return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.clip = (float)v, 0);
     case O_WD_ON:
         p->has_wd_on = 1;
@@ -512,7 +541,11 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "tally train: --staleness, --stale-lr, --ps and --quota need --mode async\n");
         return 2;
     }
-    if (tally__codec_check(&o->cfg.sync.codec, o->cfg.sync.zero, 0)) {
+    if (p.has_outer && !o->cfg.local.steps) {
+        fprintf(stderr, "tally train: --outer-lr, --outer-momentum and --outer-compress need --local-steps H\n");
+        return 2;
+    }
+    if (tally__codec_check(&o->cfg.sync.codec, o->cfg.sync.zero, 0) || tally__local_check(&o->cfg, 0)) {
         const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
         fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return 2;
@@ -590,7 +623,10 @@ static int train_as_rank(train_opts *o) {
                                 .zero = o->cfg.sync.zero,
                                 .bf16 = o->cfg.bf16,
                                 .lr = res.lr,
-                                .bucket_mb = o->cfg.sync.bucket_mb};
+                                .bucket_mb = o->cfg.sync.bucket_mb,
+                                .outer_lr = o->cfg.local.outer_lr,
+                                .outer_momentum = o->cfg.local.outer_momentum,
+                                .outer_compress = tally__outer_compress_name(o->cfg.local.compress)};
         snprintf(info.arch, sizeof info.arch, "%s", res.arch);
         if (!quiet) tally__summary_print(stdout, &info, &res);
         if (o->cfg.report.json && tally__summary_json(o->cfg.report.json, &info, &res)) {

@@ -149,6 +149,22 @@ static void summary_async(FILE *out, const tally__train_result *r, const step_ms
             ms->update);
 }
 
+/* --local-steps: the rounds, what averaging cost, and the bytes against synchronous training's. */
+static void summary_local(FILE *out, const tally__run_info *in, const tally__train_result *r) {
+    double steps = r->steps > 0 ? (double)r->steps : 1, per_step = (double)r->outer_bytes / steps;
+    fprintf(out,
+            "  local SGD        every %ld steps (outer lr %g, Nesterov momentum %g, sent as %s): %ld averagings, "
+            "%.3f s in all, %.1f%% of training time\n",
+            r->local_steps, in->outer_lr, in->outer_momentum, in->outer_compress, r->outer_rounds, r->outer_s,
+            r->train_s > 0 ? 100 * r->outer_s / r->train_s : 0);
+    fprintf(out, "                   %.0f bytes per step per rank; synchronous training's f32 allreduce sends %.0f",
+            per_step, (double)r->f32_bytes_step);
+    if (per_step > 0)
+        fprintf(out, ": %.1fx fewer\n", (double)r->f32_bytes_step / per_step);
+    else
+        fprintf(out, "\n");
+}
+
 #define SUMMARY_RANK_ROWS 16 /* more ranks than this: the rows of the slowest few */
 
 static double rank_ms(const tally__train_result *r, int rank, int what) {
@@ -227,6 +243,8 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     summary_ranks(out, r);
     if (r->async)
         summary_async(out, r, &ms);
+    else if (r->local_steps)
+        summary_local(out, in, r);
     else if (in->zero)
         fprintf(out,
                 "  communication    %.3f ms/step in collectives, layer by layer (ZeRO stage %d); %.1f%% of step time\n",
@@ -373,6 +391,15 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             strcmp(r->codec, "none") && r->codec[0] ? (double)r->grad_bytes_f32_step : (double)r->grad_bytes / steps,
             compression_ratio(r));
     fprintf(f, "  \"resumed_from\": %ld, \"checkpoints\": %ld,\n", r->resumed_from, r->checkpoints);
+    if (r->local_steps)
+        fprintf(f,
+                "  \"local_sgd\": {\"steps\": %ld, \"outer_lr\": %g, \"outer_momentum\": %g, \"outer_compress\": "
+                "\"%s\", \"rounds\": %ld, \"averaging_s\": %.4f, \"bytes_per_step\": %.0f, "
+                "\"sync_bytes_per_step\": %.0f},\n",
+                r->local_steps, in->outer_lr, in->outer_momentum, in->outer_compress, r->outer_rounds, r->outer_s,
+                (double)r->outer_bytes / steps, (double)r->f32_bytes_step);
+    else
+        fprintf(f, "  \"local_sgd\": null,\n");
     if (r->async) {
         char hist[1024];
         size_t o = 0;

@@ -28,6 +28,8 @@ typedef struct tally__run_info {
     int world, batch, accum, epochs, overlap, zero;
     int bf16; /* --precision bf16 */
     double lr, bucket_mb;
+    double outer_lr, outer_momentum; /* --local-steps's outer step */
+    const char *outer_compress;      /* and how the averaged change travels ("none", "fp16", "int8") */
 } tally__run_info;
 void tally__summary_print(FILE *out, const tally__run_info *info, const tally__train_result *r);
 int tally__summary_json(const char *path, const tally__run_info *info, const tally__train_result *r);

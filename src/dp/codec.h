@@ -84,6 +84,19 @@ int tally__codec_half_scale(tally_comm *comm, float *x, size_t n, tally_dtype dt
 int tally__codec_half_reduce(tally_comm *comm, float *x, size_t n, size_t mine, size_t len, tally_dtype dt, tally_op op,
                              int scatter, float denom, uint16_t *half, int *overflowed);
 
+/* int8 with one f32 scale per block of TALLY__INT8_BLOCK values (codec_int8.c). A block's scale is its
+ * largest magnitude over 127 and its values round to the nearest step; a block holding a NaN or an infinity
+ * has scale NaN (it comes back NaN, never as some number). Returns the scale. */
+#define TALLY__INT8_BLOCK 256
+float tally__int8_quantize(const float *x, size_t len, int8_t *q);
+void tally__int8_dequantize(const int8_t *q, size_t len, float scale, float *x);
+/* x[n] replaced, on every rank, by the mean over the ranks, sent in int8: each rank's piece of the sum
+ * reaches it by an all-to-all of the quantized inputs and is summed in f32, divided, quantized again
+ * and shared by an all-gather, so every rank ends with the same bytes. A rank sends about 2 (N-1)/N x n x
+ * (1 + 4/TALLY__INT8_BLOCK) bytes, a quarter of an f32 ring allreduce; each value carries two
+ * quantizations' error (at most half a step of each). One rank: x as it is. Collective. */
+int tally__codec_int8_mean(tally_comm *comm, float *x, size_t n);
+
 /* Top-k selection (codec_topk.c): the indices of the k largest |x| (a NaN counts as an Inf; ties go to
  * the lower index), ascending, into idx[k]. key is scratch of n floats. */
 void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float *key);

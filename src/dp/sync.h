@@ -136,6 +136,16 @@ void tally__sync_step_end(tally__sync *s, int taken);
  * names), and the codec's spec, residuals and factors; all whole. */
 struct tally__state;
 void tally__sync_state(tally__sync *s, struct tally__state *out);
+/* The optimizer's per-element state as whole flat vectors [nparams] (what local SGD keeps per rank):
+ * how many kinds it has (AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer, or none) and kind k's
+ * name; kind k into dst (stages 1-3 gather it: collective), or this rank's part of it from src. */
+int tally__sync_opt_kinds(const tally__sync *s);
+const char *tally__sync_opt_kind_name(const tally__sync *s, int k);
+int tally__sync_opt_flat(tally__sync *s, int k, float *dst);
+int tally__sync_opt_load_flat(tally__sync *s, int k, const float *src);
+/* The optimizer's updates so far (AdamW's bias correction counts them), and setting them. */
+long long tally__sync_opt_step(const tally__sync *s);
+void tally__sync_set_opt_step(tally__sync *s, long long step);
 /* Frees the engine (not the model); safe on a zeroed or half-opened one. */
 void tally__sync_close(tally__sync *s);
 

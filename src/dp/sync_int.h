@@ -47,8 +47,6 @@ const float *tally__sync_opt_layer(tally__sync *s, int second, int layer, float 
  * optimizer's m, v), into where it keeps them. */
 int tally__sync_load_part(tally__sync *s, int what, int (*read)(void *arg, size_t begin, size_t count, float *dst),
                           void *arg);
-long long tally__sync_opt_step(const tally__sync *s);
-void tally__sync_set_opt_step(tally__sync *s, long long step);
 /* The parameters were replaced from outside (a checkpoint): layers gathered before are stale. */
 void tally__sync_params_changed(tally__sync *s);
 

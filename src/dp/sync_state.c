@@ -270,6 +270,41 @@ static int st_load(void *arg, const tally__ckpt *ck) {
     return rc;
 }
 
+/* ---- the optimizer's state as flat vectors ---- */
+
+int tally__sync_opt_kinds(const tally__sync *s) {
+    state_kind k[2];
+    return kinds_of(&s->optim_cfg, k);
+}
+
+const char *tally__sync_opt_kind_name(const tally__sync *s, int k) {
+    state_kind kinds[2];
+    return k < kinds_of(&s->optim_cfg, kinds) ? kinds[k].suffix : "";
+}
+
+int tally__sync_opt_flat(tally__sync *s, int k, float *dst) {
+    state_kind kinds[2];
+    kinds_of(&s->optim_cfg, kinds);
+    int rc = 0;
+    for (int l = 0; l < s->m->nlayers && !rc; l++) {
+        size_t off = s->m->offsets[l];
+        const float *p = tally__sync_opt_layer(s, kinds[k].second, l, dst + off, &rc);
+        if (p && p != dst + off) memcpy(dst + off, p, (s->m->offsets[l + 1] - off) * sizeof(float));
+    }
+    return rc;
+}
+
+static int read_flat(void *arg, size_t begin, size_t count, float *dst) {
+    memcpy(dst, (const float *)arg + begin, count * sizeof(float));
+    return 0;
+}
+
+int tally__sync_opt_load_flat(tally__sync *s, int k, const float *src) {
+    state_kind kinds[2];
+    kinds_of(&s->optim_cfg, kinds);
+    return tally__sync_load_part(s, 1 + kinds[k].second, read_flat, (void *)src);
+}
+
 void tally__sync_state(tally__sync *s, tally__state *out) {
     *out = (tally__state){.arg = s, .count = st_count, .entry = st_entry, .save = st_save_all, .load = st_load};
 }

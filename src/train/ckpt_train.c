@@ -155,8 +155,8 @@ static int run_load(void *arg, const tally__ckpt *ck) {
 /* ---- the components, in table order ---- */
 
 typedef struct ck_parts {
-    tally__state p[2];
-    int count[2]; /* each one's entries, asked once */
+    tally__state p[3];
+    int count[3]; /* each one's entries, asked once */
     int n;
 } ck_parts;
 
@@ -164,6 +164,7 @@ static void ck_parts_of(train_run *r, ck_parts *out) {
     out->p[0] = (tally__state){.arg = r, .count = run_count, .entry = run_entry, .save = run_save, .load = run_load};
     tally__sync_state(&r->sync, &out->p[1]);
     out->n = 2;
+    if (r->solo) tally__local_state(&r->local, &out->p[out->n++]); /* after the engine's: it reads the parameters */
     for (int i = 0; i < out->n; i++) out->count[i] = out->p[i].count(out->p[i].arg);
 }
 

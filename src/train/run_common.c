@@ -110,6 +110,9 @@ void tally__train_teardown(train_run *r) {
     free(r->yb);
     free(r->tb);
     free(r->idx);
+    tally__local_close(&r->local);
+    tally_comm_free(r->solo); /* last: the engine's gradients lived in its memory */
+    r->solo = NULL;
 }
 
 /* Copies the samples at data set indices idx[0..B) into the micro-batch buffers. */

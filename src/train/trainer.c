@@ -47,6 +47,8 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->threads = TALLY__TRAIN_THREADS_DEFAULT;
     cfg->async.stale_lr = TALLY__STALE_LR_INVERSE;
     cfg->sync.codec.error_feedback = 1;
+    cfg->local.outer_lr = TALLY__LOCAL_OUTER_LR_DEFAULT;
+    cfg->local.outer_momentum = TALLY__LOCAL_OUTER_MOMENTUM_DEFAULT;
 }
 
 void tally__train_gpt_defaults(tally__train_cfg *c, unsigned given) {
@@ -105,16 +107,25 @@ static int train_setup(train_run *r, tally__train_result *res) {
                              "only its shard of the parameters; use it with --zero 0, 1 or 2",
                              r->rank);
     if ((rc = tally__codec_check(&cfg->sync.codec, cfg->sync.zero, r->rank))) return rc;
-    if ((rc = tally__sync_open(&r->sync, r->comm, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed)))
+    /* Local SGD: each rank's engine, NaN guard and learning rate are its own; the world averages. */
+    int local = cfg->local.steps > 0;
+    if (local && (rc = tally_comm_split(r->comm, r->rank, 0, &r->solo))) return rc;
+    tally_comm *engine = local ? r->solo : r->comm;
+    if ((rc = tally__sync_open(&r->sync, engine, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed)))
+        return rc;
+    if (local && ((rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams)) ||
+                  (rc = tally__local_open(&r->local, &cfg->local, r->comm, &r->sync))))
         return rc;
     if ((rc = tally__train_precision(cfg, &r->model, r->rank))) return rc;
     if ((rc = tally__train_check_input(r))) return rc;
     r->hooks = tally__sync_hooks(&r->sync);
     tally__codec_spec(&cfg->sync.codec, res->codec, sizeof res->codec);
     res->grad_bytes_f32_step = r->sync.f32_bytes_step;
-    if ((rc = tally__guard_init(&r->guard, r->comm, &r->model, (tally__nan_policy)cfg->sync.nan_policy, &r->hooks)))
+    res->local_steps = cfg->local.steps;
+    res->f32_bytes_step = r->local.f32_bytes;
+    if ((rc = tally__guard_init(&r->guard, engine, &r->model, (tally__nan_policy)cfg->sync.nan_policy, &r->hooks)))
         return rc;
-    if ((rc = tally__train_prepare_steps(r, res, r->size))) return rc;
+    if ((rc = tally__train_prepare_steps(r, res, local ? 1 : r->size))) return rc;
     r->saved_step = -1;
     if (cfg->ckpt.dir && (rc = tally__train_ckpt_check_names(r))) return rc;
     if (cfg->ckpt.dir && (rc = cfg->ckpt.resume ? tally__train_ckpt_resume(r) : tally__train_ckpt_check_fresh(r)))
@@ -222,11 +233,32 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     return 0;
 }
 
+/* --local-steps: after a step, the round ends when it has had H steps, at an epoch's end (evaluation and
+ * checkpoints see one model) and at the run's last step; its averaging counts as waiting for
+ * communication. */
+static int train_local_round(train_run *r, long step, int must, step_times *st) {
+    if (++r->local.since < r->cfg->local.steps && !must) return 0;
+    uint64_t t0 = tally__now_ns();
+    double s0 = r->local.seconds;
+    unsigned long long b0 = r->local.bytes;
+    int rc = tally__local_average(&r->local);
+    if (tally__trace_on) train_trace("average", step, t0);
+    st->wait += r->local.seconds - s0;
+    st->comm += r->local.seconds - s0;
+    st->bytes += r->local.bytes - b0;
+    return rc;
+}
+
 /* After step `done` (counted from 1): a checkpoint when one is due. */
 static int train_maybe_save(train_run *r, long done, int last) {
     const tally__train_cfg *cfg = r->cfg;
     if (!cfg->ckpt.dir || r->saved_step == done) return 0;
-    if (!last && !(cfg->ckpt.every > 0 && done % cfg->ckpt.every == 0)) return 0;
+    if (!last && !r->ckpt_pending && !(cfg->ckpt.every > 0 && done % cfg->ckpt.every == 0)) return 0;
+    if (r->solo && r->local.since) { /* the replicas differ inside a round: a checkpoint holds its end */
+        r->ckpt_pending = 1;
+        return 0;
+    }
+    r->ckpt_pending = 0;
     uint64_t t0 = tally__trace_on ? tally__trace_now() : 0;
     int rc = tally__train_ckpt_save(r, done);
     if (tally__trace_on) train_trace("checkpoint", done - 1, t0);
@@ -252,6 +284,7 @@ static int train_epochs(train_run *r, tally__train_result *res) {
             double before = st.loss;
             long skipped = st.skipped;
             int rc = train_step(r, step, (size_t)s * cfg->batch * cfg->sync.accum, &st);
+            if (!rc && r->solo) rc = train_local_round(r, step, s + 1 == r->steps_per_epoch || step + 1 == total, &st);
             if (rc) return rc;
             epoch_loss += st.loss - before;
             epoch_steps += st.skipped == skipped;
@@ -311,6 +344,9 @@ static int train_epochs(train_run *r, tally__train_result *res) {
     res->grad_bytes = s1.grad_bytes - s0.grad_bytes;
     res->buckets = s1.buckets;
     res->skipped_steps = r->start_skipped + st.skipped;
+    res->outer_rounds = r->local.run_rounds;
+    res->outer_s = r->local.seconds;
+    res->outer_bytes = r->local.bytes;
     return 0;
 }
 
@@ -349,9 +385,11 @@ int tally__train(tally_comm *comm, const tally__train_cfg *cfg, tally__train_res
                              "rank %d: --threads %d is more BLAS threads than the %d CPU%s this "
                              "process may use: give at most %d",
                              tally_comm_rank(comm), cfg->threads, cpus, cpus == 1 ? "" : "s", cpus);
+    int rc = tally__local_check(cfg, tally_comm_rank(comm));
+    if (rc) return rc;
     if (cfg->async.enabled) return tally__train_async(comm, cfg, res);
     train_run r = {.cfg = cfg, .comm = comm, .rank = tally_comm_rank(comm), .size = tally_comm_size(comm)};
-    int rc = train_setup(&r, res);
+    rc = train_setup(&r, res);
     if (!rc) rc = tally__train_blas_threads(cfg, r.rank);
     if (!rc) rc = train_epochs(&r, res);
     if (!rc) rc = tally__train_fingerprint(&r, res);

@@ -14,6 +14,7 @@
 #include "../dp/sync.h"
 #include "../nn/model.h"
 #include "../ps/ps.h"
+#include "local_sgd.h"
 
 /* What the training loop tells its observer, on rank 0 only and on the thread that trains: the CLI draws
  * the progress line and the epoch lines from these (tools/train_report.c); the library never prints. */
@@ -91,6 +92,7 @@ typedef struct tally__train_cfg {
     tally__sync_cfg sync; /* ZeRO stage, accumulation, buckets, overlap, compression, NaN policy (dp) */
     tally__ckpt_cfg ckpt;
     tally__async_cfg async; /* --mode async (ps) */
+    tally__local_cfg local; /* --local-steps: average every H steps (local_sgd.h) */
     tally__report_cfg report;
     int epochs;
     long max_steps; /* > 0: stop after this many optimizer steps in all */
@@ -179,6 +181,12 @@ typedef struct tally__train_result {
     unsigned long long grad_bytes_f32_step; /* what one step's gradient reductions send uncompressed in
                                               * f32 (measured once at setup by reducing every bucket, or
                                               * every ZeRO layer, in f32) */
+    /* local SGD (cfg->local.steps > 0) */
+    long local_steps;                  /* H; 0: synchronous */
+    long outer_rounds;                 /* averagings in this run */
+    double outer_s;                    /* seconds in them (averaging and the outer step) */
+    unsigned long long outer_bytes;    /* sent by this rank in them */
+    unsigned long long f32_bytes_step; /* what synchronous training's f32 allreduce sends a step (measured) */
     /* asynchronous training (cfg->async; rank 0 holds the server's figures) */
     int async;
     long staleness; /* the bound S */

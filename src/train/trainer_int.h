@@ -24,7 +24,12 @@ typedef struct train_run {
     tally_text text;      /* then: the corpus, its training and validation parts */
     char text_path[4096]; /* the default corpus's cache file (text keeps a pointer to it) */
     tally__model model;
-    tally__sync sync; /* keeps the replicas in step, whatever the ZeRO stage (synchronous runs) */
+    /* Keeps the replicas in step, whatever the ZeRO stage (synchronous runs); under --local-steps this
+     * rank's own engine, on `solo`. */
+    tally__sync sync;
+    tally_comm *solo;       /* --local-steps: a communicator of this rank alone; NULL otherwise */
+    tally__local_sgd local; /* --local-steps: the outer state (its cfg.steps 0 otherwise) */
+    int ckpt_pending;       /* --local-steps: a checkpoint fell due in a round; written at its end */
     tally__model_hooks hooks;
     tally__guard guard; /* non-finite gradients; wraps hooks */
     tally_lr_schedule sched;

@@ -47,7 +47,8 @@ static void plan_usage(FILE *out) {
         "                  [--bandwidth RATE] [--latency TIME] [--hosts H --ranks-per-host M]\n"
         "                  [--net-bandwidth RATE] [--net-latency TIME] [--fabric full|fat-tree]\n"
         "                  [--hosts-per-leaf K] [--oversub X] [--slow RANK:FACTOR]... [--compute-sd F]\n"
-        "                  [--algo %s|all] [--bucket-mb M] [--calibrate] [--json]\n"
+        "                  [--algo %s|all] [--bucket-mb M] [--local-steps H [--outer-compress none|fp16|int8]]\n"
+        "                  [--calibrate] [--json]\n"
         "                  [--svg FILE]\n"
         "Predicts, before a run: memory per rank for each ZeRO stage, communication per step for each\n"
         "allreduce algorithm (alpha-beta-gamma, the library's own cost model), step time with and without\n"
@@ -68,12 +69,16 @@ static void plan_usage(FILE *out) {
         "  links; --slow RANK:FACTOR (again for more), --compute-sd F: stragglers. Layouts the closed forms\n"
         "  cannot answer (hosts of 2 or more ranks, an oversubscribed fat tree, stragglers) are also played\n"
         "  by tally sim, and the plan says so: \"T simulated\".\n"
+        "  Communication modes: synchronous training against local SGD (tally train --local-steps) at\n"
+        "  H = 4, 16, 64 and --local-steps' own H, and the mode the plan picks: sync while its exposed\n"
+        "  communication is at most %.0f%% of a step, else the smallest H whose averaging is (f32, then int8).\n"
         "  --svg FILE: the speed-up against ranks as a chart: Amdahl's S(n), the model's, S = n, and the\n"
         "  ceiling 1/(1-P).\n"
         "  Defaults: adam, fp32, zero 0, batch %d, accum %d, %gGbps, %gus, reduce at %g GB/s, buckets of %g MiB,\n"
         "  --algo all.\n",
-        algos, gpt.layers, gpt.embd, gpt.heads, gpt.in_dim, d.gflops, 8 / d.net.beta / 1e9, d.net.alpha * 1e6, d.batch,
-        d.accum, 8 / d.cost.beta / 1e9, d.cost.alpha * 1e6, 1 / d.cost.gamma / 1e9, d.bucket_bytes / 1048576);
+        algos, gpt.layers, gpt.embd, gpt.heads, gpt.in_dim, d.gflops, 8 / d.net.beta / 1e9, d.net.alpha * 1e6,
+        100 * TALLY__PLAN_COMM_SHARE_OK, d.batch, d.accum, 8 / d.cost.beta / 1e9, d.cost.alpha * 1e6,
+        1 / d.cost.gamma / 1e9, d.bucket_bytes / 1048576);
 }
 
 /* ---- flags ---- */
@@ -107,6 +112,8 @@ enum {
     O_PER_HOST,
     O_NET_BW,
     O_NET_LAT,
+    O_LOCAL,
+    O_OUTER_COMPRESS,
     O_SIM, /* the fabric and the stragglers: tally__sim_cluster_set under the flag's own name */
     O_SVG
 };
@@ -126,6 +133,8 @@ static const struct option plan_longs[] = {{"params", 1, 0, O_PARAMS},
                                            {"latency", 1, 0, O_LAT},
                                            {"algo", 1, 0, O_ALGO},
                                            {"accum", 1, 0, O_ACCUM},
+                                           {"local-steps", 1, 0, O_LOCAL},
+                                           {"outer-compress", 1, 0, O_OUTER_COMPRESS},
                                            {"bucket-mb", 1, 0, O_BUCKET},
                                            {"json", 0, 0, O_JSON},
                                            {"calibrate", 0, 0, O_CALIB},
@@ -233,6 +242,12 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_NET_BW: return parse_bandwidth(a, &c->net);
     case O_NET_LAT: return tally__units_time(a, &c->net.alpha);
     case O_SVG: return *a ? (o->svg = a, 0) : -1;
+    case O_LOCAL: return parse_int(a, 1, TALLY__PLAN_LOCAL_MAX_H * 1024, &c->local_steps);
+    case O_OUTER_COMPRESS: {
+        static const double ratio[] = {1, 0.5, 0.25};
+        int k = tally__outer_compress_parse(a);
+        return k < 0 ? -1 : (c->outer_ratio = ratio[k], 0);
+    }
     default: return -1;
     }
 }
@@ -272,6 +287,8 @@ static const char *plan_accepts(int ch) {
     }
     case O_BUCKET: return "it takes a number of MiB > 0 (K, M, G, T allowed)";
     case O_SVG: return "it takes a file to write";
+    case O_LOCAL: return "it takes a whole number of steps in 1..524288";
+    case O_OUTER_COMPRESS: return "it takes none, fp16 or int8";
     default: return "see tally plan --help";
     }
 }
@@ -292,6 +309,8 @@ static int plan_check(plan_opts *o) {
         why = "--workers must be --hosts x --ranks-per-host (or left out)";
     else if (c->hosts > 0 && (double)c->hosts * c->per_host > (1 << 24))
         why = "--hosts x --ranks-per-host is more than 16777216 ranks";
+    else if (c->outer_ratio > 0 && !c->local_steps)
+        why = "--outer-compress needs --local-steps H";
     else if (c->hosts == 0 && c->algo == TALLY__ALGO_HIER)
         why = "--algo hier needs --hosts and --ranks-per-host";
     else if (c->hosts == 0 && c->sim.fabric == TALLY__SIM_FAT_TREE)

@@ -57,7 +57,8 @@ static void sim_usage(FILE *out) {
             "                 [--algo %s] [--size 1K,1M,64M] [--method auto|event|fast]\n"
             "                 [--train --params P [--layers L] --compute 120ms [--update 5ms] [--zero 0..3]\n"
             "                  [--accum K] [--bucket-mb M] [--mode sync|async] [--staleness S] [--steps 20]\n"
-            "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]] [--save FILE] [--json]\n"
+            "                  [--compute-sd 0.05] [--slow RANK:FACTOR]... [--seed N]\n"
+            "                  [--local-steps H [--outer-compress none|fp16|int8]]] [--save FILE] [--json]\n"
             "                 [--svg FILE]\n"
             "Simulates collectives and training steps on a cluster described on paper: H hosts of M ranks\n"
             "(rank = host x M + local), the shm link inside a host (its latency, copy and reduction rates, C\n"
@@ -82,7 +83,10 @@ static void sim_usage(FILE *out) {
             "  --shm-bandwidth-bytes take a rate between, in log size.\n"
             "  --train: steps of a model of P parameters (fp32 gradients) in L equal layers; --compute is one\n"
             "  micro-batch's forward and backward on one rank; --slow 3:1.5 makes rank 3 1.5x slower;\n"
-            "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0.\n"
+            "  --compute-sd draws each rank's compute each step; --mode async: a parameter server on rank 0;\n"
+            "  --local-steps H: local SGD (tally train's), each rank on its own clock for H steps, then one\n"
+            "  allreduce of the parameters (--outer-compress fp16 or int8: half or a quarter of the bytes),\n"
+            "  played beside synchronous training on the same cluster to say which to pick.\n"
             "Prints time, algorithm and bus bandwidth, the busiest link of each kind, and the critical path (the\n"
             "link and the rank that set the pace).\n"
             "  --svg FILE: a chart of busbw and time against the sizes played; with --train, of the step's\n"
@@ -108,6 +112,8 @@ enum {
     O_MODE,
     O_STALE,
     O_STEPS,
+    O_LOCAL,
+    O_OUTER_COMPRESS,
     O_CALIB,
     O_SAVE,
     O_JSON,
@@ -152,6 +158,8 @@ static const struct option sim_longs[] = {{"config", 1, 0, O_CONFIG},
                                           {"mode", 1, 0, O_MODE},
                                           {"staleness", 1, 0, O_STALE},
                                           {"steps", 1, 0, O_STEPS},
+                                          {"local-steps", 1, 0, O_LOCAL},
+                                          {"outer-compress", 1, 0, O_OUTER_COMPRESS},
                                           {"calibrate", 0, 0, O_CALIB},
                                           {"save", 1, 0, O_SAVE},
                                           {"json", 0, 0, O_JSON},
@@ -257,6 +265,15 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     case O_MODE: return tally__parse_word(flag, v, modes, &o->t.async);
     case O_STALE: return int_flag(flag, v, 0, 1000000, &o->t.staleness);
     case O_STEPS: return int_flag(flag, v, 1, 100000, &o->t.steps);
+    case O_LOCAL: return int_flag(flag, v, 1, 100000, &o->t.local_steps);
+    case O_OUTER_COMPRESS: {
+        static const char *const outer[] = {"none", "fp16", "int8", NULL};
+        static const double ratio[] = {1, 0.5, 0.25};
+        int k;
+        if ((rc = tally__parse_word(flag, v, outer, &k))) return rc;
+        o->t.outer_ratio = ratio[k];
+        return 0;
+    }
     case O_CALIB:
         if (!o->calibrate) o->before = o->c; /* a second --calibrate changes nothing */
         return o->calibrate = 1, 0;
@@ -283,6 +300,16 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
         return tally_flags_usage_error("sim", "--train needs --params and --compute (one micro-batch on one rank)");
     if (!o->train && (o->params > 0 || o->t.compute_s > 0))
         return tally_flags_usage_error("sim", "--params and --compute describe a training step: add --train");
+    if (o->t.outer_ratio > 0 && !o->t.local_steps)
+        return tally_flags_usage_error("sim", "--outer-compress needs --local-steps H");
+    if (o->t.local_steps && (o->t.async || o->t.zero))
+        return tally_flags_usage_error("sim", "--local-steps does not go with --mode async or --zero 1-3");
+    if (o->t.local_steps && !o->train) return tally_flags_usage_error("sim", "--local-steps needs --train");
+    if (o->t.local_steps) { /* whole rounds, at least four: a short last one would weigh as much as a whole */
+        int rounds = (o->t.steps + o->t.local_steps - 1) / o->t.local_steps;
+        o->t.steps = (rounds < 4 ? 4 : rounds) * o->t.local_steps;
+        if (o->t.steps > 100000) o->t.steps = 100000 / o->t.local_steps * o->t.local_steps;
+    }
     o->t.grad_bytes = 4 * o->params;
     o->t.algo = o->algo;
     o->t.method = o->method;
@@ -542,20 +569,53 @@ static int run_train_chart(const sim_opts *o) {
     return chart_done(o, tally_sim_chart_hosts(o->svg, &o->c, &o->t, o->params));
 }
 
+/* --local-steps: synchronous training's step on the same cluster, to say which is faster. */
+static int run_sync_beside(const sim_opts *o, tally__sim_step *sync) {
+    tally__sim_train t = o->t;
+    t.local_steps = 0;
+    if (!tally__sim_train_step(&o->c, &t, sync)) return 0;
+    fprintf(stderr, "tally sim: %s\n", tally_last_error());
+    return 1;
+}
+
+static const char *outer_name(double ratio) { return ratio == 0.5 ? "fp16" : ratio == 0.25 ? "int8" : "f32"; }
+
+static void print_local(const sim_opts *o, const tally__sim_step *s, const tally__sim_step *sync) {
+    char a[32], b[32];
+    human_time(s->big.seconds, a, sizeof a);
+    human_time(sync->step_s, b, sizeof b);
+    printf("  local SGD: every %d steps the ranks meet and average the parameters in %s (%s a round; no rank\n"
+           "  waits for another inside it, so the round's slowest sum of steps sets its pace)\n",
+           o->t.local_steps, outer_name(o->t.outer_ratio), a);
+    printf("  synchronous training on this cluster: step %s; local SGD runs at %.2fx its speed: %s\n", b,
+           s->step_s > 0 ? sync->step_s / s->step_s : 0,
+           s->step_s < sync->step_s * 0.95 ? "pick local SGD where its loss per step holds (BENCHMARKS.md)"
+                                           : "pick sync: averaging less often buys little here");
+}
+
 static int run_train(const sim_opts *o) {
-    tally__sim_step s;
+    tally__sim_step s, sync = {0};
     if (tally__sim_train_step(&o->c, &o->t, &s)) {
         fprintf(stderr, "tally sim: %s\n", tally_last_error());
         return 1;
     }
+    if (o->t.local_steps && run_sync_beside(o, &sync)) return 1;
     int n = o->c.hosts * o->c.per_host;
     double speedup = tally_sim_speedup(&o->t, n, &s);
     if (o->json) {
         printf("{\"hosts\": %d, \"ranks_per_host\": %d, \"mode\": \"%s\", \"zero\": %d, \"step_s\": %.9g, "
                "\"compute_s\": %.9g, \"comm_s\": %.9g, \"exposed_s\": %.9g, \"collectives\": %d, \"speedup\": %.6g, "
-               "\"pace_rank\": %d, \"pace_share\": %.4f, \"largest\": ",
-               o->c.hosts, o->c.per_host, o->t.async ? "async" : "sync", o->t.zero, s.step_s, s.compute_s, s.comm_s,
-               s.exposed_s, s.colls, speedup, s.pace_rank, s.pace_share);
+               "\"pace_rank\": %d, \"pace_share\": %.4f, ",
+               o->c.hosts, o->c.per_host,
+               o->t.async         ? "async"
+               : o->t.local_steps ? "local"
+                                  : "sync",
+               o->t.zero, s.step_s, s.compute_s, s.comm_s, s.exposed_s, s.colls, speedup, s.pace_rank, s.pace_share);
+        if (o->t.local_steps)
+            printf("\"local_steps\": %d, \"outer_compress\": \"%s\", \"sync_step_s\": %.9g, \"pick\": \"%s\", ",
+                   o->t.local_steps, outer_name(o->t.outer_ratio), sync.step_s,
+                   s.step_s < sync.step_s * 0.95 ? "local" : "sync");
+        printf("\"largest\": ");
         print_result_json(o, s.big_bytes, &s.big, 1);
         printf("}\n");
         return run_train_chart(o);
@@ -566,12 +626,16 @@ static int run_train(const sim_opts *o) {
     human_time(s.compute_s, b, sizeof b);
     human_time(s.comm_s, c, sizeof c);
     human_time(s.exposed_s, d, sizeof d);
-    printf("training step (%s, ZeRO %d, %.4g M parameters, %d layers, accum %d):\n", o->t.async ? "async" : "sync",
+    printf("training step (%s, ZeRO %d, %.4g M parameters, %d layers, accum %d):\n",
+           o->t.async         ? "async"
+           : o->t.local_steps ? "local SGD"
+                              : "sync",
            o->t.zero, o->params / 1e6, o->t.nlayers, o->t.accum);
     printf("  step %s: compute %s (the slowest rank), collectives %s (%d), exposed %s\n", a, b, c, s.colls, d);
     printf("  speed-up over one rank: %.2f on %d ranks (%.0f%% efficiency)\n", speedup, n, 100 * speedup / n);
     if (s.pace_rank >= 0)
         printf("  pace: rank %d was the slowest in %.0f%% of the steps\n", s.pace_rank, 100 * s.pace_share);
+    if (o->t.local_steps) print_local(o, &s, &sync);
     if (!o->t.async && s.big.seconds > 0) {
         printf("  the largest collective:\n");
         print_result_text(o, s.big_bytes, &s.big);

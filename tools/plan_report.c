@@ -264,6 +264,60 @@ static void print_scaling(const plan_opts *o, const tally__plan_step *s) {
     printf("  samples/s (model): n x batch x accum / T predicted at n ranks, straight from the model\n");
 }
 
+/* ---- communication modes: sync against local SGD ---- */
+
+/* The rows: H = 4, 16, 64 in f32, H = 16 in int8, and --local-steps' own when it is none of those. */
+#define PLAN_MODES 6
+static int mode_rows(const tally__plan_cfg *c, int *H, double *ratio) {
+    int n = 0;
+    const int hs[] = {4, 16, 64, 16};
+    const double rs[] = {1, 1, 1, 0.25};
+    double mine = c->outer_ratio > 0 ? c->outer_ratio : 1;
+    int seen = 0;
+    for (int i = 0; i < 4; i++) {
+        H[n] = hs[i], ratio[n++] = rs[i];
+        seen |= c->local_steps == hs[i] && mine == rs[i];
+    }
+    if (c->local_steps > 0 && !seen) H[n] = c->local_steps, ratio[n++] = mine;
+    return n;
+}
+
+static const char *ratio_name(double r) { return r == 0.5 ? "fp16" : r == 0.25 ? "int8" : "f32"; }
+
+static void print_modes(const plan_opts *o, const tally__plan_step *s) {
+    const tally__plan_cfg *c = &o->cfg;
+    int H[PLAN_MODES];
+    double ratio[PLAN_MODES];
+    int n = mode_rows(c, H, ratio);
+    char b[3][24];
+    double sync_sent = tally__plan_step_comm(c, c->zero, c->algo, c->workers).sent;
+    printf("\ncommunication modes on N = %d ranks (speed only; averaging less often costs loss per step):\n",
+           c->workers);
+    printf("  %-28s %16s %12s %11s %12s %8s\n", "mode", "bytes/step/rank", "T step", "comm share", "samples/s",
+           "vs sync");
+    printf("  %-28s %16s %12s %10.1f%% %12.*f %8s\n", c->zero ? "sync (ZeRO)" : "sync, every step",
+           sync_sent >= 0 ? fmt_bytes(sync_sent, b[0]) : "-", fmt_time(s->t_pred, b[1]),
+           100 * tally__plan_sync_comm_share(s), s->samples_per_s < 100 ? 2 : 0, s->samples_per_s, "1.00x");
+    for (int i = 0; i < n; i++) {
+        tally__plan_local l = tally__plan_local_step(c, c->workers, H[i], ratio[i]);
+        char name[48];
+        snprintf(name, sizeof name, "local SGD, H = %d, %s", H[i], ratio_name(ratio[i]));
+        printf("  %-28s %16s %12s %10.1f%% %12.*f %7.2fx\n", name, fmt_bytes(l.bytes_per_step, b[0]),
+               fmt_time(l.t_step, b[1]), 100 * l.comm_share, l.samples_per_s < 100 ? 2 : 0, l.samples_per_s,
+               s->samples_per_s > 0 ? l.samples_per_s / s->samples_per_s : 0);
+    }
+    tally__plan_local p = tally__plan_pick_mode(c, c->workers);
+    if (!p.H)
+        printf("  pick: sync: communication is %.1f%% of its step (at most %.0f%%), so averaging less often would buy "
+               "little\n",
+               100 * tally__plan_sync_comm_share(s), 100 * TALLY__PLAN_COMM_SHARE_OK);
+    else
+        printf("  pick: local SGD (tally train --local-steps %d%s): sync's step is %.1f%% communication; there\n"
+               "        averaging is %.1f%% of a step, %.2fx sync's samples/s\n",
+               p.H, p.ratio == 0.25 ? " --outer-compress int8" : "", 100 * tally__plan_sync_comm_share(s),
+               100 * p.comm_share, s->samples_per_s > 0 ? p.samples_per_s / s->samples_per_s : 0);
+}
+
 void tally__plan_print_text(const plan_opts *o, const tally__plan_calib *k) {
     print_header(o);
     if (k) print_calib(o, k);
@@ -274,6 +328,7 @@ void tally__plan_print_text(const plan_opts *o, const tally__plan_calib *k) {
     print_step(o, &s);
     print_accum(o, &s);
     print_scaling(o, &s);
+    print_modes(o, &s);
 }
 
 /* ---- JSON ---- */
@@ -283,6 +338,36 @@ static void json_num(const char *key, double v, const char *sep) {
         printf("\"%s\": %.10g%s", key, v, sep);
     else
         printf("\"%s\": null%s", key, sep);
+}
+
+static void json_local(const char *mode, const tally__plan_local *l, const char *sep) {
+    printf("    {\"mode\": \"%s\", \"local_steps\": %d, \"outer_compress\": \"%s\", ", mode, l->H,
+           l->H ? ratio_name(l->ratio) : "none");
+    json_num("bytes_per_step", l->bytes_per_step, ", ");
+    json_num("step_s", l->t_step, ", ");
+    json_num("comm_share", l->comm_share, ", ");
+    json_num("samples_per_s", l->samples_per_s, "}");
+    printf("%s\n", sep);
+}
+
+static void json_modes(const tally__plan_cfg *c, const tally__plan_step *s) {
+    int H[PLAN_MODES];
+    double ratio[PLAN_MODES];
+    int n = mode_rows(c, H, ratio);
+    tally__plan_local sync = {.bytes_per_step = tally__plan_step_comm(c, c->zero, c->algo, c->workers).sent,
+                              .t_step = s->t_pred,
+                              .comm_share = tally__plan_sync_comm_share(s),
+                              .samples_per_s = s->samples_per_s};
+    printf(",\n  \"modes\": [\n");
+    json_local("sync", &sync, ",");
+    for (int i = 0; i < n; i++) {
+        tally__plan_local l = tally__plan_local_step(c, c->workers, H[i], ratio[i]);
+        json_local("local", &l, i + 1 < n ? "," : "");
+    }
+    tally__plan_local p = tally__plan_pick_mode(c, c->workers);
+    if (!p.H) p = sync;
+    printf("  ],\n  \"pick\":\n");
+    json_local(p.H ? "local" : "sync", &p, "");
 }
 
 static void json_memory(const tally__plan_cfg *c) {
@@ -410,6 +495,7 @@ void tally__plan_print_json(const plan_opts *o, const tally__plan_calib *k) {
     json_step(&s);
     json_simulated(c, &s);
     json_amdahl(c, &s);
+    json_modes(c, &s);
     if (k) json_calib(k);
     printf("\n}\n");
 }

@@ -30,6 +30,8 @@ typedef struct tally__plan_cfg {
     int hosts, per_host;        /* > 1 hosts of per_host ranks each: a job of n ranks fills hosts in turn */
     tally__cost net;            /* with hosts: the link between hosts (its gamma unused: reduced on the ranks) */
     int algo;                   /* TALLY__ALGO_AUTO: the cheapest, per collective, as the library picks */
+    int local_steps;            /* > 0: --local-steps H, a row of its own among the modes */
+    double outer_ratio;         /* its --outer-compress: bytes over f32's (0: 1) */
     /* What only the simulator answers: its fabric (fat tree, oversubscription) and stragglers (slow
      * ranks, drawn compute); the planner fills in the rest of the cluster from the fields above. */
     tally__sim_cluster sim;
@@ -135,6 +137,28 @@ typedef struct tally__plan_simulated {
 /* One step of c on n ranks played by the simulator (tally__sim_train_step) with the closed form's own
  * compute and update (s); 0, or an error with a message. */
 int tally__plan_simulate(const tally__plan_cfg *c, int n, const tally__plan_step *s, tally__plan_simulated *out);
+/* ---- local SGD (local.c) ---- */
+
+/* One step of local SGD (tally train --local-steps H): compute and update alone, and every H steps one
+ * allreduce of the parameters in f32 x ratio (fp16 0.5, int8 0.25) that nothing hides, amortized. */
+typedef struct tally__plan_local {
+    int H;                 /* 0: synchronous training (the pick's answer when it keeps sync) */
+    double ratio;          /* the averaged change's bytes over f32's */
+    double comm;           /* the averaging's seconds per step */
+    double bytes_per_step; /* what a rank sends per step */
+    double t_step, comm_share, samples_per_s;
+} tally__plan_local;
+tally__plan_local tally__plan_local_step(const tally__plan_cfg *c, int n, int H, double ratio);
+/* The share of sync's predicted step that is communication left exposed. */
+double tally__plan_sync_comm_share(const tally__plan_step *s);
+/* The mode the planner would train in: sync while its exposed communication is at most
+ * TALLY__PLAN_COMM_SHARE_OK of its step; else local SGD at the smallest H (2, 4, ... up to
+ * TALLY__PLAN_LOCAL_MAX_H, f32 first, then int8) whose averaging is at most that share; else the largest
+ * H in int8. Speed only: fewer averagings cost quality per step, which BENCHMARKS.md measures. */
+#define TALLY__PLAN_COMM_SHARE_OK 0.10
+#define TALLY__PLAN_LOCAL_MAX_H   512
+tally__plan_local tally__plan_pick_mode(const tally__plan_cfg *c, int n);
+
 double tally__plan_amdahl(double p, int n); /* 1 / ((1-p) + p/n) */
 double tally__plan_ceiling(double p);       /* 1 / (1-p); HUGE_VAL when p == 1 */
 

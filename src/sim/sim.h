@@ -118,12 +118,14 @@ typedef struct tally__sim_train {
     double bucket_bytes; /* stage 0's buckets (the last shorter) */
     int nlayers;         /* ZeRO 2-3 run their collectives per layer (all alike here) */
     int zero, accum;
-    double compute_s; /* forward + backward of one micro-batch on a rank at factor 1 */
-    double update_s;  /* the optimizer over the whole model on one rank (ZeRO 1-3 update a 1/N shard) */
-    int async;        /* parameter server on rank 0's host, the other ranks working */
-    int staleness;    /* async: SSP bound */
-    int steps;        /* played out; the result is their mean */
-    int algo, method; /* of the collectives */
+    double compute_s;   /* forward + backward of one micro-batch on a rank at factor 1 */
+    double update_s;    /* the optimizer over the whole model on one rank (ZeRO 1-3 update a 1/N shard) */
+    int async;          /* parameter server on rank 0's host, the other ranks working */
+    int staleness;      /* async: SSP bound */
+    int local_steps;    /* > 0: local SGD, each rank steps alone and every H steps all average the parameters */
+    double outer_ratio; /* local SGD: the averaged change's bytes over f32's (1, fp16 0.5, int8 0.25; 0: 1) */
+    int steps;          /* played out; the result is their mean */
+    int algo, method;   /* of the collectives */
 } tally__sim_train;
 
 typedef struct tally__sim_step {

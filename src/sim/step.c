@@ -257,6 +257,40 @@ out:
     return rc;
 }
 
+/* ---- local SGD: each rank's steps on its own clock, a round's end where all meet and average ---- */
+
+/* No rank waits for another inside a round: the round ends when the slowest has taken its H steps, then
+ * one allreduce of the parameters (int8's all-to-all + all-gather moves what an allreduce of a quarter
+ * does, and is played as that). */
+static int local_run(colls *k, tally__rng *g, long *paced, double *total, double *compute) {
+    const tally__sim_train *t = k->t;
+    const tally__sim_cluster *c = k->c;
+    int n = k->n, K = t->accum > 0 ? t->accum : 1, H = t->local_steps, rc = 0;
+    double ratio = t->outer_ratio > 0 ? t->outer_ratio : 1, avg = 0, busy = 0;
+    double *clock = calloc((size_t)n, sizeof *clock);
+    if (!clock) return tally__seterr(TALLY_E_NOMEM, "sim: out of memory for %d ranks", n);
+    if (n > 1) rc = coll_time(k, TALLY__ALLREDUCE, t->grad_bytes * ratio, &avg);
+    for (int s = 0; s < t->steps && !rc; s++) {
+        for (int r = 0; r < n; r++) {
+            double f = factor(c, g, r), comp = t->compute_s * f * K;
+            clock[r] += comp + t->update_s * crowding(c);
+            *compute += comp / n;
+            paced[r] += f > crowding(c);
+        }
+        if ((s + 1) % H && s + 1 != t->steps) continue;
+        double end = 0;
+        for (int r = 0; r < n; r++) end = fmax(end, clock[r]);
+        end += n > 1 ? avg : 0;
+        busy += n > 1 ? avg : 0;
+        for (int r = 0; r < n; r++) clock[r] = end;
+    }
+    *total = clock[0];
+    k->out->colls = n > 1; /* one, every H steps */
+    k->out->comm_s = busy / t->steps;
+    free(clock);
+    return rc;
+}
+
 int tally__sim_train_step(const tally__sim_cluster *c, const tally__sim_train *t, tally__sim_step *r) {
     memset(r, 0, sizeof *r);
     int rc = tally__sim_cluster_check(c), n = c->hosts * c->per_host;
@@ -270,7 +304,8 @@ int tally__sim_train_step(const tally__sim_cluster *c, const tally__sim_train *t
     long *paced = calloc((size_t)n, sizeof *paced);
     if (!paced) return tally__seterr(TALLY_E_NOMEM, "sim: out of memory for %d ranks", n);
     double sum = 0, compute = 0;
-    for (int s = 0; s < t->steps && !rc; s++) {
+    if (t->local_steps > 0) rc = local_run(&k, &g, paced, &sum, &compute);
+    for (int s = 0; s < t->steps && !rc && t->local_steps <= 0; s++) {
         int who = 0;
         double f = slowest(c, &g, n, &who), sec = 0;
         if (f > crowding(c)) paced[who]++;
@@ -283,6 +318,7 @@ int tally__sim_train_step(const tally__sim_cluster *c, const tally__sim_train *t
     }
     r->step_s = sum / t->steps;
     r->compute_s = compute / t->steps;
+    if (t->local_steps > 0) r->exposed_s = r->comm_s; /* the averaging hides behind nothing */
     r->samples_per_step_factor = 1;
     r->pace_rank = -1;
     long most = 0;

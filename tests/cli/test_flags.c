@@ -134,6 +134,8 @@ static const flag_case bench_flags[] = {
 
 static const flag_case plan_flags[] = {
     {"--params", {"abc", "0", "1e400", "0x10", "-5", ""}},
+    {"--local-steps", {"0", "x", "1.5"}},
+    {"--outer-compress", {"int4", ""}},
     {"--layers", {"0", "1.5", "x"}},
     {"--workers", {"0", "2x", "nan"}},
     {"-n", {"0", "x"}},
@@ -205,6 +207,8 @@ static const flag_case sim_flags[] = {
     {"--mode", {"semi", ""}},
     {"--staleness", {"-1", "x"}},
     {"--steps", {"0", "x"}},
+    {"--local-steps", {"0", "x", "100001"}},
+    {"--outer-compress", {"int4", ""}},
     {"--compute-sd", {"-1", "x"}},
     {"--slow", {"3", "x:2"}},
     {"--seed", {"x", "-1"}},

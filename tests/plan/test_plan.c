@@ -132,6 +132,32 @@ static void test_step(void) {
     TH_CHECK(tally__plan_step_time(&c, 1).comm == 0, "one rank does not communicate");
 }
 
+/* Local SGD: compute and update alone, and one f32 (or int8: a quarter) allreduce of the parameters every
+ * H steps, exposed; the pick keeps sync on a fast link and takes the smallest H whose averaging is at most
+ * TALLY__PLAN_COMM_SHARE_OK of a step on a slow one. */
+static void test_local(void) {
+    tally__plan_cfg c = step_cfg();
+    tally__plan_step s = tally__plan_step_time(&c, 8);
+    tally__plan_comm all = tally__plan_allreduce_on(&c, c.algo, 8, 4.0 * (double)c.params);
+    for (int H = 1; H <= 64; H *= 4) {
+        tally__plan_local l = tally__plan_local_step(&c, 8, H, 1);
+        TH_CHECK(rel(l.t_step, s.compute + s.update + all.seconds / H) && rel(l.bytes_per_step, all.sent / H),
+                 "H=%d: step %g, bytes %g", H, l.t_step, l.bytes_per_step);
+    }
+    tally__plan_local q = tally__plan_local_step(&c, 8, 16, 0.25), f = tally__plan_local_step(&c, 8, 16, 1);
+    TH_CHECK(near(q.bytes_per_step / f.bytes_per_step, 0.25, 0.01), "int8: %g of f32's bytes",
+             q.bytes_per_step / f.bytes_per_step);
+    TH_CHECK(tally__plan_local_step(&c, 1, 16, 1).comm == 0, "one rank does not average");
+    c.cost.beta = 1 / 1e12; /* a link so fast sync's communication is a small share of its step */
+    TH_CHECK(tally__plan_pick_mode(&c, 8).H == 0, "a fast link: the pick is sync, not H=%d",
+             tally__plan_pick_mode(&c, 8).H);
+    c.cost.beta = 8 / 1e8; /* 100 Mbit/s */
+    tally__plan_local p = tally__plan_pick_mode(&c, 8);
+    TH_CHECK(p.H >= 2 && p.comm_share <= TALLY__PLAN_COMM_SHARE_OK, "100 Mbit/s: H=%d at share %g", p.H, p.comm_share);
+    TH_CHECK(p.H == 2 || tally__plan_local_step(&c, 8, p.H / 2, p.ratio).comm_share > TALLY__PLAN_COMM_SHARE_OK,
+             "the pick H=%d is not the smallest that meets the share", p.H);
+}
+
 static void test_amdahl(void) {
     TH_CHECK(rel(tally__plan_amdahl(0.9, 1), 1) && rel(tally__plan_amdahl(0.9, 2), 1 / 0.55) &&
                  rel(tally__plan_amdahl(0.9, 8), 1 / (0.1 + 0.9 / 8)),
@@ -253,6 +279,8 @@ static void test_cli(void) {
     for (size_t i = 0; i < sizeof figs / sizeof *figs; i++)
         TH_CHECK(strstr(out, figs[i]) != NULL, "plan output lacks '%s':\n%s", figs[i], out);
 
+    TH_CHECK(strstr(out, "communication modes") && strstr(out, "local SGD, H = 16, int8") && strstr(out, "pick:"),
+             "plan output lacks the communication modes:\n%s", out);
     st = run("--params 7.5G --workers 64 --precision mixed --zero 3 --accum 4 --json", out, sizeof out);
     TH_CHECK(st == 0 && balanced(out), "--json exited %d or does not balance:\n%s", st, out);
     const char *keys[] = {"\"params\"",  "\"workers\"",      "\"memory\"", "\"total\"",
@@ -334,6 +362,7 @@ int main(void) {
     test_fp32_formulas();
     test_comm_counts();
     test_step();
+    test_local();
     test_amdahl();
     test_units();
     test_hosts();

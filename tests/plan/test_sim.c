@@ -221,6 +221,42 @@ static void test_slow_rank(void) {
              slow.step_s - even.step_s);
 }
 
+/* Local SGD: a step is compute + update + the averaging over H (nothing hides it); no rank waits for
+ * another inside a round, so drawn compute costs sync (the slowest rank every step) more than local SGD
+ * (the slowest sum of H steps). */
+static void test_local(void) {
+    tally__sim_cluster d = one_host(8);
+    tally__sim_train t = {.grad_bytes = 4e6,
+                          .accum = 1,
+                          .compute_s = 0.01,
+                          .update_s = 0.001,
+                          .steps = 64,
+                          .algo = TALLY__ALGO_AUTO,
+                          .nlayers = 1};
+    tally__sim_step sync, l1, l16, q16;
+    int rc = tally__sim_train_step(&d, &t, &sync);
+    t.local_steps = 1;
+    rc |= tally__sim_train_step(&d, &t, &l1);
+    t.local_steps = 16;
+    rc |= tally__sim_train_step(&d, &t, &l16);
+    t.outer_ratio = 0.25;
+    rc |= tally__sim_train_step(&d, &t, &q16);
+    TH_CHECK(rc == 0, "local runs failed: %s", tally_last_error());
+    double avg = l1.step_s - 0.011;
+    TH_CHECK(avg > 0 && close_to(l16.step_s, 0.011 + avg / 16, 1e-9), "H=16: step %g, want %g", l16.step_s,
+             0.011 + avg / 16);
+    TH_CHECK(q16.comm_s < l16.comm_s * 0.5, "int8 averaging %g against f32's %g", q16.comm_s, l16.comm_s);
+    TH_CHECK(l1.step_s >= sync.step_s - 1e-12, "H=1 (nothing overlapped) %g against sync's %g", l1.step_s, sync.step_s);
+    tally__sim_cluster_set(&d, "compute-sd", "0.3");
+    t.outer_ratio = 0;
+    t.local_steps = 0;
+    rc = tally__sim_train_step(&d, &t, &sync);
+    t.local_steps = 16;
+    rc |= tally__sim_train_step(&d, &t, &l16);
+    TH_CHECK(rc == 0 && l16.step_s < sync.step_s * 0.9, "drawn compute: local SGD %g against sync %g", l16.step_s,
+             sync.step_s);
+}
+
 /* The fast path against the event level where both apply (layouts across hosts, hier's pipeline). */
 static void test_fast_matches_event(void) {
     struct {
@@ -355,10 +391,17 @@ static void test_cli_scale(void) {
 static void test_cli_refused(void) {
     static char out[1 << 16];
     int st;
-    const char *bad[] = {
-        "--hosts 0",           "--nic fast",    "--hosts 2 --slow 9:2",     "--config /nonexistent/tally.conf",
-        "--train --params 1M", "--size 1K,,2K", "--params 1M --compute 1s", "--fabric star",
-        "--method quick"};
+    const char *bad[] = {"--hosts 0",
+                         "--nic fast",
+                         "--hosts 2 --slow 9:2",
+                         "--config /nonexistent/tally.conf",
+                         "--train --params 1M",
+                         "--size 1K,,2K",
+                         "--params 1M --compute 1s",
+                         "--fabric star",
+                         "--method quick",
+                         "--train --params 1M --compute 1s --outer-compress int8",
+                         "--train --params 1M --compute 1s --local-steps 4 --mode async"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         st = sim(bad[i], out, sizeof out);
         TH_CHECK(st == 2 && strstr(out, "tally sim: "), "'sim %s' exited %d, want 2 with a message:\n%s", bad[i], st,
@@ -367,6 +410,11 @@ static void test_cli_refused(void) {
     st = sim("--hosts 8192 --ranks-per-host 8 --algo ring --method event", out, sizeof out);
     TH_CHECK(st == 1 && strstr(out, "--method auto or fast"), "a 65,536-rank event level: exit %d, want refused:\n%s",
              st, out);
+    st =
+        sim("--hosts 2 --nic 100Mbps --train --params 3M --compute 300ms --local-steps 16 --outer-compress int8 --json",
+            out, sizeof out);
+    TH_CHECK(st == 0 && strstr(out, "\"mode\": \"local\"") && strstr(out, "\"pick\": \"local\""),
+             "local SGD at 100 Mbit/s: exit %d:\n%s", st, out);
     st = sim("--hosts 1 --ranks-per-host 4 --algo hier", out, sizeof out);
     TH_CHECK(st == 1 && strstr(out, "hier needs"), "hier on one host: exit %d, want 1 saying why:\n%s", st, out);
 }
@@ -379,6 +427,7 @@ int main(void) {
         test_rhd_closed_form();
         test_contention();
         test_slow_rank();
+        test_local();
     }
     test_fast_matches_event();
     if (th_quick()) {

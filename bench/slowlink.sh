@@ -8,7 +8,7 @@
 #   RATE      tc rate (default 1gbit; e.g. 100mbit)
 #   CODEC     --compress values (default: none fp16 bf16 topk:0.01 powersgd:4); "topk:0.01/noef" runs top-k
 #             with --no-error-feedback; "local:H" runs --local-steps H, "local:H/int8" (or /fp16) with
-#             --outer-compress
+#             --outer-compress; ",--flag=value" after any of them adds that run's own flags
 #   TRAIN_FLAGS  passed to every run (default: --epochs 1)
 # Needs root, iproute2 (ip, tc) and a kernel with network namespaces and sch_tbf (netem is not needed).
 set -eu
@@ -63,8 +63,9 @@ done
 
 # One run: rank 0 in ns0, rank 1 in ns1, each told the job's address and token directly.
 run() {
-  local codec=$1 extra=()
-  case $codec in */noef) extra=(--no-error-feedback); codec=${codec%/noef} ;; esac
+  local codec=${1%%,*} extra=()
+  [ "$codec" != "$1" ] && IFS=, read -r -a extra <<<"${1#*,}"
+  case $codec in */noef) extra+=(--no-error-feedback); codec=${codec%/noef} ;; esac
   local port=$((29600 + RANDOM % 2000)) token
   token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
   local env=(TALLY_WORLD_SIZE=2 "TALLY_ADDR=$ip0:$port" "TALLY_TOKEN=$token" TALLY_TRANSPORT=tcp)

@@ -198,6 +198,30 @@ def slowlink(d):
     return table(heads, rows)
 
 
+def local_sgd(d):
+    """Runs at each link rate: speed, loss and wall time beside the baseline (sync) measured at that rate."""
+    rates = d["rates"]
+    base = next(r for r in d["rows"] if r["run"] == d["baseline"])
+    heads = ["run", "bytes/step/rank", "fewer bytes"]
+    for x in rates:
+        heads += [f"{d['unit']} at {x}", f"validation loss at {x} (vs sync)", f"training time at {x} (vs sync)"]
+    rows = []
+    for r in d["rows"]:
+        row = [r["run"], num(r["bytes"], True), times(base["bytes"], r["bytes"], 1)]
+        for x in rates:
+            got, ref = r["at"].get(x), base["at"].get(x)
+            if got is None:
+                row += ["-", "-", "-"]
+                continue
+            loss = num(got["val_loss"])
+            if r is not base:
+                loss += f" ({signed(100 * (got['val_loss'] - ref['val_loss']) / ref['val_loss'], 1)}%)"
+            secs = f"{num(got['seconds'])} s" + ("" if r is base else f" ({times(got['seconds'], ref['seconds'])})")
+            row += [num(got["rate"], True), loss, secs]
+        rows.append(row)
+    return table(heads, rows)
+
+
 def async_ps(d):
     sync = next(r for r in d["rows"] if r["run"].startswith("sync"))
     heads = ["run", "samples/s", "against sync", "test accuracy", "steps of rank 0", "staleness histogram (0..S)",
@@ -257,7 +281,7 @@ def kernels(d):
 
 KINDS = {f.__name__: f for f in (starts, in_place, hosts, streams, training, quality, python, sim_error, published,
                                   trace, compression, slowlink, async_ps, zero, plan, kill, fuzz, kernels, torch_ops,
-                                  precision)}
+                                  precision, local_sgd)}
 
 
 # ---- the page ----

@@ -14,13 +14,18 @@
 #include "guard.h"
 
 int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
-    static const char accepts[] = "it takes none, fp16, bf16, topk:R (0 < R <= 1: topk:0.01 keeps 1% of each "
-                                  "bucket) or powersgd:r (a rank from 1 to 1024: powersgd:4)";
+    static const char accepts[] = "it takes none, fp16, bf16, int8, topk:R (0 < R <= 1: topk:0.01 keeps 1% of "
+                                  "each bucket) or powersgd:r (a rank from 1 to 1024: powersgd:4)";
     if (!spec) return tally__parse_fail("--compress", spec, "", accepts);
-    if (!strcmp(spec, "none") || !strcmp(spec, "fp16") || !strcmp(spec, "bf16")) {
-        out->kind = spec[0] == 'n' ? TALLY__CODEC_NONE : spec[0] == 'f' ? TALLY__CODEC_FP16 : TALLY__CODEC_BF16;
-        return 0;
-    }
+    static const struct {
+        const char *name;
+        int kind;
+    } plain[] = {{"none", TALLY__CODEC_NONE},
+                 {"fp16", TALLY__CODEC_FP16},
+                 {"bf16", TALLY__CODEC_BF16},
+                 {"int8", TALLY__CODEC_INT8}};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
+        if (!strcmp(spec, plain[i].name)) return out->kind = plain[i].kind, 0;
     if (!strncmp(spec, "topk:", 5)) {
         double r;
         if (tally__parse_real("--compress", spec + 5, 0, 1, 1, &r))
@@ -40,16 +45,19 @@ int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
     return tally__parse_fail("--compress", spec, "is an unknown codec", accepts);
 }
 
-static int codec_has_ef(const tally__codec_cfg *c) {
-    return c->error_feedback && (c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD);
+/* The codecs that send less than the gradient and may keep the rest (error feedback). */
+static int codec_lossy(const tally__codec_cfg *c) {
+    return c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD || c->kind == TALLY__CODEC_INT8;
 }
 
+static int codec_has_ef(const tally__codec_cfg *c) { return c->error_feedback && codec_lossy(c); }
+
 void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
-    const char *ef =
-        (c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD) && !c->error_feedback ? "+no-ef" : "";
+    const char *ef = codec_lossy(c) && !c->error_feedback ? "+no-ef" : "";
     switch (c->kind) {
     case TALLY__CODEC_FP16: snprintf(buf, n, "fp16"); break;
     case TALLY__CODEC_BF16: snprintf(buf, n, "bf16"); break;
+    case TALLY__CODEC_INT8: snprintf(buf, n, "int8%s", ef); break;
     case TALLY__CODEC_TOPK: snprintf(buf, n, "topk:%g%s", c->ratio, ef); break;
     case TALLY__CODEC_POWERSGD: snprintf(buf, n, "powersgd:%d%s", c->rank, ef); break;
     default: snprintf(buf, n, "none");
@@ -57,20 +65,25 @@ void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
 }
 
 int tally__codec_check(const tally__codec_cfg *c, int zero, int rank) {
-    int sparse = c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD;
-    if (!c->error_feedback && !sparse)
+    int lossy = codec_lossy(c);
+    if (!c->error_feedback && !lossy)
         return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: --no-error-feedback applies to --compress topk:R and "
-                             "powersgd:r only (fp16, bf16 and none keep no residual)",
+                             "rank %d: --no-error-feedback applies to --compress topk:R, powersgd:r and "
+                             "int8 only (fp16, bf16 and none keep no residual)",
                              rank);
-    /* With ZeRO the gradients are reduce-scattered layer by layer into their owners' pieces: a sparse or
-     * low-rank exchange would need whole buckets on every rank (stage 1 has them until the step, but
-     * its reduction is the same per-layer reduce-scatter), so these codecs stay with stage 0. */
-    if (sparse && zero)
+    /* With ZeRO the gradients are reduce-scattered layer by layer into their owners' pieces: a sparse,
+     * low-rank or block-quantized exchange would need whole buckets on every rank (stage 1 has them until
+     * the step, but its reduction is the same per-layer reduce-scatter), so these codecs stay with
+     * stage 0. */
+    if (lossy && zero)
         return tally__seterr(TALLY_E_INVALID,
                              "rank %d: --compress %s works with --zero 0 only (ZeRO reduce-scatters "
                              "each layer into its owners' pieces); use fp16 or bf16 with --zero %d",
-                             rank, c->kind == TALLY__CODEC_TOPK ? "topk" : "powersgd", zero);
+                             rank,
+                             c->kind == TALLY__CODEC_TOPK       ? "topk"
+                             : c->kind == TALLY__CODEC_POWERSGD ? "powersgd"
+                                                                : "int8",
+                             zero);
     return 0;
 }
 
@@ -203,6 +216,20 @@ static int codec_reduce_half(tally__codec *c, int k, float *grad, size_t n, floa
     return rc;
 }
 
+/* int8: gradient plus residual quantized per block and averaged (tally__codec_int8_mean); what this
+ * rank's quantization did not send waits in its residual. The mean over the ranks is rescaled to the
+ * engine's divisor (ranks x micro-batches). */
+static int codec_reduce_int8(tally__codec *c, const codec_bucket *b, float *grad, float denom) {
+    size_t n = b->end - b->begin;
+    float *res = c->residual ? c->residual + b->begin : NULL, *next = c->residual ? c->next + b->begin : NULL;
+    if (res)
+        for (size_t i = 0; i < n; i++) grad[i] += res[i];
+    int rc = tally__codec_int8_mean(c->comm, grad, n, next);
+    const float to_denom = (float)c->size / denom;
+    for (size_t i = 0; i < n && !rc && to_denom != 1.0f; i++) grad[i] *= to_denom;
+    return rc;
+}
+
 int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, size_t count, float denom) {
     tally__codec *c = arg;
     (void)comm; /* the codec's own: the same communicator */
@@ -217,6 +244,7 @@ int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, si
     case TALLY__CODEC_BF16: return codec_reduce_half(c, bucket, grad, count, denom);
     case TALLY__CODEC_TOPK: return tally__codec_topk_reduce(c, b, grad, denom);
     case TALLY__CODEC_POWERSGD: return tally__codec_powersgd_reduce(c, b, grad, denom);
+    case TALLY__CODEC_INT8: return codec_reduce_int8(c, b, grad, denom);
     default: {
         int rc = tally_allreduce(c->comm, grad, grad, count, TALLY_F32, TALLY_SUM);
         for (size_t i = 0; i < count && !rc; i++) grad[i] /= denom;

@@ -11,26 +11,27 @@
 
 typedef enum {
     TALLY__CODEC_NONE,
-    TALLY__CODEC_FP16,    /* cast to IEEE half (round to nearest even), reduced in 16 bits */
-    TALLY__CODEC_BF16,    /* cast to bfloat16, reduced in 16 bits */
-    TALLY__CODEC_TOPK,    /* the fraction `ratio` of largest magnitudes per bucket, sparse all-gather */
-    TALLY__CODEC_POWERSGD /* rank-`rank` factors of each weight matrix, allreduced */
+    TALLY__CODEC_FP16,     /* cast to IEEE half (round to nearest even), reduced in 16 bits */
+    TALLY__CODEC_BF16,     /* cast to bfloat16, reduced in 16 bits */
+    TALLY__CODEC_TOPK,     /* the fraction `ratio` of largest magnitudes per bucket, sparse all-gather */
+    TALLY__CODEC_POWERSGD, /* rank-`rank` factors of each weight matrix, allreduced */
+    TALLY__CODEC_INT8      /* int8 with a scale per TALLY__INT8_BLOCK values (tally__codec_int8_mean) */
 } tally__codec_kind;
 
 typedef struct tally__codec_cfg {
     int kind;           /* tally__codec_kind */
     double ratio;       /* topk: fraction kept, in (0, 1] */
     int rank;           /* powersgd: r >= 1 */
-    int error_feedback; /* topk, powersgd: keep what was not sent for the next step (default 1) */
+    int error_feedback; /* topk, powersgd, int8: keep what was not sent for the next step (default 1) */
 } tally__codec_cfg;
 
-/* "none", "fp16", "bf16", "topk:R", "powersgd:r" into *out (error_feedback left as it is). Returns 0,
+/* "none", "fp16", "bf16", "int8", "topk:R", "powersgd:r" into *out (error_feedback left as it is). Returns 0,
  * or TALLY_E_INVALID with a message saying what is accepted. */
 int tally__codec_parse(const char *spec, tally__codec_cfg *out);
 /* The canonical spec ("topk:0.01", "powersgd:4", with "+no-ef" when error feedback is off). */
 void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n);
-/* The combinations a run refuses (--no-error-feedback without an error-feedback codec; top-k and
- * PowerSGD with a ZeRO stage), as TALLY_E_INVALID naming the rank. */
+/* The combinations a run refuses (--no-error-feedback without an error-feedback codec; top-k, PowerSGD
+ * and int8 with a ZeRO stage), as TALLY_E_INVALID naming the rank. */
 int tally__codec_check(const tally__codec_cfg *c, int zero, int rank);
 /* The codec reduces 16-bit casts (fp16/bf16): the dtype on the wire, else -1. */
 int tally__codec_half_dtype(const tally__codec_cfg *c);
@@ -94,8 +95,9 @@ void tally__int8_dequantize(const int8_t *q, size_t len, float scale, float *x);
  * reaches it by an all-to-all of the quantized inputs and is summed in f32, divided, quantized again
  * and shared by an all-gather, so every rank ends with the same bytes. A rank sends about 2 (N-1)/N x n x
  * (1 + 4/TALLY__INT8_BLOCK) bytes, a quarter of an f32 ring allreduce; each value carries two
- * quantizations' error (at most half a step of each). One rank: x as it is. Collective. */
-int tally__codec_int8_mean(tally_comm *comm, float *x, size_t n);
+ * quantizations' error (at most half a step of each). err (NULL: not wanted) gets x minus what this rank's
+ * own quantization sent, for error feedback. One rank: x as it is (err zero). Collective. */
+int tally__codec_int8_mean(tally_comm *comm, float *x, size_t n, float *err);
 
 /* Top-k selection (codec_topk.c): the indices of the k largest |x| (a NaN counts as an Inf; ties go to
  * the lower index), ascending, into idx[k]. key is scratch of n floats. */

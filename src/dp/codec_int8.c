@@ -46,17 +46,22 @@ static int8_plan plan_of(size_t n, int size) {
                        .bytes = blocks * (sizeof(float) + TALLY__INT8_BLOCK)};
 }
 
-/* Values [from, from + p->elems) of x (zeros past n) quantized into the wire form at out. */
-static void pack_piece(const int8_plan *p, const float *x, size_t from, unsigned char *out) {
-    float block[TALLY__INT8_BLOCK];
+/* Values [from, from + p->elems) of x (zeros past n) quantized into the wire form at out; err (NULL: not
+ * wanted) gets x minus what was sent for them. */
+static void pack_piece(const int8_plan *p, const float *x, size_t from, unsigned char *out, float *err) {
+    float block[TALLY__INT8_BLOCK], sent[TALLY__INT8_BLOCK];
     int8_t *q = (int8_t *)(out + p->blocks * sizeof(float));
     for (size_t b = 0; b < p->blocks; b++) {
         size_t at = from + b * TALLY__INT8_BLOCK, have = at < p->n ? p->n - at : 0;
         if (have > TALLY__INT8_BLOCK) have = TALLY__INT8_BLOCK;
         memset(block, 0, sizeof block);
         if (have) memcpy(block, x + at, have * sizeof(float));
-        float scale = tally__int8_quantize(block, TALLY__INT8_BLOCK, q + b * TALLY__INT8_BLOCK);
+        int8_t *bq = q + b * TALLY__INT8_BLOCK;
+        float scale = tally__int8_quantize(block, TALLY__INT8_BLOCK, bq);
         memcpy(out + b * sizeof(float), &scale, sizeof scale);
+        if (!err || !have) continue;
+        tally__int8_dequantize(bq, have, scale, sent);
+        for (size_t i = 0; i < have; i++) err[at + i] = block[i] - sent[i];
     }
 }
 
@@ -74,20 +79,22 @@ static void unpack_piece(const int8_plan *p, const unsigned char *in, float *acc
     }
 }
 
-int tally__codec_int8_mean(tally_comm *comm, float *x, size_t n) {
+int tally__codec_int8_mean(tally_comm *comm, float *x, size_t n, float *err) {
     int size = tally_comm_size(comm), rank = tally_comm_rank(comm);
-    if (size == 1 || n == 0) return size == 1 ? 0 : tally_barrier(comm); /* every rank makes the same calls */
+    if (err) memset(err, 0, n * sizeof(float));
+    if (size == 1 || n == 0) return 0; /* every rank has the same n: none makes a call */
     int8_plan p = plan_of(n, size);
     unsigned char *send = malloc(p.bytes * (size_t)size), *recv = malloc(p.bytes * (size_t)size);
     float *acc = malloc(p.elems * sizeof(float));
     int rc = send && recv && acc ? 0 : tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
-    for (int j = 0; j < size && !rc; j++) pack_piece(&p, x, (size_t)j * p.elems, send + (size_t)j * p.bytes);
+    for (int j = 0; j < size && !rc; j++) pack_piece(&p, x, (size_t)j * p.elems, send + (size_t)j * p.bytes, err);
     if (!rc) rc = tally_alltoall(comm, send, recv, p.bytes, TALLY_U8);
     if (!rc) {
         memset(acc, 0, p.elems * sizeof(float));
         for (int i = 0; i < size; i++) unpack_piece(&p, recv + (size_t)i * p.bytes, acc, 1);
         for (size_t i = 0; i < p.elems; i++) acc[i] /= (float)size;
-        pack_piece(&(int8_plan){.n = p.elems, .blocks = p.blocks, .elems = p.elems, .bytes = p.bytes}, acc, 0, send);
+        pack_piece(&(int8_plan){.n = p.elems, .blocks = p.blocks, .elems = p.elems, .bytes = p.bytes}, acc, 0, send,
+                   NULL);
         rc = tally_allgather(comm, send, recv, p.bytes, TALLY_U8);
     }
     /* Every rank, its own piece included, takes the gathered bytes: the replicas stay identical. */

@@ -74,7 +74,7 @@ void tally__local_close(tally__local_sgd *l) {
 
 /* The ranks' mean of delta, in place, sent as --outer-compress says. */
 static int local_mean(tally__local_sgd *l) {
-    if (l->cfg.compress == TALLY__OUTER_INT8) return tally__codec_int8_mean(l->world, l->delta, l->n);
+    if (l->cfg.compress == TALLY__OUTER_INT8) return tally__codec_int8_mean(l->world, l->delta, l->n, NULL);
     if (l->cfg.compress == TALLY__OUTER_F32)
         return tally_allreduce(l->world, l->delta, l->delta, l->n, TALLY_F32, TALLY_AVG);
     int overflowed = 0;

@@ -67,12 +67,12 @@ static void test_against_f32(const char *tp, int n) {
 /* Every codec x accum 2 x overlap on/off x the ZeRO stages it works with: the run completes and every
  * replica is bit-identical (tr_train_on checks it). */
 static void test_matrix(void) {
-    const char *codecs[] = {"fp16", "bf16", "topk:0.1", "topk:0.1", "powersgd:2", "powersgd:1"};
-    const int efs[] = {1, 1, 1, 0, 1, 0};
-    for (int k = 0; k < 6; k++)
+    const char *codecs[] = {"fp16", "bf16", "topk:0.1", "topk:0.1", "powersgd:2", "powersgd:1", "int8", "int8"};
+    const int efs[] = {1, 1, 1, 0, 1, 0, 1, 0};
+    for (int k = 0; k < 8; k++)
         for (int ov = 0; ov < 2; ov++)
             for (int z = 0; z <= 3; z++) {
-                int half = codecs[k][0] != 't' && codecs[k][0] != 'p';
+                int half = codecs[k][0] == 'f' || codecs[k][0] == 'b';
                 if (z && !half) continue;
                 if (th_light() && z == 3) continue;
                 /* The quick tier: every codec with overlap, and fp16 at every stage. */
@@ -90,8 +90,8 @@ static void test_matrix(void) {
 }
 
 static void test_sizes(void) {
-    const char *codecs[] = {"fp16", "topk:0.05", "powersgd:2"};
-    for (int k = 0; k < 3; k++) {
+    const char *codecs[] = {"fp16", "topk:0.05", "powersgd:2", "int8"};
+    for (int k = 0; k < 4; k++) {
         char what[96];
         tally__train_cfg c = ccfg(codecs[k], 1, 0, 1, 0);
         snprintf(what, sizeof what, "%s n=1", codecs[k]);
@@ -109,8 +109,9 @@ static void test_refused(void) {
     } cases[] = {
         {{"tally", "train", "--compress", "topk:0.1", "--zero", "1", NULL}, "--zero 0 only"},
         {{"tally", "train", "--compress", "powersgd:4", "--zero", "2", NULL}, "--zero 0 only"},
-        {{"tally", "train", "--compress", "fp16", "--no-error-feedback", NULL}, "topk:R and powersgd:r only"},
-        {{"tally", "train", "--no-error-feedback", NULL}, "topk:R and powersgd:r only"},
+        {{"tally", "train", "--compress", "int8", "--zero", "3", NULL}, "int8 works with --zero 0 only"},
+        {{"tally", "train", "--compress", "fp16", "--no-error-feedback", NULL}, "powersgd:r and int8 only"},
+        {{"tally", "train", "--no-error-feedback", NULL}, "powersgd:r and int8 only"},
         {{"tally", "train", "--compress", "topk:0", NULL}, "(0, 1]"},
         {{"tally", "train", "--compress", "topk:2", NULL}, "(0, 1]"},
         {{"tally", "train", "--compress", "powersgd:0", NULL}, "from 1 to"},

@@ -84,6 +84,7 @@ typedef struct mean_case {
     int rc[4];
     unsigned long long sent[4];
     float got[4][MAX_N];
+    float err[4][MAX_N];
 } mean_case;
 
 static int mean_rank(int rank, int size, void *arg) {
@@ -92,7 +93,7 @@ static int mean_rank(int rank, int size, void *arg) {
     if (tally_comm_init(&c)) return fprintf(stderr, "rank %d: %s\n", rank, tally_last_error()), 1;
     for (size_t i = 0; i < mc->n; i++) mc->got[rank][i] = input(rank, i);
     unsigned long long s0 = tally_comm_bytes_sent(c);
-    mc->rc[rank] = tally__codec_int8_mean(c, mc->got[rank], mc->n);
+    mc->rc[rank] = tally__codec_int8_mean(c, mc->got[rank], mc->n, mc->err[rank]);
     mc->sent[rank] = tally_comm_bytes_sent(c) - s0;
     if (mc->rc[rank]) fprintf(stderr, "rank %d: %s\n", rank, tally_last_error());
     tally_comm_free(c);
@@ -138,6 +139,23 @@ static void test_mean(const char *tp, int size, size_t n) {
             if (memcmp(&mc->got[r][i], &want[i], sizeof(float))) bad = i;
         TH_CHECK(bad == n, "int8 mean %s n=%d size %zu rank %d: value %zu is %.9g, the reference %.9g", tp, size, n, r,
                  bad, (double)mc->got[r][bad < n ? bad : 0], (double)want[bad < n ? bad : 0]);
+    }
+    for (int r = 0; r < size; r++) { /* err: the input less what its own quantization sent */
+        float x[B], back[B];
+        int8_t q[B];
+        size_t bad = n;
+        for (size_t b = 0; b < n && bad == n; b += B) {
+            size_t len = n - b < B ? n - b : B;
+            memset(x, 0, sizeof x);
+            for (size_t i = 0; i < len; i++) x[i] = input(r, b + i);
+            tally__int8_dequantize(q, B, tally__int8_quantize(x, B, q), back);
+            for (size_t i = 0; i < len && bad == n; i++) {
+                float want = size == 1 ? 0 : x[i] - back[i];
+                if (memcmp(&mc->err[r][b + i], &want, sizeof want)) bad = b + i;
+            }
+        }
+        TH_CHECK(bad == n, "int8 mean %s n=%d size %zu rank %d: err[%zu] is %g", tp, size, n, r, bad,
+                 (double)mc->err[r][bad < n ? bad : 0]);
     }
     double excess = worst_excess(size, n, mc->got[0]);
     TH_CHECK(excess <= 0, "int8 mean %s n=%d size %zu: %g past the two quantizations' bound", tp, size, n, excess);

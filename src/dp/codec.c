@@ -15,7 +15,8 @@
 
 int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
     static const char accepts[] = "it takes none, fp16, bf16, int8, topk:R (0 < R <= 1: topk:0.01 keeps 1% of "
-                                  "each bucket) or powersgd:r (a rank from 1 to 1024: powersgd:4)";
+                                  "each bucket), dgc:R (top-k with momentum correction) or powersgd:r (a rank "
+                                  "from 1 to 1024: powersgd:4)";
     if (!spec) return tally__parse_fail("--compress", spec, "", accepts);
     static const struct {
         const char *name;
@@ -26,11 +27,12 @@ int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
                  {"int8", TALLY__CODEC_INT8}};
     for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
         if (!strcmp(spec, plain[i].name)) return out->kind = plain[i].kind, 0;
-    if (!strncmp(spec, "topk:", 5)) {
+    if (!strncmp(spec, "topk:", 5) || !strncmp(spec, "dgc:", 4)) {
         double r;
-        if (tally__parse_real("--compress", spec + 5, 0, 1, 1, &r))
+        const char *at = strchr(spec, ':') + 1;
+        if (tally__parse_real("--compress", at, 0, 1, 1, &r))
             return tally__parse_fail("--compress", spec, "keeps no fraction in (0, 1]", accepts);
-        out->kind = TALLY__CODEC_TOPK;
+        out->kind = spec[0] == 't' ? TALLY__CODEC_TOPK : TALLY__CODEC_DGC;
         out->ratio = r;
         return 0;
     }
@@ -47,10 +49,14 @@ int tally__codec_parse(const char *spec, tally__codec_cfg *out) {
 
 /* The codecs that send less than the gradient and may keep the rest (error feedback). */
 static int codec_lossy(const tally__codec_cfg *c) {
-    return c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD || c->kind == TALLY__CODEC_INT8;
+    return c->kind == TALLY__CODEC_TOPK || c->kind == TALLY__CODEC_POWERSGD || c->kind == TALLY__CODEC_INT8 ||
+           c->kind == TALLY__CODEC_DGC;
 }
 
-static int codec_has_ef(const tally__codec_cfg *c) { return c->error_feedback && codec_lossy(c); }
+/* dgc's accumulation is its residual: always kept. */
+static int codec_has_ef(const tally__codec_cfg *c) {
+    return c->kind == TALLY__CODEC_DGC || (c->error_feedback && codec_lossy(c));
+}
 
 void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
     const char *ef = codec_lossy(c) && !c->error_feedback ? "+no-ef" : "";
@@ -58,6 +64,7 @@ void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
     case TALLY__CODEC_FP16: snprintf(buf, n, "fp16"); break;
     case TALLY__CODEC_BF16: snprintf(buf, n, "bf16"); break;
     case TALLY__CODEC_INT8: snprintf(buf, n, "int8%s", ef); break;
+    case TALLY__CODEC_DGC: snprintf(buf, n, "dgc:%g", c->ratio); break;
     case TALLY__CODEC_TOPK: snprintf(buf, n, "topk:%g%s", c->ratio, ef); break;
     case TALLY__CODEC_POWERSGD: snprintf(buf, n, "powersgd:%d%s", c->rank, ef); break;
     default: snprintf(buf, n, "none");
@@ -66,6 +73,11 @@ void tally__codec_spec(const tally__codec_cfg *c, char *buf, size_t n) {
 
 int tally__codec_check(const tally__codec_cfg *c, int zero, int rank) {
     int lossy = codec_lossy(c);
+    if (!c->error_feedback && c->kind == TALLY__CODEC_DGC)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --compress dgc:R accumulates what it did not send by design; "
+                             "--no-error-feedback goes with topk:R, powersgd:r and int8",
+                             rank);
     if (!c->error_feedback && !lossy)
         return tally__seterr(TALLY_E_INVALID,
                              "rank %d: --no-error-feedback applies to --compress topk:R, powersgd:r and "
@@ -81,6 +93,7 @@ int tally__codec_check(const tally__codec_cfg *c, int zero, int rank) {
                              "each layer into its owners' pieces); use fp16 or bf16 with --zero %d",
                              rank,
                              c->kind == TALLY__CODEC_TOPK       ? "topk"
+                             : c->kind == TALLY__CODEC_DGC      ? "dgc"
                              : c->kind == TALLY__CODEC_POWERSGD ? "powersgd"
                                                                 : "int8",
                              zero);
@@ -102,8 +115,11 @@ int tally__codec_create(const tally__codec_cfg *cfg, tally_comm *comm, const tal
     c->size = tally_comm_size(comm);
     c->seed = seed;
     c->overflow = -1;
-    if (codec_has_ef(cfg) && (!(c->residual = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)) ||
-                              !(c->next = tally__alloc_zeroed(m->nparams * sizeof(float) + 4)))) {
+    size_t bytes = m->nparams * sizeof(float) + 4;
+    int dgc = cfg->kind == TALLY__CODEC_DGC;
+    if ((codec_has_ef(cfg) &&
+         (!(c->residual = tally__alloc_zeroed(bytes)) || !(c->next = tally__alloc_zeroed(bytes)))) ||
+        (dgc && (!(c->u = tally__alloc_zeroed(bytes)) || !(c->u_next = tally__alloc_zeroed(bytes))))) {
         tally__codec_free(c);
         return tally__seterr(TALLY_E_NOMEM, "rank %d: codec: out of memory for the residual", c->rank);
     }
@@ -138,7 +154,7 @@ int tally__codec_set_buckets(tally__codec *c, int nbuckets, const size_t *begin,
     if (!(c->acc = malloc(n * sizeof(float)))) rc = -1;
     if (!rc && tally__codec_half_dtype(&c->cfg) >= 0 && !(c->half = malloc(n * sizeof(uint16_t)))) rc = -1;
     if (rc) return tally__seterr(TALLY_E_NOMEM, "rank %d: codec: out of memory", c->rank);
-    if (c->cfg.kind == TALLY__CODEC_TOPK) return tally__codec_topk_alloc(c);
+    if (c->cfg.kind == TALLY__CODEC_TOPK || c->cfg.kind == TALLY__CODEC_DGC) return tally__codec_topk_alloc(c);
     if (c->cfg.kind == TALLY__CODEC_POWERSGD) return tally__codec_powersgd_alloc(c);
     return 0;
 }
@@ -148,6 +164,8 @@ void tally__codec_free(tally__codec *c) {
     free(c->bucket);
     free(c->residual);
     free(c->next);
+    free(c->u);
+    free(c->u_next);
     free(c->acc);
     free(c->half);
     free(c->key);
@@ -245,6 +263,7 @@ int tally__codec_reduce(void *arg, tally_comm *comm, int bucket, float *grad, si
     case TALLY__CODEC_TOPK: return tally__codec_topk_reduce(c, b, grad, denom);
     case TALLY__CODEC_POWERSGD: return tally__codec_powersgd_reduce(c, b, grad, denom);
     case TALLY__CODEC_INT8: return codec_reduce_int8(c, b, grad, denom);
+    case TALLY__CODEC_DGC: return tally__codec_dgc_reduce(c, b, grad, denom);
     default: {
         int rc = tally_allreduce(c->comm, grad, grad, count, TALLY_F32, TALLY_SUM);
         for (size_t i = 0; i < count && !rc; i++) grad[i] /= denom;
@@ -265,6 +284,10 @@ void tally__codec_step_end(tally__codec *c, int taken) {
         float *t = c->residual;
         c->residual = c->next;
         c->next = t;
+        t = c->u;
+        c->u = c->u_next;
+        c->u_next = t;
+        c->steps++;
     } else if (c->q) {
         memcpy(c->q, c->q_saved, c->q_len * sizeof(float));
     }
@@ -273,6 +296,23 @@ void tally__codec_step_end(tally__codec *c, int taken) {
 int tally__codec_overflow(const tally__codec *c) { return c ? c->overflow : -1; }
 
 float *tally__codec_residual(tally__codec *c) { return c ? c->residual : NULL; }
+
+float *tally__codec_velocity(tally__codec *c) { return c ? c->u : NULL; }
+
+void tally__codec_set_steps(tally__codec *c, long steps) {
+    if (c) c->steps = steps;
+}
+
+/* Geometric from TALLY__DGC_WARMUP_DENSITY to ratio over the warm-up steps (DGC's exponential
+ * warm-up: each step keeps a constant fraction of the last one's density). */
+double tally__codec_density(const tally__codec *c) {
+    double r = c->cfg.ratio;
+    if (c->cfg.kind != TALLY__CODEC_DGC || c->cfg.warmup_steps <= 0 || c->steps >= c->cfg.warmup_steps ||
+        r >= TALLY__DGC_WARMUP_DENSITY)
+        return r;
+    double t = (double)c->steps / (double)c->cfg.warmup_steps;
+    return TALLY__DGC_WARMUP_DENSITY * pow(r / TALLY__DGC_WARMUP_DENSITY, t);
+}
 
 float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols) {
     if (!c || !c->q || tensor < 0 || tensor >= c->m->ntensors || c->q_off[tensor] == (size_t)-1) return NULL;

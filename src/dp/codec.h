@@ -15,7 +15,9 @@ typedef enum {
     TALLY__CODEC_BF16,     /* cast to bfloat16, reduced in 16 bits */
     TALLY__CODEC_TOPK,     /* the fraction `ratio` of largest magnitudes per bucket, sparse all-gather */
     TALLY__CODEC_POWERSGD, /* rank-`rank` factors of each weight matrix, allreduced */
-    TALLY__CODEC_INT8      /* int8 with a scale per TALLY__INT8_BLOCK values (tally__codec_int8_mean) */
+    TALLY__CODEC_INT8,     /* int8 with a scale per TALLY__INT8_BLOCK values (tally__codec_int8_mean) */
+    TALLY__CODEC_DGC       /* top-k with Deep Gradient Compression's momentum correction, local clipping and
+                            * density warm-up (Lin et al., 2018) */
 } tally__codec_kind;
 
 typedef struct tally__codec_cfg {
@@ -23,9 +25,16 @@ typedef struct tally__codec_cfg {
     double ratio;       /* topk: fraction kept, in (0, 1] */
     int rank;           /* powersgd: r >= 1 */
     int error_feedback; /* topk, powersgd, int8: keep what was not sent for the next step (default 1) */
+    /* dgc (set by the engine's user, not parsed): the momentum it applies before selecting (the
+     * optimizer's, which then runs without), the clipping norm of the whole gradient (0: none; each
+     * rank clips its own), and the steps over which the density falls from TALLY__DGC_WARMUP_DENSITY to
+     * ratio (0: none) */
+    double momentum, clip;
+    long warmup_steps;
 } tally__codec_cfg;
+#define TALLY__DGC_WARMUP_DENSITY 0.25
 
-/* "none", "fp16", "bf16", "int8", "topk:R", "powersgd:r" into *out (error_feedback left as it is). Returns 0,
+/* "none", "fp16", "bf16", "int8", "topk:R", "dgc:R", "powersgd:r" into *out (error_feedback left as it is). Returns 0,
  * or TALLY_E_INVALID with a message saying what is accepted. */
 int tally__codec_parse(const char *spec, tally__codec_cfg *out);
 /* The canonical spec ("topk:0.01", "powersgd:4", with "+no-ef" when error feedback is off). */
@@ -58,10 +67,17 @@ void tally__codec_step_end(tally__codec *c, int taken);
  * overflow), or -1. Reset by step_begin. */
 int tally__codec_overflow(const tally__codec *c);
 
+/* dgc: the density of the step the codec is at (warm-up, then ratio), and the steps taken so far (a
+ * resumed run sets them: the warm-up goes on where it stopped). */
+double tally__codec_density(const tally__codec *c);
+void tally__codec_set_steps(tally__codec *c, long steps);
+
 /* State a checkpoint keeps. The residual (NULL without error feedback) is [nparams] in the flat layout,
- * this rank's own. PowerSGD's factor Q of tensor t (NULL when that tensor is sent whole), the same on
+ * this rank's own (dgc: its accumulated velocity); dgc's momentum buffer (the velocity, NULL for the other
+ * codecs) too. PowerSGD's factor Q of tensor t (NULL when that tensor is sent whole), the same on
  * every rank, is *rows x *cols = [the matrix's columns x rank], row-major. */
 float *tally__codec_residual(tally__codec *c);
+float *tally__codec_velocity(tally__codec *c);
 float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols);
 
 /* Bulk casts (codec_cast.c): f32 -> 16 bits (round to nearest even, NaN stays NaN, past the range

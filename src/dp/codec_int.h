@@ -18,12 +18,14 @@ struct tally__codec {
     uint64_t seed;
     int nbuckets;
     codec_bucket *bucket;
-    size_t largest;  /* elements of the largest bucket */
-    float *residual; /* [nparams] error feedback, local units (before the division); NULL: off */
-    float *next;     /* [nparams] the residual the step in flight leaves (swapped in by
+    size_t largest;    /* elements of the largest bucket */
+    float *residual;   /* [nparams] error feedback, local units (before the division); NULL: off */
+    float *next;       /* [nparams] the residual the step in flight leaves (swapped in by
                               * step_end when the step is taken: a skipped step leaves no trace) */
-    int overflow;    /* first bucket whose 16-bit sum overflowed this step, or -1 */
-    float *acc;      /* [largest]: gradient + residual */
+    int overflow;      /* first bucket whose 16-bit sum overflowed this step, or -1 */
+    float *u, *u_next; /* dgc: [nparams] the momentum buffer, and the one the step in flight leaves */
+    long steps;        /* steps taken (dgc's warm-up) */
+    float *acc;        /* [largest]: gradient + residual */
     /* fp16/bf16 */
     uint16_t *half; /* [largest] */
     /* top-k */
@@ -41,9 +43,10 @@ struct tally__codec {
 /* Per-codec parts of set_buckets and reduce. */
 int tally__codec_topk_alloc(tally__codec *c);
 int tally__codec_topk_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom);
+int tally__codec_dgc_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom);
 int tally__codec_powersgd_alloc(tally__codec *c);
 int tally__codec_powersgd_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom);
-/* k for a bucket of n elements: max(1, ceil(ratio * n)). */
+/* k for a bucket of n elements: max(1, ceil(density * n)), the density dgc's warm-up has reached or ratio. */
 size_t tally__codec_topk_k(const tally__codec *c, size_t n);
 
 #endif

@@ -1,5 +1,6 @@
-/* codec_topk.c - top-k sparsification with error feedback: the k largest magnitudes of gradient plus
- * residual per bucket, every rank's (index, value) pairs all-gathered and summed in rank order. */
+/* codec_topk.c - top-k sparsification: the k largest magnitudes of gradient plus residual per bucket
+ * (error feedback), or of DGC's momentum-corrected accumulation, every rank's (index, value) pairs
+ * all-gathered and summed in rank order. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,7 @@
 
 size_t tally__codec_topk_k(const tally__codec *c, size_t n) {
     if (!n) return 0;
-    double k = ceil(c->cfg.ratio * (double)n);
+    double k = ceil(tally__codec_density(c) * (double)n);
     return k < 1 ? 1 : k > (double)n ? n : (size_t)k;
 }
 
@@ -64,7 +65,10 @@ void tally__topk_select(const float *x, size_t n, size_t k, uint32_t *idx, float
 }
 
 int tally__codec_topk_alloc(tally__codec *c) {
-    size_t k = tally__codec_topk_k(c, c->largest) + 1, n = c->largest + 1;
+    double most = c->cfg.kind == TALLY__CODEC_DGC && c->cfg.warmup_steps > 0 && c->cfg.ratio < TALLY__DGC_WARMUP_DENSITY
+                      ? TALLY__DGC_WARMUP_DENSITY
+                      : c->cfg.ratio;
+    size_t k = (size_t)ceil(most * (double)c->largest) + 1, n = c->largest + 1;
     c->key = malloc(n * sizeof(float));
     c->idx = malloc(k * sizeof(uint32_t));
     c->pairs = malloc(k * 8);
@@ -113,5 +117,41 @@ int tally__codec_topk_reduce(tally__codec *c, const codec_bucket *b, float *grad
         memcpy(next, acc, n * sizeof(float));
         for (size_t j = 0; j < k; j++) next[c->idx[j]] = 0;
     }
+    return 0;
+}
+
+/* DGC (Lin et al., 2018): this rank's mean gradient, clipped to its share of --clip (the norm over N
+ * ranks' sum grows as sqrt(N): each takes clip / sqrt(N), and a bucket the part of that its elements are
+ * of the model), goes through momentum u = m u + g into the accumulation v += u; the k largest |v| are
+ * sent, and where they were sent u and v start again from zero (momentum factor masking). The mean of
+ * what the ranks sent is the step's update: the optimizer applies it without momentum of its own. */
+int tally__codec_dgc_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom) {
+    size_t n = b->end - b->begin, k = tally__codec_topk_k(c, n);
+    if (!n) return 0;
+    const float *u = c->u + b->begin, *v = c->residual + b->begin;
+    float *unext = c->u_next + b->begin, *vnext = c->next + b->begin, *acc = c->acc;
+    float to_mean = (float)c->size / denom, m = (float)c->cfg.momentum;
+    if (c->cfg.clip > 0) {
+        double sq = 0;
+        for (size_t i = 0; i < n; i++) sq += (double)grad[i] * grad[i];
+        double norm = sqrt(sq) * to_mean, share = (double)n / (double)c->m->nparams;
+        double bound = c->cfg.clip * sqrt(share / c->size);
+        if (norm > bound) to_mean *= (float)(bound / norm);
+    }
+    for (size_t i = 0; i < n; i++) {
+        unext[i] = m * u[i] + grad[i] * to_mean;
+        acc[i] = v[i] + unext[i];
+    }
+    tally__topk_select(acc, n, k, c->idx, c->key);
+    for (size_t j = 0; j < k; j++) {
+        memcpy(c->pairs + 8 * j, &c->idx[j], 4);
+        memcpy(c->pairs + 8 * j + 4, &acc[c->idx[j]], 4);
+    }
+    int rc = tally_allgather(c->comm, c->pairs, c->gathered, k * 8, TALLY_U8);
+    if (rc) return rc;
+    topk_sum(c, grad, n, k);
+    for (size_t i = 0; i < n; i++) grad[i] /= (float)c->size;
+    memcpy(vnext, acc, n * sizeof(float));
+    for (size_t j = 0; j < k; j++) vnext[c->idx[j]] = unext[c->idx[j]] = 0;
     return 0;
 }

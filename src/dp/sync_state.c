@@ -32,9 +32,10 @@ static int kinds_of(const tally_optim_cfg *o, state_kind *out) {
 }
 
 /* The table: optim.step, optim.kind, param.* [T], optim.*.<kind> [K x T], codec.spec, codec.residual.<k>
- * [R], codec.q.* [Q]; T tensors, K state kinds, R residuals (one per rank), Q PowerSGD factors. */
+ * [R], codec.velocity.<k> [V], codec.q.* [Q]; T tensors, K state kinds, R residuals (one per rank), V dgc's
+ * momentum buffers (one per rank), Q PowerSGD factors. */
 typedef struct layout {
-    int T, K, R, Q;
+    int T, K, R, V, Q;
     state_kind kinds[2];
     int first_param, first_state, first_codec;
 } layout;
@@ -43,6 +44,7 @@ static layout layout_of(const tally__sync *s) {
     layout L = {.T = s->m->ntensors};
     L.K = kinds_of(&s->optim_cfg, L.kinds);
     L.R = tally__codec_residual(s->codec) ? tally_comm_size(s->comm) : 0;
+    L.V = tally__codec_velocity(s->codec) ? tally_comm_size(s->comm) : 0;
     for (int t = 0; t < s->m->ntensors; t++) L.Q += tally__codec_q(s->codec, t, NULL, NULL) != NULL;
     L.first_param = 2;
     L.first_state = L.first_param + L.T;
@@ -52,7 +54,7 @@ static layout layout_of(const tally__sync *s) {
 
 static int st_count(void *arg) {
     layout L = layout_of(arg);
-    return L.first_codec + 1 + L.R + L.Q;
+    return L.first_codec + 1 + L.R + L.V + L.Q;
 }
 
 /* The k-th factor's tensor, in tensor order. */
@@ -90,8 +92,11 @@ static void st_entry(void *arg, int i, char *name, size_t cap, tally__ckpt_tenso
     } else if (i <= L.first_codec + L.R) {
         snprintf(name, cap, "codec.residual.%d", i - L.first_codec - 1);
         t->shape[0] = m->nparams;
+    } else if (i <= L.first_codec + L.R + L.V) {
+        snprintf(name, cap, "codec.velocity.%d", i - L.first_codec - 1 - L.R);
+        t->shape[0] = m->nparams;
     } else {
-        int tq = nth_q(s, i - L.first_codec - 1 - L.R), rows = 0, cols = 0;
+        int tq = nth_q(s, i - L.first_codec - 1 - L.R - L.V), rows = 0, cols = 0;
         tally__codec_q(s->codec, tq, &rows, &cols);
         snprintf(name, cap, "codec.q.%s", m->tensor[tq].name);
         *t = (tally__ckpt_tensor){.dtype = TALLY_F32, .ndim = 2, .shape = {(uint64_t)rows, (uint64_t)cols}};
@@ -121,21 +126,23 @@ static void put_param_layer(void *arg, int layer, const float *p, size_t n) {
     put_layer(v, v->s->m->offsets[layer], n, p);
 }
 
-/* Every rank's residual sent in turn to rank 0 (one in memory at a time); the factors, the same on
- * every rank, from rank 0's own. */
+/* Every rank's residual, then dgc's velocity, sent in turn to rank 0 (one in memory at a time); the
+ * factors, the same on every rank, from rank 0's own. */
 static int put_codec(tally__sync *s, const layout *L, int first, const tally__state_sink *out) {
     char spec[48];
     tally__codec_spec(&s->codec_cfg, spec, sizeof spec);
     int i = first + L->first_codec, rank = tally_comm_rank(s->comm), rc = 0;
     out->put(out->arg, i++, spec, strlen(spec));
-    float *res = tally__codec_residual(s->codec), *buf = NULL;
+    float *per_rank[2] = {tally__codec_residual(s->codec), tally__codec_velocity(s->codec)}, *buf = NULL;
+    const int count[2] = {L->R, L->V};
     size_t n = s->m->nparams;
-    if (L->R && !(buf = malloc(n * sizeof(float) + 4)))
+    if ((L->R || L->V) && !(buf = malloc(n * sizeof(float) + 4)))
         return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory", rank);
-    for (int k = 0; k < L->R && !rc; k++, i++) {
-        if (rank == k) memcpy(buf, res, n * sizeof(float));
-        if (!(rc = tally_broadcast(s->comm, buf, n, TALLY_F32, k))) out->put(out->arg, i, buf, n * sizeof(float));
-    }
+    for (int a = 0; a < 2; a++)
+        for (int k = 0; k < count[a] && !rc; k++, i++) {
+            if (rank == k) memcpy(buf, per_rank[a], n * sizeof(float));
+            if (!(rc = tally_broadcast(s->comm, buf, n, TALLY_F32, k))) out->put(out->arg, i, buf, n * sizeof(float));
+        }
     free(buf);
     for (int t = 0; t < s->m->ntensors && !rc; t++) {
         int rows, cols;
@@ -200,39 +207,50 @@ static int read_range(void *arg, size_t begin, size_t count, float *dst) {
     return 0;
 }
 
-/* The codec must be the one that wrote it (a checkpoint without codec.spec was written without one).
- * At the same world size each rank takes back its own residual: exact. At another, each rank starts
- * from the mean of the saved residuals: the ranks' residuals enter the next averaged update as their
- * mean, so that mean is what carries their contribution over, whatever the number of ranks. */
-static int load_codec(tally__sync *s, const tally__ckpt *ck) {
-    int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm);
-    char want[48], name[128]; /* room for any tensor name: too long a one is simply not found */
-    tally__codec_spec(&s->codec_cfg, want, sizeof want);
-    int rc = tally__ckpt_find(ck, "codec.spec") ? tally__state_string_is(ck, "codec.spec", want, rank, "--compress")
-             : strcmp(want, "none")             ? tally__seterr(TALLY_E_INVALID,
-                                                                "rank %d: checkpoint %s was written for "
-                                                                            "--compress 'none', and this run has '%s': resume with the "
-                                                                            "settings that wrote it, or use another --ckpt directory",
-                                                                rank, tally__ckpt_label(ck), want)
-                                                : 0;
-    float *res = tally__codec_residual(s->codec);
+/* A per-rank vector of the codec (prefix.<k>, into dst; NULL: the codec has none): at the same world size
+ * each rank takes back its own; at another, the mean of the saved ones. */
+static int load_per_rank(tally__sync *s, const tally__ckpt *ck, const char *prefix, float *dst) {
+    int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm), saved = 0, rc = 0;
     size_t n = s->m->nparams;
-    int saved = 0;
-    for (; !rc && res; saved++) {
-        snprintf(name, sizeof name, "codec.residual.%d", saved);
+    char name[128];
+    for (; dst; saved++) {
+        snprintf(name, sizeof name, "%s.%d", prefix, saved);
         if (!tally__ckpt_find(ck, name)) break;
     }
-    if (!rc && res && !saved)
-        rc = tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no codec.residual.0", rank,
-                           tally__ckpt_label(ck));
-    for (int k = 0; !rc && res && k < saved; k++) {
+    if (dst && !saved)
+        return tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no %s.0", rank, tally__ckpt_label(ck),
+                             prefix);
+    for (int k = 0; dst && k < saved; k++) {
         if (saved == size && k != rank) continue;
         const float *v;
-        snprintf(name, sizeof name, "codec.residual.%d", k);
+        snprintf(name, sizeof name, "%s.%d", prefix, k);
         const uint64_t flat[1] = {n};
         if ((rc = tally__state_f32(ck, name, 1, flat, 0, n, &v))) break;
-        for (size_t i = 0; i < n; i++) res[i] = saved == size ? v[i] : (k ? res[i] : 0.0f) + v[i] / (float)saved;
+        for (size_t i = 0; i < n; i++) dst[i] = saved == size ? v[i] : (k ? dst[i] : 0.0f) + v[i] / (float)saved;
     }
+    return rc;
+}
+
+/* The codec must be the one that wrote it (a checkpoint without codec.spec was written without one). */
+static int codec_is_the_one(tally__sync *s, const tally__ckpt *ck) {
+    int rank = tally_comm_rank(s->comm);
+    char want[48];
+    tally__codec_spec(&s->codec_cfg, want, sizeof want);
+    if (tally__ckpt_find(ck, "codec.spec")) return tally__state_string_is(ck, "codec.spec", want, rank, "--compress");
+    if (!strcmp(want, "none")) return 0;
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: checkpoint %s was written for --compress 'none', and this run has '%s': resume "
+                         "with the settings that wrote it, or use another --ckpt directory",
+                         rank, tally__ckpt_label(ck), want);
+}
+
+/* At the same world size each rank takes back its own residual (and dgc's velocity): exact. At another,
+ * each rank starts from the mean of the saved ones: the ranks' residuals enter the next averaged update
+ * as their mean, so that mean is what carries their contribution over, whatever the number of ranks. */
+static int load_codec(tally__sync *s, const tally__ckpt *ck) {
+    char name[128]; /* room for any tensor name: too long a one is simply not found */
+    int rc = load_per_rank(s, ck, "codec.residual", tally__codec_residual(s->codec));
+    if (!rc) rc = load_per_rank(s, ck, "codec.velocity", tally__codec_velocity(s->codec));
     for (int i = 0; i < s->m->ntensors && !rc; i++) {
         int rows, cols;
         float *q = tally__codec_q(s->codec, i, &rows, &cols);
@@ -248,7 +266,10 @@ static int load_codec(tally__sync *s, const tally__ckpt *ck) {
 static int st_load(void *arg, const tally__ckpt *ck) {
     tally__sync *s = arg;
     int rank = tally_comm_rank(s->comm);
-    int rc = tally__state_string_is(ck, "optim.kind", tally_optim_name(s->optim_cfg.kind), rank, "the optimizer");
+    /* The codec first: dgc moves SGD's momentum out of the optimizer, so another codec's checkpoint lacks
+     * (or has) optimizer state this run would otherwise name as the difference. */
+    int rc = codec_is_the_one(s, ck);
+    if (!rc) rc = tally__state_string_is(ck, "optim.kind", tally_optim_name(s->optim_cfg.kind), rank, "the optimizer");
     st_read q = {.ck = ck, .m = s->m, .prefix = "param.", .suffix = ""};
     if (!rc) rc = tally__sync_load_part(s, 0, read_range, &q);
     state_kind kinds[2];
@@ -265,6 +286,7 @@ static int st_load(void *arg, const tally__ckpt *ck) {
         rc = tally__sync_load_part(s, 1 + kinds[k].second, read_range, &q);
     }
     if (!rc) tally__sync_set_opt_step(s, step);
+    if (!rc) tally__codec_set_steps(s->codec, (long)step); /* dgc's warm-up goes on where it stopped */
     if (!rc) rc = load_codec(s, ck);
     if (!rc) tally__sync_params_changed(s);
     return rc;

@@ -82,6 +82,28 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
                          need.activations, cfg->max_mem);
 }
 
+/* --compress dgc:R: the codec applies SGD's momentum before it selects (momentum correction), so the
+ * optimizer runs without; --clip becomes each rank's clipping of its own gradient; the density warms up
+ * over the first TALLY__TRAIN_DGC_WARMUP_FRAC of the run's steps. */
+#define TALLY__TRAIN_DGC_WARMUP_FRAC 0.1
+static int train_dgc_cfg(const train_run *r, tally__sync_cfg *sc, tally_optim_cfg *oc) {
+    const tally__train_cfg *cfg = r->cfg;
+    if (sc->codec.kind != TALLY__CODEC_DGC) return 0;
+    if (oc->kind != TALLY_OPTIM_SGD)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --compress dgc:R corrects SGD's momentum, and this run's optimizer is %s: use "
+                             "--optimizer sgd, or --compress topk:R",
+                             r->rank, tally_optim_name(oc->kind));
+    long total = r->steps_per_epoch * cfg->epochs;
+    if (cfg->max_steps > 0 && (cfg->max_steps < total || r->tokens)) total = cfg->max_steps; /* text: --steps */
+    sc->codec.momentum = oc->momentum;
+    sc->codec.clip = cfg->opt.clip;
+    sc->codec.warmup_steps = (long)(TALLY__TRAIN_DGC_WARMUP_FRAC * (double)total);
+    oc->momentum = 0;
+    oc->nesterov = 0;
+    return 0;
+}
+
 static int train_setup(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     int rc = tally__train_load_data(r, res);
@@ -111,8 +133,10 @@ static int train_setup(train_run *r, tally__train_result *res) {
     int local = cfg->local.steps > 0;
     if (local && (rc = tally_comm_split(r->comm, r->rank, 0, &r->solo))) return rc;
     tally_comm *engine = local ? r->solo : r->comm;
-    if ((rc = tally__sync_open(&r->sync, engine, &r->model, &mc, cfg->batch, &cfg->sync, &cfg->opt.optim, cfg->seed)))
-        return rc;
+    tally__sync_cfg sc = cfg->sync;
+    tally_optim_cfg oc = cfg->opt.optim;
+    if ((rc = train_dgc_cfg(r, &sc, &oc))) return rc;
+    if ((rc = tally__sync_open(&r->sync, engine, &r->model, &mc, cfg->batch, &sc, &oc, cfg->seed))) return rc;
     if (local && ((rc = tally_ddp_sync_params(r->comm, r->model.params, r->model.nparams)) ||
                   (rc = tally__local_open(&r->local, &cfg->local, r->comm, &r->sync))))
         return rc;
@@ -151,7 +175,7 @@ static int train_agree_finite(train_run *r, long step, int *skip) {
     if (r->cfg->sync.nan_policy == TALLY__NAN_IGNORE) return 0;
     int rc = tally__sync_drain(&r->sync); /* the flag's allreduce needs the communicator idle */
     if (!rc) tally__train_codec_check_overflow(r, step);
-    if (!rc) rc = tally__guard_agree(&r->guard, r->comm, step, skip);
+    if (!rc) rc = tally__guard_agree(&r->guard, r->sync.comm, step, skip); /* local SGD: this rank's alone */
     if (rc || !*skip) return rc;
     return tally__sync_skip(&r->sync);
 }
@@ -206,7 +230,8 @@ static int train_step(train_run *r, long step, size_t pos, step_times *st) {
     int skip;
     if ((rc = train_agree_finite(r, step, &skip))) return rc;
     double norm = 0;
-    if (!skip && cfg->opt.clip > 0 && (rc = tally__sync_clip(&r->sync, cfg->opt.clip, &norm))) return rc;
+    int clip = cfg->opt.clip > 0 && cfg->sync.codec.kind != TALLY__CODEC_DGC; /* dgc clips on each rank */
+    if (!skip && clip && (rc = tally__sync_clip(&r->sync, cfg->opt.clip, &norm))) return rc;
     tally__sync_step_end(&r->sync, !skip);
     if (skip) {
         st->loss = loss0; /* a NaN does not belong in the mean loss */

@@ -353,6 +353,114 @@ static void run_lowrank(int n, const char *spec) {
     th_shared_free(ec, sizeof *ec);
 }
 
+/* ---- DGC against a reference written here: momentum correction, masking, warm-up, local clipping ---- */
+
+#define DGC_RANKS 2
+#define DGC_STEPS 6
+typedef struct dgc_case {
+    double clip;
+    long warmup;
+    float out[DGC_RANKS][DGC_STEPS][160];
+    int rc[DGC_RANKS];
+} dgc_case;
+
+static float dgc_grad(int rank, int step, size_t i) {
+    return grad_of(rank, step, 0, i, 0) * (i % 17 == 3 ? 40.0f : 1.0f); /* a few large ones */
+}
+
+static int dgc_rank(int rank, int size, void *arg) {
+    dgc_case *dc = arg;
+    tally_comm *c;
+    if (tally_comm_init(&c)) return fprintf(stderr, "rank %d: %s\n", rank, tally_last_error()), 1;
+    tally__codec_cfg cfg = {.error_feedback = 1};
+    tally__codec_parse("dgc:0.05", &cfg);
+    cfg.momentum = 0.9;
+    cfg.clip = dc->clip;
+    cfg.warmup_steps = dc->warmup;
+    tally__codec *cd;
+    size_t n = g_model.nparams, b0 = 0;
+    float g[160];
+    int rc = tally__codec_create(&cfg, c, &g_model, 1, &cd);
+    if (!rc) rc = tally__codec_set_buckets(cd, 1, &b0, &n);
+    for (int s = 0; s < DGC_STEPS && !rc; s++) {
+        tally__codec_step_begin(cd);
+        for (size_t i = 0; i < n; i++) g[i] = dgc_grad(rank, s, i) * (float)size; /* a sum, divided by denom */
+        rc = tally__codec_reduce(cd, c, 0, g, n, (float)size * size);
+        tally__codec_step_end(cd, s != 3); /* step 3 skipped by every rank: no trace of it stays */
+        memcpy(dc->out[rank][s], g, n * sizeof(float));
+    }
+    dc->rc[rank] = rc;
+    tally__codec_free(cd);
+    tally_comm_free(c);
+    return rc != 0;
+}
+
+/* The reference: per rank u = 0.9 u + g (clipped to clip x sqrt(1 / N) over the whole bucket), v += u, the
+ * k largest |v| (k = ceil(density x n), ties to the lower index) summed over the ranks and divided by N,
+ * u and v zeroed where sent; a skipped step leaves u and v as they were. */
+static void dgc_reference(const dgc_case *dc, int s_end, float want[DGC_STEPS][160]) {
+    size_t n = g_model.nparams;
+    static float u[DGC_RANKS][160], v[DGC_RANKS][160];
+    memset(u, 0, sizeof u);
+    memset(v, 0, sizeof v);
+    long taken = 0;
+    for (int s = 0; s < s_end; s++) {
+        double d = dc->warmup > 0 && taken < dc->warmup
+                       ? TALLY__DGC_WARMUP_DENSITY * pow(0.05 / TALLY__DGC_WARMUP_DENSITY, (double)taken / dc->warmup)
+                       : 0.05;
+        size_t k = (size_t)ceil(d * (double)n);
+        float nu[DGC_RANKS][160], nv[DGC_RANKS][160];
+        memset(want[s], 0, sizeof want[s]);
+        for (int r = 0; r < DGC_RANKS; r++) {
+            float scale = 1.0f;
+            if (dc->clip > 0) {
+                double sq = 0;
+                for (size_t i = 0; i < n; i++) sq += (double)dgc_grad(r, s, i) * dgc_grad(r, s, i);
+                double bound = dc->clip * sqrt(1.0 / DGC_RANKS);
+                if (sqrt(sq) > bound) scale = (float)(bound / sqrt(sq));
+            }
+            for (size_t i = 0; i < n; i++) {
+                nu[r][i] = 0.9f * u[r][i] + dgc_grad(r, s, i) * scale;
+                nv[r][i] = v[r][i] + nu[r][i];
+            }
+            int taken_here[160] = {0};
+            for (size_t j = 0; j < k; j++) { /* the j-th largest |v|, ties to the lower index */
+                size_t best = n;
+                for (size_t i = 0; i < n; i++)
+                    if (!taken_here[i] && (best == n || fabsf(nv[r][i]) > fabsf(nv[r][best]))) best = i;
+                taken_here[best] = 1;
+                want[s][best] += nv[r][best];
+            }
+            for (size_t i = 0; i < n; i++)
+                if (taken_here[i]) nv[r][i] = nu[r][i] = 0;
+        }
+        for (size_t i = 0; i < n; i++) want[s][i] /= DGC_RANKS;
+        if (s == 3) continue; /* skipped */
+        memcpy(u, nu, sizeof u);
+        memcpy(v, nv, sizeof v);
+        taken++;
+    }
+}
+
+static void test_dgc(double clip, long warmup) {
+    dgc_case *dc = th_shared_alloc(sizeof *dc);
+    dc->clip = clip;
+    dc->warmup = warmup;
+    th_opts o = {.transport = "shm", .wall_s = 60};
+    TH_CHECK(th_run(DGC_RANKS, &o, dgc_rank, dc) == 0, "dgc clip %g warmup %ld: ranks failed", clip, warmup);
+    static float want[DGC_STEPS][160];
+    dgc_reference(dc, DGC_STEPS, want);
+    for (int r = 0; r < DGC_RANKS; r++)
+        for (int s = 0; s < DGC_STEPS; s++) {
+            double worst = 0;
+            for (size_t i = 0; i < g_model.nparams; i++)
+                worst = fmax(worst, fabs(dc->out[r][s][i] - want[s][i]) / (1 + fabs(want[s][i])));
+            TH_CHECK(worst < 1e-5, "dgc clip %g warmup %ld rank %d step %d: %g from the reference", clip, warmup, r, s,
+                     worst);
+        }
+    th_shared_free(dc, sizeof *dc);
+}
+
 static void test_parse(void) {
     tally__codec_cfg c = {.error_feedback = 1};
     const char *bad[] = {"topk:0", "topk:1.5", "topk:", "topk:x", "powersgd:0", "powersgd:-2", "zip", "", "fp32"};
@@ -363,6 +471,10 @@ static void test_parse(void) {
     TH_CHECK(!tally__codec_parse("topk:0.01", &c) && c.kind == TALLY__CODEC_TOPK && c.ratio == 0.01, "topk:0.01");
     tally__codec_spec(&c, buf, sizeof buf);
     TH_CHECK(!strcmp(buf, "topk:0.01"), "spec %s", buf);
+    TH_CHECK(!tally__codec_parse("dgc:0.001", &c) && c.kind == TALLY__CODEC_DGC && c.ratio == 0.001, "dgc:0.001");
+    tally__codec_spec(&c, buf, sizeof buf);
+    TH_CHECK(!strcmp(buf, "dgc:0.001"), "spec %s", buf);
+    TH_CHECK(tally__codec_parse("dgc:0", &c) == TALLY_E_INVALID, "dgc:0 accepted");
     TH_CHECK(!tally__codec_parse("powersgd:4", &c) && c.rank == 4, "powersgd:4");
     TH_CHECK(tally__codec_check(&c, 1, 0) == TALLY_E_INVALID && strstr(tally_last_error(), "--zero 0 only"),
              "powersgd with zero 1: %s", tally_last_error());
@@ -427,6 +539,9 @@ int main(void) {
         if (!th_light()) run_ef("tcp", 3, specs[s], ef, 1, 0);
     }
     run_ef("shm", 1, "topk:0.05", 1, 2, 0);
+    test_dgc(0, 0);
+    test_dgc(0, 4);
+    test_dgc(5.0, 0);
     run_lowrank(2, "powersgd:1");
     run_lowrank(3, "powersgd:2");
     return th_verdict("test_codec");

@@ -67,9 +67,10 @@ static void test_against_f32(const char *tp, int n) {
 /* Every codec x accum 2 x overlap on/off x the ZeRO stages it works with: the run completes and every
  * replica is bit-identical (tr_train_on checks it). */
 static void test_matrix(void) {
-    const char *codecs[] = {"fp16", "bf16", "topk:0.1", "topk:0.1", "powersgd:2", "powersgd:1", "int8", "int8"};
-    const int efs[] = {1, 1, 1, 0, 1, 0, 1, 0};
-    for (int k = 0; k < 8; k++)
+    const char *codecs[] = {"fp16",       "bf16", "topk:0.1", "topk:0.1", "powersgd:2",
+                            "powersgd:1", "int8", "int8",     "dgc:0.1"};
+    const int efs[] = {1, 1, 1, 0, 1, 0, 1, 0, 1};
+    for (int k = 0; k < 9; k++)
         for (int ov = 0; ov < 2; ov++)
             for (int z = 0; z <= 3; z++) {
                 int half = codecs[k][0] == 'f' || codecs[k][0] == 'b';
@@ -110,6 +111,8 @@ static void test_refused(void) {
         {{"tally", "train", "--compress", "topk:0.1", "--zero", "1", NULL}, "--zero 0 only"},
         {{"tally", "train", "--compress", "powersgd:4", "--zero", "2", NULL}, "--zero 0 only"},
         {{"tally", "train", "--compress", "int8", "--zero", "3", NULL}, "int8 works with --zero 0 only"},
+        {{"tally", "train", "--compress", "dgc:0.01", "--zero", "1", NULL}, "dgc works with --zero 0 only"},
+        {{"tally", "train", "--compress", "dgc:0.01", "--no-error-feedback", NULL}, "accumulates what it did not"},
         {{"tally", "train", "--compress", "fp16", "--no-error-feedback", NULL}, "powersgd:r and int8 only"},
         {{"tally", "train", "--no-error-feedback", NULL}, "powersgd:r and int8 only"},
         {{"tally", "train", "--compress", "topk:0", NULL}, "(0, 1]"},
@@ -123,6 +126,13 @@ static void test_refused(void) {
         TH_CHECK(rc == 2 && strstr(err, cases[i].says), "%s %s: exit %d, stderr: %s", cases[i].args[2],
                  cases[i].args[3] ? cases[i].args[3] : "", rc, err);
     }
+    /* dgc moves SGD's momentum into the codec: another optimizer is refused by the run, naming the rank. */
+    char *adamw[] = {"tally",      "train",    "--steps",     "1",     "--data", "synthetic:256",
+                     "--compress", "dgc:0.01", "--optimizer", "adamw", NULL};
+    char err[4096];
+    int rc = tr_run_tally(adamw, err, sizeof err);
+    TH_CHECK(rc != 0 && strstr(err, "rank 0") && strstr(err, "corrects SGD's momentum"), "dgc with adamw: exit %d, %s",
+             rc, err);
 }
 
 /* A least-squares model with a rate that makes it diverge: its gradients pass fp16's 65504 long before
@@ -222,6 +232,7 @@ int main(void) {
         test_overflow();
         test_nan_step();
         test_resume("topk:0.05", 2);
+        test_resume("dgc:0.05", 2); /* the velocity and the warm-up's step come back */
     }
     if (th_long()) test_resume("powersgd:2", 3);
     th_rm_dir(g_dir);

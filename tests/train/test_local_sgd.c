@@ -55,7 +55,8 @@ static void test_nesterov(void) {
 }
 
 /* Rounds of H steps, a short one at the epoch's end (2048 samples / (8 x 2) = 128 steps) and the last;
- * bytes per step H times fewer than an allreduce a step, int8 about 4x fewer again, fp16 2x. */
+ * bytes per step H times fewer than an allreduce a step, int8 about 4x fewer again, fp16 2x; no other
+ * traffic between the ranks. */
 static void test_rounds_and_bytes(void) {
     const long H = 5, steps = 140; /* rounds: 25 to step 125, one at 128, then 133, 138 and 140 */
     double f32_round = 0;
@@ -69,6 +70,9 @@ static void test_rounds_and_bytes(void) {
         if (tr_train_on("shm", 2, &l, g_b, what)) return;
         const tally__train_result *r = &tr->res[0];
         TH_CHECK(r->outer_rounds == 29, "%s: %ld rounds, want 29", what, r->outer_rounds);
+        /* Between averagings nothing crosses the world: not a NaN flag, not a norm. */
+        TH_CHECK(r->bytes_sent == r->outer_bytes, "%s: %llu bytes sent in the steps, %llu of them averaging", what,
+                 r->bytes_sent, r->outer_bytes);
         double per_round = (double)r->outer_bytes / (double)r->outer_rounds;
         if (k == 0) {
             f32_round = per_round;

@@ -303,17 +303,6 @@ void tally__codec_set_steps(tally__codec *c, long steps) {
     if (c) c->steps = steps;
 }
 
-/* Geometric from TALLY__DGC_WARMUP_DENSITY to ratio over the warm-up steps (DGC's exponential
- * warm-up: each step keeps a constant fraction of the last one's density). */
-double tally__codec_density(const tally__codec *c) {
-    double r = c->cfg.ratio;
-    if (c->cfg.kind != TALLY__CODEC_DGC || c->cfg.warmup_steps <= 0 || c->steps >= c->cfg.warmup_steps ||
-        r >= TALLY__DGC_WARMUP_DENSITY)
-        return r;
-    double t = (double)c->steps / (double)c->cfg.warmup_steps;
-    return TALLY__DGC_WARMUP_DENSITY * pow(r / TALLY__DGC_WARMUP_DENSITY, t);
-}
-
 float *tally__codec_q(tally__codec *c, int tensor, int *rows, int *cols) {
     if (!c || !c->q || tensor < 0 || tensor >= c->m->ntensors || c->q_off[tensor] == (size_t)-1) return NULL;
     if (rows) *rows = c->cols[tensor];

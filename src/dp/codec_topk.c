@@ -8,6 +8,17 @@
 #include "../core/err.h"
 #include "codec_int.h"
 
+/* Geometric from TALLY__DGC_WARMUP_DENSITY to ratio over the warm-up steps (DGC's exponential
+ * warm-up: each step keeps a constant fraction of the last one's density). */
+double tally__codec_density(const tally__codec *c) {
+    double r = c->cfg.ratio;
+    if (c->cfg.kind != TALLY__CODEC_DGC || c->cfg.warmup_steps <= 0 || c->steps >= c->cfg.warmup_steps ||
+        r >= TALLY__DGC_WARMUP_DENSITY)
+        return r;
+    double t = (double)c->steps / (double)c->cfg.warmup_steps;
+    return TALLY__DGC_WARMUP_DENSITY * pow(r / TALLY__DGC_WARMUP_DENSITY, t);
+}
+
 size_t tally__codec_topk_k(const tally__codec *c, size_t n) {
     if (!n) return 0;
     double k = ceil(tally__codec_density(c) * (double)n);

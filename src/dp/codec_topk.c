@@ -109,20 +109,26 @@ static void topk_sum(tally__codec *c, float *grad, size_t n, size_t k) {
     }
 }
 
-int tally__codec_topk_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom) {
-    size_t n = b->end - b->begin, k = tally__codec_topk_k(c, n);
-    if (!n) return 0;
-    float *res = c->residual ? c->residual + b->begin : NULL, *next = c->residual ? c->next + b->begin : NULL;
-    float *acc = c->acc;
-    for (size_t i = 0; i < n; i++) acc[i] = res ? grad[i] + res[i] : grad[i];
+/* The k largest |acc[0..n)| into c->idx, sent as (index, value) pairs, and every rank's summed into grad. */
+static int topk_exchange(tally__codec *c, const float *acc, size_t n, size_t k, float *grad) {
     tally__topk_select(acc, n, k, c->idx, c->key);
     for (size_t j = 0; j < k; j++) {
         memcpy(c->pairs + 8 * j, &c->idx[j], 4);
         memcpy(c->pairs + 8 * j + 4, &acc[c->idx[j]], 4);
     }
     int rc = tally_allgather(c->comm, c->pairs, c->gathered, k * 8, TALLY_U8);
+    if (!rc) topk_sum(c, grad, n, k);
+    return rc;
+}
+
+int tally__codec_topk_reduce(tally__codec *c, const codec_bucket *b, float *grad, float denom) {
+    size_t n = b->end - b->begin, k = tally__codec_topk_k(c, n);
+    if (!n) return 0;
+    float *res = c->residual ? c->residual + b->begin : NULL, *next = c->residual ? c->next + b->begin : NULL;
+    float *acc = c->acc;
+    for (size_t i = 0; i < n; i++) acc[i] = res ? grad[i] + res[i] : grad[i];
+    int rc = topk_exchange(c, acc, n, k, grad);
     if (rc) return rc;
-    topk_sum(c, grad, n, k);
     for (size_t i = 0; i < n; i++) grad[i] /= denom;
     if (next) { /* what was not sent waits for the next step; what was sent is exactly gone */
         memcpy(next, acc, n * sizeof(float));
@@ -153,14 +159,8 @@ int tally__codec_dgc_reduce(tally__codec *c, const codec_bucket *b, float *grad,
         unext[i] = m * u[i] + grad[i] * to_mean;
         acc[i] = v[i] + unext[i];
     }
-    tally__topk_select(acc, n, k, c->idx, c->key);
-    for (size_t j = 0; j < k; j++) {
-        memcpy(c->pairs + 8 * j, &c->idx[j], 4);
-        memcpy(c->pairs + 8 * j + 4, &acc[c->idx[j]], 4);
-    }
-    int rc = tally_allgather(c->comm, c->pairs, c->gathered, k * 8, TALLY_U8);
+    int rc = topk_exchange(c, acc, n, k, grad);
     if (rc) return rc;
-    topk_sum(c, grad, n, k);
     for (size_t i = 0; i < n; i++) grad[i] /= (float)c->size;
     memcpy(vnext, acc, n * sizeof(float));
     for (size_t j = 0; j < k; j++) vnext[c->idx[j]] = unext[c->idx[j]] = 0;

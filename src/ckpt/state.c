@@ -1,5 +1,5 @@
 /* state.c - what components' loads share: a string entry that must hold this run's value, a one-element
- * integer entry, and float entries whose values must all be finite. */
+ * integer entry, float entries whose values must all be finite, and per-rank vectors loaded at any size. */
 #include "state.h"
 
 #include <math.h>
@@ -80,4 +80,19 @@ int tally__state_f32(const tally__ckpt *ck, const char *name, int ndim, const ui
                          : f[bad] > 0  ? "+Inf"
                                        : "-Inf",
                          at, bad, total);
+}
+
+int tally__state_f32_per_rank(const tally__ckpt *ck, const char *prefix, const char *suffix, int saved, int rank,
+                              int size, size_t n, float *dst) {
+    char name[160];
+    const uint64_t flat[1] = {n};
+    for (int k = 0; k < saved; k++) {
+        if (saved == size && k != rank) continue;
+        const float *v;
+        snprintf(name, sizeof name, "%s%d%s", prefix, k, suffix);
+        int rc = tally__state_f32(ck, name, 1, flat, 0, n, &v);
+        if (rc) return rc;
+        for (size_t i = 0; i < n; i++) dst[i] = saved == size ? v[i] : (k ? dst[i] : 0.0f) + v[i] / (float)saved;
+    }
+    return 0;
 }

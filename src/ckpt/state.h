@@ -41,4 +41,10 @@ int tally__state_i64(const tally__ckpt *ck, const char *name, int64_t *v);
 int tally__state_f32(const tally__ckpt *ck, const char *name, int ndim, const uint64_t *shape, size_t first,
                      size_t count, const float **data);
 
+/* Vectors that each rank of the job that wrote ck saved as prefix<k>suffix (k = 0 .. saved - 1), each F32
+ * [n] and finite (tally__state_f32): into dst, this rank's own when that job had as many ranks as this one
+ * (saved == size: exact), else their mean (what carries every rank's part into a job of another size). */
+int tally__state_f32_per_rank(const tally__ckpt *ck, const char *prefix, const char *suffix, int saved, int rank,
+                              int size, size_t n, float *dst);
+
 #endif

@@ -210,8 +210,7 @@ static int read_range(void *arg, size_t begin, size_t count, float *dst) {
 /* A per-rank vector of the codec (prefix.<k>, into dst; NULL: the codec has none): at the same world size
  * each rank takes back its own; at another, the mean of the saved ones. */
 static int load_per_rank(tally__sync *s, const tally__ckpt *ck, const char *prefix, float *dst) {
-    int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm), saved = 0, rc = 0;
-    size_t n = s->m->nparams;
+    int rank = tally_comm_rank(s->comm), size = tally_comm_size(s->comm), saved = 0;
     char name[128];
     for (; dst; saved++) {
         snprintf(name, sizeof name, "%s.%d", prefix, saved);
@@ -220,15 +219,8 @@ static int load_per_rank(tally__sync *s, const tally__ckpt *ck, const char *pref
     if (dst && !saved)
         return tally__seterr(TALLY_E_CORRUPT, "rank %d: checkpoint %s has no %s.0", rank, tally__ckpt_label(ck),
                              prefix);
-    for (int k = 0; dst && k < saved; k++) {
-        if (saved == size && k != rank) continue;
-        const float *v;
-        snprintf(name, sizeof name, "%s.%d", prefix, k);
-        const uint64_t flat[1] = {n};
-        if ((rc = tally__state_f32(ck, name, 1, flat, 0, n, &v))) break;
-        for (size_t i = 0; i < n; i++) dst[i] = saved == size ? v[i] : (k ? dst[i] : 0.0f) + v[i] / (float)saved;
-    }
-    return rc;
+    snprintf(name, sizeof name, "%s.", prefix);
+    return dst ? tally__state_f32_per_rank(ck, name, "", saved, rank, size, s->m->nparams, dst) : 0;
 }
 
 /* The codec must be the one that wrote it (a checkpoint without codec.spec was written without one). */

@@ -183,16 +183,9 @@ static int ls_f32(const tally__local_sgd *l, const tally__ckpt *ck, const char *
 
 /* The inner state of kind k: this rank's own when the checkpoint has as many ranks, else their mean. */
 static int ls_load_inner(tally__local_sgd *l, const tally__ckpt *ck, int saved, int k) {
-    char name[96];
-    const float *v;
-    int rc = 0;
-    for (int r = 0; r < saved && !rc; r++) {
-        if (saved == l->size && r != l->rank) continue;
-        snprintf(name, sizeof name, "outer.inner.%d.%s", r, tally__sync_opt_kind_name(l->inner, k));
-        if ((rc = ls_f32(l, ck, name, &v))) break;
-        for (size_t i = 0; i < l->n; i++)
-            l->delta[i] = saved == l->size ? v[i] : (r ? l->delta[i] : 0.0f) + v[i] / (float)saved;
-    }
+    char kind[48];
+    snprintf(kind, sizeof kind, ".%s", tally__sync_opt_kind_name(l->inner, k));
+    int rc = tally__state_f32_per_rank(ck, "outer.inner.", kind, saved, l->rank, l->size, l->n, l->delta);
     if (!rc) rc = tally__sync_opt_load_flat(l->inner, k, l->delta);
     memset(l->delta, 0, l->n * sizeof(float));
     return rc;

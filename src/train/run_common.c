@@ -68,14 +68,21 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
     return 0;
 }
 
+long tally__train_total_steps(const train_run *r, int *epochs) {
+    const tally__train_cfg *cfg = r->cfg;
+    int e = cfg->epochs;
+    if (r->tokens && cfg->max_steps > r->steps_per_epoch * cfg->epochs)
+        e = (int)((cfg->max_steps + r->steps_per_epoch - 1) / r->steps_per_epoch);
+    long total = r->steps_per_epoch * e;
+    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
+    if (epochs) *epochs = e;
+    return total;
+}
+
 int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers) {
     const tally__train_cfg *cfg = r->cfg;
     float lr = train_default_lr(cfg);
-    r->epochs = cfg->epochs;
-    if (r->tokens && cfg->max_steps > r->steps_per_epoch * cfg->epochs)
-        r->epochs = (int)((cfg->max_steps + r->steps_per_epoch - 1) / r->steps_per_epoch);
-    long total = r->steps_per_epoch * r->epochs;
-    if (cfg->max_steps > 0 && cfg->max_steps < total) total = cfg->max_steps;
+    long total = tally__train_total_steps(r, &r->epochs);
     r->sched = (tally_lr_schedule){.lr = cfg->opt.scale_lr ? tally_lr_scaled(lr, workers) : lr,
                                    .warmup_steps = cfg->opt.warmup_steps ? cfg->opt.warmup_steps
                                                                          : (long)(cfg->opt.warmup_frac * total),

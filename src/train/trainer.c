@@ -94,8 +94,7 @@ static int train_dgc_cfg(const train_run *r, tally__sync_cfg *sc, tally_optim_cf
                              "rank %d: --compress dgc:R corrects SGD's momentum, and this run's optimizer is %s: use "
                              "--optimizer sgd, or --compress topk:R",
                              r->rank, tally_optim_name(oc->kind));
-    long total = r->steps_per_epoch * cfg->epochs;
-    if (cfg->max_steps > 0 && (cfg->max_steps < total || r->tokens)) total = cfg->max_steps; /* text: --steps */
+    long total = tally__train_total_steps(r, NULL);
     sc->codec.momentum = oc->momentum;
     sc->codec.clip = cfg->opt.clip;
     sc->codec.warmup_steps = (long)(TALLY__TRAIN_DGC_WARMUP_FRAC * (double)total);

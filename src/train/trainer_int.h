@@ -59,6 +59,9 @@ void tally__train_model_cfg(const train_run *r, tally__model_cfg *mc);
 /* The run's training and test sets (and the linear model's true weights) into r and res; refuses the
  * cnn without image data. */
 int tally__train_load_data(train_run *r, tally__train_result *res);
+/* Optimizer steps the run takes in all, once steps_per_epoch is known (--steps, or the epochs; on text
+ * the passes --steps needs, into *epochs when not NULL). */
+long tally__train_total_steps(const train_run *r, int *epochs);
 /* Once the sampler and the model exist: the learning-rate schedule (--scale-lr over `workers`, the
  * ranks that compute gradients), the micro-batch buffers, and the model's figures in res. */
 int tally__train_prepare_steps(train_run *r, tally__train_result *res, int workers);

@@ -244,9 +244,8 @@ static int plan_parse_one(int ch, const char *a, plan_opts *o) {
     case O_SVG: return *a ? (o->svg = a, 0) : -1;
     case O_LOCAL: return parse_int(a, 1, TALLY__PLAN_LOCAL_MAX_H * 1024, &c->local_steps);
     case O_OUTER_COMPRESS: {
-        static const double ratio[] = {1, 0.5, 0.25};
         int k = tally__outer_compress_parse(a);
-        return k < 0 ? -1 : (c->outer_ratio = ratio[k], 0);
+        return k < 0 ? -1 : (c->outer_ratio = tally__outer_compress_ratio(k), 0);
     }
     default: return -1;
     }

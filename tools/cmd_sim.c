@@ -15,6 +15,7 @@
 #include "../src/dp/sync.h"
 #include "../src/plan/plan.h"
 #include "../src/sim/sim.h"
+#include "../src/train/local_sgd.h"
 #include "cmd.h"
 #include "flags.h"
 #include "charts/sim_chart.h"
@@ -267,11 +268,9 @@ static int sim_flag(int ch, const char *flag, const char *v, void *ctx) {
     case O_STEPS: return int_flag(flag, v, 1, 100000, &o->t.steps);
     case O_LOCAL: return int_flag(flag, v, 1, 100000, &o->t.local_steps);
     case O_OUTER_COMPRESS: {
-        static const char *const outer[] = {"none", "fp16", "int8", NULL};
-        static const double ratio[] = {1, 0.5, 0.25};
         int k;
-        if ((rc = tally__parse_word(flag, v, outer, &k))) return rc;
-        o->t.outer_ratio = ratio[k];
+        if ((rc = tally__parse_word(flag, v, tally__outer_compress_words, &k))) return rc;
+        o->t.outer_ratio = tally__outer_compress_ratio(k);
         return 0;
     }
     case O_CALIB:
@@ -578,15 +577,13 @@ static int run_sync_beside(const sim_opts *o, tally__sim_step *sync) {
     return 1;
 }
 
-static const char *outer_name(double ratio) { return ratio == 0.5 ? "fp16" : ratio == 0.25 ? "int8" : "f32"; }
-
 static void print_local(const sim_opts *o, const tally__sim_step *s, const tally__sim_step *sync) {
     char a[32], b[32];
     human_time(s->big.seconds, a, sizeof a);
     human_time(sync->step_s, b, sizeof b);
     printf("  local SGD: every %d steps the ranks meet and average the parameters in %s (%s a round; no rank\n"
            "  waits for another inside it, so the round's slowest sum of steps sets its pace)\n",
-           o->t.local_steps, outer_name(o->t.outer_ratio), a);
+           o->t.local_steps, tally__outer_ratio_name(o->t.outer_ratio), a);
     printf("  synchronous training on this cluster: step %s; local SGD runs at %.2fx its speed: %s\n", b,
            s->step_s > 0 ? sync->step_s / s->step_s : 0,
            s->step_s < sync->step_s * 0.95 ? "pick local SGD where its loss per step holds (BENCHMARKS.md)"
@@ -613,7 +610,7 @@ static int run_train(const sim_opts *o) {
                o->t.zero, s.step_s, s.compute_s, s.comm_s, s.exposed_s, s.colls, speedup, s.pace_rank, s.pace_share);
         if (o->t.local_steps)
             printf("\"local_steps\": %d, \"outer_compress\": \"%s\", \"sync_step_s\": %.9g, \"pick\": \"%s\", ",
-                   o->t.local_steps, outer_name(o->t.outer_ratio), sync.step_s,
+                   o->t.local_steps, tally__outer_ratio_name(o->t.outer_ratio), sync.step_s,
                    s.step_s < sync.step_s * 0.95 ? "local" : "sync");
         printf("\"largest\": ");
         print_result_json(o, s.big_bytes, &s.big, 1);

@@ -342,7 +342,6 @@ static int parse_inject(int ch, const char *flag, const char *a, tally__train_fa
 static const char *const train_modes[] = {"sync", "async", NULL};
 static const char *const train_quotas[] = {"per-worker", "shared", NULL};
 static const char *const train_precisions[] = {"fp32", "bf16", NULL};
-static const char *const train_outer_compress[] = {"none", "fp16", "int8", NULL}; /* tally__outer_compress's order */
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
 static const char *const train_wd_on[] = {"all", "matrices", NULL};
 
@@ -494,7 +493,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
         return tally__parse_real(flag, a, 0, 0, 0.999999, &c->local.outer_momentum);
     case O_OUTER_COMPRESS:
         p->has_outer = 1;
-        return tally__parse_word(flag, a, train_outer_compress, &k) ? -1 : (c->local.compress = k, 0);
+        return tally__parse_word(flag, a, tally__outer_compress_words, &k) ? -1 : (c->local.compress = k, 0);
     case O_CLIP: p->has_clip = 1; return tally__parse_real(flag, a, 0, 0, 1e6, &v) ? -1 : (c->opt.clip = (float)v, 0);
     case O_WD_ON:
         p->has_wd_on = 1;

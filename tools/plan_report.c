@@ -12,6 +12,7 @@
 #include "../src/plan/calibrate.h"
 #include "../src/core/units.h"
 #include "../src/plan/plan.h"
+#include "../src/train/local_sgd.h"
 #include "charts/plan_chart.h"
 #include "plan_report.h"
 
@@ -282,8 +283,6 @@ static int mode_rows(const tally__plan_cfg *c, int *H, double *ratio) {
     return n;
 }
 
-static const char *ratio_name(double r) { return r == 0.5 ? "fp16" : r == 0.25 ? "int8" : "f32"; }
-
 static void print_modes(const plan_opts *o, const tally__plan_step *s) {
     const tally__plan_cfg *c = &o->cfg;
     int H[PLAN_MODES];
@@ -301,7 +300,7 @@ static void print_modes(const plan_opts *o, const tally__plan_step *s) {
     for (int i = 0; i < n; i++) {
         tally__plan_local l = tally__plan_local_step(c, c->workers, H[i], ratio[i]);
         char name[48];
-        snprintf(name, sizeof name, "local SGD, H = %d, %s", H[i], ratio_name(ratio[i]));
+        snprintf(name, sizeof name, "local SGD, H = %d, %s", H[i], tally__outer_ratio_name(ratio[i]));
         printf("  %-28s %16s %12s %10.1f%% %12.*f %7.2fx\n", name, fmt_bytes(l.bytes_per_step, b[0]),
                fmt_time(l.t_step, b[1]), 100 * l.comm_share, l.samples_per_s < 100 ? 2 : 0, l.samples_per_s,
                s->samples_per_s > 0 ? l.samples_per_s / s->samples_per_s : 0);
@@ -342,7 +341,7 @@ static void json_num(const char *key, double v, const char *sep) {
 
 static void json_local(const char *mode, const tally__plan_local *l, const char *sep) {
     printf("    {\"mode\": \"%s\", \"local_steps\": %d, \"outer_compress\": \"%s\", ", mode, l->H,
-           l->H ? ratio_name(l->ratio) : "none");
+           l->H ? tally__outer_ratio_name(l->ratio) : "none");
     json_num("bytes_per_step", l->bytes_per_step, ", ");
     json_num("step_s", l->t_step, ", ");
     json_num("comm_share", l->comm_share, ", ");

@@ -12,15 +12,24 @@
 #include "../dp/codec.h"
 #include "trainer.h"
 
-static const char *const compress_names[] = {"none", "fp16", "int8"};
+const char *const tally__outer_compress_words[] = {"none", "fp16", "int8", NULL};
+static const double compress_ratios[] = {1, 0.5, 0.25};
 
 int tally__outer_compress_parse(const char *s) {
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, compress_names[i])) return i;
+    for (int i = 0; tally__outer_compress_words[i]; i++)
+        if (!strcmp(s, tally__outer_compress_words[i])) return i;
     return -1;
 }
 
-const char *tally__outer_compress_name(int c) { return c >= 0 && c < 3 ? compress_names[c] : "?"; }
+const char *tally__outer_compress_name(int c) { return c >= 0 && c < 3 ? tally__outer_compress_words[c] : "?"; }
+
+double tally__outer_compress_ratio(int c) { return c >= 0 && c < 3 ? compress_ratios[c] : 1; }
+
+const char *tally__outer_ratio_name(double ratio) {
+    return ratio == compress_ratios[TALLY__OUTER_INT8]   ? "int8"
+           : ratio == compress_ratios[TALLY__OUTER_FP16] ? "fp16"
+                                                         : "f32";
+}
 
 int tally__local_check(const tally__train_cfg *cfg, int rank) {
     const tally__local_cfg *c = &cfg->local;

@@ -26,9 +26,15 @@ typedef struct tally__local_cfg {
     int compress;          /* tally__outer_compress */
 } tally__local_cfg;
 
-/* "none", "fp16", "int8" (--outer-compress): its index, or -1; and the name of one. */
+/* "none", "fp16", "int8" (--outer-compress), in tally__outer_compress's order, NULL-terminated; a word's
+ * index, or -1; and the word of one. */
+extern const char *const tally__outer_compress_words[];
 int tally__outer_compress_parse(const char *s);
 const char *tally__outer_compress_name(int c);
+/* What the averaged change sends against f32 (1, 0.5, 0.25: tally plan's and tally sim's outer_ratio),
+ * and the wire a ratio stands for ("f32", "fp16", "int8"), as they print it. */
+double tally__outer_compress_ratio(int c);
+const char *tally__outer_ratio_name(double ratio);
 /* The combinations local SGD refuses, as TALLY_E_INVALID naming the rank and the flag: a ZeRO stage,
  * --compress (each rank's gradients stay its own), --mode async, --check-replicas (the replicas differ
  * between averagings), an outer lr or momentum out of range. */

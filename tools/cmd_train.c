@@ -68,7 +68,7 @@ static void train_usage(FILE *out) {
         "  --trace FILE writes the run's timeline (Chrome trace JSON; ui.perfetto.dev opens it): a track per\n"
         "  rank and per communication thread, with data, each layer's forward and backward, each bucket's\n"
         "  collective, the waits, the optimizer and checkpoints, the ranks' clocks aligned (TALLY_TRACE).\n"
-        "  --lr is the rate for one rank (default sgd %g, adamw %g; linear model %g);\n"
+        "  --lr is the rate for one rank (default sgd %g, adamw %g; cnn %g, linear model %g);\n"
         "  --scale-lr multiplies it by N (linear scaling rule). --steps stops after S steps in all.\n"
         "  The linear model trains on generated least-squares data (%d features, y = x.w + b + noise).\n"
         "  --model gpt: GPT-2's architecture on byte tokens (--layers %d --width %d --heads %d --context %d\n"
@@ -77,6 +77,8 @@ static void train_usage(FILE *out) {
         "  optimizer unless told otherwise: adamw, betas %g/%g, weight decay %g on matrices only,\n"
         "  --clip %g, warmup over the first %g%% of steps, then cosine decay to --min-lr %g (with --mode\n"
         "  async the parameter server decays every parameter and does not clip).\n"
+        "  --model cnn: LeNet-5, unless told otherwise with --batch %d, --weight-decay %g (sgd) and\n"
+        "  --decay cosine over the run.\n"
         "  --clip NORM scales the averaged gradient to at most that global L2 norm (every --zero stage).\n"
         "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
         "  --max-mem (K/M/G) refuses up front a run that would need more per rank.\n"
@@ -125,10 +127,11 @@ static void train_usage(FILE *out) {
         "they fit (--bind none, or TALLY_CPU_BIND=none, leaves their affinity as it is); under tally run,\n"
         "mpirun, srun or torchrun it joins that job.\n",
         TALLY__TRAIN_BATCH_DEFAULT, TALLY__SYNC_BUCKET_MB_DEFAULT, tally__model_info_of(TALLY__MODEL_MLP)->sgd_lr,
-        TALLY__TRAIN_ADAMW_LR_DEFAULT, tally__model_info_of(TALLY__MODEL_LINEAR)->sgd_lr, TALLY__TRAIN_LINEAR_FEATURES,
-        gpt.layers, gpt.embd, gpt.heads, gpt.in_dim, TALLY__TRAIN_VAL_FRAC_DEFAULT, adamw.beta1,
-        TALLY__GPT_BETA2_DEFAULT, TALLY__GPT_WEIGHT_DECAY_DEFAULT, TALLY__GPT_CLIP_DEFAULT,
-        100 * TALLY__GPT_WARMUP_FRAC_DEFAULT, TALLY__GPT_MIN_LR_DEFAULT, TALLY__CKPT_KEEP_DEFAULT,
+        TALLY__TRAIN_ADAMW_LR_DEFAULT, tally__model_info_of(TALLY__MODEL_CNN)->sgd_lr,
+        tally__model_info_of(TALLY__MODEL_LINEAR)->sgd_lr, TALLY__TRAIN_LINEAR_FEATURES, gpt.layers, gpt.embd,
+        gpt.heads, gpt.in_dim, TALLY__TRAIN_VAL_FRAC_DEFAULT, adamw.beta1, TALLY__GPT_BETA2_DEFAULT,
+        TALLY__GPT_WEIGHT_DECAY_DEFAULT, TALLY__GPT_CLIP_DEFAULT, 100 * TALLY__GPT_WARMUP_FRAC_DEFAULT,
+        TALLY__GPT_MIN_LR_DEFAULT, TALLY__CNN_BATCH_DEFAULT, TALLY__CNN_WEIGHT_DECAY_DEFAULT, TALLY__CKPT_KEEP_DEFAULT,
         TALLY__LOCAL_OUTER_LR_DEFAULT, TALLY__LOCAL_OUTER_MOMENTUM_DEFAULT, TALLY__INT8_BLOCK);
     if (TALLY__TRAIN_SEAMS)
         fprintf(out, "Testing aids (a build with the tests only): --inject-nan RANK:STEP feeds a NaN into that\n"
@@ -304,7 +307,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
 typedef struct pending {
     double momentum, wd;
     int has_momentum, has_wd;
-    int has_opt, has_clip, has_decay, has_min_lr, has_warmup, has_wd_on; /* what gpt's defaults leave alone */
+    int has_opt, has_clip, has_decay, has_min_lr, has_warmup, has_wd_on, has_batch; /* what models' defaults keep */
     int has_async_only; /* --staleness, --stale-lr or --ps: meaningful only with --mode async */
     int has_outer;      /* --outer-*: meaningful only with --local-steps */
 } pending;
@@ -345,12 +348,12 @@ static const char *const train_precisions[] = {"fp32", "bf16", NULL};
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
 static const char *const train_wd_on[] = {"all", "matrices", NULL};
 
-/* The GPT training defaults (tally__train_gpt_defaults) the flags left to the library. */
-static unsigned train_gpt_given(const pending *p) {
-    return (p->has_opt ? TALLY__GPT_GIVEN_OPTIM : 0) | (p->has_wd ? TALLY__GPT_GIVEN_WD : 0) |
-           (p->has_wd_on ? TALLY__GPT_GIVEN_WD_ON : 0) | (p->has_clip ? TALLY__GPT_GIVEN_CLIP : 0) |
-           (p->has_warmup ? TALLY__GPT_GIVEN_WARMUP : 0) | (p->has_decay ? TALLY__GPT_GIVEN_DECAY : 0) |
-           (p->has_min_lr ? TALLY__GPT_GIVEN_MIN_LR : 0);
+/* The flags a model's training defaults (tally__train_gpt_defaults, _cnn_defaults) leave as they are. */
+static unsigned train_given(const pending *p) {
+    return (p->has_opt ? TALLY__GIVEN_OPTIM : 0) | (p->has_wd ? TALLY__GIVEN_WD : 0) |
+           (p->has_wd_on ? TALLY__GIVEN_WD_ON : 0) | (p->has_clip ? TALLY__GIVEN_CLIP : 0) |
+           (p->has_warmup ? TALLY__GIVEN_WARMUP : 0) | (p->has_decay ? TALLY__GIVEN_DECAY : 0) |
+           (p->has_min_lr ? TALLY__GIVEN_MIN_LR : 0) | (p->has_batch ? TALLY__GIVEN_BATCH : 0);
 }
 
 /* Flags that set a whole number: where it goes and its range. */
@@ -418,6 +421,7 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     if ((rc = train_parse_int(ch, flag, a, o)) <= 0) {
         if (ch == O_STALENESS) p->has_async_only = 1;
         if (ch == O_WARMUP) p->has_warmup = 1;
+        if (ch == O_BATCH) p->has_batch = 1;
         return rc;
     }
     switch (ch) {
@@ -552,7 +556,8 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
         return 2;
     }
-    if (o->cfg.model.kind == TALLY__MODEL_GPT) tally__train_gpt_defaults(&o->cfg, train_gpt_given(&p));
+    if (o->cfg.model.kind == TALLY__MODEL_GPT) tally__train_gpt_defaults(&o->cfg, train_given(&p));
+    if (o->cfg.model.kind == TALLY__MODEL_CNN) tally__train_cnn_defaults(&o->cfg, train_given(&p));
     if (p.has_momentum) o->cfg.opt.optim.momentum = (float)p.momentum;
     if (p.has_wd) o->cfg.opt.optim.weight_decay = (float)p.wd;
     return 0;
@@ -617,6 +622,8 @@ static int train_as_rank(train_opts *o) {
                                 .data = res.data_name,
                                 .transport = tally_comm_transport(comm),
                                 .optimizer = tally_optim_name(o->cfg.opt.optim.kind),
+                                .decay = tally_decay_name(o->cfg.opt.decay),
+                                .weight_decay = o->cfg.opt.optim.weight_decay,
                                 .world = size,
                                 .batch = o->cfg.batch,
                                 .accum = o->cfg.sync.accum,

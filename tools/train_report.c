@@ -219,9 +219,12 @@ static void summary_ranks(FILE *out, const tally__train_result *r) {
 void tally__summary_print(FILE *out, const tally__run_info *in, const tally__train_result *r) {
     step_ms ms = per_step(r);
     double steps = r->steps > 0 ? (double)r->steps : 1;
-    fprintf(out, "summary: %s %s (%zu parameters) on %s, %d rank%s over %s, batch %d/rank x accum %d, %s lr %g\n",
+    fprintf(out, "summary: %s %s (%zu parameters) on %s, %d rank%s over %s, batch %d/rank x accum %d, %s lr %g",
             in->model, in->arch, r->nparams, in->data, in->world, in->world == 1 ? "" : "s", in->transport, in->batch,
             in->accum, in->optimizer, in->lr);
+    if (in->decay && strcmp(in->decay, "none")) fprintf(out, " (%s decay)", in->decay);
+    if (in->weight_decay > 0) fprintf(out, ", weight decay %g", in->weight_decay);
+    fputc('\n', out);
     if (!r->evaluated)
         fprintf(out, "  test             not evaluated (--no-eval)\n");
     else if (r->tokens_per_sample)
@@ -347,8 +350,9 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             r->nparams, data);
     fprintf(f, "  \"world\": %d, \"transport\": \"%s\", \"batch_per_rank\": %d, \"accum\": %d, \"epochs\": %d,\n",
             in->world, in->transport, in->batch, in->accum, in->epochs);
-    fprintf(f, "  \"optimizer\": \"%s\", \"lr\": %g, \"overlap\": %s, \"bucket_mb\": %g,\n", in->optimizer, in->lr,
-            in->overlap ? "true" : "false", in->bucket_mb);
+    fprintf(f, "  \"optimizer\": \"%s\", \"lr\": %g, \"decay\": \"%s\", \"weight_decay\": %g,\n", in->optimizer, in->lr,
+            in->decay ? in->decay : "none", in->weight_decay);
+    fprintf(f, "  \"overlap\": %s, \"bucket_mb\": %g,\n", in->overlap ? "true" : "false", in->bucket_mb);
     if (!r->evaluated)
         fprintf(f, "  \"test_accuracy\": null, \"test_loss\": null,\n");
     else if (r->test_acc >= 0)

@@ -17,7 +17,7 @@ static const model_def model_defs[] = {
                              tally__build_linear},
     [TALLY__MODEL_MLP] = {{"mlp", TALLY__DATA_FEATURES, 0.05f, 1, tally__mlp_defaults, tally__mlp_arch},
                           tally__build_mlp},
-    [TALLY__MODEL_CNN] = {{"cnn", TALLY__DATA_IMAGES, 0.05f, 0, NULL, tally__cnn_arch}, tally__build_cnn},
+    [TALLY__MODEL_CNN] = {{"cnn", TALLY__DATA_IMAGES, 0.025f, 0, NULL, tally__cnn_arch}, tally__build_cnn},
     [TALLY__MODEL_GPT] = {{"gpt", TALLY__DATA_TOKENS, 0.05f, 0, tally__gpt_defaults, tally__gpt_arch},
                           tally__build_gpt},
 };

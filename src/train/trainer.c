@@ -52,16 +52,23 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
 }
 
 void tally__train_gpt_defaults(tally__train_cfg *c, unsigned given) {
-    if (!(given & TALLY__GPT_GIVEN_OPTIM)) {
+    if (!(given & TALLY__GIVEN_OPTIM)) {
         tally_optim_cfg_default(&c->opt.optim, TALLY_OPTIM_ADAMW);
         c->opt.optim.beta2 = TALLY__GPT_BETA2_DEFAULT;
-        if (!(given & TALLY__GPT_GIVEN_WD)) c->opt.optim.weight_decay = TALLY__GPT_WEIGHT_DECAY_DEFAULT;
+        if (!(given & TALLY__GIVEN_WD)) c->opt.optim.weight_decay = TALLY__GPT_WEIGHT_DECAY_DEFAULT;
     }
-    if (!(given & TALLY__GPT_GIVEN_WD_ON) && !c->async.enabled) c->sync.decay_matrices = 1;
-    if (!(given & TALLY__GPT_GIVEN_CLIP) && !c->async.enabled) c->opt.clip = TALLY__GPT_CLIP_DEFAULT;
-    if (!(given & TALLY__GPT_GIVEN_WARMUP)) c->opt.warmup_frac = TALLY__GPT_WARMUP_FRAC_DEFAULT;
-    if (!(given & TALLY__GPT_GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
-    if (!(given & TALLY__GPT_GIVEN_MIN_LR)) c->opt.min_lr = TALLY__GPT_MIN_LR_DEFAULT;
+    if (!(given & TALLY__GIVEN_WD_ON) && !c->async.enabled) c->sync.decay_matrices = 1;
+    if (!(given & TALLY__GIVEN_CLIP) && !c->async.enabled) c->opt.clip = TALLY__GPT_CLIP_DEFAULT;
+    if (!(given & TALLY__GIVEN_WARMUP)) c->opt.warmup_frac = TALLY__GPT_WARMUP_FRAC_DEFAULT;
+    if (!(given & TALLY__GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
+    if (!(given & TALLY__GIVEN_MIN_LR)) c->opt.min_lr = TALLY__GPT_MIN_LR_DEFAULT;
+}
+
+void tally__train_cnn_defaults(tally__train_cfg *c, unsigned given) {
+    if (!(given & TALLY__GIVEN_BATCH)) c->batch = TALLY__CNN_BATCH_DEFAULT;
+    if (!(given & TALLY__GIVEN_WD) && c->opt.optim.kind == TALLY_OPTIM_SGD)
+        c->opt.optim.weight_decay = TALLY__CNN_WEIGHT_DECAY_DEFAULT;
+    if (!(given & TALLY__GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
 }
 
 /* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */

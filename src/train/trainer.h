@@ -143,6 +143,8 @@ void tally__train_gpt_defaults(tally__train_cfg *cfg, unsigned given);
 #define TALLY__CNN_BATCH_DEFAULT        16
 #define TALLY__CNN_WEIGHT_DECAY_DEFAULT 5e-4f
 void tally__train_cnn_defaults(tally__train_cfg *cfg, unsigned given);
+/* --compress dgc:R with an optimizer other than SGD (the gpt's default is AdamW): refused, naming both. */
+int tally__train_dgc_check(const tally__train_cfg *cfg, int rank);
 
 #define TALLY__TRAIN_STALE_BINS 64
 

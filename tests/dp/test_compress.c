@@ -126,13 +126,26 @@ static void test_refused(void) {
         TH_CHECK(rc == 2 && strstr(err, cases[i].says), "%s %s: exit %d, stderr: %s", cases[i].args[2],
                  cases[i].args[3] ? cases[i].args[3] : "", rc, err);
     }
-    /* dgc moves SGD's momentum into the codec: another optimizer is refused by the run, naming the rank. */
+    /* dgc moves SGD's momentum into the codec: another optimizer, given or the gpt's default AdamW, is a
+     * usage error before any rank starts; the library refuses it too, naming the rank. */
     char *adamw[] = {"tally",      "train",    "--steps",     "1",     "--data", "synthetic:256",
                      "--compress", "dgc:0.01", "--optimizer", "adamw", NULL};
-    char err[4096];
-    int rc = tr_run_tally(adamw, err, sizeof err);
-    TH_CHECK(rc != 0 && strstr(err, "rank 0") && strstr(err, "corrects SGD's momentum"), "dgc with adamw: exit %d, %s",
-             rc, err);
+    char *gpt[] = {"tally", "train", "--model", "gpt", "--steps", "1", "--compress", "dgc:0.01", NULL};
+    char *const *refused[] = {adamw, gpt};
+    for (int i = 0; i < 2; i++) {
+        char err[4096];
+        int rc = tr_run_tally(refused[i], err, sizeof err);
+        TH_CHECK(rc == 2 && strstr(err, "corrects SGD's momentum") && strstr(err, "optimizer is adamw"),
+                 "dgc with adamw (%s): exit %d, %s", i ? "the gpt's default" : "given", rc, err);
+    }
+    tally__train_cfg cfg;
+    tally__train_cfg_default(&cfg);
+    cfg.sync.codec.kind = TALLY__CODEC_DGC;
+    tally_optim_cfg_default(&cfg.opt.optim, TALLY_OPTIM_ADAMW);
+    TH_CHECK(tally__train_dgc_check(&cfg, 3) == TALLY_E_INVALID && strstr(tally_last_error(), "rank 3"),
+             "the library's dgc check: %s", tally_last_error());
+    tally_optim_cfg_default(&cfg.opt.optim, TALLY_OPTIM_SGD);
+    TH_CHECK(tally__train_dgc_check(&cfg, 3) == 0, "dgc with sgd refused: %s", tally_last_error());
 }
 
 /* A least-squares model with a rate that makes it diverge: its gradients pass fp16's 65504 long before

@@ -231,6 +231,21 @@ def async_ps(d):
     return table(heads, rows)
 
 
+def ssp(d):
+    """SSP beside sync over seeds: samples/s as [mean, worst] of the seeds' runs, test accuracy per seed;
+    the first row is sync's."""
+    def mean(xs):
+        return sum(float(x) for x in xs) / len(xs)
+    sync = d["rows"][0]
+    heads = ["run", "samples/s: mean (worst)", "against sync", "test accuracy: mean (each seed)",
+             "against sync, points"]
+    rows = [[r["run"], f"{num(r['samples_per_s'][0], True)} ({num(r['samples_per_s'][1], True)})",
+             times(r["samples_per_s"][0], sync["samples_per_s"][0]),
+             f"{mean(r['accuracy']):.4f} ({', '.join(num(a) for a in r['accuracy'])})",
+             f"{100 * (mean(r['accuracy']) - mean(sync['accuracy'])):+.2f}"] for r in d["rows"]]
+    return table(heads, rows)
+
+
 def zero(d):
     heads = ["run", "ZeRO stage", "per rank", "against stage 0", "measured"]
     rows = []
@@ -281,7 +296,7 @@ def kernels(d):
 
 KINDS = {f.__name__: f for f in (starts, in_place, hosts, streams, training, quality, python, sim_error, published,
                                   trace, compression, slowlink, async_ps, zero, plan, kill, fuzz, kernels, torch_ops,
-                                  precision, local_sgd)}
+                                  precision, local_sgd, ssp)}
 
 
 # ---- the page ----

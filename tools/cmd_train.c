@@ -55,7 +55,7 @@ static void train_usage(FILE *out) {
         "                   [--check-replicas K] [--ckpt DIR [--ckpt-every N] [--ckpt-keep K] [--resume]]\n"
         "                   [--max-restarts R] [--compress none|fp16|bf16|int8|topk:R|dgc:R|powersgd:r]\n"
         "                   [--no-error-feedback] [--mode sync|async [--staleness S]\n"
-        "                   [--stale-lr none|inverse] [--ps] [--quota per-worker|shared]]\n"
+        "                   [--stale-lr auto|none|inverse] [--ps] [--quota per-worker|shared]]\n"
         "                   [--straggler RANK:MS] [--jitter MS]\n"
         "                   [--local-steps H [--outer-lr X] [--outer-momentum M] [--outer-compress none|fp16|int8]]\n"
         "Trains with N data-parallel ranks: each takes its own shard of every epoch, gradients are\n"
@@ -106,8 +106,9 @@ static void train_usage(FILE *out) {
         "  workers pull parameters and push gradients without waiting for each other, except that none\n"
         "  may be more than S steps ahead of the slowest (--staleness, default 0: the same steps as\n"
         "  sync). At S >= 1 every push is applied on arrival as gradient/N at lr damped by --stale-lr\n"
-        "  (inverse, the default: lr / (1 + staleness); none: lr). --ps: rank 0 only serves and ranks\n"
-        "  1..N-1 train. Not with --zero, --accum > 1, --ckpt, --check-replicas; a NaN loss stops it.\n"
+        "  (inverse: lr / (1 + staleness); none: lr; auto, the default: none where --decay lowers the\n"
+        "  rate, inverse at a constant rate). --ps: rank 0 only serves and ranks 1..N-1 train.\n"
+        "  Not with --zero, --accum > 1, --ckpt, --check-replicas; a NaN loss stops it.\n"
         "  --quota shared: the run's steps x workers gradients go to whichever worker is ready (a fast\n"
         "  one computes more of them); per-worker (the default): every worker computes the steps.\n"
         "  --straggler RANK:MS: that rank sleeps MS ms in every step (to see what a slow rank costs).\n"
@@ -474,8 +475,9 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_PRECISION: return tally__parse_word(flag, a, train_precisions, &k) ? -1 : (c->bf16 = k == 1, 0);
     case O_STALE_LR:
         p->has_async_only = 1;
-        return parse_word(flag, a, tally__stale_lr_parse, "it takes none or inverse", &k) ? -1
-                                                                                          : (c->async.stale_lr = k, 0);
+        return parse_word(flag, a, tally__stale_lr_parse, "it takes auto, none or inverse", &k)
+                   ? -1
+                   : (c->async.stale_lr = k, 0);
     case O_PS:
         p->has_async_only = 1;
         c->async.ps_dedicated = 1;

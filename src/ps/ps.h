@@ -44,15 +44,17 @@ const char *tally__ps_type_name(int type);
 
 /* ---- the server (ps_server.c) ---- */
 
-typedef enum { TALLY__STALE_LR_NONE, TALLY__STALE_LR_INVERSE } tally__stale_lr;
-const char *tally__stale_lr_name(tally__stale_lr s); /* "none" / "inverse" */
+/* AUTO is the trainer's choice, made before a server starts (none where the rate decays, which lowers
+ * it already, inverse at a constant rate); a server is given NONE or INVERSE. */
+typedef enum { TALLY__STALE_LR_NONE, TALLY__STALE_LR_INVERSE, TALLY__STALE_LR_AUTO } tally__stale_lr;
+const char *tally__stale_lr_name(tally__stale_lr s); /* "none" / "inverse" / "auto" */
 int tally__stale_lr_parse(const char *name);         /* -1 when unknown */
 
 /* --mode async: workers push gradients to a parameter server instead of allreducing them. */
 typedef struct tally__async_cfg {
     int enabled;      /* --mode async (rank 0 serves) */
     long staleness;   /* SSP bound S >= 0: no worker more than S steps ahead of the slowest */
-    int stale_lr;     /* tally__stale_lr: how a stale gradient's lr is damped */
+    int stale_lr;     /* tally__stale_lr: how a stale gradient's lr is damped (default AUTO) */
     int ps_dedicated; /* --ps: rank 0 only serves; ranks 1..N-1 are the workers */
     int shared_quota; /* the run's steps x workers gradients are shared out to whoever is ready (a
                               * fast worker computes more), not steps to each worker */

@@ -49,12 +49,15 @@ struct tally__ps_server {
     int thread_on;
 };
 
-const char *tally__stale_lr_name(tally__stale_lr s) { return s == TALLY__STALE_LR_INVERSE ? "inverse" : "none"; }
+const char *tally__stale_lr_name(tally__stale_lr s) {
+    return s == TALLY__STALE_LR_INVERSE ? "inverse" : s == TALLY__STALE_LR_AUTO ? "auto" : "none";
+}
 
 int tally__stale_lr_parse(const char *name) {
     if (!name) return -1;
     if (!strcmp(name, "none")) return TALLY__STALE_LR_NONE;
     if (!strcmp(name, "inverse")) return TALLY__STALE_LR_INVERSE;
+    if (!strcmp(name, "auto")) return TALLY__STALE_LR_AUTO;
     return -1;
 }
 

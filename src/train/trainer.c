@@ -45,7 +45,7 @@ void tally__train_cfg_default(tally__train_cfg *cfg) {
     cfg->opt.step_gamma = 0.1f;
     cfg->eval = 1;
     cfg->threads = TALLY__TRAIN_THREADS_DEFAULT;
-    cfg->async.stale_lr = TALLY__STALE_LR_INVERSE;
+    cfg->async.stale_lr = TALLY__STALE_LR_AUTO;
     cfg->sync.codec.error_feedback = 1;
     cfg->local.outer_lr = TALLY__LOCAL_OUTER_LR_DEFAULT;
     cfg->local.outer_momentum = TALLY__LOCAL_OUTER_MOMENTUM_DEFAULT;

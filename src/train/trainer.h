@@ -200,7 +200,7 @@ typedef struct tally__train_result {
     /* asynchronous training (cfg->async; rank 0 holds the server's figures) */
     int async;
     long staleness; /* the bound S */
-    int stale_lr;   /* tally__stale_lr */
+    int stale_lr;   /* tally__stale_lr: NONE or INVERSE, as applied (AUTO resolved) */
     int ps_dedicated, workers;
     int shared_quota;                             /* steps x workers gradients shared out, not steps per worker */
     long staleness_hist[TALLY__TRAIN_STALE_BINS]; /* applied gradients by staleness; the last bin: that

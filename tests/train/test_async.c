@@ -304,10 +304,46 @@ static void test_refused(void) {
     TH_CHECK(rc == 2 && strstr(err, "need --mode async"), "--staleness without --mode async: exit %d, %s", rc, err);
 }
 
+/* --stale-lr auto (the default) damps stale gradients at a constant rate and not where --decay lowers the
+ * rate already; a value given is kept. The summary's JSON says which was applied. */
+static void test_stale_lr_auto(void) {
+    static const struct {
+        const char *flags[4], *want;
+    } cases[] = {
+        {{NULL}, "\"stale_lr\": \"inverse\""},
+        {{"--decay", "cosine"}, "\"stale_lr\": \"none\""},
+        {{"--decay", "step"}, "\"stale_lr\": \"none\""},
+        {{"--decay", "cosine", "--stale-lr", "inverse"}, "\"stale_lr\": \"inverse\""},
+        {{"--stale-lr", "none"}, "\"stale_lr\": \"none\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char json[] = "/tmp/tally_stale_XXXXXX", err[4096], buf[8192] = {0};
+        int fd = mkstemp(json);
+        close(fd);
+        char *args[24] = {"tally",       "train", "-n",      "2",         "--data", "synthetic:256",
+                          "--steps",     "4",     "--quiet", "--no-eval", "--mode", "async",
+                          "--staleness", "1",     "--json",  json};
+        int k = 16;
+        for (int j = 0; j < 4 && cases[i].flags[j]; j++) args[k++] = (char *)cases[i].flags[j];
+        int rc = tr_run_tally(args, err, sizeof err);
+        FILE *f = fopen(json, "r");
+        if (f) {
+            size_t got = fread(buf, 1, sizeof buf - 1, f);
+            buf[got] = 0;
+            fclose(f);
+        }
+        unlink(json);
+        TH_CHECK(rc == 0 && strstr(buf, cases[i].want), "--stale-lr by default with %s %s: exit %d, wanted %s: %s%s",
+                 cases[i].flags[0] ? cases[i].flags[0] : "no flags", cases[i].flags[1] ? cases[i].flags[1] : "", rc,
+                 cases[i].want, err, buf);
+    }
+}
+
 int main(void) {
     if (th_quick()) {
         test_module();
         test_refused();
+        test_stale_lr_auto();
         test_bsp_equals_sync();
         test_dedicated();
         test_killed_rank();

@@ -25,6 +25,7 @@ for i in $(seq "$starts"); do
   "$tally" train -n 2 --model cnn --epochs 1 --quiet --json "$tmp/t.json" >/dev/null
   field "$tmp/t.json" samples_per_s >>"$tmp/tally"
 done
+[ "$(wc -l <"$tmp/peer")" -eq "$starts" ] || { echo "bench/lenet.sh: the PyTorch peer printed no samples/s in some start (python3-torch installed?)" >&2; exit 1; }
 read -r pm pw < <(stats <"$tmp/peer")
 read -r tm tw < <(stats <"$tmp/tally")
 echo "| run | median | worst |"

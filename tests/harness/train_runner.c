@@ -124,6 +124,28 @@ int tr_run_tally(char *const args[], char *err, size_t errlen) { return run_tall
 
 int tr_run_tally_all(char *const args[], char *out, size_t outlen) { return run_tally(args, out, outlen, 1); }
 
+int tr_run_tally_json(char *const args[], char *json, size_t jsonlen, char *err, size_t errlen) {
+    char path[] = "/tmp/tally_json_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    char *all[32];
+    int n = 0;
+    while (args[n] && n < 28) {
+        all[n] = args[n];
+        n++;
+    }
+    all[n++] = "--json";
+    all[n++] = path;
+    all[n] = NULL;
+    int rc = run_tally(all, err, errlen, 0);
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(json, 1, jsonlen - 1, f) : 0;
+    json[got] = 0;
+    if (f) fclose(f);
+    unlink(path);
+    return rc;
+}
+
 tally__train_cfg tr_small_cfg(size_t ntrain, long steps, uint64_t seed) {
     tally__train_cfg c;
     tally__train_cfg_default(&c);

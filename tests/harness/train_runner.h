@@ -43,5 +43,8 @@ tally__train_cfg tr_small_cfg(size_t ntrain, long steps, uint64_t seed);
 int tr_run_tally(char *const args[], char *err, size_t errlen);
 /* The same, with stdout and stderr both in out (what a user at a terminal reads). */
 int tr_run_tally_all(char *const args[], char *out, size_t outlen);
+/* tr_run_tally with `--json FILE` appended to args (at most 28 of them): the summary it wrote in json
+ * (empty when none), stderr in err. */
+int tr_run_tally_json(char *const args[], char *json, size_t jsonlen, char *err, size_t errlen);
 
 #endif

@@ -317,22 +317,12 @@ static void test_stale_lr_auto(void) {
         {{"--stale-lr", "none"}, "\"stale_lr\": \"none\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char json[] = "/tmp/tally_stale_XXXXXX", err[4096], buf[8192] = {0};
-        int fd = mkstemp(json);
-        close(fd);
-        char *args[24] = {"tally",       "train", "-n",      "2",         "--data", "synthetic:256",
-                          "--steps",     "4",     "--quiet", "--no-eval", "--mode", "async",
-                          "--staleness", "1",     "--json",  json};
-        int k = 16;
+        char err[4096], buf[8192];
+        char *args[24] = {"tally", "train",   "-n",        "2",      "--data", "synthetic:256", "--steps",
+                          "4",     "--quiet", "--no-eval", "--mode", "async",  "--staleness",   "1"};
+        int k = 14;
         for (int j = 0; j < 4 && cases[i].flags[j]; j++) args[k++] = (char *)cases[i].flags[j];
-        int rc = tr_run_tally(args, err, sizeof err);
-        FILE *f = fopen(json, "r");
-        if (f) {
-            size_t got = fread(buf, 1, sizeof buf - 1, f);
-            buf[got] = 0;
-            fclose(f);
-        }
-        unlink(json);
+        int rc = tr_run_tally_json(args, buf, sizeof buf, err, sizeof err);
         TH_CHECK(rc == 0 && strstr(buf, cases[i].want), "--stale-lr by default with %s %s: exit %d, wanted %s: %s%s",
                  cases[i].flags[0] ? cases[i].flags[0] : "no flags", cases[i].flags[1] ? cases[i].flags[1] : "", rc,
                  cases[i].want, err, buf);

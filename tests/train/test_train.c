@@ -140,20 +140,11 @@ static void test_cli(void) {
         TH_CHECK(0, "TALLY_BIN is not set");
         return;
     }
-    char json[] = "/tmp/tally_train_XXXXXX", err[8192];
-    int fd = mkstemp(json);
-    close(fd);
-    char *ok[] = {"tally",   "train", "-n",       "2",  "--data",    "synthetic", "--steps", "10",
-                  "--batch", "16",    "--hidden", "32", "--no-eval", "--json",    json,      NULL};
-    int rc = tr_run_tally(ok, err, sizeof err);
+    char err[8192], buf[4096];
+    char *ok[] = {"tally", "train",   "-n", "2",        "--data", "synthetic", "--steps",
+                  "10",    "--batch", "16", "--hidden", "32",     "--no-eval", NULL};
+    int rc = tr_run_tally_json(ok, buf, sizeof buf, err, sizeof err);
     TH_CHECK(rc == 0, "tally train -n 2 ... exited %d: %s", rc, err);
-    FILE *f = fopen(json, "r");
-    char buf[4096] = {0};
-    if (f) {
-        size_t got = fread(buf, 1, sizeof buf - 1, f);
-        buf[got] = 0;
-        fclose(f);
-    }
     TH_CHECK(strstr(buf, "\"replicas_identical\": true") && strstr(buf, "\"bytes_sent_per_step\"") &&
                  strstr(buf, "\"world\": 2") && strstr(buf, "\"steps\": 10"),
              "summary JSON lacks expected fields: %s", buf);
@@ -162,7 +153,6 @@ static void test_cli(void) {
     const char *sd = strstr(buf, "\"compute_sd\": "), *mean = strstr(buf, "\"compute\": ");
     double sd_ms = sd ? atof(sd + 14) : -1, mean_ms = mean ? atof(mean + 11) : -1;
     TH_CHECK(sd && mean && sd_ms >= 0 && mean_ms > 0 && sd_ms <= mean_ms * 3.17, "step_ms.compute_sd: %s", buf);
-    unlink(json);
     char *bad_model[] = {"tally", "train", "--model", "transformer", NULL};
     rc = tr_run_tally(bad_model, err, sizeof err);
     TH_CHECK(rc == 2 && strstr(err, "--model 'transformer'") && strstr(err, "linear, mlp, cnn or gpt"),

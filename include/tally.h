@@ -363,6 +363,11 @@ TALLY_API const char *tally_last_error(void);
  * `bytes` bytes would use; for logs and benchmarks. */
 TALLY_API const char *tally_comm_transport(const tally_comm *comm);
 TALLY_API const char *tally_comm_algo_for(const tally_comm *comm, size_t bytes);
+/* What large messages do between this communicator's ranks on one host, in words, for summaries: which
+ * buffers are read in place (those from tally_mem_alloc; others with process_vm_readv where permitted
+ * and fast enough) and, where a path is off, what turned it off ("TALLY_SHM_CMA=0 on a rank", the
+ * calibration's figures, ...). "" where the transport has no such choice (tcp, one rank). */
+TALLY_API const char *tally_comm_large_path(const tally_comm *comm);
 
 /* Payload bytes this rank has sent to its peers in collectives since tally_comm_init (headers and the
  * set-up measurements not counted); sample it before and after to get the bytes of one step. Read it

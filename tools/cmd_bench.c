@@ -369,6 +369,10 @@ static void bench_header(const bench_opts *o, const bench_ctx *b, const char *al
            bench_coll_names[o->coll], b->size, tally_comm_transport(b->c), algo ? algo : "auto",
            tally_dtype_name(o->dtype), o->coll <= B_REDUCE_SCATTER ? tally_op_name(o->op) : "-", o->iters, o->warmup,
            o->check ? "on" : "off");
+    const char *large = tally_comm_large_path(b->c);
+    if (large[0])
+        printf("# large messages: %s; this run's buffers: %s\n", large,
+               o->shared_mem ? "tally_mem_alloc (--shared-mem)" : "malloc");
     printf("#\n");
     printf("# %76s %30s\n", "out-of-place", "in-place");
     printf("# %10s %12s %6s %6s %6s %9s %7s %7s %6s %9s %7s %7s %6s  %s\n", "size", "count", "type", "redop", "root",

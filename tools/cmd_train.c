@@ -624,6 +624,7 @@ static int train_as_rank(train_opts *o) {
         tally__run_info info = {.model = tally__model_name(o->cfg.model.kind),
                                 .data = res.data_name,
                                 .transport = tally_comm_transport(comm),
+                                .large_path = tally_comm_large_path(comm),
                                 .optimizer = tally_optim_name(o->cfg.opt.optim.kind),
                                 .decay = tally_decay_name(o->cfg.opt.decay),
                                 .weight_decay = o->cfg.opt.optim.weight_decay,

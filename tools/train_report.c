@@ -244,6 +244,7 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
     fprintf(out, "  step             %.3f ms = data %.3f + compute %.3f + wait for comm %.3f + update %.3f\n", ms.step,
             ms.data, ms.compute, ms.wait, ms.update);
     summary_ranks(out, r);
+    if (in->large_path && in->large_path[0] && in->world > 1) fprintf(out, "  large messages   %s\n", in->large_path);
     if (r->async)
         summary_async(out, r, &ms);
     else if (r->local_steps)
@@ -352,6 +353,9 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             in->world, in->transport, in->batch, in->accum, in->epochs);
     fprintf(f, "  \"optimizer\": \"%s\", \"lr\": %g, \"decay\": \"%s\", \"weight_decay\": %g,\n", in->optimizer, in->lr,
             in->decay ? in->decay : "none", in->weight_decay);
+    char large[512];
+    json_escaped(large, sizeof large, in->large_path ? in->large_path : "");
+    fprintf(f, "  \"large_messages\": \"%s\",\n", large);
     fprintf(f, "  \"overlap\": %s, \"bucket_mb\": %g,\n", in->overlap ? "true" : "false", in->bucket_mb);
     if (!r->evaluated)
         fprintf(f, "  \"test_accuracy\": null, \"test_loss\": null,\n");

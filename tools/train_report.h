@@ -24,8 +24,9 @@ void tally__progress_end(tally__progress *p);
 /* The summary after training, as text (rank 0's stdout) and as JSON. */
 typedef struct tally__run_info {
     const char *model, *data, *transport, *optimizer;
-    const char *decay;   /* the schedule after warmup: "none", "cosine" or "step" */
-    double weight_decay; /* the optimizer's */
+    const char *large_path; /* tally_comm_large_path: what large messages do on this host ("" over tcp) */
+    const char *decay;      /* the schedule after warmup: "none", "cosine" or "step" */
+    double weight_decay;    /* the optimizer's */
     char arch[128];
     int world, batch, accum, epochs, overlap, zero;
     int bf16; /* --precision bf16 */

@@ -350,6 +350,11 @@ class Comm:
     def transport(self):
         return lib.tally_comm_transport(self._handle()).decode()
 
+    @property
+    def large_path(self):
+        """What large messages do between ranks on this host (tally_comm_large_path); "" over tcp."""
+        return lib.tally_comm_large_path(self._handle()).decode()
+
     def algo_for(self, nbytes):
         return lib.tally_comm_algo_for(self._handle(), _int(nbytes, "nbytes")).decode()
 

@@ -47,6 +47,8 @@ def case_collectives(c):
     except ImportError:
         pass
     sizes = [0, 1, 7, 1001, 3 * c.size + 1, 1 << 20]
+    if c.transport == "shm":  # says which buffers are read in place
+        check(c.large_path.startswith("tally_mem_alloc buffers"), f"large_path over shm: {c.large_path!r}")
     for dt in dtypes:
         name = np.dtype(dt).name
         for n in sizes:
@@ -209,6 +211,7 @@ def case_config():
                    log=lambda level, line: lines.append((level, line)))
     check(c.rank == rank and c.size == size and c.transport == "tcp" and c.algo_for(1 << 20) == "ring",
           f"rank {c.rank} of {c.size} over {c.transport}, {c.algo_for(1 << 20)}")
+    check(c.large_path == "", f"tcp has no large-message path to name: {c.large_path!r}")
     v = np.full(5, rank + 1, np.float32)
     c.allreduce(v)
     check(np.all(v == size * (size + 1) / 2), "allreduce over the configured communicator")

@@ -178,6 +178,7 @@ int tally__mixed_create(tally__tp *tcp, tally__tp *shm, const int *local_of, tal
     m->base.ops = &mixed_ops;
     m->base.ctx = tcp->ctx;
     m->shm = shm;
+    if (shm) memcpy(m->base.large, shm->large, sizeof m->base.large); /* the tcp half has no choice to name */
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->cv, NULL);
     m->local_of = malloc((size_t)n * sizeof *m->local_of);

@@ -97,29 +97,31 @@ typedef struct shm_tp {
     unsigned char *seg;
     size_t seg_bytes;
     size_t slot_bytes, chan_stride, chans_off;
-    shm_word32 *bell;         /* [n] futex word of each rank, bumped by whoever wakes it */
-    shm_word32 *sleeping;     /* [n] 1 while rank r may be asleep on its bell */
-    shm_fault_rec *rec;       /* [n] */
-    shm_wait_rec *wait;       /* [n] */
-    shm_word32 *oncpu;        /* [n] the CPU rank r last ran on + 1 (0: not known), written by r */
-    uint32_t mycpu;           /* what oncpu[me] holds */
-    tally__crowding crowding; /* yielding to a peer on our CPU since we last moved */
-    int published;            /* our fault is in rec[me] */
-    uint64_t *tx;             /* [n] slot uses posted to each peer */
-    uint64_t *tx_free;        /* [n] last seen consumed counter of each outgoing channel */
-    uint64_t *rx;             /* [n] slot uses consumed from each peer */
-    int *pid;                 /* [n] peers' pids (same pid namespace), -1 unknown */
-    int *pidfd;               /* [n] for liveness checks, -1 when unavailable */
-    int liveness;             /* pids mean something here */
-    int cma;                  /* single-copy reads (process_vm_readv) work between every pair */
-    size_t large_min;         /* messages of at least this many bytes go single-copy */
-    int mem;                  /* every rank can map its peers' shared regions (pidfd_getfd works) */
-    size_t mem_min;           /* messages from shared regions of at least this many bytes are read in place */
-    struct shm_mem_state *ms; /* our regions and our mappings of the peers' (shm_mem.c) */
-    unsigned char *scratch;   /* SHM_PIECE bytes that single-copy receives pass through */
-    shm_sop *sop;             /* [n] */
-    shm_rop *rop;             /* [n] */
-    uint32_t *mark;           /* [n] per-peer stamps to reject duplicate peers in one exchange */
+    shm_word32 *bell;          /* [n] futex word of each rank, bumped by whoever wakes it */
+    shm_word32 *sleeping;      /* [n] 1 while rank r may be asleep on its bell */
+    shm_fault_rec *rec;        /* [n] */
+    shm_wait_rec *wait;        /* [n] */
+    shm_word32 *oncpu;         /* [n] the CPU rank r last ran on + 1 (0: not known), written by r */
+    uint32_t mycpu;            /* what oncpu[me] holds */
+    tally__crowding crowding;  /* yielding to a peer on our CPU since we last moved */
+    int published;             /* our fault is in rec[me] */
+    uint64_t *tx;              /* [n] slot uses posted to each peer */
+    uint64_t *tx_free;         /* [n] last seen consumed counter of each outgoing channel */
+    uint64_t *rx;              /* [n] slot uses consumed from each peer */
+    int *pid;                  /* [n] peers' pids (same pid namespace), -1 unknown */
+    int *pidfd;                /* [n] for liveness checks, -1 when unavailable */
+    int liveness;              /* pids mean something here */
+    int cma;                   /* single-copy reads (process_vm_readv) work between every pair */
+    size_t large_min;          /* messages of at least this many bytes go single-copy */
+    int mem;                   /* every rank can map its peers' shared regions (pidfd_getfd works) */
+    size_t mem_min;            /* messages from shared regions of at least this many bytes are read in place */
+    int cma_why;               /* shm_cma_why: why single-copy is on or off (for base.large) */
+    float cma_gbps, copy_gbps; /* rank 0's calibration: process_vm_readv's and memcpy's GB/s (0: not run) */
+    struct shm_mem_state *ms;  /* our regions and our mappings of the peers' (shm_mem.c) */
+    unsigned char *scratch;    /* SHM_PIECE bytes that single-copy receives pass through */
+    shm_sop *sop;              /* [n] */
+    shm_rop *rop;              /* [n] */
+    uint32_t *mark;            /* [n] per-peer stamps to reject duplicate peers in one exchange */
     uint32_t stamp;
     uint64_t spin_ns, yield_ns; /* backoff: spin this long idle, then yield, then futex */
     char name[64];              /* segment name while it may still exist (rank 0), else "" */
@@ -180,6 +182,15 @@ int tally__shm_raise_lost(shm_tp *t, int r, const char *doing);
 /* Below this the slot ring is as fast or faster, and does not couple the sender to the receiver: 64 KiB
  * and 128 KiB messages ran 1.7x slower in place than through the slots on a 2-core VM. */
 #define SHM_MEM_MIN (256 << 10)
+
+/* Why single-copy (process_vm_readv) is on or off, found at setup. */
+typedef enum shm_cma_why {
+    SHM_CMA_ON,       /* every rank read its neighbour's probe word and the kernel's copy pays (or was asked for) */
+    SHM_CMA_UNWANTED, /* a rank set TALLY_SHM_CMA=0 */
+    SHM_CMA_NS,       /* the ranks are in different pid namespaces */
+    SHM_CMA_DENIED,   /* a rank could not read its neighbour's memory (ptrace rules, seccomp) */
+    SHM_CMA_SLOW      /* calibration: the kernel's copy is much slower than memcpy here */
+} shm_cma_why;
 int tally__shm_mem_init(shm_tp *t);
 void tally__shm_mem_fini(shm_tp *t);
 void *tally__shm_mem_alloc(tally__tp *tp, size_t bytes);

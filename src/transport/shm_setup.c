@@ -40,10 +40,11 @@
 typedef struct shm_info {
     int32_t pid, mapped, cma_wanted, cma_ok;
     uint64_t pidns, probe_addr, probe;
-    int32_t cma_pays; /* rank 0's verdict: the kernel's copy keeps up with memcpy here */
-    int32_t mem_fd;   /* a memfd holding `probe`, for the peers' pidfd_getfd probe; -1 none */
-    int32_t mem_ok;   /* we could fetch and read the next rank's probe memfd */
-    int32_t fd_err;   /* EMFILE or ENFILE: this rank ran out of descriptors (its message names the limit) */
+    int32_t cma_pays;          /* rank 0's verdict: the kernel's copy keeps up with memcpy here */
+    float cma_gbps, copy_gbps; /* rank 0's calibration figures (0: not run) */
+    int32_t mem_fd;            /* a memfd holding `probe`, for the peers' pidfd_getfd probe; -1 none */
+    int32_t mem_ok;            /* we could fetch and read the next rank's probe memfd */
+    int32_t fd_err;            /* EMFILE or ENFILE: this rank ran out of descriptors (its message names the limit) */
 } shm_info;
 
 /* What rank 0 broadcasts: where the segment is, or that there is none (and then rank 0's errno). */
@@ -238,7 +239,7 @@ static double shm_best_of(int reps, unsigned char *dst, const unsigned char *src
 
 /* Single-copy saves the sender's copy into a slot but costs the receiver a syscall, page pinning and
  * the kernel's copy; it pays only where that copy is about as fast as memcpy. */
-static int shm_cma_pays(shm_tp *t) {
+static int shm_cma_pays(shm_tp *t, shm_info *mine) {
     size_t len = 4 * SHM_PIECE;
     unsigned char *src = malloc(len);
     if (!src) return 0;
@@ -247,6 +248,8 @@ static int shm_cma_pays(shm_tp *t) {
     double kernel = shm_best_of(5, t->scratch, src, len, 1), user = shm_best_of(5, t->scratch, src, len, 0);
     free(src);
     int pays = kernel <= 1.25 * user;
+    mine->cma_gbps = (float)((double)len / kernel);
+    mine->copy_gbps = (float)((double)len / user);
     tally__log_debug(1, "shm: process_vm_readv copies at %.1f GB/s, memcpy at %.1f GB/s: single-copy %s",
                      (double)len / kernel, (double)len / user, pays ? "on for large messages" : "off");
     return pays;
@@ -316,13 +319,14 @@ static int shm_probe_all(shm_tp *t, shm_info *mine, shm_info *all, int cma, int 
     shm_open_pidfds(t, all, &mine->fd_err);
     if (mine->fd_err) shm_why(why, whylen, "pidfd_open (to watch the peers)", mine->fd_err);
     mine->cma_ok = cma && same_ns && shm_probe_cma(t, all);
-    mine->cma_pays = mine->cma_ok && calibrate && t->me == 0 && shm_cma_pays(t);
+    mine->cma_pays = mine->cma_ok && calibrate && t->me == 0 && shm_cma_pays(t, mine);
     int32_t had = mine->fd_err;
     mine->mem_ok = same_ns && shm_probe_mem(t, all, &mine->fd_err);
     if (mine->fd_err && !had) shm_why(why, whylen, "pidfd_getfd (the in-place read probe)", mine->fd_err);
     int rc = tally__boot_allgather(t->base.ctx.boot, mine, all, sizeof *mine);
-    int mem = 1;
+    int mem = 1, wanted = cma, read_ok = 1;
     for (int r = 0; r < t->n && !rc; r++) {
+        read_ok &= all[r].cma_ok;
         cma &= all[r].cma_ok;
         mem &= all[r].mem_ok;
         if (!all[r].fd_err) continue;
@@ -332,6 +336,13 @@ static int shm_probe_all(shm_tp *t, shm_info *mine, shm_info *all, int cma, int 
     t->cma = !rc && cma && same_ns;
     t->mem = !rc && mem && same_ns;
     if (!rc && calibrate) t->large_min = all[0].cma_pays ? SHM_LARGE_DEFAULT : SHM_LARGE_OFF;
+    t->cma_why = !wanted                         ? SHM_CMA_UNWANTED
+                 : !same_ns                      ? SHM_CMA_NS
+                 : !read_ok                      ? SHM_CMA_DENIED
+                 : calibrate && !all[0].cma_pays ? SHM_CMA_SLOW
+                                                 : SHM_CMA_ON;
+    t->cma_gbps = all[0].cma_gbps;
+    t->copy_gbps = all[0].copy_gbps;
     return rc;
 }
 
@@ -406,6 +417,52 @@ static shm_knobs shm_read_knobs(const tally_config *cfg) {
                        .large_min = cfg->shm_large > 0 ? (uint64_t)cfg->shm_large : 0};
 }
 
+static void shm_size_words(char *buf, size_t n, size_t bytes) {
+    if (bytes >= (1u << 20) && bytes % (1u << 20) == 0)
+        snprintf(buf, n, "%zu MiB", bytes >> 20);
+    else if (bytes >= 1024 && bytes % 1024 == 0)
+        snprintf(buf, n, "%zu KiB", bytes >> 10);
+    else
+        snprintf(buf, n, "%zu B", bytes);
+}
+
+/* Why messages from ordinary buffers go through the segment (copied in and out) rather than single-copy. */
+static const char *shm_cma_off_words(const shm_tp *t, char *buf, size_t n) {
+    switch (t->cma_why) {
+    case SHM_CMA_UNWANTED: return "TALLY_SHM_CMA=0 on a rank";
+    case SHM_CMA_NS: return "the ranks are in different pid namespaces";
+    case SHM_CMA_DENIED: return "process_vm_readv is not permitted here (ptrace rules)";
+    case SHM_CMA_SLOW:
+        snprintf(buf, n, "process_vm_readv copies at %.1f GB/s against memcpy's %.1f here", t->cma_gbps, t->copy_gbps);
+        return buf;
+    default: return "single-copy is off";
+    }
+}
+
+/* base.large: what large messages do here (which buffers are read in place, and what stopped the rest). */
+static void shm_describe_large(shm_tp *t, int off) {
+    char *d = t->base.large, at[32], why[96];
+    size_t n = sizeof t->base.large;
+    if (off) {
+        snprintf(d, n, "every message through the shared segment (TALLY_SHM_LARGE=off)");
+        return;
+    }
+    int k = 0;
+    if (t->mem && t->mem_min != SHM_LARGE_OFF) {
+        shm_size_words(at, sizeof at, t->mem_min);
+        k = snprintf(d, n, "tally_mem_alloc buffers read in place from %s; ", at);
+    } else {
+        k = snprintf(d, n, "tally_mem_alloc buffers sent like any other (pidfd_getfd failed); ");
+    }
+    if (k < 0 || (size_t)k >= n) return;
+    if (t->cma && t->large_min != SHM_LARGE_OFF) {
+        shm_size_words(at, sizeof at, t->large_min);
+        snprintf(d + k, n - (size_t)k, "others from %s read with process_vm_readv (single copy)", at);
+    } else {
+        snprintf(d + k, n - (size_t)k, "others through the shared segment (%s)", shm_cma_off_words(t, why, sizeof why));
+    }
+}
+
 int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     *out = NULL;
     shm_tp *t = calloc(1, sizeof *t);
@@ -435,6 +492,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
                              why[0] ? why : tally_strerror(rc), fd_short ? "" : "; TALLY_TRANSPORT=tcp avoids it");
     }
     shm_adopt_layout(t);
+    shm_describe_large(t, off);
     atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
     if (t->cma && t->large_min != SHM_LARGE_OFF) { /* each receiver reads its own: they copy side by side */

@@ -53,6 +53,7 @@ typedef struct tally__tp_ctx {
     const tally_config *cfg; /* the communicator's (shm reads shm_large and shm_cma); NULL: the defaults */
 } tally__tp_ctx;
 
+#define TALLY__TP_LARGE_MAX 200
 typedef struct tally__tp tally__tp;
 
 typedef struct tally__tp_ops {
@@ -85,6 +86,10 @@ struct tally__tp {
      * messages to several peers move one after another. The cost model reads it (tally__cost). */
     int pull;
     size_t pull_min;
+    /* What large messages do on this transport and why, in words for summaries (tally_comm_large_path):
+     * shm says which buffers are read in place and, where single-copy is off, what stopped it; "" where
+     * there is nothing to choose (tcp, self). */
+    char large[TALLY__TP_LARGE_MAX];
 };
 
 /* The rules above, checked (rules.c): TALLY_E_INVALID naming the backend and the bad send or receive. */

@@ -148,6 +148,8 @@ static void test_cli(void) {
     TH_CHECK(strstr(buf, "\"replicas_identical\": true") && strstr(buf, "\"bytes_sent_per_step\"") &&
                  strstr(buf, "\"world\": 2") && strstr(buf, "\"steps\": 10"),
              "summary JSON lacks expected fields: %s", buf);
+    /* two ranks on one host talk shm, whose summary says what the gradients' shared buffers do */
+    TH_CHECK(strstr(buf, "\"large_messages\": \"tally_mem_alloc buffers"), "large_messages: %s", buf);
     /* a step's compute from step to step: never negative, and for 10 steps of non-negative time at most
      * the mean x sqrt(10) (all of it in one step) */
     const char *sd = strstr(buf, "\"compute_sd\": "), *mean = strstr(buf, "\"compute\": ");

@@ -415,6 +415,41 @@ static void test_correctness(void) {
     }
 }
 
+/* What base.large says for each configuration: it names the knob or the reason that turned a path off. */
+static int large_path_rank(int rank, int size, void *arg) {
+    const run_cfg *c = arg;
+    rank_env e;
+    if (rank_open(&e, rank, size, 30)) return 1;
+    const char *d = e.tp->large;
+    /* single-copy may be refused here (ptrace rules): then the reason is named instead */
+    int denied = strstr(d, "not permitted") != NULL;
+    if (c->large && !strcmp(c->large, "off")) {
+        RCHECK(&e, strstr(d, "TALLY_SHM_LARGE=off") != NULL, "TALLY_SHM_LARGE=off: '%s'", d);
+    } else {
+        RCHECK(&e, !strncmp(d, "tally_mem_alloc buffers", 23), "no word on tally_mem_alloc buffers: '%s'", d);
+        if (c->cma_off_rank >= 0)
+            RCHECK(&e, strstr(d, "others through the shared segment (TALLY_SHM_CMA=0 on a rank)") != NULL,
+                   "TALLY_SHM_CMA=0: '%s'", d);
+        else if (c->large)
+            RCHECK(&e, denied || strstr(d, "others from 1 MiB read with process_vm_readv"), "TALLY_SHM_LARGE=1M: '%s'",
+                   d);
+        else /* calibrated: single-copy, or its figures against memcpy's */
+            RCHECK(&e, denied || strstr(d, "read with process_vm_readv") || strstr(d, "GB/s against memcpy's"),
+                   "calibrated: '%s'", d);
+    }
+    rank_close(&e);
+    return e.fails ? 1 : 0;
+}
+
+static void test_large_path(void) {
+    static const run_cfg cfgs[] = {{"off", -1, 1}, {"64K", 1, 1}, {"1M", -1, 1}, {NULL, -1, 1}};
+    for (size_t i = 0; i < sizeof cfgs / sizeof *cfgs; i++) {
+        th_opts o = {.child_env = cfg_env};
+        int bad = run_job(2, &o, large_path_rank, (void *)&cfgs[i], 60);
+        TH_CHECK(bad == 0, "large-message path description, case %zu: %d ranks failed", i, bad);
+    }
+}
+
 static shared_res *fault_job(int scenario, int n) {
     shared_res *sr = th_shared_alloc(sizeof *sr);
     sr->scenario = scenario;
@@ -527,6 +562,7 @@ static void test_nothing_left(void) {
 
 int main(void) {
     test_self();
+    test_large_path();
     test_correctness();
     test_mismatch();
     test_kill("256K");

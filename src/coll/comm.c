@@ -41,7 +41,11 @@ struct tally_comm {
     double timeout_s;    /* cfg.timeout */
     tally__cost cost;
     uint64_t logged[TALLY__COLL_COUNT]; /* log2-size buckets whose choice was logged (TALLY_DEBUG) */
-    struct tally__plain_mem *plain;     /* tally_mem_alloc blocks where the transport has no mem ops */
+    /* Each collective's last choice, bytes << 8 | algo (0: none): a program repeats its sizes, and asking
+     * every descriptor's cost formula again took 5% of an 8-byte allreduce. The cost and the levels are
+     * fixed once the communicator is made (set_levels empties it). */
+    _Atomic uint64_t chosen[TALLY__COLL_COUNT];
+    struct tally__plain_mem *plain; /* tally_mem_alloc blocks where the transport has no mem ops */
     /* The owner's reference (dropped by free or abort) plus one per call in flight: whoever drops the
      * last one destroys the communicator, so abort never frees it under a call on another thread. */
     _Atomic int refs;
@@ -301,6 +305,7 @@ int tally__comm_make_world(const tally_config *cfg, tally_comm **out) {
 void tally__comm_set_levels(tally_comm *c, const tally__levels *l, tally_comm *host, tally_comm *cross, double alpha,
                             double beta, int share) {
     c->levels = *l;
+    for (int k = 0; k < TALLY__COLL_COUNT; k++) atomic_store_explicit(&c->chosen[k], 0, memory_order_relaxed);
     tally__fault_link(&c->fault, 0, &host->fault);
     tally__fault_link(&c->fault, 1, &cross->fault);
     if (alpha > c->cost.alpha) c->cost.alpha = alpha;
@@ -446,12 +451,23 @@ TALLY_API const char *tally_comm_large_path(const tally_comm *c) { return c && c
 /* TALLY_ALGO=hier applies to what has levels (allreduce, reduce-scatter, all-gather); broadcast and
  * barrier then take the cost model's flat choice, as does a collective a forced flat algorithm has not.
  * Without it the levels are taken when the model says they are cheaper. */
-static int tally__choose(const tally_comm *c, int coll, size_t bytes) {
+static int tally__choose_afresh(const tally_comm *c, int coll, size_t bytes) {
     double by_level = c->levels.h ? c->levels.cost(c->levels.h, coll, bytes) : HUGE_VAL;
     if (c->forced_algo == TALLY__ALGO_HIER && by_level < HUGE_VAL) return TALLY__ALGO_HIER;
     const tally__algo_desc *forced = tally__algo_get(c->forced_algo);
     if (forced && tally__algo_has(forced, coll)) return c->forced_algo;
     return tally__algo_choose_levels(&c->cost, by_level, coll, c->ctx.size, bytes);
+}
+
+/* The choice, from the collective's last one when the size repeats (an atomic word: any thread may ask). */
+static int tally__choose(const tally_comm *c, int coll, size_t bytes) {
+    _Atomic uint64_t *slot = (_Atomic uint64_t *)&c->chosen[coll];
+    uint64_t last = atomic_load_explicit(slot, memory_order_relaxed);
+    if (last && last >> 8 == bytes) return (int)(last & 0xff);
+    int algo = tally__choose_afresh(c, coll, bytes);
+    if (bytes < ((uint64_t)1 << 56) && algo > 0 && algo < 256)
+        atomic_store_explicit(slot, (uint64_t)bytes << 8 | (uint64_t)algo, memory_order_relaxed);
+    return algo;
 }
 
 TALLY_API const char *tally_comm_algo_for(const tally_comm *c, size_t bytes) {

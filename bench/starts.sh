@@ -3,7 +3,8 @@
 # 64 MiB on 2 ranks, tally (shm, tcp; bound and --bind none) beside Open MPI (its default binding and
 # --bind-to none) and Gloo (when python3-torch is installed); then 4 and 8 ranks on this host's CPUs.
 # usage: bench/starts.sh [K] [PEERS_DIR]      K fresh starts per row (default 20); prints median and worst.
-# ONLY=2 runs the 2-rank table only, ONLY=crowded the 4- and 8-rank one.
+# ONLY=2 runs the 2-rank table only, ONLY=crowded the 4- and 8-rank one, ONLY=one-copy the shm table of
+# malloc'd buffers against tally_mem_alloc's (read in place) at 2 and 4 ranks, beside Open MPI and STREAM.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 starts=${1:-20}
@@ -21,9 +22,9 @@ if [ -f "$peers/gloo_allreduce_bench.py" ] && /usr/bin/python3 -c 'import torch.
 iters_for() { case $1 in 8 | 1024) echo 2000 ;; 1048576) echo 100 ;; *) echo 5 ;; esac; }
 
 # One start's time in us: tally's out-of-place column, Open MPI's and Gloo's time column.
-tally_us() { # ranks transport size bind
+tally_us() { # ranks transport size bind [--shared-mem]
   "$tally" bench allreduce -n "$1" --transport "$2" -b "$3" -e "$3" --iters "$(iters_for "$3")" --warmup 20 \
-    --bind "$4" | awk '$1 ~ /^[0-9]+$/ {print $6; exit}'
+    --bind "$4" ${5:+"$5"} | awk '$1 ~ /^[0-9]+$/ {print $6; exit}'
 }
 mpi_us() { # ranks btl size binding
   local btl=()
@@ -67,6 +68,23 @@ header() {
 echo "# bench/starts.sh: $starts fresh starts per row, f32 sum; median and worst time (us) and the busbw"
 echo "# (GB/s) they give for the large sizes; $(nproc) CPUs, load $(cut -d' ' -f1 /proc/loadavg)"
 if [ "$have_gloo" != 1 ]; then echo "# Gloo: no rows (python3-torch is not installed)"; fi
+if [ "$only" = one-copy ]; then
+  if gcc -O2 -o "$tmp/stream" "$peers/stream.c" 2>/dev/null; then
+    echo "# STREAM (one core, $peers/stream.c): $("$tmp/stream" | tail -1)"
+  fi
+  "$tally" bench allreduce -n 2 -b 8 -e 8 --iters 1 --warmup 0 | grep '^# large messages' | sed 's/; this run.*//'
+  header
+  for n in 2 4; do
+    mpi_bind=core
+    [ "$n" -gt "$(nproc)" ] && mpi_bind=none
+    for s in 1024 67108864; do
+      row "tally shm, malloc buffers" "$n" "$s" tally_us "$n" shm "$s" core
+      row "tally shm, tally_mem_alloc" "$n" "$s" tally_us "$n" shm "$s" core --shared-mem
+      if [ "$have_mpi" = 1 ]; then row "Open MPI shm, bind-to $mpi_bind" "$n" "$s" mpi_us "$n" shm "$s" "$mpi_bind"; fi
+    done
+  done
+  exit 0
+fi
 if [ "$only" != crowded ]; then
   header
   for s in 8 1024 1048576 67108864; do

@@ -1,20 +1,21 @@
 /* test_config.c - communicators made from a tally_config: worlds of 2 and 3 ranks over shm and tcp with
  * no TALLY_* variable in sight, two communicators of one process each keeping its own timeout, bad
- * fields refused by name, the log callback taking the debug lines, and tally_config_from_env naming the
- * variable that is wrong. */
+ * fields refused by name, the log callback taking the debug lines, tally_config_from_env naming the
+ * variable that is wrong, and the remembered algorithm choice answering as the model does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tally.h>
 #include <unistd.h>
 
+#include "coll/algo.h"
 #include "coll/coll.h"
 #include "harness.h"
 
 extern char **environ;
 
 typedef struct result {
-    int rc, size, left_env, debug_lines, other_levels, a_rc;
+    int rc, size, left_env, debug_lines, other_levels, a_rc, algo_ok;
     char transport[16], msg[800], line[400];
     double sum, timeout_a, timeout_b, waited;
 } result;
@@ -59,6 +60,22 @@ static void config_of(tally_config *cfg, const given *g, int rank, int size, int
 
 /* ---- a world from its config alone ---- */
 
+/* The choice tally_comm_algo_for reports is the model's, asked afresh, for sizes asked in turn and again
+ * after others (each collective remembers its last choice: a repeated size must not answer a new one). */
+static int algo_choice_holds(tally_comm *c, char *msg, size_t n) {
+    static const size_t sizes[] = {8, 1024, 65536, 1 << 20, 64 << 20, 1024, 8, 1 << 20, 1 << 20, 0, 8};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        const char *said = tally_comm_algo_for(c, sizes[i]);
+        const char *model =
+            tally__algo_name(tally__algo_choose(tally__comm_cost(c), TALLY__ALLREDUCE, tally_comm_size(c), sizes[i]));
+        if (strcmp(said, model)) {
+            snprintf(msg, n, "%zu bytes (ask %zu): algo_for says %s, the model %s", sizes[i], i, said, model);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static int fn_plain(int rank, int size, void *arg) {
     given g;
     take_env_away(&g);
@@ -71,6 +88,7 @@ static int fn_plain(int rank, int size, void *arg) {
     double v = rank + 1;
     if (!rc) rc = tally_allreduce(c, &v, &R[rank].sum, 1, TALLY_F64, TALLY_SUM);
     if (c) {
+        R[rank].algo_ok = algo_choice_holds(c, R[rank].line, sizeof R[rank].line);
         R[rank].size = tally_comm_size(c);
         snprintf(R[rank].transport, sizeof R[rank].transport, "%s", tally_comm_transport(c));
     }
@@ -88,6 +106,8 @@ static void test_plain(int n, int transport, const char *name) {
                      !strcmp(R[r].transport, name),
                  "%d ranks over %s: rank %d got rc %d, size %d, sum %g, transport %s, env left %d: %s", n, name, r,
                  R[r].rc, R[r].size, R[r].sum, R[r].transport, R[r].left_env, R[r].msg);
+    for (int r = 0; r < n; r++)
+        TH_CHECK(R[r].rc || R[r].algo_ok, "%d ranks over %s: rank %d: %s", n, name, r, R[r].line);
 }
 
 /* ---- two communicators, two timeouts ---- */

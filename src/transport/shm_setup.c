@@ -324,9 +324,8 @@ static int shm_probe_all(shm_tp *t, shm_info *mine, shm_info *all, int cma, int 
     mine->mem_ok = same_ns && shm_probe_mem(t, all, &mine->fd_err);
     if (mine->fd_err && !had) shm_why(why, whylen, "pidfd_getfd (the in-place read probe)", mine->fd_err);
     int rc = tally__boot_allgather(t->base.ctx.boot, mine, all, sizeof *mine);
-    int mem = 1, wanted = cma, read_ok = 1;
+    int mem = 1, wanted = cma;
     for (int r = 0; r < t->n && !rc; r++) {
-        read_ok &= all[r].cma_ok;
         cma &= all[r].cma_ok;
         mem &= all[r].mem_ok;
         if (!all[r].fd_err) continue;
@@ -338,7 +337,7 @@ static int shm_probe_all(shm_tp *t, shm_info *mine, shm_info *all, int cma, int 
     if (!rc && calibrate) t->large_min = all[0].cma_pays ? SHM_LARGE_DEFAULT : SHM_LARGE_OFF;
     t->cma_why = !wanted                         ? SHM_CMA_UNWANTED
                  : !same_ns                      ? SHM_CMA_NS
-                 : !read_ok                      ? SHM_CMA_DENIED
+                 : !cma                          ? SHM_CMA_DENIED /* wanted, same namespace: a probe failed */
                  : calibrate && !all[0].cma_pays ? SHM_CMA_SLOW
                                                  : SHM_CMA_ON;
     t->cma_gbps = all[0].cma_gbps;

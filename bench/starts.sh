@@ -4,7 +4,10 @@
 # --bind-to none) and Gloo (when python3-torch is installed); then 4 and 8 ranks on this host's CPUs.
 # usage: bench/starts.sh [K] [PEERS_DIR]      K fresh starts per row (default 20); prints median and worst.
 # ONLY=2 runs the 2-rank table only, ONLY=crowded the 4- and 8-rank one, ONLY=one-copy the shm table of
-# malloc'd buffers against tally_mem_alloc's (read in place) at 2 and 4 ranks, beside Open MPI and STREAM.
+# malloc'd buffers against tally_mem_alloc's (read in place) at 2 and 4 ranks, beside Open MPI and STREAM;
+# ONLY=tcp the 2-rank table's tcp rows only. Beside the 64 MiB tcp rows, what loopback TCP itself moves
+# (bench/tcp_duplex.c: two processes streaming each other 64 MiB at once over one connection, nothing
+# else done): a 2-rank ring moves the message's bytes each way, no fewer, and reduces besides.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 starts=${1:-20}
@@ -19,6 +22,9 @@ if command -v mpicc >/dev/null && mpicc -O2 -o "$tmp/mpi_ar" "$peers/mpi_allredu
 have_gloo=0
 if [ -f "$peers/gloo_allreduce_bench.py" ] && /usr/bin/python3 -c 'import torch.distributed' 2>/dev/null; then have_gloo=1; fi
 
+have_wire=0
+if gcc -O2 -pthread -o "$tmp/tcp_duplex" "$here/bench/tcp_duplex.c" 2>/dev/null; then have_wire=1; fi
+
 iters_for() { case $1 in 8 | 1024) echo 2000 ;; 1048576) echo 100 ;; *) echo 5 ;; esac; }
 
 # One start's time in us: tally's out-of-place column, Open MPI's and Gloo's time column.
@@ -31,6 +37,9 @@ mpi_us() { # ranks btl size binding
   [ "$2" = tcp ] && btl=(--mca btl self,tcp)
   mpirun --oversubscribe "${btl[@]}" --bind-to "$4" -np "$1" "$tmp/mpi_ar" "$3" "$3" "$(iters_for "$3")" 2>/dev/null |
     awk '$1 ~ /^[0-9]+$/ {print $3; exit}'
+}
+wire_us() { # size: us per that many bytes streamed each way at once
+  "$tmp/tcp_duplex" "$1" "$(iters_for "$1")"
 }
 gloo_us() { # ranks size (its own iteration count: 10)
   MASTER_PORT=$((20000 + RANDOM % 20000)) /usr/bin/python3 "$peers/gloo_allreduce_bench.py" "$1" "$2" "$2" 2>/dev/null |
@@ -87,8 +96,11 @@ if [ "$only" = one-copy ]; then
 fi
 if [ "$only" != crowded ]; then
   header
+  tps="shm tcp"
+  [ "$only" = tcp ] && tps=tcp
   for s in 8 1024 1048576 67108864; do
-    for tp in shm tcp; do
+    if [ "$have_wire" = 1 ] && [ "$s" -ge 67108864 ]; then row "plain TCP stream, both ways" 2 "$s" wire_us "$s"; fi
+    for tp in $tps; do
       row "tally $tp, bound" 2 "$s" tally_us 2 "$tp" "$s" core
       row "tally $tp, --bind none" 2 "$s" tally_us 2 "$tp" "$s" none
       if [ "$have_mpi" = 1 ]; then
@@ -99,7 +111,7 @@ if [ "$only" != crowded ]; then
     if [ "$have_gloo" = 1 ]; then row "Gloo (tcp)" 2 "$s" gloo_us 2 "$s"; fi
   done
 fi
-if [ "$only" != 2 ]; then
+if [ "$only" != 2 ] && [ "$only" != tcp ]; then
   echo "# more ranks than this host's $(nproc) CPUs: nobody can bind a rank to a CPU of its own"
   header
   for n in 4 8; do

@@ -368,6 +368,10 @@ TALLY_API const char *tally_comm_algo_for(const tally_comm *comm, size_t bytes);
  * and fast enough) and, where a path is off, what turned it off ("TALLY_SHM_CMA=0 on a rank", the
  * calibration's figures, ...). "" where the transport has no such choice (tcp, one rank). */
 TALLY_API const char *tally_comm_large_path(const tally_comm *comm);
+/* The smallest message the other ranks on this host read in place when it lies in tally_mem_alloc
+ * memory; 0 where none is (tcp, self, several hosts, TALLY_SHM_LARGE=off, peers' buffers out of reach).
+ * For bindings choosing whether moving a buffer into such memory pays (the PyTorch backend's buckets). */
+TALLY_API size_t tally_comm_mem_min(const tally_comm *comm);
 
 /* Payload bytes this rank has sent to its peers in collectives since tally_comm_init (headers and the
  * set-up measurements not counted); sample it before and after to get the bytes of one step. Read it

@@ -90,6 +90,7 @@ _sigs = {
     "tally_comm_transport": (ctypes.c_char_p, [c_comm_p]),
     "tally_comm_algo_for": (ctypes.c_char_p, [c_comm_p, ctypes.c_size_t]),
     "tally_comm_large_path": (ctypes.c_char_p, [c_comm_p]),
+    "tally_comm_mem_min": (ctypes.c_size_t, [c_comm_p]),
     "tally_allreduce": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                                        ctypes.c_int]),
     "tally_reduce_scatter": (ctypes.c_int, [c_comm_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,

@@ -355,6 +355,12 @@ class Comm:
         """What large messages do between ranks on this host (tally_comm_large_path); "" over tcp."""
         return lib.tally_comm_large_path(self._handle()).decode()
 
+    @property
+    def mem_min(self):
+        """Bytes from which arrays from mem_alloc are read in place by the other ranks on this host
+        (tally_comm_mem_min); 0 where none are (tcp, self, TALLY_SHM_LARGE=off)."""
+        return lib.tally_comm_mem_min(self._handle())
+
     def algo_for(self, nbytes):
         return lib.tally_comm_algo_for(self._handle(), _int(nbytes, "nbytes")).decode()
 

@@ -49,6 +49,7 @@ def case_collectives(c):
     sizes = [0, 1, 7, 1001, 3 * c.size + 1, 1 << 20]
     if c.transport == "shm":  # says which buffers are read in place
         check(c.large_path.startswith("tally_mem_alloc buffers"), f"large_path over shm: {c.large_path!r}")
+        check(c.mem_min == 256 << 10, f"mem_min over shm: {c.mem_min}")
     for dt in dtypes:
         name = np.dtype(dt).name
         for n in sizes:
@@ -212,6 +213,7 @@ def case_config():
     check(c.rank == rank and c.size == size and c.transport == "tcp" and c.algo_for(1 << 20) == "ring",
           f"rank {c.rank} of {c.size} over {c.transport}, {c.algo_for(1 << 20)}")
     check(c.large_path == "", f"tcp has no large-message path to name: {c.large_path!r}")
+    check(c.mem_min == 0, f"tcp reads nothing in place: mem_min {c.mem_min}")
     v = np.full(5, rank + 1, np.float32)
     c.allreduce(v)
     check(np.all(v == size * (size + 1) / 2), "allreduce over the configured communicator")

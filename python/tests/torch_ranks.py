@@ -178,12 +178,27 @@ def case_more():
     dist.destroy_process_group()
 
 
+def tally_memory_held():
+    """Whether this process holds a tally_mem_alloc region (a memfd named tally-mem)."""
+    fds = "/proc/self/fd"
+    names = []
+    for fd in os.listdir(fds):
+        try:
+            names.append(os.readlink(os.path.join(fds, fd)))
+        except OSError:
+            pass  # the directory's own descriptor, gone by now
+    return any("tally-mem" in name for name in names)
+
+
 def staging_cases(rank, size):
     """Lists of tensors the backend uses where they lie (views back to back, as chunk() leaves them) or through
     its kept staging block (apart, or overlapping the other side: in place), at a size past the block's floor
-    (64 KiB), twice over, and two operations in flight at once (the second cannot have the block)."""
-    n = 20000  # 80 KB of float32 a part
-    for apart in (False, True):
+    (64 KiB) and one past the floor of tally memory (on shm the block lies there, read in place by the peers),
+    twice over, and two operations in flight at once (the second cannot have the block)."""
+    pg = dist.distributed_c10d._get_default_group()
+    shm = pg.transport == "shm"
+    check(pg.mem_min == (256 << 10 if shm else 0), f"mem_min {pg.mem_min} over {pg.transport}")
+    for n, apart in ((20000, False), (20000, True), (80000, True)):  # 80000: 320 KB a part, past 256 KiB
         for _ in range(2):
             whole = torch.empty(size * n)
             outs = [torch.empty(n) for _ in range(size)] if apart else list(whole.chunk(size))
@@ -210,6 +225,7 @@ def staging_cases(rank, size):
             li = [torch.full((n,), 10.0 * rank + j) for j in range(size)]
             dist.all_to_all(lo, li if apart else list(torch.cat(li).chunk(size)))
             check(all(torch.all(lo[i] == 10.0 * i + rank) for i in range(size)), f"all_to_all apart={apart}")
+    check(not shm or tally_memory_held(), "on shm the staging block past 256 KiB is tally_mem_alloc memory")
     # in place: all_gather's input is its own slot of the outputs; reduce_scatter's output one of its inputs
     whole = torch.arange(size * n, dtype=torch.float32)
     outs = list(whole.chunk(size))

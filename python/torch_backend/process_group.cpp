@@ -6,6 +6,8 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
+#include "staging.hpp"
+
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -160,14 +162,16 @@ class ProcessGroupTally : public c10d::ProcessGroup {
             rc = tally_comm_init_config(&comm_, &cfg);
         }
         TORCH_CHECK(rc == 0, "tally: init_process_group failed: ", tally_last_error());
+        staging_ = std::make_unique<tally_torch::Staging>(comm_);
         TORCH_CHECK(tally_comm_rank(comm_) == rank && tally_comm_size(comm_) == size,
                     "tally: the communicator is rank ", tally_comm_rank(comm_), " of ", tally_comm_size(comm_),
                     ", torch asked for rank ", rank, " of ", size);
     }
-    ~ProcessGroupTally() override { tally_comm_free(comm_); }
+    ~ProcessGroupTally() override { staging_->free_comm(); }
 
     const std::string getBackendName() const override { return "tally"; }
     std::string transport() const { return tally_comm_transport(comm_); }
+    size_t mem_min() const { return tally_comm_mem_min(comm_); }
 
     c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor> &tensors,
                                              const c10d::AllreduceOptions &opts) override {
@@ -514,20 +518,8 @@ class ProcessGroupTally : public c10d::ProcessGroup {
         return n;
     }
 
-    // numel elements of memory for staging: the group's kept block while no operation holds it (a fresh 64 MiB
-    // block faults its pages in at every call: 190 ms of a 64 MiB scatter on the 2-core EPYC VM), else new.
-    at::Tensor staging(int64_t numel, const at::TensorOptions &o) {
-        int64_t bytes = numel * (int64_t)o.dtype().itemsize();
-        std::lock_guard<std::mutex> held(stage_mu_);
-        if (bytes < (64 << 10)) return at::empty({numel}, o); // malloc's free lists serve these
-        bool idle = stage_.defined() && stage_.storage().use_count() == 1;
-        if (stage_.defined() && !idle) return at::empty({numel}, o);
-        if (!stage_.defined() || stage_.numel() < bytes) {
-            stage_ = at::Tensor(); // the old block goes before the new one is faulted in
-            stage_ = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
-        }
-        return stage_.narrow(0, 0, bytes).view(c10::typeMetaToScalarType(o.dtype()));
-    }
+    // numel elements of memory for staging (staging.hpp: the kept block, in tally memory where that pays).
+    at::Tensor staging(int64_t numel, const at::TensorOptions &o) { return staging_->take(numel, o); }
 
     // One contiguous 1-D tensor holding ts one after another (ts share a dtype), in staging.
     at::Tensor flatten(const std::vector<at::Tensor> &ts) {
@@ -626,8 +618,7 @@ class ProcessGroupTally : public c10d::ProcessGroup {
     }
 
     tally_comm *comm_ = nullptr;
-    std::mutex stage_mu_;
-    at::Tensor stage_; // bytes kept for staging (staging())
+    std::unique_ptr<tally_torch::Staging> staging_; // owns the communicator's freeing (free_comm)
 };
 
 } // namespace
@@ -642,5 +633,8 @@ PYBIND11_MODULE(_torch_backend, m) {
                  return c10::make_intrusive<ProcessGroupTally>(rank, size, bytes);
              }),
              py::arg("rank"), py::arg("size"), py::arg("config") = py::bytes())
-        .def_property_readonly("transport", &ProcessGroupTally::transport);
+        .def_property_readonly("transport", &ProcessGroupTally::transport)
+        .def_property_readonly("mem_min", &ProcessGroupTally::mem_min,
+                               "staged messages of this many bytes or more are read in place by the other ranks "
+                               "on this host (tally_comm_mem_min); 0: none are");
 }

@@ -448,6 +448,8 @@ TALLY_API const char *tally_comm_transport(const tally_comm *c) {
 
 TALLY_API const char *tally_comm_large_path(const tally_comm *c) { return c && c->ctx.tp ? c->ctx.tp->large : ""; }
 
+TALLY_API size_t tally_comm_mem_min(const tally_comm *c) { return c && c->ctx.tp ? c->ctx.tp->mem_min : 0; }
+
 /* TALLY_ALGO=hier applies to what has levels (allreduce, reduce-scatter, all-gather); broadcast and
  * barrier then take the cost model's flat choice, as does a collective a forced flat algorithm has not.
  * Without it the levels are taken when the model says they are cheaper. */

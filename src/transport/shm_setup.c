@@ -492,6 +492,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     }
     shm_adopt_layout(t);
     shm_describe_large(t, off);
+    t->base.mem_min = t->mem && t->mem_min != SHM_LARGE_OFF ? t->mem_min : 0;
     atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
     if (t->cma && t->large_min != SHM_LARGE_OFF) { /* each receiver reads its own: they copy side by side */

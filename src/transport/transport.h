@@ -90,6 +90,9 @@ struct tally__tp {
      * shm says which buffers are read in place and, where single-copy is off, what stopped it; "" where
      * there is nothing to choose (tcp, self). */
     char large[TALLY__TP_LARGE_MAX];
+    /* Messages of mem_min bytes or more from mem_alloc's memory are read in place by the peers
+     * (tally_comm_mem_min); 0 where none are (no mem_alloc, or in-place reads off). */
+    size_t mem_min;
 };
 
 /* The rules above, checked (rules.c): TALLY_E_INVALID naming the backend and the bad send or receive. */

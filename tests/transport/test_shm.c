@@ -423,6 +423,13 @@ static int large_path_rank(int rank, int size, void *arg) {
     const char *d = e.tp->large;
     /* single-copy may be refused here (ptrace rules): then the reason is named instead */
     int denied = strstr(d, "not permitted") != NULL;
+    /* the in-place floor for tally_mem_alloc buffers (tally_comm_mem_min): TALLY_SHM_LARGE, never below 256 KiB */
+    size_t mem_min = !c->large                  ? 256u << 10
+                     : !strcmp(c->large, "off") ? 0
+                     : !strcmp(c->large, "1M")  ? 1u << 20
+                                                : 256u << 10;
+    RCHECK(&e, e.tp->mem_min == mem_min, "TALLY_SHM_LARGE=%s: mem_min %zu, want %zu", c->large ? c->large : "(unset)",
+           e.tp->mem_min, mem_min);
     if (c->large && !strcmp(c->large, "off")) {
         RCHECK(&e, strstr(d, "TALLY_SHM_LARGE=off") != NULL, "TALLY_SHM_LARGE=off: '%s'", d);
     } else {

@@ -153,6 +153,8 @@ static int rank_colls(int rank, int size, void *arg) {
     if (rank_open(&x, rank, size)) return 1;
     RCHECK(&x, !strcmp(tally_comm_transport(x.c), g->transport), "transport %s, want %s", tally_comm_transport(x.c),
            g->transport);
+    size_t mem_min = tally_comm_mem_min(x.c), want = !strcmp(g->transport, "shm") ? 256u << 10 : 0;
+    RCHECK(&x, mem_min == want, "tally_comm_mem_min %zu over %s, want %zu", mem_min, g->transport, want);
     x.shared = g->bufs != BUF_MIXED || rank % 2 == 0;
     x.off = g->bufs == BUF_OFFSET ? 64 : 0;
     size_t sizes[] = {1024, 1u << 20, (16u << 20) + 4};

@@ -370,7 +370,7 @@ TALLY_API const char *tally_comm_algo_for(const tally_comm *comm, size_t bytes);
 TALLY_API const char *tally_comm_large_path(const tally_comm *comm);
 /* The smallest message the other ranks on this host read in place when it lies in tally_mem_alloc
  * memory; 0 where none is (tcp, self, several hosts, TALLY_SHM_LARGE=off, peers' buffers out of reach).
- * For bindings choosing whether moving a buffer into such memory pays (the PyTorch backend's buckets). */
+ * For bindings choosing where to stage (the PyTorch backend keeps its staging block there from this size). */
 TALLY_API size_t tally_comm_mem_min(const tally_comm *comm);
 
 /* Payload bytes this rank has sent to its peers in collectives since tally_comm_init (headers and the

@@ -2,8 +2,9 @@
 """torch_ops.py - every torch.distributed operation over tally beside the same over Gloo, in one run: for
 each world size, each backend started afresh STARTS times (alternating), bench/torch_ops_bench.py timing
 every operation at each size; prints median and worst of the starts and tally's speed-up, and with --write
-stores them as bench/results/torch-ops.json (BENCHMARKS.md's table: scripts/bench-tables.py).
-usage: bench/torch_ops.py [--starts 3] [--ranks 2,4] [--sizes 1024,1048576,67108864] [--write]
+stores them as bench/results/torch-ops.json, or the results file named (BENCHMARKS.md's table:
+scripts/bench-tables.py).
+usage: bench/torch_ops.py [--starts 3] [--ranks 2,4] [--sizes 1024,1048576,67108864] [--write [PATH]]
 (needs the build with the backend, PYTHONPATH=build/python: scripts/deps.sh --torch; Debian's python3)"""
 import argparse
 import datetime
@@ -77,7 +78,8 @@ def main():
     ap.add_argument("--starts", type=int, default=3)
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--sizes", default="1024,1048576,67108864")
-    ap.add_argument("--write", action="store_true", help="store bench/results/torch-ops.json")
+    ap.add_argument("--write", nargs="?", const=os.path.join(HERE, "results", "torch-ops.json"), default=None,
+                    metavar="PATH", help="store the results (default bench/results/torch-ops.json)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     samples = {}
@@ -101,7 +103,9 @@ def main():
             "title": "Every torch.distributed operation: tally beside Gloo",
             "measured": datetime.date.today().isoformat(),
             "machine": f"{os.cpu_count()} cores, {cpu_name()}, Debian's PyTorch 1.13.1, ranks unpinned",
-            "command": f"bench/torch_ops.py --starts {a.starts} --ranks {a.ranks} --sizes {a.sizes} --write",
+            "command": f"bench/torch_ops.py --starts {a.starts} --ranks {a.ranks} --sizes {a.sizes} --write"
+                       + ("" if a.write.endswith(os.path.join("results", "torch-ops.json")) else
+                          f" {os.path.relpath(a.write, ROOT)}"),
             "history": "Every torch.distributed operation: tally beside Gloo",
             "about": ("bench/torch_ops_bench.py, one fresh start per backend in turn, STARTS times: each operation "
                       "timed the nccl-tests way (a warm-up, then 40, 10 or 3 calls by size; the slowest rank's "
@@ -109,7 +113,7 @@ def main():
                       "ranks 0 and 1. busbw with nccl-tests' factors."),
             "rows": rows,
         }
-        path = os.path.join(HERE, "results", "torch-ops.json")
+        path = a.write
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
             f.write("\n")

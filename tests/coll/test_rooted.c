@@ -396,6 +396,7 @@ static int rank_args(int rank, int n, void *arg) {
 typedef struct deaths {
     int rc[TH_MAX_RANKS];
     char msg[TH_MAX_RANKS][600];
+    int warm; /* ranks past the warm-up allreduce */
 } deaths;
 
 static deaths *D;
@@ -408,7 +409,11 @@ static int rank_dies(int rank, int n, void *arg) {
     size_t ones[TH_MAX_RANKS], at[TH_MAX_RANKS];
     for (int j = 0; j < n; j++) ones[j] = 1, at[j] = (size_t)j;
     if (check_rc(rank, "allreduce", tally_allreduce(c, &warm, &warm, 1, TALLY_F32, TALLY_SUM))) return 1;
-    if (rank == last) _exit(0); /* gone without a goodbye */
+    __atomic_add_fetch(&D->warm, 1, __ATOMIC_SEQ_CST);
+    if (rank == last) { /* gone without a goodbye, once the others are out of the warm-up (else it fails them) */
+        for (double t0 = th_now(); __atomic_load_n(&D->warm, __ATOMIC_SEQ_CST) < n && th_now() - t0 < 10;) usleep(100);
+        _exit(0);
+    }
     int rc;
     switch (coll) {
     case TALLY__REDUCE: rc = tally_reduce(c, buf, out, 64, TALLY_F32, TALLY_SUM, 0); break;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/numeric/copy.h"
 #include "core/numeric/dtype.h"
 #include "core/numeric/reduce.h"
 #include "harness.h"
@@ -707,8 +708,49 @@ static void test_names(void) {
           "unknown parses");
 }
 
+/* tally__copy_out against memmove: every size class either side of the streaming floor, each alignment
+ * of source and destination, bytes around the copy left alone, and overlapping ranges. */
+static void test_copy_out(void) {
+    const size_t floor = TALLY__COPY_STREAM_MIN;
+    const size_t sizes[] = {0, 1, 63, 64, 1000, floor - 1, floor, floor + 1, floor + 4096 + 17};
+    size_t cap = floor + 8192;
+    unsigned char *src = malloc(cap), *dst = malloc(cap + 64), *want = malloc(cap + 64);
+    if (!src || !dst || !want) FAIL("no memory for the copy test");
+    for (size_t i = 0; i < cap; i++) src[i] = (unsigned char)rnd();
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+        for (size_t so = 0; so < 3; so++)
+            for (size_t d_off = 0; d_off < 17; d_off += 8) {
+                size_t n = sizes[k], doff = d_off + 1; /* 1, 9, 17: never 16-byte aligned as given */
+                if (n + so > cap) continue;
+                memset(dst, 0xA5, cap + 64);
+                memcpy(want, dst, cap + 64);
+                memcpy(want + doff, src + so, n);
+                tally__copy_out(dst + doff, src + so, n);
+                CHECK(!memcmp(dst, want, cap + 64), "copy_out of %zu bytes (source +%zu, destination +%zu)", n, so,
+                      doff);
+            }
+    /* overlapping: as memmove, both ways */
+    for (size_t shift = 1; shift <= 4096; shift *= 64) {
+        size_t n = floor;
+        memcpy(dst, src, n + shift);
+        memcpy(want, src, n + shift);
+        memmove(want + shift, want, n);
+        tally__copy_out(dst + shift, dst, n);
+        CHECK(!memcmp(dst, want, n + shift), "overlapping copy_out forward by %zu", shift);
+        memcpy(dst, src, n + shift);
+        memcpy(want, src, n + shift);
+        memmove(want, want + shift, n);
+        tally__copy_out(dst, dst + shift, n);
+        CHECK(!memcmp(dst, want, n + shift), "overlapping copy_out back by %zu", shift);
+    }
+    free(src);
+    free(dst);
+    free(want);
+}
+
 int main(void) {
     test_names();
+    test_copy_out();
     test_valid_pairs();
     test_conversions();
     static const char *const levels[] = {"scalar", "avx2", "avx512"};

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/numeric/copy.h"
 #include "../algo.h"
 
 /* Rank 0 reduces the peers' vectors into dst one at a time, in rank order: one exchange each, since
@@ -123,7 +124,7 @@ static int direct_gather(const tally__ctx *c, const void *send, void *recv, size
     if (!r) return tally__seterr(TALLY_E_NOMEM, "rank %d: direct gather: no memory", c->rank);
     for (int k = 0, i = 0; k < c->size; k++)
         if (k != root) r[i++] = (tally__recv){.peer = k, .dst = tally__at(recv, (size_t)k * count, es), .len = bytes};
-    memmove(tally__at(recv, (size_t)root * count, es), send, bytes);
+    tally__copy_out(tally__at(recv, (size_t)root * count, es), send, bytes);
     rc = tally__xchg(c, NULL, 0, r, c->size - 1);
     free(r);
     return rc;
@@ -135,7 +136,7 @@ static int direct_scatter(const tally__ctx *c, const void *send, void *recv, siz
     int rc = tally__agree(c, NULL, 0, t, root);
     if (rc || c->rank != root) return rc ? rc : tally__recv_one(c, root, recv, NULL, bytes, t, TALLY_SUM);
     rc = root_scatter_from(c, send, bytes, bytes, root);
-    if (!rc) memmove(recv, tally__at(send, (size_t)root * count, es), bytes);
+    if (!rc) tally__copy_out(recv, tally__at(send, (size_t)root * count, es), bytes);
     return rc;
 }
 

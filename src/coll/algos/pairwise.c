@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/numeric/copy.h"
 #include "../algo.h"
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -27,7 +28,7 @@ static int pairwise_alltoall(const tally__ctx *c, const void *send, void *recv, 
         return tally__seterr(TALLY_E_NOMEM, "rank %d: pairwise alltoall: no memory for %zu bytes", me,
                              (size_t)n * bytes);
     const char *src = copy ? memcpy(copy, send, (size_t)n * bytes) : send;
-    if (!copy) memcpy((char *)recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
+    if (!copy) tally__copy_out((char *)recv + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
     for (int k = 1; k < n && !rc; k++) {
         int to = mod(me + k, n), from = mod(me - k, n);
         rc = pair_round(c, to, src + (size_t)to * bytes, bytes, from, (char *)recv + (size_t)from * bytes, bytes, 0);
@@ -40,7 +41,8 @@ static int pairwise_alltoallv(const tally__ctx *c, const void *send, const size_
                               void *recv, const size_t *recvcounts, const size_t *rdispls, tally_dtype t) {
     int n = c->size, me = c->rank, rc = 0;
     size_t es = tally_dtype_size(t);
-    if (sendcounts[me]) memcpy(tally__at(recv, rdispls[me], es), tally__at(send, sdispls[me], es), sendcounts[me] * es);
+    if (sendcounts[me])
+        tally__copy_out(tally__at(recv, rdispls[me], es), tally__at(send, sdispls[me], es), sendcounts[me] * es);
     for (int k = 1; k < n && !rc; k++) { /* a buffer may be NULL where its counts are all 0 */
         int to = mod(me + k, n), from = mod(me - k, n);
         const void *sbuf = sendcounts[to] ? tally__at(send, sdispls[to], es) : NULL;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "coll/algo.h"
+#include "core/numeric/copy.h"
 #include "core/numeric/dtype.h"
 #include "harness.h"
 
@@ -286,6 +287,12 @@ static int rank_sweep(int rank, int n, void *arg) {
     for (int si = 0; si < 4 && runs(w, TALLY__ALLTOALLV); si++)
         for (int ti = 0; ti < NDTYPES && !S->failures; ti++)
             if (si < 3 || ti == 0) check_alltoallv(c, dtypes[ti], scales[si]);
+    if (th_long() && !th_light() && n == 2) { /* own blocks past the streaming copy's floor, at odd offsets */
+        size_t big = TALLY__COPY_STREAM_MIN / sizeof(float) + 3;
+        if (runs(w, TALLY__GATHER)) check_gather(c, TALLY_F32, big, 1);
+        if (runs(w, TALLY__SCATTER)) check_scatter(c, TALLY_F32, big, 0);
+        if (runs(w, TALLY__ALLTOALL)) check_alltoall(c, TALLY_F32, big, 0);
+    }
     check_rc(rank, "tally_comm_free", tally_comm_free(c));
     return S->failures ? 1 : 0;
 }

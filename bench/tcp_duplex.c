@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -54,13 +55,20 @@ static int recv_one(duplex *d) {
     return 0;
 }
 
+/* Every wait of this program ends: an accept, a send or a receive that waits this long fails it. */
+static int bounded(int fd) {
+    struct timeval limit = {.tv_sec = 10};
+    return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) ||
+           setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+}
+
 /* A connected pair: the listener's end in the parent, the connecting end in the child (*child = 1). */
 static int connect_pair(int *child) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
     int ls = socket(AF_INET, SOCK_STREAM, 0);
-    if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || getsockname(ls, (struct sockaddr *)&a, &len) ||
-        listen(ls, 1))
+    if (ls < 0 || bounded(ls) || bind(ls, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(ls, (struct sockaddr *)&a, &len) || listen(ls, 1))
         return -1;
     pid_t pid = fork();
     if (pid < 0) return -1;
@@ -75,7 +83,7 @@ static int connect_pair(int *child) {
         close(ls);
     }
     int one = 1;
-    if (fd < 0 || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) return -1;
+    if (fd < 0 || bounded(fd) || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) return -1;
     return fd;
 }
 

@@ -17,6 +17,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+DEFAULT_OUT = os.path.join(HERE, "results", "torch-ops.json")
 SIZE_NAMES = {1024: "1 KiB", 1 << 20: "1 MiB", 64 << 20: "64 MiB"}
 
 
@@ -78,7 +79,7 @@ def main():
     ap.add_argument("--starts", type=int, default=3)
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--sizes", default="1024,1048576,67108864")
-    ap.add_argument("--write", nargs="?", const=os.path.join(HERE, "results", "torch-ops.json"), default=None,
+    ap.add_argument("--write", nargs="?", const=DEFAULT_OUT, default=None,
                     metavar="PATH", help="store the results (default bench/results/torch-ops.json)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -104,8 +105,7 @@ def main():
             "measured": datetime.date.today().isoformat(),
             "machine": f"{os.cpu_count()} cores, {cpu_name()}, Debian's PyTorch 1.13.1, ranks unpinned",
             "command": f"bench/torch_ops.py --starts {a.starts} --ranks {a.ranks} --sizes {a.sizes} --write"
-                       + ("" if a.write.endswith(os.path.join("results", "torch-ops.json")) else
-                          f" {os.path.relpath(a.write, ROOT)}"),
+                       + ("" if os.path.abspath(a.write) == DEFAULT_OUT else f" {os.path.relpath(a.write, ROOT)}"),
             "history": "Every torch.distributed operation: tally beside Gloo",
             "about": ("bench/torch_ops_bench.py, one fresh start per backend in turn, STARTS times: each operation "
                       "timed the nccl-tests way (a warm-up, then 40, 10 or 3 calls by size; the slowest rank's "

@@ -438,6 +438,9 @@ static const char *shm_cma_off_words(const shm_tp *t, char *buf, size_t n) {
     }
 }
 
+/* Single-copy (process_vm_readv) takes the messages of large_min bytes or more. */
+static int shm_cma_on(const shm_tp *t) { return t->cma && t->large_min != SHM_LARGE_OFF; }
+
 /* base.large: what large messages do here (which buffers are read in place, and what stopped the rest). */
 static void shm_describe_large(shm_tp *t, int off) {
     char *d = t->base.large, at[32], why[96];
@@ -447,14 +450,14 @@ static void shm_describe_large(shm_tp *t, int off) {
         return;
     }
     int k = 0;
-    if (t->mem && t->mem_min != SHM_LARGE_OFF) {
-        shm_size_words(at, sizeof at, t->mem_min);
+    if (t->base.mem_min) {
+        shm_size_words(at, sizeof at, t->base.mem_min);
         k = snprintf(d, n, "tally_mem_alloc buffers read in place from %s; ", at);
     } else {
         k = snprintf(d, n, "tally_mem_alloc buffers sent like any other (pidfd_getfd failed); ");
     }
     if (k < 0 || (size_t)k >= n) return;
-    if (t->cma && t->large_min != SHM_LARGE_OFF) {
+    if (shm_cma_on(t)) {
         shm_size_words(at, sizeof at, t->large_min);
         snprintf(d + k, n - (size_t)k, "others from %s read with process_vm_readv (single copy)", at);
     } else {
@@ -491,25 +494,24 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
                              why[0] ? why : tally_strerror(rc), fd_short ? "" : "; TALLY_TRANSPORT=tcp avoids it");
     }
     shm_adopt_layout(t);
-    shm_describe_large(t, off);
     t->base.mem_min = t->mem && t->mem_min != SHM_LARGE_OFF ? t->mem_min : 0;
+    shm_describe_large(t, off);
     atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
-    if (t->cma && t->large_min != SHM_LARGE_OFF) { /* each receiver reads its own: they copy side by side */
+    if (shm_cma_on(t)) { /* each receiver reads its own: they copy side by side */
         t->base.pull = ctx->cpus > 1 ? (ctx->cpus < t->n - 1 ? ctx->cpus : t->n - 1) : 1;
         t->base.pull_min = t->large_min;
-    }
-    if (t->cma && t->large_min != SHM_LARGE_OFF)
         tally__log_debug(1,
                          "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; messages of %zu "
                          "bytes or more are read in place (process_vm_readv)",
                          t->n, SHM_NSLOTS, t->slot_bytes >> 10, t->seg_bytes >> 10, t->large_min);
-    else
+    } else {
         tally__log_debug(1,
                          "shm: %d ranks, %d slots of %zu KiB per channel, segment %zu KiB; every message "
                          "goes through the slots",
                          t->n, SHM_NSLOTS, t->slot_bytes >> 10, t->seg_bytes >> 10);
-    if (t->mem && t->mem_min != SHM_LARGE_OFF)
+    }
+    if (t->base.mem_min)
         tally__log_debug(1,
                          "shm: tally_mem_alloc buffers: messages of %zu bytes or more are read in place "
                          "(pidfd_getfd + mmap)",

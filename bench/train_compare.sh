@@ -57,5 +57,5 @@ row "tally mlp, 5 epochs" -n 2 $mlp --epochs 5
 echo "## LeNet-5 CNN, batch 64 per rank"
 peer 2 1 cnn
 header
-row "tally cnn, 1 epoch, lr 0.1 as the peer" -n 2 --model cnn --batch 64 --lr 0.05 --scale-lr --epochs 1
-row "tally cnn, 12 epochs, lr 0.05 cosine" -n 2 --model cnn --batch 64 --lr 0.05 --decay cosine --epochs 12
+row "tally cnn, 1 epoch, lr 0.1 as the peer" -n 2 --model cnn --batch 64 --lr 0.05 --scale-lr --normalize none --epochs 1
+row "tally cnn, 12 epochs, lr 0.05 cosine" -n 2 --model cnn --batch 64 --lr 0.05 --decay cosine --normalize none --epochs 12

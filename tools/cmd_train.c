@@ -43,7 +43,8 @@ static void train_usage(FILE *out) {
         out,
         "usage: tally train [-n N] [--model linear|mlp|cnn|gpt] [--hidden W1,W2,...]\n"
         "                   [--layers L] [--width C] [--heads H] [--context T] [--val-frac X]\n"
-        "                   [--data fashion-mnist|synthetic[:N]|DIR|text:FILE] [--epochs E] [--steps S] [--batch B]\n"
+        "                   [--data fashion-mnist|synthetic[:N]|DIR|text:FILE] [--normalize none|mean-std]\n"
+        "                   [--epochs E] [--steps S] [--batch B]\n"
         "                   [--lr X] [--scale-lr] [--optimizer sgd|adamw] [--momentum M] [--weight-decay WD]\n"
         "                   [--warmup STEPS] [--decay none|cosine|step] [--min-lr X] [--step-every K]\n"
         "                   [--step-gamma G] [--clip NORM] [--weight-decay-on all|matrices]\n"
@@ -77,8 +78,10 @@ static void train_usage(FILE *out) {
         "  optimizer unless told otherwise: adamw, betas %g/%g, weight decay %g on matrices only,\n"
         "  --clip %g, warmup over the first %g%% of steps, then cosine decay to --min-lr %g (with --mode\n"
         "  async the parameter server decays every parameter and does not clip).\n"
-        "  --model cnn: LeNet-5, unless told otherwise with --batch %d, --weight-decay %g (sgd) and\n"
-        "  --decay cosine over the run.\n"
+        "  --model cnn: LeNet-5, unless told otherwise with --normalize mean-std, --batch %d,\n"
+        "  --weight-decay %g (sgd) and --decay cosine over the run.\n"
+        "  --normalize mean-std: image pixels to mean 0 and sd 1 per channel by the training set's own\n"
+        "  statistics, the test set by the same (the other models: none, pixels in [0, 1]).\n"
         "  --clip NORM scales the averaged gradient to at most that global L2 norm (every --zero stage).\n"
         "  --zero shards optimizer state (1), and gradients (2), and parameters (3) over the ranks;\n"
         "  --max-mem (K/M/G) refuses up front a run that would need more per rank.\n"
@@ -237,7 +240,8 @@ enum {
     O_LOCAL_STEPS,
     O_OUTER_LR,
     O_OUTER_MOMENTUM,
-    O_OUTER_COMPRESS
+    O_OUTER_COMPRESS,
+    O_NORMALIZE
 };
 
 static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
@@ -301,6 +305,7 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
                                             {"outer-lr", 1, 0, O_OUTER_LR},
                                             {"outer-momentum", 1, 0, O_OUTER_MOMENTUM},
                                             {"outer-compress", 1, 0, O_OUTER_COMPRESS},
+                                            {"normalize", 1, 0, O_NORMALIZE},
                                             {"help", 0, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -308,7 +313,8 @@ static const struct option train_longs[] = {{"model", 1, 0, O_MODEL},
 typedef struct pending {
     double momentum, wd;
     int has_momentum, has_wd;
-    int has_opt, has_clip, has_decay, has_min_lr, has_warmup, has_wd_on, has_batch; /* what models' defaults keep */
+    /* what models' defaults keep */
+    int has_opt, has_clip, has_decay, has_min_lr, has_warmup, has_wd_on, has_batch, has_normalize;
     int has_async_only; /* --staleness, --stale-lr or --ps: meaningful only with --mode async */
     int has_outer;      /* --outer-*: meaningful only with --local-steps */
 } pending;
@@ -348,13 +354,15 @@ static const char *const train_quotas[] = {"per-worker", "shared", NULL};
 static const char *const train_precisions[] = {"fp32", "bf16", NULL};
 static const char *const train_transports[] = {"auto", "shm", "tcp", NULL};
 static const char *const train_wd_on[] = {"all", "matrices", NULL};
+static const char *const train_normalize[] = {"none", "mean-std", NULL};
 
 /* The flags a model's training defaults (tally__train_gpt_defaults, _cnn_defaults) leave as they are. */
 static unsigned train_given(const pending *p) {
     return (p->has_opt ? TALLY__GIVEN_OPTIM : 0) | (p->has_wd ? TALLY__GIVEN_WD : 0) |
            (p->has_wd_on ? TALLY__GIVEN_WD_ON : 0) | (p->has_clip ? TALLY__GIVEN_CLIP : 0) |
            (p->has_warmup ? TALLY__GIVEN_WARMUP : 0) | (p->has_decay ? TALLY__GIVEN_DECAY : 0) |
-           (p->has_min_lr ? TALLY__GIVEN_MIN_LR : 0) | (p->has_batch ? TALLY__GIVEN_BATCH : 0);
+           (p->has_min_lr ? TALLY__GIVEN_MIN_LR : 0) | (p->has_batch ? TALLY__GIVEN_BATCH : 0) |
+           (p->has_normalize ? TALLY__GIVEN_NORMALIZE : 0);
 }
 
 /* Flags that set a whole number: where it goes and its range. */
@@ -504,6 +512,9 @@ static int train_parse_one(int ch, const char *flag, const char *a, train_opts *
     case O_WD_ON:
         p->has_wd_on = 1;
         return tally__parse_word(flag, a, train_wd_on, &k) ? -1 : (c->sync.decay_matrices = k == 1, 0);
+    case O_NORMALIZE:
+        p->has_normalize = 1;
+        return tally__parse_word(flag, a, train_normalize, &k) ? -1 : (c->data.standardize = k == 1, 0);
     case O_MAX_MEM: return tally__parse_bytes(flag, a, 1, 1ull << 50, &bytes) ? -1 : (c->max_mem = (size_t)bytes, 0);
     default: return -1;
     }

@@ -224,6 +224,7 @@ void tally__summary_print(FILE *out, const tally__run_info *in, const tally__tra
             in->accum, in->optimizer, in->lr);
     if (in->decay && strcmp(in->decay, "none")) fprintf(out, " (%s decay)", in->decay);
     if (in->weight_decay > 0) fprintf(out, ", weight decay %g", in->weight_decay);
+    if (r->standardized) fprintf(out, ", inputs standardized (mean %.4f, sd %.4f)", r->input_mean, r->input_sd);
     fputc('\n', out);
     if (!r->evaluated)
         fprintf(out, "  test             not evaluated (--no-eval)\n");
@@ -353,6 +354,7 @@ int tally__summary_json(const char *path, const tally__run_info *in, const tally
             in->world, in->transport, in->batch, in->accum, in->epochs);
     fprintf(f, "  \"optimizer\": \"%s\", \"lr\": %g, \"decay\": \"%s\", \"weight_decay\": %g,\n", in->optimizer, in->lr,
             in->decay ? in->decay : "none", in->weight_decay);
+    fprintf(f, "  \"normalize\": \"%s\",\n", r->standardized ? "mean-std" : "none");
     char large[512];
     json_escaped(large, sizeof large, in->large_path ? in->large_path : "");
     fprintf(f, "  \"large_messages\": \"%s\",\n", large);

@@ -52,7 +52,7 @@ typedef struct tally_dataset {
     int channels, height, width; /* image geometry; 0 when the samples are not images */
     int classes;                 /* number of classes; 0 for regression */
     int tdim;                    /* regression target width; 0 for classification */
-    float *x;                    /* [n, dim]; images scaled to [0, 1] */
+    float *x;                    /* [n, dim]; images scaled to [0, 1] (tally_dataset_standardize: mean 0, sd 1) */
     int32_t *y;                  /* [n] labels when classes > 0, else NULL */
     float *t;                    /* [n, tdim] targets when tdim > 0, else NULL */
 } tally_dataset;
@@ -75,6 +75,14 @@ TALLY_API int tally_dataset_synthetic(uint64_t seed, size_t n_train, size_t n_te
  * be NULL. tdim is 1. */
 TALLY_API int tally_dataset_linear(uint64_t seed, size_t n, int features, float noise, float *true_w,
                                    tally_dataset *out);
+
+/* Standardizes images by the training set's own statistics, per channel: x = (x - mean_c) / std_c, the
+ * mean and the (population) standard deviation over every pixel of channel c of train, applied to train
+ * and to test (NULL or empty: none), as torchvision's Normalize does with a data set's mean and std.
+ * mean and sd (channels floats each; either may be NULL) receive them. TALLY_E_INVALID, both sets left
+ * as they were, when train holds no images (channels 0) or no samples, test's geometry differs, or a
+ * channel of train is constant or not finite. */
+TALLY_API int tally_dataset_standardize(tally_dataset *train, tally_dataset *test, float *mean, float *sd);
 
 TALLY_API void tally_dataset_free(tally_dataset *d);
 

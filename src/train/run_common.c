@@ -52,12 +52,42 @@ int tally__train_check_input(const train_run *r) {
                          r->rank, r->cfg->data.source ? r->cfg->data.source : TALLY__TRAIN_DATA_DEFAULT);
 }
 
+/* --normalize mean-std: every rank computes the same statistics from the whole training set it holds. */
+static int train_standardize(train_run *r, tally__train_result *res) {
+    if (!r->train.channels)
+        return tally__seterr(TALLY_E_INVALID,
+                             "rank %d: --normalize mean-std standardizes images, and %s holds no images; drop "
+                             "--normalize mean-std",
+                             r->rank, res->data_name ? res->data_name : "this data set");
+    float *m = malloc(2 * (size_t)r->train.channels * sizeof *m);
+    if (!m) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory standardizing the images", r->rank);
+    int rc = tally_dataset_standardize(&r->train, &r->test, m, m + r->train.channels);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", tally_last_error());
+        tally__seterr(rc, "rank %d: --normalize mean-std: %s", r->rank, why);
+    } else {
+        res->standardized = 1;
+        res->input_mean = m[0];
+        res->input_sd = m[r->train.channels];
+    }
+    free(m);
+    return rc;
+}
+
 int tally__train_load_data(train_run *r, tally__train_result *res) {
     const tally__train_cfg *cfg = r->cfg;
     const char *data_name = NULL;
     const tally__model_info *need = tally__model_info_of(cfg->model.kind);
     int text = cfg->data.source && !strncmp(cfg->data.source, "text:", 5);
-    if (text || (!cfg->model.build && need && need->data == TALLY__DATA_TOKENS)) return tally__train_text_open(r, res);
+    if (text || (!cfg->model.build && need && need->data == TALLY__DATA_TOKENS)) {
+        if (cfg->data.standardize && need && need->data == TALLY__DATA_TOKENS)
+            return tally__seterr(TALLY_E_INVALID,
+                                 "rank %d: --normalize mean-std standardizes images, and the %s model reads text; "
+                                 "drop --normalize mean-std",
+                                 r->rank, need->name);
+        return tally__train_text_open(r, res);
+    }
     int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);
     if (rc) return rc;
     res->data_name = data_name;
@@ -65,7 +95,7 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
     if (info && info->data == TALLY__DATA_LEAST_SQUARES) res->true_w_len = r->train.dim + 1;
     if (info && info->data == TALLY__DATA_IMAGES && !r->train.height)
         return tally__seterr(TALLY_E_INVALID, "rank %d: the %s model needs image data", r->rank, info->name);
-    return 0;
+    return cfg->data.standardize ? train_standardize(r, res) : 0;
 }
 
 long tally__train_total_steps(const train_run *r, int *epochs) {

@@ -69,6 +69,7 @@ void tally__train_cnn_defaults(tally__train_cfg *c, unsigned given) {
     if (!(given & TALLY__GIVEN_WD) && c->opt.optim.kind == TALLY_OPTIM_SGD)
         c->opt.optim.weight_decay = TALLY__CNN_WEIGHT_DECAY_DEFAULT;
     if (!(given & TALLY__GIVEN_DECAY)) c->opt.decay = TALLY_DECAY_COSINE;
+    if (!(given & TALLY__GIVEN_NORMALIZE)) c->data.standardize = 1;
 }
 
 /* Refuses up front, with the figures, a run whose model state and activations exceed --max-mem. */

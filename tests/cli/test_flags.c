@@ -104,6 +104,7 @@ static const flag_case train_flags[] = {
     {"--val-frac", {"-0.1", "0.95", "x"}},
     {"--clip", {"-1", "x", "nan"}},
     {"--weight-decay-on", {"biases", ""}},
+    {"--normalize", {"standard", "", "MEAN-STD"}},
     {"--local-steps", {"0", "-1", "x", "1.5"}},
     {"--outer-lr", {"0", "-1", "11", "nan", "x"}},
     {"--outer-momentum", {"1", "-0.1", "nan", "x"}},

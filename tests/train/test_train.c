@@ -189,27 +189,39 @@ static void test_cnn_defaults(void) {
     }
     static const struct {
         const char *what;
-        char *flags[10];
+        char *flags[12];
         const char *want[4];
     } cases[] = {
         {"cnn, defaults",
          {"--model", "cnn", NULL},
          {"\"batch_per_rank\": 16,", "\"lr\": 0.025,", "\"decay\": \"cosine\"", "\"weight_decay\": 0.0005,"}},
+        {"cnn, standardized inputs by default", {"--model", "cnn", NULL}, {"\"normalize\": \"mean-std\""}},
         {"cnn, each flag set",
-         {"--model", "cnn", "--batch", "8", "--decay", "none", "--weight-decay", "0", NULL},
-         {"\"batch_per_rank\": 8,", "\"decay\": \"none\"", "\"weight_decay\": 0,"}},
+         {"--model", "cnn", "--batch", "8", "--decay", "none", "--weight-decay", "0", "--normalize", "none", NULL},
+         {"\"batch_per_rank\": 8,", "\"decay\": \"none\"", "\"weight_decay\": 0,", "\"normalize\": \"none\""}},
+        {"mlp, standardized when asked",
+         {"--model", "mlp", "--normalize", "mean-std", NULL},
+         {"\"normalize\": \"mean-std\""}},
         {"cnn, adamw keeps its own weight decay",
          {"--model", "cnn", "--optimizer", "adamw", NULL},
          {"\"batch_per_rank\": 16,", "\"decay\": \"cosine\"", "\"weight_decay\": 0.01,"}},
         {"mlp, unchanged",
          {"--model", "mlp", NULL},
-         {"\"batch_per_rank\": 64,", "\"decay\": \"none\"", "\"weight_decay\": 0,"}},
+         {"\"batch_per_rank\": 64,", "\"decay\": \"none\"", "\"weight_decay\": 0,", "\"normalize\": \"none\""}},
     };
     char buf[8192];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = cli_json((char *const *)cases[i].flags, buf, sizeof buf);
         for (int k = 0; k < 4 && cases[i].want[k]; k++)
             TH_CHECK(!rc && strstr(buf, cases[i].want[k]), "%s: wanted %s in %s", cases[i].what, cases[i].want[k], buf);
+    }
+    /* standardizing data that holds no images is refused by name, not skipped */
+    char *no_images[][10] = {{"--model", "linear", "--normalize", "mean-std", NULL},
+                             {"--model", "gpt", "--layers", "1", "--width", "32", "--normalize", "mean-std"}};
+    for (int i = 0; i < 2; i++) {
+        int rc = cli_json(no_images[i], buf, sizeof buf);
+        TH_CHECK(rc == 1 && strstr(buf, "--normalize mean-std standardizes images"), "%s with --normalize: %s",
+                 no_images[i][1], buf);
     }
 }
 

@@ -52,13 +52,17 @@ int tally__train_check_input(const train_run *r) {
                          r->rank, r->cfg->data.source ? r->cfg->data.source : TALLY__TRAIN_DATA_DEFAULT);
 }
 
+/* --normalize mean-std asked of data that holds no images (text, least squares' features). */
+static int refuse_normalize(const train_run *r, const char *data) {
+    return tally__seterr(TALLY_E_INVALID,
+                         "rank %d: --normalize mean-std standardizes images, and %s holds no images; drop "
+                         "--normalize mean-std",
+                         r->rank, data);
+}
+
 /* --normalize mean-std: every rank computes the same statistics from the whole training set it holds. */
 static int train_standardize(train_run *r, tally__train_result *res) {
-    if (!r->train.channels)
-        return tally__seterr(TALLY_E_INVALID,
-                             "rank %d: --normalize mean-std standardizes images, and %s holds no images; drop "
-                             "--normalize mean-std",
-                             r->rank, res->data_name ? res->data_name : "this data set");
+    if (!r->train.channels) return refuse_normalize(r, res->data_name ? res->data_name : "this data set");
     float *m = malloc(2 * (size_t)r->train.channels * sizeof *m);
     if (!m) return tally__seterr(TALLY_E_NOMEM, "rank %d: out of memory standardizing the images", r->rank);
     int rc = tally_dataset_standardize(&r->train, &r->test, m, m + r->train.channels);
@@ -81,11 +85,7 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
     const tally__model_info *need = tally__model_info_of(cfg->model.kind);
     int text = cfg->data.source && !strncmp(cfg->data.source, "text:", 5);
     if (text || (!cfg->model.build && need && need->data == TALLY__DATA_TOKENS)) {
-        if (cfg->data.standardize && need && need->data == TALLY__DATA_TOKENS)
-            return tally__seterr(TALLY_E_INVALID,
-                                 "rank %d: --normalize mean-std standardizes images, and the %s model reads text; "
-                                 "drop --normalize mean-std",
-                                 r->rank, need->name);
+        if (cfg->data.standardize) return refuse_normalize(r, "text");
         return tally__train_text_open(r, res);
     }
     int rc = tally__train_data(cfg, r->rank, &r->train, &r->test, res->true_w, &data_name);

@@ -85,6 +85,11 @@ int tally__train_load_data(train_run *r, tally__train_result *res) {
     const tally__model_info *need = tally__model_info_of(cfg->model.kind);
     int text = cfg->data.source && !strncmp(cfg->data.source, "text:", 5);
     if (text || (!cfg->model.build && need && need->data == TALLY__DATA_TOKENS)) {
+        if (text && !cfg->model.build && need && need->data != TALLY__DATA_TOKENS)
+            return tally__seterr(TALLY_E_INVALID,
+                                 "rank %d: the %s model does not read text; --data text:FILE is for --model gpt, or "
+                                 "give the %s model --data fashion-mnist|synthetic|DIR",
+                                 r->rank, need->name, need->name);
         if (cfg->data.standardize) return refuse_normalize(r, "text");
         return tally__train_text_open(r, res);
     }

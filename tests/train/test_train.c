@@ -1,6 +1,7 @@
 /* test_train.c - the trainer end to end in real processes: N ranks with batch b equal one rank with
  * batch N*b, accumulation equals a bigger batch, overlap changes nothing, replicas stay identical,
  * the linear model finds its weights; and the `tally train` command line. */
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
@@ -349,6 +350,27 @@ static void test_jitter_draws(void) {
     TH_CHECK(tally__train_jitter_ms(&c, 1, 7) != d[7 * 4 + 1], "another seed draws the same");
 }
 
+/* --data text:FILE with a model that reads features or images: refused by name (it once divided by zero). */
+static void test_text_for_feature_models(void) {
+    char path[] = "/tmp/tally_test_text_XXXXXX";
+    int fd = mkstemp(path);
+    TH_CHECK(fd >= 0, "mkstemp: %s", strerror(errno));
+    if (fd < 0) return;
+    char line[] = "In the beginning was a short text that no image model can read.\n";
+    for (int i = 0; i < 64; i++) TH_CHECK(write(fd, line, sizeof line - 1) == (ssize_t)(sizeof line - 1), "write");
+    close(fd);
+    char data[64], buf[4096];
+    snprintf(data, sizeof data, "text:%s", path);
+    const char *models[] = {"mlp", "cnn", "linear"};
+    for (int i = 0; i < 3; i++) {
+        char *flags[] = {"--model", (char *)models[i], "--data", data, NULL};
+        int rc = cli_json(flags, buf, sizeof buf);
+        TH_CHECK(rc == 1 && strstr(buf, "does not read text") && strstr(buf, models[i]), "%s on text: %s", models[i],
+                 buf);
+    }
+    unlink(path);
+}
+
 int main(void) {
     if (th_quick()) {
         test_jitter_draws();
@@ -361,6 +383,7 @@ int main(void) {
         test_learns();
         test_cli();
         test_cnn_defaults();
+        test_text_for_feature_models();
     }
     if (th_long()) test_straggler_named(); /* 10 steps with a rank 20 ms slow in each */
     return th_verdict("test_train");

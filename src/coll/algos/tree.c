@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/numeric/copy.h"
 #include "../blocks.h"
 #include "../algo.h"
 
@@ -267,7 +268,10 @@ static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t
     char *buf = v == 0 && root == 0 ? recv : sub > 1 ? tally__scratch_take(c->scratch, (size_t)sub * bytes) : NULL;
     if (sub > 1 && !buf)
         return tally__seterr(TALLY_E_NOMEM, "rank %d: tree gather: no memory for %d blocks", c->rank, sub);
-    if (buf) memmove(buf, send, bytes);
+    if (v == 0 && root == 0)
+        tally__copy_out(buf, send, bytes); /* the root's own block, in the output: not read again here */
+    else if (buf)
+        memmove(buf, send, bytes);
     tally__recv r[32];
     for (int k = 0, m = 1; k < nk; k++, m *= 2)
         r[k] = (tally__recv){
@@ -275,8 +279,8 @@ static int tree_gather(const tally__ctx *c, const void *send, void *recv, size_t
     if (!rc && nk) rc = tally__xchg(c, NULL, 0, r, nk);
     if (!rc && v) rc = tally__send_one(c, bin_parent(v, root, n), buf ? buf : send, (size_t)sub * bytes);
     if (!rc && v == 0 && buf != recv) { /* virtual block k is rank (k + root) % n's */
-        memcpy(tally__at(recv, (size_t)root * count, es), buf, (size_t)(n - root) * bytes);
-        memcpy(recv, buf + (size_t)(n - root) * bytes, (size_t)root * bytes);
+        tally__copy_out(tally__at(recv, (size_t)root * count, es), buf, (size_t)(n - root) * bytes);
+        tally__copy_out(recv, buf + (size_t)(n - root) * bytes, (size_t)root * bytes);
     }
     if (buf != recv) tally__scratch_give(c->scratch, buf);
     return rc;
@@ -319,7 +323,7 @@ static int tree_scatter(const tally__ctx *c, const void *send, void *recv, size_
     }
     scatter_ride x = {buf, bytes, v, n};
     int rc = tally__agree_ride(c, scatter_step, &x, t, root);
-    if (!rc && buf != recv) memmove(recv, buf, bytes);
+    if (!rc && buf != recv) tally__copy_out(recv, buf, bytes); /* this rank's block, into its output */
     if (buf != recv && buf != send) tally__scratch_give(c->scratch, buf);
     return rc;
 }

@@ -2,7 +2,7 @@
 # in_place.sh - where reading a peer's tally_mem_alloc buffer in place pays against the shm slot ring: K fresh
 # starts of `tally bench allreduce --shared-mem` each way at 2, 3, 4 and 8 ranks; median (worst) us a call.
 # usage: bench/in_place.sh [K] [RANKS]   K fresh starts per mode (default 5); RANKS e.g. "2 4" (default 2 3 4 8)
-set -eu
+set -euo pipefail # a failed bench run stops the script rather than thinning a column
 here=$(cd "$(dirname "$0")/.." && pwd)
 starts=${1:-5}
 ranks_list=${2:-2 3 4 8}

@@ -356,9 +356,11 @@ static void test_text_for_feature_models(void) {
     int fd = mkstemp(path);
     TH_CHECK(fd >= 0, "mkstemp: %s", strerror(errno));
     if (fd < 0) return;
-    char line[] = "In the beginning was a short text that no image model can read.\n";
-    for (int i = 0; i < 64; i++) TH_CHECK(write(fd, line, sizeof line - 1) == (ssize_t)(sizeof line - 1), "write");
     close(fd);
+    static const char line[] = "In the beginning was a short text that no image model can read.\n";
+    char text[64 * (sizeof line - 1)];
+    for (size_t i = 0; i < 64; i++) memcpy(text + i * (sizeof line - 1), line, sizeof line - 1);
+    th_write_file(path, text, sizeof text);
     char data[64], buf[4096];
     snprintf(data, sizeof data, "text:%s", path);
     const char *models[] = {"mlp", "cnn", "linear"};

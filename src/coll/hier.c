@@ -124,28 +124,38 @@ static void *scratch(tally__hier *h, size_t bytes) {
     return p;
 }
 
-/* Large vectors go in HIER_CHUNKS contiguous chunks (each a multiple of M elements), so that a chunk
+/* Large vectors go in tally__hier_chunks contiguous chunks (each a multiple of M elements), so that a chunk
  * crosses the hosts on the cross communicator's own thread (a non-blocking allreduce: the one thread of
  * that communicator, not one per call) while the next one is reduce-scattered and the last one
  * all-gathered in the host: the levels then overlap instead of waiting for one another. The host
  * communicator's calls keep one order on every rank (RS 0, RS 1, AG 0, RS 2, AG 1, ...), the cross
  * communicator's too (AR 0, AR 1, ...). */
-#define HIER_PIPE_MIN_BYTES TALLY__HIER_PIPE_MIN_BYTES
-#define HIER_CHUNKS         TALLY__HIER_CHUNKS
+int tally__hier_chunks(const tally__hier *h, size_t bytes) {
+    if (bytes < TALLY__HIER_PIPE_MIN_BYTES) return 0;
+    size_t shard = bytes / (size_t)h->per_host;
+    int algo = tally__algo_choose(&h->cross_busy, TALLY__ALLREDUCE, h->hosts, shard);
+    double by_time =
+        ceil(tally__algo_cost(&h->cross_busy, algo, TALLY__ALLREDUCE, h->hosts, shard) / TALLY__HIER_CHUNK_SECONDS);
+    size_t most = bytes / TALLY__HIER_CHUNK_MIN_BYTES;
+    if (most > TALLY__HIER_CHUNKS_MAX) most = TALLY__HIER_CHUNKS_MAX;
+    if (!(by_time >= TALLY__HIER_CHUNKS_MIN)) return TALLY__HIER_CHUNKS_MIN; /* NaN too */
+    return by_time > (double)most ? (int)most : (int)by_time;
+}
 
-void tally__hier_pipe_step(int k, int *gather, int *chunk) {
+void tally__hier_pipe_step(int k, int chunks, int *gather, int *chunk) {
     /* RS 0, then (RS j, AG j-1) for j = 1.., then the last AG */
-    *gather = k > 0 && (k % 2 == 0 || k == 2 * HIER_CHUNKS - 1);
-    *chunk = k == 0 ? 0 : k == 2 * HIER_CHUNKS - 1 ? HIER_CHUNKS - 1 : *gather ? k / 2 - 1 : (k + 1) / 2;
+    *gather = k > 0 && (k % 2 == 0 || k == 2 * chunks - 1);
+    *chunk = k == 0 ? 0 : k == 2 * chunks - 1 ? chunks - 1 : *gather ? k / 2 - 1 : (k + 1) / 2;
 }
 
 typedef struct pipe {
     tally__hier *h;
-    char *piece; /* HIER_CHUNKS shards of `shard` elements (the last may be shorter) */
+    char *piece; /* `chunks` shards of `shard` elements (the last may be shorter) */
     size_t shard, q, es;
+    int chunks;
     tally_dtype t;
     tally_op op;
-    tally_request *cross[HIER_CHUNKS]; /* chunk j's allreduce between hosts, posted once it is scattered */
+    tally_request *cross[TALLY__HIER_CHUNKS_MAX]; /* chunk j's allreduce between hosts, posted once it is scattered */
 } pipe_t;
 
 static size_t chunk_len(const pipe_t *p, int j) { return tally__hier_chunk_len(p->q, p->shard, j); }
@@ -179,8 +189,8 @@ static int pipe_wait_cross(pipe_t *p, int j) {
 
 static int pipe_run(pipe_t *p, const char *send, char *recv) {
     int rc = 0;
-    for (int k = 0, gather, j; k < 2 * HIER_CHUNKS && !rc; k++) {
-        tally__hier_pipe_step(k, &gather, &j);
+    for (int k = 0, gather, j; k < 2 * p->chunks && !rc; k++) {
+        tally__hier_pipe_step(k, p->chunks, &gather, &j);
         if (gather) {
             if (!(rc = pipe_wait_cross(p, j))) rc = pipe_ag(p, recv, j);
         } else if (!(rc = pipe_rs(p, send, j))) {
@@ -191,7 +201,7 @@ static int pipe_run(pipe_t *p, const char *send, char *recv) {
      * error is the one reported. */
     char why[1024];
     if (rc) snprintf(why, sizeof why, "%s", tally_last_error());
-    for (int j = 0; j < HIER_CHUNKS; j++) {
+    for (int j = 0; j < p->chunks; j++) {
         int rj = pipe_wait_cross(p, j);
         if (rj && !rc) {
             rc = rj;
@@ -206,9 +216,16 @@ static int hier_shards(tally__hier *h, const void *send, void *recv, size_t q, t
     size_t es = tally_dtype_size(t), M = (size_t)h->per_host;
     char *piece = scratch(h, q * es);
     if (!piece) return tally__seterr(TALLY_E_NOMEM, "hierarchical allreduce: out of memory for a shard of %zu", q);
-    if (q * M * es >= HIER_PIPE_MIN_BYTES) {
-        pipe_t p = {
-            .h = h, .piece = piece, .shard = (q + HIER_CHUNKS - 1) / HIER_CHUNKS, .q = q, .es = es, .t = t, .op = rop};
+    int chunks = tally__hier_chunks(h, q * M * es);
+    if (chunks) {
+        pipe_t p = {.h = h,
+                    .piece = piece,
+                    .shard = (q + (size_t)chunks - 1) / (size_t)chunks,
+                    .q = q,
+                    .es = es,
+                    .chunks = chunks,
+                    .t = t,
+                    .op = rop};
         return pipe_run(&p, send, recv);
     }
     int rc;

@@ -55,13 +55,22 @@ void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf
 
 /* How an allreduce is cut, shared by hier.c and the simulator (src/sim) so both run one schedule: a
  * vector of M x q elements (M ranks per host) of TALLY__HIER_PIPE_MIN_BYTES or more goes in
- * TALLY__HIER_CHUNKS chunks of M x shard elements (shard = ceil(q / chunks), the last shorter). The host
+ * tally__hier_chunks chunks of M x shard elements (shard = ceil(q / chunks), the last shorter). The host
  * level's calls then run in the order tally__hier_pipe_step gives (step k of 2 x chunks: chunk *chunk's
  * reduce-scatter, or with *gather its all-gather, which waits for that chunk's allreduce between hosts);
  * the level between hosts allreduces chunk j once the host has reduce-scattered it, in chunk order. */
-#define TALLY__HIER_PIPE_MIN_BYTES ((size_t)4 << 20)
-#define TALLY__HIER_CHUNKS         4
-void tally__hier_pipe_step(int k, int *gather, int *chunk);
+#define TALLY__HIER_PIPE_MIN_BYTES  ((size_t)4 << 20)
+#define TALLY__HIER_CHUNK_MIN_BYTES ((size_t)1 << 20)
+#define TALLY__HIER_CHUNK_SECONDS   0.020
+#define TALLY__HIER_CHUNKS_MIN      4
+#define TALLY__HIER_CHUNKS_MAX      32
+/* The chunks of an allreduce of `bytes` (0: not pipelined). Enough that each chunk's crossing takes about
+ * TALLY__HIER_CHUNK_SECONDS by the model: the link waits for the first reduce-scatter and the last
+ * all-gather, so on a slow link more chunks leave it idle less, while each chunk costs a call on both
+ * levels and a hand-off between threads, which a fast link's short crossings would not hide. Every rank
+ * agrees on the levels' costs, so every rank cuts alike. */
+int tally__hier_chunks(const tally__hier *h, size_t bytes);
+void tally__hier_pipe_step(int k, int chunks, int *gather, int *chunk);
 /* Elements of chunk j's shard when q elements per rank are cut in chunks of `shard` (0 past the end). */
 static inline size_t tally__hier_chunk_len(size_t q, size_t shard, int j) {
     size_t first = (size_t)j * shard;

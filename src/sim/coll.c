@@ -109,7 +109,7 @@ typedef struct piece {
 
 typedef struct hier_plan {
     int npipe; /* chunks run as a pipeline (0: none) */
-    op rs[TALLY__HIER_CHUNKS], ar[TALLY__HIER_CHUNKS], ag[TALLY__HIER_CHUNKS];
+    op rs[TALLY__HIER_CHUNKS_MAX], ar[TALLY__HIER_CHUNKS_MAX], ag[TALLY__HIER_CHUNKS_MAX];
     int nseq; /* then these, one after the other, on the caller's lane */
     op seq[6];
     int seq_cross[6]; /* 1: on the level between hosts */
@@ -125,10 +125,12 @@ static void plan_hier(const tally__sim_cluster *c, const tally__sim_coll *q, hie
     size_t es = tally_dtype_size(q->dtype), M = (size_t)c->per_host, H = (size_t)c->hosts, count = q->bytes / es;
     if (q->coll == TALLY__ALLREDUCE) {
         size_t qq = count / M, tail = count - qq * M;
-        if (qq && qq * M * es >= TALLY__HIER_PIPE_MIN_BYTES) {
-            size_t shard = (qq + TALLY__HIER_CHUNKS - 1) / TALLY__HIER_CHUNKS;
-            hp->npipe = TALLY__HIER_CHUNKS;
-            for (int j = 0; j < TALLY__HIER_CHUNKS; j++) {
+        tally__hier h = levels_of(c);
+        int chunks = tally__hier_chunks(&h, qq * M * es);
+        if (chunks) {
+            size_t shard = (qq + (size_t)chunks - 1) / (size_t)chunks;
+            hp->npipe = chunks;
+            for (int j = 0; j < chunks; j++) {
                 size_t len = tally__hier_chunk_len(qq, shard, j) * es;
                 hp->rs[j] = op_on(&shm, TALLY__REDUCE_SCATTER, (int)M, len * M);
                 hp->ar[j] = op_on(&net, TALLY__ALLREDUCE, (int)H, len);
@@ -161,10 +163,10 @@ static int hier_event(const tally__sim_cluster *c, const tally__sim_coll *q, con
     tally__sim_level hl = host_level(c), xl = cross_level(c);
     tally__sim_prog p;
     int rc = tally__sim_prog_init(&p, c->hosts * c->per_host);
-    long rs_end[TALLY__HIER_CHUNKS], ar_end[TALLY__HIER_CHUNKS], host_last = -1, cross_last = -1;
+    long rs_end[TALLY__HIER_CHUNKS_MAX], ar_end[TALLY__HIER_CHUNKS_MAX], host_last = -1, cross_last = -1;
     for (int k = 0; !rc && k < 2 * hp->npipe; k++) {
         int gather, j;
-        tally__hier_pipe_step(k, &gather, &j);
+        tally__hier_pipe_step(k, hp->npipe, &gather, &j);
         if (!gather) {
             if ((rs_end[j] = append_op(&p, &hl, &hp->rs[j], q->dtype, 0, 0, -1, 0, c->call_s)) == -2) rc = -1;
             host_last = rs_end[j] >= 0 ? rs_end[j] : host_last;
@@ -215,13 +217,13 @@ static int level_fast(const tally__sim_cluster *c, const tally__sim_level *lv, c
  * the host has reduce-scattered it, an all-gather once its chunk has crossed. */
 static int hier_fast(const tally__sim_cluster *c, const tally__sim_coll *q, const hier_plan *hp, tally__sim_result *r) {
     tally__sim_level hl = host_level(c), xl = cross_level(c);
-    double host_free = 0, cross_free = 0, rs_done[TALLY__HIER_CHUNKS] = {0}, ar_done[TALLY__HIER_CHUNKS] = {0};
+    double host_free = 0, cross_free = 0, rs_done[TALLY__HIER_CHUNKS_MAX] = {0}, ar_done[TALLY__HIER_CHUNKS_MAX] = {0};
     double crit_s = 0;
     int rc = 0;
     for (int k = 0; !rc && k < 2 * hp->npipe; k++) {
         int gather, j;
         double t;
-        tally__hier_pipe_step(k, &gather, &j);
+        tally__hier_pipe_step(k, hp->npipe, &gather, &j);
         if (!gather) {
             if ((rc = level_fast(c, &hl, &hp->rs[j], q->dtype, &t, r, &crit_s))) break;
             rs_done[j] = host_free += t;

@@ -13,6 +13,7 @@
 #include "../boot/boot.h"
 #include "../core/clock.h"
 #include "../core/cpus.h"
+#include "../core/numeric/copy.h"
 #include "../core/numeric/reduce.h"
 #include "tcp_int.h"
 
@@ -197,16 +198,26 @@ static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c)
     return 0;
 }
 
+/* A message this large goes to its destination with non-temporal stores: the destination would leave
+ * the caches before it is read again anyway, and its lines need not be read in first. */
+static int tcp_streams_out(const tally__tcp_op *o) { return o->len >= TALLY__COPY_STREAM_MIN; }
+
 /* Moves buffered payload bytes into the destination: copied, or reduced in whole elements (a
  * partial element waits in the buffer for its remaining bytes). Returns bytes consumed. */
 static size_t tcp_drain(tally__tcp_op *o, tally__tcp_conn *c) {
     size_t n = c->rb_tail - c->rb_head;
     if (n > o->len - o->off) n = o->len - o->off;
+    unsigned char *dst = o->dst + o->off, *rb = c->rb + c->rb_head;
     if (o->esize) {
         n -= n % o->esize;
-        if (n) tally__reduce(o->dst + o->off, o->src + o->off, c->rb + c->rb_head, n / o->esize, o->dtype, o->op);
+        if (n && tcp_streams_out(o))
+            tally__reduce_stream(dst, o->src + o->off, rb, n / o->esize, o->dtype, o->op);
+        else if (n)
+            tally__reduce(dst, o->src + o->off, rb, n / o->esize, o->dtype, o->op);
+    } else if (n && tcp_streams_out(o)) {
+        tally__copy_stream(dst, rb, n);
     } else if (n) {
-        memcpy(o->dst + o->off, c->rb + c->rb_head, n);
+        memcpy(dst, rb, n);
     }
     c->rb_head += n;
     o->off += n;
@@ -248,8 +259,10 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
             return TCP_DONE;
         }
         if (tcp_drain(o, c)) continue;
-        /* The buffer holds no usable bytes of this message: read more. */
-        ssize_t k = o->esize ? tcp_fill(c, o->len - o->off - (c->rb_tail - c->rb_head)) : tcp_recv_direct(o, c);
+        /* The buffer holds no usable bytes of this message: read more (a large copy through the buffer
+         * too, so that it reaches the destination streamed). */
+        ssize_t k = o->esize || tcp_streams_out(o) ? tcp_fill(c, o->len - o->off - (c->rb_tail - c->rb_head))
+                                                   : tcp_recv_direct(o, c);
         if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
         if (k == 0) break;
         moved += (size_t)k;

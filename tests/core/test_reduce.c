@@ -330,9 +330,10 @@ static void sweep_dtype(int t, const char *isa) {
             if (ci == 0 || op == TALLY_AVG) /* elementwise: one reference serves every count */
                 for (size_t i = 0, m = op == TALLY_AVG ? n : top; i < m; i++)
                     ((uint64_t *)ref)[i] = ref_elem(t, op, a0, b0, i, nranks);
-            for (size_t oi = 0; oi < NOFFSETS; oi++) {
+            for (size_t oi = 0; oi < NOFFSETS * 2; oi++) {
+                int streamed = oi >= NOFFSETS; /* every case again through tally__reduce_stream */
                 for (int alias = ALIAS_NONE; alias <= ALIAS_B; alias++) {
-                    int od = offsets[oi][0], oa = offsets[oi][1], ob = offsets[oi][2];
+                    int od = offsets[oi % NOFFSETS][0], oa = offsets[oi % NOFFSETS][1], ob = offsets[oi % NOFFSETS][2];
                     if (alias == ALIAS_A) od = oa;
                     if (alias == ALIAS_B) od = ob;
                     size_t used = (n + 2 * GUARD + 8) * es;
@@ -341,23 +342,24 @@ static void sweep_dtype(int t, const char *isa) {
                     unsigned char *pd = alias == ALIAS_A ? pa : alias == ALIAS_B ? pb : bufs[2] + (GUARD + od) * es;
                     memcpy(pa, a0, n * es);
                     memcpy(pb, b0, n * es);
-                    tally__reduce(pd, pa, pb, n, (tally_dtype)t, (tally_op)op);
+                    (streamed ? tally__reduce_stream : tally__reduce)(pd, pa, pb, n, (tally_dtype)t, (tally_op)op);
                     if (op == TALLY_AVG) tally__avg_finish(pd, n, (tally_dtype)t, nranks);
                     for (size_t i = 0; i < n; i++) {
                         uint64_t got = load_elem(t, pd, i), want = ((uint64_t *)ref)[i];
                         if (!same(t, got, want))
-                            FAIL("%s %s isa=%s count=%zu offsets d/a/b=%d/%d/%d %s nranks=%d: element %zu: "
+                            FAIL("%s %s isa=%s%s count=%zu offsets d/a/b=%d/%d/%d %s nranks=%d: element %zu: "
                                  "a=0x%llx b=0x%llx got 0x%llx want 0x%llx",
-                                 tally_dtype_name(t), tally_op_name(op), isa, n, od, oa, ob, alias_names[alias], nranks,
-                                 i, (unsigned long long)load_elem(t, a0, i), (unsigned long long)load_elem(t, b0, i),
-                                 (unsigned long long)got, (unsigned long long)want);
+                                 tally_dtype_name(t), tally_op_name(op), isa, streamed ? " streamed" : "", n, od, oa,
+                                 ob, alias_names[alias], nranks, i, (unsigned long long)load_elem(t, a0, i),
+                                 (unsigned long long)load_elem(t, b0, i), (unsigned long long)got,
+                                 (unsigned long long)want);
                     }
                     /* Nothing outside [pd, pd + n) may change; the inputs must not change unless they are dst. */
                     unsigned char *dbase = alias == ALIAS_A ? bufs[0] : alias == ALIAS_B ? bufs[1] : bufs[2];
                     for (unsigned char *p = dbase; p < dbase + used; p++)
                         if ((p < pd || p >= pd + n * es) && *p != 0xa5)
-                            FAIL("%s %s isa=%s count=%zu %s: byte %td outside dst was written", tally_dtype_name(t),
-                                 tally_op_name(op), isa, n, alias_names[alias], p - pd);
+                            FAIL("%s %s isa=%s%s count=%zu %s: byte %td outside dst was written", tally_dtype_name(t),
+                                 tally_op_name(op), isa, streamed ? " streamed" : "", n, alias_names[alias], p - pd);
                     if (alias != ALIAS_A && memcmp(pa, a0, n * es))
                         FAIL("%s %s isa=%s: input a changed", tally_dtype_name(t), tally_op_name(op), isa);
                     if (alias != ALIAS_B && memcmp(pb, b0, n * es))
@@ -477,12 +479,16 @@ static void directed_refused(const char *isa) {
         for (int i = 0; i < N; i++) fd[i] = 7.0f;
         tally__reduce(fd, fa, fb, N, TALLY_F32, (tally_op)op);
         ALL(fd, fd[i] == 7.0f, "f32 %s changed dst to %g", isa, i, tally_op_name(op), fd[i]);
+        tally__reduce_stream(fd, fa, fb, N, TALLY_F32, (tally_op)op);
+        ALL(fd, fd[i] == 7.0f, "f32 %s streamed changed dst to %g", isa, i, tally_op_name(op), fd[i]);
     }
     FILL2(ba, bb, 1, 1);
     memset(bd, 9, sizeof bd);
     tally__reduce(bd, ba, bb, N, TALLY_BOOL, TALLY_AVG);
     tally__avg_finish(bd, N, TALLY_BOOL, 2);
     ALL(bd, bd[i] == 9, "bool avg changed dst to %d", isa, i, bd[i]);
+    tally__reduce_stream(bd, ba, bb, N, TALLY_BOOL, TALLY_AVG);
+    ALL(bd, bd[i] == 9, "bool avg streamed changed dst to %d", isa, i, bd[i]);
 }
 
 static void directed(const char *isa) {

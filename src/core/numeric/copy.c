@@ -1,5 +1,6 @@
-/* copy.c - tally__copy_out: memcpy below TALLY__COPY_STREAM_MIN, above it SSE2's non-temporal stores
- * (x86-64's baseline, so no dispatch), fenced so the bytes are out before any flag that follows. */
+/* copy.c - tally__copy_out: memcpy below TALLY__COPY_STREAM_MIN, above it (and tally__copy_stream always)
+ * SSE2's non-temporal stores (x86-64's baseline, so no dispatch), fenced so the bytes are out before any
+ * flag that follows. */
 #include "copy.h"
 
 #include <stdint.h>
@@ -28,19 +29,25 @@ static int overlapping(const void *a, const void *b, size_t n) {
     return x < y + n && y < x + n;
 }
 
+void tally__copy_stream(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+    unsigned char *d = dst;
+    const unsigned char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    size_t body = (n - head) & ~(size_t)63;
+    copy_stream(d + head, s + head, body);
+    memcpy(d + head + body, s + head + body, n - head - body);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
 void tally__copy_out(void *dst, const void *src, size_t n) {
     if (!n || dst == src) return;
-#if defined(__x86_64__)
-    if (n >= TALLY__COPY_STREAM_MIN && !overlapping(dst, src, n)) {
-        unsigned char *d = dst;
-        const unsigned char *s = src;
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-        memcpy(d, s, head);
-        size_t body = (n - head) & ~(size_t)63;
-        copy_stream(d + head, s + head, body);
-        memcpy(d + head + body, s + head + body, n - head - body);
-        return;
-    }
-#endif
-    memmove(dst, src, n);
+    if (n >= TALLY__COPY_STREAM_MIN && !overlapping(dst, src, n))
+        tally__copy_stream(dst, src, n);
+    else
+        memmove(dst, src, n);
 }

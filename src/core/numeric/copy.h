@@ -10,5 +10,8 @@
 
 /* Copies n bytes from src to dst, which may overlap (then as memmove). */
 void tally__copy_out(void *dst, const void *src, size_t n);
+/* Copies n bytes with non-temporal stores whatever n (the caller knows the whole output is large); dst and
+ * src must not overlap. Fenced, as tally__copy_out. */
+void tally__copy_stream(void *dst, const void *src, size_t n);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <strings.h>
 
+#include "copy.h"
 #include "dtype.h"
 #include "../log.h"
 #include "../parse.h"
@@ -163,6 +164,31 @@ void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_
     if (done < count) {
         size_t off = done * tally_dtype_size(t);
         reduce_scalar((char *)dst + off, (const char *)a + off, (const char *)b + off, count - done, t, op);
+    }
+}
+
+/* Bytes a tile of tally__reduce_stream holds: well inside L1 and L2, and each tile's fence (the streamed
+ * lines out before the next tile) spread over enough lines to cost little. */
+#define STREAM_TILE 32768
+
+void tally__reduce_stream(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op) {
+    if (count == 0 || !tally__dtype_op_valid((int)t, (int)op)) return; /* dst stays as it was */
+    size_t es = tally_dtype_size(t), lead = (64 - (uintptr_t)dst % 64) % 64;
+    /* In place (dst is a source) its lines are read in anyway; and where no element starts on a line's
+     * edge, no whole line can be streamed. */
+    if (dst == a || dst == b || lead % es) {
+        tally__reduce(dst, a, b, count, t, op);
+        return;
+    }
+    char *d = dst;
+    const char *x = a, *y = b;
+    size_t head = lead / es < count ? lead / es : count, per = STREAM_TILE / es;
+    tally__reduce(d, x, y, head, t, op);
+    _Alignas(64) char tile[STREAM_TILE];
+    for (size_t i = head; i < count; i += per) {
+        size_t n = count - i < per ? count - i : per;
+        tally__reduce(tile, x + i * es, y + i * es, n, t, op);
+        tally__copy_stream(d + i * es, tile, n * es);
     }
 }
 

@@ -9,6 +9,10 @@
 /* dst[i] = a[i] op b[i] for i < count. dst may alias a or b (exactly, not partially). AVG is reduced as
  * SUM and finished by tally__avg_finish. A pair tally__dtype_op_valid refuses leaves dst as it was. */
 void tally__reduce(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op);
+/* As tally__reduce, dst written with non-temporal stores (tile by tile through the cache-resident stack):
+ * for an output not read back soon, whose lines then need not be read in before they are written. In
+ * place (dst is a or b) it is tally__reduce: those lines are read in anyway. */
+void tally__reduce_stream(void *dst, const void *a, const void *b, size_t count, tally_dtype t, tally_op op);
 /* buf[i] /= n, for the AVG op after a SUM (integers: truncating division; BOOL has no AVG: unchanged). */
 void tally__avg_finish(void *buf, size_t count, tally_dtype t, int n);
 /* The instruction set the kernels dispatch to: "avx512", "avx2" or "scalar". */

@@ -207,18 +207,17 @@ static int tcp_streams_out(const tally__tcp_op *o) { return o->len >= TALLY__COP
 static size_t tcp_drain(tally__tcp_op *o, tally__tcp_conn *c) {
     size_t n = c->rb_tail - c->rb_head;
     if (n > o->len - o->off) n = o->len - o->off;
+    if (o->esize) n -= n % o->esize;
+    if (!n) return 0;
     unsigned char *dst = o->dst + o->off, *rb = c->rb + c->rb_head;
-    if (o->esize) {
-        n -= n % o->esize;
-        if (n && tcp_streams_out(o))
-            tally__reduce_stream(dst, o->src + o->off, rb, n / o->esize, o->dtype, o->op);
-        else if (n)
-            tally__reduce(dst, o->src + o->off, rb, n / o->esize, o->dtype, o->op);
-    } else if (n && tcp_streams_out(o)) {
+    if (o->esize && tcp_streams_out(o))
+        tally__reduce_stream(dst, o->src + o->off, rb, n / o->esize, o->dtype, o->op);
+    else if (o->esize)
+        tally__reduce(dst, o->src + o->off, rb, n / o->esize, o->dtype, o->op);
+    else if (tcp_streams_out(o))
         tally__copy_stream(dst, rb, n);
-    } else if (n) {
+    else
         memcpy(dst, rb, n);
-    }
     c->rb_head += n;
     o->off += n;
     return n;

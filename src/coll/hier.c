@@ -92,9 +92,31 @@ void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier
         }
 }
 
+/* A pipelined allreduce in `chunks` chunks of the steps s (each chunk's): the host level runs hier.c's
+ * order, the level between hosts each chunk once it is reduce-scattered, an all-gather once its chunk has
+ * crossed; the later of the two lanes' ends. */
+static double pipe_seconds(const tally__hier_step s[3], int chunks) {
+    double host = 0, cross = 0, crossed[TALLY__HIER_CHUNKS_MAX];
+    for (int k = 0, gather, j; k < 2 * chunks; k++) {
+        tally__hier_pipe_step(k, chunks, &gather, &j);
+        if (gather) {
+            host = fmax(host, crossed[j]) + s[2].seconds;
+        } else {
+            host += s[0].seconds;
+            crossed[j] = cross = fmax(cross, host) + s[1].seconds;
+        }
+    }
+    return fmax(host, cross);
+}
+
 double tally__hier_cost(const tally__hier *h, int coll, size_t bytes) {
     if (coll != TALLY__ALLREDUCE && coll != TALLY__REDUCE_SCATTER && coll != TALLY__ALLGATHER) return HUGE_VAL;
     tally__hier_step s[3];
+    int chunks = coll == TALLY__ALLREDUCE ? tally__hier_chunks(h, bytes) : 0;
+    if (chunks) {
+        tally__hier_steps(h, coll, bytes / (size_t)chunks, s);
+        return pipe_seconds(s, chunks);
+    }
     tally__hier_steps(h, coll, bytes, s);
     return s[0].seconds + s[1].seconds + s[2].seconds;
 }
@@ -105,14 +127,18 @@ void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf
                                             [TALLY__REDUCE_SCATTER] = "reduce-scatter",
                                             [TALLY__ALLGATHER] = "all-gather"};
     tally__hier_step s[3];
-    tally__hier_steps(h, coll, bytes, s);
+    int chunks = coll == TALLY__ALLREDUCE ? tally__hier_chunks(h, bytes) : 0;
+    tally__hier_steps(h, coll, chunks ? bytes / (size_t)chunks : bytes, s);
     size_t used = 0;
     buf[0] = '\0';
-    for (int k = 0; k < 3 && used < n; k++)
-        if (s[k].cost)
-            used += (size_t)snprintf(buf + used, n - used, "%s%s %s %s %.1f us on %d ranks", used ? " + " : "",
+    if (chunks) used = (size_t)snprintf(buf, n, "%d chunks, the levels overlapped, each: ", chunks);
+    for (int k = 0, first = 1; k < 3 && used < n; k++)
+        if (s[k].cost) {
+            used += (size_t)snprintf(buf + used, n - used, "%s%s %s %s %.1f us on %d ranks", first ? "" : " + ",
                                      coll_name[s[k].coll], where[k], tally__algo_name(s[k].algo), 1e6 * s[k].seconds,
                                      s[k].n);
+            first = 0;
+        }
 }
 
 static void *scratch(tally__hier *h, size_t bytes) {

@@ -36,8 +36,9 @@ int tally__hier_init(tally_comm *world, const struct tally__boot *boot, tally_co
 void tally__hier_free(tally__hier *h);
 /* h as the world's dispatch calls it (coll.h's tally__levels). */
 tally__levels tally__hier_levels(tally__hier *h);
-/* Predicted seconds (tally__algo_cost's convention for bytes) with each level's cheapest algorithm;
- * HUGE_VAL for what has no hierarchical form (broadcast, barrier). */
+/* Predicted seconds (tally__algo_cost's convention for bytes) with each level's cheapest algorithm, a
+ * pipelined allreduce's levels overlapped chunk by chunk as hier.c runs them; HUGE_VAL for what has no
+ * hierarchical form (broadcast, barrier). */
 double tally__hier_cost(const tally__hier *h, int coll, size_t bytes);
 /* One step of a hierarchical collective as the model sees it: which collective on which level, its
  * ranks and bytes (tally__algo_cost's convention), the cheapest algorithm there and its seconds (all 0
@@ -50,7 +51,8 @@ typedef struct tally__hier_step {
 } tally__hier_step;
 /* The steps of coll on `bytes`: [0] in each host, [1] between hosts, [2] in each host again. */
 void tally__hier_steps(const tally__hier *h, int coll, size_t bytes, tally__hier_step s[3]);
-/* The level costs behind tally__hier_cost, for TALLY_DEBUG: "host rs 12.0 us + hosts allreduce ..." */
+/* The level costs behind tally__hier_cost, for TALLY_DEBUG: "host rs 12.0 us + hosts allreduce ...", a
+ * pipelined allreduce's for one chunk after the number of chunks. */
 void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n);
 
 /* How an allreduce is cut, shared by hier.c and the simulator (src/sim) so both run one schedule: a

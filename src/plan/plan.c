@@ -139,8 +139,8 @@ static void layout_add(tally__plan_comm *acc, const tally__plan_cfg *c, int algo
         if (st[k].cost && times > 0) {
             acc->rounds += times * model_at(st[k].algo, st[k].coll, st[k].n, (double)st[k].bytes, 1, 0, 0);
             acc->bytes += times * model_at(st[k].algo, st[k].coll, st[k].n, (double)st[k].bytes, 0, 1, 0);
-            acc->seconds += times * st[k].seconds;
         }
+    if (times > 0) acc->seconds += times * by_level; /* a pipelined allreduce's levels overlap */
     acc->sent = -1;
 }
 

@@ -2,6 +2,7 @@
  * place on the threaded mock transport, checked bit for bit against a reference; plus barrier, the
  * descriptors and the cost model. A new algorithm is tested here by its line in the table alone. */
 #include <malloc.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -741,6 +742,28 @@ static void test_rooted_model(void) {
     for (int k = 0; k < R_COUNT; k++)
         TH_CHECK(tally__hier_cost(&h, r_kinds[k], 1 << 20) == HUGE_VAL, "hier has coll %d", r_kinds[k]);
     TH_CHECK(tally__hier_cost(&h, TALLY__ALLREDUCE, 1 << 20) < HUGE_VAL, "hier has allreduce");
+    /* A pipelined allreduce: each chunk's crossing near the target, and the levels overlapped, so the
+     * prediction lies between the longer lane's whole time and the three steps' sum. */
+    h.cross_cost.beta = 1e-9 / 0.125; /* 1 Gbit/s between hosts */
+    tally__hier_share_link(&h);
+    for (size_t bytes = (size_t)4 << 20; bytes <= ((size_t)256 << 20); bytes *= 4) {
+        int chunks = tally__hier_chunks(&h, bytes);
+        tally__hier_step s[3], c[3];
+        tally__hier_steps(&h, TALLY__ALLREDUCE, bytes, s);
+        tally__hier_steps(&h, TALLY__ALLREDUCE, bytes / (size_t)chunks, c);
+        double whole = s[0].seconds + s[1].seconds + s[2].seconds, got = tally__hier_cost(&h, TALLY__ALLREDUCE, bytes);
+        TH_CHECK(chunks >= TALLY__HIER_CHUNKS_MIN && chunks <= TALLY__HIER_CHUNKS_MAX &&
+                     bytes / (size_t)chunks >= TALLY__HIER_CHUNK_MIN_BYTES,
+                 "%zu bytes in %d chunks", bytes, chunks);
+        TH_CHECK(chunks == TALLY__HIER_CHUNKS_MIN || chunks == TALLY__HIER_CHUNKS_MAX ||
+                     chunks == (int)(bytes / TALLY__HIER_CHUNK_MIN_BYTES) ||
+                     fabs(c[1].seconds - TALLY__HIER_CHUNK_SECONDS) < TALLY__HIER_CHUNK_SECONDS,
+                 "%zu bytes: a chunk crosses in %.3f s", bytes, c[1].seconds);
+        TH_CHECK(got < whole && got >= chunks * c[1].seconds && got >= s[1].seconds * 0.9,
+                 "%zu bytes: pipelined %.4f s against the steps' sum %.4f s and the crossing %.4f s", bytes, got, whole,
+                 s[1].seconds);
+    }
+    TH_CHECK(tally__hier_chunks(&h, ((size_t)4 << 20) - 1) == 0, "under 4 MiB: no pipeline");
 }
 
 int main(void) {

@@ -357,9 +357,17 @@ static int fn_free_racing_waiters(int rank, int n, void *arg) {
     return 0;
 }
 
+/* Each case takes well under a second; a case still running after CASE_WALL_S is a hang, which the
+ * harness then reports (the rank, killed) while ctest's 15 s for the whole test have not run out. */
+#define CASE_WALL_S 10
+
+/* Says which case starts, unbuffered: a test killed from outside still shows where it was. */
+static void phase(const char *what) { fprintf(stderr, "  %s\n", what); }
+
 static void run_ops(const char *transport, int n) {
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
-    th_opts o = {.transport = transport, .wall_s = 60};
+    fprintf(stderr, "  collectives over %s, n=%d\n", transport, n);
+    th_opts o = {.transport = transport, .wall_s = CASE_WALL_S};
     TH_CHECK(th_run(n, &o, fn_ops, NULL) == 0, "%s n=%d: a rank failed", transport, n);
     for (int r = 0; r < n; r++)
         TH_CHECK(R[r].bad == 0, "%s n=%d rank %d: %d wrong (%d '%s')", transport, n, r, R[r].bad, R[r].rc, R[r].msg);
@@ -373,33 +381,38 @@ int main(void) {
     run_ops("tcp", 3);
     for (int n = 1; n <= 3; n++) {
         memset(R, 0, sizeof *R * TH_MAX_RANKS);
-        th_opts own = {.transport = "shm", .wall_s = 60};
+        fprintf(stderr, "  the library's own operations in order, n=%d\n", n);
+        th_opts own = {.transport = "shm", .wall_s = CASE_WALL_S};
         TH_CHECK(th_run(n, &own, fn_own, NULL) == 0, "own operations n=%d: a rank failed", n);
         for (int r = 0; r < n; r++)
             TH_CHECK(R[r].bad == 0, "own operations n=%d rank %d: %d wrong (%d '%s')", n, r, R[r].bad, R[r].rc,
                      R[r].msg);
     }
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
-    th_opts racing = {.transport = "shm", .wall_s = 60};
+    phase("the communicator freed under waiting threads");
+    th_opts racing = {.transport = "shm", .wall_s = CASE_WALL_S};
     TH_CHECK(th_run(1, &racing, fn_free_racing_waiters, NULL) == 0 && R[0].bad == 0,
              "communicator freed under waiting threads: %d wrong (%d '%s')", R[0].bad, R[0].rc, R[0].msg);
 
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
-    th_opts one = {.transport = "shm", .wall_s = 60};
+    phase("abort with an own operation running");
+    th_opts one = {.transport = "shm", .wall_s = CASE_WALL_S};
     TH_CHECK(th_run(1, &one, fn_own_abort, NULL) == 0 && R[0].bad == 0,
              "abort with an own operation running and one queued: %d wrong", R[0].bad);
 
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
-    th_opts o = {.transport = "shm", .wall_s = 60, .timeout_s = 30};
+    phase("a rank dies with requests pending");
+    th_opts o = {.transport = "shm", .wall_s = CASE_WALL_S, .timeout_s = 30};
     th_run(3, &o, fn_death, NULL);
     for (int r = 0; r < 2; r++)
         TH_CHECK(R[r].rc == TALLY_E_PEER_LOST && strstr(R[r].msg, "rank 2") && R[r].cb_calls == 1 && R[r].cb_rc != 0,
                  "rank 2 died: rank %d got %d '%s' (callbacks %d, rc %d)", r, R[r].rc, R[r].msg, R[r].cb_calls,
                  R[r].cb_rc);
-    printf("  rank 2 died: rank 0 got '%s'\n", R[0].msg);
+    fprintf(stderr, "  rank 2 died: rank 0 got '%s'\n", R[0].msg);
 
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
-    th_opts ot = {.transport = "tcp", .wall_s = 60, .timeout_s = 30};
+    phase("abort with requests queued, tcp");
+    th_opts ot = {.transport = "tcp", .wall_s = CASE_WALL_S, .timeout_s = 30};
     th_run(2, &ot, fn_abort, NULL);
     TH_CHECK(R[0].bad == 0 && R[0].cb_calls >= 1, "abort with 8 requests queued: %d not done, %d failed", R[0].bad,
              R[0].cb_calls);
@@ -407,6 +420,7 @@ int main(void) {
              R[1].msg);
 
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
+    phase("abort while another thread waits");
     th_run(2, &o, fn_abort_waiting, NULL);
     TH_CHECK(R[0].bad == 0, "abort while another thread waits: the wait returned %d", R[0].cb_rc);
     return th_verdict("test_requests");

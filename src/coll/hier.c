@@ -109,16 +109,19 @@ static double pipe_seconds(const tally__hier_step s[3], int chunks) {
     return fmax(host, cross);
 }
 
+/* The steps the model prices coll by: a pipelined allreduce's for one chunk, else the whole call's.
+ * Returns the chunks (0: not pipelined). */
+static int priced_steps(const tally__hier *h, int coll, size_t bytes, tally__hier_step s[3]) {
+    int chunks = coll == TALLY__ALLREDUCE ? tally__hier_chunks(h, bytes) : 0;
+    tally__hier_steps(h, coll, chunks ? bytes / (size_t)chunks : bytes, s);
+    return chunks;
+}
+
 double tally__hier_cost(const tally__hier *h, int coll, size_t bytes) {
     if (coll != TALLY__ALLREDUCE && coll != TALLY__REDUCE_SCATTER && coll != TALLY__ALLGATHER) return HUGE_VAL;
     tally__hier_step s[3];
-    int chunks = coll == TALLY__ALLREDUCE ? tally__hier_chunks(h, bytes) : 0;
-    if (chunks) {
-        tally__hier_steps(h, coll, bytes / (size_t)chunks, s);
-        return pipe_seconds(s, chunks);
-    }
-    tally__hier_steps(h, coll, bytes, s);
-    return s[0].seconds + s[1].seconds + s[2].seconds;
+    int chunks = priced_steps(h, coll, bytes, s);
+    return chunks ? pipe_seconds(s, chunks) : s[0].seconds + s[1].seconds + s[2].seconds;
 }
 
 void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf, size_t n) {
@@ -127,8 +130,7 @@ void tally__hier_explain(const tally__hier *h, int coll, size_t bytes, char *buf
                                             [TALLY__REDUCE_SCATTER] = "reduce-scatter",
                                             [TALLY__ALLGATHER] = "all-gather"};
     tally__hier_step s[3];
-    int chunks = coll == TALLY__ALLREDUCE ? tally__hier_chunks(h, bytes) : 0;
-    tally__hier_steps(h, coll, chunks ? bytes / (size_t)chunks : bytes, s);
+    int chunks = priced_steps(h, coll, bytes, s);
     size_t used = 0;
     buf[0] = '\0';
     if (chunks) used = (size_t)snprintf(buf, n, "%d chunks, the levels overlapped, each: ", chunks);

@@ -4,6 +4,7 @@
  * (tally__async_post_fn) under the same rules. Over shm and tcp. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -362,11 +363,19 @@ static int fn_free_racing_waiters(int rank, int n, void *arg) {
 #define CASE_WALL_S 10
 
 /* Says which case starts, unbuffered: a test killed from outside still shows where it was. */
-static void phase(const char *what) { fprintf(stderr, "  %s\n", what); }
+static void phase(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void phase(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("  ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
 
 static void run_ops(const char *transport, int n) {
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
-    fprintf(stderr, "  collectives over %s, n=%d\n", transport, n);
+    phase("collectives over %s, n=%d", transport, n);
     th_opts o = {.transport = transport, .wall_s = CASE_WALL_S};
     TH_CHECK(th_run(n, &o, fn_ops, NULL) == 0, "%s n=%d: a rank failed", transport, n);
     for (int r = 0; r < n; r++)
@@ -381,7 +390,7 @@ int main(void) {
     run_ops("tcp", 3);
     for (int n = 1; n <= 3; n++) {
         memset(R, 0, sizeof *R * TH_MAX_RANKS);
-        fprintf(stderr, "  the library's own operations in order, n=%d\n", n);
+        phase("the library's own operations in order, n=%d", n);
         th_opts own = {.transport = "shm", .wall_s = CASE_WALL_S};
         TH_CHECK(th_run(n, &own, fn_own, NULL) == 0, "own operations n=%d: a rank failed", n);
         for (int r = 0; r < n; r++)
@@ -408,7 +417,7 @@ int main(void) {
         TH_CHECK(R[r].rc == TALLY_E_PEER_LOST && strstr(R[r].msg, "rank 2") && R[r].cb_calls == 1 && R[r].cb_rc != 0,
                  "rank 2 died: rank %d got %d '%s' (callbacks %d, rc %d)", r, R[r].rc, R[r].msg, R[r].cb_calls,
                  R[r].cb_rc);
-    fprintf(stderr, "  rank 2 died: rank 0 got '%s'\n", R[0].msg);
+    phase("rank 2 died: rank 0 got '%s'", R[0].msg);
 
     memset(R, 0, sizeof *R * TH_MAX_RANKS);
     phase("abort with requests queued, tcp");

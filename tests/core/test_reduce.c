@@ -333,7 +333,8 @@ static void sweep_dtype(int t, const char *isa) {
             for (size_t oi = 0; oi < NOFFSETS * 2; oi++) {
                 int streamed = oi >= NOFFSETS; /* every case again through tally__reduce_stream */
                 for (int alias = ALIAS_NONE; alias <= ALIAS_B; alias++) {
-                    int od = offsets[oi % NOFFSETS][0], oa = offsets[oi % NOFFSETS][1], ob = offsets[oi % NOFFSETS][2];
+                    const int *off = offsets[oi % NOFFSETS];
+                    int od = off[0], oa = off[1], ob = off[2];
                     if (alias == ALIAS_A) od = oa;
                     if (alias == ALIAS_B) od = ob;
                     size_t used = (n + 2 * GUARD + 8) * es;

@@ -88,7 +88,6 @@ static inline v4f gelu_grad4(v4f v, v4f g) { return GELU_GRAD(v, tanh4(GELU_ARG(
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <immintrin.h>
 typedef float v8f __attribute__((vector_size(32)));
-typedef float v16f __attribute__((vector_size(64)));
 __m256 _ZGVdN8v_tanhf(__m256 x);
 __m512 _ZGVeN16v_tanhf(__m512 x);
 GELU_KERNELS(8, v8f, __m256, _ZGVdN8v_tanhf, "avx2,fma")

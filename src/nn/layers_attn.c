@@ -7,40 +7,45 @@
 
 #include "simd.h"
 
-/* The largest of s[0..n): four running maxima, so the compares do not wait on one another. */
-static float row_max(const float *s, int n) {
-    float m[4] = {s[0], s[0], s[0], s[0]};
+/* The largest of s[0..n): sixteen running maxima, so the compares do not wait on one another. */
+TALLY_SIMD_CLONES static float row_max(const float *s, int n) {
+    float m = s[0];
     int j = 0;
-    for (; j + 4 <= n; j += 4)
-        for (int k = 0; k < 4; k++) m[k] = s[j + k] > m[k] ? s[j + k] : m[k];
-    for (; j < n; j++) m[0] = s[j] > m[0] ? s[j] : m[0];
-    float a = m[0] > m[1] ? m[0] : m[1], b = m[2] > m[3] ? m[2] : m[3];
-    return a > b ? a : b;
+    if (n >= 16) {
+        v16f v = load16(s);
+        for (j = 16; j + 16 <= n; j += 16) v = max16(v, load16(s + j));
+        for (int k = 0; k < 16; k++) m = v[k] > m ? v[k] : m;
+    }
+    for (; j < n; j++) m = s[j] > m ? s[j] : m;
+    return m;
 }
 
 /* s[j] = exp(s[j] - m) for j < n, returning their sum: sixteen lanes of glibc's libmvec where the CPU
  * has AVX-512 (libm's scalar expf was most of softmax's time), one at a time elsewhere. */
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <immintrin.h>
-typedef float v16f __attribute__((vector_size(64)));
 __m512 _ZGVeN16v_expf(__m512 x);
+
+__attribute__((target("avx512f,avx512dq"))) static inline v16f exp16(v16f x) { return (v16f)_ZGVeN16v_expf((__m512)x); }
 
 __attribute__((target("avx512f,avx512dq"))) static float exp_shifted16(float *s, int n, float m) {
     v16f acc = {0};
-    for (int j = 0; j < n; j += 16) { /* the tail padded with -inf, whose exp adds 0 */
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        v16f v = exp16(load16(s + j) - m);
+        store16(s + j, v);
+        acc += v;
+    }
+    if (j < n) { /* the tail padded with -inf, whose exp adds 0 */
         float t[16];
-        int k = n - j < 16 ? n - j : 16;
+        int k = n - j;
         for (int u = k; u < 16; u++) t[u] = -INFINITY;
         memcpy(t, s + j, (size_t)k * sizeof *t);
-        v16f v;
-        memcpy(&v, t, sizeof v);
-        v = (v16f)_ZGVeN16v_expf((__m512)(v - m));
+        v16f v = exp16(load16(t) - m);
         memcpy(s + j, &v, (size_t)k * sizeof *s);
         acc += v;
     }
-    float sum = 0.0f;
-    for (int u = 0; u < 16; u++) sum += acc[u];
-    return sum;
+    return sum16(acc);
 }
 #else
 static float exp_shifted16(float *s, int n, float m) { return 0.0f; }
@@ -56,12 +61,18 @@ static float exp_shifted(float *s, int n, float m) {
     return sum;
 }
 
+/* s[0..n) *= k, then s[n..T) = 0. */
+TALLY_SIMD_CLONES static void scale_then_clear(float *s, int n, int T, float k) {
+    int j = 0;
+    for (; j + 16 <= n; j += 16) store16(s + j, load16(s + j) * k);
+    for (; j < n; j++) s[j] *= k;
+    if (n < T) memset(s + n, 0, (size_t)(T - n) * sizeof *s);
+}
+
 /* Row i of scores: softmax over columns 0..i in place, the future set to 0 (it then adds nothing to
  * att v, and gets no gradient). */
 static void causal_softmax_row(float *s, int i, int T) {
-    float inv = 1.0f / exp_shifted(s, i + 1, row_max(s, i + 1));
-    for (int j = 0; j <= i; j++) s[j] *= inv;
-    for (int j = i + 1; j < T; j++) s[j] = 0.0f;
+    scale_then_clear(s, i + 1, T, 1.0f / exp_shifted(s, i + 1, row_max(s, i + 1)));
 }
 
 /* Causal blocks: query rows [i0, i0 + rows) attend to keys [0, i0 + rows) only, so the products skip
@@ -92,19 +103,18 @@ void tally_attention_forward(float *y, float *att, const float *qkv, int B, int 
 }
 
 /* dscore = att * (datt - rowsum(att * datt)), in place over datt: softmax's backward, row by row. */
-static void softmax_backward_rows(float *d, const float *a, int T) {
+TALLY_SIMD_CLONES static void softmax_backward_rows(float *d, const float *a, int T) {
     for (int i = 0; i < T; i++) {
         float *dr = d + (size_t)i * T;
         const float *ar = a + (size_t)i * T;
-        v4f d0 = {0}, d1 = {0};
-        int j = 0;
-        for (; j + 8 <= i + 1; j += 8) /* eight running sums, as row_max's maxima */
-            d0 += load4(ar + j) * load4(dr + j), d1 += load4(ar + j + 4) * load4(dr + j + 4);
-        d0 += d1;
-        float dot = (d0[0] + d0[1]) + (d0[2] + d0[3]);
-        for (; j <= i; j++) dot += ar[j] * dr[j];
-        for (int j = 0; j <= i; j++) dr[j] = ar[j] * (dr[j] - dot);
-        for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
+        v16f d0 = {0};
+        int j = 0, n = i + 1;
+        for (; j + 16 <= n; j += 16) d0 += load16(ar + j) * load16(dr + j);
+        float dot = sum16(d0);
+        for (; j < n; j++) dot += ar[j] * dr[j];
+        for (j = 0; j + 16 <= n; j += 16) store16(dr + j, load16(ar + j) * (load16(dr + j) - dot));
+        for (; j < n; j++) dr[j] = ar[j] * (dr[j] - dot);
+        if (n < T) memset(dr + n, 0, (size_t)(T - n) * sizeof *dr);
     }
 }
 

@@ -12,6 +12,7 @@
 #include "../core/rng.h"
 #include "../core/trace.h"
 #include "model_build.h"
+#include "simd.h"
 
 int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
     for (*n = 0;;) {
@@ -288,6 +289,13 @@ static int model_embed_forward(tally__model *m, const tally__op *op, int B) {
                          (int)tokens[bad], bad / (long)op->in, bad % (long)op->in, op->fan_in - 1);
 }
 
+/* y = a + b, element by element (y may be a). */
+TALLY_SIMD_CLONES static void add_arrays(float *y, const float *a, const float *b, size_t n) {
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) store16(y + k, load16(a + k) + load16(b + k));
+    for (; k < n; k++) y[k] = a[k] + b[k];
+}
+
 static int model_op_forward(tally__model *m, int i, int B) {
     const tally__op *op = &m->op[i];
     const float *x = m->act[op->src[0]];
@@ -305,14 +313,12 @@ static int model_op_forward(tally__model *m, int i, int B) {
         tally_maxpool_forward(y, m->saved[i], x, B, op->pool_c, op->pool_h, op->pool_w, op->pool_k);
         break;
     case TALLY__OP_ADD: {
-        const float *x2 = m->act[op->src[1]];
-        for (size_t k = 0, n = (size_t)B * op->out; k < n; k++) y[k] = x[k] + x2[k];
+        add_arrays(y, x, m->act[op->src[1]], (size_t)B * op->out);
         break;
     }
     case TALLY__OP_EMBED: return model_embed_forward(m, op, B);
     case TALLY__OP_POSITION:
-        for (int s = 0; s < B; s++)
-            for (size_t k = 0; k < op->out; k++) y[(size_t)s * op->out + k] = x[(size_t)s * op->out + k] + w[k];
+        for (int s = 0; s < B; s++) add_arrays(y + (size_t)s * op->out, x + (size_t)s * op->out, w, op->out);
         break;
     case TALLY__OP_LAYERNORM: {
         size_t n = (size_t)B * op->rows;
@@ -377,8 +383,7 @@ static float *model_grad_dst(tally__model *m, const tally__op *op, int k) {
 static void model_grad_add(tally__model *m, const tally__op *op, int k, int B) {
     int v = op->src[k];
     if (v <= 0 || m->readers[v] == 1) return;
-    float *d = m->dact[v];
-    for (size_t j = 0, n = (size_t)B * m->value_n[v]; j < n; j++) d[j] += m->dtmp[j];
+    add_arrays(m->dact[v], m->dact[v], m->dtmp, (size_t)B * m->value_n[v]);
 }
 
 /* dy as value v's gradient from one of its readers: the whole of it when that is v's only reader, else
@@ -389,7 +394,7 @@ static void model_grad_give(tally__model *m, int v, const float *dy, size_t n) {
     if (m->readers[v] == 1)
         memcpy(d, dy, n * sizeof(float));
     else
-        for (size_t j = 0; j < n; j++) d[j] += dy[j];
+        add_arrays(d, d, dy, n);
 }
 
 /* What of an op's backward to run: its input's gradient, its parameters' gradients, or both. */

@@ -1,5 +1,5 @@
 /* test_guard.c - numerical faults and diverged replicas: the finite scan on every kind of non-finite
- * value, a NaN on one rank skipping the step on every rank with parameters unchanged (all ZeRO
+ * value, the global norm and its clipping against a reference, a NaN on one rank skipping the step on every rank with parameters unchanged (all ZeRO
  * stages), --nan error, and --check-replicas naming the rank and tensor of a flipped bit. */
 #include <math.h>
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 
 #include "harness.h"
 #include "dp/guard.h"
+#include "dp/norm.h"
 #include "train_runner.h"
 
 static void test_all_finite(void) {
@@ -24,6 +25,32 @@ static void test_all_finite(void) {
                 TH_CHECK(!tally__all_finite(v, n), "length %zu: %f at %zu not found", n, bad[b], at);
                 v[at] = keep;
             }
+    }
+}
+
+/* The sum of squares against one in long double, and the clipped values against each element scaled
+ * in double, at every length class of the kernels' lanes. */
+static void test_norm(void) {
+    static float v[1037], c[1037];
+    const size_t sizes[] = {0, 1, 7, 8, 15, 16, 17, 33, 1037};
+    for (size_t i = 0; i < 1037; i++) v[i] = (float)((i * 7919 % 1000) - 500) * (i % 5 ? 1e-3f : 1e3f);
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t n = sizes[s];
+        long double want = 0;
+        for (size_t i = 0; i < n; i++) want += (long double)v[i] * v[i];
+        double got = tally__grad_sumsq(v, n);
+        TH_CHECK(fabsl(got - want) <= 1e-12L * want, "sum of squares of %zu: %.17g, want %.17Lg", n, got, want);
+        memcpy(c, v, n * sizeof *c);
+        double norm = tally__grad_clip_to(c, n, got, 1.0f), coef = 1.0 / (norm + 1e-6);
+        TH_CHECK(norm == sqrt(got), "length %zu: norm %.17g, want %.17g", n, norm, sqrt(got));
+        for (size_t i = 0; i < n; i++)
+            if (c[i] != (float)(v[i] * coef)) {
+                TH_CHECK(0, "length %zu: element %zu clipped to %.9g, want %.9g", n, i, c[i], (float)(v[i] * coef));
+                break;
+            }
+        memcpy(c, v, n * sizeof *c);
+        tally__grad_clip_to(c, n, got, (float)(sqrt(got) * 2 + 1)); /* under the maximum: unchanged */
+        TH_CHECK(!memcmp(c, v, n * sizeof *c), "length %zu: a norm under the maximum changed the values", n);
     }
 }
 
@@ -132,7 +159,7 @@ static void test_replicas(void) {
 }
 
 int main(void) {
-    if (th_quick()) test_all_finite();
+    if (th_quick()) test_all_finite(), test_norm();
     /* A skipped step at stages 0 and 3 in the quick tier, at 1 and 2 and on 3 ranks in the long one. */
     for (int zero = 0; zero <= 3; zero++)
         if ((zero == 0 || zero == 3 ? th_quick() : th_long()) && (!th_light() || zero == 0 || zero == 3))

@@ -504,6 +504,7 @@ int main(void) {
     test_linear(64, full ? 784 : 100, full ? 512 : 60, 0);
     test_linear(64, 120, 84, 0);
     test_linear(33, 84, 10, 0);
+    test_linear(70, 9, 83, 0); /* the bias's column sums: row blocks of 64 and a rest, 64 + 16 + 3 columns */
 
     size_t relu_n[] = {1, 3, 4, 5, 17, 63};
     for (size_t i = 0; i < sizeof relu_n / sizeof *relu_n; i++) test_relu(relu_n[i], 1);

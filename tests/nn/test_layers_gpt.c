@@ -207,7 +207,7 @@ static void test_embedding(size_t n, int V, int D) {
 
 int main(void) {
     tally__rng_seed(&rng, 2024, 0);
-    size_t ln[][2] = {{1, 1}, {1, 2}, {3, 5}, {2, 17}, {4, 64}, {1, 255}};
+    size_t ln[][2] = {{1, 1}, {1, 2}, {3, 5}, {2, 17}, {4, 64}, {1, 255}, {3, 333}};
     for (size_t i = 0; i < sizeof ln / sizeof *ln; i++) test_layernorm(ln[i][0], (int)ln[i][1]);
     size_t gelu[] = {1, 3, 7, 9, 33, 1001};
     for (size_t i = 0; i < sizeof gelu / sizeof *gelu; i++) test_gelu(gelu[i]);

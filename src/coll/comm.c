@@ -252,8 +252,7 @@ static int tally__comm_setup(tally_comm *c, const tally__boot_env *given, const 
     c->cost.pull_min = c->ctx.tp->pull_min;
     if (c->ctx.tp->ctx.crowded && tally__boot_single_host(c->boot)) c->cost.cpus = c->ctx.tp->ctx.cpus;
     if (!given && c->cfg.trace_file[0] && (rc = tally__comm_trace_begin(c))) return rc;
-    tally__po_cfg po = {c->ctx.rank,    c->ctx.size,           c->boot, &c->fault, c->timeout_s,
-                        c->cfg.shm_cma, tally__comm_crowded(c)};
+    tally__po_cfg po = {c->ctx.rank, c->ctx.size, c->boot, &c->fault, c->timeout_s, c->cfg.shm_cma};
     if ((rc = tally__po_open(&po, &c->po))) return rc; /* its port is published before the monitor starts */
     if ((rc = tally__boot_start_monitor(c->boot))) return rc;
     if ((rc = tally__po_start(c->po))) return rc;

@@ -18,7 +18,6 @@ typedef struct tally__po_cfg {
     tally__fault *fault;      /* the communicator's: a fault fails every pending request */
     double timeout_s;         /* what a receive waits, and a send may take to hand its bytes off */
     int cma;                  /* large payloads to a peer on this host are read in place (process_vm_readv) */
-    int crowded;              /* more ranks than CPUs here: a waiter sleeps at once rather than spin */
 } tally__po_cfg;
 
 /* A request's end: rc 0 or a TALLY_E_* code, msg its message ("" on success), source the sender's rank

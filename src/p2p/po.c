@@ -61,7 +61,6 @@ int tally__po_open(const tally__po_cfg *cfg, tally__po **out) {
     po->timeout_s = cfg->timeout_s;
     po->cma_wanted = cfg->cma;
     po->spin_ns = PO_SPIN_NS;
-    po->crowded = cfg->crowded;
     po->lfd = po->wake_fd = po->drive_fd = -1;
     po->pidns = po_pidns();
     po->probe = tally__now_ns() ^ ((uint64_t)getpid() << 32);

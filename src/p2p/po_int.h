@@ -207,7 +207,6 @@ struct tally__po {
     double timeout_s;
     int cma_wanted;   /* the config lets large payloads be read in place (shm_cma) */
     uint64_t spin_ns; /* how long a driver polls without sleeping before it sleeps */
-    int crowded;      /* this host has more ranks than CPUs: the driver yields between looks */
     int lfd, port;
     int32_t *ports; /* [size]: where each rank's post office listens */
     uint64_t pidns;

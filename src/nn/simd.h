@@ -1,6 +1,6 @@
-/* simd.h - what the layers' kernels share below BLAS: four-lane vectors (GCC's vector extension) with
- * their lane masks and loads and stores that need only float alignment, and what this CPU can run,
- * asked once, so the wide kernels (libmvec's AVX2 and AVX-512 entries, bf16 casts) run only where they exist. */
+/* simd.h - what the layers' kernels share below BLAS: four- and sixteen-lane vectors (GCC's vector extension)
+ * with their loads and stores that need only float alignment, the clones built per instruction set, and what
+ * this CPU can run, asked once (libmvec's AVX2 and AVX-512 entries, bf16 casts run only where they exist). */
 #ifndef TALLY_NN_SIMD_H
 #define TALLY_NN_SIMD_H
 

@@ -3,8 +3,9 @@
 # in one apt-get install; asks dpkg (or pkg-config) about each, never a file another package may provide;
 # with them, pip install of the Python package works offline (the backend's build needs --torch's too).
 # Run by run.sh and test.sh; safe to run twice. --fresh-check adds what scripts/fresh-check.sh needs;
-# --torch adds PyTorch's C++ and Python packages for the tally backend (test.sh); --tests adds those and
-# chromium, which renders the SVG charts the CLI writes (test.sh --full and --external; tests/cli/test_charts.c).
+# --torch adds PyTorch's C++ and Python packages for the tally backend (test.sh); --tests adds those,
+# chromium, which renders the SVG charts the CLI writes (tests/cli/test_charts.c), and QEMU's user mode, which
+# runs the kernels' AVX2 and SSE builds on any x86-64 (tests/isa/run.sh): test.sh --full and --external.
 set -eu
 
 # package | why it is needed
@@ -36,7 +37,8 @@ case "${1:-}" in
       "python3-dev|Python's headers, for the backend's module"
       "pybind11-dev|pybind11's headers, which PyTorch's C++ headers include (python3-torch only recommends it)")
     if [ "$1" = --tests ]; then
-      tally_deps+=("chromium|headless rendering of the SVG charts (--plot, --svg) in tests/cli/test_charts.c")
+      tally_deps+=("chromium|headless rendering of the SVG charts (--plot, --svg) in tests/cli/test_charts.c"
+        "qemu-user|the kernels' AVX2 and SSE builds run as a Haswell and a Nehalem would, in tests/isa/run.sh")
     fi
     ;;
   *)

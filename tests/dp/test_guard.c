@@ -1,6 +1,7 @@
 /* test_guard.c - numerical faults and diverged replicas: the finite scan on every kind of non-finite
- * value, the global norm and its clipping against a reference, a NaN on one rank skipping the step on every rank with parameters unchanged (all ZeRO
- * stages), --nan error, and --check-replicas naming the rank and tensor of a flipped bit. */
+ * value, the global norm and its clipping against a reference, a NaN on one rank skipping the step on
+ * every rank with parameters unchanged (all ZeRO stages), --nan error, and --check-replicas naming the
+ * rank and tensor of a flipped bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # run.sh - the kernels built once per instruction set (TALLY_SIMD_CLONES: the layers', the gradient's norm)
-# as CPUs without AVX-512 run them: the test programs that check them against their references, under QEMU's user-mode emulation of a Haswell (AVX2: the clones built for "avx2") and
-# of a Nehalem (SSE4.2: the "default" clones). This machine runs only the clone for its own CPU. Skipped
-# (77) without qemu-x86_64 (Debian: qemu-user).
+# as CPUs without AVX-512 run them: the test programs that check them against their references, under
+# QEMU's user-mode emulation of a Haswell (AVX2: the clones built for "avx2") and of a Nehalem (SSE4.2: the
+# "default" clones). This machine runs only the clone for its own CPU. Skipped (77) without qemu-x86_64
+# (Debian: qemu-user).
 # usage: tests/isa/run.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1 src=$2

@@ -11,8 +11,8 @@
 #include "../core/alloc.h"
 #include "../core/rng.h"
 #include "../core/trace.h"
+#include "../core/numeric/reduce.h"
 #include "model_build.h"
-#include "simd.h"
 
 int tally__model_parse_hidden(const char *s, int *hidden, int *n) {
     for (*n = 0;;) {
@@ -289,11 +289,9 @@ static int model_embed_forward(tally__model *m, const tally__op *op, int B) {
                          (int)tokens[bad], bad / (long)op->in, bad % (long)op->in, op->fan_in - 1);
 }
 
-/* y = a + b, element by element (y may be a). */
-TALLY_SIMD_CLONES static void add_arrays(float *y, const float *a, const float *b, size_t n) {
-    size_t k = 0;
-    for (; k + 16 <= n; k += 16) store16(y + k, load16(a + k) + load16(b + k));
-    for (; k < n; k++) y[k] = a[k] + b[k];
+/* y = a + b, element by element (y may be a): the collectives' own f32 sum, on the CPU's widest lanes. */
+static void add_arrays(float *y, const float *a, const float *b, size_t n) {
+    tally__reduce(y, a, b, n, TALLY_F32, TALLY_SUM);
 }
 
 static int model_op_forward(tally__model *m, int i, int B) {

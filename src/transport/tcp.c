@@ -33,6 +33,7 @@ typedef struct tally__tcp_op {
     int peer;
     int is_recv;
     int done;
+    int apart;          /* the payload travels on the pair's solo connection (TALLY__TCP_AUX_SOLO) */
     int have_hdr;       /* recv: the header was read and checked */
     size_t hdr_off;     /* send: header bytes sent */
     size_t len, off;    /* payload bytes in all, and done */
@@ -86,6 +87,16 @@ static int tcp_protocol(tally__tcp_tp *t, int peer, const char *what, size_t got
                               sig, got, want);
 }
 
+static int tcp_bad_solo(tally__tcp_tp *t, int peer) {
+    char sig[160];
+    tcp_sigstr(t->base.ctx.sig, sig, sizeof sig);
+    return tally__fault_raise(t->base.ctx.fault, TALLY_E_PROTOCOL, peer,
+                              "rank %d: rank %d's header in %s says its payload follows on the pair's solo "
+                              "connection, which only the higher rank of a pair on one host writes: a corrupt "
+                              "stream, or a peer of another tally build",
+                              t->base.ctx.rank, peer, sig);
+}
+
 static void tcp_label(void *arg, int r, char *buf, size_t n) {
     const tally__tcp_tp *t = arg;
     const tally__peer *p = &tally__boot_peers(t->base.ctx.boot)[r];
@@ -129,6 +140,19 @@ static int tcp_timeout(tally__tcp_tp *t, const tally__tcp_op *o) {
                        .hidden = tcp_hidden,
                        .arg = t};
     return tally__stall_raise(t->base.ctx.fault, &st);
+}
+
+/* ---- where a payload travels ---- */
+
+/* The connection a message's payload takes: the one its header took, or the pair's solo one where the
+ * header says so (tcp_int.h). */
+static tally__tcp_conn *tcp_payload_conn(tally__tcp_tp *t, const tally__tcp_op *o) {
+    return o->apart ? &t->solo[o->peer] : &t->conns[o->peer];
+}
+
+/* The sender's choice, which its header carries: a large payload from the higher rank of a swap. */
+static int tcp_goes_apart(const tally__tcp_tp *t, int peer, size_t len, int swap) {
+    return t->solo && swap && len >= TALLY__TCP_SOLO_MIN && t->base.ctx.rank > peer;
 }
 
 /* ---- the read-ahead buffer ---- */
@@ -191,8 +215,10 @@ static int tcp_check_hdr(tally__tcp_tp *t, tally__tcp_op *o, tally__tcp_conn *c)
     case TALLY__TCP_HDR_MISMATCH: return tcp_mismatch(t, o->peer, &h.sig);
     case TALLY__TCP_HDR_BAD_LEN: return tcp_protocol(t, o->peer, "message of the wrong length", (size_t)h.len, o->len);
     }
+    o->apart = (h.aux & TALLY__TCP_AUX_SOLO) != 0;
+    if (o->apart && (!t->solo || o->peer < t->base.ctx.rank)) return tcp_bad_solo(t, o->peer);
     c->rb_head += sizeof h;
-    c->cpu = h.aux;
+    c->cpu = h.aux & ~TALLY__TCP_AUX_SOLO;
     o->have_hdr = 1;
     if (o->esize) tcp_align(c);
     return 0;
@@ -237,18 +263,24 @@ static ssize_t tcp_recv_direct(tally__tcp_op *o, tally__tcp_conn *c) {
     }
 }
 
+static size_t tcp_buffered(const tally__tcp_conn *c) { return c->rb_tail - c->rb_head; }
+
 static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
-    tally__tcp_conn *c = &t->conns[o->peer];
-    size_t moved = 0, off0 = o->off, head0 = c->rb_tail - c->rb_head;
+    tally__tcp_conn *hc = &t->conns[o->peer], *c = o->have_hdr ? tcp_payload_conn(t, o) : hc;
+    size_t moved = 0, off0 = o->off, h0 = tcp_buffered(hc), p0 = tcp_buffered(c);
     int hdr0 = o->have_hdr;
     while (moved < TCP_RECV_BUDGET) {
         if (!o->have_hdr) {
             int rc = tcp_check_hdr(t, o, c);
             if (rc) return rc;
-            if (o->have_hdr) continue;
+            if (o->have_hdr) {
+                c = tcp_payload_conn(t, o); /* the header's own, or a solo one that carries payloads only */
+                p0 = tcp_buffered(c);
+                continue;
+            }
             /* Greedy: a small message's payload arrives with its header in this one recv(). */
             ssize_t k = tcp_fill(c, (size_t)-1);
-            if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
+            if (k < 0) return tcp_peer_lost(t, o->peer, hc->bye);
             if (k == 0) break;
             moved += (size_t)k;
             continue;
@@ -260,36 +292,47 @@ static int tcp_recv_progress(tally__tcp_tp *t, tally__tcp_op *o) {
         if (tcp_drain(o, c)) continue;
         /* The buffer holds no usable bytes of this message: read more (a large copy through the buffer
          * too, so that it reaches the destination streamed). */
-        ssize_t k = o->esize || tcp_streams_out(o) ? tcp_fill(c, o->len - o->off - (c->rb_tail - c->rb_head))
-                                                   : tcp_recv_direct(o, c);
-        if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
+        ssize_t k =
+            o->esize || tcp_streams_out(o) ? tcp_fill(c, o->len - o->off - tcp_buffered(c)) : tcp_recv_direct(o, c);
+        if (k < 0) return tcp_peer_lost(t, o->peer, hc->bye);
         if (k == 0) break;
         moved += (size_t)k;
     }
     /* Progress is the message's, not the bytes': a peer's WAIT read here is news, not progress, and must
      * not make this exchange look busy (it would stop telling its own peers that it is stalled). */
-    return o->off != off0 || o->have_hdr != hdr0 || c->rb_tail - c->rb_head > head0 ? TCP_MOVED : TCP_WAIT;
+    int grew = tcp_buffered(hc) > h0 || (c != hc && tcp_buffered(c) > p0);
+    return o->off != off0 || o->have_hdr != hdr0 || grew ? TCP_MOVED : TCP_WAIT;
 }
 
 /* ---- one send ---- */
 
+/* One sendmsg() without waiting: bytes taken, 0 when the socket has no room, -1 when the peer is gone
+ * (EPIPE, ECONNRESET). */
+static ssize_t tcp_sendv(int fd, struct iovec *iov, int n) {
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    for (;;) {
+        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k >= 0) return k;
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+    }
+}
+
 static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
-    tally__tcp_conn *c = &t->conns[o->peer];
+    tally__tcp_conn *c = &t->conns[o->peer], *pc = tcp_payload_conn(t, o);
+    int apart = o->apart; /* the header goes alone */
     size_t moved = 0;
-    if (!tally__tcp_ctl_flush(c)) return TCP_WAIT; /* queued control frames go before our message */
-    while (o->hdr_off < sizeof o->hdr || o->off < o->len) {
+    /* Queued control frames go before our message. */
+    if (o->hdr_off < sizeof o->hdr && !tally__tcp_ctl_flush(c)) return TCP_WAIT;
+    while (o->hdr_off < sizeof o->hdr || (!apart && o->off < o->len)) {
         struct iovec iov[2];
         int n = 0;
         if (o->hdr_off < sizeof o->hdr)
             iov[n++] = (struct iovec){(unsigned char *)&o->hdr + o->hdr_off, sizeof o->hdr - o->hdr_off};
-        if (o->off < o->len) iov[n++] = (struct iovec){(void *)(o->sbuf + o->off), o->len - o->off};
-        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t k = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return moved ? TCP_MOVED : TCP_WAIT;
-            return tcp_peer_lost(t, o->peer, c->bye); /* EPIPE, ECONNRESET: the reader is gone */
-        }
+        if (!apart && o->off < o->len) iov[n++] = (struct iovec){(void *)(o->sbuf + o->off), o->len - o->off};
+        ssize_t k = tcp_sendv(c->fd, iov, n);
+        if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
+        if (k == 0) return moved ? TCP_MOVED : TCP_WAIT;
         size_t h = sizeof o->hdr - o->hdr_off;
         if ((size_t)k < h) h = (size_t)k;
         o->hdr_off += h;
@@ -297,8 +340,16 @@ static int tcp_send_progress(tally__tcp_tp *t, tally__tcp_op *o) {
         moved += (size_t)k;
         c->mid = 1;
     }
+    c->mid = 0; /* the message is whole on c (apart: its header), so control frames may follow */
+    while (o->off < o->len) {
+        struct iovec iov = {(void *)(o->sbuf + o->off), o->len - o->off};
+        ssize_t k = tcp_sendv(pc->fd, &iov, 1);
+        if (k < 0) return tcp_peer_lost(t, o->peer, c->bye);
+        if (k == 0) return moved ? TCP_MOVED : TCP_WAIT;
+        o->off += (size_t)k;
+        moved += (size_t)k;
+    }
     o->done = 1;
-    c->mid = 0;
     return TCP_DONE;
 }
 
@@ -341,7 +392,9 @@ static int tcp_sleep(tally__tcp_tp *t, int nops, uint64_t deadline) {
         tally__tcp_op *o = &t->ops[i];
         if (o->done) continue;
         if (o->is_recv) awaited[o->peer] = 1;
-        t->pfds[n] = (struct pollfd){.fd = t->conns[o->peer].fd, .events = o->is_recv ? POLLIN : POLLOUT};
+        int header = o->is_recv ? !o->have_hdr : o->hdr_off < sizeof o->hdr;
+        int fd = header ? t->conns[o->peer].fd : tcp_payload_conn(t, o)->fd;
+        t->pfds[n] = (struct pollfd){.fd = fd, .events = o->is_recv ? POLLIN : POLLOUT};
         t->pfd_op[n++] = i;
     }
     for (int p = 0; p < size; p++) {
@@ -371,12 +424,18 @@ static int tcp_sleep(tally__tcp_tp *t, int nops, uint64_t deadline) {
 
 static int tcp_post(tally__tcp_tp *t, const tally__send *s, int ns, const tally__recv *r, int nr) {
     int n = 0;
-    for (int i = 0; i < ns; i++, n++)
+    for (int i = 0; i < nr; i++) t->awaited[r[i].peer] = 1; /* a send to one of these is half of a swap */
+    for (int i = 0; i < ns; i++, n++) {
+        int apart = tcp_goes_apart(t, s[i].peer, s[i].len, t->awaited[s[i].peer]);
+        uint32_t aux = t->mycpu | (apart ? TALLY__TCP_AUX_SOLO : 0);
         t->ops[n] = (tally__tcp_op){
             .peer = s[i].peer,
+            .apart = apart,
             .len = s[i].len,
             .sbuf = s[i].buf,
-            .hdr = {.magic = TALLY__TCP_MAGIC_DATA, .aux = t->mycpu, .sig = *t->base.ctx.sig, .len = s[i].len}};
+            .hdr = {.magic = TALLY__TCP_MAGIC_DATA, .aux = aux, .sig = *t->base.ctx.sig, .len = s[i].len}};
+    }
+    for (int i = 0; i < nr; i++) t->awaited[r[i].peer] = 0;
     for (int i = 0; i < nr; i++, n++)
         t->ops[n] = (tally__tcp_op){.peer = r[i].peer,
                                     .is_recv = 1,
@@ -472,8 +531,17 @@ static int tcp_exchange(tally__tp *tp, const tally__send *s, int ns, const tally
 
 /* ---- lifetime ---- */
 
-/* Says goodbye so peers do not take our leaving for a death, then closes without discarding data a
- * peer may still be reading (unread input at close() would make the kernel send a reset). */
+/* Closes without discarding data a peer may still be reading (unread input at close() would make the
+ * kernel send a reset). */
+static void tcp_shut(tally__tcp_conn *c) {
+    shutdown(c->fd, SHUT_WR);
+    char sink[4096];
+    while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+    close(c->fd);
+    c->fd = -1;
+}
+
+/* Says goodbye so peers do not take our leaving for a death, then closes. */
 static void tcp_close_conn(tally__tcp_conn *c) {
     tally__tcp_hdr bye = {.magic = TALLY__TCP_MAGIC_BYE};
     size_t off = c->broken || !tally__tcp_ctl_flush(c) ? sizeof bye : 0; /* out of frame: no goodbye */
@@ -487,11 +555,19 @@ static void tcp_close_conn(tally__tcp_conn *c) {
         else
             poll(&(struct pollfd){.fd = c->fd, .events = POLLOUT}, 1, 10);
     }
-    shutdown(c->fd, SHUT_WR);
-    char sink[4096];
-    while (recv(c->fd, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
-    close(c->fd);
-    c->fd = -1;
+    tcp_shut(c);
+}
+
+/* The solo connections carry payloads only: no goodbye, which the main connection says. */
+static void tcp_close_solo(tally__tcp_tp *t) {
+    for (int p = 0; t->solo && p < t->base.ctx.size; p++) {
+        if (t->solo[p].fd >= 0 && t->base.abandon)
+            close(t->solo[p].fd);
+        else if (t->solo[p].fd >= 0)
+            tcp_shut(&t->solo[p]);
+        free(t->solo[p].rb);
+    }
+    free(t->solo);
 }
 
 static void tcp_destroy(tally__tp *tp) {
@@ -506,6 +582,7 @@ static void tcp_destroy(tally__tp *tp) {
         if (t->conns[p].fd >= 0) tcp_close_conn(&t->conns[p]);
         free(t->conns[p].rb);
     }
+    tcp_close_solo(t);
     free(t->conns);
     free(t->ops);
     free(t->pfds);
@@ -550,7 +627,7 @@ int tally__tcp_create(const tally__tp_ctx *ctx, tally__tp **out) {
     t->spin_ns = ctx->crowded ? TCP_SPIN_CROWDED_NS : TCP_SPIN_NS;
     const tally__peer *peers = tally__boot_peers(ctx->boot);
     for (int p = 0; p < ctx->size; p++) t->conns[p].local = peers[p].hostid == peers[ctx->rank].hostid;
-    if ((rc = tally__tcp_mesh(ctx, t->conns))) {
+    if ((rc = tally__tcp_mesh(ctx, t->conns)) || (rc = tally__tcp_solo_mesh(ctx, &t->solo))) {
         tcp_destroy(&t->base);
         return rc;
     }

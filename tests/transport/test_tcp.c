@@ -1,10 +1,11 @@
-/* test_tcp.c - the TCP transport on real processes: ring and all-pairs exchanges of many sizes, plain
- * and reducing, against references computed here; mismatch, death, timeout and fd-leak behaviour. */
+/* test_tcp.c - the TCP transport on real processes: ring, all-pairs and two-rank exchanges of many sizes,
+ * plain and reducing, against references computed here; mismatch, death, timeout and fd-leak behaviour. */
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "core/sig.h"
 #include "boot_env.h"
 #include "harness.h"
+#include "transport/tcp_int.h"
 #include "transport/transport.h"
 
 /* ---- per-rank plumbing ---- */
@@ -177,6 +179,41 @@ static void tt_allpairs(tt_world *w, size_t len, tt_kind k) {
     free(r);
 }
 
+/* Ranks 0 and 1 (the others sit out): 0 sends to 1 (dir 1), 1 to 0 (dir 2), or both at once (3, a
+ * swap, whose large payloads from rank 1 travel on the solo connection). */
+static void tt_pair(tt_world *w, size_t len, tt_kind k, int dir) {
+    int me = w->rank, peer = 1 - me;
+    int sends = me < 2 && (dir & (me ? 2 : 1)), recvs = me < 2 && (dir & (me ? 1 : 2));
+    size_t count = len / tt_esize[k], bytes = count * tt_esize[k];
+    void *sbuf = malloc(bytes + 1), *dst = malloc(bytes + 1);
+    tt_fill(sbuf, k, me, count);
+    memset(dst, 0xC3, bytes);
+    tally__send s = {.peer = peer, .buf = sbuf, .len = bytes};
+    tally__recv r = tt_recv(k, peer, dst, sbuf, bytes);
+    w->sig.count = bytes;
+    int rc = tt_xchg(w, &s, sends, &r, recvs);
+    RCHECK(rc == 0, "pair %zu B %s dir %d: %s", bytes, tt_kind_name[k], dir, tally_last_error());
+    size_t bad = rc || !recvs ? count : tt_verify(dst, k, me, peer, count);
+    RCHECK(bad == count, "pair %zu B %s dir %d: element %zu wrong", bytes, tt_kind_name[k], dir, bad);
+    free(sbuf);
+    free(dst);
+}
+
+/* Swaps and one-way messages between the same two ranks in turn, at sizes around the one from which a
+ * swap's payload leaves its header's connection: both connections stay in step. */
+static int tt_pairs_rank(int rank, int size, void *arg) {
+    static const size_t lens[] = {TALLY__TCP_SOLO_MIN - 8, TALLY__TCP_SOLO_MIN, TALLY__TCP_SOLO_MIN + 8, 100003,
+                                  (1u << 20) + 4};
+    static const int dirs[] = {3, 2, 3, 1, 3, 3, 2, 2, 1, 3};
+    tt_world w;
+    if (tt_open(&w, rank, size, 60)) return 1;
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++)
+        for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++)
+            tt_pair(&w, lens[li], (tt_kind)((li + d) % K_COUNT), dirs[d]);
+    tt_close(&w);
+    return tt_fail;
+}
+
 /* Just past the size from which a message reaches its destination with non-temporal stores. */
 #define TT_STREAM_LEN ((16u << 20) + 12)
 static const size_t tt_lens[] = {0, 1, 7, 4096, 100003, 1 << 20, TT_STREAM_LEN, (64 << 20) + 4};
@@ -222,6 +259,7 @@ static int tt_many_rank(int rank, int size, void *arg) {
 
 #define TT_MAXN 8
 typedef struct tt_shared {
+    size_t len[2]; /* tt_length_rank: what each of ranks 0 and 1 sends and expects */
     int rc[TT_MAXN];
     double t[TT_MAXN];
     char msg[TT_MAXN][512];
@@ -273,15 +311,44 @@ static int tt_mismatch_idle_rank(int rank, int size, void *arg) {
     return 0;
 }
 
-/* Equal fingerprints but different lengths: a protocol error, not a mismatch. */
+/* Equal fingerprints but different lengths: a protocol error, not a mismatch, whichever connection the
+ * payload would take. */
 static int tt_length_rank(int rank, int size, void *arg) {
     tt_shared *sh = arg;
     tt_world w;
     if (tt_open(&w, rank, size, 20)) return 1;
-    unsigned char a[256] = {0}, b[256];
-    tally__send s = {.peer = 1 - rank, .buf = a, .len = rank ? 200 : 100};
-    tally__recv r = {.peer = 1 - rank, .dst = b, .len = rank ? 200 : 100}; /* each expects its own length */
+    size_t n = sh->len[rank];
+    unsigned char *a = calloc(1, n), *b = malloc(n);
+    tally__send s = {.peer = 1 - rank, .buf = a, .len = n};
+    tally__recv r = {.peer = 1 - rank, .dst = b, .len = n}; /* each expects its own length */
     tt_record(sh, rank, tt_xchg(&w, &s, 1, &r, 1));
+    free(a);
+    free(b);
+    tt_close(&w);
+    return 0;
+}
+
+/* Rank 0, the lower, sends rank 1 a header that says its payload follows on the solo connection, which
+ * only the higher rank of a pair writes: a protocol error at rank 1, not a wait for bytes that never come. */
+static int tt_forged_solo_rank(int rank, int size, void *arg) {
+    tt_shared *sh = arg;
+    tt_world w;
+    if (tt_open(&w, rank, size, 20)) return 1;
+    size_t n = 2 * TALLY__TCP_SOLO_MIN;
+    unsigned char *b = malloc(n);
+    w.sig.count = n;
+    if (rank == 0) {
+        w.sig.seq++;
+        tally__tcp_hdr h = {.magic = TALLY__TCP_MAGIC_DATA, .aux = TALLY__TCP_AUX_SOLO, .sig = w.sig, .len = n};
+        tally__tcp_tp *t = (tally__tcp_tp *)w.tp;
+        tt_record(sh, rank, send(t->conns[1].fd, &h, sizeof h, MSG_NOSIGNAL) == (ssize_t)sizeof h ? 0 : -1);
+        t->conns[1].broken = 1; /* out of frame now: no goodbye */
+        usleep(200000);         /* rank 1 reads the header before our close */
+    } else {
+        tally__recv r = {.peer = 0, .dst = b, .len = n};
+        tt_record(sh, rank, tt_xchg(&w, NULL, 0, &r, 1));
+    }
+    free(b);
     tt_close(&w);
     return 0;
 }
@@ -358,6 +425,9 @@ static void tt_data_tests(void) {
         t0 = th_now();
         TH_CHECK(th_run(n, &o, tt_many_rank, NULL) == 0, "2000 small exchanges, N=%d", n);
         fprintf(stderr, "  2000 small exchanges N=%d: %.1f s\n", n, th_now() - t0);
+        t0 = th_now();
+        TH_CHECK(th_run(n, &o, tt_pairs_rank, NULL) == 0, "swaps and one-way messages, N=%d", n);
+        fprintf(stderr, "  swaps and one-way messages N=%d: %.1f s\n", n, th_now() - t0);
     }
 }
 
@@ -382,10 +452,21 @@ static void tt_mismatch_tests(void) {
         TH_CHECK(sh->rc[1] == 0, "the sender of the other call: rc %d", sh->rc[1]);
         memset(sh, 0, sizeof *sh);
     }
-    TH_CHECK(th_run(2, NULL, tt_length_rank, sh) == 0, "length job");
-    for (int r = 0; r < 2; r++)
-        TH_CHECK(sh->rc[r] == TALLY_E_PROTOCOL && strstr(sh->msg[r], "wrong length"), "length: rank %d rc %d '%s'", r,
-                 sh->rc[r], sh->msg[r]);
+    /* Small both; large both (rank 1's on the solo connection); one of each. */
+    static const size_t lens[][2] = {{100, 200}, {100000, 200000}, {1000, 100000}, {100000, 1000}};
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+        memset(sh, 0, sizeof *sh);
+        memcpy(sh->len, lens[i], sizeof sh->len);
+        TH_CHECK(th_run(2, NULL, tt_length_rank, sh) == 0, "length job %zu", i);
+        for (int r = 0; r < 2; r++)
+            TH_CHECK(sh->rc[r] == TALLY_E_PROTOCOL && strstr(sh->msg[r], "wrong length"),
+                     "length %zu / %zu: rank %d rc %d '%s'", lens[i][0], lens[i][1], r, sh->rc[r], sh->msg[r]);
+    }
+    memset(sh, 0, sizeof *sh);
+    TH_CHECK(th_run(2, NULL, tt_forged_solo_rank, sh) == 0, "forged solo job");
+    TH_CHECK(sh->rc[0] == 0 && sh->rc[1] == TALLY_E_PROTOCOL && strstr(sh->msg[1], "rank 0's header") &&
+                 strstr(sh->msg[1], "solo connection"),
+             "forged solo flag: rank 0 rc %d, rank 1 rc %d '%s'", sh->rc[0], sh->rc[1], sh->msg[1]);
     th_shared_free(sh, sizeof *sh);
 }
 
@@ -437,6 +518,7 @@ int main(int argc, char **argv) {
     if (!*only || !strcmp(only, "mismatch")) tt_mismatch_tests();
     if ((!*only || !strcmp(only, "timeout")) && th_long()) tt_timeout_test(); /* waits out 2 s */
     if (!*only || !strcmp(only, "death")) {
+        tt_death_test(2); /* the victim's payloads come on the solo connection */
         tt_death_test(3);
         if (th_long()) tt_death_test(4);
     }

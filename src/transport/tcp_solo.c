@@ -1,0 +1,59 @@
+/* tcp_solo.c - the second mesh of a world on one host: one connection per pair that carries only the
+ * higher rank's large payloads, so each connection's data flows one way (see tcp_int.h for why). */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "../boot/boot.h"
+#include "../boot/fdlimit.h"
+#include "../core/log.h"
+#include "tcp_int.h"
+
+static void solo_free(tally__tcp_conn *solo, int n) {
+    for (int p = 0; solo && p < n; p++) free(solo[p].rb);
+    free(solo);
+}
+
+static tally__tcp_conn *solo_alloc(const tally__tp_ctx *ctx) {
+    tally__tcp_conn *solo = calloc((size_t)ctx->size, sizeof *solo);
+    for (int p = 0; solo && p < ctx->size; p++) {
+        solo[p].fd = -1;
+        solo[p].w_peer = -1;
+        solo[p].local = 1;
+        if (p != ctx->rank && !(solo[p].rb = aligned_alloc(64, TALLY__TCP_RB))) {
+            solo_free(solo, ctx->size);
+            return NULL;
+        }
+    }
+    return solo;
+}
+
+/* Every rank says whether it can hold the mesh (memory, and descriptors for a connection per peer and
+ * a listener), so all build it or none does. 1 when all can. */
+static int solo_all_ready(const tally__tp_ctx *ctx, int ready, int *rc) {
+    int32_t mine = ready, *all = calloc((size_t)ctx->size, sizeof *all);
+    *rc = all ? tally__boot_allgather(ctx->boot, &mine, all, sizeof mine) : TALLY_E_NOMEM;
+    int every = !*rc, who = -1;
+    for (int r = 0; every && r < ctx->size; r++)
+        if (!all[r]) {
+            every = 0;
+            who = r;
+        }
+    free(all);
+    if (who >= 0 && ctx->rank == 0)
+        tally__log_debug(1, "tcp: rank %d has no room for a second connection per peer: payloads share one", who);
+    return every;
+}
+
+int tally__tcp_solo_mesh(const tally__tp_ctx *ctx, tally__tcp_conn **solo) {
+    *solo = NULL;
+    if (!tally__boot_single_host(ctx->boot)) return 0;
+    tally__fd_limit lim = {0};
+    tally__tcp_conn *mine = solo_alloc(ctx);
+    int rc = 0, ready = mine && tally__fd_room(ctx->size, &lim) == 0;
+    if (!solo_all_ready(ctx, ready, &rc) || (!rc && (rc = tally__tcp_mesh(ctx, mine)))) {
+        solo_free(mine, ctx->size);
+        return rc;
+    }
+    *solo = mine;
+    return 0;
+}

@@ -14,6 +14,12 @@ struct pollfd;
 
 #define TALLY__BOOT_MAX_SIZE 4096 /* ranks a world may have */
 
+/* Descriptors a rank holds besides one per peer and its control connections: the tcp listener or shm's
+ * segment and probe memfd, the monitor's two eventfds, and short-lived ones (a name lookup, /proc files,
+ * a pidfd_getfd, a rendezvous connection being refused). What a rank adds on top of its budget must
+ * leave these spare. */
+#define TALLY__BOOT_FD_EXTRA 12
+
 /* What the rendezvous needs to know about this process, before any connection: from the config
  * (tally__boot_env_from_config), or from the parent communicator (a split). */
 typedef struct tally__boot_env {

@@ -73,6 +73,14 @@ int tally__fd_room(long more, tally__fd_limit *lim) {
     return 0;
 }
 
+int tally__fd_spare(long more) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+    unsigned long long soft = fd_val(rl.rlim_cur);
+    if (soft == TALLY__FD_UNLIMITED) return 1;
+    return (unsigned long long)(fd_count_open(soft) + (more > 0 ? more : 0)) <= soft;
+}
+
 void tally__fd_advice(const tally__fd_limit *lim, char *buf, size_t n) {
     char soft[24], hard[24];
     fd_str(lim->soft, soft, sizeof soft);

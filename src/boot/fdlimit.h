@@ -19,6 +19,10 @@ typedef struct tally__fd_limit {
  * limit; lim->raised_from says from what). -1 when the hard limit is too low: nothing changed. */
 int tally__fd_room(long more, tally__fd_limit *lim);
 
+/* 1 when the soft limit already has room for `more` descriptors on top of those open now, raising
+ * nothing: for what a rank can do without (0 when the limit cannot be read). */
+int tally__fd_spare(long more);
+
 /* The limit and the way out, for messages: "RLIMIT_NOFILE is 64 (hard 64): raise it with `ulimit -n
  * 1024` ..." (with how to raise the hard limit when it is below lim->want). */
 void tally__fd_advice(const tally__fd_limit *lim, char *buf, size_t n);

@@ -8,11 +8,6 @@
 /* Knob read here only to name the transport in messages about descriptors (comm.c checks and uses it):
  *   TALLY_TRANSPORT */
 
-/* Descriptors a rank holds besides one per peer and its control connections: the tcp listener or shm's
- * segment and probe memfd, the monitor's two eventfds, and short-lived ones (a name lookup, /proc files,
- * a pidfd_getfd, a rendezvous connection being refused). */
-#define BOOT_FD_EXTRA 12
-
 /* A fixed 64-byte string field from the wire: NUL-terminated and printable, else rejected. */
 int tally__boot_str_ok(const unsigned char *s, size_t n) {
     size_t i = 0;
@@ -46,7 +41,7 @@ int tally__boot_fd_need(int rank, int size) {
     if (size <= 1) return 0;
     /* Rank 0 holds a control connection per rank (and the rendezvous listener); both transports hold
      * one descriptor per peer: a tcp socket, or a shm pidfd. */
-    return (rank == 0 ? size : 1) + (size - 1) + BOOT_FD_EXTRA;
+    return (rank == 0 ? size : 1) + (size - 1) + TALLY__BOOT_FD_EXTRA;
 }
 
 void tally__boot_fd_world(const char *transport, int size, char *buf, size_t n) {

@@ -28,7 +28,9 @@ static tally__tcp_conn *solo_alloc(const tally__tp_ctx *ctx) {
 }
 
 /* Every rank says whether it can hold the mesh (memory, and descriptors for a connection per peer and
- * a listener), so all build it or none does. 1 when all can. */
+ * a listener), so all build it or none does. 1 when all can. Descriptors only where the soft limit
+ * already has them, with the boot's extras still spare: the boot budgeted one mesh (and raised the
+ * limit for that alone, where it had to), and a rank does without the second. */
 static int solo_all_ready(const tally__tp_ctx *ctx, int ready, int *rc) {
     int32_t mine = ready, *all = calloc((size_t)ctx->size, sizeof *all);
     *rc = all ? tally__boot_allgather(ctx->boot, &mine, all, sizeof mine) : TALLY_E_NOMEM;
@@ -47,9 +49,8 @@ static int solo_all_ready(const tally__tp_ctx *ctx, int ready, int *rc) {
 int tally__tcp_solo_mesh(const tally__tp_ctx *ctx, tally__tcp_conn **solo) {
     *solo = NULL;
     if (!tally__boot_single_host(ctx->boot)) return 0;
-    tally__fd_limit lim = {0};
     tally__tcp_conn *mine = solo_alloc(ctx);
-    int rc = 0, ready = mine && tally__fd_room(ctx->size, &lim) == 0;
+    int rc = 0, ready = mine && tally__fd_spare(ctx->size + TALLY__BOOT_FD_EXTRA);
     if (!solo_all_ready(ctx, ready, &rc) || (!rc && (rc = tally__tcp_mesh(ctx, mine)))) {
         solo_free(mine, ctx->size);
         return rc;

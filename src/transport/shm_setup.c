@@ -498,6 +498,7 @@ int tally__shm_create(const tally__tp_ctx *ctx, tally__tp **out) {
     shm_describe_large(t, off);
     atomic_store(&t->wait[t->me].peer, -1);
     shm_pick_backoff(t);
+    t->base.fan_out = 1;
     if (shm_cma_on(t)) { /* each receiver reads its own: they copy side by side */
         t->base.pull = ctx->cpus > 1 ? (ctx->cpus < t->n - 1 ? ctx->cpus : t->n - 1) : 1;
         t->base.pull_min = t->large_min;

@@ -81,6 +81,11 @@ struct tally__tp {
     /* Set by tally_comm_abort before destroy: close at once, with no goodbye that could wait on a peer
      * (the peers learn of the abort from its fault). */
     int abandon;
+    /* Messages to several peers in one exchange move side by side, each pair through channels of its
+     * own with nothing to poll (shm): on a crowded host an algorithm's rounds may then go as one
+     * exchange, which a rank progresses with whichever peer is running (pairwise.c). 0: one round at a
+     * time is better (tcp: every extra socket costs the poll loop). */
+    int fan_out;
     /* Receivers copy one sender's messages of pull_min bytes or more themselves, up to `pull` of them at
      * once (shm reading in place: the host's CPUs, the sender idle meanwhile); pull <= 1: a sender's
      * messages to several peers move one after another. The cost model reads it (tally__cost). */

@@ -369,3 +369,10 @@ int mock_run(mock_world *w, mock_rank_fn fn, void *arg, int *rc) {
 const char *mock_failure(const mock_world *w) { return w->why; }
 
 mock_stats mock_stats_of(const mock_world *w, int r) { return w->ranks[r].st; }
+
+void mock_fan_out(mock_world *w, int on) {
+    for (int r = 0; r < w->n; r++) {
+        w->ranks[r].tp.fan_out = on;
+        w->ranks[r].tp.ctx.crowded = on;
+    }
+}

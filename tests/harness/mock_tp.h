@@ -24,6 +24,9 @@ void mock_world_free(mock_world *w);
  * Returns 0, or -1 when a rule was broken or an exchange timed out (mock_failure says what). */
 int mock_run(mock_world *w, mock_rank_fn fn, void *arg, int *rc);
 const char *mock_failure(const mock_world *w);
+/* Every rank's transport as shm's on a crowded host (1: tally__tp.fan_out and ctx.crowded set), or as
+ * a plain one (0, the default): algorithms that post their rounds together there take both paths. */
+void mock_fan_out(mock_world *w, int on);
 /* Counters of rank r for the last mock_run. */
 mock_stats mock_stats_of(const mock_world *w, int r);
 

@@ -128,14 +128,14 @@ int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns);
  * header says so: TALLY__TCP_AUX_SOLO). */
 #define TALLY__TCP_SOLO_MIN (64u * 1024u)
 
-/* When every rank is on this host: a second mesh, into solo[peer] (allocated here, buffers included),
- * that carries only the higher rank's large payloads to the lower one in a swap, where both send to each
- * other at once; the lower rank's go on the first mesh with every header. On loopback the kernel hands a
- * segment to its receiver on the sender's CPU, but one that arrives while the receiver holds the socket
- * in its own send waits for that send to end and is processed there (measured: a 2-rank 1 MiB
- * allreduce 14% faster at the median with a connection each way). Collective;
- * *solo stays NULL (and 0 is returned) where the world spans hosts or some rank has no descriptors to
- * spare. */
+/* When every rank is on this host, and they are few: a second mesh, into solo[peer] (allocated here,
+ * buffers included), that carries only the higher rank's large payloads to the lower one in a swap,
+ * where both send to each other at once; the lower rank's go on the first mesh with every header. On
+ * loopback the kernel hands a segment to its receiver on the sender's CPU, but one that arrives while
+ * the receiver holds the socket in its own send waits for that send to end and is processed there
+ * (measured: a 2-rank 1 MiB allreduce 14% faster at the median with a connection each way).
+ * Collective; *solo stays NULL (and 0 is returned) where the world spans hosts, is larger, or some rank
+ * has no descriptors to spare. */
 int tally__tcp_solo_mesh(const tally__tp_ctx *ctx, tally__tcp_conn **solo);
 
 #endif

@@ -1,9 +1,11 @@
 /* tally.c - main() of the tally tool: picks the subcommand (run, bench, train, ...) and hands it
  * its arguments; --help and --version. Each subcommand lives in its own cmd_*.c. */
+#include <cblas.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <tally.h>
@@ -64,14 +66,56 @@ static int exit_bounded(int rc) {
 /* OpenBLAS picks its kernels when it loads, before main. Where it fell back to SSE kernels on a CPU with
  * AVX2 or AVX-512 (a CPU newer than the OpenBLAS release), tally starts itself again with OPENBLAS_CORETYPE
  * naming the better set, which the ranks of tally run inherit; a user's OPENBLAS_CORETYPE is never
- * changed. TALLY_BLAS_CORE_DETECTED keeps OpenBLAS's own pick for --version. */
-static void blas_core_upgrade(char **argv) {
+ * changed. TALLY_BLAS_CORE_DETECTED keeps OpenBLAS's own pick for --version. 1 when the environment
+ * asks for a restart. */
+static int blas_core_upgrade(void) {
     const char *better = tally__blas_core_better();
-    if (!better) return;
-    if (setenv("TALLY_BLAS_CORE_DETECTED", tally__blas_core_name(), 1) != 0) return;
-    if (setenv("OPENBLAS_CORETYPE", better, 1) == 0) execv("/proc/self/exe", argv);
-    unsetenv("OPENBLAS_CORETYPE"); /* no exec: run on with OpenBLAS's own pick */
+    if (!better) return 0;
+    if (setenv("TALLY_BLAS_CORE_DETECTED", tally__blas_core_name(), 1) != 0) return 0;
+    if (setenv("OPENBLAS_CORETYPE", better, 1) == 0) return 1;
     unsetenv("TALLY_BLAS_CORE_DETECTED");
+    return 0;
+}
+
+/* OpenBLAS also starts its threads when it loads, each mapping a buffer of its own; under an
+ * address-space limit (ulimit -v) too low for them it retries the mappings for seconds: `tally flight`
+ * under 60 MiB took 10 s, against 0.01 s with one thread. There tally starts itself again with
+ * OPENBLAS_NUM_THREADS=1 (unless the user set a thread count), and takes the variable away after the
+ * restart, so the ranks of tally run do not inherit it; commands that want more threads ask for them
+ * (openblas_set_num_threads), train after checking the room for their buffers. 1 when the environment
+ * asks for a restart. */
+#define BLAS_CAPPED_MARK "TALLY_BLAS_THREADS_CAPPED"
+static int blas_capped; /* this process is the restart: --version says why OpenBLAS has one thread */
+
+static int blas_threads_cap(void) {
+    if (getenv(BLAS_CAPPED_MARK)) { /* the restart: OpenBLAS has loaded with one thread */
+        unsetenv("OPENBLAS_NUM_THREADS");
+        unsetenv(BLAS_CAPPED_MARK);
+        blas_capped = 1;
+        return 0;
+    }
+    struct rlimit as;
+    if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return 0;
+    if (getenv("OPENBLAS_NUM_THREADS") || getenv("GOTO_NUM_THREADS") || getenv("OMP_NUM_THREADS")) return 0;
+    if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return 0;
+    if (setenv(BLAS_CAPPED_MARK, "1", 1) == 0) return 1;
+    unsetenv("OPENBLAS_NUM_THREADS");
+    return 0;
+}
+
+/* Both of the above in one restart, where either asks for one; without it, on as loaded. */
+static void blas_restart_if_needed(char **argv) {
+    int capped = blas_threads_cap(), upgraded = blas_core_upgrade();
+    if (!capped && !upgraded) return;
+    execv("/proc/self/exe", argv);
+    if (upgraded) {
+        unsetenv("OPENBLAS_CORETYPE");
+        unsetenv("TALLY_BLAS_CORE_DETECTED");
+    }
+    if (capped) {
+        unsetenv("OPENBLAS_NUM_THREADS");
+        unsetenv(BLAS_CAPPED_MARK);
+    }
 }
 
 static void print_version(void) {
@@ -82,10 +126,12 @@ static void print_version(void) {
                detected);
     else
         printf("OpenBLAS kernels: %s%s\n", core, getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
+    printf("OpenBLAS threads at load: %d%s\n", openblas_get_num_threads(),
+           blas_capped ? " (one: an address-space limit, ulimit -v, is set; OPENBLAS_NUM_THREADS chooses)" : "");
 }
 
 int main(int argc, char **argv) {
-    blas_core_upgrade(argv);
+    blas_restart_if_needed(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -1,5 +1,7 @@
 /* test_blas_core.c - tally runs OpenBLAS's fastest kernels this CPU has, even where OpenBLAS's detection
- * falls back to SSE ones (a CPU newer than its release); a user's OPENBLAS_CORETYPE always stands. */
+ * falls back to SSE ones (a CPU newer than its release); a user's OPENBLAS_CORETYPE always stands. Under
+ * an address-space limit OpenBLAS loads with one thread unless the user chose, and the ranks of tally run
+ * do not inherit that. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,8 +85,38 @@ static void t_library_suggestion(void) {
     printf("  this process: %s, suggested %s\n", core, better ? better : "nothing");
 }
 
+/* Under ulimit -v: one thread at load, said by --version; a rank of tally run sees the environment the
+ * user gave (no OPENBLAS_NUM_THREADS of tally's), and a thread count the user set stands. */
+static void t_address_space_limit(void) {
+    static const char limit[] = "prlimit --as=2048000000"; /* a finite limit that tally runs under */
+    char cmd[1024], out[2048];
+    snprintf(cmd, sizeof cmd, "%s env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS -u GOTO_NUM_THREADS '%s' --version",
+             limit, getenv("TALLY_BIN"));
+    int rc = th_shell(cmd, 20, out, sizeof out);
+    TH_CHECK(rc == 0 && strstr(out, "OpenBLAS threads at load: 1 (one: an address-space limit"),
+             "under ulimit -v, OpenBLAS loads with one thread and --version says why (%d): %s", rc, out);
+    snprintf(
+        cmd, sizeof cmd,
+        "%s env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS -u GOTO_NUM_THREADS '%s' run -n 1 --timeout 20 -- sh -c "
+        "'echo \"threads=$OPENBLAS_NUM_THREADS mark=$TALLY_BLAS_THREADS_CAPPED.\"'",
+        limit, getenv("TALLY_BIN"));
+    rc = th_shell(cmd, 30, out, sizeof out);
+    TH_CHECK(rc == 0 && strstr(out, "threads= mark=."), "a rank under ulimit -v inherits tally's cap (%d): %s", rc,
+             out);
+    snprintf(cmd, sizeof cmd, "%s env OPENBLAS_NUM_THREADS=2 '%s' --version", limit, getenv("TALLY_BIN"));
+    rc = th_shell(cmd, 20, out, sizeof out);
+    TH_CHECK(rc == 0 && strstr(out, "OpenBLAS threads at load: 2\n"), "OPENBLAS_NUM_THREADS=2 stands (%d): %s", rc,
+             out);
+    snprintf(cmd, sizeof cmd, "env -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS -u GOTO_NUM_THREADS '%s' --version",
+             getenv("TALLY_BIN"));
+    rc = th_shell(cmd, 20, out, sizeof out);
+    TH_CHECK(rc == 0 && strstr(out, "OpenBLAS threads at load: ") && !strstr(out, "(one: an address-space"),
+             "without a limit OpenBLAS keeps its own thread count (%d): %s", rc, out);
+}
+
 int main(void) {
     if (!getenv("TALLY_BIN")) return fprintf(stderr, "test_blas_core: TALLY_BIN is not set\n"), 2;
+    if (!th_light()) t_address_space_limit(); /* a sanitizer's shadow memory needs more than any such limit */
     t_library_suggestion();
     t_unset_picks_the_cpu_best();
     t_set_is_respected();

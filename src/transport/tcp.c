@@ -565,9 +565,8 @@ static void tcp_close_solo(tally__tcp_tp *t) {
             close(t->solo[p].fd);
         else if (t->solo[p].fd >= 0)
             tcp_shut(&t->solo[p]);
-        free(t->solo[p].rb);
     }
-    free(t->solo);
+    tally__tcp_conns_free(t->solo, t->base.ctx.size);
 }
 
 static void tcp_destroy(tally__tp *tp) {
@@ -580,10 +579,9 @@ static void tcp_destroy(tally__tp *tp) {
             t->conns[p].fd = -1;
         }
         if (t->conns[p].fd >= 0) tcp_close_conn(&t->conns[p]);
-        free(t->conns[p].rb);
     }
     tcp_close_solo(t);
-    free(t->conns);
+    tally__tcp_conns_free(t->conns, t->base.ctx.size);
     free(t->ops);
     free(t->pfds);
     free(t->pfd_op);
@@ -600,17 +598,12 @@ static int tcp_alloc(const tally__tp_ctx *ctx, tally__tcp_tp **out) {
     t->base.ops = &tally__tcp_ops;
     t->base.ctx = *ctx;
     *out = t;
-    t->conns = calloc((size_t)n, sizeof *t->conns);
+    t->conns = tally__tcp_conns_new(ctx);
     t->ops = calloc(2 * (size_t)n, sizeof *t->ops);
     t->pfds = calloc(3 * (size_t)n + 1, sizeof *t->pfds);
     t->pfd_op = calloc(3 * (size_t)n + 1, sizeof *t->pfd_op);
     t->awaited = calloc((size_t)n, 1);
     if (!t->conns || !t->ops || !t->pfds || !t->pfd_op || !t->awaited) return TALLY_E_NOMEM;
-    for (int p = 0; p < n; p++) {
-        t->conns[p].fd = -1;
-        t->conns[p].w_peer = -1;
-        if (p != ctx->rank && !(t->conns[p].rb = aligned_alloc(64, TALLY__TCP_RB))) return TALLY_E_NOMEM;
-    }
     return 0;
 }
 

@@ -117,6 +117,11 @@ typedef struct tally__tcp_hello {
 int tally__tcp_accept_peers(const tally__tp_ctx *ctx, const void *tok, size_t tlen, int lfd, tally__tcp_conn *conns,
                             uint64_t deadline);
 
+/* A connection per rank (ours unused): no socket yet, a read-ahead buffer each; NULL when out of memory.
+ * tally__tcp_conns_free frees the buffers and the array (the sockets are the caller's to close). */
+tally__tcp_conn *tally__tcp_conns_new(const tally__tp_ctx *ctx);
+void tally__tcp_conns_free(tally__tcp_conn *conns, int n);
+
 /* Builds the mesh: one authenticated, non-blocking, TCP_NODELAY connection per pair of ranks, in
  * conns[peer].fd. Collective, ending when every rank has built its part; bounded by ctx->timeout_s. A
  * rank that fails tells the others, whose setup then fails at once with its message. On failure every

@@ -222,6 +222,24 @@ static int tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns) {
     return rc;
 }
 
+tally__tcp_conn *tally__tcp_conns_new(const tally__tp_ctx *ctx) {
+    tally__tcp_conn *conns = calloc((size_t)ctx->size, sizeof *conns);
+    for (int p = 0; conns && p < ctx->size; p++) {
+        conns[p].fd = -1;
+        conns[p].w_peer = -1;
+        if (p != ctx->rank && !(conns[p].rb = aligned_alloc(64, TALLY__TCP_RB))) {
+            tally__tcp_conns_free(conns, ctx->size);
+            return NULL;
+        }
+    }
+    return conns;
+}
+
+void tally__tcp_conns_free(tally__tcp_conn *conns, int n) {
+    for (int p = 0; conns && p < n; p++) free(conns[p].rb);
+    free(conns);
+}
+
 int tally__tcp_mesh(const tally__tp_ctx *ctx, tally__tcp_conn *conns) {
     tally__boot_setup_phase(ctx->boot, 1); /* what fails meanwhile ends the other ranks' setup too */
     int rc = tcp_mesh(ctx, conns);

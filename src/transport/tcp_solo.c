@@ -13,25 +13,6 @@
  * worlds run over tcp (one host's ranks take shm unless told otherwise). */
 #define SOLO_MAX_RANKS 16
 
-static void solo_free(tally__tcp_conn *solo, int n) {
-    for (int p = 0; solo && p < n; p++) free(solo[p].rb);
-    free(solo);
-}
-
-static tally__tcp_conn *solo_alloc(const tally__tp_ctx *ctx) {
-    tally__tcp_conn *solo = calloc((size_t)ctx->size, sizeof *solo);
-    for (int p = 0; solo && p < ctx->size; p++) {
-        solo[p].fd = -1;
-        solo[p].w_peer = -1;
-        solo[p].local = 1;
-        if (p != ctx->rank && !(solo[p].rb = aligned_alloc(64, TALLY__TCP_RB))) {
-            solo_free(solo, ctx->size);
-            return NULL;
-        }
-    }
-    return solo;
-}
-
 /* Every rank says whether it can hold the mesh (memory, and descriptors for a connection per peer and
  * a listener), so all build it or none does. 1 when all can. Descriptors only where the soft limit
  * already has them, with the boot's extras still spare: the boot budgeted one mesh (and raised the
@@ -54,10 +35,10 @@ static int solo_all_ready(const tally__tp_ctx *ctx, int ready, int *rc) {
 int tally__tcp_solo_mesh(const tally__tp_ctx *ctx, tally__tcp_conn **solo) {
     *solo = NULL;
     if (ctx->size > SOLO_MAX_RANKS || !tally__boot_single_host(ctx->boot)) return 0;
-    tally__tcp_conn *mine = solo_alloc(ctx);
+    tally__tcp_conn *mine = tally__tcp_conns_new(ctx);
     int rc = 0, ready = mine && tally__fd_spare(ctx->size + TALLY__BOOT_FD_EXTRA);
     if (!solo_all_ready(ctx, ready, &rc) || (!rc && (rc = tally__tcp_mesh(ctx, mine)))) {
-        solo_free(mine, ctx->size);
+        tally__tcp_conns_free(mine, ctx->size);
         return rc;
     }
     *solo = mine;

@@ -51,14 +51,20 @@ static int fd_raise(struct rlimit *rl, unsigned long long target, unsigned long 
     return target != want && setrlimit(RLIMIT_NOFILE, &nl) == 0 ? 0 : -1;
 }
 
-int tally__fd_room(long more, tally__fd_limit *lim) {
-    struct rlimit rl;
+/* The limit now, what is open under it, and what `more` would make: -1 when the limit cannot be read. */
+static int fd_measure(long more, struct rlimit *rl, tally__fd_limit *lim) {
     *lim = (tally__fd_limit){.soft = TALLY__FD_UNLIMITED, .hard = TALLY__FD_UNLIMITED};
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0; /* cannot tell: let the calls themselves say */
-    lim->soft = fd_val(rl.rlim_cur);
-    lim->hard = fd_val(rl.rlim_max);
+    if (getrlimit(RLIMIT_NOFILE, rl) != 0) return -1;
+    lim->soft = fd_val(rl->rlim_cur);
+    lim->hard = fd_val(rl->rlim_max);
     lim->open = fd_count_open(lim->soft);
     lim->want = lim->open + (more > 0 ? more : 0);
+    return 0;
+}
+
+int tally__fd_room(long more, tally__fd_limit *lim) {
+    struct rlimit rl;
+    if (fd_measure(more, &rl, lim)) return 0; /* cannot tell: let the calls themselves say */
     unsigned long long want = (unsigned long long)lim->want;
     if (want <= lim->soft) return 0;
     if (want > lim->hard) return -1;
@@ -75,10 +81,8 @@ int tally__fd_room(long more, tally__fd_limit *lim) {
 
 int tally__fd_spare(long more) {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
-    unsigned long long soft = fd_val(rl.rlim_cur);
-    if (soft == TALLY__FD_UNLIMITED) return 1;
-    return (unsigned long long)(fd_count_open(soft) + (more > 0 ? more : 0)) <= soft;
+    tally__fd_limit lim;
+    return fd_measure(more, &rl, &lim) == 0 && (unsigned long long)lim.want <= lim.soft;
 }
 
 void tally__fd_advice(const tally__fd_limit *lim, char *buf, size_t n) {

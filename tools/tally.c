@@ -11,6 +11,7 @@
 #include <tally.h>
 
 #include "../src/nn/blas_core.h"
+#include "../src/nn/gemm_bf16.h"
 #include "cmd.h"
 
 typedef struct {
@@ -128,6 +129,12 @@ static void print_version(void) {
         printf("OpenBLAS kernels: %s%s\n", core, getenv("OPENBLAS_CORETYPE") ? " (OPENBLAS_CORETYPE)" : "");
     printf("OpenBLAS threads at load: %d%s\n", openblas_get_num_threads(),
            blas_capped ? " (one: an address-space limit, ulimit -v, is set; OPENBLAS_NUM_THREADS chooses)" : "");
+    if (tally__bf16_check())
+        printf("bf16 products (--precision bf16): none here (%s)\n", tally_last_error());
+    else
+        printf("bf16 products (--precision bf16): %s\n",
+               tally__bf16_on_amx() ? "AMX, through oneDNN"
+                                    : "AVX512_BF16 without AMX, through oneDNN (slower than f32 on many CPUs)");
 }
 
 int main(int argc, char **argv) {

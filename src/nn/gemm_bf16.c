@@ -122,6 +122,22 @@ int tally__bf16_check(void) {
 }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+/* CPUID 7.0 EDX: AMX-BF16 (bit 22) and AMX-TILE (bit 24); XCR0 bits 17-18: the kernel saves the tiles'
+ * configuration and data, without which no process may use them. */
+int tally__bf16_on_amx(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1)) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0; /* no OSXSAVE: no xgetbv */
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo >> 17 & 3) == 3;
+}
+#else
+int tally__bf16_on_amx(void) { return 0; }
+#endif
+
 void tally__bf16_cast(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = BF16_FAST_CAST(dst, src, n); i < n; i++) dst[i] = tally__f32_to_bf16(src[i]);
 }

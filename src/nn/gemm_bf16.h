@@ -9,6 +9,9 @@
 /* 0 when this build and this CPU run bf16 products; else TALLY_E_UNSUPPORTED with the reason set (no oneDNN in
  * the build, or a CPU without AVX512_BF16) and what to do. */
 int tally__bf16_check(void);
+/* 1 where this CPU shows AMX's bf16 tiles and the kernel keeps their state (XCR0), so oneDNN runs the products
+ * on them; 0 where it lacks them or a hypervisor hides them, and the products run on AVX512_BF16 alone. */
+int tally__bf16_on_amx(void);
 /* The oneDNN implementation the products run ("brg:avx512_core_amx_bf16"), or "" before the first. */
 const char *tally__bf16_impl(void);
 /* The threads oneDNN's products may use (its OpenMP runtime's), as BLAS's: one per rank by default. */

@@ -1,6 +1,7 @@
 /* test_precision.c - tally train --precision: bf16 trains as f32 does within bf16's rounding (same data,
- * same steps) and keeps the replicas identical, or, where the build or CPU has no bf16, is refused with
- * a message naming the rank and what to do; a precision it does not know is a usage error. */
+ * same steps) and keeps the replicas identical, says so where no AMX makes it slower, or, where the build or
+ * CPU has no bf16, is refused with a message naming the rank and what to do; an unknown precision is a usage
+ * error. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,30 @@ static void check_max_mem_counts_bf16(void) {
              want);
 }
 
+/* Whether the kernel lists AMX's bf16 tiles for this CPU, read apart from the library's own CPUID test. */
+static int cpuinfo_has_amx_bf16(void) {
+    char out[16];
+    th_shell("grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\\n' | grep -c -x -e amx_bf16 -e amx_tile", 10, out,
+             sizeof out);
+    return atoi(out) == 2;
+}
+
+/* A bf16 run without AMX says, once and on rank 0, that it may be slower than f32; with AMX it says nothing;
+ * --version names which the products run on. */
+static void check_amx_named(const th_tool *r) {
+    int amx = cpuinfo_has_amx_bf16();
+    const char *note = "--precision bf16 without AMX";
+    const char *at = strstr(r->out, note);
+    printf("  this CPU %s AMX's bf16 tiles\n", amx ? "has" : "shows no");
+    TH_CHECK(amx ? !at : at && strstr(at, "--precision fp32") && strstr(r->out, "tally[rank 0]"),
+             "the run %s the note that bf16 without AMX may be slower: %s", amx ? "gives" : "lacks", r->out);
+    TH_CHECK(!at || !strstr(at + 1, note), "the note is given once, not by every rank: %s", r->out);
+    char cmd[512], out[512];
+    snprintf(cmd, sizeof cmd, "'%s' --version | grep '^bf16 products'", getenv("TALLY_BIN"));
+    th_shell(cmd, 20, out, sizeof out);
+    TH_CHECK(strstr(out, amx ? ": AMX" : ": AVX512_BF16 without AMX") != NULL, "tally --version says: %s", out);
+}
+
 int main(void) {
     static th_tool r;
     char dir[] = "/tmp/tally_test_precision.XXXXXX";
@@ -67,6 +92,7 @@ int main(void) {
         th_shell(cmd, 10, out, sizeof out);
         TH_CHECK(!strcmp(out, "1\n1\n"), "--json says precision bf16 and identical replicas: %s", out);
         check_max_mem_counts_bf16();
+        check_amx_named(&r);
     } else {
         th_tool_expect(&r, r.rc == 1 && strstr(r.out, "rank ") && strstr(r.out, "--precision fp32"),
                        "--precision bf16 is refused here, naming the rank and the way out");

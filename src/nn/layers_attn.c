@@ -1,10 +1,11 @@
-/* layers_attn.c - causal multi-head self-attention over a sequence, forward and backward: per sample
- * and head, the score and output products are sgemm calls on strided views of qkv, no packing. */
+/* layers_attn.c - causal multi-head self-attention over a sequence, forward and backward: the fused AVX-512
+ * kernels where they fit, else per sample and head sgemm calls on strided views of qkv, no packing. */
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 #include <tally/layers.h>
 
+#include "attn_int.h"
 #include "simd.h"
 
 /* The largest of s[0..n): sixteen running maxima, so the compares do not wait on one another. */
@@ -81,7 +82,7 @@ static void causal_softmax_row(float *s, int i, int T) {
 
 static int block_rows(int i0, int T) { return T - i0 < ATTN_BLOCK ? T - i0 : ATTN_BLOCK; }
 
-void tally_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
+void tally__attn_blas_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
     const int hs = C / H, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
@@ -120,8 +121,8 @@ TALLY_SIMD_CLONES static void softmax_backward_rows(float *d, const float *a, in
 
 /* Key-side gradients (dv, dk) sum over the query blocks that see a key: the last block sees every key,
  * so it goes first and overwrites (beta 0), the others add to the keys they see. */
-void tally_attention_backward(float *dqkv, float *scratch, const float *dy, const float *qkv, const float *att, int B,
-                              int T, int C, int H) {
+void tally__attn_blas_backward(float *dqkv, float *scratch, const float *dy, const float *qkv, const float *att, int B,
+                               int T, int C, int H) {
     const int hs = C / H, ld = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     const int last = (T - 1) / ATTN_BLOCK * ATTN_BLOCK;
@@ -149,4 +150,19 @@ void tally_attention_backward(float *dqkv, float *scratch, const float *dy, cons
                             ld, i0 == last ? 0.0f : 1.0f, dk, ld);
             }
         }
+}
+
+/* The fused kernels where they fit and their scratch could be had, else BLAS: the same sums in another order. */
+void tally_attention_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
+    if (B > 0 && H > 0 && tally__attn_fused_fits(T, C / H) && tally__attn_fused_forward(y, att, qkv, B, T, C, H) == 0)
+        return;
+    tally__attn_blas_forward(y, att, qkv, B, T, C, H);
+}
+
+void tally_attention_backward(float *dqkv, float *scratch, const float *dy, const float *qkv, const float *att, int B,
+                              int T, int C, int H) {
+    if (B > 0 && H > 0 && tally__attn_fused_fits(T, C / H) &&
+        tally__attn_fused_backward(dqkv, scratch, dy, qkv, att, B, T, C, H) == 0)
+        return;
+    tally__attn_blas_backward(dqkv, scratch, dy, qkv, att, B, T, C, H);
 }

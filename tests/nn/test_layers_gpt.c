@@ -10,6 +10,7 @@
 #include <tally/layers.h>
 
 #include "harness.h"
+#include "nn/attn_int.h"
 #include "ref_check.h"
 
 /* ---- LayerNorm ---- */
@@ -176,6 +177,41 @@ static void test_attention(int B, int T, int C, int H) {
     free(qkv), free(g), free(y), free(att), free(dqkv), free(scratch), free(c.qkv), free(c.g), free(c.y);
 }
 
+/* Shapes too large for finite differences: the fused kernels (where this CPU runs them) against the double
+ * reference forward and the BLAS way's backward, with head sizes 16-128, T of 1, odd, not a multiple of 4 or 16,
+ * and past 128; dqkv starts as garbage, since both overwrite it. */
+static void test_attention_ways(int B, int T, int C, int H) {
+    char tag[80];
+    snprintf(tag, sizeof tag, "attention fused against BLAS B=%d T=%d C=%d H=%d", B, T, C, H);
+    if (!tally__attn_fused_fits(T, C / H)) {
+        printf("  %s: the fused kernels do not run here (no AVX-512)\n", tag);
+        return;
+    }
+    size_t nq = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, na = (size_t)B * H * T * T;
+    float *qkv = frand(nq, -2, 2), *g = frand(ny, -1, 1), *y = falloc(ny), *att = falloc(na);
+    float *y2 = falloc(ny), *att2 = falloc(na), *scratch = falloc((size_t)T * T);
+    float *dqkv = ffill(nq, 7.0f), *dqkv2 = ffill(nq, -3.0f);
+    TH_CHECK(tally__attn_fused_forward(y, att, qkv, B, T, C, H) == 0, "%s: forward ran", tag);
+    TH_CHECK(tally__attn_fused_backward(dqkv, scratch, g, qkv, att, B, T, C, H) == 0, "%s: backward ran", tag);
+    tally__attn_blas_forward(y2, att2, qkv, B, T, C, H);
+    tally__attn_blas_backward(dqkv2, scratch, g, qkv, att2, B, T, C, H);
+    double *want = dalloc(ny), *q = widen(qkv, nq);
+    ref_attn(want, q, B, T, C, H);
+    check_close(tag, y, want, ny, TOL_F);
+    double *w2 = widen(att2, na), *w3 = widen(dqkv2, nq);
+    char t2[112];
+    snprintf(t2, sizeof t2, "%s att", tag);
+    check_close(t2, att, w2, na, TOL_F);
+    snprintf(t2, sizeof t2, "%s dqkv", tag);
+    check_close(t2, dqkv, w3, nq, TOL_F);
+    int future = 0;
+    for (size_t r = 0; r < (size_t)B * H * T; r++)
+        for (int j = (int)(r % T) + 1; j < T; j++) future += att[r * T + j] != 0.0f;
+    TH_CHECK(!future, "%s: %d future entries of att not 0", tag, future);
+    free(qkv), free(g), free(y), free(att), free(y2), free(att2), free(scratch), free(dqkv), free(dqkv2);
+    free(want), free(q), free(w2), free(w3);
+}
+
 /* ---- embedding ---- */
 
 static void test_embedding(size_t n, int V, int D) {
@@ -211,10 +247,15 @@ int main(void) {
     for (size_t i = 0; i < sizeof ln / sizeof *ln; i++) test_layernorm(ln[i][0], (int)ln[i][1]);
     size_t gelu[] = {1, 3, 7, 9, 33, 1001};
     for (size_t i = 0; i < sizeof gelu / sizeof *gelu; i++) test_gelu(gelu[i]);
-    int attn[][4] = {{1, 1, 1, 1}, {1, 3, 2, 2},   {2, 5, 6, 3},  {1, 7, 9, 1},
-                     {2, 4, 8, 4}, {1, 17, 12, 2}, {1, 33, 4, 2}, {1, 70, 6, 3}}; /* 33, 70: causal blocks of 32 */
+    int attn[][4] = {{1, 1, 1, 1},  {1, 3, 2, 2},   {2, 5, 6, 3},  {1, 7, 9, 1},
+                     {2, 4, 8, 4},  {1, 17, 12, 2}, {1, 33, 4, 2}, {1, 70, 6, 3},  /* 33, 70: causal blocks of 32 */
+                     {1, 1, 16, 1}, {1, 6, 32, 2},  {2, 9, 48, 3}, {1, 5, 64, 1}}; /* head sizes of 16 lanes */
     for (size_t i = 0; i < sizeof attn / sizeof *attn; i++)
         test_attention(attn[i][0], attn[i][1], attn[i][2], attn[i][3]);
+    int ways[][4] = {{1, 1, 64, 4},    {2, 37, 64, 4},  {1, 21, 96, 2},   {1, 19, 80, 1},
+                     {3, 130, 128, 2}, {1, 64, 384, 3}, {2, 128, 256, 4}, {1, 203, 32, 2}};
+    for (size_t i = 0; i < sizeof ways / sizeof *ways; i++)
+        test_attention_ways(ways[i][0], ways[i][1], ways[i][2], ways[i][3]);
     size_t emb[][3] = {{0, 3, 2}, {1, 1, 1}, {9, 5, 3}, {64, 7, 17}};
     for (size_t i = 0; i < sizeof emb / sizeof *emb; i++) test_embedding(emb[i][0], (int)emb[i][1], (int)emb[i][2]);
     return th_verdict("test_layers_gpt");

@@ -121,18 +121,19 @@ int tally__attn_fused_fits(int T, int hs) { return tally__cpu_avx512() && T > 0 
  * rows lie 3C floats apart: read in place they fall into a few of L1's sets (3 KB apart: 4 of 64) and evict
  * one another within a product, and head by head from memory they arrive (or, written, are fetched to be
  * written) 256 bytes at a time, which cost the backward more than its products. */
-#define AF_PARTS 7 /* the backward's q, k, v, dy in; dq, dk, dv out */
+#define AF_PARTS_FORWARD 4 /* q, k, v in; y out */
+#define AF_PARTS         7 /* the backward's q, k, v, dy in; dq, dk, dv out: the most either takes */
 typedef struct {
     float *pk[AF_PARTS], *t, *rows;
     int Tp;
 } af_work;
 
-static int af_work_get(af_work *w, int T, int C, int hs) {
+static int af_work_get(af_work *w, int parts, int T, int C, int hs) {
     w->Tp = (T + 15) / 16 * 16;
     size_t part = (size_t)T * C, t = (size_t)hs * w->Tp;
-    if (!(w->pk[0] = malloc((AF_PARTS * part + t + 4 * (size_t)w->Tp) * sizeof(float)))) return -1;
-    for (int k = 1; k < AF_PARTS; k++) w->pk[k] = w->pk[0] + k * part;
-    w->t = w->pk[0] + AF_PARTS * part;
+    if (!(w->pk[0] = malloc((parts * part + t + 4 * (size_t)w->Tp) * sizeof(float)))) return -1;
+    for (int k = 1; k < parts; k++) w->pk[k] = w->pk[0] + k * part;
+    w->t = w->pk[0] + parts * part;
     w->rows = w->t + t;
     return 0;
 }
@@ -176,7 +177,7 @@ AF_TARGET static void af_head_forward(float *y, float *att, const float *q, cons
 int tally__attn_fused_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H) {
     const int hs = C / H, ld = 3 * C;
     af_work w;
-    if (af_work_get(&w, T, C, hs)) return -1;
+    if (af_work_get(&w, AF_PARTS_FORWARD, T, C, hs)) return -1;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++) {
         af_regroup(&w, 0, qkv + (size_t)b * T * ld, 3, T, C, H, ld);
@@ -222,7 +223,7 @@ int tally__attn_fused_backward(float *dqkv, float *scratch, const float *dy, con
                                int T, int C, int H) {
     const int hs = C / H, ld = 3 * C;
     af_work w;
-    if (af_work_get(&w, T, C, hs)) return -1;
+    if (af_work_get(&w, AF_PARTS, T, C, hs)) return -1;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++) {
         af_regroup(&w, 0, qkv + (size_t)b * T * ld, 3, T, C, H, ld);

@@ -6,7 +6,7 @@
 /* 1 where the fused kernels run these shapes: a CPU with AVX-512 and a head size C/H a multiple of 16. */
 int tally__attn_fused_fits(int T, int hs);
 /* tally_attention_forward/backward's contract; 0, or -1 (nothing written) where the kernels' scratch
- * (4 T C + (C/H + 4) T floats) could not be had. */
+ * (4 T C floats forward, 7 T C backward, and (C/H + 4) T) could not be had. */
 int tally__attn_fused_forward(float *y, float *att, const float *qkv, int B, int T, int C, int H);
 int tally__attn_fused_backward(float *dqkv, float *scratch, const float *dy, const float *qkv, const float *att, int B,
                                int T, int C, int H);
